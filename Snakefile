@@ -1,0 +1,28 @@
+# PREDICT: "Reactive vs. Predictive Post-Training for Coding Agents", from raw MBPP to the tables.
+#   snakemake --profile workflow/profiles/local all   # the embedded default: tiny Qwen3 on CPU
+#   snakemake --profile slurm all                      # the paper design on a GPU cluster
+# Rules are thin: each calls one `predict <stage>`; the logic lives in src/predict.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+# The embedded default, unless a profile or --configfile names another (no merging of the two).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/local.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/verifier.smk"
+
+
+localrules:
+    all,
+
+
+rule all:
+    input:
+        rules.split_mbpp.output,
+        rules.verify_gold.output,

@@ -1,0 +1,125 @@
+"""`predict <stage>`: the one command line of the pipeline. Each Snakemake rule calls exactly one stage.
+
+Stages take explicit paths and values (the rule passes them from the config), so they also run
+by hand outside Snakemake, and every stage's output is a parquet file written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from predict.config import ConfigError, load_config
+
+log = logging.getLogger("predict")
+console = Console(stderr=True)
+
+
+def _cmd_check_config(args: argparse.Namespace) -> int:
+    for path in args.configs:
+        load_config(path)
+        console.print(f"[green]ok[/green] {path}")
+    return 0
+
+
+def _cmd_split(args: argparse.Namespace) -> int:
+    from predict.data import file_sha256, load_mbpp, split_tasks, write_split
+
+    source = Path(args.mbpp)
+    rows = load_mbpp(source, hf_fallback=args.hf_fallback)
+    splits = split_tasks(rows, args.seed, {"sft": args.sft, "rl": args.rl, "test": args.test})
+    manifest = write_split(
+        splits,
+        args.out_dir,
+        seed=args.seed,
+        source=str(source) if source.exists() else "hf:mbpp/full",
+        source_sha256=file_sha256(source) if source.exists() else None,
+    )
+    table = Table("split", "tasks", "content sha256", title=f"MBPP split (seed {args.seed})")
+    for name, entry in manifest["splits"].items():
+        table.add_row(name, str(entry["count"]), entry["content_sha256"][:16])
+    console.print(table)
+    return 0
+
+
+def _cmd_verify_gold(args: argparse.Namespace) -> int:
+    from predict.gold import check_gold, summarize, write_gold_report
+
+    rows = check_gold(
+        args.data_dir,
+        args.splits,
+        timeout_s=args.timeout_s,
+        memory_mb=args.memory_mb,
+        workers=args.workers,
+        outcome_labels=args.outcome_labels,
+    )
+    write_gold_report(rows, args.out, args.summary_out)
+    table = Table("split", "outcome", "gold solutions", title="Verifier report: gold solutions by class")
+    for entry in summarize(rows):
+        if entry["count"]:
+            table.add_row(entry["split"], entry["outcome"], str(entry["count"]))
+    console.print(table)
+    for r in rows:
+        if r["outcome"] != "PASS":
+            log.warning("gold solution of task %s (%s) is %s: %s", r["task_id"], r["split"], r["outcome"], r["detail"])
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="predict", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="stage", required=True, metavar="<stage>")
+
+    def stage(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(func=func)
+        return p
+
+    p = stage("check-config", _cmd_check_config, "validate config files against config/schema.yaml")
+    p.add_argument("configs", nargs="+")
+
+    p = stage("split", _cmd_split, "read MBPP, split it with a seed, write {sft,rl,val,test}.parquet + manifest.json")
+    p.add_argument("--mbpp", required=True, help="MBPP jsonl or parquet")
+    p.add_argument("--hf-fallback", action="store_true", help="load HF mbpp/full if --mbpp does not exist")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--sft", type=int, required=True)
+    p.add_argument("--rl", type=int, required=True)
+    p.add_argument("--test", type=int, required=True)
+    p.add_argument("--out-dir", required=True)
+
+    p = stage("verify-gold", _cmd_verify_gold, "run the gold solutions through the sandbox: the verifier report")
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--splits", nargs="+", required=True, choices=["sft", "rl", "val"])
+    p.add_argument("--timeout-s", type=float, default=3.0)
+    p.add_argument("--memory-mb", type=int, default=1024)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--outcome-labels", choices=["structured", "original"], default="structured")
+    p.add_argument("--out", required=True, help="per-task parquet")
+    p.add_argument("--summary-out", required=True, help="counts by split and class, parquet")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(console=console, show_path=False)],
+    )
+    try:
+        return args.func(args)
+    except (ConfigError, FileNotFoundError, ValueError) as e:
+        # Bad input is the user's to fix: one clear line, no traceback.
+        console.print(f"[red]error:[/red] {e}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Load a study config and validate it against config/schema.yaml, failing with one clear message.
+
+The Snakefile and every `predict` stage go through `load_config`/`validate_config`, so a typo such as
+`data.sizes.stf` is caught before any job starts, with the file and the key path in the message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = REPO_ROOT / "config" / "schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A config file is missing, unreadable, or breaks the schema."""
+
+
+def _key_path(error: jsonschema.ValidationError) -> str:
+    return ".".join(str(p) for p in error.absolute_path) or "<top level>"
+
+
+def _message(error: jsonschema.ValidationError) -> str:
+    # "Additional properties are not allowed ('stf' was unexpected)" names the bad key itself;
+    # for every other error the key path says where the bad value sits.
+    return f"{_key_path(error)}: {error.message}"
+
+
+def load_schema(schema_path: Path = SCHEMA_PATH) -> dict[str, Any]:
+    with open(schema_path) as f:
+        return yaml.safe_load(f)
+
+
+def validate_config(config: Mapping[str, Any], source: str = "config", schema_path: Path = SCHEMA_PATH) -> None:
+    """Raise ConfigError naming the source file and the first offending key (the shallowest, for stability)."""
+    validator = jsonschema.Draft202012Validator(load_schema(schema_path))
+    errors = sorted(validator.iter_errors(dict(config)), key=lambda e: (len(e.absolute_path), _key_path(e)))
+    if errors:
+        more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+        raise ConfigError(f"{source}: {_message(errors[0])}{more}")
+
+
+def load_config(path: str | Path, schema_path: Path = SCHEMA_PATH) -> dict[str, Any]:
+    """Read a YAML config and validate it; the result is a plain dict."""
+    path = Path(path)
+    try:
+        with open(path) as f:
+            config = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(config).__name__}")
+    validate_config(config, source=str(path), schema_path=schema_path)
+    return config

@@ -1,0 +1,25 @@
+"""Shared test fixtures: where the repository and the offline MBPP copy live."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MBPP_PATH = Path(os.environ.get("PREDICT_MBPP_PATH", REPO.parent / "shared" / "data" / "mbpp" / "mbpp.jsonl"))
+
+
+@pytest.fixture(scope="session")
+def mbpp_path() -> Path:
+    if not MBPP_PATH.exists():
+        pytest.fail(f"MBPP not found at {MBPP_PATH}; set PREDICT_MBPP_PATH")
+    return MBPP_PATH
+
+
+@pytest.fixture(scope="session")
+def mbpp_rows(mbpp_path: Path) -> list[dict]:
+    from predict.data import load_mbpp
+
+    return load_mbpp(mbpp_path)

@@ -1,0 +1,76 @@
+"""Every config validates against config/schema.yaml; a bad key or value fails with one clear message."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from predict.config import ConfigError, load_config
+
+from .conftest import REPO
+
+CONFIGS = sorted((REPO / "config").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS if p.name != "schema.yaml"], ids=lambda p: p.name)
+def test_shipped_configs_are_valid(path: Path) -> None:
+    config = load_config(path)
+    assert config["data"]["split_seed"] == 42
+
+
+def test_paper_design_values() -> None:
+    config = load_config(REPO / "config" / "config.yaml")
+    assert config["data"]["sizes"] == {"sft": 212, "rl": 212, "test": 500}
+    assert config["seeds"] == [42, 43]
+    assert config["env"]["budget"] == 8
+    assert config["model"]["base"] == "Qwen/Qwen3-4B-Base"
+    assert {arm: spec["protocol"] for arm, spec in config["arms"].items()} == {"A": "reactive", "B": "predictive"}
+
+
+def _mutated(tmp_path: Path, edit) -> Path:
+    config = yaml.safe_load((REPO / "config" / "local.yaml").read_text())
+    edit(config)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda c: c["data"]["sizes"].update(stf=3), r"data\.sizes: .*'stf' was unexpected"),
+        (lambda c: c["env"].update(budget=0), r"env\.budget: 0 is less than the minimum of 1"),
+        (lambda c: c["arms"]["B"].update(protocol="psychic"), r"arms\.B\.protocol: 'psychic' is not one of"),
+        (lambda c: c["verifier"].update(outcome_labels="grep"), r"verifier\.outcome_labels"),
+        (lambda c: c.pop("seeds"), r"<top level>: 'seeds' is a required property"),
+        (lambda c: c.update(seeds=[42, 42]), r"seeds: .*non-unique"),
+    ],
+)
+def test_bad_key_or_value_names_file_and_key(tmp_path: Path, edit, expected: str) -> None:
+    path = _mutated(tmp_path, edit)
+    with pytest.raises(ConfigError, match=expected) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+
+
+def test_not_yaml_and_missing_file(tmp_path: Path) -> None:
+    bad = tmp_path / "x.yaml"
+    bad.write_text("a: [1,\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_snakemake_refuses_a_bad_config(tmp_path: Path) -> None:
+    path = _mutated(tmp_path, lambda c: c["env"].update(budget=-1))
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "all", "--configfile", str(path)],
+        cwd=REPO, capture_output=True, text=True,
+    )
+    assert proc.returncode != 0
+    assert "env.budget: -1 is less than the minimum of 1" in proc.stdout + proc.stderr

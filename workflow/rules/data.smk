@@ -1,0 +1,29 @@
+# MBPP -> the seed-42 split. The test split is written here but read only by the explicit
+# test-evaluation target, never as a side effect of `all`.
+from predict.data import SPLITS
+
+
+localrules:
+    split_mbpp,
+
+
+rule split_mbpp:
+    output:
+        splits=expand(R("data", "{split}.parquet"), split=SPLITS),
+        manifest=R("data", "manifest.json"),
+    params:
+        mbpp=config["data"]["mbpp_path"],
+        hf_fallback="--hf-fallback" if config["data"].get("hf_fallback") else "",
+        seed=config["data"]["split_seed"],
+        sizes=config["data"]["sizes"],
+        out_dir=lambda w, output: os.path.dirname(output.manifest),
+    log:
+        LOG("split_mbpp"),
+    benchmark:
+        BENCH("split_mbpp")
+    conda:
+        "../../envs/pipeline.yaml"
+    shell:
+        "predict split --mbpp {params.mbpp:q} {params.hf_fallback} --seed {params.seed}"
+        " --sft {params.sizes[sft]} --rl {params.sizes[rl]} --test {params.sizes[test]}"
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"

@@ -1,0 +1,28 @@
+# The verifier report: every gold solution of the non-test splits through the sandbox.
+
+
+rule verify_gold:
+    input:
+        splits=expand(R("data", "{split}.parquet"), split=config["verifier"].get("gold_splits", ["sft", "rl", "val"])),
+    output:
+        report=R("verifier", "gold.parquet"),
+        summary=R("verifier", "gold_summary.parquet"),
+    params:
+        data_dir=lambda w, input: os.path.dirname(input.splits[0]),
+        splits=" ".join(config["verifier"].get("gold_splits", ["sft", "rl", "val"])),
+        v=config["verifier"],
+    threads: config["verifier"]["workers"]
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    log:
+        LOG("verify_gold"),
+    benchmark:
+        BENCH("verify_gold")
+    conda:
+        "../../envs/pipeline.yaml"
+    shell:
+        "predict verify-gold --data-dir {params.data_dir:q} --splits {params.splits}"
+        " --timeout-s {params.v[timeout_s]} --memory-mb {params.v[memory_mb]} --workers {threads}"
+        " --outcome-labels {params.v[outcome_labels]}"
+        " --out {output.report:q} --summary-out {output.summary:q} > {log:q} 2>&1"
