@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,58 @@ def write_rows(rows: Iterable[Mapping[str, Any]], schema: pa.Schema, path: str |
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     return pq.read_table(path).to_pylist()
+
+
+class ResumableParquet:
+    """Rows persisted as they finish, so an interrupted stage resumes where it stopped.
+
+    Finished rows go to `<out>.partial/part-NNNNN.parquet` (each part written atomically); a rerun
+    reads them back, skips their keys, and `finish()` concatenates everything into `<out>` and removes
+    the folder. Snakemake deletes a failed job's declared output, never this undeclared folder.
+    """
+
+    def __init__(self, out: str | Path, schema: pa.Schema, key: Sequence[str]) -> None:
+        self.out = Path(out)
+        self.schema = schema
+        self.key = tuple(key)
+        self.partial_dir = self.out.with_name(self.out.name + ".partial")
+        self._rows = [r for part in self._parts() for r in self._read_part(part)]
+
+    def _parts(self) -> list[Path]:
+        return sorted(self.partial_dir.glob("part-*.parquet")) if self.partial_dir.exists() else []
+
+    def _read_part(self, part: Path) -> list[dict[str, Any]]:
+        table = pq.read_table(part)
+        if table.schema.names != self.schema.names:
+            raise ValueError(f"{part}: columns {table.schema.names} differ from {self.schema.names}; delete the folder")
+        return table.to_pylist()
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return list(self._rows)
+
+    def done(self) -> set[tuple]:
+        """Keys of the rows already persisted."""
+        return {tuple(r[k] for k in self.key) for r in self._rows}
+
+    def append(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        if not rows:
+            return
+        self.partial_dir.mkdir(parents=True, exist_ok=True)
+        parts = self._parts()
+        index = int(parts[-1].stem.split("-")[1]) + 1 if parts else 0
+        write_rows(rows, self.schema, self.partial_dir / f"part-{index:05d}.parquet")
+        self._rows.extend(dict(r) for r in rows)
+
+    def finish(self) -> Path:
+        """Write every persisted row, ordered by key, to the output and drop the partial folder."""
+        rows = sorted(self._rows, key=lambda r: tuple(r[k] for k in self.key))
+        write_rows(rows, self.schema, self.out)
+        for part in self._parts():
+            part.unlink()
+        if self.partial_dir.exists():
+            self.partial_dir.rmdir()
+        return self.out
 
 
 def write_json(obj: Any, path: str | Path) -> Path:
