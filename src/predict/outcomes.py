@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """What running a candidate solution against a task's tests verifiably produced."""
 
     PASS = "PASS"
@@ -14,9 +14,6 @@ class Outcome(str, Enum):
     SYNTAX_ERROR = "SYNTAX_ERROR"  # solution.py does not compile
     TIMEOUT = "TIMEOUT"  # wall or CPU limit hit
     OTHER = "OTHER"  # no verdict: the child died silently, was killed, or broke the protocol
-
-    def __str__(self) -> str:
-        return self.value
 
 
 OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)

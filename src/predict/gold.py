@@ -1,0 +1,71 @@
+"""The verifier report: run every gold solution of the chosen splits through the sandbox.
+
+Gold code should PASS its own tests; anything else is either a documented slow task or a verifier
+bug, so this report is the first thing to read after changing the sandbox or the timeouts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from predict.data import load_split
+from predict.io import write_rows
+from predict.outcomes import OUTCOMES
+
+GOLD_SCHEMA = pa.schema(
+    [
+        ("split", pa.string()),
+        ("task_id", pa.int64()),
+        ("outcome", pa.string()),
+        ("detail", pa.string()),
+        ("duration_s", pa.float64()),
+    ]
+)
+SUMMARY_SCHEMA = pa.schema([("split", pa.string()), ("outcome", pa.string()), ("count", pa.int64())])
+
+
+def check_gold(
+    data_dir: str | Path,
+    splits: Sequence[str],
+    *,
+    timeout_s: float,
+    memory_mb: int,
+    workers: int,
+    outcome_labels: str,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """One row per task of the given splits: the verified outcome of its gold solution."""
+    from predict.sandbox import Verifier  # noqa: PLC0415 - keeps `predict split` free of the sandbox
+
+    tasks = [(split, row) for split in splits for row in load_split(Path(data_dir) / f"{split}.parquet")]
+    with Verifier(timeout_s=timeout_s, memory_mb=memory_mb, workers=workers, outcome_labels=outcome_labels) as v:
+        verdicts = v.check_many(
+            [(row["code"], row["test_list"], row["test_setup_code"]) for _, row in tasks], progress=progress
+        )
+    return [
+        {
+            "split": split,
+            "task_id": row["task_id"],
+            "outcome": str(verdict.outcome),
+            "detail": verdict.detail,
+            "duration_s": verdict.duration_s,
+        }
+        for (split, row), verdict in zip(tasks, verdicts, strict=True)
+    ]
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Counts by split and outcome class, every class listed (zeros included) so tables line up."""
+    counts = Counter((r["split"], r["outcome"]) for r in rows)
+    splits = sorted({r["split"] for r in rows})
+    return [{"split": s, "outcome": o, "count": counts[(s, o)]} for s in splits for o in OUTCOMES]
+
+
+def write_gold_report(rows: Sequence[dict[str, Any]], out: str | Path, summary_out: str | Path) -> None:
+    write_rows(rows, GOLD_SCHEMA, out)
+    write_rows(summarize(rows), SUMMARY_SCHEMA, summary_out)

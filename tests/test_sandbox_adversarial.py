@@ -1,0 +1,450 @@
+"""Hostile and broken solutions: each must get the right outcome class AND leave the host untouched.
+
+Every case runs twice, through the fork-server pool (``Verifier``) and through ``check_once`` (fork from this
+process). After each case the ``host`` fixture asserts: the sentinel files (one under pytest's tmp_path in /tmp,
+one outside /tmp) are intact, nothing appeared under the host's /tmp or next to the sentinels, no sandbox child
+outlived its check, this process is alive, and the pool still verifies a correct solution.
+
+Placeholders in the programs: SENTINEL, SENTINEL_DIR, HOME_SENTINEL (files/dirs on the host), PROBE (a unique
+/tmp path that must never appear on the host), PORT (a listening socket here that must see no connection).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from predict.outcomes import Outcome
+from predict.sandbox import Verdict, Verifier, check_once, isolation_report, label_original
+
+TIMEOUT_S = 3.0  # short, so the timeout cases stay quick; long enough for a loaded 2-core CI box
+SECRET_NAME, SECRET_VALUE = "PREDICT_FAKE_API_KEY", "sk-test-do-not-leak-123"
+
+F_OK = "def f(x):\n    return x * 2\n"
+TESTS = ["assert f(2) == 4", "assert f(3) == 6"]
+WRONG = "def f(x):\n    return x + 1\n"  # f(2) == 3: the first test's assert fails
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    solution: str
+    expected: Outcome
+    tests: list[str] = field(default_factory=lambda: list(TESTS))
+    setup: str = ""
+    original: Outcome | None = None  # expected under outcome_labels="original", when it differs or matters
+    failed_test: int | None = -1  # -1: don't check
+    stdout_lacks: str | None = None  # e.g. an atexit marker that must never be printed
+
+
+CASES = [
+    # --- ordinary outcomes --------------------------------------------------------------------------------------
+    Case("correct", F_OK, Outcome.PASS, failed_test=None),
+    Case("wrong_answer", WRONG, Outcome.ASSERTION_FAILURE, failed_test=0),
+    Case("second_test_fails", "def f(x):\n    return 4 if x == 2 else 0\n", Outcome.ASSERTION_FAILURE,
+         failed_test=1),
+    Case("syntax_error", "def f(x)\n    return x * 2\n", Outcome.SYNTAX_ERROR, original=Outcome.SYNTAX_ERROR),
+    Case("indentation_error", "def f(x):\nreturn x * 2\n", Outcome.SYNTAX_ERROR, original=Outcome.SYNTAX_ERROR),
+    Case("name_error", "def g(x):\n    return x * 2\n", Outcome.RUNTIME_ERROR, failed_test=0,
+         original=Outcome.RUNTIME_ERROR),
+    Case("zero_division", "def f(x):\n    return x / 0\n", Outcome.RUNTIME_ERROR, failed_test=0),
+    Case("error_at_module_level", "import nonexistent_module_xyz\n" + F_OK, Outcome.RUNTIME_ERROR,
+         failed_test=None),
+    Case("solution_raises_assertion", "def f(x):\n    assert x > 100, 'too small'\n    return x * 2\n",
+         Outcome.RUNTIME_ERROR, original=Outcome.ASSERTION_FAILURE, failed_test=0),
+    Case("setup_code_used", "def f(x):\n    return x * K\n", Outcome.PASS, setup="K = 2\n"),
+    Case("setup_code_raises", F_OK, Outcome.RUNTIME_ERROR, setup="raise ValueError('broken fixture')\n"),
+    Case("broken_test_is_other", F_OK, Outcome.OTHER, tests=["assert f(2) == == 4"]),
+    Case("keyboard_interrupt", "def f(x):\n    raise KeyboardInterrupt\n", Outcome.RUNTIME_ERROR, failed_test=0),
+    Case("custom_base_exception", "class Boom(BaseException):\n    pass\ndef f(x):\n    raise Boom()\n",
+         Outcome.RUNTIME_ERROR, failed_test=0),
+    Case("hostile_exception_str",
+         "class E(Exception):\n    def __str__(self):\n        raise RuntimeError('no str for you')\n"
+         "def f(x):\n    raise E()\n", Outcome.RUNTIME_ERROR, failed_test=0),
+    Case("always_equal_object_known_limit",  # plain-Python semantics: documented limitation, not a sandbox escape
+         "class A:\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return A()\n", Outcome.PASS),
+    # --- resource exhaustion ----------------------------------------------------------------------------------
+    Case("infinite_loop", "def f(x):\n    while True:\n        pass\n", Outcome.TIMEOUT, original=Outcome.TIMEOUT),
+    Case("busy_cpu", "def f(x):\n    return sum(i * i for i in range(10 ** 12))\n", Outcome.TIMEOUT),
+    Case("sleep_forever", "import time\ndef f(x):\n    time.sleep(3600)\n", Outcome.TIMEOUT),
+    Case("memory_bomb_single", "def f(x):\n    return len(bytearray(64 * 1024 ** 3))\n", Outcome.RUNTIME_ERROR,
+         failed_test=0),
+    Case("memory_bomb_loop", "def f(x):\n    a = []\n    while True:\n        a.append(bytes(10 ** 8))\n",
+         Outcome.RUNTIME_ERROR, failed_test=0),
+    Case("huge_output_then_correct", "def f(x):\n    print('x' * 20_000_000)\n    return x * 2\n", Outcome.PASS),
+    Case("endless_output", "def f(x):\n    while True:\n        print('y' * 10000)\n", Outcome.TIMEOUT),
+    Case("recursion_overflow", "def f(x):\n    return f(x + 1)\n", Outcome.RUNTIME_ERROR, failed_test=0),
+    Case("deep_recursion_segfault",  # recursion limit lifted, then C-level recursion (== on nested lists) overflows
+         "import sys\nsys.setrecursionlimit(10 ** 8)\ndef f(x):\n    a = []\n    for _ in range(2 * 10 ** 5):\n"
+         "        a = [a]\n    return a == [a]\n",
+         Outcome.RUNTIME_ERROR, failed_test=0),
+    Case("huge_file_in_sandbox", "def f(x):\n    open('big', 'wb').write(b'0' * (64 * 1024 ** 2))\n    return x * 2\n",
+         Outcome.RUNTIME_ERROR, failed_test=0),
+    # --- processes, signals, network --------------------------------------------------------------------------
+    Case("fork_bomb", "import os\nwhile True:\n    os.fork()\n", Outcome.RUNTIME_ERROR),
+    Case("subprocess_run", "import subprocess\nsubprocess.run(['touch', 'PROBE'])\n" + F_OK, Outcome.RUNTIME_ERROR),
+    Case("os_system", "import os\nos.system('touch PROBE')\n" + F_OK, Outcome.RUNTIME_ERROR),
+    Case("kill_parent", "import os\nos.kill(os.getppid(), 9)\n" + F_OK, Outcome.RUNTIME_ERROR),
+    Case("killpg_parent", "import os\nos.killpg(os.getpgid(os.getppid()), 9)\n" + F_OK, Outcome.RUNTIME_ERROR),
+    Case("kill_parent_via_ctypes", "import ctypes, os\nctypes.CDLL(None).kill(os.getppid(), 9)\n" + F_OK,
+         Outcome.RUNTIME_ERROR),
+    Case("kill_parent_via_pidfd",  # no audit event covers pidfd signals: only the privilege drop stops this one
+         "import os, signal\nsignal.pidfd_send_signal(os.pidfd_open(os.getppid()), signal.SIGKILL)\n" + F_OK,
+         Outcome.RUNTIME_ERROR),
+    Case("kill_everything_swallowed",  # the hook refuses; with it gone the kernel still would (we run as nobody)
+         "import os, signal\nfor pid in (os.getppid(), 1, -1):\n    try:\n        os.kill(pid, signal.SIGKILL)\n"
+         "    except Exception:\n        pass\n" + F_OK, Outcome.PASS),
+    Case("self_alarm_signal", "import signal\nsignal.alarm(1)\ndef f(x):\n    while True:\n        pass\n",
+         Outcome.RUNTIME_ERROR, failed_test=0),  # killed by SIGALRM while test 0 ran
+    Case("network_connect", "import socket\ns = socket.create_connection(('127.0.0.1', PORT), timeout=1)\n" + F_OK,
+         Outcome.RUNTIME_ERROR),
+    Case("network_connect_swallowed",
+         "import socket\ntry:\n    socket.create_connection(('127.0.0.1', PORT), timeout=1)\nexcept OSError:\n"
+         "    pass\n" + F_OK, Outcome.PASS),
+    Case("thread_escape",
+         "import threading, time\ndef spin():\n    while True:\n        open('SENTINEL', 'w').write('pwned')\n"
+         "threading.Thread(target=spin, daemon=True).start()\n" + F_OK, Outcome.RUNTIME_ERROR),
+    Case("thread_escape_swallowed",
+         "import threading\ntry:\n    threading.Thread(target=lambda: open('SENTINEL', 'w'), daemon=True).start()\n"
+         "except RuntimeError:\n    pass\n" + F_OK, Outcome.PASS),
+    Case("read_stdin", "def f(x):\n    return int(input())\n", Outcome.RUNTIME_ERROR, failed_test=0),
+    Case("read_stdin_empty", "import sys\nDATA = sys.stdin.read()\ndef f(x):\n    return x * 2 + len(DATA)\n",
+         Outcome.PASS),
+    # --- the host's files -------------------------------------------------------------------------------------
+    Case("write_outside_sandbox", "open('SENTINEL_DIR/created.txt', 'w').write('x')\n" + F_OK, Outcome.RUNTIME_ERROR),
+    Case("overwrite_sentinel", "open('SENTINEL', 'w').write('pwned')\n" + F_OK, Outcome.RUNTIME_ERROR),
+    Case("delete_sentinel", "import os\nos.remove('SENTINEL')\n" + F_OK, Outcome.RUNTIME_ERROR),
+    Case("delete_home_sentinel", "import os\nos.remove('HOME_SENTINEL')\n" + F_OK, Outcome.RUNTIME_ERROR),
+    Case("rmtree_outside", "import shutil\nshutil.rmtree('SENTINEL_DIR')\n" + F_OK, Outcome.RUNTIME_ERROR),
+    Case("rename_sentinel", "import os\nos.rename('HOME_SENTINEL', 'HOME_SENTINEL.moved')\n" + F_OK,
+         Outcome.RUNTIME_ERROR),
+    Case("write_tmp", "open('PROBE', 'w').write('x')\n" + F_OK, Outcome.RUNTIME_ERROR),
+    Case("write_tmp_dir_fd_bypass",  # slips past the audit hook (relative path + dir_fd): the private tmpfs holds
+         "import os\nfd = os.open('/tmp', os.O_RDONLY)\n"
+         "w = os.open(os.path.basename('PROBE'), os.O_WRONLY | os.O_CREAT, dir_fd=fd)\nos.write(w, b'x')\n" + F_OK,
+         Outcome.PASS),
+    Case("write_in_sandbox_is_fine", "open('scratch.txt', 'w').write('ok')\nimport os\nos.mkdir('d')\n"
+         "os.remove('scratch.txt')\n" + F_OK, Outcome.PASS),
+    Case("chdir_then_relative_write", "import os\nos.chdir('SENTINEL_DIR')\nopen('rel.txt', 'w').write('x')\n" + F_OK,
+         Outcome.RUNTIME_ERROR),
+    Case("chdir_and_atexit_pass", "import os, atexit\nos.chdir('/')\natexit.register(lambda: print('ATEXIT-RAN'))\n"
+         + F_OK, Outcome.PASS, stdout_lacks="ATEXIT-RAN"),
+    Case("atexit_cannot_rescue",
+         "import atexit, os\natexit.register(lambda: print('ATEXIT-RAN'))\natexit.register(os._exit, 0)\n" + WRONG,
+         Outcome.ASSERTION_FAILURE, stdout_lacks="ATEXIT-RAN"),
+    Case("env_secret_invisible",
+         "import os\ndef f(x):\n    assert 'SECRET_NAME' not in os.environ\n"
+         "    try:\n        raw = open('/proc/self/environ', 'rb').read()\n    except OSError:\n        raw = b''\n"
+         "    assert b'SECRET_VALUE' not in raw\n    return x * 2\n", Outcome.PASS),
+    # --- exiting instead of failing -----------------------------------------------------------------------------
+    Case("os_exit_in_test", "import os\ndef f(x):\n    os._exit(0)\n", Outcome.OTHER, original=Outcome.PASS,
+         failed_test=0),
+    Case("sys_exit_in_test", "import sys\ndef f(x):\n    sys.exit(0)\n", Outcome.RUNTIME_ERROR, original=Outcome.PASS,
+         failed_test=0),
+    Case("sys_exit_module_level", "import sys\nsys.exit(0)\n" + F_OK, Outcome.RUNTIME_ERROR, original=Outcome.PASS,
+         failed_test=None),
+    Case("close_verdict_fds", "import os\nos.closerange(3, 1024)\n" + F_OK, Outcome.OTHER),
+    # --- forging PASS / tampering with the harness --------------------------------------------------------------
+    Case("print_fake_verdict",
+         "import sys\nprint('PASS')\nprint('{\"outcome\": \"PASS\"}')\nsys.stderr.write('PASS\\n')\n" + WRONG,
+         Outcome.ASSERTION_FAILURE, failed_test=0),
+    Case("spray_fake_verdicts_on_fds",
+         "import os\nfor fd in range(0, 64):\n    for line in (b'PASS\\n', b'0' * 32 + b' V PASS -1 \\n'):\n"
+         "        try:\n            os.write(fd, line)\n        except OSError:\n            pass\n" + WRONG,
+         Outcome.ASSERTION_FAILURE, failed_test=0),
+    Case("patch_assertion_error", "import builtins\nbuiltins.AssertionError = Exception\n" + WRONG,
+         Outcome.ASSERTION_FAILURE, failed_test=0),
+    Case("patch_builtins_wholesale",
+         "import builtins\nfor n in ('print', 'exec', 'compile', 'len', 'type', 'str', 'isinstance', 'issubclass',\n"
+         "          'enumerate', 'BaseException', 'SystemExit'):\n    setattr(builtins, n, None)\n" + WRONG,
+         Outcome.ASSERTION_FAILURE, failed_test=0),
+    Case("patch_sys_exit_and_hooks",
+         "import sys\nsys.exit = lambda *a: None\nsys.excepthook = lambda *a: None\n"
+         "sys.stdout = open('/dev/null', 'w')\n" + WRONG, Outcome.ASSERTION_FAILURE, failed_test=0),
+    Case("patch_os_and_traceback",
+         "import os, traceback\nos._exit = lambda c: None\nos.write = lambda fd, b: len(b)\n"
+         "traceback.format_exception = lambda *a, **k: ['PASS']\n" + WRONG, Outcome.ASSERTION_FAILURE, failed_test=0),
+    Case("patch_harness_module_globals",
+         "import sys\nfor m in list(sys.modules.values()):\n    if hasattr(m, 'Outcome') and hasattr(m, 'Verdict'):\n"
+         "        class Fake:\n            PASS = RUNTIME_ERROR = ASSERTION_FAILURE = OTHER = SYNTAX_ERROR = 'PASS'\n"
+         "        m.Outcome = Fake\n        m._VERDICT_FD = 1\n" + "def f(x):\n    raise ValueError(x)\n",
+         Outcome.RUNTIME_ERROR, failed_test=0),
+    Case("assertion_error_subclass_trick",
+         "class Fake(AssertionError):\n    pass\ndef f(x):\n    raise Fake('looks like a test failure')\n",
+         Outcome.RUNTIME_ERROR, failed_test=0),
+    Case("settrace_refused", "import sys\nsys.settrace(lambda *a: None)\n" + F_OK, Outcome.RUNTIME_ERROR),
+    Case("gc_introspection_refused", "import gc\nobjs = gc.get_objects()\n" + F_OK, Outcome.RUNTIME_ERROR),
+]
+assert len({c.name for c in CASES}) == len(CASES) >= 25
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# fixtures
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def secret_env() -> Iterator[None]:
+    """A fake secret in this process's environment, set before the pool starts: solutions must not see it."""
+    os.environ[SECRET_NAME] = SECRET_VALUE
+    yield
+    os.environ.pop(SECRET_NAME, None)
+
+
+@pytest.fixture(scope="module")
+def pool(secret_env: None) -> Iterator[Verifier]:
+    with Verifier(timeout_s=TIMEOUT_S, workers=2) as v:
+        yield v
+
+
+@dataclass
+class Host:
+    sentinel: Path
+    home_sentinel: Path
+    probe: Path
+    port: int
+
+    def render(self, text: str) -> str:
+        for key, value in (("HOME_SENTINEL", self.home_sentinel), ("SENTINEL_DIR", self.sentinel.parent),
+                           ("SENTINEL", self.sentinel), ("PROBE", self.probe),
+                           ("PORT", self.port), ("SECRET_NAME", SECRET_NAME), ("SECRET_VALUE", SECRET_VALUE)):
+            text = text.replace(key, str(value))
+        return text
+
+
+def _children_of(parents: set[int]) -> list[int]:
+    """Live (non-zombie) processes whose parent is one of ``parents``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) in parents and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+@pytest.fixture
+def host(tmp_path: Path, pool: Verifier) -> Iterator[Host]:
+    sentinel = tmp_path / "sentinel.txt"
+    sentinel.write_text("original")
+    home_dir = Path(tempfile.mkdtemp(prefix=".predict-sandbox-test-", dir=Path.home()))  # outside /tmp
+    home_sentinel = home_dir / "sentinel.txt"
+    home_sentinel.write_text("original")
+    probe = Path(tempfile.gettempdir()) / f"predict-probe-{uuid.uuid4().hex}"
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    try:
+        yield Host(sentinel, home_sentinel, probe, listener.getsockname()[1])
+        # The host is untouched ...
+        assert sentinel.read_text() == "original"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["sentinel.txt"]
+        assert home_sentinel.read_text() == "original"
+        assert sorted(p.name for p in home_dir.iterdir()) == ["sentinel.txt"]
+        assert not probe.exists(), "a file written to /tmp inside the sandbox reached the host"
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody connected to us
+        # ... no sandbox child outlived its check ...
+        servers = {s.proc.pid for s in pool._servers}
+        assert sorted(_children_of(servers | {os.getpid()})) == sorted(servers)
+        # ... and both this process and the pool still work.
+        assert pool.check(F_OK, TESTS).outcome is Outcome.PASS
+    finally:
+        listener.close()
+        for p in home_dir.iterdir():
+            p.unlink()
+        home_dir.rmdir()
+
+
+def _run(runner: str, pool: Verifier, case: Case, host: Host, labels: str = "structured") -> Verdict:
+    solution, tests, setup = host.render(case.solution), [host.render(t) for t in case.tests], host.render(case.setup)
+    if runner == "pool" and labels == "structured":
+        return pool.check(solution, tests, setup)
+    return check_once(solution, tests, setup, timeout_s=TIMEOUT_S, outcome_labels=labels)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# tests
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("runner", ["pool", "once"])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_adversarial(case: Case, runner: str, pool: Verifier, host: Host) -> None:
+    verdict = _run(runner, pool, case, host)
+    assert verdict.outcome is case.expected, verdict
+    if case.failed_test != -1:
+        assert verdict.failed_test == case.failed_test, verdict
+    if case.stdout_lacks:
+        assert case.stdout_lacks not in verdict.stdout
+    if verdict.outcome is Outcome.TIMEOUT:
+        assert TIMEOUT_S - 0.1 <= verdict.duration_s < TIMEOUT_S + 1.5
+    # A Python-style traceback on stderr (the 'original' labeller reads it), except where python prints none
+    # (killed by a signal, SystemExit) or the solution replaced the traceback machinery it shares with us.
+    no_traceback = {"deep_recursion_segfault", "self_alarm_signal", "sys_exit_in_test", "sys_exit_module_level",
+                    "patch_os_and_traceback"}
+    if verdict.outcome in (Outcome.RUNTIME_ERROR, Outcome.ASSERTION_FAILURE) and case.name not in no_traceback:
+        assert "Traceback (most recent call last):" in verdict.stderr, verdict
+    if verdict.outcome is Outcome.SYNTAX_ERROR:
+        assert 'File "solution.py", line' in verdict.stderr and "Error" in verdict.stderr, verdict
+
+
+ORIGINAL_CASES = [c for c in CASES if c.original is not None]
+
+
+@pytest.mark.parametrize("case", ORIGINAL_CASES, ids=[c.name for c in ORIGINAL_CASES])
+def test_original_labels_reproduce_the_heuristic(case: Case, pool: Verifier, host: Host) -> None:
+    """outcome_labels='original' feeds (exit code, stderr, timed out) to the study's heuristic, warts and all."""
+    verdict = _run("once", pool, case, host, labels="original")
+    assert verdict.outcome is case.original, verdict
+
+
+def test_original_labels_through_the_pool(host: Host) -> None:
+    with Verifier(timeout_s=TIMEOUT_S, outcome_labels="original") as v:
+        assert v.check("def f(x):\n    assert x > 100\n", TESTS).outcome is Outcome.ASSERTION_FAILURE
+        assert v.check(F_OK, TESTS).outcome is Outcome.PASS
+        assert v.check("import os\ndef f(x):\n    os._exit(0)\n", TESTS).outcome is Outcome.PASS
+
+
+@pytest.mark.parametrize(("rc", "stderr", "timed_out", "expected"), [
+    (0, "", True, Outcome.TIMEOUT),
+    (0, "AssertionError", False, Outcome.PASS),
+    (1, '  File "solution.py", line 1\nSyntaxError: invalid syntax', False, Outcome.SYNTAX_ERROR),
+    (1, "IndentationError: expected an indented block", False, Outcome.SYNTAX_ERROR),
+    (1, "Traceback ...\nAssertionError", False, Outcome.ASSERTION_FAILURE),
+    (1, "Traceback ...\nZeroDivisionError: division by zero", False, Outcome.RUNTIME_ERROR),
+    (-11, "", False, Outcome.RUNTIME_ERROR),
+    (None, "", False, Outcome.RUNTIME_ERROR),
+])
+def test_label_original(rc: int | None, stderr: str, timed_out: bool, expected: Outcome) -> None:
+    assert label_original(rc, stderr, timed_out) is expected
+
+
+def test_tracebacks_look_like_python(pool: Verifier) -> None:
+    v = pool.check("def f(x):\n    return x / 0\n", TESTS)
+    assert v.stderr.startswith("Traceback (most recent call last):\n")
+    assert 'File "<test 0>", line 1' in v.stderr and 'File "solution.py", line 2, in f' in v.stderr
+    assert "return x / 0" in v.stderr and v.stderr.rstrip().endswith("ZeroDivisionError: division by zero")
+    assert "sandbox.py" not in v.stderr  # the harness's own frame is hidden
+    assert v.detail == "ZeroDivisionError: division by zero" and v.failed_test == 0
+    a = pool.check(WRONG, TESTS)
+    assert a.detail == "test 0 failed: assert f(2) == 4" and a.stderr.rstrip().endswith("AssertionError")
+
+
+def test_output_is_captured_and_capped(pool: Verifier) -> None:
+    v = pool.check("print('hello')\nimport sys\nprint('oops', file=sys.stderr)\n" + F_OK, TESTS)
+    assert v.outcome is Outcome.PASS and v.stdout == "hello\n" and v.stderr == "oops\n"
+    big = pool.check("def f(x):\n    print('z' * 5_000_000 + 'END')\n    return x * 2\n", TESTS)
+    assert big.outcome is Outcome.PASS and len(big.stdout) <= 64 * 1024 and big.stdout.endswith("zzEND\n")
+
+
+def test_isolation_layers_active_here() -> None:
+    report = isolation_report()
+    for layer in ("setsid", "rlimits", "pdeathsig", "env_scrubbed", "audit_hook"):
+        assert report[layer], report
+    if os.geteuid() == 0:  # this machine: all kernel layers must be on
+        for layer in ("mount_namespace", "private_tmp", "net_namespace", "dropped_privileges"):
+            assert report[layer], report
+    assert isinstance(report, dict) and all(isinstance(v, bool) for v in report.values())
+    pool_report = Verifier(workers=1)
+    try:
+        assert pool_report.isolation_report()["net_namespace"] == report["net_namespace"]
+    finally:
+        pool_report.close()
+
+
+def test_children_run_unprivileged_without_network() -> None:
+    probe = (
+        "import os, socket\nUID = os.getuid()\nIFACES = sorted(os.listdir('/sys/class/net'))\n"
+        "TMP = sorted(os.listdir('/tmp'))\nCWD = os.getcwd()\nENV = dict(os.environ)\n"
+    )
+    tests = ["assert UID == 65534, UID", "assert CWD.startswith('/tmp/'), CWD",
+             "assert set(ENV) <= {'PATH', 'LANG', 'HOME'}, ENV", "assert os.listdir('.') == [], os.listdir('.')"]
+    if os.geteuid() != 0:
+        pytest.skip("privilege drop is only done when the verifier runs as root")
+    for runner in (lambda s, t: check_once(s, t), None):
+        if runner is None:
+            with Verifier() as v:
+                verdict = v.check(probe, tests)
+        else:
+            verdict = runner(probe, tests)
+        assert verdict.outcome is Outcome.PASS, verdict
+
+
+def test_checks_do_not_see_each_other(pool: Verifier) -> None:
+    """Files one check leaves in its sandbox or /tmp are gone before the next check (same server or not)."""
+    writer = "import os\nopen('left.txt', 'w').write('x')\nos.close(os.open('/tmp', os.O_RDONLY))\n" + F_OK
+    reader = "import os, glob\nLEFT = glob.glob('/tmp/**', recursive=True)\n" + F_OK
+    for _ in range(4):
+        assert pool.check(writer, TESTS).outcome is Outcome.PASS
+    v = pool.check(reader, [*TESTS, "assert LEFT == ['/tmp/', '/tmp/sandbox'], LEFT"])
+    assert v.outcome is Outcome.PASS, v
+
+
+def test_pool_survives_a_killed_server() -> None:
+    with Verifier(timeout_s=TIMEOUT_S, workers=2) as v:
+        victim = v._servers[0].proc
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        assert [v.check(F_OK, TESTS).outcome for _ in range(4)] == [Outcome.PASS] * 4
+        assert all(s.proc.poll() is None for s in v._servers)
+
+
+def test_close_leaves_no_process_behind() -> None:
+    v = Verifier(timeout_s=5.0, workers=2)
+    servers = [s.proc for s in v._servers]
+    import threading
+
+    # One check is still running (sleeping) when close() is called: it must be killed too.
+    t = threading.Thread(target=lambda: v.check("import time\ntime.sleep(30)\n", TESTS))
+    t.start()
+    import time
+
+    time.sleep(0.5)
+    running = _children_of({p.pid for p in servers})
+    assert running, "expected the sleeping check's child"
+    v.close()
+    t.join(10)
+    assert all(p.poll() is not None for p in servers)
+    time.sleep(0.2)
+    assert all(not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+               for pid in running)
+    with pytest.raises(RuntimeError):
+        v.check(F_OK, TESTS)
+
+
+def test_check_many_is_ordered_and_concurrent(pool: Verifier) -> None:
+    items = [(F_OK if i % 3 else WRONG, TESTS, "") for i in range(30)]
+    verdicts = pool.check_many(items, progress=True)
+    assert [v.outcome for v in verdicts] == [Outcome.PASS if i % 3 else Outcome.ASSERTION_FAILURE for i in range(30)]
+
+
+def test_check_once_from_threads() -> None:
+    """check_once forks from the caller; several threads may do it at once (the agent's tool calls)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs: list[Callable[[], Verdict]] = [lambda: check_once(F_OK, TESTS), lambda: check_once(WRONG, TESTS)] * 4
+    with ThreadPoolExecutor(4) as ex:
+        outcomes = [f.result().outcome for f in [ex.submit(j) for j in jobs]]
+    assert outcomes == [Outcome.PASS, Outcome.ASSERTION_FAILURE] * 4
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError):
+        check_once(F_OK, TESTS, outcome_labels="fancy")
+    with pytest.raises(ValueError):
+        Verifier(workers=0)
