@@ -1,0 +1,59 @@
+"""Grade the final solution.py of a rollout: ``python -m predict.env.check`` in the rollout's workdir.
+
+The task's reward runs this through ``runtime.run`` rather than calling the sandbox in the verifiers host
+process, because the sandbox forks its child from the calling process and the host is a threaded asyncio server.
+Prints one JSON object: the sandbox `Verdict` (outcome, detail, failed_test, duration_s, stdout, stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from predict.env.protocol import SOLUTION_FILE, TASK_FILE
+
+OUTPUT_CHARS = 2000
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--task-file", default=TASK_FILE)
+    ap.add_argument("--solution", default=SOLUTION_FILE)
+    ap.add_argument("--timeout-s", type=float, default=3.0)
+    ap.add_argument("--memory-mb", type=int, default=1024)
+    ap.add_argument("--outcome-labels", default="structured")
+    args = ap.parse_args(argv)
+
+    from predict.sandbox import check_once  # noqa: PLC0415
+
+    task = json.loads(Path(args.task_file).read_text())
+    path = Path(args.solution)
+    solution = path.read_text() if path.exists() else ""
+    verdict = check_once(
+        solution,
+        list(task["test_list"]),
+        task.get("test_setup_code") or "",
+        timeout_s=args.timeout_s,
+        memory_mb=args.memory_mb,
+        outcome_labels=args.outcome_labels,
+    )
+    print(
+        json.dumps(
+            {
+                "outcome": str(verdict.outcome),
+                "detail": verdict.detail,
+                "failed_test": verdict.failed_test,
+                "duration_s": verdict.duration_s,
+                "stdout": verdict.stdout[-OUTPUT_CHARS:],
+                "stderr": verdict.stderr[-OUTPUT_CHARS:],
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""The agent program: one rollout's loop of model call -> parse -> act, run inside the verifiers runtime.
+
+Started by `LocalAgentHarness` as ``<local python> -m predict.env.program ...`` (``program.py`` as a script path
+works too) with the rollout's workdir as cwd and ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` pointing at verifiers'
+interception server, which records every model call into the trace. Only the standard library,
+`predict.env.protocol` and `predict.sandbox` are used: no SDK, no network beyond that endpoint.
+
+The protocol itself (parsing, budget, predictions, shadow executions, result strings) is `protocol.Episode`;
+this file only talks HTTP, keeps solution.py on disk in step with the episode, and writes the result JSON
+(`protocol.RESULT_FILE`: config, steps, summary) that the task's finalize copies into ``trace.info``.
+
+Exit status: 0 whenever the episode ended and the result was written, including a ``stop_reason`` of
+``max_turns`` (verifiers refused the turn or the program's own model-call cap) and ``error`` for a deterministic
+4xx refusal of the model endpoint (e.g. an overlong prompt), so the rollout is still graded; 97 (verifiers'
+model-transport code) when the endpoint stayed unreachable or kept failing with 5xx, so verifiers records a
+retryable failure; 1 for a crash of the program itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import sys
+import time
+import traceback
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from predict.env.protocol import RESULT_FILE, SOLUTION_FILE, STUB, TASK_FILE, Episode, ProtocolConfig
+
+MODEL_TRANSPORT_ERROR_EXIT_CODE = 97  # verifiers.v1.errors.MODEL_TRANSPORT_ERROR_EXIT_CODE
+HTTP_ATTEMPTS = 3
+
+
+class TurnRefused(Exception):
+    """The interception server refused the turn (a verifiers limit or @stop): the rollout is over."""
+
+
+class ModelRefused(Exception):
+    """The model endpoint answered a deterministic 4xx (retrying cannot help)."""
+
+
+class ModelUnavailable(Exception):
+    """The endpoint could not be reached, or kept failing with 5xx."""
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--prompt", required=True, help="the task prompt (first user message)")
+    ap.add_argument("--system-prompt", default="", help="extra system text appended after the protocol's prompt")
+    ap.add_argument("--protocol", default="reactive")
+    ap.add_argument("--variant", default="none")
+    ap.add_argument("--budget", type=int, default=8)
+    ap.add_argument("--revise-costs-call", type=int, choices=(0, 1), default=1)
+    ap.add_argument("--max-model-calls", type=int, default=None)
+    ap.add_argument("--task-file", default=TASK_FILE)
+    ap.add_argument("--result-file", default=RESULT_FILE)
+    ap.add_argument("--timeout-s", type=float, default=3.0, help="sandbox limit per test run")
+    ap.add_argument("--memory-mb", type=int, default=1024)
+    ap.add_argument("--outcome-labels", default="structured")
+    ap.add_argument("--no-stream", action="store_true")
+    ap.add_argument("--request-timeout-s", type=float, default=900.0)
+    return ap.parse_args(argv)
+
+
+class ChatClient:
+    """Minimal OpenAI chat-completions client (streaming or not) on urllib."""
+
+    def __init__(self, base_url: str, api_key: str, model: str, stream: bool, timeout_s: float) -> None:
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.api_key, self.model, self.stream, self.timeout_s = api_key, model, stream, timeout_s
+
+    def __call__(self, messages: list[dict[str, str]]) -> str:
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "stream": self.stream}
+        if self.stream:
+            body["stream_options"] = {"include_usage": True}
+        data = json.dumps(body).encode()
+        # One key per logical call, reused by its retries: verifiers' interception then replays a response that
+        # was produced but lost instead of committing a second turn to the trace.
+        headers = {
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {self.api_key}",
+            "Idempotency-Key": uuid.uuid4().hex,
+        }
+        last: Exception | None = None
+        for attempt in range(HTTP_ATTEMPTS):
+            if attempt:
+                time.sleep(min(2.0**attempt, 8.0))
+            req = urllib.request.Request(self.url, data=data, method="POST", headers=headers)
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                    return self._read_stream(resp) if self.stream else self._read_json(resp)
+            except urllib.error.HTTPError as e:
+                detail = e.read().decode(errors="replace")[-2000:]
+                if "rollout stopped" in detail:
+                    raise TurnRefused(detail) from None
+                if e.code < 500:
+                    raise ModelRefused(f"HTTP {e.code}: {detail}") from None
+                last = ModelUnavailable(f"HTTP {e.code}: {detail}")
+            except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
+                last = ModelUnavailable(f"{type(e).__name__}: {e}")
+        assert last is not None
+        raise last
+
+    @staticmethod
+    def _read_json(resp: Any) -> str:
+        return json.load(resp)["choices"][0]["message"].get("content") or ""
+
+    @staticmethod
+    def _read_stream(resp: Any) -> str:
+        parts: list[str] = []
+        for raw in resp:  # SSE: "data: {...}" lines, ": comment" keepalives, blank separators
+            line = raw.decode(errors="replace").strip()
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                break
+            chunk = json.loads(payload)
+            if "error" in chunk:
+                message = json.dumps(chunk["error"])
+                if "rollout stopped" in message:
+                    raise TurnRefused(message)
+                raise ModelUnavailable(message)
+            for choice in chunk.get("choices") or []:
+                parts.append((choice.get("delta") or {}).get("content") or "")
+        return "".join(parts)
+
+
+def sandbox_runner(task: dict[str, Any], timeout_s: float, memory_mb: int, outcome_labels: str) -> Any:
+    """run_tests for the episode: the task's setup code + asserts against a solution, in the sandbox."""
+    from predict.sandbox import check_once  # noqa: PLC0415 - the sandbox is only needed once the loop runs
+
+    test_list, setup = list(task["test_list"]), task.get("test_setup_code") or ""
+
+    def run_tests(solution: str) -> Any:
+        return check_once(
+            solution, test_list, setup, timeout_s=timeout_s, memory_mb=memory_mb, outcome_labels=outcome_labels
+        )
+
+    return run_tests
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, ensure_ascii=False))
+    os.replace(tmp, path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.time()
+    # Take the rollout's secret out of the environment so sandboxed test children never inherit it.
+    base_url = os.environ.pop("OPENAI_BASE_URL", "")
+    api_key = os.environ.pop("OPENAI_API_KEY", "")
+    config = ProtocolConfig(
+        protocol=args.protocol,
+        variant=args.variant,
+        budget=args.budget,
+        revise_costs_call=bool(args.revise_costs_call),
+        max_model_calls=args.max_model_calls,
+    )
+    solution_path = Path(SOLUTION_FILE)
+    task = json.loads(Path(args.task_file).read_text())
+    episode = Episode(
+        config,
+        sandbox_runner(task, args.timeout_s, args.memory_mb, args.outcome_labels),
+        solution_path.read_text() if solution_path.exists() else STUB,
+    )
+    system = config.system_prompt() + (f"\n\n{args.system_prompt}" if args.system_prompt else "")
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": args.prompt}]
+    chat = ChatClient(base_url, api_key, args.model, not args.no_stream, args.request_timeout_s)
+    exit_code = 0
+    try:
+        while not episode.done:
+            try:
+                reply = chat(messages)
+            except TurnRefused as e:
+                episode.finish("max_turns", error=str(e))
+                break
+            except ModelRefused as e:
+                episode.finish("error", error=str(e))
+                break
+            except ModelUnavailable as e:
+                episode.finish("error", error=str(e))
+                exit_code = MODEL_TRANSPORT_ERROR_EXIT_CODE
+                break
+            answer = episode.step(reply)
+            solution_path.write_text(episode.solution)  # the file on disk always matches the episode
+            if answer is None:
+                break
+            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": answer}]
+    except Exception:  # noqa: BLE001 - a crash still leaves a result file behind for the record
+        episode.finish("error", error=traceback.format_exc()[-4000:])
+        exit_code = 1
+    finally:
+        solution_path.write_text(episode.solution)
+        write_json_atomic(
+            Path(args.result_file),
+            {
+                "config": config.to_dict(),
+                "task_id": task.get("task_id"),
+                "system_prompt": system,
+                "steps": [s.to_dict() for s in episode.steps],
+                "summary": episode.summary(),
+                "wall_s": time.time() - started,
+            },
+        )
+    if exit_code:
+        print(episode.error, file=sys.stderr)
+    print(json.dumps({"stop_reason": episode.stop_reason, "calls_used": episode.calls_used}))
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

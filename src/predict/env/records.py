@@ -1,0 +1,262 @@
+"""Per-trajectory records: one finished trace -> one row; the parquet schema and its atomic writer.
+
+One row per rollout. ``steps`` holds every assistant reply in order (see `protocol.Step`; the struct fields are
+`STEP_FIELDS`). How the study's figures come out of the columns:
+
+* pass rate: mean ``final_pass`` (or ``reward``) by arm/seed/checkpoint/split; never-revised vs revised rollouts:
+  group by ``ever_revised``; budget use: ``calls_used``, ``budget_exhausted``; stops: ``stop_reason``.
+* per patch: the steps with ``action == "apply_patch" and applied``. Each carries the verified ``outcome`` of the
+  patched code (``outcome_seen``: shown to the model by a python_test on that exact state, else a hidden shadow
+  execution), and in the predictive arm its ``prediction``, ``decision_sampled``, ``decision``, ``forced`` and
+  ``reverted``. Prediction accuracy / confusion matrix: ``prediction`` vs ``outcome`` over those patch steps
+  (``prediction == "MALFORMED"`` marks a malformed line). Prediction steps (``action == "prediction"``) repeat
+  the same prediction fields next to the raw reply: count patches, not prediction steps.
+* recovery: ``recovered`` is null unless the first applied patch's verified outcome was not PASS; then it is
+  ``final_pass``. Recovery rate = mean of the non-null values.
+* rows with ``stop_reason == "error"`` or ``ok == False`` are infrastructure failures (``error`` says what): their
+  ``reward``/``final_outcome`` may be null; exclude or re-run them.
+* ``tokens`` (train client only, else null): the trace's message graph, one struct per node (``parent`` index,
+  ``role``, ``sampled``, ``token_ids``, ``mask``, ``logprobs``). A sampled node is one model call: its prompt is
+  the concatenated ``token_ids`` of its ancestors, its completion tokens are where ``mask`` is true, and
+  ``logprobs`` are aligned to those sampled tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from predict.env.protocol import Step
+from predict.io import write_table
+from predict.outcomes import Outcome
+
+STEP_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
+    ("index", pa.int32()),
+    ("action", pa.string()),
+    ("reply", pa.string()),
+    ("status", pa.string()),
+    ("result", pa.string()),
+    ("result_sent", pa.bool_()),
+    ("tool", pa.string()),
+    ("action_line", pa.string()),
+    ("args", pa.string()),
+    ("error", pa.string()),
+    ("counted", pa.bool_()),
+    ("calls_used", pa.int32()),
+    ("find", pa.string()),
+    ("replace", pa.string()),
+    ("applied", pa.bool_()),
+    ("patched_code", pa.string()),
+    ("prediction", pa.string()),
+    ("decision_sampled", pa.string()),
+    ("decision", pa.string()),
+    ("forced", pa.bool_()),
+    ("reverted", pa.bool_()),
+    ("prediction_step", pa.int32()),
+    ("patch_step", pa.int32()),
+    ("outcome", pa.string()),
+    ("outcome_seen", pa.bool_()),
+    ("outcome_step", pa.int32()),
+    ("outcome_detail", pa.string()),
+    ("summary", pa.string()),
+)
+STEP_TYPE = pa.struct(list(STEP_FIELDS))
+assert {f.name for f in dataclasses.fields(Step)} == {name for name, _ in STEP_FIELDS}, "Step and STEP_FIELDS differ"
+
+TOKEN_NODE_TYPE = pa.struct(
+    [
+        ("parent", pa.int32()),
+        ("role", pa.string()),
+        ("sampled", pa.bool_()),
+        ("token_ids", pa.list_(pa.int32())),
+        ("mask", pa.list_(pa.bool_())),
+        ("logprobs", pa.list_(pa.float32())),
+    ]
+)
+
+RECORD_SCHEMA = pa.schema(
+    [
+        ("rollout_key", pa.string()),
+        ("trace_id", pa.string()),
+        ("task_id", pa.int64()),
+        ("sample", pa.int32()),
+        ("split", pa.string()),
+        ("arm", pa.string()),
+        ("protocol", pa.string()),
+        ("variant", pa.string()),
+        ("seed", pa.int64()),
+        ("checkpoint", pa.string()),
+        ("model", pa.string()),
+        ("client", pa.string()),
+        ("budget", pa.int32()),
+        ("revise_costs_call", pa.bool_()),
+        ("steps", pa.list_(STEP_TYPE)),
+        ("calls_used", pa.int32()),
+        ("budget_exhausted", pa.bool_()),
+        ("n_model_calls", pa.int32()),
+        ("n_patches", pa.int32()),
+        ("n_tests", pa.int32()),
+        ("n_errors", pa.int32()),
+        ("n_predictions", pa.int32()),
+        ("n_malformed_predictions", pa.int32()),
+        ("n_forced", pa.int32()),
+        ("ever_revised", pa.bool_()),
+        ("n_revised", pa.int32()),
+        ("first_patch_outcome", pa.string()),
+        ("recovered", pa.bool_()),
+        ("final_outcome", pa.string()),
+        ("final_pass", pa.bool_()),
+        ("reward", pa.float64()),
+        ("stop_reason", pa.string()),
+        ("ok", pa.bool_()),
+        ("error", pa.string()),
+        ("final_solution", pa.string()),
+        ("n_input_tokens", pa.int64()),
+        ("n_output_tokens", pa.int64()),
+        ("wall_s", pa.float64()),
+        ("created_at", pa.float64()),
+        ("tokens", pa.list_(TOKEN_NODE_TYPE)),
+    ]
+)
+RECORD_COLUMNS: tuple[str, ...] = tuple(RECORD_SCHEMA.names)
+
+
+def rollout_key(arm: str, seed: int, checkpoint: str, task_id: int, sample: int = 0) -> str:
+    """Identity of one rollout, for resume: the same key is never rolled out twice."""
+    return f"{arm}|{seed}|{checkpoint}|{task_id}|{sample}"
+
+
+def _tokens(trace: Any) -> list[dict[str, Any]] | None:
+    nodes = list(getattr(trace, "nodes", None) or [])
+    if not any(n.token_ids for n in nodes):
+        return None  # eval client: no token ids recorded
+    return [
+        {
+            "parent": n.parent,
+            "role": n.message.role,
+            "sampled": n.sampled,
+            "token_ids": list(n.token_ids),
+            "mask": list(n.mask),
+            "logprobs": list(n.logprobs),
+        }
+        for n in nodes
+    ]
+
+
+def _trace_error(trace: Any) -> str | None:
+    errors = [f"{e.type}: {e.message}" for e in getattr(trace, "errors", None) or []]
+    return "\n".join(errors)[-4000:] or None
+
+
+def build_record(
+    *,
+    meta: Mapping[str, Any],
+    task: Mapping[str, Any],
+    agent_result: Mapping[str, Any] | None,
+    final_verdict: Mapping[str, Any] | None,
+    reward: float | None,
+    ok: bool,
+    error: str | None,
+    wall_s: float,
+    trace_id: str | None = None,
+    n_input_tokens: int | None = None,
+    n_output_tokens: int | None = None,
+    tokens: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The row, from plain pieces (so it is testable without a trace). `meta`: arm, seed, checkpoint, protocol,
+    variant, model, client, budget, revise_costs_call, split (fallback). `task`: task_id, sample, split."""
+    result = dict(agent_result or {})
+    summary = dict(result.get("summary") or {})
+    steps = list(result.get("steps") or [])
+    final_outcome = (final_verdict or {}).get("outcome")
+    final_pass = None if final_outcome is None else final_outcome == Outcome.PASS.value
+    first = summary.get("first_patch_outcome")
+    recovered = None if first is None or first == Outcome.PASS.value or final_pass is None else final_pass
+    stop_reason = summary.get("stop_reason") or "error"
+    errors = [e for e in (summary.get("error"), result.get("missing"), error) if e]
+    task_id, sample = int(task["task_id"]), int(task.get("sample") or 0)
+    config = dict(result.get("config") or {})
+    return {
+        "rollout_key": rollout_key(meta["arm"], meta["seed"], meta["checkpoint"], task_id, sample),
+        "trace_id": trace_id,
+        "task_id": task_id,
+        "sample": sample,
+        "split": task.get("split") or meta.get("split"),
+        "arm": meta["arm"],
+        "protocol": meta["protocol"],
+        "variant": meta["variant"],
+        "seed": meta["seed"],
+        "checkpoint": meta["checkpoint"],
+        "model": meta.get("model"),
+        "client": meta.get("client"),
+        "budget": config.get("budget", meta.get("budget")),
+        "revise_costs_call": config.get("revise_costs_call", meta.get("revise_costs_call")),
+        "steps": steps,
+        "calls_used": summary.get("calls_used", 0),
+        "budget_exhausted": bool(summary.get("budget_exhausted", False)),
+        "n_model_calls": summary.get("n_model_calls", len(steps)),
+        "n_patches": summary.get("n_patches", 0),
+        "n_tests": summary.get("n_tests", 0),
+        "n_errors": summary.get("n_errors", 0),
+        "n_predictions": summary.get("n_predictions", 0),
+        "n_malformed_predictions": summary.get("n_malformed_predictions", 0),
+        "n_forced": summary.get("n_forced", 0),
+        "ever_revised": bool(summary.get("ever_revised", False)),
+        "n_revised": summary.get("n_revised", 0),
+        "first_patch_outcome": first,
+        "recovered": recovered,
+        "final_outcome": final_outcome,
+        "final_pass": final_pass,
+        "reward": reward,
+        "stop_reason": stop_reason,
+        "ok": ok,
+        "error": "\n".join(errors)[-4000:] or None,
+        "final_solution": summary.get("final_solution"),
+        "n_input_tokens": n_input_tokens,
+        "n_output_tokens": n_output_tokens,
+        "wall_s": wall_s,
+        "created_at": time.time(),
+        "tokens": tokens,
+    }
+
+
+def trace_to_record(trace: Any, meta: Mapping[str, Any], task: Mapping[str, Any], wall_s: float) -> dict[str, Any]:
+    """The row for one finished verifiers trace (`trace.info` carries the program result and the final verdict)."""
+    scored = (trace.rewards or {}).get("tests_pass") is not None
+    return build_record(
+        meta=meta,
+        task=task,
+        agent_result=trace.info.get("agent_result"),
+        final_verdict=trace.info.get("final_verdict"),
+        reward=float(trace.reward) if scored else None,
+        ok=bool(trace.ok),
+        error=_trace_error(trace),
+        wall_s=wall_s,
+        trace_id=trace.id,
+        n_input_tokens=trace.num_input_tokens,
+        n_output_tokens=trace.num_output_tokens,
+        tokens=_tokens(trace),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Writers
+# ---------------------------------------------------------------------------------------------------------------
+def records_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
+    return pa.Table.from_pylist([{c: r.get(c) for c in RECORD_COLUMNS} for r in rows], schema=RECORD_SCHEMA)
+
+
+def write_records(rows: Iterable[Mapping[str, Any]], path: str | Path) -> Path:
+    """Write rows to one parquet file atomically (tmp file in the same folder, then rename)."""
+    return write_table(records_table(rows), path)
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of one records parquet, with the record schema."""
+    return pq.read_table(path, schema=RECORD_SCHEMA).to_pylist()

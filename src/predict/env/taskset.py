@@ -1,0 +1,144 @@
+"""`MbppTaskset`/`MbppTask`: MBPP rows as verifiers v1 tasks.
+
+Rows come from a split parquet written by the data stage (columns task_id, text, code, test_list,
+test_setup_code, challenge_test_list) or from a list of dicts; a row may also carry ``split`` and ``sample``
+(the repeat index when one task is rolled out several times). The prompt is `protocol.task_prompt` (the MBPP
+text plus its asserts); the gold ``code`` never enters the runtime.
+
+* setup writes ``solution.py`` = `protocol.STUB` and `protocol.TASK_FILE` (the asserts the program tests with);
+* finalize copies the program's result JSON into ``trace.info["agent_result"]`` and the final solution into
+  ``trace.info["solution"]``;
+* the reward is 1.0 iff the final solution.py passes all the task's tests (setup code + test_list) in the
+  sandbox, else 0.0; the verdict goes to ``trace.info["final_verdict"]``. The check runs as
+  ``python -m predict.env.check`` in the runtime (see that module for why not in-process).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import verifiers.v1 as vf
+from pydantic import Field
+
+from predict.env.protocol import RESULT_FILE, SOLUTION_FILE, STUB, TASK_FILE, task_prompt
+from predict.outcomes import Outcome
+
+RESULT_MAX_BYTES = 64 << 20
+
+
+class MbppTaskData(vf.TaskData):
+    task_id: int
+    text: str
+    test_list: list[str]
+    test_setup_code: str = ""
+    challenge_test_list: list[str] = Field(default_factory=list)
+    split: str | None = None
+    sample: int = 0
+
+
+class MbppTaskConfig(vf.TaskConfig):
+    """Sandbox settings for grading (the same ones the program tests with)."""
+
+    python: str = sys.executable
+    timeout_s: float = 3.0
+    memory_mb: int = 1024
+    outcome_labels: str = "structured"
+
+
+class MbppTask(vf.Task[MbppTaskData, vf.State, MbppTaskConfig]):
+    @property
+    def key(self) -> str:
+        # Durable and unique even when a task is repeated (one key per sample).
+        return f"mbpp-{self.data.task_id}-{self.data.sample}"
+
+    async def setup(self, trace: vf.Trace, runtime: vf.Runtime) -> None:
+        await runtime.write(SOLUTION_FILE, STUB.encode())
+        task = {
+            "task_id": self.data.task_id,
+            "test_list": self.data.test_list,
+            "test_setup_code": self.data.test_setup_code,
+        }
+        await runtime.write(TASK_FILE, json.dumps(task).encode())
+
+    async def finalize(self, trace: vf.Trace, runtime: vf.Runtime) -> None:
+        try:
+            trace.info["agent_result"] = json.loads(await runtime.read(RESULT_FILE, max_bytes=RESULT_MAX_BYTES))
+        except Exception as e:  # noqa: BLE001 - the record shows the program left no result
+            trace.info.setdefault("agent_result", {"missing": f"{type(e).__name__}: {e}"})
+        trace.info["solution"] = (await runtime.read(SOLUTION_FILE)).decode(errors="replace")
+
+    @vf.reward
+    async def tests_pass(self, trace: vf.Trace, runtime: vf.Runtime) -> float:
+        c = self.config
+        argv = [
+            c.python,
+            "-m",
+            "predict.env.check",
+            f"--timeout-s={c.timeout_s}",
+            f"--memory-mb={c.memory_mb}",
+            f"--outcome-labels={c.outcome_labels}",
+        ]
+        result = await runtime.run(argv, {})
+        if result.exit_code != 0:
+            raise RuntimeError(f"grading failed (exit {result.exit_code}): {result.stderr[-2000:]}")
+        verdict = json.loads(result.stdout.strip().splitlines()[-1])
+        trace.info["final_verdict"] = verdict
+        return 1.0 if verdict["outcome"] == Outcome.PASS.value else 0.0
+
+
+def task_from_row(row: Mapping[str, Any], config: MbppTaskConfig | None = None, split: str | None = None) -> MbppTask:
+    """One MBPP row (the split parquet's columns, plus optional split/sample) as a task."""
+    test_list = list(row["test_list"])
+    data = MbppTaskData(
+        id=f"mbpp/{row['task_id']}",
+        prompt=task_prompt(row["text"], test_list),
+        task_id=int(row["task_id"]),
+        text=row["text"],
+        test_list=test_list,
+        test_setup_code=row.get("test_setup_code") or "",
+        challenge_test_list=list(row.get("challenge_test_list") or []),
+        split=row.get("split") or split,
+        sample=int(row.get("sample") or 0),
+    )
+    return MbppTask(data, config or MbppTaskConfig())
+
+
+class MbppTasksetConfig(vf.TasksetConfig):
+    id: str = "predict_mbpp"
+    path: str | None = None
+    """A split parquet from the data stage."""
+    split: str | None = None
+    """Split name recorded on the tasks (default: the parquet's file stem)."""
+    task: MbppTaskConfig = MbppTaskConfig()
+
+
+class MbppTaskset(vf.Taskset[MbppTask, MbppTasksetConfig]):
+    def __init__(self, config: MbppTasksetConfig | None = None, rows: Iterable[Mapping[str, Any]] | None = None):
+        super().__init__(config or MbppTasksetConfig())
+        if rows is None and self.config.path is None:
+            raise ValueError("MbppTaskset needs rows or config.path")
+        self._rows = list(rows) if rows is not None else None
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Mapping[str, Any]], config: MbppTasksetConfig | None = None) -> MbppTaskset:
+        return cls(config, rows=rows)
+
+    def load(self) -> Iterator[MbppTask]:
+        split = self.config.split
+        if self._rows is not None:
+            rows: Iterable[Mapping[str, Any]] = self._rows
+        else:
+            from predict.data import load_split  # noqa: PLC0415 - parquet only when reading from a path
+
+            assert self.config.path is not None
+            rows = load_split(self.config.path)
+            split = split or Path(self.config.path).stem
+        for row in rows:
+            yield task_from_row(row, self.config.task, split)
+
+
+__all__ = ["MbppTaskset", "MbppTasksetConfig", "MbppTask", "MbppTaskData", "MbppTaskConfig", "task_from_row"]

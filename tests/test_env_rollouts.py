@@ -1,0 +1,431 @@
+"""Rollouts through the real verifiers v1 stack: make_agent + SubprocessConfig + LocalAgentHarness + the agent
+program + the sandbox, against a scripted OpenAI-compatible endpoint.
+
+All scenarios run once per module, concurrently (one `run_rollouts` call, hence one agent and one interception
+server, per protocol setting); the tests then assert on the records and on what the endpoint received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from predict.env.protocol import (
+    ERRORS,
+    RESULT_PATCH_APPLIED,
+    RESULT_PATCH_KEPT,
+    RESULT_PATCH_REVERTED,
+    STUB,
+    ProtocolConfig,
+)
+from predict.env.records import read_records, write_records
+from predict.env.rollout import RolloutSettings, default_tokenizer_dir, run_rollouts
+from predict.outcomes import OUTCOMES
+from tests.scripted_endpoint import HttpError, ScriptedEndpoint
+
+MBPP_127_MARKER = "Write a function to multiply two integers"
+
+STUB_LINE = "# Write your function here."
+ADD = (
+    'CALL apply_patch {"find": "# Write your function here.", "replace": "def multiply_int(x, y):\\n    return x + y"}'
+)
+SUB = 'CALL apply_patch {"find": "x + y", "replace": "x - y"}'
+MUL_FROM_SUB = 'CALL apply_patch {"find": "x - y", "replace": "x * y"}'
+MUL_FROM_ADD = 'CALL apply_patch {"find": "x + y", "replace": "x * y"}'
+MUL_FROM_STUB = (
+    'CALL apply_patch {"find": "# Write your function here.", "replace": "def multiply_int(x, y):\\n    return x * y"}'
+)
+TEST = 'CALL python_test {"project_path": "solution.py"}'
+READ = 'CALL read_file {"file_path": "solution.py"}'
+PASS_KEEP = "<PREDICTION>PASS</PREDICTION> <DECISION>KEEP</DECISION>"
+AF_REVISE = "<PREDICTION>ASSERTION_FAILURE</PREDICTION> <DECISION>REVISE</DECISION>"
+FINAL = "FINAL: multiply_int returns x * y; all tests pass."
+
+FAILED_AF = "status: failed\ntests failed (actual: ASSERTION_FAILURE)"
+PASSED = "status: success\ntests passed"
+READ_STUB = "status: success\n" + STUB
+
+# The study's published mbpp_127 rollout, verbatim.
+MBPP_127_SCRIPT = [ADD, PASS_KEEP, TEST, SUB, PASS_KEEP, TEST, MUL_FROM_SUB, PASS_KEEP, TEST, FINAL]
+
+# marker -> (group, script); the case markers come first, the verbatim MBPP text (shared by all) last.
+CASES: dict[str, tuple[str, list[str | HttpError]]] = {
+    "[case:revise]": ("predictive", [ADD, AF_REVISE, READ, MUL_FROM_STUB, PASS_KEEP, TEST, FINAL]),
+    "[case:forced]": ("predictive", [ADD, "<PREDICTION>RUNTIME_ERROR</PREDICTION> <DECISION>KEEP</DECISION>", FINAL]),
+    "[case:budget]": ("predictive", [READ] * 7 + [ADD, PASS_KEEP, "FINAL: never asked"]),
+    "[case:errors]": (
+        "predictive",
+        [
+            'CALL apply_patch {"find": "def nothing():", "replace": "x"}',
+            'CALL apply_patch {"find": "# Write", "replace": ',
+            'CALL run_shell {"cmd": "ls"}',
+            "I think I should write the function now.",
+            'CALL read_file {"file_path": "../../etc/passwd"}',
+            FINAL,
+        ],
+    ),
+    "[case:badpred]": ("predictive", [MUL_FROM_STUB, "It will pass, so I keep it.", READ, FINAL]),
+    "[case:forced_keep]": (
+        "forced_keep",
+        [ADD, AF_REVISE, TEST, MUL_FROM_ADD, "garbage instead of a prediction", TEST, FINAL],
+    ),
+    "[case:budget_neutral]": ("budget_neutral", [ADD, AF_REVISE] * 9 + [MUL_FROM_STUB, PASS_KEEP, TEST, FINAL]),
+    "[case:reactive]": ("reactive", [ADD, TEST, MUL_FROM_ADD, TEST, FINAL]),
+    "[case:reactive_budget]": ("reactive", [READ] * 8 + ["FINAL: never asked"]),
+    "[case:reactive_predline]": ("reactive", [MUL_FROM_STUB, PASS_KEEP, FINAL]),
+    "[case:train]": ("train", [ADD, TEST, MUL_FROM_ADD, TEST, FINAL]),
+    "[case:refused]": ("reactive", [MUL_FROM_STUB, HttpError(400, "maximum context length is 4096 tokens")]),
+    MBPP_127_MARKER: ("predictive", MBPP_127_SCRIPT),
+}
+
+SETTINGS: dict[str, dict[str, Any]] = {
+    "predictive": {"protocol": "predictive", "arm": "B"},
+    # non-streaming requests from the program, to cover that path too
+    "forced_keep": {"protocol": "predictive", "variant": "forced_keep", "arm": "B-forced_keep", "stream": False},
+    "budget_neutral": {"protocol": "predictive", "variant": "budget_neutral", "arm": "B-budget_neutral"},
+    "reactive": {"protocol": "reactive", "arm": "A"},
+    "train": {"protocol": "reactive", "arm": "A", "client": "train", "checkpoint": "train-client"},
+}
+
+
+def case_of(text: str) -> str:
+    """The case a prompt belongs to: the first marker it contains, in `CASES` order (as the endpoint picks)."""
+    return next(m for m in CASES if m in text)
+
+
+def mbpp_127(mbpp_path: Path) -> dict[str, Any]:
+    for line in mbpp_path.read_text().splitlines():
+        row = json.loads(line)
+        if row["task_id"] == 127:
+            return row
+    raise LookupError("task 127 not in mbpp.jsonl")
+
+
+class Run:
+    """Everything the module's rollouts produced."""
+
+    def __init__(self, endpoint: ScriptedEndpoint, records: dict[str, dict[str, Any]], wall_s: float, home: Path):
+        self.endpoint, self.records, self.wall_s, self.home = endpoint, records, wall_s, home
+
+    def conversation(self, marker: str) -> list[dict[str, Any]]:
+        """The messages of the longest request of that case (= the whole conversation the model saw)."""
+        return max((r["messages"] for r in self.requests(marker)), key=len)
+
+    def results(self, marker: str) -> list[str]:
+        """The user messages after the task prompt: the environment's answers, in order."""
+        return [m["content"] for m in self.conversation(marker)[2:] if m["role"] == "user"]
+
+    def requests(self, marker: str) -> list[dict[str, Any]]:
+        return [r for r in self.endpoint.requests if case_of(r["first_user"]) == marker]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory, mbpp_path: Path) -> Any:
+    import verifiers.v1.runtimes.subprocess as vf_subprocess
+
+    home = tmp_path_factory.mktemp("verifiers-home")
+    mp = pytest.MonkeyPatch()
+    # verifiers fixes $HOME/.cache/verifiers at import; keep the rollout workdirs in a tmp dir instead.
+    mp.setattr(vf_subprocess, "CACHE_DIR", home / ".cache" / "verifiers")
+    base = mbpp_127(mbpp_path)
+    rows_by_group: dict[str, list[dict[str, Any]]] = {g: [] for g in SETTINGS}
+    for i, (marker, (group, _)) in enumerate(CASES.items()):
+        row = (
+            dict(base)
+            if marker == MBPP_127_MARKER
+            else {**base, "task_id": 9000 + i, "text": f"{base['text']} {marker}"}
+        )
+        rows_by_group[group].append({**row, "split": "test"})
+    tokenizer = Path(default_tokenizer_dir()) / "tokenizer.json"
+    endpoint = ScriptedEndpoint({m: s for m, (_, s) in CASES.items()}, tokenizer_json=tokenizer).start()
+
+    async def main() -> list[list[dict[str, Any]]]:
+        runs = []
+        for group, overrides in SETTINGS.items():
+            settings = RolloutSettings(base_url=endpoint.base_url, model="scripted", seed=7, concurrency=4, **overrides)
+            runs.append(run_rollouts(rows_by_group[group], settings))
+        return await asyncio.gather(*runs)
+
+    t0 = time.time()
+    try:
+        batches = asyncio.run(main())
+    finally:
+        endpoint.stop()
+        mp.undo()
+    wall = time.time() - t0
+    records = {}
+    for group_rows, batch in zip(rows_by_group.values(), batches, strict=True):
+        for row, rec in zip(group_rows, batch, strict=True):
+            marker = case_of(row["text"])
+            records[marker] = rec
+    n = len(records)
+    print(
+        f"\n{n} rollouts in {wall:.2f}s wall; per rollout: " + ", ".join(f"{r['wall_s']:.2f}" for r in records.values())
+    )
+    return Run(endpoint, records, wall, home)
+
+
+def patch_steps(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in rec["steps"] if s["action"] == "apply_patch" and s["applied"]]
+
+
+def test_every_rollout_completed_ok(run: Run) -> None:
+    for marker, rec in run.records.items():
+        assert rec["ok"], (marker, rec["error"])
+        assert rec["error"] is None or marker == "[case:refused]", marker
+        assert rec["seed"] == 7 and rec["split"] == "test"
+    # each workdir is removed at teardown
+    assert not any((run.home / ".cache" / "verifiers" / "runtimes" / "subprocess").glob("*"))
+
+
+def test_mbpp_127_replayed_verbatim(run: Run) -> None:
+    rec = run.records[MBPP_127_MARKER]
+    assert run.results(MBPP_127_MARKER) == [
+        RESULT_PATCH_APPLIED,
+        RESULT_PATCH_KEPT,
+        FAILED_AF,
+        RESULT_PATCH_APPLIED,
+        RESULT_PATCH_KEPT,
+        FAILED_AF,
+        RESULT_PATCH_APPLIED,
+        RESULT_PATCH_KEPT,
+        PASSED,
+    ]
+    conversation = run.conversation(MBPP_127_MARKER)
+    assert conversation[0] == {"role": "system", "content": ProtocolConfig("predictive").system_prompt()}
+    assert conversation[1]["content"] == (
+        "Write a function to multiply two integers without using the * operator in python.\n"
+        "Your code should pass these tests:\n\n"
+        "assert multiply_int(10,20)==200\nassert multiply_int(5,10)==50\nassert multiply_int(4,8)==32"
+    )
+    assert [m["content"] for m in conversation if m["role"] == "assistant"] == MBPP_127_SCRIPT[:-1]
+    patches = patch_steps(rec)
+    assert [p["outcome"] for p in patches] == ["ASSERTION_FAILURE", "ASSERTION_FAILURE", "PASS"]
+    assert all(p["outcome_seen"] and p["prediction"] == "PASS" and p["decision"] == "KEEP" for p in patches)
+    assert patches[0]["replace"] == "def multiply_int(x, y):\n    return x + y"
+    assert (rec["reward"], rec["final_outcome"], rec["final_pass"], rec["stop_reason"]) == (1.0, "PASS", True, "final")
+    assert (rec["task_id"], rec["arm"], rec["protocol"], rec["calls_used"], rec["n_model_calls"]) == (
+        127,
+        "B",
+        "predictive",
+        6,
+        10,
+    )
+    assert (rec["first_patch_outcome"], rec["recovered"], rec["ever_revised"]) == ("ASSERTION_FAILURE", True, False)
+    assert rec["final_solution"] == "def multiply_int(x, y):\n    return x * y\n"
+    assert rec["tokens"] is None  # eval client: no token ids
+
+
+def test_revise_runs_a_hidden_shadow_and_reverts(run: Run) -> None:
+    marker = "[case:revise]"
+    rec, results = run.records[marker], run.results(marker)
+    assert results == [
+        RESULT_PATCH_APPLIED,
+        RESULT_PATCH_REVERTED,
+        READ_STUB,
+        RESULT_PATCH_APPLIED,
+        RESULT_PATCH_KEPT,
+        PASSED,
+    ]
+    assert not any(cls in results[1] for cls in OUTCOMES)  # the message after REVISE says nothing of the outcome
+    assert not any("ASSERTION_FAILURE" in r for r in results)  # ... and nothing later does either
+    first, second = patch_steps(rec)
+    assert (first["outcome"], first["outcome_seen"], first["reverted"], first["decision"]) == (
+        "ASSERTION_FAILURE",
+        False,
+        True,
+        "REVISE",
+    )
+    assert (second["outcome"], second["outcome_seen"], second["reverted"]) == ("PASS", True, False)
+    assert (rec["n_revised"], rec["ever_revised"], rec["calls_used"], rec["reward"]) == (1, True, 4, 1.0)
+
+
+def test_non_pass_prediction_forces_revise(run: Run) -> None:
+    rec = run.records["[case:forced]"]
+    (patch,) = patch_steps(rec)
+    assert (patch["prediction"], patch["decision_sampled"], patch["decision"], patch["forced"]) == (
+        "RUNTIME_ERROR",
+        "KEEP",
+        "REVISE",
+        True,
+    )
+    assert run.results("[case:forced]") == [RESULT_PATCH_APPLIED, RESULT_PATCH_REVERTED]
+    assert (rec["final_solution"], rec["final_outcome"], rec["reward"], rec["n_forced"]) == (
+        STUB,
+        "RUNTIME_ERROR",
+        0.0,
+        1,
+    )
+    assert rec["recovered"] is False
+
+
+def test_budget_exhaustion_stops_model_calls_after_the_pending_prediction(run: Run) -> None:
+    marker = "[case:budget]"
+    rec = run.records[marker]
+    assert len(run.requests(marker)) == 9  # 8 tool calls + the last patch's prediction, no FINAL asked
+    assert (rec["stop_reason"], rec["budget_exhausted"], rec["calls_used"], rec["n_model_calls"]) == (
+        "budget",
+        True,
+        8,
+        9,
+    )
+    (patch,) = patch_steps(rec)
+    assert (patch["prediction"], patch["decision"], patch["outcome"], patch["outcome_seen"]) == (
+        "PASS",
+        "KEEP",
+        "ASSERTION_FAILURE",
+        False,
+    )
+    assert rec["steps"][-1]["action"] == "prediction" and not rec["steps"][-1]["result_sent"]
+    assert (rec["final_outcome"], rec["reward"]) == ("ASSERTION_FAILURE", 0.0)
+
+
+def test_malformed_actions_get_errors_and_never_crash(run: Run) -> None:
+    marker = "[case:errors]"
+    rec, results = run.records[marker], run.results(marker)
+    kinds = ["find_not_found", "malformed_json", "unknown_tool", "no_action", "path_outside_workdir"]
+    assert [s["error"] for s in rec["steps"][:5]] == kinds
+    assert all(r.startswith("status: error\n") for r in results) and len(results) == 5
+    assert "was not found" in results[0] and "malformed JSON" in results[1] and "run_shell" in results[2]
+    assert "no action line" in results[3] and "outside the workdir" in results[4]
+    assert (rec["calls_used"], rec["n_errors"], rec["stop_reason"], rec["reward"]) == (5, 5, "final", 0.0)
+
+
+def test_malformed_prediction_is_recorded_and_reverts(run: Run) -> None:
+    marker = "[case:badpred]"
+    rec, results = run.records[marker], run.results(marker)
+    assert results == [
+        RESULT_PATCH_APPLIED,
+        "status: error\n" + ERRORS["malformed_prediction"].format(fate="reverted"),
+        READ_STUB,
+    ]
+    (patch,) = patch_steps(rec)
+    assert (patch["prediction"], patch["decision"], patch["reverted"], patch["outcome"], patch["outcome_seen"]) == (
+        "MALFORMED",
+        "REVISE",
+        True,
+        "PASS",
+        False,
+    )
+    assert rec["steps"][1]["reply"] == "It will pass, so I keep it."
+    assert (rec["n_malformed_predictions"], rec["reward"]) == (1, 0.0)
+
+
+def test_forced_keep_variant(run: Run) -> None:
+    marker = "[case:forced_keep]"
+    rec, results = run.records[marker], run.results(marker)
+    assert results == [
+        RESULT_PATCH_APPLIED,
+        RESULT_PATCH_KEPT,
+        FAILED_AF,
+        RESULT_PATCH_APPLIED,
+        "status: error\n" + ERRORS["malformed_prediction"].format(fate="kept"),
+        PASSED,
+    ]
+    first, second = patch_steps(rec)
+    assert (first["decision_sampled"], first["decision"], first["forced"], first["reverted"]) == (
+        "REVISE",
+        "KEEP",
+        True,
+        False,
+    )
+    assert (second["prediction"], second["decision"], second["reverted"]) == ("MALFORMED", "KEEP", False)
+    assert (rec["variant"], rec["ever_revised"], rec["reward"]) == ("forced_keep", False, 1.0)
+    system = run.conversation(marker)[0]["content"]
+    assert system == ProtocolConfig("predictive", "forced_keep").system_prompt()
+
+
+def test_budget_neutral_variant_revise_is_free(run: Run) -> None:
+    rec = run.records["[case:budget_neutral]"]
+    assert (rec["n_revised"], rec["calls_used"], rec["budget_exhausted"], rec["revise_costs_call"]) == (
+        9,
+        2,
+        False,
+        False,
+    )
+    assert (rec["n_model_calls"], rec["stop_reason"], rec["reward"]) == (22, "final", 1.0)
+    assert all(p["outcome"] == "ASSERTION_FAILURE" and not p["outcome_seen"] for p in patch_steps(rec)[:9])
+
+
+def test_reactive_protocol(run: Run) -> None:
+    marker = "[case:reactive]"
+    rec = run.records[marker]
+    assert run.results(marker) == [RESULT_PATCH_APPLIED, FAILED_AF, RESULT_PATCH_APPLIED, PASSED]
+    assert run.conversation(marker)[0]["content"] == ProtocolConfig("reactive").system_prompt()
+    assert [p["outcome"] for p in patch_steps(rec)] == ["ASSERTION_FAILURE", "PASS"]
+    assert all(p["prediction"] is None for p in patch_steps(rec))
+    assert (rec["protocol"], rec["arm"], rec["reward"], rec["n_predictions"]) == ("reactive", "A", 1.0, 0)
+
+
+def test_reactive_budget_exhaustion(run: Run) -> None:
+    marker = "[case:reactive_budget]"
+    rec = run.records[marker]
+    assert len(run.requests(marker)) == 8
+    assert (rec["stop_reason"], rec["budget_exhausted"], rec["calls_used"], rec["reward"]) == ("budget", True, 8, 0.0)
+
+
+def test_reactive_prediction_line_is_not_an_action(run: Run) -> None:
+    rec = run.records["[case:reactive_predline]"]
+    assert rec["steps"][1]["error"] == "no_action"
+    (patch,) = patch_steps(rec)
+    assert (patch["outcome"], patch["outcome_seen"], rec["reward"]) == ("PASS", False, 1.0)
+
+
+def test_train_client_records_token_ids_masks_and_logprobs(run: Run) -> None:
+    rec = run.records["[case:train]"]
+    assert run.requests("[case:train]")[0]["path"] == "/inference/v1/generate"
+    assert rec["reward"] == 1.0 and rec["client"] == "train"
+    nodes = rec["tokens"]
+    sampled = [n for n in nodes if n["sampled"]]
+    assert len(sampled) == rec["n_model_calls"] == 5
+    for n in sampled:
+        assert n["role"] == "assistant" and len(n["mask"]) == len(n["token_ids"]) and any(n["mask"])
+        assert len(n["logprobs"]) == sum(n["mask"])
+    assert not any(any(n["mask"]) for n in nodes if not n["sampled"])
+
+
+def test_endpoint_refusal_ends_the_episode_but_keeps_and_grades_it(run: Run) -> None:
+    rec = run.records["[case:refused]"]
+    assert (rec["stop_reason"], rec["n_model_calls"], rec["calls_used"], rec["reward"]) == ("error", 1, 1, 1.0)
+    assert "HTTP 400" in rec["error"] and "maximum context length" in rec["error"]
+    (patch,) = patch_steps(rec)
+    assert (patch["outcome"], patch["outcome_seen"]) == ("PASS", False)
+
+
+def test_sampling_settings_reach_the_endpoint(run: Run) -> None:
+    assert run.requests("[case:reactive]")[0]["sampling"] == {"temperature": 1.0, "max_tokens": 512}
+    params = run.requests("[case:train]")[0]["sampling_params"]
+    assert (params["temperature"], params["max_tokens"]) == (1.0, 512)
+
+
+def test_program_streams_unless_told_not_to(run: Run) -> None:
+    assert all(r["stream"] for r in run.requests("[case:reactive]"))
+    assert not any(r["stream"] for r in run.requests("[case:forced_keep]"))
+
+
+def test_taskset_loads_a_split_parquet(tmp_path: Path, mbpp_path: Path) -> None:
+    from predict.data import MBPP_SCHEMA
+    from predict.env.taskset import MbppTaskset, MbppTasksetConfig
+    from predict.io import write_rows
+
+    row = mbpp_127(mbpp_path)
+    write_rows([{k: row[k] for k in MBPP_SCHEMA.names}], MBPP_SCHEMA, tmp_path / "rl.parquet")
+    (task,) = list(MbppTaskset(MbppTasksetConfig(path=str(tmp_path / "rl.parquet"))))
+    assert (task.data.task_id, task.data.split, task.data.idx, task.key) == (127, "rl", 0, "mbpp-127-0")
+    assert task.data.prompt.startswith(row["text"] + "\nYour code should pass these tests:\n\nassert multiply_int")
+    (from_rows,) = list(MbppTaskset.from_rows([{**row, "split": "sft", "sample": 3}]))
+    assert (from_rows.data.split, from_rows.data.sample, from_rows.key) == ("sft", 3, "mbpp-127-3")
+
+
+def test_records_write_and_read_back(run: Run, tmp_path: Path) -> None:
+    rows = list(run.records.values())
+    back = read_records(write_records(rows, tmp_path / "rollouts.parquet"))
+    assert [r["rollout_key"] for r in back] == [r["rollout_key"] for r in rows]
+    train = next(r for r in back if r["client"] == "train")
+    assert train["tokens"] and train["tokens"][-1]["token_ids"]
+    assert back[0]["steps"] == rows[0]["steps"]
