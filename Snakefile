@@ -16,6 +16,8 @@ if not workflow.overwrite_configfiles:
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/verifier.smk"
+include: "workflow/rules/models.smk"
+include: "workflow/rules/rollouts.smk"
 
 
 localrules:
@@ -26,3 +28,4 @@ rule all:
     input:
         rules.split_mbpp.output,
         rules.verify_gold.output,
+        ROLLOUTS("val"),

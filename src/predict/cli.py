@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
-from predict.config import ConfigError, load_config
+from predict.config import ConfigError, config_from_json, load_config
+from predict.evaluate import SplitGuardError
 
 log = logging.getLogger("predict")
 console = Console(stderr=True)
@@ -72,6 +73,50 @@ def _cmd_verify_gold(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_build_tiny_model(args: argparse.Namespace) -> int:
+    from predict.tiny_model import build_tiny_qwen3
+
+    out = build_tiny_qwen3(Path(args.out_dir), seed=args.seed, hidden_size=args.hidden_size, num_layers=args.num_layers)
+    size_mb = sum(f.stat().st_size for f in out.iterdir()) / 1e6
+    console.print(f"tiny Qwen3 (hidden {args.hidden_size}, {args.num_layers} layers, seed {args.seed}): {out} [{size_mb:.1f} MB]")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from predict.serve import serve_main
+
+    return serve_main(args.serve_args)
+
+
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    from predict.evaluate import RolloutJob, run_job
+
+    config = load_config(args.config) if args.config else config_from_json(args.config_json)
+    job = RolloutJob(
+        tasks_path=Path(args.tasks),
+        split=args.split,
+        out=Path(args.out),
+        model=args.model,
+        checkpoint=args.checkpoint,
+        arm=args.arm,
+        seed=args.seed,
+        n_tasks=args.n_tasks,
+        samples=args.samples,
+        variant=args.variant,
+        client=args.client,
+        base_url=args.base_url,
+        test_ledger=Path(args.test_ledger) if args.test_ledger else None,
+    )
+    if args.arm not in config["arms"]:
+        raise ConfigError(f"{args.config or 'config'}: arms: no arm {args.arm!r} (have {', '.join(config['arms'])})")
+    summary = run_job(job, config)
+    table = Table("measure", "value", title=f"rollouts: arm {job.arm}, {job.checkpoint}, {job.split}, seed {job.seed}")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    console.print(table)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="predict", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -103,6 +148,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--outcome-labels", choices=["structured", "original"], default="structured")
     p.add_argument("--out", required=True, help="per-task parquet")
     p.add_argument("--summary-out", required=True, help="counts by split and class, parquet")
+
+    p = stage("build-tiny-model", _cmd_build_tiny_model, "build a random tiny Qwen3 with the real tokenizer")
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--num-layers", type=int, default=2)
+
+    p = stage("serve", _cmd_serve, "serve a checkpoint with vLLM on 127.0.0.1 until interrupted")
+    p.add_argument("serve_args", nargs=argparse.REMAINDER, help="see `predict serve -- --help`")
+
+    p = stage("rollout", _cmd_rollout, "roll a checkpoint out over a split's tasks into parquet (resumes)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="study config file (env, verifier, serving sections)")
+    source.add_argument("--config-json", help="the same, inline (Snakemake passes its merged config)")
+    p.add_argument("--tasks", required=True, help="split parquet from `predict split`")
+    p.add_argument("--split", required=True, choices=["sft", "rl", "val", "test"])
+    p.add_argument("--model", required=True, help="checkpoint folder or HF id")
+    p.add_argument("--checkpoint", required=True, help="the name records carry, e.g. base")
+    p.add_argument("--arm", required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--n-tasks", type=int, default=None, help="first N tasks by task_id (default: all)")
+    p.add_argument("--samples", type=int, default=1, help="rollouts per task")
+    p.add_argument("--variant", choices=["none", "forced_keep", "budget_neutral"], default="none")
+    p.add_argument("--client", choices=["eval", "train"], default="eval", help="train = record token ids")
+    p.add_argument("--base-url", default=None, help="use this running endpoint instead of starting vLLM")
+    p.add_argument("--test-ledger", default=None, help="only for the evaluate_test target")
+    p.add_argument("--out", required=True)
     return parser
 
 
@@ -115,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError, ValueError) as e:
+    except (ConfigError, FileNotFoundError, ValueError, SplitGuardError) as e:
         # Bad input is the user's to fix: one clear line, no traceback.
         console.print(f"[red]error:[/red] {e}")
         return 2

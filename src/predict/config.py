@@ -6,6 +6,7 @@ The Snakefile and every `predict` stage go through `load_config`/`validate_confi
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -58,4 +59,16 @@ def load_config(path: str | Path, schema_path: Path = SCHEMA_PATH) -> dict[str, 
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(config).__name__}")
     validate_config(config, source=str(path), schema_path=schema_path)
+    return config
+
+
+def config_from_json(text: str, source: str = "--config-json") -> dict[str, Any]:
+    """A config passed inline as JSON (how Snakemake hands its merged config to a stage), validated."""
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{source}: not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{source}: expected an object at the top level")
+    validate_config(config, source=source)
     return config

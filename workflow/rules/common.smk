@@ -1,4 +1,5 @@
 # Shared by all the rules files: config validation, paths, and how jobs reach the `predict` CLI.
+import json
 import os
 import sys
 from pathlib import Path
@@ -33,3 +34,40 @@ def LOG(stage, *wildcards):
 
 def BENCH(stage, *wildcards):
     return str(RESULTS.joinpath("benchmarks", stage, *wildcards)) + ".tsv"
+
+
+# The effective config (files and --config overrides merged) travels to stages as JSON, so what a
+# stage sees is exactly what Snakemake validated, and a change to it reruns the affected jobs.
+CONFIG_JSON = json.dumps(config, sort_keys=True)
+TINY = {"seed": 0, "hidden_size": 64, "num_layers": 2, **config["model"].get("tiny", {})}
+N_TASKS_ARG = f"--n-tasks {config['env']['rollout_tasks']}" if config["env"].get("rollout_tasks") else ""
+
+# GPU jobs ask SLURM for one GPU; on the CPU the server shares the job's cores.
+SERVING_RESOURCES = (
+    {"gpu": 1, "mem_mb": 64000, "runtime": 240, "cpus_per_task": 8}
+    if config["serving"]["device"] == "gpu"
+    else {"mem_mb": 8000, "runtime": 120}
+)
+
+
+def base_model_path():
+    return R("models", "tiny") if config["model"]["base"] == "tiny" else config["model"]["base"]
+
+
+def checkpoint_model(wildcards):
+    """The folder or HF id vLLM serves for a checkpoint name (later stages add sft/rl checkpoints)."""
+    if wildcards.checkpoint == "base":
+        return base_model_path()
+    raise WorkflowError(f"unknown checkpoint {wildcards.checkpoint!r}")
+
+
+def checkpoint_inputs(wildcards):
+    """Files a checkpoint depends on: the tiny model folder when it is built here, else nothing."""
+    model = checkpoint_model(wildcards)
+    return [model] if model == R("models", "tiny") else []
+
+
+def ROLLOUTS(split, checkpoint="base"):
+    return expand(
+        R("rollouts", "{arm}", checkpoint, split, "seed{seed}.parquet"), arm=sorted(config["arms"]), seed=config["seeds"]
+    )
