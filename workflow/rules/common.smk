@@ -42,11 +42,12 @@ CONFIG_JSON = json.dumps(config, sort_keys=True)
 TINY = {"seed": 0, "hidden_size": 64, "num_layers": 2, **config["model"].get("tiny", {})}
 N_TASKS_ARG = f"--n-tasks {config['env']['rollout_tasks']}" if config["env"].get("rollout_tasks") else ""
 
-# GPU jobs ask SLURM for one GPU; on the CPU the server shares the job's cores.
+# GPU jobs ask SLURM for one GPU. Every job that starts a vLLM server also takes one `vllm_server`
+# slot, so a profile can cap how many servers share a machine (the local profile allows one).
 SERVING_RESOURCES = (
-    {"gpu": 1, "mem_mb": 64000, "runtime": 240, "cpus_per_task": 8}
+    {"gpu": 1, "mem_mb": 64000, "runtime": 240, "cpus_per_task": 8, "vllm_server": 1}
     if config["serving"]["device"] == "gpu"
-    else {"mem_mb": 8000, "runtime": 120}
+    else {"mem_mb": 8000, "runtime": 120, "vllm_server": 1}
 )
 
 

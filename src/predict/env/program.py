@@ -179,8 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     messages = [{"role": "system", "content": system}, {"role": "user", "content": args.prompt}]
     chat = ChatClient(base_url, api_key, args.model, not args.no_stream, args.request_timeout_s)
     exit_code = 0
+    model_s = env_s = 0.0  # where a rollout's time goes: waiting for the model vs. the environment (sandbox)
     try:
         while not episode.done:
+            t0 = time.perf_counter()
             try:
                 reply = chat(messages)
             except TurnRefused as e:
@@ -193,8 +195,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 episode.finish("error", error=str(e))
                 exit_code = MODEL_TRANSPORT_ERROR_EXIT_CODE
                 break
+            finally:
+                model_s += time.perf_counter() - t0
+            t0 = time.perf_counter()
             answer = episode.step(reply)
             solution_path.write_text(episode.solution)  # the file on disk always matches the episode
+            env_s += time.perf_counter() - t0
             if answer is None:
                 break
             messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": answer}]
@@ -212,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "steps": [s.to_dict() for s in episode.steps],
                 "summary": episode.summary(),
                 "wall_s": time.time() - started,
+                "timing": {"model_s": model_s, "env_s": env_s, "program_s": time.time() - started},
             },
         )
     if exit_code:

@@ -120,6 +120,9 @@ RECORD_SCHEMA = pa.schema(
         ("n_input_tokens", pa.int64()),
         ("n_output_tokens", pa.int64()),
         ("wall_s", pa.float64()),
+        ("model_s", pa.float64()),
+        ("env_s", pa.float64()),
+        ("program_s", pa.float64()),
         ("created_at", pa.float64()),
         ("tokens", pa.list_(TOKEN_NODE_TYPE)),
     ]
@@ -182,6 +185,7 @@ def build_record(
     errors = [e for e in (summary.get("error"), result.get("missing"), error) if e]
     task_id, sample = int(task["task_id"]), int(task.get("sample") or 0)
     config = dict(result.get("config") or {})
+    timing = dict(result.get("timing") or {})
     return {
         "rollout_key": rollout_key(meta["arm"], meta["seed"], meta["checkpoint"], task_id, sample),
         "trace_id": trace_id,
@@ -221,6 +225,11 @@ def build_record(
         "n_input_tokens": n_input_tokens,
         "n_output_tokens": n_output_tokens,
         "wall_s": wall_s,
+        # inside the program: waiting for the model, and the environment's own work (mostly sandbox runs);
+        # wall_s - program_s is verifiers' set-up, the program's start-up, grading and clean-up
+        "model_s": timing.get("model_s"),
+        "env_s": timing.get("env_s"),
+        "program_s": timing.get("program_s"),
         "created_at": time.time(),
         "tokens": tokens,
     }
