@@ -152,6 +152,8 @@ CASES = [
     Case("sys_exit_module_level", "import sys\nsys.exit(0)\n" + F_OK, Outcome.RUNTIME_ERROR, original=Outcome.PASS,
          failed_test=None),
     Case("close_verdict_fds", "import os\nos.closerange(3, 1024)\n" + F_OK, Outcome.OTHER),
+    Case("flood_verdict_pipe",  # the verdict pipe is non-blocking: flooding it loses the verdict, quickly
+         "import os\ntry:\n    os.write(3, b'x' * 200_000)\nexcept OSError:\n    pass\n" + F_OK, Outcome.OTHER),
     # --- forging PASS / tampering with the harness --------------------------------------------------------------
     Case("print_fake_verdict",
          "import sys\nprint('PASS')\nprint('{\"outcome\": \"PASS\"}')\nsys.stderr.write('PASS\\n')\n" + WRONG,
@@ -373,7 +375,8 @@ def test_children_run_unprivileged_without_network() -> None:
         "TMP = sorted(os.listdir('/tmp'))\nCWD = os.getcwd()\nENV = dict(os.environ)\n"
     )
     tests = ["assert UID == 65534, UID", "assert CWD.startswith('/tmp/'), CWD",
-             "assert set(ENV) <= {'PATH', 'LANG', 'HOME'}, ENV", "assert os.listdir('.') == [], os.listdir('.')"]
+             "assert set(ENV) <= {'PATH', 'LANG', 'HOME'}, ENV", "assert ENV['HOME'] == CWD, (ENV, CWD)",
+             "assert os.listdir('.') == [], os.listdir('.')"]
     if os.geteuid() != 0:
         pytest.skip("privilege drop is only done when the verifier runs as root")
     for runner in (lambda s, t: check_once(s, t), None):
@@ -393,6 +396,148 @@ def test_checks_do_not_see_each_other(pool: Verifier) -> None:
         assert pool.check(writer, TESTS).outcome is Outcome.PASS
     v = pool.check(reader, [*TESTS, "assert LEFT == ['/tmp/', '/tmp/sandbox'], LEFT"])
     assert v.outcome is Outcome.PASS, v
+
+
+# Litter that checks leave through the kernel (os.open with dir_fd slips past the audit hook): in the scratch dirs, in
+# their own sandbox dir (cwd), and on the sandbox dir itself. Their tests prove it all happened.
+SCRATCH_DIRS = tuple(d for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock") if os.path.isdir(d))  # world-writable
+LITTER_SCRATCH = f"""import os
+for d in {SCRATCH_DIRS!r}:
+    fd = os.open(d, os.O_RDONLY)
+    os.close(os.open('left-' + d.strip('/').replace('/', '-'), os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))
+    os.close(fd)
+LEFT = {{d: sorted(os.listdir(d)) for d in {SCRATCH_DIRS!r}}}
+"""
+LITTER_SCRATCH_TESTS = ["assert LEFT['/tmp'] == ['left-tmp', 'sandbox'], LEFT"] + [
+    f"assert LEFT[{d!r}] == ['left-{d.strip('/').replace('/', '-')}'], LEFT" for d in SCRATCH_DIRS if d != "/tmp"]
+LITTER_CWD = """import os
+open('left.txt', 'w').write('x')
+open('.hidden', 'w').write('x')
+os.makedirs('d/e')
+open('d/e/f.txt', 'w').write('x')
+os.mkdir('locked')
+open('locked/inner', 'w').write('x')
+os.chmod('locked', 0)
+os.mkfifo('fifo')
+os.symlink('/etc/passwd', 'link')
+"""
+LITTER_CWD_TESTS = ["assert sorted(os.listdir('.')) == ['.hidden', 'd', 'fifo', 'left.txt', 'link', 'locked']"]
+LITTER_META = """import os, stat
+os.chmod('.', 0o751)
+try:
+    os.setxattr('.', 'user.predict', b'left')
+except OSError:  # no user xattrs on this tmpfs
+    pass
+"""
+LITTER_META_TESTS = ["assert stat.S_IMODE(os.stat('.').st_mode) == 0o751"]
+LITTERERS = {
+    "everywhere": (LITTER_SCRATCH + LITTER_CWD + LITTER_META, LITTER_SCRATCH_TESTS + LITTER_CWD_TESTS + LITTER_META_TESTS),
+    "scratch_only": (LITTER_SCRATCH, LITTER_SCRATCH_TESTS),  # an empty cwd: the cheap path must still catch these
+    "cwd_only": (LITTER_CWD, LITTER_CWD_TESTS),
+    "metadata_only": (LITTER_META, LITTER_META_TESTS),  # nothing to delete, but the dir itself was changed
+}
+# What the next check in the same server must see instead: nothing, and a sandbox dir made fresh for it.
+INSPECTOR = f"""import os, stat
+CWD, HERE = os.getcwd(), sorted(os.listdir('.'))
+SCRATCH = {{d: sorted(os.listdir(d)) for d in {SCRATCH_DIRS!r}}}
+MODE = stat.S_IMODE(os.stat('.').st_mode)
+XATTRS = os.listxattr('.')
+""" + F_OK
+PRISTINE = ["assert CWD == '/tmp/sandbox', CWD", "assert HERE == [], HERE",
+            f"assert SCRATCH == {({d: ['sandbox'] if d == '/tmp' else [] for d in SCRATCH_DIRS})!r}, SCRATCH",
+            "assert MODE == 0o700, oct(MODE)", "assert XATTRS == [], XATTRS"]
+
+
+@pytest.mark.parametrize("litter", list(LITTERERS))
+def test_same_server_checks_do_not_see_each_other(litter: str) -> None:
+    """One fork server runs every check here: whatever a check leaves (in /tmp, /var/tmp, /dev/shm, /run/lock, its
+    cwd, or on its sandbox dir itself) is gone before the next one, after a littering check and after a clean one
+    (the cheap path that only confirms the scratch space is empty)."""
+    if not isolation_report()["private_tmp"] or os.geteuid() != 0:
+        pytest.skip("the fork server only has its own tmpfs (and wipes it) when it runs as root")
+    solution, tests = LITTERERS[litter]
+    with Verifier(timeout_s=TIMEOUT_S, workers=1) as v:
+        for _ in range(3):
+            dirty = v.check(solution + F_OK, [*TESTS, *tests])
+            assert dirty.outcome is Outcome.PASS, dirty
+            for _ in range(2):  # right after the litter, then after a clean check
+                clean = v.check(INSPECTOR, [*TESTS, *PRISTINE])
+                assert clean.outcome is Outcome.PASS, clean
+
+
+@pytest.mark.parametrize("runner", ["pool", "once"])
+def test_world_writable_host_dirs_stay_untouched(runner: str, pool: Verifier) -> None:
+    """Through dir_fd (which the audit hook cannot follow) a check running as nobody can create files in any
+    world-writable directory: each of them must be a private tmpfs, not the host's."""
+    if not isolation_report()["private_tmp"]:
+        pytest.skip("no private tmpfs on this machine")
+    name = f"predict-probe-{uuid.uuid4().hex}"
+    solution = (f"import os\nfor d in {SCRATCH_DIRS!r}:\n    fd = os.open(d, os.O_RDONLY)\n"
+                f"    os.close(os.open({name!r}, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))\n" + F_OK)
+    tests = [*TESTS, f"assert all({name!r} in os.listdir(d) for d in {SCRATCH_DIRS!r})"]
+    try:
+        verdict = pool.check(solution, tests) if runner == "pool" else check_once(solution, tests, timeout_s=TIMEOUT_S)
+        assert verdict.outcome is Outcome.PASS, verdict  # the files were made (in the sandbox's own tmpfs) ...
+        assert [d for d in SCRATCH_DIRS if os.path.lexists(os.path.join(d, name))] == []  # ... not on the host
+    finally:
+        for d in SCRATCH_DIRS:
+            if os.path.lexists(os.path.join(d, name)):
+                os.unlink(os.path.join(d, name))
+
+
+def test_fork_server_stays_lean() -> None:
+    """Fork servers must not load modules that make every fork dearer (threading's after-fork hook alone costs each
+    child ~0.3 ms; argparse/shutil drag in compression libraries whose mappings every fork copies). A child sees
+    exactly its server's sys.modules."""
+    probe = "import sys\nMODULES = set(sys.modules)\n"
+    heavy = ["threading", "subprocess", "concurrent.futures", "logging", "tempfile", "secrets", "queue", "argparse",
+             "shutil", "zlib", "lzma", "bz2", "asyncio", "multiprocessing"]
+    with Verifier(timeout_s=TIMEOUT_S, workers=1) as v:
+        verdict = v.check(probe, [f"assert not MODULES & {set(heavy)!r}, MODULES & {set(heavy)!r}",
+                                  "assert 're' in MODULES and 'collections' in MODULES"])
+    assert verdict.outcome is Outcome.PASS, verdict
+
+
+def test_pool_pins_servers_to_distinct_cpus() -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs 2 usable CPUs")
+    probe = "import os\nCPUS = sorted(os.sched_getaffinity(0))\n"
+    with Verifier(timeout_s=TIMEOUT_S, workers=2) as v:
+        pinned = [os.sched_getaffinity(s.proc.pid) for s in v._servers]
+        assert pinned == [{cpus[0]}, {cpus[1]}], pinned
+        # A child starts on its server's CPU but gets them all back: a long check can leave a busy CPU.
+        verdict = v.check(probe, [f"assert CPUS == {cpus!r}, CPUS"])
+        assert verdict.outcome is Outcome.PASS, verdict
+    with Verifier(timeout_s=TIMEOUT_S, workers=2, pin_cpus=False) as v:
+        assert all(os.sched_getaffinity(s.proc.pid) == set(cpus) for s in v._servers)
+
+
+def test_pool_and_check_once_agree_on_any_text(pool: Verifier) -> None:
+    """The fork-server protocol carries source and output bytes as they are: non-ASCII, a lone surrogate, output
+    that is not UTF-8, a solution bigger than a pipe buffer."""
+    cases = [
+        ("def f(x):\n    return 'héllo ✓ 🐍' * x\n", ["assert f(2) == 'héllo ✓ 🐍héllo ✓ 🐍'"], ""),
+        ("import sys\nsys.stdout.buffer.write(b'\\xff\\xfe ok\\n')\nprint('ünï')\n" + F_OK, TESTS, ""),
+        ("S = '\ud800'\n" + F_OK, TESTS, ""),  # a lone surrogate in the source: python cannot compile it either
+        ("# " + "x" * 200_000 + "\n" + F_OK, TESTS, "K = 'ß'\n"),
+    ]
+    for solution, tests, setup in cases:
+        a, b = pool.check(solution, tests, setup), check_once(solution, tests, setup, timeout_s=TIMEOUT_S)
+        assert (a.outcome, a.detail, a.stdout, a.failed_test) == (b.outcome, b.detail, b.stdout, b.failed_test), (a, b)
+    assert pool.check(*cases[1]).stdout == "\ufffd\ufffd ok\nünï\n"
+    assert pool.check(*cases[2]).outcome is Outcome.SYNTAX_ERROR
+
+
+def test_check_many_survives_a_killed_server() -> None:
+    with Verifier(timeout_s=TIMEOUT_S, workers=2) as v:
+        victim = v._servers[1].proc
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        items = [(F_OK if i % 2 else WRONG, TESTS, "") for i in range(12)]
+        outcomes = [x.outcome for x in v.check_many(items)]
+        assert outcomes == [Outcome.PASS if i % 2 else Outcome.ASSERTION_FAILURE for i in range(12)]
+        assert all(s.proc.poll() is None for s in v._servers) and victim not in [s.proc for s in v._servers]
 
 
 def test_pool_survives_a_killed_server() -> None:
