@@ -61,6 +61,16 @@ def test_rollout_stage_writes_one_row_per_rollout(study, tasks_file: Path, endpo
     assert {(r["arm"], r["seed"], r["checkpoint"], r["split"]) for r in rows} == {("A", 42, "base", "val")}
     assert [r["final_pass"] for r in rows] == [True, False]
     assert summary["pass_rate"] == 0.5 and summary["ran"] == 2
+    assert {r["protocol"] for r in rows} == {"reactive"}  # arm A's protocol in the config
+
+
+def test_protocol_can_be_overridden_per_job(study, tasks_file: Path, endpoint, tmp_path: Path) -> None:
+    out = tmp_path / "rollouts.parquet"
+    run_job(_job(tasks_file, out, endpoint, n_tasks=1, protocol="predictive", variant="forced_keep"), study)
+    (row,) = read_rows(out)
+    assert (row["arm"], row["protocol"], row["variant"]) == ("A", "predictive", "forced_keep")
+    # the solving patch got a prediction request (the scripted FINAL reply is malformed as a prediction)
+    assert row["n_predictions"] == 1
     assert not out.with_name(out.name + ".partial").exists()
 
 

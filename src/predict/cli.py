@@ -103,6 +103,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         n_tasks=args.n_tasks,
         samples=args.samples,
         variant=args.variant,
+        protocol=args.protocol,
         client=args.client,
         base_url=args.base_url,
         test_ledger=Path(args.test_ledger) if args.test_ledger else None,
@@ -170,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--n-tasks", type=int, default=None, help="first N tasks by task_id (default: all)")
     p.add_argument("--samples", type=int, default=1, help="rollouts per task")
+    p.add_argument("--protocol", choices=["reactive", "predictive"], default=None, help="default: the arm's")
     p.add_argument("--variant", choices=["none", "forced_keep", "budget_neutral"], default="none")
     p.add_argument("--client", choices=["eval", "train"], default="eval", help="train = record token ids")
     p.add_argument("--base-url", default=None, help="use this running endpoint instead of starting vLLM")

@@ -44,6 +44,7 @@ class RolloutJob:
     n_tasks: int | None = None  # first N tasks by task_id; None = all
     samples: int = 1  # rollouts per task
     variant: str = "none"
+    protocol: str | None = None  # None = the arm's protocol from the config
     client: str = "eval"
     base_url: str | None = None  # an already running endpoint; None = start vLLM here
     test_ledger: Path | None = None  # required when split == "test"
@@ -154,6 +155,7 @@ def run_job(job: RolloutJob, study_config: Mapping[str, Any]) -> dict[str, Any]:
                 variant=job.variant,
                 client=job.client,
                 split=job.split,
+                **({"protocol": job.protocol} if job.protocol else {}),
             )
             passed = sum(bool(r["final_pass"]) for r in sink.rows)
             t1 = time.perf_counter()
