@@ -18,6 +18,7 @@ from rich.table import Table
 
 from predict.config import ConfigError, config_from_json, load_config
 from predict.evaluate import SplitGuardError
+from predict.serve import VLLMServerError
 
 log = logging.getLogger("predict")
 console = Console(stderr=True)
@@ -193,6 +194,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Bad input is the user's to fix: one clear line, no traceback.
         console.print(f"[red]error:[/red] {e}")
         return 2
+    except VLLMServerError as e:
+        # The server's own log tail is in the message; a Python traceback would only bury it.
+        console.print(f"[red]vLLM server failed:[/red] {e}")
+        return 3
 
 
 if __name__ == "__main__":
