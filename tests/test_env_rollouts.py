@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -429,3 +430,35 @@ def test_records_write_and_read_back(run: Run, tmp_path: Path) -> None:
     train = next(r for r in back if r["client"] == "train")
     assert train["tokens"] and train["tokens"][-1]["token_ids"]
     assert back[0]["steps"] == rows[0]["steps"]
+
+
+def test_study_figures_are_computable_from_the_written_columns(run: Run, tmp_path: Path) -> None:
+    """The writeup's numbers for Arm B, recomputed from the parquet alone (no trace, no in-memory state)."""
+    arm_b = [r for r in run.records.values() if r["arm"] == "B"]
+    rows = read_records(write_records(arm_b, tmp_path / "arm_b.parquet"))
+
+    def pass_rate(group: list[dict[str, Any]]) -> float:
+        return sum(r["final_pass"] for r in group) / len(group)
+
+    # pass rate of rollouts that never revised vs. those that revised
+    never = [r for r in rows if not r["ever_revised"]]
+    revised = [r for r in rows if r["ever_revised"]]
+    assert (len(never), pass_rate(never)) == (3, 1 / 3)  # budget, errors, mbpp_127 (solved)
+    assert (len(revised), pass_rate(revised)) == (3, 1 / 3)  # revise (solved), forced, badpred
+
+    # per patch: prediction vs. verified outcome (confusion matrix), and seen vs. shadow
+    patches = [s for r in rows for s in r["steps"] if s["action"] == "apply_patch" and s["applied"]]
+    confusion = Counter((s["prediction"], s["outcome"]) for s in patches)
+    assert confusion == Counter({
+        ("PASS", "ASSERTION_FAILURE"): 3,  # mbpp_127's first two patches, budget's only patch
+        ("PASS", "PASS"): 2,  # mbpp_127's last patch, revise's second patch
+        ("ASSERTION_FAILURE", "ASSERTION_FAILURE"): 1,  # revise's first patch
+        ("RUNTIME_ERROR", "ASSERTION_FAILURE"): 1,  # forced
+        ("MALFORMED", "PASS"): 1,  # badpred
+    })
+    assert sum(p == o for (p, o), n in confusion.items() for _ in range(n)) / len(patches) == 3 / 8
+    assert Counter(s["outcome_seen"] for s in patches) == Counter({True: 4, False: 4})
+
+    # recovery: first patch failed, final passed
+    recoverable = [r["recovered"] for r in rows if r["recovered"] is not None]
+    assert (len(recoverable), sum(recoverable)) == (4, 2)
