@@ -77,7 +77,14 @@ def _cmd_verify_gold(args: argparse.Namespace) -> int:
 def _cmd_build_tiny_model(args: argparse.Namespace) -> int:
     from predict.tiny_model import build_tiny_qwen3
 
-    out = build_tiny_qwen3(Path(args.out_dir), seed=args.seed, hidden_size=args.hidden_size, num_layers=args.num_layers)
+    out = build_tiny_qwen3(
+        Path(args.out_dir),
+        seed=args.seed,
+        hidden_size=args.hidden_size,
+        num_layers=args.num_layers,
+        tie_word_embeddings=args.tie_word_embeddings,
+        dtype=args.dtype,
+    )
     size_mb = sum(f.stat().st_size for f in out.iterdir()) / 1e6
     console.print(f"tiny Qwen3 (hidden {args.hidden_size}, {args.num_layers} layers, seed {args.seed}): {out} [{size_mb:.1f} MB]")
     return 0
@@ -156,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--tie-word-embeddings", action="store_true", help="smaller, but see tiny_model.py on reloads")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
 
     p = stage("serve", _cmd_serve, "serve a checkpoint with vLLM on 127.0.0.1 until interrupted")
     p.add_argument("serve_args", nargs=argparse.REMAINDER, help="see `predict serve -- --help`")

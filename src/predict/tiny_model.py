@@ -248,33 +248,3 @@ def cached_tiny_qwen3(root: Path, *, seed: int = 0, hidden_size: int = 64, num_l
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
-
-
-def _main(argv: list[str] | None = None) -> int:
-    import argparse
-    import time
-
-    ap = argparse.ArgumentParser(description="Build a tiny random Qwen3 checkpoint.")
-    ap.add_argument("out_dir", type=Path)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--hidden-size", type=int, default=64)
-    ap.add_argument("--num-layers", type=int, default=2)
-    ap.add_argument("--tie-word-embeddings", action="store_true")
-    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    a = ap.parse_args(argv)
-    t = time.perf_counter()
-    out = build_tiny_qwen3(
-        a.out_dir,
-        seed=a.seed,
-        hidden_size=a.hidden_size,
-        num_layers=a.num_layers,
-        tie_word_embeddings=a.tie_word_embeddings,
-        dtype=a.dtype,
-    )
-    size = (out / "model.safetensors").stat().st_size
-    print(f"{out}: model.safetensors {size / 1e6:.1f} MB in {time.perf_counter() - t:.2f} s")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())
