@@ -44,7 +44,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
@@ -608,13 +608,6 @@ class VLLMServer:
             detail = e.read().decode(errors="replace")[:2000]
             raise self._fail(f"weight reload from {path} failed: HTTP {e.code} {detail}") from e
         return list((res or {}).get("results", []))
-
-
-@contextlib.contextmanager
-def serving(model: Path | str, **kwargs: Any) -> Iterator[VLLMServer]:
-    """``with serving(dir, ...) as srv:`` — same as ``with VLLMServer(dir, ...) as srv``."""
-    with VLLMServer(model, **kwargs) as srv:
-        yield srv
 
 
 def serve_main(argv: Sequence[str] | None = None) -> int:

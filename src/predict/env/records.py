@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from predict.env.protocol import Step
-from predict.io import write_table
+from predict.io import write_rows
 from predict.outcomes import Outcome
 
 STEP_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
@@ -257,13 +257,9 @@ def trace_to_record(trace: Any, meta: Mapping[str, Any], task: Mapping[str, Any]
 # ---------------------------------------------------------------------------------------------------------------
 # Writers
 # ---------------------------------------------------------------------------------------------------------------
-def records_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
-    return pa.Table.from_pylist([{c: r.get(c) for c in RECORD_COLUMNS} for r in rows], schema=RECORD_SCHEMA)
-
-
 def write_records(rows: Iterable[Mapping[str, Any]], path: str | Path) -> Path:
     """Write rows to one parquet file atomically (tmp file in the same folder, then rename)."""
-    return write_table(records_table(rows), path)
+    return write_rows(rows, RECORD_SCHEMA, path)
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
