@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import random
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -50,9 +51,16 @@ class Operator:
     """Tried only after every natural operator for the class (e.g. an injected raise)."""
 
 
+def parse(code: str) -> ast.Module:
+    """``ast.parse`` without the warnings MBPP code raises (invalid escape sequences such as ``"\\w"``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", (SyntaxWarning, DeprecationWarning))
+        return ast.parse(code)
+
+
 def normalize(code: str) -> str:
     """The canonical form of a solution: what ``ast.unparse`` makes of it (comments and layout dropped)."""
-    return ast.unparse(ast.parse(code))
+    return ast.unparse(parse(code))
 
 
 def _line(node: ast.AST) -> str:
@@ -322,7 +330,7 @@ REACHABLE: tuple[str, ...] = tuple(o.value for o in Outcome if any(o in op.reach
 
 def sites(code: str, operator: str) -> list[Site]:
     """The sites of `operator` in `code` (its tree freshly parsed)."""
-    return BY_NAME[operator].func(ast.parse(code))
+    return BY_NAME[operator].func(parse(code))
 
 
 def mutate(code: str, operator: str, site: int, *, normalized: str | None = None) -> Mutant | None:
