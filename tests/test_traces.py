@@ -220,3 +220,20 @@ def test_protocol_line_helpers_parse_back() -> None:
     assert parse_action(final_line("done")).summary == "done"
     p = parse_prediction(prediction_line("TIMEOUT", "REVISE"))
     assert (p.prediction, p.decision, p.valid) == ("TIMEOUT", "REVISE", True)
+
+
+def test_keep_test_style_gives_arm_b_the_arm_a_patches(sft: list[dict], tmp_path: Path, verifier: Verifier) -> None:
+    config = study_config(n_direct=2, n_recovery=4, recovery_style="keep_test")
+    run_stage(sft[:8], config, tmp_path, progress=False)
+    a, b = (pq.read_table(tmp_path / f"{arm}.parquet").to_pylist() for arm in ("A", "B"))
+    by_id = {t["task_id"]: t for t in sft}
+    for ra, rb in zip(a, b, strict=True):
+        assert rb["recovery_style"] == "keep_test"
+        calls = [[m["content"] for m in r["messages"] if m["content"].startswith("CALL ")] for r in (ra, rb)]
+        assert calls[0] == calls[1]
+        episode = replay(rb, by_id[rb["task_id"]], verifier)
+        assert reward(episode, by_id[rb["task_id"]], verifier) == 1.0
+        patches = [s for s in episode.steps if s.action == "apply_patch" and s.applied]
+        assert all(p.prediction == "PASS" and p.decision == "KEEP" and not p.reverted for p in patches)
+        if rb["role"] == "recovery":
+            assert patches[0].outcome == rb["verified_class"] and patches[0].outcome_seen

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from rich.console import Console
+from rich.progress import MofNCompleteColumn, Progress, TaskID
 
 from predict.env.protocol import ProtocolConfig, task_prompt
 from predict.io import write_rows
@@ -45,6 +47,7 @@ log = logging.getLogger("predict.traces")
 SLOW_FRACTION = 0.5
 MAX_CANDIDATES = 12  # natural mutants tried per recovery task (plus `FALLBACKS` fallback ones)
 FALLBACKS = 2
+CHUNK = 32  # sandbox checks per batch handed to the verifier (a progress step)
 STUDY_MIX: dict[str, int] = {"ASSERTION_FAILURE": 37, "RUNTIME_ERROR": 8}
 """The writeup's recovery classes (counts of its 70 recovery traces' faulty patches; scaled to n_recovery)."""
 MIXES: tuple[str, ...] = ("study", "balanced")
@@ -178,6 +181,7 @@ def synthesize(
     mix: str | Mapping[str, int],
     seed: int,
     timeout_s: float,
+    progress: Progress | None = None,
 ) -> Synthesis:
     """Pick roles, find verified mutants, return the underlying traces (both arms render from them)."""
     by_id = {int(t["task_id"]): t for t in tasks}
@@ -189,8 +193,13 @@ def synthesize(
     }
     synthesis = Synthesis([], [])
 
-    def verify(items: list[tuple[int, str]]) -> list[Any]:
-        verdicts = check([(s, by_id[t]["test_list"], by_id[t]["test_setup_code"] or "") for t, s in items])
+    def verify(items: list[tuple[int, str]], bar: TaskID | None = None) -> list[Any]:
+        verdicts: list[Any] = []
+        for start in range(0, len(items), CHUNK):
+            chunk = items[start : start + CHUNK]
+            verdicts += check([(s, by_id[t]["test_list"], by_id[t]["test_setup_code"] or "") for t, s in chunk])
+            if progress is not None and bar is not None:
+                progress.advance(bar, len(chunk))
         synthesis.n_checks += len(items)
         return verdicts
 
@@ -202,7 +211,8 @@ def synthesize(
             fate[t].update(role="skipped", reason=f"gold does not parse: {e.msg}")
     usable: list[int] = []
     gold_items = [(t, solution_text(g)) for t, g in gold.items()]
-    for (t, text), v in zip(gold_items, verify(gold_items), strict=True):
+    gold_bar = progress.add_task("gold solutions", total=len(gold_items)) if progress else None
+    for (t, text), v in zip(gold_items, verify(gold_items, gold_bar), strict=True):
         fate[t]["gold_outcome"] = v.outcome.value
         if v.outcome is not Outcome.PASS:
             fate[t].update(role="skipped", reason=f"gold is {v.outcome.value}: {v.detail}"[:300])
@@ -217,6 +227,7 @@ def synthesize(
     targets = [c for c, k in counts.items() for _ in range(k)]
     random.Random(seed).shuffle(targets)
     queue, pointer, attempts, done = list(targets), 0, [], []
+    found_bar = progress.add_task("verified mutants", total=len(targets)) if progress else None
     while True:
         while queue and pointer < len(order):
             t = order[pointer]
@@ -246,6 +257,8 @@ def synthesize(
                 synthesis.outcomes[solution_text(mutant.code)] = v.outcome
                 attempts.remove(a)
                 done.append(a)
+                if progress is not None and found_bar is not None:
+                    progress.advance(found_bar)
     if queue:
         log.warning("only %d of %d recovery traces: no verified mutant for %s", len(done), n_recovery, Counter(queue))
 
@@ -328,16 +341,19 @@ def run_stage(
 
     settings = traces_settings(config)
     verifier, env = config["verifier"], config["env"]
-    with Verifier(timeout_s=verifier["timeout_s"], memory_mb=verifier["memory_mb"], workers=verifier["workers"],
-                  outcome_labels=verifier["outcome_labels"]) as v:
+    bars = Progress(*Progress.get_default_columns(), MofNCompleteColumn(), console=Console(stderr=True),
+                    disable=not progress)
+    with bars, Verifier(timeout_s=verifier["timeout_s"], memory_mb=verifier["memory_mb"],
+                        workers=verifier["workers"], outcome_labels=verifier["outcome_labels"]) as v:
         synthesis = synthesize(
             tasks,
-            lambda items: v.check_many(items, progress=progress),
+            v.check_many,
             n_direct=settings["n_direct"],
             n_recovery=settings["n_recovery"],
             mix=settings["mix"],
             seed=settings["seed"],
             timeout_s=verifier["timeout_s"],
+            progress=bars,
         )
     out_dir = Path(out_dir)
     summary: dict[str, Any] = {"n_checks": synthesis.n_checks, "arms": {}}
