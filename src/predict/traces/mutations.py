@@ -293,8 +293,7 @@ def syntax_break(tree: ast.Module) -> list[Site]:
 
 
 def non_terminating_loop(tree: ast.Module) -> list[Site]:
-    """A loop that never ends: a ``while`` loop loses its update (``i += 1``), or the loop's exit never comes
-    (``while True: pass`` ahead of a function's first statement, tried last)."""
+    """A ``while`` loop loses an update of its state (``i += 1`` dropped), so it may never end."""
     sites = []
     for node in ast.walk(tree):
         if isinstance(node, ast.While):
@@ -302,6 +301,12 @@ def non_terminating_loop(tree: ast.Module) -> list[Site]:
                 if isinstance(stmt, ast.AugAssign):
                     new = node.body[:i] + node.body[i + 1 :] or [ast.Pass()]
                     sites.append(Site(f"dropped loop update at {_line(stmt)}", _set(node, "body", new, tree)))
+    return sites
+
+
+def inject_infinite_loop(tree: ast.Module) -> list[Site]:
+    """``while True: pass`` ahead of a function's first statement (for code without a ``while`` loop to break)."""
+    sites = []
     for fn in _functions(tree):
         spin = ast.While(ast.Constant(True), [ast.Pass()], [])
         sites.append(Site(f"while True: pass at the start of {fn.name}", _set(fn, "body", [spin, *fn.body], tree)))
@@ -322,6 +327,7 @@ OPERATORS: tuple[Operator, ...] = (
     Operator("inject_raise", inject_raise, frozenset({RE}), fallback=True),
     Operator("syntax_break", syntax_break, frozenset({SE})),
     Operator("non_terminating_loop", non_terminating_loop, frozenset({TO})),
+    Operator("inject_infinite_loop", inject_infinite_loop, frozenset({TO}), fallback=True),
 )
 BY_NAME: dict[str, Operator] = {op.name: op for op in OPERATORS}
 REACHABLE: tuple[str, ...] = tuple(o.value for o in Outcome if any(o in op.reaches for op in OPERATORS))
