@@ -193,15 +193,30 @@ def synthesize(
     }
     synthesis = Synthesis([], [])
 
-    def verify(items: list[tuple[int, str]], bar: TaskID | None = None) -> list[Any]:
+    def run(items: list[tuple[int, str]]) -> list[Any]:
+        synthesis.n_checks += len(items)
+        return check([(s, by_id[t]["test_list"], by_id[t]["test_setup_code"] or "") for t, s in items])
+
+    def verify(items: list[tuple[int, str, str]], bar: TaskID | None = None) -> list[Any]:
+        """Verdicts of (task, solution, wanted class) items. A verdict that looks like a starved check (TIMEOUT,
+        OTHER, or slower than the slow limit; a TIMEOUT that was wanted excepted) is checked once more and the
+        second one counts when it is not starved: a busy machine must not change which mutants the traces use."""
         verdicts: list[Any] = []
         for start in range(0, len(items), CHUNK):
             chunk = items[start : start + CHUNK]
-            verdicts += check([(s, by_id[t]["test_list"], by_id[t]["test_setup_code"] or "") for t, s in chunk])
+            got = run([(t, s) for t, s, _ in chunk])
+            again = [i for i, ((_, _, wanted), v) in enumerate(zip(chunk, got, strict=True))
+                     if starved(v) and not (v.outcome is Outcome.TIMEOUT and wanted == Outcome.TIMEOUT.value)]
+            for i, v in zip(again, run([chunk[i][:2] for i in again]), strict=True):
+                if not starved(v):
+                    got[i] = v
+            verdicts += got
             if progress is not None and bar is not None:
                 progress.advance(bar, len(chunk))
-        synthesis.n_checks += len(items)
         return verdicts
+
+    def starved(v: Any) -> bool:
+        return v.outcome in (Outcome.TIMEOUT, Outcome.OTHER) or v.duration_s > slow_s
 
     gold: dict[int, str] = {}
     for t in sorted(by_id):
@@ -210,9 +225,9 @@ def synthesize(
         except SyntaxError as e:
             fate[t].update(role="skipped", reason=f"gold does not parse: {e.msg}")
     usable: list[int] = []
-    gold_items = [(t, solution_text(g)) for t, g in gold.items()]
+    gold_items = [(t, solution_text(g), Outcome.PASS.value) for t, g in gold.items()]
     gold_bar = progress.add_task("gold solutions", total=len(gold_items)) if progress else None
-    for (t, text), v in zip(gold_items, verify(gold_items, gold_bar), strict=True):
+    for (t, text, _), v in zip(gold_items, verify(gold_items, gold_bar), strict=True):
         fate[t]["gold_outcome"] = v.outcome.value
         if v.outcome is not Outcome.PASS:
             fate[t].update(role="skipped", reason=f"gold is {v.outcome.value}: {v.detail}"[:300])
@@ -248,7 +263,7 @@ def synthesize(
             if queue and pointer < len(order):
                 continue
             break
-        verdicts = verify([(a.task_id, solution_text(a.candidates[a.tried].code)) for a in batch])
+        verdicts = verify([(a.task_id, solution_text(a.candidates[a.tried].code), a.target) for a in batch])
         for a, v in zip(batch, verdicts, strict=True):
             mutant = a.candidates[a.tried]
             a.tried += 1
