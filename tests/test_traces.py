@@ -237,3 +237,27 @@ def test_keep_test_style_gives_arm_b_the_arm_a_patches(sft: list[dict], tmp_path
         assert all(p.prediction == "PASS" and p.decision == "KEEP" and not p.reverted for p in patches)
         if rb["role"] == "recovery":
             assert patches[0].outcome == rb["verified_class"] and patches[0].outcome_seen
+
+
+def test_a_starved_check_does_not_change_the_traces(sft: list[dict], verifier: Verifier) -> None:
+    """A check that comes back TIMEOUT once because the machine was busy is re-checked; the traces are unchanged."""
+    from predict.sandbox import Verdict
+    from predict.traces.stage import synthesize
+
+    def honest(items: list) -> list:
+        return verifier.check_many(items)
+
+    starved: set[str] = set()
+
+    def busy(items: list) -> list:
+        verdicts = verifier.check_many(items)
+        for i, (solution, _, _) in enumerate(items):
+            if i % 3 == 0 and solution not in starved:  # every third check starves, the first time only
+                starved.add(solution)
+                verdicts[i] = Verdict(Outcome.TIMEOUT, "killed at 3.0 s", None, 3.0, "", "")
+        return verdicts
+
+    kwargs = {"n_direct": 6, "n_recovery": 6, "mix": "study", "seed": 42, "timeout_s": 3.0}
+    expected = synthesize(sft[:16], honest, **kwargs)
+    got = synthesize(sft[:16], busy, **kwargs)
+    assert starved and got.traces == expected.traces and got.tasks == expected.tasks
