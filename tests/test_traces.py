@@ -19,7 +19,7 @@ from predict.env.protocol import Episode, ProtocolConfig, parse_prediction, task
 from predict.io import write_rows
 from predict.outcomes import Outcome
 from predict.sandbox import Verifier
-from predict.traces.render import Trace, render, replies
+from predict.traces.render import Trace, render, replies, solution_text
 from predict.traces.stage import TRACE_SCHEMA, mix_counts, mix_table, run_stage
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +49,16 @@ def replay(row: dict[str, Any], task: dict[str, Any], verifier: Verifier, budget
     config = ProtocolConfig.resolve(row["protocol"], budget=budget)
     assert messages[0] == {"role": "system", "content": config.system_prompt()}
     assert messages[1] == {"role": "user", "content": task_prompt(task["text"], task["test_list"])}
-    episode = Episode(config, lambda code: verifier.check(code, task["test_list"], task["test_setup_code"]))
+    faulty = solution_text(row["faulty_code"]) if row["faulty_code"] is not None else None
+
+    def run_tests(code: str) -> Any:
+        verdict = verifier.check(code, task["test_list"], task["test_setup_code"])
+        claimed = code == faulty and verdict.outcome.value == row["verified_class"]
+        if verdict.outcome in (Outcome.TIMEOUT, Outcome.OTHER) and not claimed:  # a starved check: once more
+            verdict = verifier.check(code, task["test_list"], task["test_setup_code"])
+        return verdict
+
+    episode = Episode(config, run_tests)
     i = 2
     while i < len(messages):
         assert messages[i]["role"] == "assistant"
@@ -194,7 +203,7 @@ def test_full_study_run_is_byte_identical_and_replays(sft: list[dict], tmp_path:
 
 def test_render_refuses_a_trace_whose_class_is_wrong(sft: list[dict], verifier: Verifier) -> None:
     from predict.traces.mutations import normalize
-    from predict.traces.render import TraceError, solution_text
+    from predict.traces.render import TraceError
 
     task = sft[0]
     gold = normalize(task["code"])
