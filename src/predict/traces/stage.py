@@ -158,14 +158,19 @@ class _Attempt:
 class Synthesis:
     traces: list[Trace]
     tasks: list[dict[str, Any]]
-    outcomes: dict[str, Outcome] = field(default_factory=dict)  # solution text -> verified class
+    outcomes: dict[tuple[int, str], Outcome] = field(default_factory=dict)  # (task, solution) -> verified class
     n_checks: int = 0
 
-    def run_tests(self, solution: str) -> Outcome:
-        try:
-            return self.outcomes[solution]
-        except KeyError:
-            raise TraceError(f"unverified solution reached python_test:\n{solution[:200]}") from None
+    def run_tests(self, task_id: int) -> Callable[[str], Outcome]:
+        """The episode's run_tests for one task: the sandbox's verdicts, already computed."""
+
+        def run_tests(solution: str) -> Outcome:
+            try:
+                return self.outcomes[(task_id, solution)]
+            except KeyError:
+                raise TraceError(f"task {task_id}: unverified solution reached the tests:\n{solution[:200]}") from None
+
+        return run_tests
 
 
 Check = Callable[[list[tuple[str, Sequence[str], str]]], list[Any]]
@@ -232,9 +237,10 @@ def synthesize(
         if v.outcome is not Outcome.PASS:
             fate[t].update(role="skipped", reason=f"gold is {v.outcome.value}: {v.detail}"[:300])
         elif v.duration_s > slow_s:
-            fate[t].update(role="skipped", reason=f"gold is slow ({v.duration_s:.2f} s > {slow_s:.2f} s)")
+            log.warning("task %s: gold took %.2f s (limit %.2f s): skipped", t, v.duration_s, slow_s)
+            fate[t].update(role="skipped", reason=f"gold is slow (over {slow_s:.2f} s)")
         else:
-            synthesis.outcomes[text] = Outcome.PASS
+            synthesis.outcomes[(t, text)] = Outcome.PASS
             usable.append(t)
     order = trace_order(usable, seed)
 
@@ -269,7 +275,7 @@ def synthesize(
             a.tried += 1
             if v.outcome.value == a.target and (v.outcome is Outcome.TIMEOUT or v.duration_s <= slow_s):
                 a.found = mutant
-                synthesis.outcomes[solution_text(mutant.code)] = v.outcome
+                synthesis.outcomes[(a.task_id, solution_text(mutant.code))] = v.outcome
                 attempts.remove(a)
                 done.append(a)
                 if progress is not None and found_bar is not None:
@@ -305,7 +311,7 @@ def render_arm(
     """One arm's parquet rows (in task_id order)."""
     rows = []
     for trace in synthesis.traces:
-        rendered = render(trace, config, synthesis.run_tests, recovery_style)
+        rendered = render(trace, config, synthesis.run_tests(trace.task_id), recovery_style)
         faulty = None
         if trace.role == "recovery":
             faulty = next(i for i, m in enumerate(rendered.messages) if m["role"] == "assistant"
