@@ -18,6 +18,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/verifier.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/rollouts.smk"
+include: "workflow/rules/traces.smk"
 
 
 localrules:
@@ -28,4 +29,5 @@ rule all:
     input:
         rules.split_mbpp.output,
         rules.verify_gold.output,
+        rules.sft_traces.output,
         ROLLOUTS("val"),
