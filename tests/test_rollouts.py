@@ -1,4 +1,4 @@
-"""The `predict rollout` stage: parquet out, resume after a crash, and the touched-once test split."""
+"""The `predict rollout` stage (predict.rollouts): parquet out, resume after a crash, and the touched-once test split."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from predict.config import load_config
 from predict.data import MBPP_SCHEMA
 from predict.env.records import RECORD_SCHEMA
-from predict.evaluate import RolloutJob, SplitGuardError, run_job, select_tasks
 from predict.io import ResumableParquet, read_rows, write_rows
+from predict.rollouts import RolloutJob, SplitGuardError, run_job, select_tasks
 
 from .conftest import REPO
 from .scripted_endpoint import ScriptedEndpoint
