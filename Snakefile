@@ -18,6 +18,9 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/verifier.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/rollouts.smk"
+include: "workflow/rules/evaluation.smk"
+include: "workflow/rules/stats.smk"
+include: "workflow/rules/report.smk"
 
 
 localrules:
@@ -29,3 +32,4 @@ rule all:
         rules.split_mbpp.output,
         rules.verify_gold.output,
         ROLLOUTS("val"),
+        rules.report.output,

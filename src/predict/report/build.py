@@ -40,7 +40,7 @@ text-align:right}th{background:#eef1f7}td.l,th.l{text-align:left}
 .step pre{white-space:pre-wrap;margin:.2rem 0;font-size:.8rem;background:#f7f7fa;padding:.3rem}
 .tag{display:inline-block;border-radius:4px;padding:0 .35rem;font-size:.75rem;margin-right:.3rem;background:#e3e8f4}
 .tag.pass{background:#d5f2d8}.tag.fail{background:#f8d7d7}.tag.revise{background:#ffe7b8}
-nav a{margin-right:.8rem;font-size:.85rem}
+nav a{margin-right:.8rem;font-size:.85rem}.wide{overflow-x:auto;max-width:100%}
 """
 
 
@@ -68,7 +68,7 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], labels: Map
         "<tr>" + "".join(f'<td class="{"l" if c in text_cols else ""}">{_fmt(r.get(c))}</td>' for c in columns) + "</tr>"
         for r in rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def empty(message: str) -> str:
@@ -132,10 +132,12 @@ def pairs_section(pairs: list[dict[str, Any]] | None) -> str:
         "n10: a passes and b fails.</p>"
 
 
-def revise_split(metrics: list[dict[str, Any]] | None) -> str:
-    rows = [m for m in metrics or [] if "predictive" in (m.get("protocol") or "") and m["n_scored"]]
-    if not rows:
+def revise_split(metrics: list[dict[str, Any]] | None, selection: list[dict[str, Any]] | None) -> str:
+    all_rows = [m for m in metrics or [] if "predictive" in (m.get("protocol") or "") and m["n_scored"]]
+    if not all_rows:
         return empty("No predictive-protocol evaluations yet.")
+    chosen = {(s["run"], s["checkpoint"], s["seed"]) for s in selection or []}
+    rows = [m for m in all_rows if (m["run"], m["checkpoint"], m["seed"]) in chosen] or all_rows  # the figure
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(rows)), 3.4))
     xs = range(len(rows))
@@ -155,7 +157,8 @@ def revise_split(metrics: list[dict[str, Any]] | None) -> str:
     cols = ["run", "checkpoint", "seed", "never_revised_n", "never_revised_pass", "ever_revised_n",
             "ever_revised_pass", "revise_rate_fail_patches", "revise_rate_pass_patches", "n_fail_patches",
             "n_pass_patches"]
-    return figure(fig, "REVISE split") + table(rows, cols)
+    return (figure(fig, "REVISE split") + '<p class="note">Figure: the selected checkpoint of each predictive run '
+            "and seed; table: every evaluation.</p>" + table(all_rows, cols))
 
 
 def confusion_section(confusion: list[dict[str, Any]] | None, selection: list[dict[str, Any]] | None) -> str:
@@ -167,13 +170,22 @@ def confusion_section(confusion: list[dict[str, Any]] | None, selection: list[di
     for c in confusion:
         groups.setdefault((c["run"], c["checkpoint"], c["split"], c["seed"]), {})[c["verified"], c["predicted"]] = c[
             "count"]
+    # one matrix per run: its selected checkpoint (else its first), first seed
     chosen = {(s["run"], s["checkpoint"], s["seed"]) for s in selection or []}
-    keys = sorted(groups, key=lambda k: ((k[0], k[1], k[3]) not in chosen, k))[:6]
+    keys = []
+    for run in sorted({k[0] for k in groups}, key=lambda r: (r != "B", r)):
+        mine = sorted((k for k in groups if k[0] == run), key=lambda k: ((k[0], k[1], k[3]) not in chosen, k[3], k))
+        keys.append(mine[0])
+    keys = keys[:6]
     plt = _plt()
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.3 * len(keys), 4), squeeze=False)
+    ncols = min(3, len(keys))
+    nrows = math.ceil(len(keys) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 4.2 * nrows), squeeze=False)
+    for ax in axes.flat[len(keys):]:
+        ax.axis("off")
     classes = list(OUTCOMES)
     predicted = classes + (["MALFORMED"] if any(p == "MALFORMED" for k in keys for _, p in groups[k]) else [])
-    for ax, key in zip(axes[0], keys, strict=True):
+    for ax, key in zip(axes.flat, keys, strict=False):
         counts = groups[key]
         grid = [[counts.get((t, p), 0) for p in predicted] for t in classes]
         im = ax.imshow(grid, cmap="Blues")
@@ -195,28 +207,60 @@ def confusion_section(confusion: list[dict[str, Any]] | None, selection: list[di
         "verified class (seen or shadow execution) against the predicted class.</p>"
 
 
-def frequencies(classes: list[dict[str, Any]] | None, rl: Mapping[str, list[dict[str, Any]]]) -> str:
-    if not classes:
-        return empty("No predictions recorded yet: no class frequencies.")
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for c in classes:
-        groups.setdefault((c["run"], c["checkpoint"], c["split"], c["seed"]), []).append(c)
-    key = sorted(groups)[0]
-    rows = groups[key]
+PRED_PREFIXES = ("pred_freq_", "prediction_freq_")
+VERIFIED_PREFIX = "verified_freq_"
+
+
+def _train_freqs(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float]] | None:
+    """class -> (predicted, verified) share at the last logged step of an RL run, if it logs them."""
+    if not rows:
+        return None
+    last = max(rows, key=lambda r: r.get("step") or 0)
+    out = {}
+    for key, value in last.items():
+        for prefix in PRED_PREFIXES:
+            if key.startswith(prefix) and value is not None:
+                cls = key[len(prefix):]
+                out[cls] = (float(value), float(last.get(VERIFIED_PREFIX + cls) or 0.0))
+    return out or None
+
+
+def _freq_chart(pairs: Sequence[tuple[str, float, float]], title: str) -> str:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r["verified_freq"] for r in rows], 0.4, label="verified (real)", color="#55a868")
-    ax.bar([x + 0.2 for x in xs], [r["predicted_freq"] for r in rows], 0.4, label="predicted", color="#c44e52")
-    ax.set_xticks(list(xs), [r["cls"] for r in rows], rotation=20, ha="right", fontsize=8)
+    xs = range(len(pairs))
+    ax.bar([x - 0.2 for x in xs], [p[2] for p in pairs], 0.4, label="verified (real)", color="#55a868")
+    ax.bar([x + 0.2 for x in xs], [p[1] for p in pairs], 0.4, label="predicted", color="#c44e52")
+    ax.set_xticks(list(xs), [p[0] for p in pairs], rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("share of patches")
-    ax.set_title(f"evaluation {key[0]}/{key[1]}/{key[2]}/s{key[3]}: real vs predicted class frequency", fontsize=9)
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
-    out = figure(fig, "class frequencies")
-    out += table(classes, ["run", "checkpoint", "split", "seed", "cls", "n_verified", "n_predicted", "verified_freq",
-                           "predicted_freq", "precision", "recall"])
-    has_train = any(any(k.startswith("pred_freq_") for k in (rows_[0] if rows_ else {})) for rows_ in rl.values())
-    out += "" if has_train else empty("Training-time frequencies: no RL metrics with pred_freq_* columns yet.")
+    return figure(fig, title)
+
+
+def frequencies(classes: list[dict[str, Any]] | None, selection: list[dict[str, Any]] | None,
+                rl: Mapping[str, list[dict[str, Any]]]) -> str:
+    if not classes:
+        out = empty("No predictions recorded in evaluation yet: no class frequencies.")
+    else:
+        chosen = {(s["run"], s["checkpoint"], s["seed"]) for s in selection or []}
+        shown = [c for c in classes if (c["run"], c["checkpoint"], c["seed"]) in chosen] or classes
+        shown = [c for c in shown if c["n_predicted"] or c["n_verified"]]
+        key = min({(c["run"] != "B", c["run"], c["checkpoint"], c["split"], c["seed"]) for c in shown})
+        first = [c for c in shown if (c["run"], c["checkpoint"], c["split"], c["seed"]) == key[1:]]
+        out = _freq_chart([(c["cls"], c["predicted_freq"], c["verified_freq"]) for c in first],
+                          f"evaluation {key[1]}/{key[2]}/{key[3]}/s{key[4]}: real vs predicted class frequency")
+        out += table(shown, ["run", "checkpoint", "split", "seed", "cls", "n_verified", "n_predicted", "verified_freq",
+                             "predicted_freq", "precision", "recall"])
+        out += '<p class="note">Selected checkpoints; classes neither predicted nor verified are left out.</p>'
+    train = {name: f for name, rows in sorted(rl.items()) if (f := _train_freqs(rows))}
+    if train:
+        name, freqs = next(iter(train.items()))
+        out += _freq_chart([(c, p, v) for c, (p, v) in sorted(freqs.items())],
+                           f"training {name}, last step: real vs predicted class frequency")
+    else:
+        out += empty("Training-time frequencies: no RL metrics with pred_freq_<CLASS> / verified_freq_<CLASS> "
+                     "columns yet.")
     return out
 
 
@@ -251,7 +295,24 @@ def power_section(power: list[dict[str, Any]] | None, config: Mapping[str, Any])
              "power": need[k]["power"] if k in need else None}
             for k in sorted({(r["delta"], r["discordance"], r["discordance_source"]) for r in power})]
     sizes = config["data"]["sizes"]["test"], len(config["seeds"])
-    return (f"<p>The study: {sizes[0]} test tasks x {sizes[1]} seed(s), exact McNemar at alpha "
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    curves = sorted({(r["delta"], r["discordance"], r["discordance_source"]) for r in power})
+    for delta, disc, source in curves:
+        pts = sorted((r["n_tasks"], r["power"]) for r in power if (r["delta"], r["discordance"],
+                     r["discordance_source"]) == (delta, disc, source) and r["n_seeds"] == sizes[1])
+        if pts and disc in {min(c[1] for c in curves), max(c[1] for c in curves)}:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3,
+                    label=f"delta {delta:.2f}, discordance {disc:.2f}")
+    ax.axhline((config.get("power") or {}).get("target", 0.8), color="grey", ls="--", lw=0.8)
+    ax.axvline(sizes[0], color="black", ls=":", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"test tasks ({sizes[1]} seed(s); dotted: the study)")
+    ax.set_ylabel("power")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=6, ncol=2)
+    chart = figure(fig, "power curves")
+    return (chart + f"<p>The study: {sizes[0]} test tasks x {sizes[1]} seed(s), exact McNemar at alpha "
             f"{(config.get('power') or {}).get('alpha', 0.05)}.</p><ul>{verdict}</ul>"
             + "<p>Smallest design on the grid reaching the target power (empty: none on the grid):</p>"
             + table(rows, ["delta", "discordance", "source", "tasks", "seeds", "power"]))
@@ -286,7 +347,9 @@ def _tag(text: str, cls: str = "") -> str:
 def rollout_section(rows: list[dict[str, Any]] | None, tasks: Mapping[int, Mapping[str, Any]]) -> str:
     if not rows:
         return empty("No evaluation rollouts to render.")
-    row = max(rows, key=lambda r: (bool(r.get("n_predictions")), bool(r.get("n_patches")), -r["task_id"]))
+    # the most telling one: predictions, a REVISE, then a pass
+    row = max(rows, key=lambda r: (bool(r.get("n_predictions")), bool(r.get("ever_revised")), bool(r.get("final_pass")),
+                                   bool(r.get("n_patches")), -r["task_id"]))
     task = tasks.get(row["task_id"]) or {}
     passed = row.get("final_pass")
     out = [f"<p><b>task {row['task_id']}</b> &middot; run arm {html.escape(str(row['arm']))} "
@@ -301,7 +364,7 @@ def rollout_section(rows: list[dict[str, Any]] | None, tasks: Mapping[int, Mappi
     for s in row.get("steps") or []:
         tags = [_tag(s.get("action") or "?")]
         if s.get("status"):
-            tags.append(_tag(s["status"], "pass" if s["status"] == "success" else "fail"))
+            tags.append(_tag(s["status"], {"success": "pass", "error": "fail", "failed": "fail"}.get(s["status"], "")))
         if s.get("prediction"):
             tags.append(_tag(f"predicted {s['prediction']}"))
         if s.get("decision"):
@@ -354,9 +417,9 @@ def build_report(
                                      "revise_rate", "budget_exhausted", "budget_exhausted_revise",
                                      "budget_exhausted_keep", "malformed_prediction_rate"]) if metrics
         else empty("No evaluations yet."),
-        "revise-split": revise_split(metrics),
+        "revise-split": revise_split(metrics, selection),
         "confusion": confusion_section(stat("confusion"), selection),
-        "frequencies": frequencies(stat("classes"), rl),
+        "frequencies": frequencies(stat("classes"), selection, rl),
         "ablations": ablations_section({Path(p).stem: _read(Path(p)) for p in ablations}),
         "power": power_section(_read(power), config),
         "training": training(rl, expected),
