@@ -84,7 +84,9 @@ def checkpoint_inputs(wildcards):
 
 
 def checkpoint_available(path):
-    """A checkpoint is evaluated when some rule produces it or it is already there."""
+    """A checkpoint is evaluated when some rule produces it or it is already there. (A training rule whose output is
+    a folder holding every step's checkpoint is not a producer of one step's path: then make checkpoint_model and
+    checkpoint_inputs point at that rule's output.)"""
     return Path(path).exists() or any(rule.is_producer(path) for rule in workflow.rules)
 
 
