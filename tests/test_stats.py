@@ -148,3 +148,13 @@ def test_power_grows_with_tasks_and_marks_the_study_design() -> None:
     assert power[100, 1] < power[2000, 1]
     assert sum(r["study_design"] for r in t) == 1
     assert power[2000, 2] > 0.8
+
+
+def test_an_evaluation_file_that_disagrees_with_its_path_is_named(tmp_path: Path) -> None:
+    from predict.stats import StatsInputError, read_evaluation
+
+    path = write_eval(tmp_path, "B", "step100", 42, [rollout(0, [PASS_KEEP], checkpoint="step50")])
+    with pytest.raises(StatsInputError, match=r"seed42\.parquet: row 0 \(task 0\) has checkpoint/split/seed step50"):
+        read_evaluation(path)
+    with pytest.raises(StatsInputError, match="expected"):
+        read_evaluation(tmp_path / "loose.parquet")
