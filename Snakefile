@@ -19,6 +19,9 @@ include: "workflow/rules/verifier.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/rollouts.smk"
 include: "workflow/rules/traces.smk"
+include: "workflow/rules/evaluation.smk"
+include: "workflow/rules/stats.smk"
+include: "workflow/rules/report.smk"
 
 
 localrules:
@@ -31,3 +34,4 @@ rule all:
         rules.verify_gold.output,
         rules.sft_traces.output,
         ROLLOUTS("val"),
+        rules.report.output,
