@@ -17,6 +17,7 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 from predict.config import ConfigError, config_from_json, load_config
+from predict.env.protocol import VARIANTS
 from predict.evaluate import SplitGuardError
 from predict.serve import VLLMServerError
 
@@ -100,6 +101,13 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     from predict.evaluate import RolloutJob, run_job
 
     config = load_config(args.config) if args.config else config_from_json(args.config_json)
+    env_overrides = {
+        key: value
+        for key, value in (("test_cost", args.test_cost), ("max_chained_revisions", args.max_chained_revisions))
+        if value is not None
+    }
+    if env_overrides:  # protocol knobs of one run, e.g. the expensive-tests extension's test cost
+        config = {**config, "env": {**config["env"], **env_overrides}}
     job = RolloutJob(
         tasks_path=Path(args.tasks),
         split=args.split,
@@ -143,6 +151,13 @@ def _cmd_traces(args: argparse.Namespace) -> int:
     tasks = ", ".join(f"{role} {n}" for role, n in sorted(summary["tasks"].items()))
     console.print(f"sft tasks: {tasks}; {summary['n_checks']} sandbox checks in {time.perf_counter() - started:.1f} s")
     return 0
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -201,7 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-tasks", type=int, default=None, help="first N tasks by task_id (default: all)")
     p.add_argument("--samples", type=int, default=1, help="rollouts per task")
     p.add_argument("--protocol", choices=["reactive", "predictive"], default=None, help="default: the arm's")
-    p.add_argument("--variant", choices=["none", "forced_keep", "budget_neutral"], default="none")
+    p.add_argument("--variant", choices=list(VARIANTS), default="none", help="protocol variant (Arm B's)")
+    p.add_argument(
+        "--test-cost", type=positive_int, default=None, help="budget calls per python_test (default: env.test_cost)"
+    )
+    p.add_argument(
+        "--max-chained-revisions",
+        type=positive_int,
+        default=None,
+        help="edit_on_revise: replacement patches in a row (default: env.max_chained_revisions)",
+    )
     p.add_argument("--client", choices=["eval", "train"], default="eval", help="train = record token ids")
     p.add_argument("--base-url", default=None, help="use this running endpoint instead of starting vLLM")
     p.add_argument("--test-ledger", default=None, help="only for the evaluate_test target")
