@@ -466,3 +466,58 @@ def test_edit_on_revise_records_round_trip(tmp_path: Path) -> None:
         ("prediction", 0, "PASS", "PASS"),
     ]
     assert json.loads(back["steps"][1]["args"]) == {"find": STUB_LINE, "replace": GOOD}
+
+
+# ============================================================================================ plumbing
+def test_rollout_cli_takes_the_variant_and_the_protocol_knobs(tmp_path: Path) -> None:
+    from predict.cli import build_parser, with_env
+    from predict.config import load_config
+    from predict.env.rollout import RolloutSettings
+
+    base = ["rollout", "--config", "config/local.yaml", "--tasks", "t", "--split", "val", "--model", "m"]
+    base += ["--checkpoint", "base", "--arm", "B", "--seed", "1", "--out", str(tmp_path / "o.parquet")]
+    args = build_parser().parse_args([*base, "--variant", "edit_on_revise", "--test-cost", "3"])
+    assert (args.variant, args.test_cost, args.max_chained_revisions) == ("edit_on_revise", 3, None)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*base, "--test-cost", "0"])
+    config = load_config(Path(__file__).resolve().parents[1] / "config" / "local.yaml")
+    assert (config["env"]["test_cost"], config["env"]["max_chained_revisions"]) == (1, 2)  # the study's protocol
+    assert with_env(config, test_cost=None) is config
+    overridden = with_env(config, test_cost=args.test_cost, max_chained_revisions=args.max_chained_revisions)
+    settings = RolloutSettings.from_study_config(
+        overridden, arm="B", seed=1, checkpoint="sft", base_url="http://x/v1", model="m", variant=args.variant
+    )
+    protocol = settings.protocol_config()
+    assert (protocol.variant, protocol.test_cost, protocol.budget, protocol.max_chained_revisions) == (
+        "edit_on_revise",
+        3,
+        10,
+        2,
+    )
+    assert (settings.meta()["budget"], settings.meta()["test_cost"]) == (10, 3)
+    assert RolloutSettings.from_study_config(
+        config, arm="A", seed=1, checkpoint="sft", base_url="u", model="m"
+    ).protocol_config() == ProtocolConfig("reactive")
+
+
+def test_harness_passes_the_protocol_knobs_to_the_program() -> None:
+    from predict.env.program import parse_args as program_args
+    from predict.env.rollout import RolloutSettings, build_agent_config
+
+    settings = RolloutSettings(
+        base_url="http://127.0.0.1:1/v1",
+        model="m",
+        protocol="predictive",
+        variant="edit_on_revise",
+        test_cost=2,
+        max_chained_revisions=3,
+    )
+    harness = build_agent_config(settings).harness
+    assert (harness.variant, harness.budget, harness.test_cost, harness.max_chained_revisions) == (
+        "edit_on_revise",
+        9,
+        2,
+        3,
+    )
+    args = program_args(["--model", "m", "--prompt", "p", "--test-cost", "2", "--max-chained-revisions", "3"])
+    assert (args.test_cost, args.max_chained_revisions) == (2, 3)

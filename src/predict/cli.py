@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.logging import RichHandler
@@ -97,17 +98,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return serve_main(args.serve_args)
 
 
+def with_env(config: Mapping[str, Any], **values: Any) -> Mapping[str, Any]:
+    """The config with these ``env`` keys replaced (None = keep the config's): one run's protocol knobs, e.g. the
+    expensive-tests extension's test_cost."""
+    values = {k: v for k, v in values.items() if v is not None}
+    return {**config, "env": {**config["env"], **values}} if values else config
+
+
 def _cmd_rollout(args: argparse.Namespace) -> int:
     from predict.evaluate import RolloutJob, run_job
 
     config = load_config(args.config) if args.config else config_from_json(args.config_json)
-    env_overrides = {
-        key: value
-        for key, value in (("test_cost", args.test_cost), ("max_chained_revisions", args.max_chained_revisions))
-        if value is not None
-    }
-    if env_overrides:  # protocol knobs of one run, e.g. the expensive-tests extension's test cost
-        config = {**config, "env": {**config["env"], **env_overrides}}
+    config = with_env(config, test_cost=args.test_cost, max_chained_revisions=args.max_chained_revisions)
     job = RolloutJob(
         tasks_path=Path(args.tasks),
         split=args.split,

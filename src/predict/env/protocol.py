@@ -39,8 +39,8 @@ Rules (the environment's, documented here and in the system prompts):
   (below). Any action line in a prediction reply is ignored (never executed), except edit_on_revise's replacement.
 * Edit on REVISE (``variant: edit_on_revise``, cap ``max_chained_revisions``, default 2): an effective REVISE
   (sampled, forced by a non-PASS prediction, or by a malformed line) must be followed in the same reply by a
-  replacement patch: the first action line after the prediction line (after the whole reply's start when no
-  prediction line parsed), ``CALL apply_patch {"find", "replace"}``. The REVISEd patch is shadowed and reverted as
+  replacement patch: the first action line after the prediction line (anywhere in the reply when no prediction
+  line parsed), ``CALL apply_patch {"find", "replace"}``. The REVISEd patch is shadowed and reverted as
   always, then the replacement is applied to the reverted solution at no call (the REVISEd patch's call stays
   spent; REVISE is never refunded here: ``revise_costs_call=False`` is refused), answered with ``patch reverted``
   and `REPLACEMENT_APPLIED` (its place in the chain, e.g. ``chained revision 1 of 2``), and the next reply must be
@@ -51,7 +51,9 @@ Rules (the environment's, documented here and in the system prompts):
   would: malformed JSON, missing arguments, bad path, missing/ambiguous find text) reverts the patch, applies
   nothing and is answered ``status: error`` naming why (`ERRORS["replacement_missing"]`,
   ``["replacement_not_patch"]``, ``["replacement_failed"]``); it costs no call either (a prediction reply never
-  does). Nothing is discarded silently: every REVISE reply's answer says what was applied. Shadow labels stay as
+  does). Nothing is discarded silently: every REVISE reply's answer says what was applied: ``status: success``
+  (``status: error`` when the prediction was malformed or a replacement was missing, failed or refused), then ``patch reverted`` (the
+  malformed-prediction message instead, when malformed), then the replacement's line, if any. Shadow labels stay as
   they are: the REVISEd patch's hidden outcome is recorded before the revert; the replacement is a patch like any
   other (tested in view or shadowed). A pending replacement prediction is asked for even after the budget-ending
   call, like any patch's. Records: the step of a REVISE reply that applied a replacement is the replacement's
