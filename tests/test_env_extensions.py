@@ -82,8 +82,8 @@ def test_a_test_the_budget_cannot_pay_for_is_refused_and_costs_one_call() -> Non
     result = ep.step(TEST)
     assert result == error_result(ERRORS["test_unaffordable"].format(cost=3, left=2))
     assert result == (
-        "status: error\npython_test costs 3 tool calls and only 2 are left; nothing was run (this reply used one "
-        "call). Use the remaining calls for other tools, or end with FINAL: <summary>."
+        "status: error\npython_test costs 3 tool calls, calls left: 2. Nothing was run (this reply used one call). "
+        "Use the remaining calls for other tools, or end with FINAL: <summary>."
     )
     test = ep.steps[-1]
     assert (test.action, test.status, test.error, test.cost, test.outcome) == (

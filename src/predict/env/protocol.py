@@ -173,7 +173,7 @@ ERRORS: dict[str, str] = {
     ),
     # test_cost > 1
     "test_unaffordable": (
-        "python_test costs {cost} tool calls and only {left} are left; nothing was run (this reply used one call). "
+        "python_test costs {cost} tool calls, calls left: {left}. Nothing was run (this reply used one call). "
         "Use the remaining calls for other tools, or end with FINAL: <summary>."
     ),
     # edit_on_revise: the line after "patch reverted" when no replacement went in
