@@ -9,14 +9,16 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
 from predict.config import ConfigError, config_from_json, load_config
+from predict.env.protocol import VARIANTS
 from predict.rollouts import SplitGuardError
 from predict.serve import VLLMServerError
 
@@ -96,10 +98,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return serve_main(args.serve_args)
 
 
+def with_env(config: Mapping[str, Any], **values: Any) -> Mapping[str, Any]:
+    """The config with these ``env`` keys replaced (None = keep the config's): one run's protocol knobs, e.g. the
+    expensive-tests extension's test_cost."""
+    values = {k: v for k, v in values.items() if v is not None}
+    return {**config, "env": {**config["env"], **values}} if values else config
+
+
 def _cmd_rollout(args: argparse.Namespace) -> int:
     from predict.rollouts import RolloutJob, run_job
 
     config = load_config(args.config) if args.config else config_from_json(args.config_json)
+    config = with_env(config, test_cost=args.test_cost, max_chained_revisions=args.max_chained_revisions)
     job = RolloutJob(
         tasks_path=Path(args.tasks),
         split=args.split,
@@ -263,6 +273,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
     )
     console.print(f"report: {out}")
     return 0
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -321,7 +336,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-tasks", type=int, default=None, help="first N tasks by task_id (default: all)")
     p.add_argument("--samples", type=int, default=1, help="rollouts per task")
     p.add_argument("--protocol", choices=["reactive", "predictive"], default=None, help="default: the arm's")
-    p.add_argument("--variant", choices=["none", "forced_keep", "budget_neutral"], default="none")
+    p.add_argument("--variant", choices=list(VARIANTS), default="none", help="protocol variant (Arm B's)")
+    p.add_argument(
+        "--test-cost", type=positive_int, default=None, help="budget calls per python_test (default: env.test_cost)"
+    )
+    p.add_argument(
+        "--max-chained-revisions",
+        type=positive_int,
+        default=None,
+        help="edit_on_revise: replacement patches in a row (default: env.max_chained_revisions)",
+    )
     p.add_argument("--client", choices=["eval", "train"], default="eval", help="train = record token ids")
     p.add_argument("--base-url", default=None, help="use this running endpoint instead of starting vLLM")
     p.add_argument("--test-ledger", default=None, help="only for the evaluate_test target")

@@ -48,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from predict.env.records import patch_steps as record_patch_steps
 from predict.outcomes import OUTCOMES
 
 PASS = "PASS"
@@ -154,13 +155,9 @@ def read_evaluation(path: str | Path) -> Evaluation:
 
 
 def patch_steps(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Every applied patch (one per patch, not per prediction step), with its rollout's fields it needs."""
-    out = []
-    for r in rows:
-        for s in r.get("steps") or []:
-            if s.get("action") == "apply_patch" and s.get("applied"):
-                out.append({**s, "protocol": r.get("protocol")})
-    return out
+    """Every applied patch (one per patch, not per prediction step; edit-on-REVISE replacements included), with
+    its rollout's protocol."""
+    return [{**s, "protocol": r.get("protocol")} for r in rows for s in record_patch_steps(r.get("steps") or [])]
 
 
 def _rate(num: int, den: int) -> float:

@@ -45,13 +45,18 @@ class RolloutSettings:
     <root>/inference/v1/generate."""
     model: str
     protocol: Literal["reactive", "predictive"] = "reactive"
-    variant: Literal["none", "forced_keep", "budget_neutral"] = "none"
+    variant: Literal["none", "forced_keep", "budget_neutral", "edit_on_revise"] = "none"
     budget: int = 8
+    """The base budget (config ``env.budget``); the episode's is resolved from it (variant, test cost)."""
     revise_costs_call: bool = True
     budget_neutral_budget: int | None = None
     """budget_neutral only: raise the budget to this instead of making REVISE free."""
     max_model_calls: int | None = None
-    """Program cap on model replies (None: 2*budget+1, or 4*budget+1 with a free REVISE)."""
+    """Program cap on model replies (None: `ProtocolConfig.model_call_cap`)."""
+    test_cost: int = 1
+    """Budget calls per python_test (config ``env.test_cost``); the budget grows by test_cost - 1."""
+    max_chained_revisions: int = 2
+    """edit_on_revise: most replacement patches in a row (config ``env.max_chained_revisions``)."""
     client: Literal["eval", "train"] = "eval"
     """eval: relay chat completions (no token ids); train: render with the Qwen3 renderer and call
     /inference/v1/generate, so traces carry token ids, masks and logprobs."""
@@ -104,6 +109,8 @@ class RolloutSettings:
             "budget": env["budget"],
             "revise_costs_call": env.get("revise_costs_call", True),
             "budget_neutral_budget": env.get("budget_neutral_budget"),
+            "test_cost": env.get("test_cost", 1),
+            "max_chained_revisions": env.get("max_chained_revisions", 2),
             "temperature": env.get("temperature", 1.0),
             "max_tokens": env.get("max_tokens", 512),
             "concurrency": env.get("concurrency", 8),
@@ -122,6 +129,8 @@ class RolloutSettings:
             revise_costs_call=self.revise_costs_call,
             budget_neutral_budget=self.budget_neutral_budget,
             max_model_calls=self.max_model_calls,
+            test_cost=self.test_cost,
+            max_chained_revisions=self.max_chained_revisions,
         )
 
     def meta(self) -> dict[str, Any]:
@@ -137,6 +146,8 @@ class RolloutSettings:
             "client": self.client,
             "budget": config.budget,
             "revise_costs_call": config.revise_costs_call,
+            "test_cost": config.test_cost,
+            "max_chained_revisions": config.max_chained_revisions,
             "split": self.split,
         }
 
@@ -161,6 +172,8 @@ def build_agent_config(settings: RolloutSettings) -> Any:
         budget=config.budget,
         revise_costs_call=config.revise_costs_call,
         max_model_calls=config.max_model_calls,
+        test_cost=config.test_cost,
+        max_chained_revisions=config.max_chained_revisions,
         timeout_s=settings.timeout_s,
         memory_mb=settings.memory_mb,
         outcome_labels=settings.outcome_labels,
