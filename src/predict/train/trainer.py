@@ -577,7 +577,7 @@ def _source_dtype(model_dir: str) -> str | None:
             from transformers import AutoConfig
 
             return _config_dtype(AutoConfig.from_pretrained(model_dir))
-        except OSError:
+        except Exception:  # not a local folder nor a cached hub id: the caller falls back to the model's dtype
             return None
     cfg = json.loads(path.read_text())
     d = cfg.get("dtype") or cfg.get("torch_dtype")
