@@ -18,6 +18,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/verifier.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/rollouts.smk"
+include: "workflow/rules/train.smk"
 include: "workflow/rules/rl.smk"
 
 
@@ -30,4 +31,5 @@ rule all:
         rules.split_mbpp.output,
         rules.verify_gold.output,
         ROLLOUTS("val"),
+        ROLLOUTS("val", "sft"),
         RL_RESULTS,

@@ -165,3 +165,15 @@ def test_checkpoint_loads_with_transformers_and_tokenizer(tiny: Path, tmp_path: 
     assert tok.chat_template and tok.convert_tokens_to_ids("<|im_end|>") == 151645
     trainer.save_checkpoint(out)  # overwriting an existing checkpoint is atomic too
     assert AutoModelForCausalLM.from_pretrained(out) is not None
+
+
+def test_fused_and_inplace_logit_gradients_agree() -> None:
+    from predict.train.trainer import _grad_logits, _grad_logits_inplace, _lse_target
+
+    torch.manual_seed(0)
+    logits = torch.randn(6, 40)
+    targets = torch.randint(0, 40, (6,))
+    g = torch.randn(6)
+    lse, lp = _lse_target(logits, targets)
+    assert torch.allclose(lp, torch.log_softmax(logits, -1).gather(1, targets[:, None]).squeeze(1), atol=1e-6)
+    assert torch.allclose(_grad_logits(logits, lse, g, targets), _grad_logits_inplace(logits.clone(), lse, g, targets))

@@ -153,6 +153,31 @@ def _cmd_rl(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sft(args: argparse.Namespace) -> int:
+    from predict.train.sft import SFTConfig, run_sft
+
+    config = load_config(args.config) if args.config else config_from_json(args.config_json)
+    if "sft" not in config:
+        raise ConfigError(f"{args.config or 'config'}: no sft section")
+    cfg = SFTConfig.from_config(config["sft"])
+    summary = run_sft(
+        traces=Path(args.traces),
+        base_model=args.base_model,
+        out_dir=Path(args.out_dir),
+        metrics_out=Path(args.metrics_out),
+        state_dir=Path(args.state_dir),
+        cfg=cfg,
+        arm=args.arm,
+        enable_thinking=config["model"].get("enable_thinking", True),
+        max_steps=args.max_steps,
+    )
+    table = Table("measure", "value", title=f"SFT arm {args.arm}: {args.out_dir}")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    console.print(table)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="predict", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -225,6 +250,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", required=True, help="the rl split parquet")
     p.add_argument("--out-dir", required=True, help="results/rl/<run>/seed<seed>")
     p.add_argument("--base-url", default=None, help="roll out against this endpoint (no weight sync; tests)")
+
+    p = stage("sft", _cmd_sft, "supervised fine-tuning on rendered traces -> an HF checkpoint (resumes after a kill)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="study config file (sft and model sections)")
+    source.add_argument("--config-json", help="the same, inline (Snakemake passes its merged config)")
+    p.add_argument("--arm", required=True)
+    p.add_argument("--traces", required=True, help="traces parquet with a messages column")
+    p.add_argument("--base-model", required=True, help="checkpoint folder or HF id to start from")
+    p.add_argument("--out-dir", required=True, help="the HF checkpoint folder written at the end")
+    p.add_argument("--metrics-out", required=True, help="per-step loss log (parquet)")
+    p.add_argument("--state-dir", required=True, help="resumable trainer state (removed when done)")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after N steps (smoke tests)")
     return parser
 
 

@@ -51,21 +51,31 @@ SERVING_RESOURCES = (
 )
 
 
+# The trainer (SFT, local RL) on one GPU, or the CPU for the local run.
+TRAIN_RESOURCES = (
+    {"gpu": 1, "mem_mb": 128000, "runtime": 480, "cpus_per_task": 8}
+    if config.get("sft", {}).get("device", "cpu") != "cpu"
+    else {"mem_mb": 8000, "runtime": 120}
+)
+
+
 def base_model_path():
     return R("models", "tiny") if config["model"]["base"] == "tiny" else config["model"]["base"]
 
 
 def checkpoint_model(wildcards):
-    """The folder or HF id vLLM serves for a checkpoint name (later stages add sft/rl checkpoints)."""
+    """The folder or HF id vLLM serves for a checkpoint name: base, or sft (the arm's SFT checkpoint)."""
     if wildcards.checkpoint == "base":
         return base_model_path()
+    if wildcards.checkpoint == "sft":
+        return R("checkpoints", wildcards.arm, "sft")
     raise WorkflowError(f"unknown checkpoint {wildcards.checkpoint!r}")
 
 
 def checkpoint_inputs(wildcards):
-    """Files a checkpoint depends on: the tiny model folder when it is built here, else nothing."""
+    """Files a checkpoint depends on: the folder when it is built here (tiny base, sft), else nothing."""
     model = checkpoint_model(wildcards)
-    return [model] if model == R("models", "tiny") else []
+    return [model] if model == R("models", "tiny") or model.startswith(R("checkpoints")) else []
 
 
 def ROLLOUTS(split, checkpoint="base"):

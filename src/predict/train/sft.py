@@ -289,6 +289,18 @@ def run_sft(
                 }
             )
             bar.update(task, completed=trainer.step_count, description=f"SFT arm {arm} loss {m['loss']:.3f}")
+            if not bar.console.is_terminal:  # a log file: one line per step instead of a bar
+                r = rows[-1]
+                log.info(
+                    "step %d/%d epoch %d loss %.4f lr %.2e grad_norm %.3f %.0f tok/s",
+                    r["step"],
+                    total,
+                    epoch,
+                    r["loss"],
+                    r["lr"],
+                    r["grad_norm"],
+                    r["tokens_per_s"],
+                )
             if cfg.save_every and trainer.step_count % cfg.save_every == 0 and trainer.step_count < total:
                 save_state()
     trainer.save_checkpoint(out_dir)

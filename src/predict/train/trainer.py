@@ -137,11 +137,61 @@ def _register_attention() -> None:
 _SUMMED = ("loss", "rl_loss", "ce_loss", "kl")
 
 
+def _lse_target(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    lse = torch.logsumexp(x, dim=-1)
+    return lse, x.gather(1, targets[:, None]).squeeze(1) - lse
+
+
+def _grad_logits(logits: torch.Tensor, lse: torch.Tensor, g: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """g * (onehot(targets) - softmax(logits)): the gradient of sum(g * logprob[target]) w.r.t. the logits."""
+    x = torch.exp(logits.to(lse.dtype) - lse[:, None]) * (-g[:, None])
+    return x.scatter_add(1, targets[:, None], g[:, None]).to(logits.dtype)
+
+
+def _grad_logits_inplace(
+    logits: torch.Tensor, lse: torch.Tensor, g: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """`_grad_logits` reusing the logits buffer when it is already float32+ (eager; CPU)."""
+    if logits.dtype != lse.dtype:
+        return _grad_logits(logits, lse, g, targets)
+    logits.sub_(lse[:, None]).exp_().mul_(-g[:, None])
+    return logits.scatter_add_(1, targets[:, None], g[:, None])
+
+
+class _Fused:
+    """The elementwise part of the chunked loss, compiled into one pass over the logits on CUDA (eager elsewhere,
+    or when compiling fails)."""
+
+    def __init__(self) -> None:
+        self.compiled: dict[str, Any] | None = None
+
+    def __call__(self, name: str, *args: torch.Tensor) -> Any:
+        eager = {"lse_target": _lse_target, "grad_logits": _grad_logits_inplace}[name]
+        if not args[0].is_cuda or self.compiled == {}:
+            return eager(*args)
+        if self.compiled is None:
+            self.compiled = {
+                "lse_target": torch.compile(_lse_target, dynamic=True),
+                "grad_logits": torch.compile(_grad_logits, dynamic=True),
+            }
+        try:
+            return self.compiled[name](*args)
+        except Exception as e:  # noqa: BLE001 - any compiler failure: fall back to eager for good
+            import logging
+
+            logging.getLogger(__name__).warning("torch.compile of the chunked loss failed (%s); using eager", e)
+            self.compiled = {}
+            return eager(*args)
+
+
+_FUSED = _Fused()
+
+
 def _chunk_logprobs(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
     logits = h @ weight.T
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    lse = torch.logsumexp(logits, dim=-1)
-    return logits, lse, logits.gather(1, targets[:, None]).squeeze(1) - lse
+    lse, lp = _FUSED("lse_target", logits, targets)
+    return logits, lse, lp
 
 
 class ChunkedLMLoss(torch.autograd.Function):
@@ -182,10 +232,8 @@ class ChunkedLMLoss(torch.autograd.Function):
                 if k in m:
                     out_metrics[k] = out_metrics.get(k, 0.0) + m[k]
             n_clipped += m["clip_frac"] * max(m["n_rl_tokens"], 1)
-            # d lp / d logits = onehot - softmax: build g * (onehot - softmax) in the logits buffer.
-            logits.sub_(lse[:, None]).exp_().mul_(-g[:, None])
-            logits.scatter_add_(1, tgt[:, None], g[:, None])
-            dl = logits.to(weight.dtype)
+            # d lp / d logits = onehot - softmax
+            dl = _FUSED("grad_logits", logits, lse, g.to(lse.dtype), tgt).to(weight.dtype)
             del logits
             grad_h[s : s + chunk] = dl @ weight
             if grad_w is not None:
@@ -239,45 +287,39 @@ class _Packed:
     hidden_index: torch.Tensor  # [N] row positions whose hidden state predicts a selected token
     targets: torch.Tensor  # [N]
     streams: dict[str, torch.Tensor]  # [N] each
-    doc_of: list[tuple[int, int, int]]  # (sample, first selected index, count)
+    sel_doc: np.ndarray  # [N] which sample of the row each selected token belongs to
+    sel_pos: np.ndarray  # [N] its position in that sample
+
+
+_STREAM_COLS = ("logprobs", "advantages", "rl_weights", "ce_weights")
 
 
 def _pack(samples: Sequence[TrainSample], device: torch.device, *, select: str) -> _Packed:
     """One packed row. select: "weighted" (positions with rl or ce weight > 0) or "all" (every position >= 1)."""
-    ids: list[int] = []
-    pos: list[int] = []
-    cu = [0]
-    idx: list[int] = []
-    tgt: list[int] = []
-    cols: dict[str, list[float]] = {"logprobs": [], "advantages": [], "rl_weights": [], "ce_weights": []}
-    doc_of = []
-    for si, s in enumerate(samples):
-        base = len(ids)
-        n = len(s.token_ids)
-        ids.extend(s.token_ids)
-        pos.extend(range(n))
-        cu.append(base + n)
-        if select == "all":
-            chosen = range(1, n)
-        else:
-            chosen = [t for t in range(1, n) if s.rl_weights[t] > 0 or s.ce_weights[t] > 0]
-        first = len(idx)
-        for t in chosen:
-            idx.append(base + t - 1)
-            tgt.append(s.token_ids[t])
-            for k, col in cols.items():
-                col.append(getattr(s, k)[t])
-        doc_of.append((si, first, len(idx) - first))
-    lt = torch.long
+    lens = np.array([len(s.token_ids) for s in samples], dtype=np.int64)
+    cu = np.concatenate([[0], np.cumsum(lens)])
+    ids = np.concatenate([np.asarray(s.token_ids, dtype=np.int64) for s in samples])
+    pos = np.arange(len(ids), dtype=np.int64) - np.repeat(cu[:-1], lens)
+    cols = {k: np.concatenate([np.asarray(getattr(s, k), dtype=np.float32) for s in samples]) for k in _STREAM_COLS}
+    chosen = pos > 0
+    if select != "all":
+        chosen &= (cols["rl_weights"] > 0) | (cols["ce_weights"] > 0)
+    at = np.flatnonzero(chosen)
+    doc = np.repeat(np.arange(len(samples)), lens)[at]
+
+    def put(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
+
     return _Packed(
-        input_ids=torch.tensor([ids], dtype=lt, device=device),
-        position_ids=torch.tensor([pos], dtype=lt, device=device),
-        cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
-        max_seqlen=max((b - a for a, b in zip(cu[:-1], cu[1:], strict=True)), default=0),
-        hidden_index=torch.tensor(idx, dtype=lt, device=device),
-        targets=torch.tensor(tgt, dtype=lt, device=device),
-        streams={k: torch.tensor(v, dtype=torch.float32, device=device) for k, v in cols.items()},
-        doc_of=doc_of,
+        input_ids=put(ids[None], torch.long),
+        position_ids=put(pos[None], torch.long),
+        cu_seqlens=put(cu, torch.int32),
+        max_seqlen=int(lens.max(initial=0)),
+        hidden_index=put(at - 1, torch.long),
+        targets=put(ids[at], torch.long),
+        streams={k: put(v[at], torch.float32) for k, v in cols.items()},
+        sel_doc=doc,
+        sel_pos=pos[at],
     )
 
 
@@ -476,15 +518,8 @@ class Trainer:
                 continue
             hidden = self._hidden(p).index_select(0, p.hidden_index)
             lp = chunked_logprobs(hidden, self.lm_head_weight, p.targets, self.logit_chunk_tokens).cpu().tolist()
-            for (_, first, count), gi in zip(p.doc_of, group, strict=True):
-                s = samples[gi]
-                positions = (
-                    range(1, len(s.token_ids))
-                    if select == "all"
-                    else [t for t in range(1, len(s.token_ids)) if s.rl_weights[t] > 0 or s.ce_weights[t] > 0]
-                )
-                for t, v in zip(positions, lp[first : first + count], strict=True):
-                    out[gi][t] = v
+            for d, t, v in zip(p.sel_doc.tolist(), p.sel_pos.tolist(), lp, strict=True):
+                out[group[d]][t] = v
         self.model.train(was_training)
         return out
 
