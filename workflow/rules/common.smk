@@ -53,7 +53,7 @@ SERVING_RESOURCES = (
 
 # The trainer (SFT, local RL) on one GPU, or the CPU for the local run.
 TRAIN_RESOURCES = (
-    {"gpu": 1, "mem_mb": 128000, "runtime": 480, "cpus_per_task": 8}
+    {"gpu": 1, "mem_mb": 128000, "disk_mb": 80000, "runtime": 480, "cpus_per_task": 8}
     if config.get("sft", {}).get("device", "cpu") != "cpu"
     else {"mem_mb": 8000, "runtime": 120}
 )
