@@ -19,6 +19,9 @@ include: "workflow/rules/verifier.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/rollouts.smk"
 include: "workflow/rules/traces.smk"
+# Training before evaluation: evaluation asks which checkpoints some rule produces.
+include: "workflow/rules/train.smk"
+include: "workflow/rules/rl.smk"
 include: "workflow/rules/evaluation.smk"
 include: "workflow/rules/stats.smk"
 include: "workflow/rules/report.smk"
@@ -33,5 +36,5 @@ rule all:
         rules.split_mbpp.output,
         rules.verify_gold.output,
         rules.sft_traces.output,
-        ROLLOUTS("val"),
+        RL_RESULTS,
         rules.report.output,

@@ -280,6 +280,57 @@ def positive_int(text: str) -> int:
     return value
 
 
+def _cmd_sft(args: argparse.Namespace) -> int:
+    from predict.train.sft import SFTConfig, run_sft
+
+    config = _config(args)
+    if "sft" not in config:
+        raise ConfigError(f"{args.config or 'config'}: no sft section")
+    cfg = SFTConfig.from_config(config["sft"])
+    summary = run_sft(
+        traces=Path(args.traces),
+        base_model=args.base_model,
+        out_dir=Path(args.out_dir),
+        metrics_out=Path(args.metrics_out),
+        state_dir=Path(args.state_dir),
+        cfg=cfg,
+        arm=args.arm,
+        enable_thinking=config["model"].get("enable_thinking", True),
+        max_steps=args.max_steps,
+    )
+    table = Table("measure", "value", title=f"SFT arm {args.arm}: {args.out_dir}")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    console.print(table)
+    return 0
+
+
+def _cmd_rl(args: argparse.Namespace) -> int:
+    from predict.runs import resolve_run
+    from predict.train.rl import RLJob, run_rl
+
+    config = _config(args)
+    if "rl" not in config:
+        raise ConfigError("config: no rl section")
+    resolve_run(config, args.run)
+    job = RLJob(
+        run=args.run,
+        seed=args.seed,
+        init=Path(args.init),
+        tasks=Path(args.tasks),
+        out_dir=Path(args.out_dir),
+        base_url=args.base_url,
+    )
+    if not job.init.is_dir():
+        raise FileNotFoundError(f"--init {job.init}: not a checkpoint folder")
+    summary = run_rl(job, config)
+    table = Table("measure", "value", title=f"RL: {job.run}, seed {job.seed}")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    console.print(table)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="predict", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -400,6 +451,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rl-metrics", nargs="*", default=[], help="results/rl/{run}/seed{seed}/metrics.parquet")
     p.add_argument("--tasks", default=None, help="the example's split parquet, for the task text")
     p.add_argument("--out", required=True)
+    p = stage("rl", _cmd_rl, "RL (GRPO) of one run and seed on the rl split: step checkpoints + metrics (resumes)")
+    config_source(p)
+    p.add_argument("--run", required=True, help="an arm (A, B) or an ablation (alpha0, forced_keep, ...)")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--init", required=True, help="starting checkpoint: the run's arm's SFT folder")
+    p.add_argument("--tasks", required=True, help="the rl split parquet")
+    p.add_argument("--out-dir", required=True, help="results/rl/<run>/seed<seed>")
+    p.add_argument("--base-url", default=None, help="roll out against this endpoint (no weight sync; tests)")
+
+    p = stage("sft", _cmd_sft, "supervised fine-tuning on rendered traces -> an HF checkpoint (resumes after a kill)")
+    config_source(p)
+    p.add_argument("--arm", required=True)
+    p.add_argument("--traces", required=True, help="traces parquet with a messages column")
+    p.add_argument("--base-model", required=True, help="checkpoint folder or HF id to start from")
+    p.add_argument("--out-dir", required=True, help="the HF checkpoint folder written at the end")
+    p.add_argument("--metrics-out", required=True, help="per-step loss log (parquet)")
+    p.add_argument("--state-dir", required=True, help="resumable trainer state (removed when done)")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after N steps (smoke tests)")
     return parser
 
 
