@@ -20,6 +20,12 @@ include: "workflow/rules/models.smk"
 include: "workflow/rules/rollouts.smk"
 
 
+# Training on the cluster: prime-rl (config `backend: prime_rl`); the local backend's DAG never includes it.
+if config.get("backend", "local") == "prime_rl":
+
+    include: "workflow/rules/prime_rl.smk"
+
+
 localrules:
     all,
 
