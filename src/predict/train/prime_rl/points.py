@@ -127,6 +127,9 @@ def completions(
     """The model calls trained in one sample: for each sampled node on the path, the span of its tokens that the
     sample's mask marks trainable (a node trained in an earlier branch has none here and is skipped)."""
     calls = sampled_calls(nodes)
+    total = sum(len(_get(nodes[index], "token_ids")) for index in path)
+    if total != len(sample_mask):
+        raise PointsMismatch(f"sample {sample}: the path's nodes hold {total} tokens, the sample {len(sample_mask)}")
     out = []
     offset = 0
     for index in path:
@@ -138,8 +141,6 @@ def completions(
                     raise PointsMismatch(f"call {calls[index]}: its sampled tokens are not one contiguous span")
                 out.append(Completion(sample=sample, call=calls[index], start=on[0], end=on[-1] + 1))
         offset += n
-    if offset != len(sample_mask):
-        raise PointsMismatch(f"sample {sample}: the path's nodes hold {offset} tokens, the sample {len(sample_mask)}")
     return out
 
 

@@ -1,0 +1,141 @@
+"""The registration patch (workflow/prime-rl/predict-algorithm.patch) against prime-rl at the pinned commit.
+
+The apply test needs the pinned source: set PREDICT_PRIME_RL_SRC to a prime-rl checkout at the pinned commit, or
+to a git repository (bare or not) that has the commit (its files are exported with `git archive`). Without it the
+test is skipped with that reason; the checks on the patch text itself always run.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import py_compile
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from predict.config import REPO_ROOT, load_config
+from predict.train.prime_rl.cluster import PATCH
+
+PINNED = load_config(REPO_ROOT / "config" / "config.yaml")["prime_rl"]["commit"]
+CONFIGS = "packages/prime-rl-configs/src/prime_rl/configs/algorithm.py"
+REGISTRY = "src/prime_rl/orchestrator/algo/__init__.py"
+SHIM = "src/prime_rl/orchestrator/algo/predict.py"
+
+
+def patched_files(text: str) -> list[str]:
+    return re.findall(r"^diff --git a/(\S+) b/", text, flags=re.M)
+
+
+def added_lines(text: str, path: str) -> list[str]:
+    block = text.split(f"diff --git a/{path} b/{path}", 1)[1].split("\ndiff --git ", 1)[0]
+    return [line[1:] for line in block.splitlines() if line.startswith("+") and not line.startswith("+++")]
+
+
+def test_the_patch_is_small_and_names_the_pinned_commit() -> None:
+    text = PATCH.read_text()
+    assert PINNED in text.split("diff --git", 1)[0]
+    assert sorted(patched_files(text)) == sorted([CONFIGS, REGISTRY, SHIM])
+    assert not re.search(r"^-(?!--)", text, flags=re.M), "the patch only adds lines"
+    assert added_lines(text, REGISTRY) == [
+        "from prime_rl.orchestrator.algo.predict import PredictAlgorithm",
+        '    "predict": PredictAlgorithm,',
+    ]
+    assert "from predict.train.prime_rl.algorithm import PredictAlgorithm" in added_lines(text, SHIM)
+
+
+def test_the_config_class_declares_what_we_render() -> None:
+    """PredictAlgoConfig (from the patch) = GRPOAlgoConfig + the keys configs.rl_config writes for Arm B."""
+    lines = added_lines(PATCH.read_text(), CONFIGS)
+    start = next(i for i, line in enumerate(lines) if line.startswith("class PredictAlgoConfig"))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("    |"))  # the union member
+    (cls,) = ast.parse("\n".join(lines[start:end])).body
+    assert isinstance(cls, ast.ClassDef) and [b.id for b in cls.bases] == ["GRPOAlgoConfig"]
+    fields = [s.target.id for s in cls.body if isinstance(s, ast.AnnAssign)]
+    assert fields == ["type", "alpha", "mask_decision", "tokenizer"]
+    assert "    | PredictAlgoConfig" in lines  # the discriminated union member
+
+
+def _source(tmp_path: Path) -> Path:
+    src = os.environ.get("PREDICT_PRIME_RL_SRC")
+    if not src:
+        pytest.skip(
+            "PREDICT_PRIME_RL_SRC is not set: point it at a prime-rl checkout (or git repository) at "
+            f"{PINNED} to check that the patch applies"
+        )
+    src_path = Path(src)
+    if (src_path / CONFIGS).exists():
+        return src_path
+    # a git repository with the commit: export the files the patch touches (and their context) at the pin
+    git = ["git", f"--git-dir={src_path / '.git' if (src_path / '.git').exists() else src_path}"]
+    if subprocess.run([*git, "cat-file", "-e", f"{PINNED}^{{commit}}"], capture_output=True).returncode != 0:
+        pytest.fail(f"PREDICT_PRIME_RL_SRC={src} has no commit {PINNED}")
+    out = tmp_path / "prime-rl"
+    out.mkdir()
+    archive = subprocess.run(
+        [*git, "archive", PINNED, "src/prime_rl/orchestrator/algo", "packages/prime-rl-configs"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", out], input=archive, check=True)
+    return out
+
+
+def test_the_patch_applies_cleanly_to_the_pinned_source(tmp_path: Path) -> None:
+    src = _source(tmp_path)
+    work = tmp_path / "work"
+    subprocess.run(["cp", "-r", str(src), str(work)], check=True)
+    check = subprocess.run(["git", "apply", "--check", "-v", str(PATCH)], cwd=work, capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    subprocess.run(["git", "apply", str(PATCH)], cwd=work, check=True)
+    for path in (CONFIGS, REGISTRY, SHIM):
+        py_compile.compile(str(work / path), doraise=True)
+    registry = ast.parse((work / REGISTRY).read_text())
+    classes = next(
+        n.value
+        for n in registry.body
+        if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "ALGORITHM_CLASSES"
+    )
+    entries = {k.value: v.id for k, v in zip(classes.keys, classes.values, strict=True)}
+    assert entries["predict"] == "PredictAlgorithm" and entries["grpo"] == "GRPOAlgorithm"
+    # applying twice fails loudly (the setup stage resets the checkout before applying)
+    again = subprocess.run(["git", "apply", "--check", str(PATCH)], cwd=work, capture_output=True)
+    assert again.returncode != 0
+
+
+def test_rendered_algo_tables_validate_against_the_patched_config_union(tmp_path: Path) -> None:
+    """The ``[orchestrator.algo]`` tables we render for Arm A and Arm B parse with prime-rl's own AlgoConfig union
+    (the patched ``prime_rl.configs.algorithm``, imported in a child process next to this venv's verifiers)."""
+    import json
+    import sys
+
+    from predict.train.prime_rl import configs
+
+    src = _source(tmp_path)
+    work = tmp_path / "patched"
+    subprocess.run(["cp", "-r", str(src), str(work)], check=True)
+    subprocess.run(["git", "apply", str(PATCH)], cwd=work, check=True)
+    cfg = load_config(REPO_ROOT / "config" / "config.yaml")
+    tables = {
+        run: configs.rl_config(cfg, run, 42, model="m/m", tasks="rl.parquet", output_dir="out")["orchestrator"]["algo"]
+        for run in configs.run_names(cfg)
+    }
+    code = (
+        "import json, sys; from pydantic import TypeAdapter; from prime_rl.configs.algorithm import AlgoConfig\n"
+        "tables = json.loads(sys.argv[1])\n"
+        "print(json.dumps({run: TypeAdapter(AlgoConfig).validate_python(t).model_dump(mode='json') "
+        "for run, t in tables.items()}))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(work / "packages" / "prime-rl-configs" / "src")}
+    result = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(tables)], capture_output=True, text=True, env=env, timeout=300
+    )
+    if result.returncode != 0 and "ModuleNotFoundError" in result.stderr:
+        pytest.skip(f"prime_rl.configs.algorithm needs a module this venv lacks: {result.stderr.strip()[-200:]}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    parsed = json.loads(result.stdout)
+    assert parsed["A"]["type"] == "grpo"
+    assert parsed["B"]["type"] == "predict" and parsed["B"]["alpha"] == cfg["arms"]["B"]["alpha"]
+    assert parsed["alpha0"]["alpha"] == 0.0
