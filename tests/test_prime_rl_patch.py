@@ -196,9 +196,12 @@ def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) 
         "for name, t in json.loads(sys.argv[1]).items():\n"
         "    c = (RLConfig if name.startswith('rl/') else SFTConfig).model_validate(t)\n"
         "    if name.startswith('rl/'):\n"
-        "        env = c.orchestrator.train.source[0].env\n"
+        "        src = c.orchestrator.train.source[0]\n"
+        "        env = src.env\n"
         "        out[name] = [type(c.orchestrator.algo).__name__, type(env.taskset).__name__,\n"
-        "                     type(env.agent.harness).__name__, env.agent.harness.variant]\n"
+        "                     type(env.agent.harness).__name__, env.agent.harness.variant,\n"
+        "                     str(c.trainer.output_dir), c.trainer.ckpt.weights is not None,\n"
+        "                     src.group_size, src.algo.type]\n"
         "    else:\n"
         "        out[name] = [c.data.name, c.renderer.name]\n"
         "print(json.dumps(out))\n"
@@ -216,4 +219,12 @@ def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) 
     parsed = json.loads(result.stdout)
     assert parsed["rl/A"][:3] == ["GRPOAlgoConfig", "MbppTasksetConfig", "LocalAgentHarnessConfig"]
     assert parsed["rl/B"][0] == "PredictAlgoConfig" and parsed["rl/forced_keep"][3] == "forced_keep"
+    # prime-rl's trainer writes HF weights to <output_dir>/weights/step_N (what collect_rl_checkpoints moves);
+    # the group size and the algorithm reach the env
+    assert parsed["rl/B"][4:] == [
+        str((tmp_path / "out").absolute()),
+        True,
+        cfg["prime_rl"]["rl"]["group_size"],
+        "predict",
+    ]
     assert parsed["sft/B"] == [str((tmp_path / "data").absolute()), "qwen3"]
