@@ -10,6 +10,9 @@ prime-rl's configs forbid unknown keys, so a key outside these lists would stop 
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -295,3 +298,69 @@ def test_checkpoints_move_to_the_shared_paths(tmp_path: Path) -> None:
     assert (tmp_path / "checkpoints" / "B" / "sft" / "STABLE").exists()
     with pytest.raises(PrimeRLConfigError, match="no finished checkpoint"):
         configs.collect_sft_checkpoint(tmp_path / "empty", tmp_path / "x")
+
+
+FAKE_UV = """#!{python}
+# A stand-in for `uv run --frozen --no-sync <rl|sft> @ <toml>`: writes what prime-rl's trainer leaves behind.
+import sys, tomllib
+from pathlib import Path
+args = sys.argv[1:]
+assert args[:3] == ["run", "--frozen", "--no-sync"] and args[4] == "@", args
+with open(args[5], "rb") as f:
+    table = tomllib.load(f)
+Path("uv-called").write_text(args[3])
+step = Path(table["output_dir"]) / "weights" / f"step_{{table['max_steps']}}"
+step.mkdir(parents=True)
+(step / "config.json").write_text("{{}}")
+(step / "STABLE").touch()
+"""
+
+
+def test_cli_renders_launches_and_collects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`predict prime-rl-config` + `predict prime-rl-train` end to end, with a fake `uv` standing in for prime-rl."""
+    from predict.cli import main
+
+    bin_dir, checkout = tmp_path / "bin", tmp_path / "prime-rl"
+    bin_dir.mkdir()
+    checkout.mkdir()
+    uv = bin_dir / "uv"
+    uv.write_text(FAKE_UV.format(python=sys.executable))
+    uv.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    local = str(REPO_ROOT / "config" / "local.yaml")
+    traces = write_traces(
+        tmp_path / "traces" / "A.parquet",
+        [[{"role": "user", "content": "t"}, {"role": "assistant", "content": "FINAL: x"}]],
+    )
+    sft_toml, ckpt = tmp_path / "sft" / "A" / "prime-rl.toml", tmp_path / "checkpoints" / "A" / "sft"
+    args = ["prime-rl-config", "sft", "--config", local, "--arm", "A", "--traces", str(traces)]
+    args += ["--dataset-dir", str(tmp_path / "sft" / "A" / "data"), "--model", "Qwen/Qwen3-4B-Base"]
+    assert main([*args, "--output-dir", str(tmp_path / "sft" / "A" / "prime-rl"), "--out", str(sft_toml)]) == 0
+    assert (
+        main(["prime-rl-train", "sft", "--toml", str(sft_toml), "--dir", str(checkout), "--checkpoint", str(ckpt)]) == 0
+    )
+    assert (checkout / "uv-called").read_text() == "sft" and (ckpt / "STABLE").exists()
+
+    run_dir = tmp_path / "rl" / "A" / "seed42"
+    args = [
+        "prime-rl-config",
+        "rl",
+        "--config",
+        local,
+        "--run",
+        "A",
+        "--seed",
+        "42",
+        "--tasks",
+        str(tmp_path / "rl.parquet"),
+    ]
+    args += ["--model", str(ckpt), "--output-dir", str(run_dir / "prime-rl"), "--out", str(run_dir / "prime-rl.toml")]
+    assert main(args) == 0
+    args = ["prime-rl-train", "rl", "--toml", str(run_dir / "prime-rl.toml"), "--dir", str(checkout)]
+    assert main([*args, "--run-dir", str(run_dir), "--checkpoints-out", str(run_dir / "checkpoints.json")]) == 0
+    steps = load_config(REPO_ROOT / "config" / "local.yaml")["prime_rl"]["rl"]["max_steps"]
+    assert (run_dir / f"step{steps}" / "STABLE").exists()
+    assert json.loads((run_dir / "checkpoints.json").read_text())["steps"] == [steps]
+    # a bad run name is one clear error line (exit 2), not a traceback
+    bad = ["prime-rl-config", "rl", "--config", local, "--run", "Z", "--seed", "1", "--tasks", "x", "--model", "m"]
+    assert main([*bad, "--output-dir", "o", "--out", str(tmp_path / "z.toml")]) == 2
