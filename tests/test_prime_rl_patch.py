@@ -228,3 +228,28 @@ def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) 
         "predict",
     ]
     assert parsed["sft/B"] == [str((tmp_path / "data").absolute()), "qwen3"]
+
+
+def test_setup_checkout_and_patch_are_idempotent(tmp_path: Path) -> None:
+    """cluster.checkout + apply_patch on a git repository holding the pinned files: a second run resets the tracked
+    files, drops the shim and applies the patch again (the setup rule can be re-run)."""
+    from predict.train.prime_rl.cluster import PrimeRLSetupError, apply_patch, checkout
+
+    src = _source(tmp_path)
+    origin = tmp_path / "origin"
+    for part in ("src/prime_rl/orchestrator/algo", "packages/prime-rl-configs"):  # the pinned files, no submodules
+        (origin / part).parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-r", str(src / part), str(origin / part)], check=True)
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], cwd=origin, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=origin, check=True)
+    subprocess.run([*git, "commit", "-qm", "pinned files"], cwd=origin, check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=origin, capture_output=True, text=True).stdout.strip()
+    dest = tmp_path / "checkout"
+    for _ in range(2):
+        checkout(str(origin), commit, dest)
+        assert not (dest / SHIM).exists()
+        apply_patch(dest)
+        assert '"predict": PredictAlgorithm' in (dest / REGISTRY).read_text() and (dest / SHIM).exists()
+    with pytest.raises(PrimeRLSetupError, match="does not apply"):
+        apply_patch(dest)  # already applied, without a reset
