@@ -295,9 +295,12 @@ def test_mask_decision_also_takes_the_decision_out_of_rl(algorithm_module: Any, 
     assert [s.token_ids for s in a.samples[1:]] == [s.token_ids for s in b.samples[1:]]
 
 
-def test_unaligned_rollout_keeps_plain_grpo(algorithm_module: Any, tok: Any) -> None:
+def test_unaligned_rollout_trains_nothing_like_the_local_trainer(algorithm_module: Any, tok: Any) -> None:
     algo = algorithm_module.PredictAlgorithm(PredictAlgoConfig(), None, tokenizer=tok)
-    cut, _ = make_rollout(tok, 1.0, steps_cut=1)
-    run(algo, [cut, make_rollout(tok, 0.0)[0]])
-    assert len(cut.samples) == 1 and cut.samples[0].rl_weights is None
+    cut, record = make_rollout(tok, 1.0, steps_cut=1)
+    other = make_rollout(tok, 0.0)[0]
+    run(algo, [cut, other])
+    assert cut.samples == [] and zero_advantage_filter_drops(cut)
+    assert set(other.samples[0].advantages) == {0.0, -0.5}  # its reward still counts in the baseline
     assert algo.counts["mismatched_rollouts"] == 1
+    assert rollout_samples(record, 1.0, tok, SampleSettings(predictive=True, alpha=1.0)) == []

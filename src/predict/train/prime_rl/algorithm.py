@@ -20,8 +20,10 @@ What it does to a rollout (the rules of the study's loss, `predict.train.loss`, 
   included. Such a rollout keeps only its CE samples and no advantage stream (``advantages = None``), which the
   filter skips; its RL samples are dropped, as the filter would have done. A rollout without CE samples is left
   to the filter.
-* A rollout whose model calls and program steps do not line up keeps plain GRPO (no masking, no CE), counted in
-  ``counts["mismatched_rollouts"]``.
+* A rollout whose model calls and program steps do not line up trains nothing (its prediction points cannot be
+  located, so its label tokens cannot be kept out of RL): its samples are dropped, as the local trainer drops it
+  (`predict.train.samples.rollout_samples`, "unaligned"); its reward still counts in the group baseline. Counted
+  in ``counts["mismatched_rollouts"]``.
 """
 
 from __future__ import annotations
@@ -165,7 +167,8 @@ class PredictAlgorithm(GRPOAlgorithm):
             targets = prediction_targets(rollout.info, nodes, paths, masks)
         except PointsMismatch as e:
             self.counts["mismatched_rollouts"] += 1
-            log.warning("predict: rollout %s keeps plain GRPO: %s", getattr(rollout, "id", "?"), e)
+            log.warning("predict: rollout %s dropped from training: %s", getattr(rollout, "id", "?"), e)
+            rollout.samples = []  # no tokens to train; the zero-advantage filter then drops the rollout
             return
         if self.tokenizer is None:
             raise RuntimeError("PredictAlgorithm.setup() was not awaited: no tokenizer")
