@@ -37,6 +37,7 @@ ACCEPTED_RL: dict[str, set[str]] = {
          "wandb", "file_monitor", "model", "tokenizer", "max_steps", "seq_len", "weight_broadcast",
          "rollout_transport", "bench", "deployment", "slurm", "dry_run"},
     "deployment": {"type", "num_train_gpus", "num_infer_gpus"} | _BASE_DEPLOY,  # rl.py SingleNodeDeploymentConfig
+    "file_monitor": {"filename"},  # shared.py FileMonitorConfig
     "model": {"name", "vlm"},  # rl.py SharedModelConfig
     "ckpt": {"output_dir", "interval", "resume_step", "keep_last", "keep_interval"},  # rl.py SharedCheckpointConfig
     # orchestrator.py OrchestratorConfig
@@ -96,6 +97,7 @@ ACCEPTED_SFT: dict[str, set[str]] = {
     # trainer.py CheckpointConfig (subset)
     "ckpt": {"output_dir", "interval", "weights", "resume_step", "keep_last", "keep_interval"},
     "deployment": {"type", "num_gpus"} | _BASE_DEPLOY,  # sft.py SingleNodeDeploymentConfig
+    "file_monitor": {"filename"},  # shared.py FileMonitorConfig
 }
 # fmt: on
 
@@ -300,7 +302,7 @@ def test_checkpoints_move_to_the_shared_paths(tmp_path: Path) -> None:
         configs.collect_sft_checkpoint(tmp_path / "empty", tmp_path / "x")
 
 
-FAKE_UV = """#!{python}
+FAKE_UV = r"""#!{python}
 # A stand-in for `uv run --frozen --no-sync <rl|sft> @ <toml>`: writes what prime-rl's trainer leaves behind.
 import sys, tomllib
 from pathlib import Path
@@ -313,6 +315,10 @@ step = Path(table["output_dir"]) / "weights" / f"step_{{table['max_steps']}}"
 step.mkdir(parents=True)
 (step / "config.json").write_text("{{}}")
 (step / "STABLE").touch()
+out = Path(table["output_dir"])
+(out / "run_default").mkdir(parents=True, exist_ok=True)
+(out / "metrics.jsonl").write_text('{{"step": 1, "time": 0, "loss/mean": 0.5, "lr": 1e-5}}\n{{"step": 2, "loss/m')
+(out / "run_default" / "metrics.jsonl").write_text('{{"step": 1, "time": 0, "reward": {{"mean": 0.25}}}}\n')
 """
 
 
@@ -361,6 +367,14 @@ def test_cli_renders_launches_and_collects(tmp_path: Path, monkeypatch: pytest.M
     steps = load_config(REPO_ROOT / "config" / "local.yaml")["prime_rl"]["rl"]["max_steps"]
     assert (run_dir / f"step{steps}" / "STABLE").exists()
     assert json.loads((run_dir / "checkpoints.json").read_text())["steps"] == [steps]
+    # prime-rl's metrics.jsonl (trainer + orchestrator) as one long parquet; the torn last line is skipped
+    metrics = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    assert sorted((m["source"], m["step"], m["metric"], m["value"]) for m in metrics) == [
+        ("orchestrator", 1, "reward/mean", 0.25),
+        ("trainer", 1, "loss/mean", 0.5),
+        ("trainer", 1, "lr", 1e-5),
+    ]
+    assert (tmp_path / "sft" / "A" / "metrics.parquet").exists()
     # a bad run name is one clear error line (exit 2), not a traceback
     bad = ["prime-rl-config", "rl", "--config", local, "--run", "Z", "--seed", "1", "--tasks", "x", "--model", "m"]
     assert main([*bad, "--output-dir", "o", "--out", str(tmp_path / "z.toml")]) == 2

@@ -170,11 +170,15 @@ def _cmd_prime_rl_train(args: argparse.Namespace) -> int:
             raise ValueError("prime-rl-train rl needs --run-dir and --checkpoints-out")
         summary = configs.collect_rl_checkpoints(output_dir, args.run_dir, args.checkpoints_out)
         console.print(f"RL checkpoints: steps {summary['steps']} under {args.run_dir}")
+        metrics = Path(args.metrics_out or Path(args.run_dir) / "metrics.parquet")
     else:
         if args.checkpoint is None:
             raise ValueError("prime-rl-train sft needs --checkpoint")
         step = configs.collect_sft_checkpoint(output_dir, args.checkpoint)
         console.print(f"SFT checkpoint (step {step}): {args.checkpoint}")
+        metrics = Path(args.metrics_out or Path(args.toml).parent / "metrics.parquet")
+    n = configs.write_metrics(output_dir, metrics)
+    console.print(f"metrics: {n} values -> {metrics}")
     return 0
 
 
@@ -270,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="rl: results/rl/{run}/seed{seed}: steps land in step{N}/")
     p.add_argument("--checkpoints-out", help="rl: checkpoints.json")
     p.add_argument("--checkpoint", help="sft: results/checkpoints/{arm}/sft")
+    p.add_argument("--metrics-out", help="prime-rl's metrics as parquet (default: next to --run-dir / the TOML)")
     return parser
 
 

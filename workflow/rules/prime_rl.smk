@@ -85,7 +85,8 @@ rule prime_rl_sft:
         data=rules.prime_rl_sft_config.output.data,
         setup=PRIME_RL_SETUP,
     output:
-        directory(R("checkpoints", "{arm}", "sft")),
+        checkpoint=directory(R("checkpoints", "{arm}", "sft")),
+        metrics=R("sft", "{arm}", "metrics.parquet"),
     params:
         dir=lambda w, input: str(Path(input.setup).parent),
     resources:
@@ -97,8 +98,8 @@ rule prime_rl_sft:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict prime-rl-train sft --toml {input.toml:q} --dir {params.dir:q} --checkpoint {output:q}"
-        " > {log:q} 2>&1"
+        "predict prime-rl-train sft --toml {input.toml:q} --dir {params.dir:q}"
+        " --checkpoint {output.checkpoint:q} --metrics-out {output.metrics:q} > {log:q} 2>&1"
 
 
 rule prime_rl_rl_config:
@@ -129,6 +130,7 @@ rule prime_rl_rl:
         setup=PRIME_RL_SETUP,
     output:
         checkpoints=R("rl", "{run}", "seed{seed}", "checkpoints.json"),
+        metrics=R("rl", "{run}", "seed{seed}", "metrics.parquet"),
         last=directory(R("rl", "{run}", "seed{seed}", f"step{PRIME_RL['rl']['max_steps']}")),
     params:
         run_dir=lambda w, output: str(Path(output.checkpoints).parent),
@@ -143,7 +145,7 @@ rule prime_rl_rl:
         "../../envs/pipeline.yaml"
     shell:
         "predict prime-rl-train rl --toml {input.toml:q} --dir {params.dir:q} --run-dir {params.run_dir:q}"
-        " --checkpoints-out {output.checkpoints:q} > {log:q} 2>&1"
+        " --checkpoints-out {output.checkpoints:q} --metrics-out {output.metrics:q} > {log:q} 2>&1"
 
 
 localrules:

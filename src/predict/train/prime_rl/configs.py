@@ -22,6 +22,7 @@ section of the config; `rl_settings` / `sft_settings` are the one place that rea
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -237,6 +238,7 @@ def rl_config(
         "deployment": {"type": "single_node", "num_train_gpus": s.train_gpus, "num_infer_gpus": s.infer_gpus},
         "model": {"name": model_ref(model)},
         "ckpt": {"interval": s.ckpt_interval},
+        "file_monitor": {},  # metrics.jsonl of the trainer (output_dir) and orchestrator (output_dir/run_default)
         "orchestrator": {
             "batch_size": s.batch_size,
             "group_size": s.group_size,
@@ -290,6 +292,7 @@ def sft_config(
         },
         "optim": {"type": "adamw", "lr": s.lr},
         "ckpt": {},  # a checkpoint at the end of training
+        "file_monitor": {},  # <output_dir>/metrics.jsonl
     }
     return _drop_none(table)
 
@@ -338,6 +341,51 @@ def write_sft_dataset(traces: str | Path, out_dir: str | Path) -> Path:
     out = Path(out_dir) / "train.parquet"
     write_table(pa.table({"messages": pa.array(clean, type=MESSAGES_TYPE)}), out)
     return out
+
+
+METRICS_SCHEMA = pa.schema(
+    [("source", pa.string()), ("step", pa.int64()), ("metric", pa.string()), ("value", pa.float64())]
+)
+METRIC_SOURCES = {"trainer": "metrics.jsonl", "orchestrator": "run_default/metrics.jsonl"}
+"""prime-rl's file monitors: the trainer's under output_dir, the orchestrator's under output_dir/run_default."""
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, float]) -> None:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _flatten(f"{prefix}/{k}" if prefix else str(k), v, out)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        out[prefix] = float(value)
+
+
+def metrics_table(output_dir: str | Path) -> pa.Table:
+    """prime-rl's metrics.jsonl files as one long table (source, step, metric, value); nested keys joined by "/".
+    A torn last line (a killed run) is skipped."""
+    rows: list[dict[str, Any]] = []
+    for source, name in METRIC_SOURCES.items():
+        path = Path(output_dir) / name
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            step = record.pop("step", None)
+            record.pop("time", None)
+            flat: dict[str, float] = {}
+            _flatten("", record, flat)
+            rows += [{"source": source, "step": step, "metric": k, "value": v} for k, v in flat.items()]
+    return pa.Table.from_pylist(rows, schema=METRICS_SCHEMA)
+
+
+def write_metrics(output_dir: str | Path, out: str | Path) -> int:
+    """Write `metrics_table` to parquet (empty when prime-rl logged nothing); returns the row count."""
+    from predict.io import write_table
+
+    table = metrics_table(output_dir)
+    write_table(table, out)
+    return table.num_rows
 
 
 def finished_steps(output_dir: str | Path) -> list[int]:
