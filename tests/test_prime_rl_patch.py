@@ -75,7 +75,7 @@ def _source(tmp_path: Path) -> Path:
     out = tmp_path / "prime-rl"
     out.mkdir()
     archive = subprocess.run(
-        [*git, "archive", PINNED, "src/prime_rl/orchestrator/algo", "packages/prime-rl-configs"],
+        [*git, "archive", PINNED, "src/prime_rl", "packages/prime-rl-configs"],
         capture_output=True,
         check=True,
     ).stdout
