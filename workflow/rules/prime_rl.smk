@@ -59,6 +59,7 @@ rule prime_rl_setup:
 rule prime_rl_sft_config:
     input:
         traces=R("sft", "traces", "{arm}.parquet"),
+        model=lambda w: [base_model_path()] if config["model"]["base"] == "tiny" else [],
     output:
         toml=R("sft", "{arm}", "prime-rl.toml"),
         data=R("sft", "{arm}", "prime-rl-data", "train.parquet"),
