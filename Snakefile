@@ -18,6 +18,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/verifier.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/rollouts.smk"
+include: "workflow/rules/traces.smk"
 
 
 # Training on the cluster: prime-rl (config `backend: prime_rl`); the local backend's DAG never includes it.
@@ -34,4 +35,7 @@ rule all:
     input:
         rules.split_mbpp.output,
         rules.verify_gold.output,
+        rules.sft_traces.output,
         ROLLOUTS("val"),
+        # the cluster backend: SFT + every RL run and seed on prime-rl
+        rules.prime_rl_all.input if config.get("backend", "local") == "prime_rl" else [],

@@ -126,6 +126,25 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_traces(args: argparse.Namespace) -> int:
+    import time
+
+    from predict.data import load_split
+    from predict.traces.stage import run_stage
+
+    config = load_config(args.config) if args.config else config_from_json(args.config_json)
+    started = time.perf_counter()
+    summary = run_stage(load_split(args.tasks), config, args.out_dir)
+    for arm, mix in summary["arms"].items():
+        table = Table("role", "verified class", "traces", title=f"SFT traces, arm {arm}: the mix")
+        for entry in mix:
+            table.add_row(entry["role"], entry["verified_class"], str(entry["count"]))
+        console.print(table)
+    tasks = ", ".join(f"{role} {n}" for role, n in sorted(summary["tasks"].items()))
+    console.print(f"sft tasks: {tasks}; {summary['n_checks']} sandbox checks in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
 def _cmd_prime_rl_setup(args: argparse.Namespace) -> int:
     from predict.train.prime_rl.cluster import PATCH, setup_prime_rl
 
@@ -243,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", default=None, help="use this running endpoint instead of starting vLLM")
     p.add_argument("--test-ledger", default=None, help="only for the evaluate_test target")
     p.add_argument("--out", required=True)
+
     p = stage("prime-rl-setup", _cmd_prime_rl_setup, "clone prime-rl at the pinned commit, register PredictAlgorithm, uv sync")
     p.add_argument("--repo", required=True, help="URL or local clone of prime-rl")
     p.add_argument("--commit", required=True, help="40-hex commit (config prime_rl.commit)")
@@ -275,6 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoints-out", help="rl: checkpoints.json")
     p.add_argument("--checkpoint", help="sft: results/checkpoints/{arm}/sft")
     p.add_argument("--metrics-out", help="prime-rl's metrics as parquet (default: next to --run-dir / the TOML)")
+
+    p = stage("traces", _cmd_traces, "synthesize both arms' SFT traces (gold + verified mutants) into parquet")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="study config file (traces, verifier, env, arms sections)")
+    source.add_argument("--config-json", help="the same, inline (Snakemake passes its merged config)")
+    p.add_argument("--tasks", required=True, help="the sft split parquet from `predict split`")
+    p.add_argument("--out-dir", required=True, help="writes {arm}.parquet for every arm and tasks.parquet")
     return parser
 
 

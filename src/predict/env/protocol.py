@@ -179,6 +179,20 @@ where CLASS is one of PASS, ASSERTION_FAILURE, RUNTIME_ERROR, SYNTAX_ERROR, TIME
 whatever you decide. The prediction line is not a tool call."""
 
 
+def call_line(tool: str, args: dict[str, str]) -> str:
+    """A well-formed action line, as a model that follows the system prompt writes it (used by the SFT traces)."""
+    return f"CALL {tool} {json.dumps(args, ensure_ascii=False)}"
+
+
+def final_line(summary: str) -> str:
+    return f"FINAL: {summary}"
+
+
+def prediction_line(prediction: str, decision: str) -> str:
+    """The prediction reply in `PREDICTION_FORMAT`."""
+    return f"<PREDICTION>{prediction}</PREDICTION> <DECISION>{decision}</DECISION>"
+
+
 def task_prompt(text: str, test_list: list[str] | tuple[str, ...]) -> str:
     """The MBPP task prompt: the task text plus its asserts, as in the study's rollouts."""
     return f"{text}\nYour code should pass these tests:\n\n" + "\n".join(test_list)

