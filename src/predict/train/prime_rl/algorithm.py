@@ -24,6 +24,12 @@ What it does to a rollout (the rules of the study's loss, `predict.train.loss`, 
   located, so its label tokens cannot be kept out of RL): its samples are dropped, as the local trainer drops it
   (`predict.train.samples.rollout_samples`, "unaligned"); its reward still counts in the group baseline. Counted
   in ``counts["mismatched_rollouts"]``.
+
+Same as the local trainer (`predict.train.samples`, tested side by side): which tokens leave RL, the CE samples
+(token for token), the zero-advantage rule, unaligned rollouts. Different on the cluster, for both arms alike:
+the advantage is prime-rl's GRPO baseline (reward - group mean, no division by the group std), and the trainer's
+policy loss is prime-rl's (its default loss config), not `predict.train.loss`'s clipped surrogate; CE and the
+per-component token normalisation (rl / N_rl + ce / N_ce) are the same.
 """
 
 from __future__ import annotations
