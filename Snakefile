@@ -21,10 +21,14 @@ include: "workflow/rules/rollouts.smk"
 include: "workflow/rules/traces.smk"
 
 
-# Training on the cluster: prime-rl (config `backend: prime_rl`); the local backend's DAG never includes it.
+# Training: the local trainer (rl.smk) or prime-rl on the cluster (prime_rl.smk), by config `backend`.
 if config.get("backend", "local") == "prime_rl":
 
     include: "workflow/rules/prime_rl.smk"
+
+else:
+
+    include: "workflow/rules/rl.smk"
 
 
 localrules:
@@ -37,5 +41,5 @@ rule all:
         rules.verify_gold.output,
         rules.sft_traces.output,
         ROLLOUTS("val"),
-        # the cluster backend: SFT + every RL run and seed on prime-rl
-        rules.prime_rl_all.input if config.get("backend", "local") == "prime_rl" else [],
+        # RL of every run and seed (and, on prime-rl, its SFT): the configured backend
+        rules.prime_rl_all.input if config.get("backend", "local") == "prime_rl" else RL_RESULTS,

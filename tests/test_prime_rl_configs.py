@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from predict.config import REPO_ROOT, load_config
+from predict.config import REPO_ROOT, ConfigError, load_config
 from predict.env.harness import LocalAgentHarnessConfig
 from predict.env.taskset import MbppTaskConfig, MbppTasksetConfig
 from predict.train.prime_rl import configs
@@ -169,12 +169,18 @@ def test_rl_toml_arm_a_is_grpo_and_arm_b_is_predict(paper: dict[str, Any], tmp_p
         "mask_decision": False,
         "tokenizer": paper["model"]["base"],
     }
-    rl = paper["prime_rl"]["rl"]
+    rl = paper["rl"]  # the RL design, shared with the local trainer
     for t in (a, b):
-        assert t["max_steps"] == rl["max_steps"] and t["seq_len"] == paper["prime_rl"]["seq_len"]
+        assert t["max_steps"] == rl["steps"] and t["seq_len"] == paper["prime_rl"]["seq_len"]
         o = t["orchestrator"]
-        assert (o["batch_size"], o["group_size"]) == (rl["batch_size"], rl["group_size"])
-        assert t["trainer"]["optim"] == {"type": "adamw", "lr": rl["lr"]}
+        assert (o["batch_size"], o["group_size"]) == (rl["tasks_per_step"] * rl["group_size"], rl["group_size"])
+        assert t["ckpt"] == {"interval": rl["checkpoint_every"]}
+        assert t["trainer"]["optim"] == {
+            "type": "adamw",
+            "lr": rl["lr"],
+            "weight_decay": rl["weight_decay"],
+            "max_norm": rl["grad_clip"],
+        }
         assert t["inference"]["seed"] == 42
         assert t["output_dir"].endswith("/prime-rl") and Path(t["output_dir"]).is_absolute()
         assert t["model"]["name"] == str((tmp_path / "checkpoints" / "B" / "sft").absolute())
@@ -214,20 +220,20 @@ def test_ablations_change_one_factor_of_arm_b(paper: dict[str, Any], tmp_path: P
 
 
 def test_mask_decision_comes_from_the_shared_rl_option(paper: dict[str, Any], tmp_path: Path) -> None:
-    cfg = {**paper, "rl": {"mask_decision": True}}
+    cfg = {**paper, "rl": {**paper["rl"], "mask_decision": True}}
     assert render_rl(cfg, "B", tmp_path)["orchestrator"]["algo"]["mask_decision"] is True
 
 
 def test_bad_runs_and_missing_keys_name_the_problem(paper: dict[str, Any], tmp_path: Path) -> None:
-    with pytest.raises(PrimeRLConfigError, match="unknown run 'C'"):
+    with pytest.raises(ConfigError, match="'C' is neither an arm"):
         configs.run_spec(paper, "C")
     no_prime = {k: v for k, v in paper.items() if k != "prime_rl"}
     with pytest.raises(PrimeRLConfigError, match="prime_rl: missing"):
         render_rl(no_prime, "A", tmp_path)
-    reactive_only = {**paper, "arms": {"A": {"protocol": "reactive"}}}
+    reactive_only = {**paper, "arms": {"A": {"protocol": "reactive"}}, "ablations": {}}
     assert configs.run_names(reactive_only) == ["A"]
-    with pytest.raises(PrimeRLConfigError, match="predictive arm"):
-        configs.run_spec(reactive_only, "alpha0")
+    with pytest.raises(ConfigError, match="predictive arm"):
+        configs.run_spec({**reactive_only, "ablations": {"alpha0": {"alpha": 0.0}}}, "alpha0")
 
 
 def write_traces(path: Path, rows: list[list[dict[str, str]]]) -> Path:
@@ -364,7 +370,7 @@ def test_cli_renders_launches_and_collects(tmp_path: Path, monkeypatch: pytest.M
     assert main(args) == 0
     args = ["prime-rl-train", "rl", "--toml", str(run_dir / "prime-rl.toml"), "--dir", str(checkout)]
     assert main([*args, "--run-dir", str(run_dir), "--checkpoints-out", str(run_dir / "checkpoints.json")]) == 0
-    steps = load_config(REPO_ROOT / "config" / "local.yaml")["prime_rl"]["rl"]["max_steps"]
+    steps = load_config(REPO_ROOT / "config" / "local.yaml")["rl"]["steps"]
     assert (run_dir / f"step{steps}" / "STABLE").exists()
     assert json.loads((run_dir / "checkpoints.json").read_text())["steps"] == [steps]
     # prime-rl's metrics.jsonl (trainer + orchestrator) as one long parquet; the torn last line is skipped

@@ -224,7 +224,7 @@ def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) 
     assert parsed["rl/B"][4:] == [
         str((tmp_path / "out").absolute()),
         True,
-        cfg["prime_rl"]["rl"]["group_size"],
+        cfg["rl"]["group_size"],
         "predict",
     ]
     assert parsed["sft/B"] == [str((tmp_path / "data").absolute()), "qwen3"]

@@ -86,7 +86,9 @@ def _cmd_build_tiny_model(args: argparse.Namespace) -> int:
         dtype=args.dtype,
     )
     size_mb = sum(f.stat().st_size for f in out.iterdir()) / 1e6
-    console.print(f"tiny Qwen3 (hidden {args.hidden_size}, {args.num_layers} layers, seed {args.seed}): {out} [{size_mb:.1f} MB]")
+    console.print(
+        f"tiny Qwen3 (hidden {args.hidden_size}, {args.num_layers} layers, seed {args.seed}): {out} [{size_mb:.1f} MB]"
+    )
     return 0
 
 
@@ -201,6 +203,31 @@ def _cmd_prime_rl_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_rl(args: argparse.Namespace) -> int:
+    from predict.train.rl import RLJob, resolve_run, run_rl
+
+    config = load_config(args.config) if args.config else config_from_json(args.config_json)
+    if "rl" not in config:
+        raise ConfigError("config: no rl section")
+    resolve_run(config, args.run)
+    job = RLJob(
+        run=args.run,
+        seed=args.seed,
+        init=Path(args.init),
+        tasks=Path(args.tasks),
+        out_dir=Path(args.out_dir),
+        base_url=args.base_url,
+    )
+    if not job.init.is_dir():
+        raise FileNotFoundError(f"--init {job.init}: not a checkpoint folder")
+    summary = run_rl(job, config)
+    table = Table("measure", "value", title=f"RL: {job.run}, seed {job.seed}")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    console.print(table)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="predict", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -302,6 +329,17 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--config-json", help="the same, inline (Snakemake passes its merged config)")
     p.add_argument("--tasks", required=True, help="the sft split parquet from `predict split`")
     p.add_argument("--out-dir", required=True, help="writes {arm}.parquet for every arm and tasks.parquet")
+
+    p = stage("rl", _cmd_rl, "RL (GRPO) of one run and seed on the rl split: step checkpoints + metrics (resumes)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="study config file (rl, arms, ablations, env, serving sections)")
+    source.add_argument("--config-json", help="the same, inline (Snakemake passes its merged config)")
+    p.add_argument("--run", required=True, help="an arm (A, B) or an ablation (alpha0, forced_keep, ...)")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--init", required=True, help="starting checkpoint: the run's arm's SFT folder")
+    p.add_argument("--tasks", required=True, help="the rl split parquet")
+    p.add_argument("--out-dir", required=True, help="results/rl/<run>/seed<seed>")
+    p.add_argument("--base-url", default=None, help="roll out against this endpoint (no weight sync; tests)")
     return parser
 
 

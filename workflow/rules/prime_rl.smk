@@ -4,6 +4,7 @@
 #   setup (clone + patch + uv sync) -> sft config (+ messages dataset) -> sft -> rl config -> rl (per run, seed)
 
 from predict.train.prime_rl.configs import run_names, run_spec
+from predict.train.rl import checkpoint_steps
 
 PRIME_RL = config["prime_rl"]
 PRIME_RL_SETUP = str(Path(PRIME_RL["dir"], "setup.json"))  # the checkout and its .venv live next to it
@@ -132,7 +133,7 @@ rule prime_rl_rl:
     output:
         checkpoints=R("rl", "{run}", "seed{seed}", "checkpoints.json"),
         metrics=R("rl", "{run}", "seed{seed}", "metrics.parquet"),
-        last=directory(R("rl", "{run}", "seed{seed}", f"step{PRIME_RL['rl']['max_steps']}")),
+        steps=[directory(R("rl", "{run}", "seed{seed}", f"step{n}")) for n in checkpoint_steps(config["rl"])],
     params:
         run_dir=lambda w, output: str(Path(output.checkpoints).parent),
         dir=lambda w, input: str(Path(input.setup).parent),

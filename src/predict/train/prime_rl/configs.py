@@ -8,7 +8,8 @@ checkpoint, env = our verifiers v1 taskset ``predict_mbpp`` on the rl split with
 in prime-rl's ``messages`` format by `write_sft_dataset`. The keys are the ones prime-rl's config classes accept
 at the pinned commit (``tests/test_prime_rl_configs.py`` lists them, read from that source).
 
-Runs: every arm in ``arms`` plus the ablations, each the predictive arm with one factor changed (`ABLATIONS`).
+Runs: every arm in ``arms`` plus the ``ablations`` (each the predictive arm with one factor changed), resolved by
+`predict.train.rl.resolve_run` as for the local trainer.
 Outputs (prime-rl writes HF safetensors under ``<output_dir>/weights/step_N/``):
 
 * RL: ``output_dir = results/rl/{run}/seed{seed}/prime-rl``; after the run `collect_rl_checkpoints` moves each
@@ -16,8 +17,10 @@ Outputs (prime-rl writes HF safetensors under ``<output_dir>/weights/step_N/``):
   ``checkpoints.json``.
 * SFT: ``output_dir = results/sft/{arm}/prime-rl``; its last step is moved to ``results/checkpoints/{arm}/sft``.
 
-Settings that exist only on the cluster (GPUs, batch sizes, sequence length, steps) live in the ``prime_rl``
-section of the config; `rl_settings` / `sft_settings` are the one place that reads them.
+The RL design (steps, group size, tasks per step, lr, checkpoint interval, mask_decision) is the config's ``rl``
+section, shared with the local trainer; what exists only on the cluster (GPUs, sequence length, off-policy steps,
+SLURM run time, and the SFT run until the local SFT has its own section) lives in ``prime_rl``. `rl_settings` /
+`sft_settings` are the one place that reads them.
 """
 
 from __future__ import annotations
@@ -37,65 +40,37 @@ TASKSET_ID = "predict_mbpp"
 HARNESS_ID = "predict_local_agent"
 RENDERER = "qwen3"
 STABLE = "STABLE"  # prime-rl's marker of a finished checkpoint step
-ABLATIONS: dict[str, dict[str, Any]] = {
-    "alpha0": {"alpha": 0.0},
-    "forced_keep": {"variant": "forced_keep"},
-    "budget_neutral": {"variant": "budget_neutral"},
-}
-"""Ablation runs: the predictive arm with one factor changed."""
 
 
 class PrimeRLConfigError(ValueError):
     """The study config cannot be rendered for prime-rl (names the key)."""
 
 
-@dataclass(frozen=True)
-class RunSpec:
-    run: str
-    arm: str
-    """The arm whose SFT checkpoint the run starts from."""
-    protocol: str
-    variant: str
-    alpha: float | None
-    """None for a reactive run (prime-rl's grpo); else the CE weight of the verified labels."""
-
-
-def predictive_arm(cfg: Mapping[str, Any]) -> str | None:
-    arms = [a for a, spec in sorted(cfg["arms"].items()) if spec["protocol"] == "predictive"]
-    return arms[0] if arms else None
-
-
 def run_names(cfg: Mapping[str, Any]) -> list[str]:
-    """Every RL run of the study: the arms, then the ablations (when there is a predictive arm)."""
-    return sorted(cfg["arms"]) + (list(ABLATIONS) if predictive_arm(cfg) else [])
+    """Every RL run of the study (the arms, then the ablations): the same matrix as the local trainer."""
+    from predict.train.rl import rl_runs
+
+    return rl_runs(cfg)
 
 
-def run_spec(cfg: Mapping[str, Any], run: str) -> RunSpec:
-    if run in cfg["arms"]:
-        arm, change = run, {}
-    elif run in ABLATIONS:
-        arm = predictive_arm(cfg)
-        if arm is None:
-            raise PrimeRLConfigError(f"run {run!r} is an ablation of the predictive arm, and arms has none")
-        change = ABLATIONS[run]
-    else:
-        raise PrimeRLConfigError(f"unknown run {run!r} (have {', '.join(run_names(cfg))})")
-    spec = cfg["arms"][arm]
-    protocol = spec["protocol"]
-    alpha = None
-    if protocol == "predictive":
-        if "alpha" not in spec and "alpha" not in change:
-            raise PrimeRLConfigError(f"arms.{arm}.alpha: a predictive arm needs alpha")
-        alpha = float(change.get("alpha", spec.get("alpha", 0.0)))
-    return RunSpec(run, arm, protocol, change.get("variant", "none"), alpha)
+def run_spec(cfg: Mapping[str, Any], run: str) -> Any:
+    """The run's arm, protocol, variant and alpha (`predict.train.rl.resolve_run`, shared with the local trainer)."""
+    from predict.train.rl import resolve_run
+
+    return resolve_run(cfg, run)
 
 
 @dataclass(frozen=True)
 class RLSettings:
     max_steps: int
     batch_size: int
+    """Rollouts per step: tasks_per_step x group_size."""
     group_size: int
     lr: float
+    weight_decay: float
+    max_norm: float
+    max_tokens: int | None
+    """Completion tokens per model call (None: the env's max_tokens)."""
     seq_len: int
     train_gpus: int
     infer_gpus: int
@@ -124,19 +99,22 @@ def _section(cfg: Mapping[str, Any], *keys: str) -> Mapping[str, Any]:
 
 
 def rl_settings(cfg: Mapping[str, Any]) -> RLSettings:
-    p, r = _section(cfg, "prime_rl"), _section(cfg, "prime_rl", "rl")
+    """The study's RL design (section ``rl``, shared with the local trainer) + the cluster's own (``prime_rl``)."""
+    p, r, shared = _section(cfg, "prime_rl"), _section(cfg, "prime_rl", "rl"), _section(cfg, "rl")
     return RLSettings(
-        max_steps=int(r["max_steps"]),
-        batch_size=int(r["batch_size"]),
-        group_size=int(r["group_size"]),
-        lr=float(r["lr"]),
+        max_steps=int(shared["steps"]),
+        batch_size=int(shared["tasks_per_step"]) * int(shared["group_size"]),
+        group_size=int(shared["group_size"]),
+        lr=float(shared["lr"]),
+        weight_decay=float(shared.get("weight_decay", 0.0)),
+        max_norm=float(shared.get("grad_clip", 1.0)),
+        max_tokens=shared.get("max_tokens"),
         seq_len=int(p["seq_len"]),
         train_gpus=int(r.get("train_gpus", 1)),
         infer_gpus=int(r.get("infer_gpus", 1)),
-        ckpt_interval=r.get("ckpt_interval"),
+        ckpt_interval=shared.get("checkpoint_every"),
         max_off_policy_steps=int(r.get("max_off_policy_steps", 1)),
-        # Arm B's option shared with the local trainer (rl.mask_decision), when the config has it.
-        mask_decision=bool((cfg.get("rl") or {}).get("mask_decision", False)),
+        mask_decision=bool(shared.get("mask_decision", False)),
     )
 
 
@@ -178,7 +156,7 @@ def renderer_table(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": RENDERER, "enable_thinking": bool(cfg["model"].get("enable_thinking", True))}
 
 
-def env_source(cfg: Mapping[str, Any], spec: RunSpec, tasks: str | Path, split: str = "rl") -> dict[str, Any]:
+def env_source(cfg: Mapping[str, Any], spec: Any, tasks: str | Path, split: str = "rl") -> dict[str, Any]:
     """One ``[[orchestrator.train.source]]``: our taskset + harness, with the same protocol values as local
     rollouts (`RolloutSettings.from_study_config`)."""
     from predict.env.rollout import RolloutSettings
@@ -222,7 +200,7 @@ def rl_config(
     spec = run_spec(cfg, run)
     s = rl_settings(cfg)
     env = _section(cfg, "env")
-    if spec.alpha is None:
+    if not spec.predictive:
         algo: dict[str, Any] = {"type": "grpo"}
     else:
         algo = {
@@ -248,12 +226,12 @@ def rl_config(
             "train": {
                 "sampling": {
                     "temperature": float(env.get("temperature", 1.0)),
-                    "max_completion_tokens": int(env.get("max_tokens", 512)),
+                    "max_completion_tokens": int(s.max_tokens or env.get("max_tokens", 512)),
                 },
                 "source": [env_source(cfg, spec, tasks)],
             },
         },
-        "trainer": {"optim": {"type": "adamw", "lr": s.lr}},
+        "trainer": {"optim": {"type": "adamw", "lr": s.lr, "weight_decay": s.weight_decay, "max_norm": s.max_norm}},
         "inference": {"seed": int(seed)},
     }
     return _drop_none(table)
