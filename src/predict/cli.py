@@ -331,6 +331,62 @@ def _cmd_rl(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_prime_rl_setup(args: argparse.Namespace) -> int:
+    from predict.train.prime_rl.cluster import PATCH, setup_prime_rl
+
+    summary = setup_prime_rl(
+        args.repo, args.commit, args.dir, patch=args.patch or PATCH, python=args.python, extras=args.extra, out=args.out
+    )
+    console.print(f"prime-rl at {summary['commit'][:12]} in {args.dir}, PredictAlgorithm registered")
+    return 0
+
+
+def _cmd_prime_rl_config(args: argparse.Namespace) -> int:
+    from predict.train.prime_rl import configs
+
+    config = _config(args)
+    if args.kind == "rl":
+        if args.run is None or args.seed is None or args.tasks is None:
+            raise ValueError("prime-rl-config rl needs --run, --seed and --tasks")
+        table = configs.rl_config(
+            config, args.run, args.seed, model=args.model, tasks=args.tasks, output_dir=args.output_dir
+        )
+    else:
+        if args.arm is None or args.traces is None or args.dataset_dir is None:
+            raise ValueError("prime-rl-config sft needs --arm, --traces and --dataset-dir")
+        data = configs.write_sft_dataset(args.traces, args.dataset_dir)
+        console.print(f"SFT dataset: {data}")
+        table = configs.sft_config(
+            config, args.arm, model=args.model, dataset_dir=args.dataset_dir, output_dir=args.output_dir
+        )
+    configs.write_toml(table, args.out)
+    console.print(f"prime-rl {args.kind} config: {args.out}")
+    return 0
+
+
+def _cmd_prime_rl_train(args: argparse.Namespace) -> int:
+    from predict.train.prime_rl import configs
+    from predict.train.prime_rl.cluster import launch
+
+    launch(args.kind, args.toml, args.dir)
+    output_dir = configs.read_toml(args.toml)["output_dir"]
+    if args.kind == "rl":
+        if args.run_dir is None or args.checkpoints_out is None:
+            raise ValueError("prime-rl-train rl needs --run-dir and --checkpoints-out")
+        summary = configs.collect_rl_checkpoints(output_dir, args.run_dir, args.checkpoints_out)
+        console.print(f"RL checkpoints: steps {summary['steps']} under {args.run_dir}")
+        metrics = Path(args.metrics_out or Path(args.run_dir) / "metrics.parquet")
+    else:
+        if args.checkpoint is None:
+            raise ValueError("prime-rl-train sft needs --checkpoint")
+        step = configs.collect_sft_checkpoint(output_dir, args.checkpoint)
+        console.print(f"SFT checkpoint (step {step}): {args.checkpoint}")
+        metrics = Path(args.metrics_out or Path(args.toml).parent / "metrics.parquet")
+    n = configs.write_metrics(output_dir, metrics)
+    console.print(f"metrics: {n} values -> {metrics}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="predict", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -469,6 +525,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-out", required=True, help="per-step loss log (parquet)")
     p.add_argument("--state-dir", required=True, help="resumable trainer state (removed when done)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N steps (smoke tests)")
+    p = stage("prime-rl-setup", _cmd_prime_rl_setup, "clone prime-rl at the pinned commit, register PredictAlgorithm, uv sync")
+    p.add_argument("--repo", required=True, help="URL or local clone of prime-rl")
+    p.add_argument("--commit", required=True, help="40-hex commit (config prime_rl.commit)")
+    p.add_argument("--dir", required=True, help="where the checkout and its .venv live")
+    p.add_argument("--python", default="3.12")
+    p.add_argument("--patch", default=None, help="default: workflow/prime-rl/predict-algorithm.patch")
+    p.add_argument("--extra", action="append", default=[], help="prime-rl extra for uv sync (repeatable)")
+    p.add_argument("--out", required=True, help="setup.json")
+
+    p = stage("prime-rl-config", _cmd_prime_rl_config, "render a prime-rl rl/sft TOML (and the SFT dataset)")
+    p.add_argument("kind", choices=["rl", "sft"])
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="study config file")
+    source.add_argument("--config-json", help="the same, inline (Snakemake passes its merged config)")
+    p.add_argument("--model", required=True, help="start checkpoint: folder or HF id")
+    p.add_argument("--output-dir", required=True, help="prime-rl's output_dir")
+    p.add_argument("--out", required=True, help="the TOML to write")
+    p.add_argument("--run", help="rl: an arm or an ablation (alpha0, forced_keep, budget_neutral)")
+    p.add_argument("--seed", type=int, help="rl")
+    p.add_argument("--tasks", help="rl: the rl split parquet")
+    p.add_argument("--arm", help="sft")
+    p.add_argument("--traces", help="sft: results/sft/traces/{arm}.parquet (column messages)")
+    p.add_argument("--dataset-dir", help="sft: where to write the messages dataset")
+
+    p = stage("prime-rl-train", _cmd_prime_rl_train, "run prime-rl rl/sft on a rendered TOML, collect checkpoints")
+    p.add_argument("kind", choices=["rl", "sft"])
+    p.add_argument("--toml", required=True)
+    p.add_argument("--dir", required=True, help="the prime-rl checkout (prime-rl-setup --dir)")
+    p.add_argument("--run-dir", help="rl: results/rl/{run}/seed{seed}: steps land in step{N}/")
+    p.add_argument("--checkpoints-out", help="rl: checkpoints.json")
+    p.add_argument("--checkpoint", help="sft: results/checkpoints/{arm}/sft")
+    p.add_argument("--metrics-out", help="prime-rl's metrics as parquet (default: next to --run-dir / the TOML)")
+
     return parser
 
 
