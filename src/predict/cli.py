@@ -35,7 +35,7 @@ def _cmd_split(args: argparse.Namespace) -> int:
     from predict.data import file_sha256, load_mbpp, split_tasks, write_split
 
     source = Path(args.mbpp)
-    rows = load_mbpp(source, hf_fallback=args.hf_fallback)
+    rows = load_mbpp(source, hf_fallback=args.hf_fallback, sha256=args.mbpp_sha256)
     splits = split_tasks(rows, args.seed, {"sft": args.sft, "rl": args.rl, "test": args.test})
     manifest = write_split(
         splits,
@@ -142,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = stage("split", _cmd_split, "read MBPP, split it with a seed, write {sft,rl,val,test}.parquet + manifest.json")
     p.add_argument("--mbpp", required=True, help="MBPP jsonl or parquet")
     p.add_argument("--hf-fallback", action="store_true", help="load HF mbpp/full if --mbpp does not exist")
+    p.add_argument("--mbpp-sha256", default=None, help="the file must have this sha256 (config data.mbpp_sha256)")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--sft", type=int, required=True)
     p.add_argument("--rl", type=int, required=True)
