@@ -54,6 +54,7 @@ def _cmd_split(args: argparse.Namespace) -> int:
 def _cmd_verify_gold(args: argparse.Namespace) -> int:
     from predict.gold import check_gold, summarize, write_gold_report
 
+    isolation: dict = {}
     rows = check_gold(
         args.data_dir,
         args.splits,
@@ -61,8 +62,13 @@ def _cmd_verify_gold(args: argparse.Namespace) -> int:
         memory_mb=args.memory_mb,
         workers=args.workers,
         outcome_labels=args.outcome_labels,
+        require="auto" if args.require_layers == "auto" else args.require_layers.split(","),
+        accept_weaker=args.accept_weaker,
+        isolation=isolation,
     )
-    write_gold_report(rows, args.out, args.summary_out)
+    write_gold_report(rows, args.out, args.summary_out, isolation)
+    if isolation["missing"]:
+        log.warning("weaker sandbox isolation accepted: %s not active", ", ".join(isolation["missing"]))
     table = Table("split", "outcome", "gold solutions", title="Verifier report: gold solutions by class")
     for entry in summarize(rows):
         if entry["count"]:
@@ -156,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-mb", type=int, default=1024)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--outcome-labels", choices=["structured", "original"], default="structured")
+    p.add_argument("--require-layers", default="auto",
+                   help="sandbox layers that must be active: 'auto' or a comma-separated list (verifier.isolation)")
+    p.add_argument("--accept-weaker", action="store_true", help="run even if a required layer is missing (recorded)")
     p.add_argument("--out", required=True, help="per-task parquet")
     p.add_argument("--summary-out", required=True, help="counts by split and class, parquet")
 

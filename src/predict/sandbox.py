@@ -121,7 +121,8 @@ from predict.outcomes import Outcome
 if TYPE_CHECKING:
     import queue
 
-__all__ = ["Verdict", "Verifier", "check_once", "isolation_report", "label_original"]
+__all__ = ["IsolationError", "Verdict", "Verifier", "check_isolation", "check_once", "isolation_report",
+           "isolation_status", "label_original", "required_layers"]
 
 OutcomeLabels = Literal["structured", "original"]
 
@@ -282,6 +283,7 @@ class _Channel:
     tampered: bool  # several verdict messages with the right nonce
     layers: dict[str, bool]  # the isolation report the child sent before running user code
     last_test: int  # the test running when the child stopped talking (-1: none started)
+    reasons: dict[str, str] | None = None  # why inactive layers are inactive, when the child knew
 
 
 def _cpu_limit(timeout_s: float) -> int:
@@ -449,11 +451,13 @@ def _drain(fd: int, cap: int) -> bytes:
 
 
 def _parse_verdict_channel(data: str, nonce: str) -> _Channel:
-    """Read the child's messages: ``<nonce> L <hex: one flag byte per _LAYER_NAMES entry>`` (before user code),
+    """Read the child's messages: ``<nonce> L <hex: one flag byte per _LAYER_NAMES entry>`` (before user code; a
+    ``<nonce> W <hex: "layer<TAB>reason" lines>`` before it says why missing layers are missing),
     ``<nonce> T <i>`` (test i starts) and ``<nonce> V <outcome> <test> <hex detail>``; anything without the nonce is
     ignored."""
     verdicts: list[tuple[str, int, str]] = []
     layers: dict[str, bool] = {}
+    reasons: dict[str, str] = {}
     last_test = -1
     for line in data.splitlines():
         parts = line.split(" ", 2)
@@ -466,14 +470,19 @@ def _parse_verdict_channel(data: str, nonce: str) -> _Channel:
                 flags = bytes.fromhex(parts[2])
                 if len(flags) == len(_LAYER_NAMES):
                     layers = {k: bool(v) for k, v in zip(_LAYER_NAMES, flags, strict=True)}
+            elif parts[1] == "W" and not layers and not reasons:
+                for entry in bytes.fromhex(parts[2]).decode("utf-8", "replace").splitlines():
+                    key, _, why = entry.partition("\t")
+                    if key in _LAYER_NAMES:
+                        reasons[key] = why
             elif parts[1] == "V":
                 outcome, test, detail = parts[2].split(" ", 2)
                 verdicts.append((Outcome(outcome).value, int(test), bytes.fromhex(detail).decode("utf-8", "replace")))
         except (ValueError, AttributeError):
             continue
     if len(verdicts) > 1:
-        return _Channel(None, True, layers, last_test)
-    return _Channel(verdicts[0] if verdicts else None, False, layers, last_test)
+        return _Channel(None, True, layers, last_test, reasons)
+    return _Channel(verdicts[0] if verdicts else None, False, layers, last_test, reasons)
 
 
 def _rmtree_quiet(path: str) -> None:
@@ -489,6 +498,7 @@ def _rmtree_quiet(path: str) -> None:
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1, 0x2, 0x4, 0x20, 0x1000, 0x4000, \
     0x40000
+_MS_NOEXEC, _MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 0x8, 0x400, 0x800, 0x200000
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4
 _SIGKILL = int(signal.SIGKILL)
 _libc: Any = None
@@ -497,6 +507,14 @@ _INHERITED_NS: set[str] = set()  # namespaces this process (a fork server) alrea
 # check running as nobody could leave files there (through dir_fd, which the audit hook cannot follow) on the host.
 _SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 _PRIVATE_SCRATCH: tuple[str, ...] = ()  # those that did get one in this fork server's mount namespace
+# Per scratch dir, the entries that are not litter: the skeleton that leads to Python dirs bound back read-only (a venv
+# under /tmp); root-owned, so a child running as nobody cannot add to it. The cleanup leaves them alone.
+_SCRATCH_KEEP: dict[str, frozenset[str]] = {}
+# Layers switched off on purpose (`PREDICT_SANDBOX_WITHOUT=private_tmp,...`, read once at import): simulates a machine
+# that cannot give them, to test that a required layer that is missing stops the stage (see check_isolation).
+_WITHOUT = frozenset(n for n in os.environ.get("PREDICT_SANDBOX_WITHOUT", "").replace(" ", "").split(",") if n)
+# Why a layer could not be had (layer -> reason), filled while isolating; a child reports those of inactive layers.
+_REASONS: dict[str, str] = {}
 _SANDBOX_IN_TMPFS = "/tmp/sandbox"
 _SERVER_PREPARED = False  # serve() set up stdin, environment and signal dispositions once for all its children
 _UNPIN: frozenset[int] | None = None  # a pinned fork server's original CPUs: its children get them back
@@ -510,9 +528,23 @@ def _load_libc() -> Any:
             _libc = ctypes.CDLL(None, use_errno=True)  # the interpreter already links libc: no ldconfig lookup
             for name in ("prctl", "unshare", "mount"):  # CDLL caches each function on first use: do it before forking
                 getattr(_libc, name)
-        except (OSError, AttributeError):
+        except (OSError, AttributeError) as e:
             _libc = False
+            for layer in ("mount_namespace", "net_namespace", "user_namespace", "private_tmp", "pdeathsig"):
+                _REASONS[layer] = f"libc could not be loaded through ctypes: {e}"
     return _libc
+
+
+def _errno() -> str:
+    err = ctypes.get_errno()
+    return f"{os.strerror(err)} (errno {err})"
+
+
+def _switched_off(layer: str) -> bool:
+    if layer in _WITHOUT:
+        _REASONS[layer] = "switched off by PREDICT_SANDBOX_WITHOUT (simulating a machine without it)"
+        return True
+    return False
 
 
 def _enter_server_namespaces() -> None:
@@ -526,30 +558,77 @@ def _enter_server_namespaces() -> None:
     if os.geteuid() != 0 or not libc:
         return
     net_before, mnt_before = _ns_id("net"), _ns_id("mnt")
-    if net_before is not None and libc.unshare(_CLONE_NEWNET) == 0 and _ns_id("net") != net_before:
+    if not _switched_off("net_namespace") and net_before is not None and libc.unshare(_CLONE_NEWNET) == 0 \
+            and _ns_id("net") != net_before:
         _INHERITED_NS.add("net")
-    if mnt_before is not None and libc.unshare(_CLONE_NEWNS) == 0 and _ns_id("mnt") != mnt_before \
-            and _mount_private_tmp(libc):
+    if not _switched_off("mount_namespace") and mnt_before is not None and libc.unshare(_CLONE_NEWNS) == 0 \
+            and _ns_id("mnt") != mnt_before and _mount_private_tmp(libc):
         _INHERITED_NS.add("mnt")
 
 
 def _mount_private_tmp(libc: Any) -> bool:
-    """Make every mount private to this (already new!) mount namespace and put fresh tmpfs over the scratch dirs."""
-    if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+    """Make every mount private to this (already new!) mount namespace and put fresh tmpfs over the scratch dirs.
+
+    Python directories the tmpfs would hide (a checkout and its venv under /tmp) are held open first and bound back
+    at their old paths, read-only, so isolation does not depend on where the repository or its venv live.
+    """
+    if _switched_off("private_tmp"):
         return False
-    essential, _ = _python_dirs()
-    if any(p == d or p.startswith(d + os.sep) for p in essential for d in _SCRATCH_DIRS):
-        return False  # e.g. a venv in /tmp: a tmpfs there would hide Python itself; use a host dir instead
+    if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        _REASONS["private_tmp"] = f"making / private in the new mount namespace failed: {_errno()}"
+        return False
     global _PRIVATE_SCRATCH
+    scratch = tuple(dict.fromkeys(os.path.realpath(d) for d in _SCRATCH_DIRS if os.path.isdir(d)))  # each place once
+    essential, every = _python_dirs()
+    clash = [p for p in essential if p in scratch]
+    if clash:  # Python itself *is* /tmp (or the like): a tmpfs there hides it and binding it back undoes the tmpfs
+        _REASONS["private_tmp"] = f"a Python directory is itself a scratch dir: {clash[0]}"
+        return False
+    under = [p for p in every if any(p.startswith(d + os.sep) for d in scratch)]
+    handles = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in under]  # reachable after the tmpfs goes on
     ok = True
-    for d in dict.fromkeys(os.path.realpath(d) for d in _SCRATCH_DIRS if os.path.isdir(d)):  # each place once
-        mounted = libc.mount(b"tmpfs", d.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, TMPFS_OPTIONS) == 0
-        ok &= mounted
-        if mounted:
-            _PRIVATE_SCRATCH += (d,)
+    try:
+        for d in scratch:
+            if libc.mount(b"tmpfs", d.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, TMPFS_OPTIONS) == 0:
+                _PRIVATE_SCRATCH += (d,)
+            else:
+                _REASONS["private_tmp"] = f"mounting a tmpfs on {d} failed: {_errno()}"
+                ok = False
+        for p, fd in handles:
+            if not ok:
+                break
+            ok = _bind_back(libc, p, fd, "private_tmp")
+            top = next((d for d in scratch if p.startswith(d + os.sep)), None)
+            if ok and top is not None:
+                _SCRATCH_KEEP[top] = _SCRATCH_KEEP.get(top, frozenset()) | {p[len(top) + 1:].split(os.sep)[0]}
+    finally:
+        for _, fd in handles:
+            os.close(fd)
     if ok and os.geteuid() == 0:
         _reexpose_python(libc)
     return ok
+
+
+def _bind_back(libc: Any, path: str, fd: int, layer: str) -> bool:
+    """Bind the directory open as ``fd`` at ``path`` (made, 0755, in the covering tmpfs if need be), read-only."""
+    parts, cur = path.strip(os.sep).split(os.sep), ""
+    for part in parts:  # not os.makedirs: its mode is masked by the umask, and nobody must be able to traverse these
+        cur += os.sep + part
+        if not os.path.isdir(cur):
+            os.mkdir(cur)
+            os.chmod(cur, 0o755)
+    if libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, _MS_BIND | _MS_REC, None) != 0:
+        _REASONS[layer] = f"binding {path} back into the private mount namespace failed: {_errno()}"
+        return False
+    # A remount must repeat the flags the kernel locked on the source mount (in a user namespace it refuses otherwise).
+    f_flag = os.statvfs(path).f_flag
+    keep = f_flag & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_NOATIME | _MS_NODIRATIME)
+    keep |= _MS_RELATIME if f_flag & os.ST_RELATIME else 0
+    flags = _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | keep
+    if libc.mount(b"none", path.encode(), None, flags, None) != 0:
+        _REASONS[layer] = f"making the bind mount of {path} read-only failed: {_errno()}"
+        return False
+    return True
 
 
 _PYTHON_DIRS: tuple[tuple[str, ...], tuple[str, ...]] | None = None
@@ -605,11 +684,10 @@ def _reexpose_python(libc: Any) -> None:
         handles = [(d, os.open(d, os.O_PATH | os.O_DIRECTORY)) for d in dirs]  # reachable after the cover goes on
         try:
             if libc.mount(b"tmpfs", blocker.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1m,mode=755") != 0:
+                _REASONS["dropped_privileges"] = f"covering {blocker} (Python lives under it) failed: {_errno()}"
                 continue
             for d, fd in handles:
-                os.makedirs(d, mode=0o755, exist_ok=True)
-                if libc.mount(f"/proc/self/fd/{fd}".encode(), d.encode(), None, _MS_BIND | _MS_REC, None) == 0:
-                    libc.mount(b"none", d.encode(), None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY, None)
+                _bind_back(libc, d, fd, "dropped_privileges")
         finally:
             for _, fd in handles:
                 os.close(fd)
@@ -644,7 +722,7 @@ class _Scratch:
         # the scratch tmpfs must be empty: one getdents per directory instead of a tree walk.
         try:
             os.rmdir(self.path)
-            if not any(os.listdir(d) for d in _PRIVATE_SCRATCH):
+            if not any(_litter(d) for d in _PRIVATE_SCRATCH):
                 return
         except OSError:
             pass
@@ -657,7 +735,10 @@ class _Scratch:
                 entries = list(os.scandir(d))
             except OSError:
                 continue
+            keep = _SCRATCH_KEEP.get(d, ())
             for e in entries:
+                if e.name in keep:  # the root-owned way to a bound-back Python dir: not the check's
+                    continue
                 if e.is_dir(follow_symlinks=False):
                     _rmtree_quiet(e.path)
                 else:
@@ -665,6 +746,12 @@ class _Scratch:
                         os.unlink(e.path)
                     except OSError:
                         pass
+
+
+def _litter(d: str) -> bool:
+    names = os.listdir(d)
+    keep = _SCRATCH_KEEP.get(d)
+    return any(n not in keep for n in names) if keep else bool(names)
 
 
 _LAYER_NAMES = ("setsid", "rlimits", "pdeathsig", "mount_namespace", "private_tmp", "net_namespace", "user_namespace",
@@ -683,20 +770,37 @@ def _isolate(host_dir: str, memory_mb: int, timeout_s: float) -> tuple[str, dict
     if inherited:
         layers["net_namespace"] = layers["mount_namespace"] = layers["private_tmp"] = True
     elif libc:
+        want = (0 if _switched_off("mount_namespace") else _CLONE_NEWNS) | \
+            (0 if _switched_off("net_namespace") else _CLONE_NEWNET)
         if root:
-            layers["mount_namespace"] = layers["net_namespace"] = libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET) == 0
-        else:  # an unprivileged user namespace buys mount+net namespaces on a laptop (if the kernel allows it)
+            if want and libc.unshare(want) == 0:
+                layers["mount_namespace"], layers["net_namespace"] = bool(want & _CLONE_NEWNS), bool(want & _CLONE_NEWNET)
+            elif want:
+                for layer in ("mount_namespace", "net_namespace"):
+                    _REASONS.setdefault(layer, f"unshare as root failed: {_errno()}")
+        elif not _switched_off("user_namespace"):
+            # an unprivileged user namespace buys mount+net namespaces on a laptop (if the kernel allows it)
             uid, gid = os.getuid(), os.getgid()
-            if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWNET) == 0:
-                layers["user_namespace"] = layers["mount_namespace"] = layers["net_namespace"] = True
+            if libc.unshare(_CLONE_NEWUSER | want) == 0:
+                layers["user_namespace"] = True
+                layers["mount_namespace"], layers["net_namespace"] = bool(want & _CLONE_NEWNS), bool(want & _CLONE_NEWNET)
                 try:
                     for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
                         with open(f"/proc/self/{name}", "w") as f:
                             f.write(text)
-                except OSError:
+                except OSError as e:
                     layers["mount_namespace"] = False  # unmapped ids cannot create files on a tmpfs
-            elif libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) == 0:
-                layers["user_namespace"] = layers["net_namespace"] = True
+                    _REASONS["mount_namespace"] = f"writing the user namespace's id maps failed: {e}"
+            else:
+                why = f"unshare(CLONE_NEWUSER) failed: {_errno()} (see user.max_user_namespaces, " \
+                      "kernel.apparmor_restrict_unprivileged_userns, or a container's seccomp profile)"
+                _REASONS["user_namespace"] = why
+                if libc.unshare(_CLONE_NEWUSER | (want & _CLONE_NEWNET)) == 0:
+                    layers["user_namespace"] = layers["net_namespace"] = bool(want & _CLONE_NEWNET)
+                    _REASONS["mount_namespace"] = f"a user namespace with a mount namespace failed: {_errno()}"
+                else:
+                    for layer in ("mount_namespace", "net_namespace"):
+                        _REASONS.setdefault(layer, why)
     sandbox = host_dir
     # Never touch mounts unless we verifiably left the host's mount namespace: mounting tmpfs over the host's /tmp
     # would be a disaster.
@@ -705,6 +809,8 @@ def _isolate(host_dir: str, memory_mb: int, timeout_s: float) -> tuple[str, dict
         sandbox = _SANDBOX_IN_TMPFS
         os.mkdir(sandbox, 0o700)
         layers["private_tmp"] = True
+    elif not layers["mount_namespace"]:
+        _REASONS.setdefault("private_tmp", "no private mount namespace to mount it in")
     if root and not inherited:  # a fork server's sandbox dir is made for nobody already
         os.chown(sandbox, NOBODY, NOBODY)
     # Limits are set while still privileged; NPROC takes effect once we are nobody (root ignores it).
@@ -717,14 +823,21 @@ def _isolate(host_dir: str, memory_mb: int, timeout_s: float) -> tuple[str, dict
     if not _SERVER_PREPARED:  # a fork server set these dispositions once for all its children (_prepare_server)
         _reset_signals()
     # Drop to nobody, unless that would leave Python unable to import (root, no mount namespace, Python in /root).
-    if root and (layers["private_tmp"] or _python_reachable_by_nobody()):
+    if root and _switched_off("dropped_privileges"):
+        pass
+    elif root and (layers["private_tmp"] or _python_reachable_by_nobody()):
         os.setgroups([])
         os.setgid(NOBODY)
         os.setuid(NOBODY)
         layers["dropped_privileges"] = os.geteuid() == NOBODY
+    elif root:
+        blocked = next(d for d in _python_dirs()[0] if _blocking_ancestor(d) is not None)
+        _REASONS.setdefault("dropped_privileges", f"nobody could not reach Python at {blocked} "
+                                                  f"({_blocking_ancestor(blocked)} is closed to others) and without a "
+                                                  "private tmp it cannot be bound back")
     if libc:  # after setuid, which clears it; then make sure the supervisor did not already die
         ppid = os.getppid()
-        layers["pdeathsig"] = libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0) == 0
+        layers["pdeathsig"] = not _switched_off("pdeathsig") and libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0) == 0
         libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # /proc/self/{environ,mem} become unreadable, even to our uid
         if os.getppid() != ppid:
             os._exit(71)
@@ -989,6 +1102,9 @@ def _harness(req: _Request, nonce: str, sandbox: str, layers: dict[str, bool]) -
         send("V", f"{outcome} {-1 if failed is None else failed} {hex_detail}")
         exit_(code)
 
+    if _REASONS and not all(layers.values()):  # why the missing layers are missing (rare: most checks skip this)
+        why = "".join(f"{k}\t{v}\n" for k, v in _REASONS.items() if k in layers and not layers[k])
+        send("W", why.encode("utf-8", "replace").hex())
     send("L", bytes(layers.values()).hex())  # one flag byte per _LAYER_NAMES entry, in order
     if req.probe:
         finish("PASS", None, "probe", 0)
@@ -1053,15 +1169,96 @@ def check_once(solution: str, test_list: Sequence[str], test_setup_code: str = "
 
 
 _REPORT: dict[str, bool] | None = None
+_REPORT_REASONS: dict[str, str] = {}
 
 
 def isolation_report() -> dict[str, bool]:
     """Which isolation layers a child forked from this process gets on this machine (probed once, cached)."""
-    global _REPORT
+    return isolation_status()[0]
+
+
+def isolation_status() -> tuple[dict[str, bool], dict[str, str]]:
+    """isolation_report() and, for each inactive layer, why (as the child saw it, or why it does not apply)."""
+    global _REPORT, _REPORT_REASONS
     if _REPORT is None:
-        layers = _execute(_Request("", (), "", 5.0, 256, probe=True)).parse().layers
-        _REPORT = {**layers, "audit_hook": bool(layers)}  # installed right after the layers are reported
-    return dict(_REPORT)
+        channel = _execute(_Request("", (), "", 5.0, 256, probe=True)).parse()
+        _REPORT = {**channel.layers, "audit_hook": bool(channel.layers)}  # installed right after the layers are sent
+        _REPORT_REASONS = dict(channel.reasons or {})
+    return dict(_REPORT), dict(_REPORT_REASONS)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Required layers: a layer that cannot be had is never silent
+# --------------------------------------------------------------------------------------------------------------
+
+LAYERS: tuple[str, ...] = _LAYER_NAMES
+# "auto": every layer a Linux machine gives a root verifier, or, when not root, the user-namespace set (no privilege
+# to drop: the child stays the invoking user, mapped to root in its own user namespace).
+ROOT_LAYERS: tuple[str, ...] = tuple(n for n in LAYERS if n != "user_namespace")
+UNPRIVILEGED_LAYERS: tuple[str, ...] = tuple(n for n in LAYERS if n != "dropped_privileges")
+ISOLATION_METADATA_KEY = "predict.isolation"  # parquet schema metadata: the isolation record (JSON)
+
+
+class IsolationError(ValueError):
+    """A layer the config requires is not active on this machine; names each layer and why."""
+
+
+def required_layers(require: str | Sequence[str] = "auto", *, root: bool | None = None) -> tuple[str, ...]:
+    """The layers ``require`` names: ``"auto"`` picks ROOT_LAYERS or UNPRIVILEGED_LAYERS by who runs the verifier."""
+    if isinstance(require, str):
+        if require != "auto":
+            raise ValueError(f"verifier.isolation.require: expected 'auto' or a list of layers, not {require!r}")
+        root = os.geteuid() == 0 if root is None else root
+        return ROOT_LAYERS if root else UNPRIVILEGED_LAYERS
+    unknown = [n for n in require if n not in LAYERS]
+    if unknown:
+        raise ValueError(f"verifier.isolation.require: unknown layer {unknown[0]!r} (layers: {', '.join(LAYERS)})")
+    return tuple(dict.fromkeys(require))
+
+
+def _why_inactive(layer: str, layers: dict[str, bool], reasons: dict[str, str]) -> str:
+    if layer in reasons:
+        return reasons[layer]
+    if layer == "user_namespace" and os.geteuid() == 0:
+        return "not used when the verifier runs as root (its children drop to nobody instead)"
+    if layer == "dropped_privileges" and os.geteuid() != 0:
+        return "the verifier does not run as root: there is no privilege to drop"
+    return "not active (the sandbox child gave no reason)"
+
+
+def check_isolation(status: tuple[dict[str, bool], dict[str, str]], require: str | Sequence[str] = "auto",
+                    accept_weaker: bool = False) -> dict[str, Any]:
+    """The isolation record (for reports and parquet metadata); raises IsolationError if a required layer is missing.
+
+    ``status`` is ``isolation_status()`` (check_once children) or ``Verifier.isolation_status()`` (a pool's).
+    With ``accept_weaker`` a missing layer is only recorded (``missing`` in the record), never silently dropped.
+    """
+    layers, reasons = status
+    required = required_layers(require)
+    if not layers:
+        raise IsolationError("sandbox isolation: the sandbox child reported no layers at all (it did not start)")
+    missing = [n for n in required if not layers.get(n)]
+    record = {
+        "active": [n for n in LAYERS if layers.get(n)],
+        "inactive": {n: _why_inactive(n, layers, reasons) for n in LAYERS if not layers.get(n)},
+        "required": list(required),
+        "missing": missing,
+        "accept_weaker": bool(accept_weaker),
+        "euid": os.geteuid(),
+    }
+    if missing and not accept_weaker:
+        detail = "; ".join(f"{n} ({record['inactive'][n]})" for n in missing)
+        raise IsolationError(
+            f"sandbox isolation: required layer{'s' if len(missing) > 1 else ''} not active on this machine: {detail}. "
+            "Fix the machine, or set verifier.isolation.accept_weaker: true to run with weaker isolation "
+            "(recorded in every output)"
+        )
+    return record
+
+
+def isolation_metadata(record: dict[str, Any]) -> dict[str, str]:
+    """Parquet schema metadata carrying the isolation record."""
+    return {ISOLATION_METADATA_KEY: json.dumps(record, sort_keys=True)}
 
 
 def _check_labels(labels: str) -> None:
@@ -1170,6 +1367,8 @@ class _Server:
             "PYTHONPATH": os.pathsep.join(os.path.abspath(p) for p in sys.path if p),  # find predict, installed or not
             "PYTHONDONTWRITEBYTECODE": "1",
         }
+        if _WITHOUT:  # a test that simulates a machine without some layers: the servers must simulate it too
+            env["PREDICT_SANDBOX_WITHOUT"] = ",".join(sorted(_WITHOUT))
         self.proc = subprocess.Popen(  # -P and cwd="/": don't put the caller's cwd (say, /tmp) on sys.path
             [sys.executable, "-P", "-m", "predict.sandbox", "serve", *([] if cpu is None else ["--cpu", str(cpu)])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -1307,6 +1506,7 @@ class Verifier:
         self._idle: queue.Queue[_Server] = queue.Queue()
         self._closed = False
         self._last_layers: dict[str, bool] = {}
+        self._last_reasons: dict[str, str] = {}
         self._finalizer = weakref.finalize(self, _close_servers, self._servers)
         try:
             for cpu in self._cpus:  # start them all, then wait: startups overlap
@@ -1340,7 +1540,7 @@ class Verifier:
             self._idle.put(server)
         channel = raw.parse()
         if channel.layers:
-            self._last_layers = channel.layers
+            self._last_layers, self._last_reasons = channel.layers, channel.reasons or {}
         return _to_verdict(raw, self.timeout_s, self.outcome_labels, channel)
 
     def check_many(self, items: Iterable[tuple[str, Sequence[str], str]], *, progress: bool = False) -> list[Verdict]:
@@ -1445,7 +1645,7 @@ class Verifier:
                     poller.unregister(fd)
                     channel = raw.parse()
                     if channel.layers:
-                        self._last_layers = channel.layers
+                        self._last_layers, self._last_reasons = channel.layers, channel.reasons or {}
                     finish(i, _to_verdict(raw, self.timeout_s, self.outcome_labels, channel))
                     todo_or_idle(server)
         finally:
@@ -1463,13 +1663,18 @@ class Verifier:
 
     def isolation_report(self) -> dict[str, bool]:
         """The layers the most recent child of this pool reported (probes one if none ran yet)."""
+        return self.isolation_status()[0]
+
+    def isolation_status(self) -> tuple[dict[str, bool], dict[str, str]]:
+        """isolation_report() and why each inactive layer is inactive (see check_isolation)."""
         if not self._last_layers:
             server = self._idle.get()
             try:
-                self._last_layers = server.request(_Request("", (), "", 5.0, 256, probe=True)).parse().layers
+                channel = server.request(_Request("", (), "", 5.0, 256, probe=True)).parse()
+                self._last_layers, self._last_reasons = channel.layers, channel.reasons or {}
             finally:
                 self._idle.put(server)
-        return {**self._last_layers, "audit_hook": bool(self._last_layers)}
+        return {**self._last_layers, "audit_hook": bool(self._last_layers)}, dict(self._last_reasons)
 
     def _replace(self, dead: _Server) -> _Server:
         with self._lock:
