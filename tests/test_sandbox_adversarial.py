@@ -98,9 +98,12 @@ CASES = [
     Case("killpg_parent", "import os\nos.killpg(os.getpgid(os.getppid()), 9)\n" + F_OK, Outcome.RUNTIME_ERROR),
     Case("kill_parent_via_ctypes", "import ctypes, os\nctypes.CDLL(None).kill(os.getppid(), 9)\n" + F_OK,
          Outcome.RUNTIME_ERROR),
-    Case("kill_parent_via_pidfd",  # no audit event covers pidfd signals: only the privilege drop stops this one
+    Case("kill_parent_via_pidfd",  # no audit event covers pidfds: the privilege drop and signal_filter stop it
          "import os, signal\nsignal.pidfd_send_signal(os.pidfd_open(os.getppid()), signal.SIGKILL)\n" + F_OK,
          Outcome.RUNTIME_ERROR),
+    Case("kill_parent_via_proc_pidfd",  # an open /proc/<pid> dir is a pidfd too (a read-only open passes the hook)
+         "import os, signal\nsignal.pidfd_send_signal(os.open(f'/proc/{os.getppid()}', os.O_RDONLY), signal.SIGKILL)\n"
+         + F_OK, Outcome.RUNTIME_ERROR),
     Case("kill_everything_swallowed",  # the hook refuses; with it gone the kernel still would (we run as nobody)
          "import os, signal\nfor pid in (os.getppid(), 1, -1):\n    try:\n        os.kill(pid, signal.SIGKILL)\n"
          "    except Exception:\n        pass\n" + F_OK, Outcome.PASS),
@@ -358,10 +361,13 @@ def test_output_is_captured_and_capped(pool: Verifier) -> None:
 
 def test_isolation_layers_active_here() -> None:
     report = isolation_report()
-    for layer in ("setsid", "rlimits", "pdeathsig", "env_scrubbed", "audit_hook"):
+    for layer in ("setsid", "rlimits", "pdeathsig", "signal_filter", "env_scrubbed", "audit_hook"):
         assert report[layer], report
     if os.geteuid() == 0:  # this machine: all kernel layers must be on
         for layer in ("mount_namespace", "private_tmp", "net_namespace", "dropped_privileges"):
+            assert report[layer], report
+    else:  # unprivileged (CI runs this as a user it creates): the user-namespace set
+        for layer in ("user_namespace", "mount_namespace", "private_tmp", "net_namespace"):
             assert report[layer], report
     assert isinstance(report, dict) and all(isinstance(v, bool) for v in report.values())
     pool_report = Verifier(workers=1)

@@ -709,14 +709,19 @@ class _Scratch:
             os.mkdir(self.path, 0o700)  # fresh for every check: a new inode, owner, mode, times and no xattrs
             if os.geteuid() == 0:
                 os.chown(self.path, NOBODY, NOBODY)
-        else:  # check_once: the child mounts its own tmpfs if it can; this host dir is the fallback
-            import tempfile  # noqa: PLC0415 - not needed by fork servers
-
-            self.path = tempfile.mkdtemp(prefix="predict-sandbox-")
+        else:  # check_once, or an unprivileged fork server: the child mounts its own tmpfs if it can (and leaves this
+            # host dir empty); this dir is the fallback. Made by hand: tempfile (and shutil, for the cleanup) would
+            # load modules that make every fork of an unprivileged server dearer (test_fork_server_stays_lean).
+            base = sys.modules["tempfile"].gettempdir() if "tempfile" in sys.modules else "/tmp"
+            self.path = os.path.join(base, f"predict-sandbox-{os.urandom(8).hex()}")
+            os.mkdir(self.path, 0o700)
 
     def cleanup(self) -> None:
         if not self.shared_tmpfs:
-            _rmtree_quiet(self.path)
+            try:
+                os.rmdir(self.path)  # the usual case: the check ran in its own tmpfs, nothing is in here
+            except OSError:
+                _rmtree_quiet(self.path)
             return
         # Fast path, the usual case: the check left nothing behind. rmdir only removes an empty sandbox dir, and then
         # the scratch tmpfs must be empty: one getdents per directory instead of a tree walk.
@@ -755,7 +760,66 @@ def _litter(d: str) -> bool:
 
 
 _LAYER_NAMES = ("setsid", "rlimits", "pdeathsig", "mount_namespace", "private_tmp", "net_namespace", "user_namespace",
-                "dropped_privileges", "env_scrubbed", "audit_hook")
+                "dropped_privileges", "signal_filter", "env_scrubbed", "audit_hook")
+
+# signal_filter: a seccomp filter that lets the child signal only itself (its pid, its process group, 0) and refuses
+# pidfd_send_signal (a pidfd can come from opening /proc/<pid>), ptrace and process_vm_*: the kernel layer that keeps
+# an unprivileged child (same uid as its fork server, only mapped to root in its own user namespace) from killing the
+# server; the audit hook cannot, as no audit event covers pidfds.
+# Per architecture: (AUDIT_ARCH, self-targeted calls {nr: arg index of the target}, always refused calls).
+_SECCOMP_ARCH = {
+    "x86_64": (0xC000003E, {62: 0, 200: 0, 234: 0, 129: 0, 297: 0, 434: 0}, (424, 101, 310, 311)),
+    "aarch64": (0xC00000B7, {129: 0, 130: 0, 131: 0, 138: 0, 240: 0, 434: 0}, (424, 117, 270, 271)),
+}.get(os.uname().machine)
+_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _signal_filter(pid: int) -> bytes:
+    """The classic-BPF program (struct sock_filter[]) for _install_signal_filter, for a child whose pid is ``pid``."""
+    arch, self_only, refused = _SECCOMP_ARCH  # type: ignore[misc]
+    allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    ins: list[tuple[int, int, int, int]] = []  # (code, jt, jf, k); jumps are relative, patched below
+
+    def ld(offset: int) -> None:
+        ins.append((0x20, 0, 0, offset))  # BPF_LD | BPF_W | BPF_ABS
+
+    ld(4)  # seccomp_data.arch
+    ins.append((0x15, 1, 0, arch))  # same arch: skip the deny
+    ins.append((0x06, 0, 0, deny))  # another ABI (i386 on x86_64): refuse everything
+    ld(0)  # seccomp_data.nr
+    ins.append((0x35, 0, 1, 0x40000000))  # x32 syscalls: refuse
+    ins.append((0x06, 0, 0, deny))
+    for nr in refused:
+        ins.append((0x15, 0, 1, nr))
+        ins.append((0x06, 0, 0, deny))
+    for nr, arg in self_only.items():  # nr == this: check its target (low 32 bits of the argument)
+        ins.append((0x15, 0, 6, nr))
+        ld(16 + 8 * arg)
+        ins.append((0x15, 3, 0, pid & 0xFFFFFFFF))
+        ins.append((0x15, 2, 0, -pid & 0xFFFFFFFF))  # its own process group (setsid: pgid == pid)
+        ins.append((0x15, 1, 0, 0))
+        ins.append((0x06, 0, 0, deny))
+        ins.append((0x06, 0, 0, allow))
+    ins.append((0x06, 0, 0, allow))
+    return b"".join(c.to_bytes(2, "little") + bytes((jt, jf)) + k.to_bytes(4, "little") for c, jt, jf, k in ins)
+
+
+def _install_signal_filter(libc: Any) -> bool:
+    if _SECCOMP_ARCH is None:
+        _REASONS["signal_filter"] = f"no seccomp syscall table for {os.uname().machine}"
+        return False
+    prog = _signal_filter(os.getpid())
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    fprog = _SockFprog(len(prog) // 8, ctypes.addressof(buf))
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or \
+            libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        _REASONS["signal_filter"] = f"installing the seccomp filter failed: {_errno()}"
+        return False
+    return True
 
 
 def _isolate(host_dir: str, memory_mb: int, timeout_s: float) -> tuple[str, dict[str, bool]]:
@@ -841,6 +905,7 @@ def _isolate(host_dir: str, memory_mb: int, timeout_s: float) -> tuple[str, dict
         libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # /proc/self/{environ,mem} become unreadable, even to our uid
         if os.getppid() != ppid:
             os._exit(71)
+        layers["signal_filter"] = not _switched_off("signal_filter") and _install_signal_filter(libc)
     os.chdir(sandbox)
     if _SERVER_PREPARED:  # the server's environment is already _child_env(_SANDBOX_IN_TMPFS); only HOME may differ
         if sandbox != _SANDBOX_IN_TMPFS:
