@@ -7,7 +7,9 @@ enforces the wall clock, drains stdout/stderr, reaps the child and turns the evi
 :class:`~predict.outcomes.Outcome`. Classification never greps stderr (except :func:`label_original`, which exists to
 reproduce the study's original heuristic).
 
-Isolation layers (``isolation_report()`` says which were active on this machine):
+Isolation layers (``isolation_report()`` says which were active on this machine; ``check_isolation`` holds them against
+the config's ``verifier.isolation.require`` and raises IsolationError naming each missing layer and why, unless
+``accept_weaker``; its record goes into the parquet metadata of the verifier report and every rollout):
 
 - wall clock: the parent kills the child's whole process group (``setsid`` + ``killpg``) at ``timeout_s``.
 - RLIMIT_CPU: a CPU-time backstop (SIGXCPU, then SIGKILL) one second past the timeout, reported as TIMEOUT.
@@ -22,13 +24,21 @@ Isolation layers (``isolation_report()`` says which were active on this machine)
   and /run/lock; cwd is a directory in that tmpfs, so nothing written to "/tmp" reaches the host. A fork server sets
   this up once; after every check it removes the check's sandbox dir and wipes the tmpfs if anything is left in them
   (an rmdir and one directory read each tell), and it makes a new sandbox dir for the next check, so checks never
-  see each other's files or each other's sandbox dir (mode, xattrs). check_once mounts per child.
+  see each other's files or each other's sandbox dir (mode, xattrs). check_once mounts per child. Python directories
+  under those dirs (a checkout and its venv in ``mktemp -d``) are held open, covered, and bound back read-only at
+  their own paths (the way to them root's, mode 755, and left alone by the cleanup), so where the repository is
+  installed changes nothing.
 - hidden home: if Python lives under a directory nobody cannot enter (pyenv in /root, mode 700), that directory is
   covered by an empty tmpfs in the private mount namespace and only the Python directories are bind-mounted back,
   read-only, so the unprivileged child can import the stdlib and sees nothing else of root's home.
 - privileges: when root, drop to nobody (setgroups([]), setgid/setuid 65534): root files stay read-only, other
   processes (the supervisor included) cannot be signalled, RLIMIT_NPROC applies. When not root, an unprivileged
-  user namespace is tried instead (and everything degrades gracefully when it is unavailable).
+  user namespace is tried instead: the child is mapped to root in it, gets its own mount and network namespaces and
+  private tmp, but stays the invoking user to the kernel (so files that user owns outside /tmp are guarded by the
+  audit hook only). A layer that cannot be had is reported with its reason, and the stages refuse to run without it.
+- signal filter (seccomp): the child may signal only itself (its pid, its process group); pidfd_send_signal (a pidfd
+  can come from opening /proc/<pid>), ptrace and process_vm_* are refused. It is what keeps an unprivileged child,
+  which has its fork server's uid, from killing the server (no audit event covers pidfds).
 - file descriptors: stdin is /dev/null, stdout/stderr are pipes whose last 64 KiB are kept, every other inherited
   descriptor (the fork server's protocol pipes included) is closed; only the verdict pipe stays open.
 - environment: cleared to PATH/LANG/HOME=sandbox, so no inherited secrets. A fork server starts scrubbed and then
