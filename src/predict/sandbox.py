@@ -360,6 +360,8 @@ def _run(req: _Request, nonce: str) -> _Evidence:
     """_execute without the decoding: what a fork server sends back as is."""
     _load_libc()  # once per process, before forking, so children don't pay for these
     _python_dirs()
+    if _SECCOMP_ARCH is not None and _FILTER_TEMPLATE is None:
+        _signal_filter(0)
     nofile = _nofile()
     scratch = _Scratch()
     out_r, out_w = os.pipe()
@@ -595,9 +597,15 @@ def _mount_private_tmp(libc: Any) -> bool:
         _REASONS["private_tmp"] = f"a Python directory is itself a scratch dir: {clash[0]}"
         return False
     under = [p for p in every if any(p.startswith(d + os.sep) for d in scratch)]
-    handles = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in under]  # reachable after the tmpfs goes on
+    handles: list[tuple[str, int]] = []  # reachable after the tmpfs goes on
     ok = True
     try:
+        for p in under:
+            try:
+                handles.append((p, os.open(p, os.O_PATH | os.O_DIRECTORY)))
+            except OSError as e:
+                _REASONS["private_tmp"] = f"cannot open the Python directory {p} to bind it back: {e}"
+                return False
         for d in scratch:
             if libc.mount(b"tmpfs", d.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, TMPFS_OPTIONS) == 0:
                 _PRIVATE_SCRATCH += (d,)
@@ -788,8 +796,26 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
+_FILTER_TEMPLATE: tuple[bytes, tuple[int, ...], tuple[int, ...]] | None = None
+
+
 def _signal_filter(pid: int) -> bytes:
-    """The classic-BPF program (struct sock_filter[]) for _install_signal_filter, for a child whose pid is ``pid``."""
+    """The classic-BPF program (struct sock_filter[]) for _install_signal_filter, for a child whose pid is ``pid``.
+
+    The program is built once per process (before forking) with placeholders; a child only writes its pid in."""
+    global _FILTER_TEMPLATE
+    if _FILTER_TEMPLATE is None:
+        _FILTER_TEMPLATE = _signal_filter_template()
+    template, own, group = _FILTER_TEMPLATE
+    prog = bytearray(template)
+    for offsets, value in ((own, pid & 0xFFFFFFFF), (group, -pid & 0xFFFFFFFF)):
+        for o in offsets:
+            prog[o:o + 4] = value.to_bytes(4, "little")
+    return bytes(prog)
+
+
+def _signal_filter_template() -> tuple[bytes, tuple[int, ...], tuple[int, ...]]:
+    """(program with the pid left 0, byte offsets of the pid's k fields, of the -pid ones)."""
     arch, self_only, refused = _SECCOMP_ARCH  # type: ignore[misc]
     allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
     ins: list[tuple[int, int, int, int]] = []  # (code, jt, jf, k); jumps are relative, patched below
@@ -806,16 +832,21 @@ def _signal_filter(pid: int) -> bytes:
     for nr in refused:
         ins.append((0x15, 0, 1, nr))
         ins.append((0x06, 0, 0, deny))
+    own: list[int] = []
+    group: list[int] = []
     for nr, arg in self_only.items():  # nr == this: check its target (low 32 bits of the argument)
         ins.append((0x15, 0, 6, nr))
         ld(16 + 8 * arg)
-        ins.append((0x15, 3, 0, pid & 0xFFFFFFFF))
-        ins.append((0x15, 2, 0, -pid & 0xFFFFFFFF))  # its own process group (setsid: pgid == pid)
+        own.append(8 * len(ins) + 4)
+        ins.append((0x15, 3, 0, 0))  # the pid itself
+        group.append(8 * len(ins) + 4)
+        ins.append((0x15, 2, 0, 0))  # -pid: its own process group (setsid: pgid == pid)
         ins.append((0x15, 1, 0, 0))
         ins.append((0x06, 0, 0, deny))
         ins.append((0x06, 0, 0, allow))
     ins.append((0x06, 0, 0, allow))
-    return b"".join(c.to_bytes(2, "little") + bytes((jt, jf)) + k.to_bytes(4, "little") for c, jt, jf, k in ins)
+    prog = b"".join(c.to_bytes(2, "little") + bytes((jt, jf)) + k.to_bytes(4, "little") for c, jt, jf, k in ins)
+    return prog, tuple(own), tuple(group)
 
 
 def _install_signal_filter(libc: Any) -> bool:
