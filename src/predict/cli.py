@@ -37,7 +37,7 @@ def _cmd_split(args: argparse.Namespace) -> int:
     from predict.data import file_sha256, load_mbpp, split_tasks, write_split
 
     source = Path(args.mbpp)
-    rows = load_mbpp(source, hf_fallback=args.hf_fallback)
+    rows = load_mbpp(source, hf_fallback=args.hf_fallback, sha256=args.mbpp_sha256)
     splits = split_tasks(rows, args.seed, {"sft": args.sft, "rl": args.rl, "test": args.test})
     manifest = write_split(
         splits,
@@ -56,6 +56,7 @@ def _cmd_split(args: argparse.Namespace) -> int:
 def _cmd_verify_gold(args: argparse.Namespace) -> int:
     from predict.gold import check_gold, summarize, write_gold_report
 
+    isolation: dict = {}
     rows = check_gold(
         args.data_dir,
         args.splits,
@@ -63,8 +64,13 @@ def _cmd_verify_gold(args: argparse.Namespace) -> int:
         memory_mb=args.memory_mb,
         workers=args.workers,
         outcome_labels=args.outcome_labels,
+        require="auto" if args.require_layers == "auto" else args.require_layers.split(","),
+        accept_weaker=args.accept_weaker,
+        isolation=isolation,
     )
-    write_gold_report(rows, args.out, args.summary_out)
+    write_gold_report(rows, args.out, args.summary_out, isolation)
+    if isolation["missing"]:
+        log.warning("weaker sandbox isolation accepted: %s not active", ", ".join(isolation["missing"]))
     table = Table("split", "outcome", "gold solutions", title="Verifier report: gold solutions by class")
     for entry in summarize(rows):
         if entry["count"]:
@@ -403,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = stage("split", _cmd_split, "read MBPP, split it with a seed, write {sft,rl,val,test}.parquet + manifest.json")
     p.add_argument("--mbpp", required=True, help="MBPP jsonl or parquet")
     p.add_argument("--hf-fallback", action="store_true", help="load HF mbpp/full if --mbpp does not exist")
+    p.add_argument("--mbpp-sha256", default=None, help="the file must have this sha256 (config data.mbpp_sha256)")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--sft", type=int, required=True)
     p.add_argument("--rl", type=int, required=True)
@@ -416,6 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-mb", type=int, default=1024)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--outcome-labels", choices=["structured", "original"], default="structured")
+    p.add_argument("--require-layers", default="auto",
+                   help="sandbox layers that must be active: 'auto' or a comma-separated list (verifier.isolation)")
+    p.add_argument("--accept-weaker", action="store_true", help="run even if a required layer is missing (recorded)")
     p.add_argument("--out", required=True, help="per-task parquet")
     p.add_argument("--summary-out", required=True, help="counts by split and class, parquet")
 

@@ -62,6 +62,12 @@ TRAIN_RESOURCES = (
     if config.get("sft", {}).get("device", "cpu") != "cpu"
     else {"mem_mb": 8000, "runtime": 120}
 )
+def isolation_args(config):
+    """`predict verify-gold` flags for config verifier.isolation (rollouts read it from the config they are given)."""
+    iso = config["verifier"].get("isolation", {})
+    require = iso.get("require", "auto")
+    flags = f"--require-layers {require if isinstance(require, str) else ','.join(require)}"
+    return flags + (" --accept-weaker" if iso.get("accept_weaker") else "")
 
 
 def base_model_path():
