@@ -113,6 +113,10 @@ def EVAL_CHECKPOINTS(run, seed):
     """The configured checkpoints of a run that exist or are built here; `base`, the untrained stand-in, when none
     is (a branch or config without trained checkpoints). Wiring new checkpoints in is evaluation.checkpoints."""
     wanted = EVALUATION.get("checkpoints", ["base"])
+    if run not in config["arms"]:
+        # An ablation's SFT checkpoint is its base arm's, already evaluated there; the statistics pair an ablation
+        # with its base arm at the selected RL step only, so its own evaluations start after SFT.
+        wanted = [c for c in wanted if c != "sft"]
     have = [c for c in wanted if c == "base" or checkpoint_available(checkpoint_model(run, c, seed))]
     return have or ["base"]
 
