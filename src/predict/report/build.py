@@ -285,6 +285,14 @@ EXTENSION_NOTES = {
 }
 
 
+FOCUS_TITLES = {
+    "test_cost": "calls per solved task, run vs other arm",
+    "edit_on_revise": "pass, edited REVISE vs never revised",
+    "mask_decision": "PASS predicted vs verified",
+    "rft": "pass@1, RFT vs RL",
+}
+
+
 def extensions_section(tables: Mapping[str, list[dict[str, Any]] | None]) -> str:
     """One table of every extension's rows (pairs vs Arm A and Arm B, mechanism metric) and one small figure: each
     extension's mechanism metric next to what it is compared with, per seed."""
@@ -300,16 +308,22 @@ def extensions_section(tables: Mapping[str, list[dict[str, Any]] | None]) -> str
             "verified_freq_pass", "pass_rl", "rft_minus_rl"]
     out += table(rows, mech)
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(rows)), 2.6))
-    labels = [f"{r['extension']}/s{r['seed']}" for r in rows]
-    xs = range(len(rows))
-    val = [r.get("focus_ext") if r.get("focus_ext") is not None else math.nan for r in rows]
-    ref = [r.get("focus_other") if r.get("focus_other") is not None else math.nan for r in rows]
-    ax.bar([x - 0.2 for x in xs], val, 0.4, label="extension")
-    ax.bar([x + 0.2 for x in xs], ref, 0.4, label="compared with")
-    ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=7)
-    ax.set_title("mechanism metric (focus) per extension", fontsize=9)
-    ax.legend(fontsize=7)
+    mechanisms = list(dict.fromkeys(r.get("mechanism") or "none" for r in rows))
+    fig, axes = plt.subplots(1, len(mechanisms), figsize=(3.2 * len(mechanisms), 2.8), squeeze=False)
+    for ax, mechanism in zip(axes[0], mechanisms, strict=True):  # one panel per mechanism: its own scale
+        mine = [r for r in rows if (r.get("mechanism") or "none") == mechanism]
+        xs = list(range(len(mine)))
+
+        def num(v: Any) -> float:
+            return float(v) if v is not None else math.nan
+
+        ax.bar([x - 0.2 for x in xs], [num(r.get("focus_ext")) for r in mine], 0.4, label="extension")
+        ax.bar([x + 0.2 for x in xs], [num(r.get("focus_other")) for r in mine], 0.4, label="compared with")
+        ax.set_xticks(xs, [f"{r['extension']}/s{r['seed']}" for r in mine], rotation=30, ha="right", fontsize=7)
+        ax.set_title(f"{mechanism}: {FOCUS_TITLES.get(mechanism, mine[0].get('focus_metric'))}", fontsize=8)
+        ax.tick_params(axis="y", labelsize=7)
+    axes[0][-1].legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
     out += figure(fig, "extensions: mechanism metric vs its comparison")
     notes = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in EXTENSION_NOTES.items()
                     if any(r.get("mechanism") == k for r in rows))
@@ -376,7 +390,7 @@ def training(rl: Mapping[str, list[dict[str, Any]]], expected: Sequence[str]) ->
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name, lw=1.3)
         ax.set_title(col, fontsize=9)
         ax.set_xlabel("step")
-    axes[0][0].legend(fontsize=7)
+    axes[0][-1].legend(fontsize=6, loc="lower right")
     fig.tight_layout()
     return figure(fig, "training curves") + note
 
