@@ -49,7 +49,7 @@ def test_runs_are_arms_or_ablations_of_their_base_arm(study) -> None:
     assert run_identity(study, "A") == ("A", "none")
     assert run_identity(study, "forced_keep") == ("B", "forced_keep")
     assert run_identity(study, "alpha0") == ("B", "none")
-    with pytest.raises(ConfigError, match="neither an arm nor an ablation"):
+    with pytest.raises(ConfigError, match="neither an arm, an ablation nor an extension"):
         run_identity(study, "C")
 
 

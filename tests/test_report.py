@@ -33,7 +33,14 @@ SCRIPTS = {
     "alpha0": [PASS_KEEP] * 4 + [FAIL_KEEP] * 6,
     "forced_keep": [PASS_KEEP] * 5 + [FAIL_KEEP] * 5,
     "budget_neutral": [PASS_KEEP] * 5 + [FAIL_REVISE] * 5,
+    "expensive_tests_A": [PASS_KEEP] * 5 + [FAIL_KEEP] * 5,
+    "expensive_tests_B": [PASS_KEEP] * 5 + [FAIL_REVISE] * 5,
+    "edit_on_revise": [PASS_KEEP] * 5 + [FAIL_REVISE] * 5,
+    "mask_decision": [PASS_KEEP] * 3 + [FAIL_KEEP] * 7,
+    "rft_A": [PASS_KEEP] * 7 + [FAIL_KEEP] * 3,
+    "rft_B": [PASS_KEEP] * 2 + [FAIL_REVISE] * 8,
 }
+EXTENSIONS = ["expensive_tests_A", "expensive_tests_B", "edit_on_revise", "mask_decision", "rft_A", "rft_B"]
 VARIANTS = {"forced_keep": "forced_keep", "budget_neutral": "budget_neutral"}
 
 
@@ -42,10 +49,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("results")
     config = load_config(REPO / "config" / "local.yaml")
     config["seeds"] = [42, 43]
+    config["evaluation"]["selection"] = {"mode": "fixed", "step": 100}  # the synthetic checkpoints: sft, step100
     config_json = __import__("json").dumps(config)
     evals = []
     for run, script in SCRIPTS.items():
-        arm = "A" if run == "A" else "B"
+        arm = "A" if run in ("A", "expensive_tests_A", "rft_A") else "B"
         for seed in config["seeds"]:
             for ckpt in ("sft", "step100"):
                 rows = [rollout(t, [p], arm=arm, seed=seed, checkpoint=ckpt, variant=VARIANTS.get(run, "none"))
@@ -60,6 +68,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         assert main(["ablations", "--config-json", config_json, "--ablation", name, "--eval", *mine,
                      "--out", str(out)]) == 0
         ablations.append(str(out))
+    extensions = []
+    for name in EXTENSIONS:
+        out = root / "extensions" / f"{name}.parquet"
+        assert main(["extensions", "--config-json", config_json, "--extension", name, "--eval", *evals,
+                     "--out", str(out)]) == 0
+        extensions.append(str(out))
     power = root / "stats" / "power.parquet"
     assert main(["power", "--config-json", config_json, "--pairs", str(stats / "pairs.parquet"),
                  "--out", str(power)]) == 0
@@ -74,7 +88,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     html_path = root / "report" / "index.html"
     example = next(e for e in evals if "/B/step100/" in e)
     assert main(["report", "--config-json", config_json, "--stats-dir", str(stats), "--ablations", *ablations,
-                 "--power", str(power), "--example", example, "--rl-metrics", str(rl), "--out", str(html_path)]) == 0
+                 "--extensions", *extensions, "--power", str(power), "--example", example, "--rl-metrics", str(rl), "--out", str(html_path)]) == 0
     return {"root": root, "html": html_path, "stats": stats}
 
 
@@ -87,6 +101,22 @@ def test_ablation_tables_have_a_row_per_seed(built: dict[str, Path]) -> None:
         assert all(r["checkpoint"] == "step100" and r["pass_base"] == 0.4 and r["pass_A"] == 0.6 for r in rows)
     fk = pq.read_table(built["root"] / "ablations" / "forced_keep.parquet").to_pylist()[0]
     assert (fk["pass_ablation"], fk["revise_rate_ablation"]) == (0.5, 0.0)
+
+
+def test_extension_tables_sit_beside_the_ablations_in_the_report(built: dict[str, Path]) -> None:
+    focus = {"expensive_tests_A": "calls_saved_per_solved", "expensive_tests_B": "calls_saved_per_solved",
+             "edit_on_revise": "edited_revise_pass", "mask_decision": "pred_freq_pass", "rft_A": "rft_minus_rl",
+             "rft_B": "rft_minus_rl"}
+    for name, metric in focus.items():
+        rows = pq.read_table(built["root"] / "extensions" / f"{name}.parquet").to_pylist()
+        assert [r["seed"] for r in rows] == [42, 43] and {r["focus_metric"] for r in rows} == {metric}, name
+        assert all(r["pass_vs_A"] == 0.6 and r["pass_vs_B"] == 0.4 for r in rows), name
+    rft = pq.read_table(built["root"] / "extensions" / "rft_A.parquet").to_pylist()[0]
+    assert rft["rft_minus_rl"] == pytest.approx(0.1)
+    html = built["html"].read_text()
+    section = html.split('<section id="extensions">')[1].split("</section>")[0]
+    assert all(name in section for name in focus) and "<img" in section and "calls_saved_per_solved" in section
+    assert html.index('<section id="ablations">') < html.index('<section id="extensions">')
 
 
 def test_power_table_answers_was_the_study_powered(built: dict[str, Path]) -> None:

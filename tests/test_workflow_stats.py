@@ -22,11 +22,48 @@ def job_counts(*args: str) -> dict[str, int]:
 
 def test_forced_keep_target_builds_exactly_what_it_needs() -> None:
     counts = job_counts("--profile", "slurm", "results/ablations/forced_keep.parquet")
-    # val evaluations of forced_keep, its base arm B (selection) and arm A (the deficit), two seeds each
-    assert counts == {"split_mbpp": 1, "evaluate": 3 * 2, "ablation": 1}
+    # val evaluations of forced_keep, its base arm B (selection) and arm A (the deficit), two seeds x (sft + 4 steps)
+    # each, and the training they need: both arms' SFT, the three runs' RL
+    assert counts == {"split_mbpp": 1, "sft_traces": 1, "train_sft": 2, "rl": 3 * 2, "evaluate": 3 * 2 * 5,
+                      "ablation": 1}
 
 
 def test_paper_all_ends_in_the_report_with_every_ablation() -> None:
     counts = job_counts("--profile", "slurm", "all")
     assert counts["report"] == 1 and counts["ablation"] == 3 and counts["stats"] == 1 and counts["power"] == 1
-    assert counts["evaluate"] == 5 * 2  # 5 runs x 2 seeds (base stand-in until trained checkpoints are wired)
+    # arms + ablations: 5 runs x 2 seeds x (sft + 4 steps); extensions: 6 runs x 2 seeds x 4 steps (their SFT is
+    # their base arm's: evaluation.extension_checkpoints)
+    assert counts["evaluate"] == 5 * 2 * 5 + 6 * 2 * 4
+    assert counts["rl"] == 9 * 2 and counts["rft"] == 2 * 2 and counts["extension"] == 6
+
+
+EXTENSIONS = ["expensive_tests_A", "expensive_tests_B", "edit_on_revise", "mask_decision", "rft_A", "rft_B"]
+
+
+def dry_run(*args: str) -> str:
+    out = subprocess.run([SNAKEMAKE, "-n", "-F", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout
+
+
+def test_paper_all_includes_every_extension_run_table_and_report_input() -> None:
+    text = dry_run("--profile", "slurm", "all")
+    for run in EXTENSIONS:
+        for seed in (42, 43):
+            assert f"results/rl/{run}/seed{seed}/step100" in text, run
+            assert f"results/eval/{run}/step100/val/seed{seed}.parquet" in text, run
+            assert f"results/eval/{run}/sft/val/seed{seed}.parquet" not in text, run
+        assert f"results/extensions/{run}.parquet" in text, run
+    assert "predict rft " in text and "--run rft_B" in text and "--extensions " in text
+
+
+def test_local_all_runs_every_extension_at_its_last_step_only() -> None:
+    counts = job_counts("all")
+    assert counts["rl"] == 9 and counts["rft"] == 2 and counts["extension"] == 6
+    assert counts["evaluate"] == 5 * 2 + 6  # extensions: step2 only
+
+
+def test_expensive_tests_table_pulls_the_other_arm_at_the_same_cost() -> None:
+    text = dry_run("--profile", "slurm", "results/extensions/expensive_tests_B.parquet")
+    for run in ("expensive_tests_A", "expensive_tests_B", "A", "B"):
+        assert f"results/eval/{run}/step100/val/seed42.parquet" in text, run

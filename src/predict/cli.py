@@ -241,6 +241,33 @@ def _cmd_ablations(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_extensions(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from predict.io import write_table
+    from predict.runs import extension_counterpart, resolve_run
+    from predict.stats import extension_table, mechanism_metrics, read_evaluation, select_checkpoints
+
+    config = _config(args)
+    extensions = config.get("extensions") or {}
+    if args.extension not in extensions:
+        raise ConfigError(f"extensions: no extension {args.extension!r} (have {', '.join(extensions) or 'none'})")
+    selection_cfg = (config.get("evaluation") or {}).get("selection") or {"mode": "fixed", "step": 100}
+    metrics = []
+    for path in args.eval:
+        ev = read_evaluation(path)
+        metrics.append({"run": ev.run, "checkpoint": ev.checkpoint, "split": ev.split, "seed": ev.seed,
+                        **mechanism_metrics(ev.rows)})
+    selection = select_checkpoints(metrics, selection_cfg["mode"], selection_cfg.get("step"))
+    spec = resolve_run(config, args.extension)
+    table = extension_table(args.extension, args.eval, selection, spec={**asdict(spec), "base_arm": spec.arm},
+                            counterpart=extension_counterpart(config, args.extension),
+                            default_test_cost=int(config["env"].get("test_cost", 1)), **_bootstrap(config))
+    write_table(table, args.out)
+    console.print(f"{args.extension}: {table.num_rows} seed row(s) -> {args.out}")
+    return 0
+
+
 def _cmd_power(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
@@ -271,6 +298,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         config,
         stats_dir=Path(args.stats_dir),
         ablations=[Path(p) for p in args.ablations],
+        extensions=[Path(p) for p in args.extensions],
         power=Path(args.power),
         example=Path(args.example) if args.example else None,
         rl_metrics=[Path(p) for p in args.rl_metrics],
@@ -318,7 +346,8 @@ def _cmd_rl(args: argparse.Namespace) -> int:
     config = _config(args)
     if "rl" not in config:
         raise ConfigError("config: no rl section")
-    resolve_run(config, args.run)
+    if (trainer := resolve_run(config, args.run).trainer) != "rl":
+        raise ConfigError(f"run {args.run}: trainer {trainer}; run it with `predict {trainer}`")
     job = RLJob(
         run=args.run,
         seed=args.seed,
@@ -390,6 +419,28 @@ def _cmd_prime_rl_train(args: argparse.Namespace) -> int:
         metrics = Path(args.metrics_out or Path(args.toml).parent / "metrics.parquet")
     n = configs.write_metrics(output_dir, metrics)
     console.print(f"metrics: {n} values -> {metrics}")
+    return 0
+
+
+def _cmd_rft(args: argparse.Namespace) -> int:
+    from predict.runs import resolve_run
+    from predict.train.rft import run_rft
+    from predict.train.rl import RLJob
+
+    config = _config(args)
+    if "rl" not in config:
+        raise ConfigError("config: no rl section (RFT takes its steps and checkpoints from it)")
+    if (trainer := resolve_run(config, args.run).trainer) != "rft":
+        raise ConfigError(f"run {args.run}: trainer {trainer}; run it with `predict {trainer}`")
+    job = RLJob(run=args.run, seed=args.seed, init=Path(args.init), tasks=Path(args.tasks),
+                out_dir=Path(args.out_dir), base_url=args.base_url)
+    if not job.init.is_dir():
+        raise FileNotFoundError(f"--init {job.init}: not a checkpoint folder")
+    summary = run_rft(job, config)
+    table = Table("measure", "value", title=f"RFT: {job.run}, seed {job.seed}")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    console.print(table)
     return 0
 
 
@@ -502,6 +553,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval", nargs="+", required=True, help="val evaluations of the ablation, its base arm and A")
     p.add_argument("--out", required=True)
 
+    p = stage("extensions", _cmd_extensions, "one extension's table: a row per seed vs Arm A and Arm B + mechanism")
+    config_source(p)
+    p.add_argument("--extension", required=True)
+    p.add_argument("--eval", nargs="+", required=True, help="val evaluations of the extension, A, B, counterpart")
+    p.add_argument("--out", required=True)
+
     p = stage("power", _cmd_power, "tasks and seeds needed to detect a pass@1 difference (exact McNemar)")
     config_source(p)
     p.add_argument("--pairs", default=None, help="pairs.parquet: adds the observed A vs B discordance rates")
@@ -512,6 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
     config_source(p)
     p.add_argument("--stats-dir", required=True)
     p.add_argument("--ablations", nargs="*", default=[])
+    p.add_argument("--extensions", nargs="*", default=[], help="results/extensions/{name}.parquet")
     p.add_argument("--power", required=True)
     p.add_argument("--example", default=None, help="an evaluation parquet to render one rollout from")
     p.add_argument("--rl-metrics", nargs="*", default=[], help="results/rl/{run}/seed{seed}/metrics.parquet")
@@ -525,6 +583,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", required=True, help="the rl split parquet")
     p.add_argument("--out-dir", required=True, help="results/rl/<run>/seed<seed>")
     p.add_argument("--base-url", default=None, help="roll out against this endpoint (no weight sync; tests)")
+
+    p = stage("rft", _cmd_rft, "rejection-sampling fine-tuning of one RFT extension run and seed (resumes)")
+    config_source(p)
+    p.add_argument("--run", required=True, help="an extension with trainer rft (rft_A, rft_B)")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--init", required=True, help="the run's arm's SFT folder (sampled from, fine-tuned)")
+    p.add_argument("--tasks", required=True, help="the rl split parquet")
+    p.add_argument("--out-dir", required=True, help="results/rl/<run>/seed<seed>")
+    p.add_argument("--base-url", default=None, help="roll out against this endpoint (tests)")
 
     p = stage("sft", _cmd_sft, "supervised fine-tuning on rendered traces -> an HF checkpoint (resumes after a kill)")
     config_source(p)

@@ -7,7 +7,8 @@ Rules:
   verifier) is the rollout stage's (`predict.rollouts`), and the rows keep the per-trajectory record schema.
 * A run is an arm (``arms``: A, B) or an ablation (``ablations``: each its base arm, Arm B, with one factor
   changed: ``variant`` is a protocol change applied here, ``alpha`` a training change that only its checkpoints
-  carry). Records carry the base arm in ``arm``; the run is the first folder of the output path
+  carry). An extension (``extensions``) is the same overlay; its ``variant`` and ``test_cost`` apply here, its
+  ``mask_decision`` and ``trainer`` only shaped its checkpoints. Records carry the base arm in ``arm``; the run is the first folder of the output path
   (``results/eval/{run}/{checkpoint}/{split}/seed{seed}.parquet``).
 * Checkpoint selection (`predict.stats.select_checkpoints`) reads only val evaluations.
 * The test split is evaluated once, through the rollout stage's ledger: this stage refuses it unless it is given
@@ -69,7 +70,9 @@ def evaluation_job(
     selection_path: Path | None = None,
 ) -> RolloutJob:
     """The rollout job of one greedy evaluation (see the module docstring)."""
-    arm, variant = run_identity(config, run)
+    spec = resolve_run(config, run)
+    arm, variant = spec.arm, spec.variant
+    config = spec.env(config)  # the run's test_cost reaches the rollouts (extension expensive_tests_*)
     ev = evaluation_settings(config)
     ledger_extra = None
     if split == "test":
@@ -105,4 +108,4 @@ def evaluation_job(
 
 def evaluate(config: Mapping[str, Any], **kw: Any) -> dict[str, Any]:
     """Run (or resume) one evaluation; returns the rollout stage's summary."""
-    return run_job(evaluation_job(config, **kw), config)
+    return run_job(evaluation_job(config, **kw), resolve_run(config, kw["run"]).env(config))

@@ -1,14 +1,21 @@
-"""The study's runs: every arm, and every ablation (its base arm with one factor changed). The one place a run name
-becomes what it trains and how it rolls out; RL, evaluation, statistics and the workflow all ask here.
+"""The study's runs: every arm, every ablation and every extension (each its base arm with some factors changed).
+The one place a run name becomes what it trains and how it rolls out; RL, RFT, evaluation, statistics and the
+workflow all ask here.
 
 Rules:
 
 * A run named like an arm (``A``, ``B``) is that arm: its protocol, variant ``none``, its ``alpha`` (predictive
-  arms only; 0 for a reactive arm).
+  arms only; 0 for a reactive arm), ``env.test_cost``, ``rl.mask_decision``, trainer ``rl``.
 * An ablation (config ``ablations: {name: {base_arm, variant, alpha}}``) is its ``base_arm`` (default: the
-  predictive arm) with ``variant`` (default ``none``) and ``alpha`` (default: the base arm's) replaced. Its SFT
-  checkpoint is its base arm's.
-* Run order: the arms sorted, then the ablations in config order.
+  predictive arm) with ``variant`` (default ``none``) and ``alpha`` (default: the base arm's) replaced.
+* An extension (config ``extensions: {name: {base_arm, variant, alpha, test_cost, mask_decision, trainer}}``,
+  issue #11) is the same overlay with the environment's ``test_cost`` (budget calls per python_test), the RL
+  ``mask_decision`` switch (Arm B's DECISION tokens out of RL credit) and the ``trainer`` (``rl``: GRPO, the
+  ``rl`` stage; ``rft``: rejection-sampling fine-tuning, the ``rft`` stage) replaced. Keys left out keep the
+  base arm's values. ``kind`` tells the two overlays apart (``arm``, ``ablation``, ``extension``).
+* Every run's SFT checkpoint is its base arm's.
+* Run order: the arms sorted, then the ablations, then the extensions, each in config order. A name may appear
+  once across arms, ablations and extensions.
 """
 
 from __future__ import annotations
@@ -19,20 +26,33 @@ from typing import Any
 
 from predict.config import ConfigError
 
+TRAINERS = ("rl", "rft")
+
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What one run trains and how it rolls out: the arm's protocol, the environment variant and the CE weight."""
+    """What one run trains and how it rolls out: the arm's protocol, the environment variant, the CE weight, the
+    cost of a test, the decision mask and the trainer."""
 
     run: str
     arm: str
     protocol: str
     variant: str
     alpha: float
+    test_cost: int = 1
+    mask_decision: bool = False
+    trainer: str = "rl"
+    kind: str = "arm"
 
     @property
     def predictive(self) -> bool:
         return self.protocol == "predictive"
+
+    def env(self, config: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The study config with this run's environment knobs (``env.test_cost``) in place."""
+        if int(config["env"].get("test_cost", 1)) == self.test_cost:
+            return config
+        return {**config, "env": {**config["env"], "test_cost": self.test_cost}}
 
 
 def predictive_arm(config: Mapping[str, Any]) -> str:
@@ -43,22 +63,64 @@ def predictive_arm(config: Mapping[str, Any]) -> str:
 
 
 def study_runs(config: Mapping[str, Any]) -> list[str]:
-    """Every run of the matrix: the arms, then the ablations."""
-    return sorted(config["arms"]) + list(config.get("ablations") or {})
+    """Every run of the matrix: the arms, then the ablations, then the extensions."""
+    return sorted(config["arms"]) + list(config.get("ablations") or {}) + list(config.get("extensions") or {})
+
+
+def runs_of_kind(config: Mapping[str, Any], kind: str, trainer: str | None = None) -> list[str]:
+    """The study runs of one kind (``arm``, ``ablation``, ``extension``), optionally of one trainer."""
+    specs = [resolve_run(config, r) for r in study_runs(config)]
+    return [s.run for s in specs if s.kind == kind and (trainer is None or s.trainer == trainer)]
 
 
 def resolve_run(config: Mapping[str, Any], run: str) -> RunSpec:
-    arms, ablations = config["arms"], config.get("ablations") or {}
+    arms = config["arms"]
+    ablations, extensions = config.get("ablations") or {}, config.get("extensions") or {}
+    for name in set(arms) & set(ablations) | set(arms) & set(extensions) | set(ablations) & set(extensions):
+        raise ConfigError(f"run {name!r} is named twice (arms, ablations, extensions need distinct names)")
     if run in arms:
-        arm, over = run, {}
-    elif run in ablations:
-        over = dict(ablations[run] or {})
+        arm, over, kind = run, {}, "arm"
+    elif run in ablations or run in extensions:
+        kind = "ablation" if run in ablations else "extension"
+        over = dict((ablations if run in ablations else extensions)[run] or {})
         arm = over.get("base_arm") or predictive_arm(config)
         if arm not in arms:
-            raise ConfigError(f"ablations.{run}.base_arm: no arm {arm!r} (have {', '.join(arms)})")
+            raise ConfigError(f"{kind}s.{run}.base_arm: no arm {arm!r} (have {', '.join(arms)})")
     else:
-        known = [*arms, *ablations]
-        raise ConfigError(f"run {run!r} is neither an arm nor an ablation (have {', '.join(known)})")
+        known = [*arms, *ablations, *extensions]
+        raise ConfigError(f"run {run!r} is neither an arm, an ablation nor an extension (have {', '.join(known)})")
     protocol = arms[arm]["protocol"]
     alpha = float(over.get("alpha", arms[arm].get("alpha", 0.0))) if protocol == "predictive" else 0.0
-    return RunSpec(run=run, arm=arm, protocol=protocol, variant=over.get("variant", "none"), alpha=alpha)
+    variant = over.get("variant", "none")
+    mask_decision = bool(over.get("mask_decision", (config.get("rl") or {}).get("mask_decision", False)))
+    trainer = over.get("trainer", "rl")
+    if trainer not in TRAINERS:
+        raise ConfigError(f"{kind}s.{run}.trainer: {trainer!r} is not one of {', '.join(TRAINERS)}")
+    if protocol != "predictive" and (variant == "edit_on_revise" or bool(over.get("mask_decision"))):
+        what = f"variant {variant}" if variant == "edit_on_revise" else "mask_decision"
+        raise ConfigError(f"{kind}s.{run}: {what} needs a predictive base arm, {arm} is {protocol}")
+    return RunSpec(
+        run=run,
+        arm=arm,
+        protocol=protocol,
+        variant=variant,
+        alpha=alpha,
+        test_cost=int(over.get("test_cost", config["env"].get("test_cost", 1))),
+        mask_decision=mask_decision,
+        trainer=trainer,
+        kind=kind,
+    )
+
+
+def extension_counterpart(config: Mapping[str, Any], run: str) -> str | None:
+    """The run an extension's calls per solved task are compared with: for an expensive-tests run (test_cost other
+    than ``env.test_cost``, trainer rl), the extension of another arm at the same test cost with nothing else
+    changed; None otherwise (statistics then use the other base arm)."""
+    spec = resolve_run(config, run)
+    if spec.trainer != "rl" or spec.test_cost == int(config["env"].get("test_cost", 1)):
+        return None
+    for other in runs_of_kind(config, "extension", trainer="rl"):
+        o = resolve_run(config, other)
+        if o.arm != spec.arm and o.test_cost == spec.test_cost and o.variant == "none" and not o.mask_decision:
+            return other
+    return None

@@ -1,8 +1,8 @@
 """Statistics of the study: pass@1, paired tests, mechanism metrics, checkpoint selection, ablations, power.
 
-This is the `predict stats`, `predict ablations` and `predict power` stages. Input: greedy evaluation records
+This is the `predict stats`, `predict ablations`, `predict extensions` and `predict power` stages. Input: greedy evaluation records
 (`results/eval/{run}/{checkpoint}/{split}/seed{seed}.parquet`, the per-trajectory schema of `env/records.py`);
-output: parquet under `results/stats/` and `results/ablations/`. Rules:
+output: parquet under `results/stats/`, `results/ablations/` and `results/extensions/`. Rules:
 
 * pass@1 = mean ``final_pass`` over the rollouts with a verdict (one greedy sample per task); rows with
   ``ok == False`` or a null ``final_pass`` are infrastructure failures: counted in ``n_infra``, left out.
@@ -12,6 +12,13 @@ output: parquet under `results/stats/` and `results/ablations/`. Rules:
   per-task difference vector, percentile CI. Pairs (`PAIR_KINDS`): each arm's checkpoints vs its own reference
   checkpoint (SFT) per seed; A vs B at every common checkpoint for every seed pairing; each ablation vs its base
   arm (B) per seed at every common checkpoint.
+* Extensions (`extension_table`, one file per extension run): the run at its selected checkpoint vs Arm A and vs
+  Arm B at theirs, per seed (McNemar + bootstrap, as for ablations), plus its mechanism metric (`EXTENSION_FOCUS`):
+  expensive tests: ``calls_saved_per_solved`` (mean ``calls_used`` of solved rollouts, the counterpart's - the
+  run's; the counterpart is the other arm at the same test cost) and ``revise_precision`` (REVISEd patches whose
+  verified outcome was not PASS); edit on REVISE: ``edited_revise_pass`` (rollouts with ``ever_edited``) vs
+  ``never_revised_pass``; decision masking: ``pred_freq_pass`` vs ``verified_freq_pass`` (and Arm B's); RFT:
+  ``rft_minus_rl`` (pass@1 minus the same arm's RL run at its selected checkpoint).
 * Checkpoint selection reads only val: ``fixed`` takes ``step{N}``; ``best_val`` the step checkpoint with the
   highest val pass@1 (ties: the earlier step). A run with no step checkpoint falls back to its last evaluated
   checkpoint (``fallback=True`` in the table): the base stand-in of a branch without trained checkpoints.
@@ -454,6 +461,151 @@ def ablation_table(
         row.update({"focus_metric": focus, "focus_ablation": row[pick[0]], "focus_base": row[pick[1]]})
         rows.append(row)
     return _table(rows, ABLATION_SCHEMA)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Extensions (issue #11)
+# ---------------------------------------------------------------------------------------------------------------
+EXTENSION_FOCUS: dict[str, tuple[str, str]] = {
+    # mechanism -> (the metric it exists for, what it answers)
+    "test_cost": ("calls_saved_per_solved", "mean calls_used of solved rollouts, the counterpart arm's minus the "
+                  "run's at the same test cost; with REVISE precision (REVISEd patches whose outcome was not PASS)"),
+    "edit_on_revise": ("edited_revise_pass", "pass rate of rollouts with an edited REVISE vs never-revised ones"),
+    "mask_decision": ("pred_freq_pass", "how often PASS is predicted vs verified (does masking DECISION shift it?)"),
+    "rft": ("rft_minus_rl", "pass@1 of RFT minus the RL run of the same arm (does RL's gain need RL?)"),
+}
+
+EXTENSION_SCHEMA = pa.schema([
+    ("extension", pa.string()), ("seed", pa.int64()), ("checkpoint", pa.string()), ("base_arm", pa.string()),
+    ("mechanism", pa.string()), ("test_cost", pa.int64()), ("pass_ext", pa.float64()),
+    *[(f"{k}_vs_{arm}", t) for arm in ("A", "B") for k, t in (
+        ("checkpoint", pa.string()), ("n", pa.int64()), ("pass", pa.float64()), ("diff", pa.float64()),
+        ("n10", pa.int64()), ("n01", pa.int64()), ("mcnemar_p", pa.float64()), ("ci_low", pa.float64()),
+        ("ci_high", pa.float64()))],
+    ("counterpart", pa.string()), ("calls_per_solved", pa.float64()), ("calls_per_solved_other", pa.float64()),
+    ("calls_saved_per_solved", pa.float64()), ("revise_precision", pa.float64()), ("n_revised_patches", pa.int64()),
+    ("edited_revise_pass", pa.float64()), ("n_edited", pa.int64()), ("never_revised_pass", pa.float64()),
+    ("n_never_revised", pa.int64()),
+    ("pred_freq_pass", pa.float64()), ("verified_freq_pass", pa.float64()),
+    ("pred_freq_pass_B", pa.float64()), ("verified_freq_pass_B", pa.float64()),
+    ("pass_rl", pa.float64()), ("rft_minus_rl", pa.float64()),
+    ("focus_metric", pa.string()), ("focus_ext", pa.float64()), ("focus_other", pa.float64()),
+    ("selection_fallback", pa.bool_()),
+])
+
+
+def extension_mechanism(spec: Mapping[str, Any], default_test_cost: int = 1) -> str:
+    """Which mechanism an extension run exists for: rft, test_cost, edit_on_revise or mask_decision."""
+    if spec.get("trainer") == "rft":
+        return "rft"
+    if int(spec.get("test_cost", default_test_cost)) != default_test_cost:
+        return "test_cost"
+    if spec.get("variant") == "edit_on_revise":
+        return "edit_on_revise"
+    if spec.get("mask_decision"):
+        return "mask_decision"
+    return "none"
+
+
+def calls_per_solved(rows: Sequence[Mapping[str, Any]]) -> float:
+    """Mean ``calls_used`` over the rollouts that passed."""
+    solved = [int(r.get("calls_used") or 0) for r in rows if r.get("ok", True) and r.get("final_pass")]
+    return _rate(sum(solved), len(solved))
+
+
+def revise_precision(rows: Sequence[Mapping[str, Any]]) -> tuple[float, int]:
+    """(share of REVISEd patches whose verified outcome was not PASS, number of REVISEd patches with an outcome)."""
+    revised = [s for s in patch_steps(rows) if s.get("decision") == "REVISE" and s.get("outcome") is not None]
+    return _rate(sum(s["outcome"] != PASS for s in revised), len(revised)), len(revised)
+
+
+def edit_split(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Pass rate of rollouts with an edited REVISE (``ever_edited``) vs never-revised ones."""
+    scored = [r for r in rows if r.get("ok", True) and r.get("final_pass") is not None]
+    edited = [bool(r["final_pass"]) for r in scored if r.get("ever_edited")]
+    never = [bool(r["final_pass"]) for r in scored if not r.get("ever_revised")]
+    return {"edited_revise_pass": _rate(sum(edited), len(edited)), "n_edited": len(edited),
+            "never_revised_pass": _rate(sum(never), len(never)), "n_never_revised": len(never)}
+
+
+def pass_frequencies(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float]:
+    """(share of predicted patches predicted PASS, share of them verified PASS)."""
+    row = next((c for c in class_metrics(confusion(rows)) if c["cls"] == PASS), None)
+    return (row["predicted_freq"], row["verified_freq"]) if row else (math.nan, math.nan)
+
+
+def extension_table(
+    extension: str,
+    paths: Sequence[str | Path],
+    selection: Sequence[Mapping[str, Any]],
+    *,
+    spec: Mapping[str, Any],
+    counterpart: str | None = None,
+    default_test_cost: int = 1,
+    resamples: int = 10_000,
+    seed: int = 0,
+    ci: float = 0.95,
+) -> pa.Table:
+    """A row per seed: the extension run at its selected checkpoint against Arm A and Arm B at theirs (McNemar,
+    bootstrap), and its mechanism metric (`EXTENSION_FOCUS`). `spec`: the run's base_arm, test_cost, variant,
+    mask_decision, trainer (`predict.runs.RunSpec` fields); `counterpart`: the run whose calls per solved task the
+    expensive-tests metric subtracts from (the other arm at the same test cost; default the other base arm)."""
+    evals = {ev.key: ev for ev in map(read_evaluation, paths)}
+    chosen = {(s["run"], s["seed"]): s for s in selection}
+    base_arm = str(spec.get("base_arm") or spec.get("arm") or "B")
+    mechanism = extension_mechanism(spec, default_test_cost)
+    other = counterpart or ("A" if base_arm == "B" else "B")
+    rows = []
+    for seed_ in sorted({k[3] for k in evals if k[0] == extension}):
+        sel = chosen.get((extension, seed_))
+        if sel is None:
+            raise StatsInputError(f"extension {extension} seed {seed_}: no checkpoint selection")
+        ext = evals.get((extension, sel["checkpoint"], "val", seed_))
+        if ext is None:
+            raise StatsInputError(f"extension {extension} seed {seed_}: the selected val evaluation "
+                                  f"{extension}/{sel['checkpoint']} is not among the inputs")
+        m_ext = mechanism_metrics(ext.rows)
+        row: dict[str, Any] = {"extension": extension, "seed": seed_, "checkpoint": ext.checkpoint,
+                               "base_arm": base_arm, "mechanism": mechanism,
+                               "test_cost": int(spec.get("test_cost", default_test_cost)),
+                               "pass_ext": m_ext["pass_at_1"], "counterpart": other}
+        fallback = bool(sel["fallback"])
+
+        def selected(run: str, seed_: int = seed_) -> Evaluation | None:
+            s = chosen.get((run, seed_))
+            return evals.get((run, s["checkpoint"], "val", seed_)) if s else None
+
+        for arm in ("A", "B"):
+            ev = selected(arm)
+            if ev is None:
+                continue
+            fallback |= bool(chosen[arm, seed_]["fallback"])
+            pair = compare(ext, ev, f"extension_vs_{arm}", resamples, seed, ci)
+            row |= {f"checkpoint_vs_{arm}": ev.checkpoint, f"n_vs_{arm}": pair["n"], f"pass_vs_{arm}": pair["pass_b"],
+                    **{f"{k}_vs_{arm}": pair[k] for k in ("diff", "n10", "n01", "mcnemar_p", "ci_low", "ci_high")}}
+        counter = selected(other)
+        row["calls_per_solved"] = calls_per_solved(ext.rows)
+        row["calls_per_solved_other"] = calls_per_solved(counter.rows) if counter else math.nan
+        row["calls_saved_per_solved"] = row["calls_per_solved_other"] - row["calls_per_solved"]
+        row["revise_precision"], row["n_revised_patches"] = revise_precision(ext.rows)
+        row |= edit_split(ext.rows)
+        row["pred_freq_pass"], row["verified_freq_pass"] = pass_frequencies(ext.rows)
+        arm_b = selected("B")
+        row["pred_freq_pass_B"], row["verified_freq_pass_B"] = pass_frequencies(arm_b.rows) if arm_b else (
+            math.nan, math.nan)
+        rl = selected(base_arm)
+        row["pass_rl"] = mechanism_metrics(rl.rows)["pass_at_1"] if rl else math.nan
+        row["rft_minus_rl"] = row["pass_ext"] - row["pass_rl"]
+        focus = EXTENSION_FOCUS.get(mechanism, ("pass_at_1", ""))[0]
+        pick = {"calls_saved_per_solved": ("calls_per_solved", "calls_per_solved_other"),
+                "edited_revise_pass": ("edited_revise_pass", "never_revised_pass"),
+                "pred_freq_pass": ("pred_freq_pass", "verified_freq_pass"),
+                "rft_minus_rl": ("pass_ext", "pass_rl"),
+                "pass_at_1": ("pass_ext", f"pass_vs_{base_arm}")}[focus]
+        row |= {"focus_metric": focus, "focus_ext": row.get(pick[0], math.nan),
+                "focus_other": row.get(pick[1], math.nan), "selection_fallback": fallback}
+        rows.append(row)
+    return _table(rows, EXTENSION_SCHEMA)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from predict.config import ConfigError, validate_config
-from predict.runs import resolve_run, study_runs
+from predict.runs import extension_counterpart, resolve_run, study_runs
 
 try:
     validate_config(config, source=", ".join(map(str, workflow.overwrite_configfiles or workflow.configfiles)))
@@ -55,6 +55,7 @@ SERVING_RESOURCES = (
 
 EVALUATION = config.get("evaluation") or {}
 ABLATIONS = config.get("ablations") or {}
+EXTENSIONS = config.get("extensions") or {}
 
 # The trainer (SFT, local RL) on one GPU, or the CPU for the local run.
 TRAIN_RESOURCES = (
@@ -105,15 +106,18 @@ def checkpoint_available(path):
 
 
 def EVAL_RUNS():
-    """Every study run: the arms, then the ablations."""
+    """Every study run: the arms, then the ablations, then the extensions."""
     return study_runs(config)
 
 
 def EVAL_CHECKPOINTS(run, seed):
     """The configured checkpoints of a run that exist or are built here; `base`, the untrained stand-in, when none
-    is (a branch or config without trained checkpoints). Wiring new checkpoints in is evaluation.checkpoints."""
+    is (a branch or config without trained checkpoints). Wiring new checkpoints in is evaluation.checkpoints
+    (evaluation.extension_checkpoints for the extension runs, whose SFT is their base arm's)."""
     wanted = EVALUATION.get("checkpoints", ["base"])
-    if run not in config["arms"]:
+    if run in EXTENSIONS and EVALUATION.get("extension_checkpoints"):
+        wanted = EVALUATION["extension_checkpoints"]
+    elif run not in config["arms"]:
         # An ablation's SFT checkpoint is its base arm's, already evaluated there; the statistics pair an ablation
         # with its base arm at the selected RL step only, so its own evaluations start after SFT.
         wanted = [c for c in wanted if c != "sft"]
@@ -129,6 +133,14 @@ def EVALS(runs=None, split="val"):
         for seed in config["seeds"]
         for checkpoint in EVAL_CHECKPOINTS(run, seed)
     ]
+
+
+def EXTENSION_EVALS(extension):
+    """The val evaluations one extension's table reads: the run, Arm A, Arm B and its counterpart (expensive tests:
+    the other arm at the same test cost)."""
+    counterpart = extension_counterpart(config, extension)
+    runs = [extension, *[a for a in ("A", "B") if a in config["arms"]], *([counterpart] if counterpart else [])]
+    return EVALS(list(dict.fromkeys(runs)))
 
 
 def RL_METRICS():

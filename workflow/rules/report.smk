@@ -9,6 +9,7 @@ rule report:
     input:
         stats=rules.stats.output,
         ablations=expand(R("ablations", "{ablation}.parquet"), ablation=list(ABLATIONS)),
+        extensions=expand(R("extensions", "{extension}.parquet"), extension=list(EXTENSIONS)),
         power=rules.power.output,
         example=REPORT_EXAMPLE(),
         tasks=R("data", "val.parquet"),
@@ -19,6 +20,7 @@ rule report:
         config=CONFIG_JSON,
         stats_dir=lambda w, input: os.path.dirname(input.stats[0]),
         ablations=lambda w, input: " ".join(f"'{p}'" for p in input.ablations),
+        extensions=lambda w, input: " ".join(f"'{p}'" for p in input.extensions),
         rl_metrics=lambda w, input: " ".join(f"'{p}'" for p in input.rl_metrics),
     log:
         LOG("report"),
@@ -28,5 +30,5 @@ rule report:
         "../../envs/pipeline.yaml"
     shell:
         "predict report --config-json {params.config:q} --stats-dir {params.stats_dir:q}"
-        " --ablations {params.ablations} --power {input.power:q} --example {input.example:q}"
+        " --ablations {params.ablations} --extensions {params.extensions} --power {input.power:q} --example {input.example:q}"
         " --tasks {input.tasks:q} --rl-metrics {params.rl_metrics} --out {output:q} > {log:q} 2>&1"

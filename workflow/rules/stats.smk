@@ -1,9 +1,11 @@
-# Statistics from the val evaluations (src/predict/stats.py): tables, one file per ablation, the power table.
+# Statistics from the val evaluations (src/predict/stats.py): tables, one file per ablation and per extension, the
+# power table.
 
 
 localrules:
     stats,
     ablation,
+    extension,
     power,
 
 
@@ -44,6 +46,28 @@ rule ablation:
         "../../envs/pipeline.yaml"
     shell:
         "predict ablations --config-json {params.config:q} --ablation {wildcards.ablation}"
+        " --eval {input:q} --out {output:q} > {log:q} 2>&1"
+
+
+# One table per extension run (issue #11): its val evaluations vs Arm A and Arm B (and, for expensive tests, the
+# other arm at the same test cost), a row per seed with the pairs and its mechanism metric.
+rule extension:
+    input:
+        lambda w: EXTENSION_EVALS(w.extension),
+    output:
+        R("extensions", "{extension}.parquet"),
+    wildcard_constraints:
+        extension="|".join(EXTENSIONS) or "^$",
+    params:
+        config=CONFIG_JSON,
+    log:
+        LOG("extension", "{extension}"),
+    benchmark:
+        BENCH("extension", "{extension}")
+    conda:
+        "../../envs/pipeline.yaml"
+    shell:
+        "predict extensions --config-json {params.config:q} --extension {wildcards.extension}"
         " --eval {input:q} --out {output:q} > {log:q} 2>&1"
 
 

@@ -22,6 +22,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("confusion", "Prediction confusion matrix"),
     ("frequencies", "Predicted vs verified class frequencies"),
     ("ablations", "Ablations"),
+    ("extensions", "Extensions: expensive tests, edit on REVISE, decision masking, RFT"),
     ("power", "Power: was the study powered?"),
     ("training", "Training curves (RL metrics)"),
     ("rollout", "One rollout, rendered"),
@@ -275,6 +276,60 @@ def ablations_section(tables: Mapping[str, list[dict[str, Any]] | None]) -> str:
         "recover? budget_neutral: does the deficit to Arm A survive a free REVISE?</p>")
 
 
+EXTENSION_NOTES = {
+    "test_cost": "calls per solved task: the run's vs its counterpart's at the same test cost (saved = other - run); "
+                 "REVISE precision = REVISEd patches whose verified outcome was not PASS",
+    "edit_on_revise": "pass rate of rollouts with an edited REVISE vs never-revised ones",
+    "mask_decision": "how often PASS is predicted vs verified (DECISION tokens out of RL credit)",
+    "rft": "pass@1 of rejection-sampling fine-tuning vs the RL run of the same arm",
+}
+
+
+FOCUS_TITLES = {
+    "test_cost": "calls per solved task, run vs other arm",
+    "edit_on_revise": "pass, edited REVISE vs never revised",
+    "mask_decision": "PASS predicted vs verified",
+    "rft": "pass@1, RFT vs RL",
+}
+
+
+def extensions_section(tables: Mapping[str, list[dict[str, Any]] | None]) -> str:
+    """One table of every extension's rows (pairs vs Arm A and Arm B, mechanism metric) and one small figure: each
+    extension's mechanism metric next to what it is compared with, per seed."""
+    rows = [r for name in tables for r in tables[name] or []]
+    if not rows:
+        return empty("No extension tables yet.")
+    cols = ["extension", "mechanism", "seed", "checkpoint", "pass_ext", "pass_vs_A", "diff_vs_A", "mcnemar_p_vs_A",
+            "ci_low_vs_A", "ci_high_vs_A", "pass_vs_B", "diff_vs_B", "mcnemar_p_vs_B", "ci_low_vs_B", "ci_high_vs_B",
+            "focus_metric", "focus_ext", "focus_other", "selection_fallback"]
+    out = table(rows, cols, {"selection_fallback": "base stand-in", "pass_vs_A": "pass_A", "pass_vs_B": "pass_B"})
+    mech = ["extension", "seed", "calls_per_solved", "calls_per_solved_other", "calls_saved_per_solved",
+            "revise_precision", "edited_revise_pass", "n_edited", "never_revised_pass", "pred_freq_pass",
+            "verified_freq_pass", "pass_rl", "rft_minus_rl"]
+    out += table(rows, mech)
+    plt = _plt()
+    mechanisms = list(dict.fromkeys(r.get("mechanism") or "none" for r in rows))
+    fig, axes = plt.subplots(1, len(mechanisms), figsize=(3.2 * len(mechanisms), 2.8), squeeze=False)
+    for ax, mechanism in zip(axes[0], mechanisms, strict=True):  # one panel per mechanism: its own scale
+        mine = [r for r in rows if (r.get("mechanism") or "none") == mechanism]
+        xs = list(range(len(mine)))
+
+        def num(v: Any) -> float:
+            return float(v) if v is not None else math.nan
+
+        ax.bar([x - 0.2 for x in xs], [num(r.get("focus_ext")) for r in mine], 0.4, label="extension")
+        ax.bar([x + 0.2 for x in xs], [num(r.get("focus_other")) for r in mine], 0.4, label="compared with")
+        ax.set_xticks(xs, [f"{r['extension']}/s{r['seed']}" for r in mine], rotation=30, ha="right", fontsize=7)
+        ax.set_title(f"{mechanism}: {FOCUS_TITLES.get(mechanism, mine[0].get('focus_metric'))}", fontsize=8)
+        ax.tick_params(axis="y", labelsize=7)
+    axes[0][-1].legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
+    out += figure(fig, "extensions: mechanism metric vs its comparison")
+    notes = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in EXTENSION_NOTES.items()
+                    if any(r.get("mechanism") == k for r in rows))
+    return out + f'<ul class="note">{notes}</ul>'
+
+
 def power_section(power: list[dict[str, Any]] | None, config: Mapping[str, Any]) -> str:
     if not power:
         return empty("No power table yet.")
@@ -335,7 +390,7 @@ def training(rl: Mapping[str, list[dict[str, Any]]], expected: Sequence[str]) ->
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name, lw=1.3)
         ax.set_title(col, fontsize=9)
         ax.set_xlabel("step")
-    axes[0][0].legend(fontsize=7)
+    axes[0][-1].legend(fontsize=6, loc="lower right")
     fig.tight_layout()
     return figure(fig, "training curves") + note
 
@@ -396,6 +451,7 @@ def build_report(
     example: Path | None = None,
     rl_metrics: Sequence[Path] = (),
     tasks: Path | None = None,
+    extensions: Sequence[Path] = (),
 ) -> Path:
     """Write the self-contained report page; returns its path."""
     from predict.io import write_text
@@ -405,7 +461,8 @@ def build_report(
 
     metrics, pairs, selection = stat("metrics"), stat("pairs"), stat("selection")
     rl = {_rl_name(p): (_read(p) or []) for p in rl_metrics}
-    expected = [f"{run}/seed{seed}" for run in [*config["arms"], *(config.get("ablations") or {})]
+    expected = [f"{run}/seed{seed}" for run in [*config["arms"], *(config.get("ablations") or {}),
+                                                *(config.get("extensions") or {})]
                 for seed in config["seeds"]]
     task_rows = {r["task_id"]: r for r in (_read(tasks) or [])} if tasks else {}
     body = {
@@ -421,6 +478,7 @@ def build_report(
         "confusion": confusion_section(stat("confusion"), selection),
         "frequencies": frequencies(stat("classes"), selection, rl),
         "ablations": ablations_section({Path(p).stem: _read(Path(p)) for p in ablations}),
+        "extensions": extensions_section({Path(p).stem: _read(Path(p)) for p in extensions}),
         "power": power_section(_read(power), config),
         "training": training(rl, expected),
         "rollout": rollout_section(_read(example), task_rows),

@@ -2,7 +2,9 @@
 
 One run = one (run, seed): ``run`` is an arm (``A``, ``B``) or an ablation of the predictive arm (config
 ``ablations:``, e.g. ``alpha0: {alpha: 0.0}``, ``forced_keep: {variant: forced_keep}``,
-``budget_neutral: {variant: budget_neutral}``), each changing one factor of Arm B. Each step:
+``budget_neutral: {variant: budget_neutral}``), each changing one factor of Arm B, or an RL extension (config
+``extensions:`` with trainer ``rl``: ``test_cost``, ``variant: edit_on_revise``, ``mask_decision``; the run's
+`predict.runs.RunSpec` carries them into the rollouts and the samples). Each step:
 
 1. **rollout**: ``rl.tasks_per_step`` tasks of the rl split (a seeded shuffle per epoch), each ``rl.group_size``
    times, through the coding environment with the train client against the running vLLM server (token graph
@@ -176,6 +178,8 @@ def run_rl(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = No
     from predict.train.trainer import Trainer
 
     spec = resolve_run(config, job.run)
+    if spec.trainer != "rl":
+        raise ValueError(f"run {job.run}: trainer {spec.trainer}, not rl (its stage is `predict {spec.trainer}`)")
     rl = dict(config["rl"])
     steps, group, per_step = int(rl["steps"]), int(rl["group_size"]), int(rl["tasks_per_step"])
     ckpt_steps = set(checkpoint_steps(rl))
@@ -185,7 +189,7 @@ def run_rl(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = No
     settings = SampleSettings(
         predictive=spec.predictive,
         alpha=spec.alpha,
-        mask_decision=bool(rl.get("mask_decision", False)),
+        mask_decision=spec.mask_decision,
         skip_zero_advantage=bool(rl.get("skip_zero_advantage", False)),
     )
     trainer_kwargs: dict[str, Any] = {
@@ -241,7 +245,7 @@ def run_rl(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = No
                 row: dict[str, Any] = {"run": job.run, "seed": job.seed, "step": step}
                 t_step = time.perf_counter()
                 rollout = RolloutSettings.from_study_config(
-                    config,
+                    spec.env(config),
                     arm=spec.arm,
                     seed=job.seed,
                     checkpoint=f"rl-{job.run}-step{step - 1}",

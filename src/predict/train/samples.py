@@ -339,3 +339,48 @@ def build_samples(
             continue
         samples.extend(rollout_samples(record, a, tokenizer, settings, counts))
     return samples, counts, advantages
+
+
+def rft_samples(record: Mapping[str, Any], counts: SampleCounts | None = None) -> list[TrainSample]:
+    """Rejection-sampling fine-tuning (the RFT extension, `predict.train.rft`): the CE samples of one rollout if it
+    was verified with reward 1, else none. Each sample is a merged sequence of the rollout's model calls (as for RL)
+    with ce weight 1.0 on the tokens the model *sampled* (never the prompt, tool results or chat scaffolding the
+    environment added), rl weight 0, and the sampling logprobs kept for reference. The token ids are the sampled
+    ones from the token graph: nothing is re-tokenised. Arm B's sampled PREDICTION/DECISION tokens are kept as
+    sampled (RFT imitates whole successful trajectories; no verified-label CE samples are added)."""
+    counts = counts if counts is not None else SampleCounts()
+    counts.rollouts += 1
+    key, task_id = record.get("rollout_key"), record.get("task_id")
+    if not record.get("ok", True) or record.get("reward") is None:
+        counts.no_reward += 1
+        return []
+    if float(record["reward"]) != 1.0:
+        return []
+    tokens = record.get("tokens")
+    if not tokens:
+        raise ValueError(f"rollout {key}: no token graph (roll out with the train client)")
+    calls = rollout_calls(tokens)
+    counts.calls += len(calls)
+    out: list[TrainSample] = []
+    for full, members in merge_calls(calls):
+        n = len(full)
+        mask, logprobs, ce_w = [False] * n, [0.0] * n, [0.0] * n
+        for ci in members:
+            for pos, lp in zip(calls[ci].positions, calls[ci].logprobs, strict=True):
+                mask[pos], logprobs[pos], ce_w[pos] = True, lp, 1.0
+        counts.merged_calls += len(members) - 1
+        out.append(
+            TrainSample(
+                token_ids=list(full),
+                mask=mask,
+                logprobs=logprobs,
+                advantages=[0.0] * n,
+                rl_weights=[0.0] * n,
+                ce_weights=ce_w,
+                kind="sft",
+                task_id=task_id,
+                rollout_key=key,
+                source="rft calls " + ",".join(str(calls[ci].node) for ci in members),
+            )
+        )
+    return out
