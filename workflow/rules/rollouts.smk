@@ -6,6 +6,7 @@ rule rollout:
     input:
         tasks=R("data", "{split}.parquet"),
         model=checkpoint_inputs,
+        serving=ancient(SERVING_CHECK),
     output:
         R("rollouts", "{arm}", "{checkpoint}", "{split}", "seed{seed}.parquet"),
     wildcard_constraints:
@@ -34,6 +35,7 @@ rule evaluate_test:
     input:
         tasks=R("data", "test.parquet"),
         model=checkpoint_inputs,
+        serving=ancient(SERVING_CHECK),
     output:
         R("test", "{arm}", "{checkpoint}", "seed{seed}.parquet"),
     params:
