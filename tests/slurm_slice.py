@@ -53,8 +53,8 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
 
 
 def dag_resources(args: list[str]) -> dict[str, list[dict[str, str]]]:
-    """rule -> the resources of each of its jobs, from a dry-run's job listing."""
-    out = run([*SNAKEMAKE, *args, "-n"])
+    """rule -> the resources of each of its jobs, from a dry-run's job listing (all jobs, as if nothing existed)."""
+    out = run([*SNAKEMAKE, *args, "-n", "--forceall"])  # every job, whatever exists already
     if out.returncode != 0:
         raise SystemExit(f"dry-run failed: {' '.join(args)}\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
     rules: dict[str, list[dict[str, str]]] = {}
