@@ -10,7 +10,7 @@ What it does, in order:
    whose jobs carry a `gpu` resource there;
 2. runs the slice, split -> verify_gold -> tiny model -> one rollout per arm on val (+ SLICE_TARGETS as later
    stages add them), with `--profile slurm --workflow-profile workflow/profiles/slurm-local` (the paper profile,
-   the local cluster's account/partition/status command, config/local.yaml + config/slurm-local.yaml);
+   the local cluster's account/partition/status command, config/local.yaml + the profile's overlay.yaml);
 3. meanwhile cancels (`scancel`) the first rollout job once it has persisted a rollout: the profile's `retries`
    must resubmit it and the new job must resume from the `.partial` folder (its log says how many rollouts were
    already persisted);
@@ -36,7 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 PROFILE = ["--profile", "slurm", "--workflow-profile", "workflow/profiles/slurm-local"]
-RESULTS = "results/slurm-local"  # config/slurm-local.yaml: results_dir
+OVERLAY = "workflow/profiles/slurm-local/overlay.yaml"  # config/local.yaml + this: the slice's config
+RESULTS = "results/slurm-local"  # OVERLAY: results_dir
 LOGS = "logs/slurm-local"  # and run_name
 # One rollout per arm on val (seed 42: config/local.yaml). The first one is cancelled mid-run.
 CANCEL = ("rollout", "A_base_val_42", f"{RESULTS}/rollouts/A/base/val/seed42.parquet")
@@ -115,7 +116,7 @@ def cancel_first_rollout(stop: threading.Event, done: dict[str, str]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configfile", nargs="*", default=[], help="overlays after config/slurm-local.yaml")
+    ap.add_argument("--configfile", nargs="*", default=[], help="config overlays after OVERLAY")
     ap.add_argument("--keep", action="store_true", help="keep earlier results of the slice (default: start clean)")
     a = ap.parse_args()
     if shutil.which("sbatch") is None or run(["scontrol", "ping"]).returncode != 0:
@@ -129,7 +130,7 @@ def main() -> int:
     gpu_rules = gpu_rules_of_paper_dag()
     print(f"slice: GPU rules of the paper DAG: {', '.join(sorted(gpu_rules)) or '(none)'}", flush=True)
 
-    configs = ["--configfile", "config/local.yaml", "config/slurm-local.yaml", *a.configfile] if a.configfile else []
+    configs = ["--configfile", "config/local.yaml", OVERLAY, *a.configfile] if a.configfile else []
     cmd = [*SNAKEMAKE, *SLICE_TARGETS, *PROFILE, *configs]
     print("slice: " + " ".join(cmd[2:]), flush=True)
     stop, cancelled = threading.Event(), {}

@@ -46,8 +46,9 @@ N_TASKS_ARG = f"--n-tasks {config['env']['rollout_tasks']}" if config["env"].get
 # `resources:` from GPU_RESOURCES: the ONE place a GPU request comes from. It asks for `cluster.gpus_per_job`
 # GPUs (the `gpu` resource; the slurm executor turns it into `sbatch --gpus`): 1 in the paper design
 # (config/config.yaml), 0 in the embedded default (config/local.yaml), 1 on the local test cluster
-# (config/slurm-local.yaml: its one fake GPU lets SLURM schedule and record the request while the model runs on
-# the CPU). Memory, CPUs and time follow the device the work runs on (`serving.device` unless `device=` says).
+# (workflow/profiles/slurm-local/overlay.yaml: its one fake GPU lets SLURM schedule and record the request
+# while the model runs on the CPU). Memory, CPUs and time follow the device the work runs on
+# (`serving.device` unless `device=` says).
 #   resources: **TRAIN_RESOURCES                      (an SFT/RL job)
 #   resources: **GPU_RESOURCES(on_gpu={...}, on_cpu={...}, vllm_server=1)   (a new class of GPU job)
 # Every job that starts a vLLM server also takes one `vllm_server` slot, so a profile can cap how many servers
