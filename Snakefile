@@ -19,6 +19,10 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/verifier.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/rollouts.smk"
+include: "workflow/rules/traces.smk"
+include: "workflow/rules/evaluation.smk"
+include: "workflow/rules/stats.smk"
+include: "workflow/rules/report.smk"
 
 
 localrules:
@@ -29,4 +33,6 @@ rule all:
     input:
         rules.split_mbpp.output,
         rules.verify_gold.output,
+        rules.sft_traces.output,
         ROLLOUTS("val"),
+        rules.report.output,

@@ -9,15 +9,17 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
 from predict.config import ConfigError, config_from_json, load_config
-from predict.evaluate import SplitGuardError
+from predict.env.protocol import VARIANTS
+from predict.rollouts import SplitGuardError
 from predict.serve import VLLMServerError
 
 log = logging.getLogger("predict")
@@ -112,10 +114,18 @@ def _cmd_check_serving(args: argparse.Namespace) -> int:
     return 0
 
 
+def with_env(config: Mapping[str, Any], **values: Any) -> Mapping[str, Any]:
+    """The config with these ``env`` keys replaced (None = keep the config's): one run's protocol knobs, e.g. the
+    expensive-tests extension's test_cost."""
+    values = {k: v for k, v in values.items() if v is not None}
+    return {**config, "env": {**config["env"], **values}} if values else config
+
+
 def _cmd_rollout(args: argparse.Namespace) -> int:
-    from predict.evaluate import RolloutJob, run_job
+    from predict.rollouts import RolloutJob, run_job
 
     config = load_config(args.config) if args.config else config_from_json(args.config_json)
+    config = with_env(config, test_cost=args.test_cost, max_chained_revisions=args.max_chained_revisions)
     job = RolloutJob(
         tasks_path=Path(args.tasks),
         split=args.split,
@@ -140,6 +150,150 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
     console.print(table)
     return 0
+
+
+def _cmd_traces(args: argparse.Namespace) -> int:
+    import time
+
+    from predict.data import load_split
+    from predict.traces.stage import run_stage
+
+    config = _config(args)
+    started = time.perf_counter()
+    summary = run_stage(load_split(args.tasks), config, args.out_dir)
+    for arm, mix in summary["arms"].items():
+        table = Table("role", "verified class", "traces", title=f"SFT traces, arm {arm}: the mix")
+        for entry in mix:
+            table.add_row(entry["role"], entry["verified_class"], str(entry["count"]))
+        console.print(table)
+    tasks = ", ".join(f"{role} {n}" for role, n in sorted(summary["tasks"].items()))
+    console.print(f"sft tasks: {tasks}; {summary['n_checks']} sandbox checks in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def _config(args: argparse.Namespace) -> dict:
+    return load_config(args.config) if getattr(args, "config", None) else config_from_json(args.config_json)
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from predict.evaluate import evaluate
+
+    config = _config(args)
+    summary = evaluate(
+        config,
+        run=args.run,
+        checkpoint=args.checkpoint,
+        split=args.split,
+        seed=args.seed,
+        tasks_path=Path(args.tasks),
+        model=args.model,
+        out=Path(args.out),
+        base_url=args.base_url,
+        test_ledger=Path(args.test_ledger) if args.test_ledger else None,
+        selection_path=Path(args.selection) if args.selection else None,
+    )
+    table = Table("measure", "value", title=f"greedy evaluation: {args.run}, {args.checkpoint}, {args.split}, seed {args.seed}")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    console.print(table)
+    return 0
+
+
+def _bootstrap(config: dict) -> dict:
+    return {"resamples": 10_000, "seed": 0, "ci": 0.95, **(config.get("evaluation", {}).get("bootstrap") or {})}
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    from predict.io import write_table
+    from predict.stats import study_stats
+
+    config = _config(args)
+    ev = config.get("evaluation") or {}
+    selection = ev.get("selection") or {"mode": "fixed", "step": 100}
+    tables = study_stats(
+        args.eval,
+        arms=sorted(config["arms"]),
+        ablations=config.get("ablations") or {},
+        reference=ev.get("reference", "sft"),
+        selection_mode=selection["mode"],
+        selection_step=selection.get("step"),
+        **_bootstrap(config),
+    )
+    out = Path(args.out_dir)
+    for name, table in tables.items():
+        write_table(table, out / f"{name}.parquet")
+    summary = Table("run", "checkpoint", "split", "seed", "pass@1", title="greedy pass@1")
+    for m in tables["metrics"].to_pylist():
+        summary.add_row(m["run"], m["checkpoint"], m["split"], str(m["seed"]), f"{m['pass_at_1']:.3f}")
+    console.print(summary)
+    return 0
+
+
+def _cmd_ablations(args: argparse.Namespace) -> int:
+    from predict.io import write_table
+    from predict.stats import ablation_table, mechanism_metrics, read_evaluation, select_checkpoints
+
+    config = _config(args)
+    ablations = config.get("ablations") or {}
+    if args.ablation not in ablations:
+        raise ConfigError(f"ablations: no ablation {args.ablation!r} (have {', '.join(ablations) or 'none'})")
+    selection_cfg = (config.get("evaluation") or {}).get("selection") or {"mode": "fixed", "step": 100}
+    metrics = []
+    for path in args.eval:
+        ev = read_evaluation(path)
+        metrics.append({"run": ev.run, "checkpoint": ev.checkpoint, "split": ev.split, "seed": ev.seed,
+                        **mechanism_metrics(ev.rows)})
+    selection = select_checkpoints(metrics, selection_cfg["mode"], selection_cfg.get("step"))
+    table = ablation_table(args.ablation, args.eval, selection,
+                           base_arm=(ablations[args.ablation] or {}).get("base_arm", "B"), **_bootstrap(config))
+    write_table(table, args.out)
+    console.print(f"{args.ablation}: {table.num_rows} seed row(s) -> {args.out}")
+    return 0
+
+
+def _cmd_power(args: argparse.Namespace) -> int:
+    import pyarrow.parquet as pq
+
+    from predict.io import write_table
+    from predict.stats import observed_discordance, power_table
+
+    config = _config(args)
+    p = {"deltas": [0.02, 0.03, 0.05], "discordance": [0.2], "tasks": [500], "seeds": [1], "simulations": 2000,
+         "alpha": 0.05, "target": 0.8, **(config.get("power") or {})}
+    discordances = {"config": p["discordance"]}
+    if args.pairs:
+        observed = observed_discordance(pq.read_table(args.pairs))
+        if observed:
+            discordances["observed A vs B"] = observed
+    table = power_table(deltas=p["deltas"], discordances=discordances, tasks=p["tasks"], seeds=p["seeds"],
+                        simulations=p["simulations"], alpha=p["alpha"], target=p["target"],
+                        study_tasks=config["data"]["sizes"]["test"], study_seeds=len(config["seeds"]), seed=args.seed)
+    write_table(table, args.out)
+    console.print(f"power: {table.num_rows} rows -> {args.out}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from predict.report import build_report
+
+    config = _config(args)
+    out = build_report(
+        config,
+        stats_dir=Path(args.stats_dir),
+        ablations=[Path(p) for p in args.ablations],
+        power=Path(args.power),
+        example=Path(args.example) if args.example else None,
+        rl_metrics=[Path(p) for p in args.rl_metrics],
+        tasks=Path(args.tasks) if args.tasks else None,
+        out=Path(args.out),
+    )
+    console.print(f"report: {out}")
+    return 0
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -205,10 +359,69 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-tasks", type=int, default=None, help="first N tasks by task_id (default: all)")
     p.add_argument("--samples", type=int, default=1, help="rollouts per task")
     p.add_argument("--protocol", choices=["reactive", "predictive"], default=None, help="default: the arm's")
-    p.add_argument("--variant", choices=["none", "forced_keep", "budget_neutral"], default="none")
+    p.add_argument("--variant", choices=list(VARIANTS), default="none", help="protocol variant (Arm B's)")
+    p.add_argument(
+        "--test-cost", type=positive_int, default=None, help="budget calls per python_test (default: env.test_cost)"
+    )
+    p.add_argument(
+        "--max-chained-revisions",
+        type=positive_int,
+        default=None,
+        help="edit_on_revise: replacement patches in a row (default: env.max_chained_revisions)",
+    )
     p.add_argument("--client", choices=["eval", "train"], default="eval", help="train = record token ids")
     p.add_argument("--base-url", default=None, help="use this running endpoint instead of starting vLLM")
     p.add_argument("--test-ledger", default=None, help="only for the evaluate_test target")
+    p.add_argument("--out", required=True)
+
+    def config_source(p: argparse.ArgumentParser) -> None:
+        source = p.add_mutually_exclusive_group(required=True)
+        source.add_argument("--config", help="study config file")
+        source.add_argument("--config-json", help="the same, inline (Snakemake passes its merged config)")
+
+    p = stage("traces", _cmd_traces, "synthesize both arms' SFT traces (gold + verified mutants) into parquet")
+    config_source(p)
+    p.add_argument("--tasks", required=True, help="the sft split parquet from `predict split`")
+    p.add_argument("--out-dir", required=True, help="writes {arm}.parquet for every arm and tasks.parquet")
+
+    p = stage("evaluate", _cmd_evaluate, "greedy pass@1 of one run's checkpoint on a split (evaluation settings)")
+    config_source(p)
+    p.add_argument("--run", required=True, help="an arm (A, B) or an ablation (alpha0, forced_keep, ...)")
+    p.add_argument("--checkpoint", required=True, help="base, sft or step<N>")
+    p.add_argument("--split", required=True, choices=["val", "test"])
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--tasks", required=True, help="split parquet from `predict split`")
+    p.add_argument("--model", required=True, help="checkpoint folder or HF id")
+    p.add_argument("--base-url", default=None, help="use this running endpoint instead of starting vLLM")
+    p.add_argument("--test-ledger", default=None, help="only for the evaluate_test target")
+    p.add_argument("--selection", default=None, help="selection.parquet from `predict stats` (test only)")
+    p.add_argument("--out", required=True)
+
+    p = stage("stats", _cmd_stats, "pass@1, paired tests, mechanism metrics and selection from evaluations")
+    config_source(p)
+    p.add_argument("--eval", nargs="+", required=True, help=".../{run}/{checkpoint}/{split}/seed{seed}.parquet")
+    p.add_argument("--out-dir", required=True, help="writes metrics, pairs, confusion, classes, selection .parquet")
+
+    p = stage("ablations", _cmd_ablations, "one ablation's table: a row per seed vs its base arm")
+    config_source(p)
+    p.add_argument("--ablation", required=True)
+    p.add_argument("--eval", nargs="+", required=True, help="val evaluations of the ablation, its base arm and A")
+    p.add_argument("--out", required=True)
+
+    p = stage("power", _cmd_power, "tasks and seeds needed to detect a pass@1 difference (exact McNemar)")
+    config_source(p)
+    p.add_argument("--pairs", default=None, help="pairs.parquet: adds the observed A vs B discordance rates")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+
+    p = stage("report", _cmd_report, "the study report: one self-contained HTML page from parquet")
+    config_source(p)
+    p.add_argument("--stats-dir", required=True)
+    p.add_argument("--ablations", nargs="*", default=[])
+    p.add_argument("--power", required=True)
+    p.add_argument("--example", default=None, help="an evaluation parquet to render one rollout from")
+    p.add_argument("--rl-metrics", nargs="*", default=[], help="results/rl/{run}/seed{seed}/metrics.parquet")
+    p.add_argument("--tasks", default=None, help="the example's split parquet, for the task text")
     p.add_argument("--out", required=True)
     return parser
 

@@ -1,186 +1,117 @@
-"""Roll a checkpoint out over a split: serve it with vLLM, run the environment, persist the records.
+"""Greedy evaluation of one checkpoint of one study run: the `predict evaluate` stage.
 
-This is the `predict rollout` stage. Finished rollouts are persisted one by one (`ResumableParquet`),
-so an interrupted run resumes where it stopped and never redoes a finished rollout. The test split is
-*touched once*: rolling out on it needs the explicit `evaluate_test` target, which passes a ledger;
-each evaluation is recorded there, and a second evaluation of the same arm/checkpoint/seed is refused.
+Rules:
+
+* Evaluation is pass@1 with its own sampling settings, the config's ``evaluation`` section (the paper: temperature
+  0, one sample per task), never the training rollouts' ``env.temperature``. Everything else (protocol, budget,
+  verifier) is the rollout stage's (`predict.rollouts`), and the rows keep the per-trajectory record schema.
+* A run is an arm (``arms``: A, B) or an ablation (``ablations``: each its base arm, Arm B, with one factor
+  changed: ``variant`` is a protocol change applied here, ``alpha`` a training change that only its checkpoints
+  carry). Records carry the base arm in ``arm``; the run is the first folder of the output path
+  (``results/eval/{run}/{checkpoint}/{split}/seed{seed}.parquet``).
+* Checkpoint selection (`predict.stats.select_checkpoints`) reads only val evaluations.
+* The test split is evaluated once, through the rollout stage's ledger: this stage refuses it unless it is given
+  the ledger and the selection table, refuses a checkpoint the selection did not choose, and records the config
+  hash and the selection in the ledger entry.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import logging
-import subprocess
-import time
-from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+import pyarrow.parquet as pq
 
-from predict.data import load_split
-from predict.io import ResumableParquet
+from predict.config import ConfigError
+from predict.rollouts import RolloutJob, SplitGuardError, run_job
 
-log = logging.getLogger(__name__)
-
-
-class SplitGuardError(RuntimeError):
-    """A rollout would touch the test split outside its one explicit evaluation."""
+EVALUATION_DEFAULTS: dict[str, Any] = {"temperature": 0.0, "max_tokens": 512, "samples": 1, "tasks": None}
 
 
-@dataclass(frozen=True)
-class RolloutJob:
-    """One `predict rollout` invocation: which tasks, which model, where the rows go."""
-
-    tasks_path: Path
-    split: str
-    out: Path
-    model: str  # checkpoint folder or HF id
-    checkpoint: str  # the name records carry, e.g. "base", "sft", "rl-step-200"
-    arm: str
-    seed: int
-    n_tasks: int | None = None  # first N tasks by task_id; None = all
-    samples: int = 1  # rollouts per task
-    variant: str = "none"
-    protocol: str | None = None  # None = the arm's protocol from the config
-    client: str = "eval"
-    base_url: str | None = None  # an already running endpoint; None = start vLLM here
-    test_ledger: Path | None = None  # required when split == "test"
+def config_hash(config: Mapping[str, Any]) -> str:
+    """sha256 of the config as canonical JSON: what the test ledger records."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def select_tasks(rows: Sequence[Mapping[str, Any]], n_tasks: int | None, samples: int) -> list[dict[str, Any]]:
-    """The first n_tasks by task_id, each repeated `samples` times with a distinct `sample` index."""
-    chosen = sorted(rows, key=lambda r: r["task_id"])[: n_tasks or None]
-    return [{**row, "sample": s} for row in chosen for s in range(samples)]
+def evaluation_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {**EVALUATION_DEFAULTS, **dict(config.get("evaluation") or {})}
 
 
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or None
-    except OSError:
-        return None
+def run_identity(config: Mapping[str, Any], run: str) -> tuple[str, str]:
+    """(arm, variant) of a study run: an arm runs as itself; an ablation as its base arm with its variant."""
+    if run in config["arms"]:
+        return run, "none"
+    ablations = dict(config.get("ablations") or {})
+    if run in ablations:
+        spec = dict(ablations[run] or {})
+        arm = spec.get("base_arm", "B")
+        if arm not in config["arms"]:
+            raise ConfigError(f"ablations.{run}.base_arm: no arm {arm!r} (have {', '.join(config['arms'])})")
+        return arm, spec.get("variant", "none")
+    known = [*config["arms"], *ablations]
+    raise ConfigError(f"run {run!r} is neither an arm nor an ablation (have {', '.join(known)})")
 
 
-def guard_test_split(job: RolloutJob) -> None:
-    """Refuse the test split unless this is its explicit evaluation, and refuse a second evaluation."""
-    touches_test = job.split == "test" or job.tasks_path.name == "test.parquet"
-    if not touches_test:
-        return
-    if job.test_ledger is None:
-        raise SplitGuardError(
-            f"{job.tasks_path} is the test split, which is evaluated once: use the evaluate_test target "
-            "(snakemake results/test/...), not a rollout stage"
-        )
-    if job.test_ledger.exists():
-        for line_number, line in enumerate(job.test_ledger.read_text().splitlines(), start=1):
-            entry = json.loads(line)
-            same = (entry["arm"], entry["checkpoint"], entry["seed"]) == (job.arm, job.checkpoint, job.seed)
-            if same and entry.get("status") == "done":
-                raise SplitGuardError(
-                    f"{job.test_ledger}:{line_number}: arm {job.arm} checkpoint {job.checkpoint} seed {job.seed} "
-                    f"was already evaluated on test at {entry['time']}; the test split is touched once"
-                )
+def selected_checkpoint(selection_path: Path, run: str, seed: int) -> dict[str, Any]:
+    """The selection row of run/seed from `predict stats`' selection.parquet."""
+    rows = [r for r in pq.read_table(selection_path).to_pylist() if (r["run"], r["seed"]) == (run, seed)]
+    if not rows:
+        raise SplitGuardError(f"{selection_path}: no checkpoint selection for run {run} seed {seed}")
+    return rows[0]
 
 
-def _ledger_append(ledger: Path, entry: Mapping[str, Any]) -> None:
-    ledger.parent.mkdir(parents=True, exist_ok=True)
-    with open(ledger, "a") as f:
-        f.write(json.dumps(dict(entry), sort_keys=True) + "\n")
-
-
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("[bold]rollouts"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("pass {task.fields[passed]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        transient=False,
+def evaluation_job(
+    config: Mapping[str, Any],
+    *,
+    run: str,
+    checkpoint: str,
+    split: str,
+    seed: int,
+    tasks_path: Path,
+    model: str,
+    out: Path,
+    base_url: str | None = None,
+    test_ledger: Path | None = None,
+    selection_path: Path | None = None,
+) -> RolloutJob:
+    """The rollout job of one greedy evaluation (see the module docstring)."""
+    arm, variant = run_identity(config, run)
+    ev = evaluation_settings(config)
+    ledger_extra = None
+    if split == "test":
+        if test_ledger is None or selection_path is None:
+            raise SplitGuardError("the test split is evaluated once, through the evaluate_test target, which passes "
+                                  "the ledger and the checkpoint selection")
+        chosen = selected_checkpoint(selection_path, run, seed)
+        if chosen["checkpoint"] != checkpoint:
+            raise SplitGuardError(
+                f"{selection_path}: run {run} seed {seed} selected checkpoint {chosen['checkpoint']} "
+                f"({chosen['mode']} on val), not {checkpoint}"
+            )
+        ledger_extra = {"config_hash": config_hash(config), "selection": chosen, "evaluation": ev}
+    return RolloutJob(
+        tasks_path=tasks_path,
+        split=split,
+        out=out,
+        model=model,
+        checkpoint=checkpoint,
+        arm=arm,
+        seed=seed,
+        n_tasks=ev["tasks"],
+        samples=int(ev["samples"]),
+        variant=variant,
+        client="eval",
+        base_url=base_url,
+        test_ledger=test_ledger,
+        sampling={"temperature": ev["temperature"], "max_tokens": ev["max_tokens"]},
+        run=run,
+        ledger_extra=ledger_extra,
     )
 
 
-def run_job(job: RolloutJob, study_config: Mapping[str, Any]) -> dict[str, Any]:
-    """Run (or resume) one rollout job and write its parquet. Returns a short summary."""
-    from predict.env.records import RECORD_SCHEMA
-    from predict.env.rollout import RolloutSettings, run_rollouts_sync
-    from predict.serve import VLLMServer
-
-    guard_test_split(job)
-    tasks = select_tasks(load_split(job.tasks_path), job.n_tasks, job.samples)
-    sink = ResumableParquet(job.out, RECORD_SCHEMA, key=("task_id", "sample"))
-    done = sink.done()
-    todo = [t for t in tasks if (t["task_id"], t["sample"]) not in done]
-    log.info("%d rollouts, %d already persisted, %d to run", len(tasks), len(tasks) - len(todo), len(todo))
-    ledger_entry = {
-        "arm": job.arm,
-        "checkpoint": job.checkpoint,
-        "seed": job.seed,
-        "model": job.model,
-        "n_rollouts": len(tasks),
-        "out": str(job.out),
-        "git_commit": _git_commit(),
-    }
-    if job.test_ledger is not None:
-        _ledger_append(job.test_ledger, {**ledger_entry, "status": "started", "time": time.strftime("%FT%T%z")})
-
-    timing: dict[str, float] = {}
-    if todo:
-        serving = study_config["serving"]
-        server = (
-            nullcontext(None)
-            if job.base_url
-            else VLLMServer(
-                job.model,
-                python=serving.get("python"),
-                device=serving["device"],
-                max_model_len=serving.get("max_model_len", 4096),
-                startup_timeout_s=serving.get("startup_timeout_s", 300),
-                log_path=job.out.with_name(job.out.stem + ".vllm.log"),
-            )
-        )
-        t0 = time.perf_counter()
-        with server as srv:
-            timing["server_start_s"] = time.perf_counter() - t0
-            settings = RolloutSettings.from_study_config(
-                study_config,
-                arm=job.arm,
-                seed=job.seed,
-                checkpoint=job.checkpoint,
-                base_url=job.base_url or srv.base_url,
-                model=srv.model_name if srv is not None else job.model,
-                variant=job.variant,
-                client=job.client,
-                split=job.split,
-                **({"protocol": job.protocol} if job.protocol else {}),
-            )
-            passed = sum(bool(r["final_pass"]) for r in sink.rows)
-            t1 = time.perf_counter()
-            with _progress() as bar:
-                bar_task = bar.add_task("rollouts", total=len(tasks), completed=len(tasks) - len(todo), passed=passed)
-
-                def on_record(record: dict[str, Any]) -> None:
-                    nonlocal passed
-                    sink.append([record])  # persisted before anything else can fail
-                    passed += bool(record["final_pass"])
-                    bar.update(bar_task, advance=1, passed=passed)
-
-                run_rollouts_sync(todo, settings, on_record=on_record)
-            timing["rollouts_s"] = time.perf_counter() - t1
-    sink.finish()
-    rows = sink.rows
-    summary = {
-        "rollouts": len(rows),
-        "ran": len(todo),
-        "pass_rate": sum(bool(r["final_pass"]) for r in rows) / max(len(rows), 1),
-        "failed_infra": sum(not r["ok"] for r in rows),
-        **timing,
-    }
-    if "rollouts_s" in timing and todo:
-        summary["rollouts_per_s"] = len(todo) / timing["rollouts_s"]
-    if job.test_ledger is not None:
-        _ledger_append(job.test_ledger, {**ledger_entry, **summary, "status": "done", "time": time.strftime("%FT%T%z")})
-    return summary
+def evaluate(config: Mapping[str, Any], **kw: Any) -> dict[str, Any]:
+    """Run (or resume) one evaluation; returns the rollout stage's summary."""
+    return run_job(evaluation_job(config, **kw), config)

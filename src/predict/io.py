@@ -112,3 +112,17 @@ def write_json(obj: Any, path: str | Path) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def write_text(text: str, path: str | Path) -> Path:
+    """Write a text file (e.g. the HTML report) atomically."""
+    path = Path(path)
+    fd, tmp = _atomic_target(path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path

@@ -1,6 +1,7 @@
 # Shared by all the rules files: config validation, paths, and how jobs reach the `predict` CLI.
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -76,24 +77,80 @@ TRAIN_RESOURCES = GPU_RESOURCES(
 SERVING_CHECK = R("serving", "check.json")
 
 
+EVALUATION = config.get("evaluation") or {}
+ABLATIONS = config.get("ablations") or {}
+
+
 def base_model_path():
     return R("models", "tiny") if config["model"]["base"] == "tiny" else config["model"]["base"]
 
 
-def checkpoint_model(wildcards):
-    """The folder or HF id vLLM serves for a checkpoint name (later stages add sft/rl checkpoints)."""
-    if wildcards.checkpoint == "base":
+def run_arm(run):
+    """The arm a study run trains and rolls out as: an arm itself, or an ablation's base arm (Arm B)."""
+    return run if run in config["arms"] else ABLATIONS[run].get("base_arm", "B")
+
+
+def checkpoint_model(run, checkpoint, seed):
+    """The folder or HF id vLLM serves for a run's checkpoint: base, sft (the run's arm's SFT, shared by its
+    ablations) or step<N> (the run's RL checkpoint for that seed). The one place checkpoint names become paths."""
+    if checkpoint == "base":
         return base_model_path()
-    raise WorkflowError(f"unknown checkpoint {wildcards.checkpoint!r}")
+    if checkpoint == "sft":
+        return R("checkpoints", run_arm(run), "sft")
+    if re.fullmatch(r"step\d+", checkpoint):
+        return R("rl", run, f"seed{seed}", checkpoint)
+    raise WorkflowError(f"unknown checkpoint {checkpoint!r} (base, sft or step<N>)")
 
 
 def checkpoint_inputs(wildcards):
-    """Files a checkpoint depends on: the tiny model folder when it is built here, else nothing."""
-    model = checkpoint_model(wildcards)
-    return [model] if model == R("models", "tiny") else []
+    """Files a checkpoint depends on: its folder when this workflow builds it (the tiny model, SFT, RL)."""
+    model = checkpoint_model(wildcards.get("run", wildcards.get("arm")), wildcards.checkpoint, wildcards.seed)
+    return [model] if model.startswith(str(RESULTS)) else []
+
+
+def checkpoint_available(path):
+    """A checkpoint is evaluated when some rule produces it or it is already there. (A training rule whose output is
+    a folder holding every step's checkpoint is not a producer of one step's path: then make checkpoint_model and
+    checkpoint_inputs point at that rule's output.)"""
+    return Path(path).exists() or any(rule.is_producer(path) for rule in workflow.rules)
+
+
+def EVAL_RUNS():
+    """Every study run: the arms, then the ablations."""
+    return [*sorted(config["arms"]), *ABLATIONS]
+
+
+def EVAL_CHECKPOINTS(run, seed):
+    """The configured checkpoints of a run that exist or are built here; `base`, the untrained stand-in, when none
+    is (a branch or config without trained checkpoints). Wiring new checkpoints in is evaluation.checkpoints."""
+    wanted = EVALUATION.get("checkpoints", ["base"])
+    have = [c for c in wanted if c == "base" or checkpoint_available(checkpoint_model(run, c, seed))]
+    return have or ["base"]
+
+
+def EVALS(runs=None, split="val"):
+    """The greedy evaluation files of these runs (default: all) on a split, every seed and checkpoint."""
+    return [
+        R("eval", run, checkpoint, split, f"seed{seed}.parquet")
+        for run in (runs or EVAL_RUNS())
+        for seed in config["seeds"]
+        for checkpoint in EVAL_CHECKPOINTS(run, seed)
+    ]
+
+
+def RL_METRICS():
+    """The RL metrics tables the report plots, where they exist or are built here."""
+    paths = [R("rl", run, f"seed{seed}", "metrics.parquet") for run in EVAL_RUNS() for seed in config["seeds"]]
+    return [p for p in paths if checkpoint_available(p)]
 
 
 def ROLLOUTS(split, checkpoint="base"):
     return expand(
         R("rollouts", "{arm}", checkpoint, split, "seed{seed}.parquet"), arm=sorted(config["arms"]), seed=config["seeds"]
     )
+
+
+def REPORT_EXAMPLE():
+    """The evaluation a rollout is rendered from: Arm B's first checkpoint of the first seed (else any)."""
+    runs = ["B"] if "B" in config["arms"] else EVAL_RUNS()[:1]
+    return EVALS(runs)[0]

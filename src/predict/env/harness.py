@@ -36,6 +36,10 @@ class LocalAgentHarnessConfig(vf.HarnessConfig):
     revise_costs_call: bool = True
     max_model_calls: int | None = None
     """The program's own cap on model replies (None: `ProtocolConfig.model_call_cap`)."""
+    test_cost: int = 1
+    """Budget calls per python_test that runs (`budget` is the resolved one, already scaled for it)."""
+    max_chained_revisions: int = 2
+    """edit_on_revise: most replacement patches in a row."""
     timeout_s: float = 3.0
     memory_mb: int = 1024
     outcome_labels: str = "structured"
@@ -72,6 +76,8 @@ class LocalAgentHarness(vf.Harness[LocalAgentHarnessConfig]):
             f"--variant={c.variant}",
             f"--budget={c.budget}",
             f"--revise-costs-call={int(c.revise_costs_call)}",
+            f"--test-cost={c.test_cost}",
+            f"--max-chained-revisions={c.max_chained_revisions}",
             f"--task-file={TASK_FILE}",
             f"--result-file={RESULT_FILE}",
             f"--timeout-s={c.timeout_s}",

@@ -60,6 +60,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--budget", type=int, default=8)
     ap.add_argument("--revise-costs-call", type=int, choices=(0, 1), default=1)
     ap.add_argument("--max-model-calls", type=int, default=None)
+    ap.add_argument("--test-cost", type=int, default=1, help="budget calls per python_test (budget already scaled)")
+    ap.add_argument("--max-chained-revisions", type=int, default=2, help="edit_on_revise: replacements in a row")
     ap.add_argument("--task-file", default=TASK_FILE)
     ap.add_argument("--result-file", default=RESULT_FILE)
     ap.add_argument("--timeout-s", type=float, default=3.0, help="sandbox limit per test run")
@@ -167,6 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         budget=args.budget,
         revise_costs_call=bool(args.revise_costs_call),
         max_model_calls=args.max_model_calls,
+        test_cost=args.test_cost,
+        max_chained_revisions=args.max_chained_revisions,
     )
     solution_path = Path(SOLUTION_FILE)
     task = json.loads(Path(args.task_file).read_text())

@@ -13,7 +13,16 @@ Rules (the environment's, documented here and in the system prompts):
   solution.py), ``python_test {"project_path"}``. Paths are relative to the workdir; the workdir holds one file,
   solution.py. Every reply that is not FINAL and not an awaited prediction is a tool call and costs one call of
   the budget, including replies that produce a ``status: error`` result (no action line, malformed JSON, missing
-  arguments, unknown tool, path outside the workdir, missing/ambiguous find text).
+  arguments, unknown tool, path outside the workdir, missing/ambiguous find text), except that a python_test that
+  runs costs ``test_cost`` calls (below).
+* Expensive tests (``test_cost: k``, both protocols, any variant; default 1 = the study's protocol): a python_test
+  that runs spends k budget calls. When fewer than k calls are left it is refused: nothing runs, the answer is
+  ``status: error`` (`ERRORS["test_unaffordable"]`), and the reply costs one call like any other invalid action (so
+  a model that keeps asking still runs out of budget). A python_test with a bad path is an invalid action and costs
+  one call. The budget scales with k so that a direct solve (read_file, apply_patch, python_test, FINAL: 2 + k
+  calls) keeps the spare calls it has at k = 1: the effective budget is ``budget + (k - 1)`` (`scaled_budget`;
+  applied by `ProtocolConfig.resolve` after the variant, so the study's 8 becomes 10 at k = 3). The system prompt
+  states the cost and the refusal exactly (only when k > 1; at k = 1 it is the study's prompt, byte for byte).
 * Budget: after the call that spends the last unit the episode ends (``budget_exhausted``) without another model
   call, except that a successful patch still gets its pending prediction in the predictive protocol (the
   prediction can refund the call under ``revise_costs_call=False``, and then the episode goes on).
@@ -24,9 +33,34 @@ Rules (the environment's, documented here and in the system prompts):
   ``prediction="MALFORMED"`` (the raw reply is kept on the step), counts as a non-PASS prediction (so REVISE,
   unless the variant is forced_keep) and is answered with a ``status: error`` message naming the expected format
   and what happened to the patch.
-* Variants: ``forced_keep`` makes every effective decision KEEP (predictions are still asked for and recorded);
-  ``budget_neutral`` makes REVISE free (``revise_costs_call=False``) or, when a budget is given for it, raises the
-  budget to that value (see `ProtocolConfig.resolve`).
+* Variants (one at a time, all predictive): ``forced_keep`` makes every effective decision KEEP (predictions are
+  still asked for and recorded); ``budget_neutral`` makes REVISE free (``revise_costs_call=False``) or, when a
+  budget is given for it, raises the budget to that value (see `ProtocolConfig.resolve`); ``edit_on_revise``
+  (below). Any action line in a prediction reply is ignored (never executed), except edit_on_revise's replacement.
+* Edit on REVISE (``variant: edit_on_revise``, cap ``max_chained_revisions``, default 2): an effective REVISE
+  (sampled, forced by a non-PASS prediction, or by a malformed line) must be followed in the same reply by a
+  replacement patch: the first action line after the prediction line (anywhere in the reply when no prediction
+  line parsed), ``CALL apply_patch {"find", "replace"}``. The REVISEd patch is shadowed and reverted as
+  always, then the replacement is applied to the reverted solution at no call (the REVISEd patch's call stays
+  spent; REVISE is never refunded here: ``revise_costs_call=False`` is refused), answered with ``patch reverted``
+  and `REPLACEMENT_APPLIED` (its place in the chain, e.g. ``chained revision 1 of 2``), and the next reply must be
+  the replacement's own prediction, under the same rules. A REVISE of the ``max_chained_revisions``-th
+  replacement in a row only reverts it: a replacement in that reply is not applied (`ERRORS["revision_cap"]`,
+  nothing but the revert happens; without one the answer is the plain `RESULT_PATCH_REVERTED`). Below the cap, a
+  REVISE reply without a usable replacement (none, another action, or one that fails like a tool call's patch
+  would: malformed JSON, missing arguments, bad path, missing/ambiguous find text) reverts the patch, applies
+  nothing and is answered ``status: error`` naming why (`ERRORS["replacement_missing"]`,
+  ``["replacement_not_patch"]``, ``["replacement_failed"]``); it costs no call either (a prediction reply never
+  does). Nothing is discarded silently: every REVISE reply's answer says what was applied: ``status: success``
+  (``status: error`` when the prediction was malformed or a replacement was missing, failed or refused), then ``patch reverted`` (the
+  malformed-prediction message instead, when malformed), then the replacement's line, if any. Shadow labels stay as
+  they are: the REVISEd patch's hidden outcome is recorded before the revert; the replacement is a patch like any
+  other (tested in view or shadowed). A pending replacement prediction is asked for even after the budget-ending
+  call, like any patch's. Records: the step of a REVISE reply that applied a replacement is the replacement's
+  patch step too (``applied``, ``edited_from`` = the REVISEd patch's step, ``revision_depth`` = its place in the
+  chain; its prediction fields are the replacement's, filled in by the replacement's own prediction; its own
+  prediction is on the REVISEd patch, ``steps[patch_step]``, like every prediction's). ``edit_error`` holds why a
+  replacement was not applied.
 * Shadow execution: every successful patch gets a verified outcome. A patch is "tested in view" when a
   python_test runs on exactly its solution state before anything changes that state (read_file and failed
   patches change nothing) and its result reaches the model (not the budget-ending call); then the test's outcome
@@ -37,6 +71,11 @@ Rules (the environment's, documented here and in the system prompts):
   free.
 * If the episode is cut off (model error, model-call cap) while a prediction is pending, the patch stays applied
   and its prediction and decision stay null.
+* Records: a *patch step* is a step with ``applied`` (``action == "apply_patch"``, or under edit_on_revise a
+  prediction step that carries a replacement); its prediction fields (prediction, decision_sampled, decision,
+  forced, reverted, prediction_step) are those of its patch. A prediction step's ``patch_step`` is the patch it
+  predicts. ``cost`` is the budget calls a step spent (after a budget_neutral refund), ``calls_used`` the running
+  total.
 """
 
 from __future__ import annotations
@@ -54,14 +93,14 @@ SOLUTION_FILE = "solution.py"
 STUB = "# Write your function here.\n"
 TOOLS: tuple[str, ...] = ("read_file", "apply_patch", "python_test")
 PROTOCOLS: tuple[str, ...] = ("reactive", "predictive")
-VARIANTS: tuple[str, ...] = ("none", "forced_keep", "budget_neutral")
+VARIANTS: tuple[str, ...] = ("none", "forced_keep", "budget_neutral", "edit_on_revise")
 DECISIONS: tuple[str, ...] = ("KEEP", "REVISE")
 PREDICTION_CLASSES: tuple[str, ...] = OUTCOMES
 MALFORMED = "MALFORMED"
 STOP_REASONS: tuple[str, ...] = ("final", "budget", "error", "max_turns")
 
 Protocol = Literal["reactive", "predictive"]
-Variant = Literal["none", "forced_keep", "budget_neutral"]
+Variant = Literal["none", "forced_keep", "budget_neutral", "edit_on_revise"]
 RunTests = Callable[[str], Any]
 """solution text -> an Outcome (or anything with `.outcome` and optionally `.detail`, like a sandbox Verdict)."""
 
@@ -77,8 +116,13 @@ RESULT_PATCH_APPLIED = "status: success\npatch applied"
 RESULT_TESTS_PASSED = "status: success\ntests passed"
 RESULT_TESTS_FAILED = "status: failed\ntests failed (actual: {outcome})"
 # The neutral answers to a prediction message: they reveal nothing about the patch's outcome.
-RESULT_PATCH_KEPT = "status: success\npatch kept"
-RESULT_PATCH_REVERTED = "status: success\npatch reverted"
+PATCH_KEPT = "patch kept"
+PATCH_REVERTED = "patch reverted"
+RESULT_PATCH_KEPT = "status: success\n" + PATCH_KEPT
+RESULT_PATCH_REVERTED = "status: success\n" + PATCH_REVERTED
+
+# edit_on_revise: the line after "patch reverted" when a replacement patch went in (depth: its place in the chain)
+REPLACEMENT_APPLIED = "replacement patch applied (chained revision {depth} of {cap})"
 
 PREDICTION_FORMAT = "<PREDICTION>CLASS</PREDICTION> <DECISION>KEEP|REVISE</DECISION>"
 
@@ -127,6 +171,25 @@ ERRORS: dict[str, str] = {
         + ", ".join(PREDICTION_CLASSES)
         + ". It counts as a non-PASS prediction: the patch was {fate}."
     ),
+    # test_cost > 1
+    "test_unaffordable": (
+        "python_test costs {cost} tool calls, calls left: {left}. Nothing was run (this reply used one call). "
+        "Use the remaining calls for other tools, or end with FINAL: <summary>."
+    ),
+    # edit_on_revise: the line after "patch reverted" when no replacement went in
+    "replacement_missing": (
+        "no replacement patch. After REVISE, put the replacement on a later line of the same reply: "
+        'CALL apply_patch {{"find": "<exact text>", "replace": "<new text>"}}, written against solution.py '
+        "without the reverted patch. Nothing was applied."
+    ),
+    "replacement_not_patch": (
+        "the action after REVISE must be apply_patch, not {tool}; it was not run. Nothing was applied."
+    ),
+    "replacement_failed": "the replacement patch was not applied: {detail}",
+    "revision_cap": (
+        "chained revision limit reached ({cap} replacement patches in a row), so the replacement patch was not "
+        "applied. Continue with a tool call."
+    ),
 }
 
 TOOL_EXAMPLES: dict[str, str] = {
@@ -154,12 +217,17 @@ CALL apply_patch {{"find": "<exact text>", "replace": "<new text>"}}
   replaces the one occurrence of the find text in solution.py (use \\n for newlines inside JSON strings).
 CALL python_test {{"project_path": "solution.py"}}
   runs the task's tests on solution.py and reports the outcome class: PASS, ASSERTION_FAILURE, RUNTIME_ERROR, \
-SYNTAX_ERROR, TIMEOUT or OTHER.
+SYNTAX_ERROR, TIMEOUT or OTHER.{test_cost_note}
 FINAL: <one-line summary>
   ends the episode; solution.py as it is then is graded.
 
 The JSON arguments go on the same line as CALL. You have a budget of {budget} tool calls; a reply that is not a \
 valid action also uses one. When the budget is spent the episode ends and solution.py is graded as it is."""
+
+# test_cost > 1 only (appended to the python_test line; at test_cost 1 the prompt is the study's)
+_SYSTEM_TEST_COST = """
+  It costs {test_cost} tool calls of the budget (every other tool call costs one). With fewer than {test_cost} \
+calls left it is refused with status: error, and that reply uses one call."""
 
 _SYSTEM_PREDICTIVE = """
 
@@ -177,6 +245,45 @@ solution.py and state a decision. Reply with exactly this line:
 <PREDICTION>CLASS</PREDICTION> <DECISION>KEEP|REVISE</DECISION>
 where CLASS is one of PASS, ASSERTION_FAILURE, RUNTIME_ERROR, SYNTAX_ERROR, TIMEOUT, OTHER. The patch is kept \
 whatever you decide. The prediction line is not a tool call."""
+
+
+_SYSTEM_PREDICTIVE_EDIT = """
+
+After every successful apply_patch, before anything else, predict the outcome of running the tests on the patched \
+solution.py and decide whether to keep the patch. Reply with exactly this line:
+<PREDICTION>CLASS</PREDICTION> <DECISION>KEEP|REVISE</DECISION>
+where CLASS is one of PASS, ASSERTION_FAILURE, RUNTIME_ERROR, SYNTAX_ERROR, TIMEOUT, OTHER. KEEP keeps the patch. \
+Any prediction other than PASS means REVISE. REVISE reverts the patch (the tool call stays spent) and must be \
+followed, on a later line of the same reply, by a replacement patch written against solution.py as it was before \
+the reverted patch:
+CALL apply_patch {{"find": "<exact text>", "replace": "<new text>"}}
+The replacement costs no tool call; it is applied and then needs its own prediction line. At most \
+{max_chained_revisions} replacements can follow one another; a REVISE of the last one only reverts it. The \
+prediction line is not a tool call."""
+
+
+def call_line(tool: str, args: dict[str, str]) -> str:
+    """A well-formed action line, as a model that follows the system prompt writes it (used by the SFT traces)."""
+    return f"CALL {tool} {json.dumps(args, ensure_ascii=False)}"
+
+
+def final_line(summary: str) -> str:
+    return f"FINAL: {summary}"
+
+
+def prediction_line(prediction: str, decision: str) -> str:
+    """The prediction reply in `PREDICTION_FORMAT`."""
+    return f"<PREDICTION>{prediction}</PREDICTION> <DECISION>{decision}</DECISION>"
+
+
+def edit_reply(prediction: str, find: str, replace: str) -> str:
+    """An edit_on_revise REVISE reply: the prediction line, then the replacement patch on the next line."""
+    return prediction_line(prediction, "REVISE") + "\n" + call_line("apply_patch", {"find": find, "replace": replace})
+
+
+def scaled_budget(budget: int, test_cost: int) -> int:
+    """The budget at `test_cost`: a direct solve (2 + test_cost calls) keeps the spare calls it has at cost 1."""
+    return budget + test_cost - 1
 
 
 def task_prompt(text: str, test_list: list[str] | tuple[str, ...]) -> str:
@@ -197,6 +304,10 @@ class ProtocolConfig:
     revise_costs_call: bool = True
     max_model_calls: int | None = None
     """Hard cap on model replies; None = the most the budget can use (see `model_call_cap`)."""
+    test_cost: int = 1
+    """Budget calls a python_test that runs spends (`budget` is already scaled for it: see `resolve`)."""
+    max_chained_revisions: int = 2
+    """edit_on_revise: most replacement patches in a row (ignored by the other variants)."""
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -209,6 +320,15 @@ class ProtocolConfig:
             raise ValueError(f"budget must be >= 1, got {self.budget}")
         if self.max_model_calls is not None and self.max_model_calls < 1:
             raise ValueError(f"max_model_calls must be >= 1, got {self.max_model_calls}")
+        if self.test_cost < 1:
+            raise ValueError(f"test_cost must be >= 1, got {self.test_cost}")
+        if self.max_chained_revisions < 1:
+            raise ValueError(f"max_chained_revisions must be >= 1, got {self.max_chained_revisions}")
+        if self.variant == "edit_on_revise" and not self.revise_costs_call:
+            raise ValueError(
+                "variant 'edit_on_revise' needs revise_costs_call=True (a refunded REVISE plus a free "
+                "replacement would make patches free)"
+            )
 
     @classmethod
     def resolve(
@@ -219,14 +339,25 @@ class ProtocolConfig:
         revise_costs_call: bool = True,
         budget_neutral_budget: int | None = None,
         max_model_calls: int | None = None,
+        test_cost: int = 1,
+        max_chained_revisions: int = 2,
     ) -> ProtocolConfig:
-        """Apply the variant: budget_neutral = the raised budget when one is given, else a free REVISE."""
+        """Apply the variant (budget_neutral = the raised budget when one is given, else a free REVISE), then scale
+        the budget for the test cost (`scaled_budget`)."""
         if variant == "budget_neutral":
             if budget_neutral_budget is not None:
                 budget = budget_neutral_budget
             else:
                 revise_costs_call = False
-        return cls(protocol, variant, budget, revise_costs_call, max_model_calls)  # type: ignore[arg-type]
+        return cls(
+            protocol,  # type: ignore[arg-type]
+            variant,  # type: ignore[arg-type]
+            scaled_budget(budget, test_cost),
+            revise_costs_call,
+            max_model_calls,
+            test_cost,
+            max_chained_revisions,
+        )
 
     @property
     def predictive(self) -> bool:
@@ -236,17 +367,23 @@ class ProtocolConfig:
     def model_call_cap(self) -> int:
         """Replies the program asks for at most. Every tool call can be followed by one prediction, plus FINAL:
         2*budget+1 never binds while REVISE costs a call; a free REVISE can loop, so then the cap is 4*budget+1
-        (hitting it ends the episode with stop_reason max_turns)."""
+        (hitting it ends the episode with stop_reason max_turns). Under edit_on_revise a patch call can be followed
+        by 1 + max_chained_revisions predictions: (max_chained_revisions+2)*budget+1, which never binds either."""
         if self.max_model_calls is not None:
             return self.max_model_calls
+        if self.variant == "edit_on_revise":
+            return (self.max_chained_revisions + 2) * self.budget + 1
         return 2 * self.budget + 1 if self.revise_costs_call or not self.predictive else 4 * self.budget + 1
 
     def system_prompt(self) -> str:
-        text = _SYSTEM_COMMON.format(budget=self.budget)
+        note = _SYSTEM_TEST_COST.format(test_cost=self.test_cost) if self.test_cost != 1 else ""
+        text = _SYSTEM_COMMON.format(budget=self.budget, test_cost_note=note)
         if not self.predictive:
             return text
         if self.variant == "forced_keep":
             return text + _SYSTEM_PREDICTIVE_FORCED_KEEP
+        if self.variant == "edit_on_revise":
+            return text + _SYSTEM_PREDICTIVE_EDIT.format(max_chained_revisions=self.max_chained_revisions)
         return text + _SYSTEM_PREDICTIVE.format(revise_cost="" if self.revise_costs_call else ", refunded")
 
     def to_dict(self) -> dict[str, Any]:
@@ -323,6 +460,14 @@ def parse_prediction(reply: str) -> Prediction:
     return Prediction(cls_, decision, True)
 
 
+def replacement_action(reply: str) -> Action:
+    """edit_on_revise: the first action line after the prediction line (outside closed think blocks), or the reply's
+    first action line when no prediction line parsed."""
+    text = strip_thinking(reply)
+    m = _PREDICTION.search(text)
+    return parse_action(text[m.end() :] if m else text)
+
+
 def resolve_path(path: Any) -> str | None:
     """Normalise a workdir-relative path; None when it is absolute or escapes the workdir."""
     if not isinstance(path, str) or not path or path.startswith(("/", "~")) or "\\" in path:
@@ -351,12 +496,17 @@ class Step:
     args: str | None = None  # JSON of the parsed arguments
     error: str | None = None  # error kind, a key of ERRORS
     counted: bool = False  # whether this step spent a budget call (False after a refund)
+    cost: int = 0  # budget calls this step spent (test_cost for a python_test that ran; 0 after a refund)
     calls_used: int = 0  # budget calls used after this step
     # apply_patch
     find: str | None = None
     replace: str | None = None
     applied: bool = False
     patched_code: str | None = None
+    # edit_on_revise, on a REVISE reply's step: the replacement patch it carries (then also a patch step)
+    edited_from: int | None = None  # the REVISEd patch's step, when the replacement was applied
+    revision_depth: int = 0  # on a patch step: 0 for a tool call's patch, k for the k-th replacement in a row
+    edit_error: str | None = None  # why no replacement was applied (a key of ERRORS)
     # prediction (on the prediction step and copied onto its patch step)
     prediction: str | None = None
     decision_sampled: str | None = None
@@ -434,23 +584,32 @@ class Episode:
         self.done, self.stop_reason, self.error = True, stop_reason, error
 
     def summary(self) -> dict[str, Any]:
-        """Episode-level facts for the record (reward and final outcome come from the task's own check)."""
-        patches = [s for s in self.steps if s.action == "apply_patch" and s.applied]
-        predictions = [s for s in self.steps if s.action == "prediction"]
+        """Episode-level facts for the record (reward and final outcome come from the task's own check). Patch
+        counts are over patch steps (``applied``), so an edit_on_revise replacement counts as a patch."""
+        patches = [s for s in self.steps if s.applied]
+        tests = [s for s in self.steps if s.action == "python_test"]
+        edits = [s for s in self.steps if s.edited_from is not None]
         return {
             "budget": self.config.budget,
+            "test_cost": self.config.test_cost,
             "calls_used": self.calls_used,
             "budget_exhausted": self.budget_exhausted,
             "stop_reason": self.stop_reason,
             "n_model_calls": len(self.steps),
             "n_patches": len(patches),
-            "n_tests": sum(s.action == "python_test" for s in self.steps),
+            "n_tests": len(tests),
+            "n_test_calls": sum(s.cost for s in tests),
+            "n_tests_refused": sum(s.error == "test_unaffordable" for s in tests),
             "n_errors": sum(s.status == "error" for s in self.steps),
-            "n_predictions": len(predictions),
-            "n_malformed_predictions": sum(s.prediction == MALFORMED for s in predictions),
+            "n_predictions": sum(s.action == "prediction" for s in self.steps),
+            "n_malformed_predictions": sum(s.prediction == MALFORMED for s in patches),
             "n_revised": sum(s.reverted for s in patches),
-            "n_forced": sum(bool(s.forced) for s in predictions),
+            "n_forced": sum(bool(s.forced) for s in patches),
             "ever_revised": any(s.reverted for s in patches),
+            "n_edit_revisions": len(edits),
+            "n_edit_errors": sum(s.edit_error is not None for s in self.steps),
+            "ever_edited": bool(edits),
+            "max_revision_depth": max((s.revision_depth for s in patches), default=0),
             "first_patch_outcome": patches[0].outcome if patches else None,
             "final_solution": self.solution,
             "error": self.error,
@@ -480,9 +639,10 @@ class Episode:
             if s.outcome_step == test.index:
                 s.outcome_seen, s.outcome_step = False, None
 
-    def _spend(self, step: Step) -> None:
-        self.calls_used += 1
+    def _spend(self, step: Step, calls: int = 1) -> None:
+        self.calls_used += calls
         step.counted = True
+        step.cost += calls
         step.calls_used = self.calls_used
 
     def _error(self, step: Step, kind: str, **fmt: Any) -> Step:
@@ -505,63 +665,60 @@ class Episode:
         if tool not in TOOLS:
             return self._error(step, "unknown_tool", tool=tool)
         step.action = tool
-        try:
-            args = parse_args(action.args_text or "")
-        except ValueError as e:
-            return self._error(step, "malformed_json", tool=tool, detail=e)
-        step.args = json.dumps(args, ensure_ascii=False)
-        missing = [k for k in REQUIRED_ARGS[tool] if not isinstance(args.get(k), str)]
-        if missing:
-            return self._error(
-                step, "missing_args", tool=tool, args=", ".join(REQUIRED_ARGS[tool]), example=TOOL_EXAMPLES[tool]
-            )
+        args, problem = _call_args(tool, action.args_text)
+        if args is not None:
+            step.args = json.dumps(args, ensure_ascii=False)
+        if problem is not None:
+            return self._error(step, problem[0], **problem[1])
+        assert args is not None
         if tool == "read_file":
             return self._read_file(step, args["file_path"])
         if tool == "apply_patch":
             return self._apply_patch(step, args)
         return self._python_test(step, args["project_path"])
 
-    def _check_path(self, step: Step, raw: Any) -> str | None:
-        path = resolve_path(raw)
-        if path is None:
-            self._error(step, "path_outside_workdir", path=raw)
-            return None
-        if path != SOLUTION_FILE:
-            self._error(step, "no_such_file", path=raw)
-            return None
-        return path
-
     def _read_file(self, step: Step, raw_path: str) -> Step:
-        if self._check_path(step, raw_path) is None:
-            return step
+        if (problem := _path_problem(raw_path)) is not None:
+            return self._error(step, problem[0], **problem[1])
         step.status, step.result = "success", read_result(self.solution)
         return step
 
-    def _apply_patch(self, step: Step, args: dict[str, Any]) -> Step:
+    def _patch(self, step: Step, args: dict[str, Any]) -> Problem | None:
+        """Apply a patch to the current solution and make `step` its patch step; or return what is wrong with it
+        (nothing changes then)."""
         find, replace = args["find"], args["replace"]
         step.find, step.replace = find, replace
-        path = self._check_path(step, args.get("file_path", SOLUTION_FILE))
-        if path is None:
-            return step
+        if (problem := _path_problem(args.get("file_path", SOLUTION_FILE))) is not None:
+            return problem
         if not find:
-            return self._error(step, "find_empty")
+            return "find_empty", {}
         count = self.solution.count(find)
         if count == 0:
-            return self._error(step, "find_not_found", path=path)
+            return "find_not_found", {"path": SOLUTION_FILE}
         if count > 1:
-            return self._error(step, "find_ambiguous", path=path, count=count)
+            return "find_ambiguous", {"path": SOLUTION_FILE, "count": count}
         self._shadow_untested()  # the previous patch's state is about to change untested
         self._pre_patch = self.solution
         self.solution = self.solution.replace(find, replace, 1)
-        step.status, step.result, step.applied, step.patched_code = "success", RESULT_PATCH_APPLIED, True, self.solution
+        step.applied, step.patched_code = True, self.solution
         self._untested = step
         if self.config.predictive:
             self._awaiting_prediction = step
+        return None
+
+    def _apply_patch(self, step: Step, args: dict[str, Any]) -> Step:
+        if (problem := self._patch(step, args)) is not None:
+            return self._error(step, problem[0], **problem[1])
+        step.status, step.result = "success", RESULT_PATCH_APPLIED
         return step
 
     def _python_test(self, step: Step, raw_path: str) -> Step:
-        if self._check_path(step, raw_path) is None:
-            return step
+        if (problem := _path_problem(raw_path)) is not None:
+            return self._error(step, problem[0], **problem[1])
+        cost, left = self.config.test_cost, self.config.budget - (self.calls_used - step.cost)
+        if left < cost:  # refused: the reply keeps its one call, nothing runs
+            return self._error(step, "test_unaffordable", cost=cost, left=left)
+        self._spend(step, cost - step.cost)
         outcome, step.outcome_detail = self._test(self.solution)
         step.outcome, step.outcome_seen = outcome.value, True
         if outcome is Outcome.PASS:
@@ -588,6 +745,13 @@ class Episode:
         step = Step(index, "prediction", reply, "success", patch_step=patch.index)
         step.prediction, step.decision_sampled, step.decision = parsed.prediction, parsed.decision, decision
         step.forced = parsed.decision != decision
+        for name in ("prediction", "decision_sampled", "decision", "forced"):
+            setattr(patch, name, getattr(step, name))
+        patch.prediction_step = index
+        lines = []
+        if not parsed.valid:
+            step.status, step.error = "error", "malformed_prediction"
+            lines.append(ERRORS["malformed_prediction"].format(fate="reverted" if decision == "REVISE" else "kept"))
         if decision == "REVISE":
             self._shadow_untested()  # hidden outcome of the patched code, before the revert
             assert self._pre_patch is not None
@@ -595,14 +759,78 @@ class Episode:
             patch.reverted = True
             if not self.config.revise_costs_call and patch.counted:
                 self.calls_used -= 1  # budget_neutral: REVISE gives its call back
-                patch.counted = False
+                patch.counted, patch.cost = False, 0
+            if parsed.valid:
+                lines.append(PATCH_REVERTED)
+            if self.config.variant == "edit_on_revise":
+                edit = self._replace(step, patch, reply)
+                if edit is not None:
+                    lines.append(edit)
+        elif parsed.valid:
+            lines.append(PATCH_KEPT)
         step.calls_used = self.calls_used
-        if parsed.valid:
-            step.result = RESULT_PATCH_REVERTED if decision == "REVISE" else RESULT_PATCH_KEPT
-        else:
-            fate = "reverted" if decision == "REVISE" else "kept"
-            self._error(step, "malformed_prediction", fate=fate)
-        for name in ("prediction", "decision_sampled", "decision", "forced"):
-            setattr(patch, name, getattr(step, name))
-        patch.prediction_step = index
+        if step.edit_error is not None:
+            step.status, step.error = "error", step.error or step.edit_error
+        step.result = f"status: {step.status}\n" + "\n".join(lines)
         return step
+
+    def _replace(self, step: Step, revised: Step, reply: str) -> str | None:
+        """edit_on_revise: apply the REVISE reply's replacement patch to the reverted solution (see the rules);
+        return the answer's line about it (None: a plain revert at the cap)."""
+        depth, cap = revised.revision_depth + 1, self.config.max_chained_revisions
+        action = replacement_action(reply)
+        is_patch = action.kind == "call" and action.tool == "apply_patch"
+        if depth > cap:  # only a revert; an attempted replacement is refused, any other action line ignored
+            return self._edit_error(step, "revision_cap", cap=cap) if is_patch else None
+        if action.kind == "none":
+            return self._edit_error(step, "replacement_missing")
+        if not is_patch:
+            return self._edit_error(step, "replacement_not_patch", tool=action.tool or "FINAL")
+        step.tool, step.action_line = action.tool, action.line
+        args, problem = _call_args("apply_patch", action.args_text)
+        if args is not None:
+            step.args = json.dumps(args, ensure_ascii=False)
+        if problem is None:
+            assert args is not None
+            problem = self._patch(step, args)
+        if problem is not None:  # the error a tool call's patch would get, as the replacement's
+            step.edit_error = problem[0]
+            return ERRORS["replacement_failed"].format(detail=ERRORS[problem[0]].format(**problem[1]))
+        # applied: this step is now the replacement's patch step; its prediction fields wait for its own prediction
+        for name in ("prediction", "decision_sampled", "decision", "forced"):
+            setattr(step, name, None)
+        step.edited_from, step.revision_depth = revised.index, depth
+        return REPLACEMENT_APPLIED.format(depth=depth, cap=cap)
+
+    @staticmethod
+    def _edit_error(step: Step, kind: str, **fmt: Any) -> str:
+        step.edit_error = kind
+        return ERRORS[kind].format(**fmt)
+
+
+Problem = tuple[str, dict[str, Any]]
+"""An error kind (a key of ERRORS) and its format arguments."""
+
+
+def _path_problem(raw: Any) -> Problem | None:
+    path = resolve_path(raw)
+    if path is None:
+        return "path_outside_workdir", {"path": raw}
+    if path != SOLUTION_FILE:
+        return "no_such_file", {"path": raw}
+    return None
+
+
+def _call_args(tool: str, args_text: str | None) -> tuple[dict[str, Any] | None, Problem | None]:
+    """The parsed arguments of a known tool's call, or what is wrong with them (missing required string args)."""
+    try:
+        args = parse_args(args_text or "")
+    except ValueError as e:
+        return None, ("malformed_json", {"tool": tool, "detail": e})
+    missing = [k for k in REQUIRED_ARGS[tool] if not isinstance(args.get(k), str)]
+    if missing:
+        return args, (
+            "missing_args",
+            {"tool": tool, "args": ", ".join(REQUIRED_ARGS[tool]), "example": TOOL_EXAMPLES[tool]},
+        )
+    return args, None

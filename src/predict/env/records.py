@@ -5,12 +5,25 @@ One row per rollout. ``steps`` holds every assistant reply in order (see `protoc
 
 * pass rate: mean ``final_pass`` (or ``reward``) by arm/seed/checkpoint/split; never-revised vs revised rollouts:
   group by ``ever_revised``; budget use: ``calls_used``, ``budget_exhausted``; stops: ``stop_reason``.
-* per patch: the steps with ``action == "apply_patch" and applied``. Each carries the verified ``outcome`` of the
-  patched code (``outcome_seen``: shown to the model by a python_test on that exact state, else a hidden shadow
-  execution), and in the predictive arm its ``prediction``, ``decision_sampled``, ``decision``, ``forced`` and
-  ``reverted``. Prediction accuracy / confusion matrix: ``prediction`` vs ``outcome`` over those patch steps
+* per patch: the steps with ``applied`` (`patch_steps`): ``action == "apply_patch"``, and under edit_on_revise
+  also the REVISE replies that applied a replacement (``edited_from`` set). Each carries the verified ``outcome``
+  of the patched code (``outcome_seen``: shown to the model by a python_test on that exact state, else a hidden
+  shadow execution), and in the predictive arm its ``prediction``, ``decision_sampled``, ``decision``, ``forced``
+  and ``reverted``. Prediction accuracy / confusion matrix: ``prediction`` vs ``outcome`` over those patch steps
   (``prediction == "MALFORMED"`` marks a malformed line). Prediction steps (``action == "prediction"``) repeat
-  the same prediction fields next to the raw reply: count patches, not prediction steps.
+  the same prediction fields next to the raw reply, except one that carries a replacement (its fields are the
+  replacement's; its own prediction is on ``steps[patch_step]``): count patches, not prediction steps.
+* expensive tests (``test_cost`` k > 1; ``budget`` is the scaled one, base + k - 1): runs at k > 1 are compared
+  between arms at the same k. Calls saved per solved task: mean ``calls_used`` over rollouts with ``final_pass``,
+  Arm A minus Arm B (paired by ``task_id`` where both solved); ``n_test_calls`` (calls spent on tests),
+  ``n_tests_refused`` (tests refused for lack of budget) and ``budget_exhausted`` say where calls went. REVISE
+  precision: over Arm B's patch steps with ``decision == "REVISE"`` and an ``outcome``, the share whose
+  ``outcome != "PASS"`` (a REVISE that saved a failing patch's test); its recall: the same over non-PASS patches.
+* edit on REVISE (``variant == "edit_on_revise"``): pass rate of rollouts with an edited REVISE (``ever_edited``)
+  vs never-revised ones (``not ever_revised``); ``n_edit_revisions`` (replacements applied), ``n_edit_errors``
+  (REVISE replies whose replacement was missing, failed or refused at the cap, step field ``edit_error``),
+  ``max_revision_depth`` (longest chain; per patch ``revision_depth``, 0 = a tool call's patch). A replacement's
+  REVISEd patch is ``steps[edited_from]`` (its shadow outcome stays the label of that prediction).
 * recovery: ``recovered`` is null unless the first applied patch's verified outcome was not PASS; then it is
   ``final_pass``. Recovery rate = mean of the non-null values.
 * rows with ``stop_reason == "error"`` or ``ok == False`` are infrastructure failures (``error`` says what): their
@@ -48,11 +61,15 @@ STEP_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     ("args", pa.string()),
     ("error", pa.string()),
     ("counted", pa.bool_()),
+    ("cost", pa.int32()),
     ("calls_used", pa.int32()),
     ("find", pa.string()),
     ("replace", pa.string()),
     ("applied", pa.bool_()),
     ("patched_code", pa.string()),
+    ("edited_from", pa.int32()),
+    ("revision_depth", pa.int32()),
+    ("edit_error", pa.string()),
     ("prediction", pa.string()),
     ("decision_sampled", pa.string()),
     ("decision", pa.string()),
@@ -96,18 +113,26 @@ RECORD_SCHEMA = pa.schema(
         ("client", pa.string()),
         ("budget", pa.int32()),
         ("revise_costs_call", pa.bool_()),
+        ("test_cost", pa.int32()),
+        ("max_chained_revisions", pa.int32()),
         ("steps", pa.list_(STEP_TYPE)),
         ("calls_used", pa.int32()),
         ("budget_exhausted", pa.bool_()),
         ("n_model_calls", pa.int32()),
         ("n_patches", pa.int32()),
         ("n_tests", pa.int32()),
+        ("n_test_calls", pa.int32()),
+        ("n_tests_refused", pa.int32()),
         ("n_errors", pa.int32()),
         ("n_predictions", pa.int32()),
         ("n_malformed_predictions", pa.int32()),
         ("n_forced", pa.int32()),
         ("ever_revised", pa.bool_()),
         ("n_revised", pa.int32()),
+        ("ever_edited", pa.bool_()),
+        ("n_edit_revisions", pa.int32()),
+        ("n_edit_errors", pa.int32()),
+        ("max_revision_depth", pa.int32()),
         ("first_patch_outcome", pa.string()),
         ("recovered", pa.bool_()),
         ("final_outcome", pa.string()),
@@ -133,6 +158,11 @@ RECORD_COLUMNS: tuple[str, ...] = tuple(RECORD_SCHEMA.names)
 def rollout_key(arm: str, seed: int, checkpoint: str, task_id: int, sample: int = 0) -> str:
     """Identity of one rollout, for resume: the same key is never rolled out twice."""
     return f"{arm}|{seed}|{checkpoint}|{task_id}|{sample}"
+
+
+def patch_steps(steps: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The patch steps of one record's ``steps`` (every applied patch, replacements included), in order."""
+    return [s for s in steps if s.get("applied")]
 
 
 def _tokens(trace: Any) -> list[dict[str, Any]] | None:
@@ -173,7 +203,8 @@ def build_record(
     tokens: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The row, from plain pieces (so it is testable without a trace). `meta`: arm, seed, checkpoint, protocol,
-    variant, model, client, budget, revise_costs_call, split (fallback). `task`: task_id, sample, split."""
+    variant, model, client, budget, revise_costs_call, test_cost, max_chained_revisions, split (fallback). `task`:
+    task_id, sample, split."""
     result = dict(agent_result or {})
     summary = dict(result.get("summary") or {})
     steps = list(result.get("steps") or [])
@@ -201,18 +232,26 @@ def build_record(
         "client": meta.get("client"),
         "budget": config.get("budget", meta.get("budget")),
         "revise_costs_call": config.get("revise_costs_call", meta.get("revise_costs_call")),
+        "test_cost": config.get("test_cost", meta.get("test_cost", 1)),
+        "max_chained_revisions": config.get("max_chained_revisions", meta.get("max_chained_revisions", 2)),
         "steps": steps,
         "calls_used": summary.get("calls_used", 0),
         "budget_exhausted": bool(summary.get("budget_exhausted", False)),
         "n_model_calls": summary.get("n_model_calls", len(steps)),
         "n_patches": summary.get("n_patches", 0),
         "n_tests": summary.get("n_tests", 0),
+        "n_test_calls": summary.get("n_test_calls", 0),
+        "n_tests_refused": summary.get("n_tests_refused", 0),
         "n_errors": summary.get("n_errors", 0),
         "n_predictions": summary.get("n_predictions", 0),
         "n_malformed_predictions": summary.get("n_malformed_predictions", 0),
         "n_forced": summary.get("n_forced", 0),
         "ever_revised": bool(summary.get("ever_revised", False)),
         "n_revised": summary.get("n_revised", 0),
+        "ever_edited": bool(summary.get("ever_edited", False)),
+        "n_edit_revisions": summary.get("n_edit_revisions", 0),
+        "n_edit_errors": summary.get("n_edit_errors", 0),
+        "max_revision_depth": summary.get("max_revision_depth", 0),
         "first_patch_outcome": first,
         "recovered": recovered,
         "final_outcome": final_outcome,

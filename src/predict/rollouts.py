@@ -1,0 +1,193 @@
+"""Roll a checkpoint out over a split: serve it with vLLM, run the environment, persist the records.
+
+This is the `predict rollout` stage. Finished rollouts are persisted one by one (`ResumableParquet`),
+so an interrupted run resumes where it stopped and never redoes a finished rollout. The test split is
+*touched once*: rolling out on it needs the explicit `evaluate_test` target, which passes a ledger;
+each evaluation is recorded there, and a second evaluation of the same arm/checkpoint/seed is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from predict.data import load_split
+from predict.io import ResumableParquet
+
+log = logging.getLogger(__name__)
+
+
+class SplitGuardError(RuntimeError):
+    """A rollout would touch the test split outside its one explicit evaluation."""
+
+
+@dataclass(frozen=True)
+class RolloutJob:
+    """One `predict rollout` invocation: which tasks, which model, where the rows go."""
+
+    tasks_path: Path
+    split: str
+    out: Path
+    model: str  # checkpoint folder or HF id
+    checkpoint: str  # the name records carry, e.g. "base", "sft", "rl-step-200"
+    arm: str
+    seed: int
+    n_tasks: int | None = None  # first N tasks by task_id; None = all
+    samples: int = 1  # rollouts per task
+    variant: str = "none"
+    protocol: str | None = None  # None = the arm's protocol from the config
+    client: str = "eval"
+    base_url: str | None = None  # an already running endpoint; None = start vLLM here
+    test_ledger: Path | None = None  # required when split == "test"
+    sampling: Mapping[str, Any] | None = None  # e.g. evaluation's greedy {temperature, max_tokens}; None = env's
+    run: str | None = None  # the study run (arm or ablation) the test ledger keys on; None = the arm
+    ledger_extra: Mapping[str, Any] | None = None  # more ledger fields (config hash, the selection)
+
+
+def select_tasks(rows: Sequence[Mapping[str, Any]], n_tasks: int | None, samples: int) -> list[dict[str, Any]]:
+    """The first n_tasks by task_id, each repeated `samples` times with a distinct `sample` index."""
+    chosen = sorted(rows, key=lambda r: r["task_id"])[: n_tasks or None]
+    return [{**row, "sample": s} for row in chosen for s in range(samples)]
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
+    except OSError:
+        return None
+
+
+def guard_test_split(job: RolloutJob) -> None:
+    """Refuse the test split unless this is its explicit evaluation, and refuse a second evaluation."""
+    touches_test = job.split == "test" or job.tasks_path.name == "test.parquet"
+    if not touches_test:
+        return
+    if job.test_ledger is None:
+        raise SplitGuardError(
+            f"{job.tasks_path} is the test split, which is evaluated once: use the evaluate_test target "
+            "(snakemake results/test/...), not a rollout stage"
+        )
+    if job.test_ledger.exists():
+        for line_number, line in enumerate(job.test_ledger.read_text().splitlines(), start=1):
+            entry = json.loads(line)
+            run = job.run or job.arm
+            same = (entry.get("run", entry["arm"]), entry["checkpoint"], entry["seed"]) == (run, job.checkpoint, job.seed)
+            if same and entry.get("status") == "done":
+                raise SplitGuardError(
+                    f"{job.test_ledger}:{line_number}: run {run} checkpoint {job.checkpoint} seed {job.seed} "
+                    f"was already evaluated on test at {entry['time']}; the test split is touched once"
+                )
+
+
+def _ledger_append(ledger: Path, entry: Mapping[str, Any]) -> None:
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    with open(ledger, "a") as f:
+        f.write(json.dumps(dict(entry), sort_keys=True) + "\n")
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]rollouts"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("pass {task.fields[passed]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        transient=False,
+    )
+
+
+def run_job(job: RolloutJob, study_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Run (or resume) one rollout job and write its parquet. Returns a short summary."""
+    from predict.env.records import RECORD_SCHEMA
+    from predict.env.rollout import RolloutSettings, run_rollouts_sync
+    from predict.serve import VLLMServer
+
+    guard_test_split(job)
+    tasks = select_tasks(load_split(job.tasks_path), job.n_tasks, job.samples)
+    sink = ResumableParquet(job.out, RECORD_SCHEMA, key=("task_id", "sample"))
+    done = sink.done()
+    todo = [t for t in tasks if (t["task_id"], t["sample"]) not in done]
+    log.info("%d rollouts, %d already persisted, %d to run", len(tasks), len(tasks) - len(todo), len(todo))
+    ledger_entry = {
+        "run": job.run or job.arm,
+        "arm": job.arm,
+        "checkpoint": job.checkpoint,
+        "seed": job.seed,
+        "model": job.model,
+        "n_rollouts": len(tasks),
+        "out": str(job.out),
+        "git_commit": _git_commit(),
+        **dict(job.ledger_extra or {}),
+    }
+    if job.test_ledger is not None:
+        _ledger_append(job.test_ledger, {**ledger_entry, "status": "started", "time": time.strftime("%FT%T%z")})
+
+    timing: dict[str, float] = {}
+    if todo:
+        serving = study_config["serving"]
+        server = (
+            nullcontext(None)
+            if job.base_url
+            else VLLMServer(
+                job.model,
+                python=serving.get("python"),
+                device=serving["device"],
+                max_model_len=serving.get("max_model_len", 4096),
+                startup_timeout_s=serving.get("startup_timeout_s", 300),
+                log_path=job.out.with_name(job.out.stem + ".vllm.log"),
+            )
+        )
+        t0 = time.perf_counter()
+        with server as srv:
+            timing["server_start_s"] = time.perf_counter() - t0
+            settings = RolloutSettings.from_study_config(
+                study_config,
+                arm=job.arm,
+                seed=job.seed,
+                checkpoint=job.checkpoint,
+                base_url=job.base_url or srv.base_url,
+                model=srv.model_name if srv is not None else job.model,
+                variant=job.variant,
+                client=job.client,
+                split=job.split,
+                **({"protocol": job.protocol} if job.protocol else {}),
+                **dict(job.sampling or {}),
+            )
+            passed = sum(bool(r["final_pass"]) for r in sink.rows)
+            t1 = time.perf_counter()
+            with _progress() as bar:
+                bar_task = bar.add_task("rollouts", total=len(tasks), completed=len(tasks) - len(todo), passed=passed)
+
+                def on_record(record: dict[str, Any]) -> None:
+                    nonlocal passed
+                    sink.append([record])  # persisted before anything else can fail
+                    passed += bool(record["final_pass"])
+                    bar.update(bar_task, advance=1, passed=passed)
+
+                run_rollouts_sync(todo, settings, on_record=on_record)
+            timing["rollouts_s"] = time.perf_counter() - t1
+    sink.finish()
+    rows = sink.rows
+    summary = {
+        "rollouts": len(rows),
+        "ran": len(todo),
+        "pass_rate": sum(bool(r["final_pass"]) for r in rows) / max(len(rows), 1),
+        "failed_infra": sum(not r["ok"] for r in rows),
+        **timing,
+    }
+    if "rollouts_s" in timing and todo:
+        summary["rollouts_per_s"] = len(todo) / timing["rollouts_s"]
+    if job.test_ledger is not None:
+        _ledger_append(job.test_ledger, {**ledger_entry, **summary, "status": "done", "time": time.strftime("%FT%T%z")})
+    return summary

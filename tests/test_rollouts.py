@@ -1,0 +1,111 @@
+"""The `predict rollout` stage (predict.rollouts): parquet out, resume after a crash, and the touched-once test split."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from predict.config import load_config
+from predict.data import MBPP_SCHEMA
+from predict.env.records import RECORD_SCHEMA
+from predict.io import ResumableParquet, read_rows, write_rows
+from predict.rollouts import RolloutJob, SplitGuardError, run_job, select_tasks
+
+from .conftest import REPO
+from .scripted_endpoint import ScriptedEndpoint
+
+SOLVE = 'CALL apply_patch {"find": "# Write your function here.", "replace": "def multiply_int(x, y):\\n    return x * y"}'
+
+
+@pytest.fixture
+def study() -> dict[str, Any]:
+    return load_config(REPO / "config" / "local.yaml")
+
+
+@pytest.fixture
+def tasks_file(tmp_path: Path, mbpp_rows: list[dict]) -> Path:
+    rows = [r for r in mbpp_rows if r["task_id"] in (127, 128, 129, 130)]
+    return write_rows(rows, MBPP_SCHEMA, tmp_path / "val.parquet")
+
+
+@pytest.fixture
+def endpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    import verifiers.v1.runtimes.subprocess as vf_subprocess
+
+    monkeypatch.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
+    # task 127 gets solved; every other task gives up at once
+    with ScriptedEndpoint({"multiply": [SOLVE, "FINAL: done"], "": ["FINAL: giving up"]}) as ep:
+        yield ep
+
+
+def _job(tasks: Path, out: Path, endpoint: ScriptedEndpoint, **kw: Any) -> RolloutJob:
+    fields = dict(tasks_path=tasks, split="val", out=out, model="scripted", checkpoint="base", arm="A", seed=42,
+                  base_url=endpoint.base_url)
+    return RolloutJob(**{**fields, **kw})
+
+
+def test_select_tasks_takes_the_first_n_with_samples() -> None:
+    rows = [{"task_id": t} for t in (5, 2, 9)]
+    assert [(t["task_id"], t["sample"]) for t in select_tasks(rows, 2, 2)] == [(2, 0), (2, 1), (5, 0), (5, 1)]
+    assert len(select_tasks(rows, None, 1)) == 3
+
+
+def test_rollout_stage_writes_one_row_per_rollout(study, tasks_file: Path, endpoint, tmp_path: Path) -> None:
+    out = tmp_path / "rollouts.parquet"
+    summary = run_job(_job(tasks_file, out, endpoint, n_tasks=2), study)
+    rows = read_rows(out)
+    assert [r["task_id"] for r in rows] == [127, 128]
+    assert {(r["arm"], r["seed"], r["checkpoint"], r["split"]) for r in rows} == {("A", 42, "base", "val")}
+    assert [r["final_pass"] for r in rows] == [True, False]
+    assert summary["pass_rate"] == 0.5 and summary["ran"] == 2
+    assert {r["protocol"] for r in rows} == {"reactive"}  # arm A's protocol in the config
+
+
+def test_protocol_can_be_overridden_per_job(study, tasks_file: Path, endpoint, tmp_path: Path) -> None:
+    out = tmp_path / "rollouts.parquet"
+    run_job(_job(tasks_file, out, endpoint, n_tasks=1, protocol="predictive", variant="forced_keep"), study)
+    (row,) = read_rows(out)
+    assert (row["arm"], row["protocol"], row["variant"]) == ("A", "predictive", "forced_keep")
+    # the solving patch got a prediction request (the scripted FINAL reply is malformed as a prediction)
+    assert row["n_predictions"] == 1
+    assert not out.with_name(out.name + ".partial").exists()
+
+
+def test_interrupted_stage_resumes_without_redoing_rollouts(study, tasks_file: Path, endpoint, tmp_path: Path) -> None:
+    out = tmp_path / "rollouts.parquet"
+    run_job(_job(tasks_file, tmp_path / "first.parquet", endpoint, n_tasks=1), study)
+    persisted = read_rows(tmp_path / "first.parquet")[0]
+    # A crashed run had persisted task 127 (marked so we can tell it was not re-run) and nothing else.
+    ResumableParquet(out, RECORD_SCHEMA, key=("task_id", "sample")).append([{**persisted, "trace_id": "persisted"}])
+    n_requests = len(endpoint.requests)
+
+    summary = run_job(_job(tasks_file, out, endpoint, n_tasks=3), study)
+    rows = read_rows(out)
+    assert [r["task_id"] for r in rows] == [127, 128, 129]
+    assert rows[0]["trace_id"] == "persisted", "a persisted rollout must not run again"
+    assert summary["ran"] == 2
+    assert len(endpoint.requests) - n_requests == 2  # one FINAL reply each for 128 and 129
+
+
+def test_test_split_needs_its_explicit_target_and_is_evaluated_once(
+    study, mbpp_rows: list[dict], endpoint, tmp_path: Path
+) -> None:
+    test_file = write_rows([r for r in mbpp_rows if r["task_id"] == 127], MBPP_SCHEMA, tmp_path / "test.parquet")
+    out = tmp_path / "test-eval.parquet"
+    with pytest.raises(SplitGuardError, match="evaluated once"):
+        run_job(_job(test_file, out, endpoint, split="test"), study)
+    assert not out.exists()
+
+    ledger = tmp_path / "ledger.jsonl"
+    run_job(_job(test_file, out, endpoint, split="test", test_ledger=ledger), study)
+    entries = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert [e["status"] for e in entries] == ["started", "done"]
+    assert entries[-1]["pass_rate"] == 1.0 and entries[-1]["checkpoint"] == "base"
+
+    with pytest.raises(SplitGuardError, match="already evaluated"):
+        run_job(_job(test_file, tmp_path / "again.parquet", endpoint, split="test", test_ledger=ledger), study)
+    # another arm's checkpoint is a different evaluation
+    run_job(_job(test_file, tmp_path / "b.parquet", endpoint, split="test", arm="B", test_ledger=ledger), study)
