@@ -20,6 +20,18 @@ include: "workflow/rules/verifier.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/rollouts.smk"
 include: "workflow/rules/traces.smk"
+# Training before evaluation: evaluation asks which checkpoints some rule produces. The local trainer (rl.smk) or
+# prime-rl on the cluster (prime_rl.smk, SFT included), by config `backend`.
+if config.get("backend", "local") == "prime_rl":
+
+    include: "workflow/rules/prime_rl.smk"
+
+else:
+
+    include: "workflow/rules/train.smk"
+    include: "workflow/rules/rl.smk"
+
+
 include: "workflow/rules/evaluation.smk"
 include: "workflow/rules/stats.smk"
 include: "workflow/rules/report.smk"
@@ -34,5 +46,6 @@ rule all:
         rules.split_mbpp.output,
         rules.verify_gold.output,
         rules.sft_traces.output,
-        ROLLOUTS("val"),
+        # RL of every run and seed (and, on prime-rl, its SFT): the configured backend
+        rules.prime_rl_all.input if config.get("backend", "local") == "prime_rl" else RL_RESULTS,
         rules.report.output,

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mbpp", default=str(REPO.parent / "shared" / "data" / "mbpp" / "mbpp.jsonl"))
+    ap.add_argument("--mbpp", default=str(REPO / "resources" / "mbpp" / "mbpp.jsonl"))
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--protocols", nargs="+", default=["reactive", "predictive"])

@@ -43,7 +43,7 @@ from predict.outcomes import Outcome
 from predict.sandbox import Verifier, isolation_report
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MBPP = ROOT.parent / "shared" / "data" / "mbpp" / "mbpp.jsonl"
+DEFAULT_MBPP = ROOT / "resources" / "mbpp" / "mbpp.jsonl"
 GOLD_TEST = ROOT / "tests" / "test_sandbox_gold.py"
 
 

@@ -1,4 +1,4 @@
-"""Shared test fixtures: where the repository and the offline MBPP copy live."""
+"""Shared test fixtures: where the repository and its MBPP copy (resources/mbpp, PREDICT_MBPP_PATH overrides) live."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-MBPP_PATH = Path(os.environ.get("PREDICT_MBPP_PATH", REPO.parent / "shared" / "data" / "mbpp" / "mbpp.jsonl"))
+MBPP_PATH = Path(os.environ.get("PREDICT_MBPP_PATH", REPO / "resources" / "mbpp" / "mbpp.jsonl"))
 
 
 @pytest.fixture(scope="session")

@@ -156,3 +156,41 @@ def test_cli_reports_bad_input_without_traceback(tmp_path: Path, mbpp_rows: list
     assert proc.returncode == 2
     assert "row 2" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+SHIPPED = Path(__file__).resolve().parents[1] / "resources" / "mbpp"
+
+
+def test_mbpp_ships_with_its_licence_citation_and_pinned_hash() -> None:
+    from predict.config import load_config
+    from predict.data import file_sha256
+
+    assert {"mbpp.jsonl", "LICENSE", "CITATION.bib"} <= {p.name for p in SHIPPED.iterdir()}
+    assert "CC BY 4.0" in (SHIPPED / "LICENSE").read_text()
+    assert "Program Synthesis with Large Language Models" in (SHIPPED / "CITATION.bib").read_text()
+    for name in ("config.yaml", "local.yaml"):
+        data = load_config(SHIPPED.parents[1] / "config" / name)["data"]
+        assert data["mbpp_path"] == "resources/mbpp/mbpp.jsonl"
+        assert data["mbpp_sha256"] == file_sha256(SHIPPED / "mbpp.jsonl")
+    assert len(load_mbpp(SHIPPED / "mbpp.jsonl", sha256=data["mbpp_sha256"])) == 974
+
+
+def test_damaged_copy_fails_naming_file_and_both_hashes(tmp_path: Path) -> None:
+    from predict.config import load_config
+    from predict.data import MBPPChecksumError, file_sha256
+
+    expected = load_config(SHIPPED.parents[1] / "config" / "local.yaml")["data"]["mbpp_sha256"]
+    damaged = tmp_path / "mbpp.jsonl"
+    damaged.write_bytes((SHIPPED / "mbpp.jsonl").read_bytes().replace(b"assert", b"assrt", 1))
+    with pytest.raises(MBPPChecksumError) as info:
+        load_mbpp(damaged, sha256=expected)
+    message = str(info.value)
+    assert str(damaged) in message and expected in message and file_sha256(damaged) in message
+    proc = subprocess.run(  # the stage: one line, no traceback, nothing written
+        [sys.executable, "-m", "predict.cli", "split", "--mbpp", str(damaged), "--mbpp-sha256", expected,
+         "--seed", "42", "--sft", "1", "--rl", "1", "--test", "1", "--out-dir", str(tmp_path / "out")],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "sha256" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()

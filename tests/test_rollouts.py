@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 from predict.config import load_config
@@ -62,6 +63,8 @@ def test_rollout_stage_writes_one_row_per_rollout(study, tasks_file: Path, endpo
     assert [r["final_pass"] for r in rows] == [True, False]
     assert summary["pass_rate"] == 0.5 and summary["ran"] == 2
     assert {r["protocol"] for r in rows} == {"reactive"}  # arm A's protocol in the config
+    isolation = json.loads(pq.read_schema(out).metadata[b"predict.isolation"])  # the sandbox layers of its checks
+    assert isolation["missing"] == [] and set(isolation["required"]) <= set(isolation["active"])
 
 
 def test_protocol_can_be_overridden_per_job(study, tasks_file: Path, endpoint, tmp_path: Path) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
+import sysconfig
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -96,9 +98,12 @@ CASES = [
     Case("killpg_parent", "import os\nos.killpg(os.getpgid(os.getppid()), 9)\n" + F_OK, Outcome.RUNTIME_ERROR),
     Case("kill_parent_via_ctypes", "import ctypes, os\nctypes.CDLL(None).kill(os.getppid(), 9)\n" + F_OK,
          Outcome.RUNTIME_ERROR),
-    Case("kill_parent_via_pidfd",  # no audit event covers pidfd signals: only the privilege drop stops this one
+    Case("kill_parent_via_pidfd",  # no audit event covers pidfds: the privilege drop and signal_filter stop it
          "import os, signal\nsignal.pidfd_send_signal(os.pidfd_open(os.getppid()), signal.SIGKILL)\n" + F_OK,
          Outcome.RUNTIME_ERROR),
+    Case("kill_parent_via_proc_pidfd",  # an open /proc/<pid> dir is a pidfd too (a read-only open passes the hook)
+         "import os, signal\nsignal.pidfd_send_signal(os.open(f'/proc/{os.getppid()}', os.O_RDONLY), signal.SIGKILL)\n"
+         + F_OK, Outcome.RUNTIME_ERROR),
     Case("kill_everything_swallowed",  # the hook refuses; with it gone the kernel still would (we run as nobody)
          "import os, signal\nfor pid in (os.getppid(), 1, -1):\n    try:\n        os.kill(pid, signal.SIGKILL)\n"
          "    except Exception:\n        pass\n" + F_OK, Outcome.PASS),
@@ -356,10 +361,13 @@ def test_output_is_captured_and_capped(pool: Verifier) -> None:
 
 def test_isolation_layers_active_here() -> None:
     report = isolation_report()
-    for layer in ("setsid", "rlimits", "pdeathsig", "env_scrubbed", "audit_hook"):
+    for layer in ("setsid", "rlimits", "pdeathsig", "signal_filter", "env_scrubbed", "audit_hook"):
         assert report[layer], report
     if os.geteuid() == 0:  # this machine: all kernel layers must be on
         for layer in ("mount_namespace", "private_tmp", "net_namespace", "dropped_privileges"):
+            assert report[layer], report
+    else:  # unprivileged (CI runs this as a user it creates): the user-namespace set
+        for layer in ("user_namespace", "mount_namespace", "private_tmp", "net_namespace"):
             assert report[layer], report
     assert isinstance(report, dict) and all(isinstance(v, bool) for v in report.values())
     pool_report = Verifier(workers=1)
@@ -388,14 +396,50 @@ def test_children_run_unprivileged_without_network() -> None:
         assert verdict.outcome is Outcome.PASS, verdict
 
 
+# A checkout or venv under /tmp (a clone in `mktemp -d`) is bound back, read-only, into the sandbox's private /tmp, at
+# its own path, so the child can import from it: the way to it (root's, mode 755) is in /tmp, but it is not litter.
+_PY_DIRS = {os.path.realpath(p) for p in (*sys.path, sys.prefix, sys.base_prefix, *sysconfig.get_paths().values())
+            if p and os.path.isdir(p)}
+KEPT_IN_TMP = sorted({p.split(os.sep)[2] for p in _PY_DIRS if p.startswith("/tmp/")})
+
+
 def test_checks_do_not_see_each_other(pool: Verifier) -> None:
     """Files one check leaves in its sandbox or /tmp are gone before the next check (same server or not)."""
     writer = "import os\nopen('left.txt', 'w').write('x')\nos.close(os.open('/tmp', os.O_RDONLY))\n" + F_OK
-    reader = "import os, glob\nLEFT = glob.glob('/tmp/**', recursive=True)\n" + F_OK
+    reader = (f"import os, glob\nLEFT = sorted(n for n in os.listdir('/tmp') if n not in {KEPT_IN_TMP!r})"
+              "\nLEFT += glob.glob('/tmp/sandbox/**', recursive=True)\n" + F_OK)
     for _ in range(4):
         assert pool.check(writer, TESTS).outcome is Outcome.PASS
-    v = pool.check(reader, [*TESTS, "assert LEFT == ['/tmp/', '/tmp/sandbox'], LEFT"])
+    v = pool.check(reader, [*TESTS, "assert LEFT == ['sandbox', '/tmp/sandbox/'], LEFT"])
     assert v.outcome is Outcome.PASS, v
+
+
+@pytest.mark.skipif(not KEPT_IN_TMP, reason="Python and this checkout are not under /tmp here")
+@pytest.mark.parametrize("runner", ["pool", "once"])
+def test_python_under_tmp_is_bound_back_read_only(runner: str, pool: Verifier) -> None:
+    """A checkout and venv under /tmp stay importable in the private /tmp, and read-only: a check cannot change the
+    harness's own code or leave anything on the way to it."""
+    if not isolation_report()["private_tmp"]:
+        pytest.skip("no private tmpfs on this machine")
+    target = next(p for p in sorted(_PY_DIRS) if p.startswith("/tmp/"))
+    top = os.path.join("/tmp", KEPT_IN_TMP[0])
+    solution = f"""import os
+def attempt(d):
+    try:
+        fd = os.open(d, os.O_RDONLY)
+        os.close(os.open('predict-probe', os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))
+        return 'written'
+    except OSError as e:
+        return e.errno
+INSIDE, WAY = attempt({target!r}), attempt({top!r})
+VISIBLE = os.path.isdir({target!r})
+""" + F_OK
+    tests = [*TESTS, "assert VISIBLE", "import errno\nassert INSIDE in (errno.EROFS, errno.EACCES), INSIDE"]
+    if os.geteuid() == 0:  # unprivileged, the child made the way itself, in a tmpfs that dies with it
+        tests.append("import errno\nassert WAY in (errno.EROFS, errno.EACCES), WAY")
+    verdict = pool.check(solution, tests) if runner == "pool" else check_once(solution, tests, timeout_s=TIMEOUT_S)
+    assert verdict.outcome is Outcome.PASS, verdict
+    assert not os.path.lexists(os.path.join(target, "predict-probe"))
 
 
 # Litter that checks leave through the kernel (os.open with dir_fd slips past the audit hook): in the scratch dirs, in
@@ -406,7 +450,7 @@ for d in {SCRATCH_DIRS!r}:
     fd = os.open(d, os.O_RDONLY)
     os.close(os.open('left-' + d.strip('/').replace('/', '-'), os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))
     os.close(fd)
-LEFT = {{d: sorted(os.listdir(d)) for d in {SCRATCH_DIRS!r}}}
+LEFT = {{d: sorted(n for n in os.listdir(d) if n not in {KEPT_IN_TMP!r}) for d in {SCRATCH_DIRS!r}}}
 """
 LITTER_SCRATCH_TESTS = ["assert LEFT['/tmp'] == ['left-tmp', 'sandbox'], LEFT"] + [
     f"assert LEFT[{d!r}] == ['left-{d.strip('/').replace('/', '-')}'], LEFT" for d in SCRATCH_DIRS if d != "/tmp"]
@@ -439,7 +483,7 @@ LITTERERS = {
 # What the next check in the same server must see instead: nothing, and a sandbox dir made fresh for it.
 INSPECTOR = f"""import os, stat
 CWD, HERE = os.getcwd(), sorted(os.listdir('.'))
-SCRATCH = {{d: sorted(os.listdir(d)) for d in {SCRATCH_DIRS!r}}}
+SCRATCH = {{d: sorted(n for n in os.listdir(d) if n not in {KEPT_IN_TMP!r}) for d in {SCRATCH_DIRS!r}}}
 MODE = stat.S_IMODE(os.stat('.').st_mode)
 XATTRS = os.listxattr('.')
 """ + F_OK

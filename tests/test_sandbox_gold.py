@@ -1,8 +1,8 @@
 """All 974 MBPP gold solutions PASS in the sandbox (3 s timeout, 2 workers), except the documented slow ones.
 
 A gold solution that does not PASS is a verifier bug (or a too-tight limit), so this is the sandbox's main
-regression test. The data is found through PREDICT_MBPP_PATH, defaulting to ../shared/data/mbpp/mbpp.jsonl next to
-the repository.
+regression test. The data is found through PREDICT_MBPP_PATH, defaulting to the repository's
+resources/mbpp/mbpp.jsonl.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from predict.outcomes import Outcome
 from predict.sandbox import Verifier
 
 MBPP_PATH = Path(os.environ.get("PREDICT_MBPP_PATH",
-                                Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp" / "mbpp.jsonl"))
+                                Path(__file__).resolve().parents[1] / "resources" / "mbpp" / "mbpp.jsonl"))
 TIMEOUT_S = 3.0
 WORKERS = 2
 

@@ -37,7 +37,7 @@ def _cmd_split(args: argparse.Namespace) -> int:
     from predict.data import file_sha256, load_mbpp, split_tasks, write_split
 
     source = Path(args.mbpp)
-    rows = load_mbpp(source, hf_fallback=args.hf_fallback)
+    rows = load_mbpp(source, hf_fallback=args.hf_fallback, sha256=args.mbpp_sha256)
     splits = split_tasks(rows, args.seed, {"sft": args.sft, "rl": args.rl, "test": args.test})
     manifest = write_split(
         splits,
@@ -56,6 +56,7 @@ def _cmd_split(args: argparse.Namespace) -> int:
 def _cmd_verify_gold(args: argparse.Namespace) -> int:
     from predict.gold import check_gold, summarize, write_gold_report
 
+    isolation: dict = {}
     rows = check_gold(
         args.data_dir,
         args.splits,
@@ -63,8 +64,13 @@ def _cmd_verify_gold(args: argparse.Namespace) -> int:
         memory_mb=args.memory_mb,
         workers=args.workers,
         outcome_labels=args.outcome_labels,
+        require="auto" if args.require_layers == "auto" else args.require_layers.split(","),
+        accept_weaker=args.accept_weaker,
+        isolation=isolation,
     )
-    write_gold_report(rows, args.out, args.summary_out)
+    write_gold_report(rows, args.out, args.summary_out, isolation)
+    if isolation["missing"]:
+        log.warning("weaker sandbox isolation accepted: %s not active", ", ".join(isolation["missing"]))
     table = Table("split", "outcome", "gold solutions", title="Verifier report: gold solutions by class")
     for entry in summarize(rows):
         if entry["count"]:
@@ -296,6 +302,113 @@ def positive_int(text: str) -> int:
     return value
 
 
+def _cmd_sft(args: argparse.Namespace) -> int:
+    from predict.train.sft import SFTConfig, run_sft
+
+    config = _config(args)
+    if "sft" not in config:
+        raise ConfigError(f"{args.config or 'config'}: no sft section")
+    cfg = SFTConfig.from_config(config["sft"])
+    summary = run_sft(
+        traces=Path(args.traces),
+        base_model=args.base_model,
+        out_dir=Path(args.out_dir),
+        metrics_out=Path(args.metrics_out),
+        state_dir=Path(args.state_dir),
+        cfg=cfg,
+        arm=args.arm,
+        enable_thinking=config["model"].get("enable_thinking", True),
+        max_steps=args.max_steps,
+    )
+    table = Table("measure", "value", title=f"SFT arm {args.arm}: {args.out_dir}")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    console.print(table)
+    return 0
+
+
+def _cmd_rl(args: argparse.Namespace) -> int:
+    from predict.runs import resolve_run
+    from predict.train.rl import RLJob, run_rl
+
+    config = _config(args)
+    if "rl" not in config:
+        raise ConfigError("config: no rl section")
+    resolve_run(config, args.run)
+    job = RLJob(
+        run=args.run,
+        seed=args.seed,
+        init=Path(args.init),
+        tasks=Path(args.tasks),
+        out_dir=Path(args.out_dir),
+        base_url=args.base_url,
+    )
+    if not job.init.is_dir():
+        raise FileNotFoundError(f"--init {job.init}: not a checkpoint folder")
+    summary = run_rl(job, config)
+    table = Table("measure", "value", title=f"RL: {job.run}, seed {job.seed}")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    console.print(table)
+    return 0
+
+
+def _cmd_prime_rl_setup(args: argparse.Namespace) -> int:
+    from predict.train.prime_rl.cluster import PATCH, setup_prime_rl
+
+    summary = setup_prime_rl(
+        args.repo, args.commit, args.dir, patch=args.patch or PATCH, python=args.python, extras=args.extra, out=args.out
+    )
+    console.print(f"prime-rl at {summary['commit'][:12]} in {args.dir}, PredictAlgorithm registered")
+    return 0
+
+
+def _cmd_prime_rl_config(args: argparse.Namespace) -> int:
+    from predict.train.prime_rl import configs
+
+    config = _config(args)
+    if args.kind == "rl":
+        if args.run is None or args.seed is None or args.tasks is None:
+            raise ValueError("prime-rl-config rl needs --run, --seed and --tasks")
+        table = configs.rl_config(
+            config, args.run, args.seed, model=args.model, tasks=args.tasks, output_dir=args.output_dir
+        )
+    else:
+        if args.arm is None or args.traces is None or args.dataset_dir is None:
+            raise ValueError("prime-rl-config sft needs --arm, --traces and --dataset-dir")
+        data = configs.write_sft_dataset(args.traces, args.dataset_dir)
+        console.print(f"SFT dataset: {data}")
+        table = configs.sft_config(
+            config, args.arm, model=args.model, dataset_dir=args.dataset_dir, output_dir=args.output_dir
+        )
+    configs.write_toml(table, args.out)
+    console.print(f"prime-rl {args.kind} config: {args.out}")
+    return 0
+
+
+def _cmd_prime_rl_train(args: argparse.Namespace) -> int:
+    from predict.train.prime_rl import configs
+    from predict.train.prime_rl.cluster import launch
+
+    launch(args.kind, args.toml, args.dir)
+    output_dir = configs.read_toml(args.toml)["output_dir"]
+    if args.kind == "rl":
+        if args.run_dir is None or args.checkpoints_out is None:
+            raise ValueError("prime-rl-train rl needs --run-dir and --checkpoints-out")
+        summary = configs.collect_rl_checkpoints(output_dir, args.run_dir, args.checkpoints_out)
+        console.print(f"RL checkpoints: steps {summary['steps']} under {args.run_dir}")
+        metrics = Path(args.metrics_out or Path(args.run_dir) / "metrics.parquet")
+    else:
+        if args.checkpoint is None:
+            raise ValueError("prime-rl-train sft needs --checkpoint")
+        step = configs.collect_sft_checkpoint(output_dir, args.checkpoint)
+        console.print(f"SFT checkpoint (step {step}): {args.checkpoint}")
+        metrics = Path(args.metrics_out or Path(args.toml).parent / "metrics.parquet")
+    n = configs.write_metrics(output_dir, metrics)
+    console.print(f"metrics: {n} values -> {metrics}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="predict", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -312,6 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = stage("split", _cmd_split, "read MBPP, split it with a seed, write {sft,rl,val,test}.parquet + manifest.json")
     p.add_argument("--mbpp", required=True, help="MBPP jsonl or parquet")
     p.add_argument("--hf-fallback", action="store_true", help="load HF mbpp/full if --mbpp does not exist")
+    p.add_argument("--mbpp-sha256", default=None, help="the file must have this sha256 (config data.mbpp_sha256)")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--sft", type=int, required=True)
     p.add_argument("--rl", type=int, required=True)
@@ -325,6 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-mb", type=int, default=1024)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--outcome-labels", choices=["structured", "original"], default="structured")
+    p.add_argument("--require-layers", default="auto",
+                   help="sandbox layers that must be active: 'auto' or a comma-separated list (verifier.isolation)")
+    p.add_argument("--accept-weaker", action="store_true", help="run even if a required layer is missing (recorded)")
     p.add_argument("--out", required=True, help="per-task parquet")
     p.add_argument("--summary-out", required=True, help="counts by split and class, parquet")
 
@@ -423,6 +540,57 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rl-metrics", nargs="*", default=[], help="results/rl/{run}/seed{seed}/metrics.parquet")
     p.add_argument("--tasks", default=None, help="the example's split parquet, for the task text")
     p.add_argument("--out", required=True)
+    p = stage("rl", _cmd_rl, "RL (GRPO) of one run and seed on the rl split: step checkpoints + metrics (resumes)")
+    config_source(p)
+    p.add_argument("--run", required=True, help="an arm (A, B) or an ablation (alpha0, forced_keep, ...)")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--init", required=True, help="starting checkpoint: the run's arm's SFT folder")
+    p.add_argument("--tasks", required=True, help="the rl split parquet")
+    p.add_argument("--out-dir", required=True, help="results/rl/<run>/seed<seed>")
+    p.add_argument("--base-url", default=None, help="roll out against this endpoint (no weight sync; tests)")
+
+    p = stage("sft", _cmd_sft, "supervised fine-tuning on rendered traces -> an HF checkpoint (resumes after a kill)")
+    config_source(p)
+    p.add_argument("--arm", required=True)
+    p.add_argument("--traces", required=True, help="traces parquet with a messages column")
+    p.add_argument("--base-model", required=True, help="checkpoint folder or HF id to start from")
+    p.add_argument("--out-dir", required=True, help="the HF checkpoint folder written at the end")
+    p.add_argument("--metrics-out", required=True, help="per-step loss log (parquet)")
+    p.add_argument("--state-dir", required=True, help="resumable trainer state (removed when done)")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after N steps (smoke tests)")
+    p = stage("prime-rl-setup", _cmd_prime_rl_setup, "clone prime-rl at the pinned commit, register PredictAlgorithm, uv sync")
+    p.add_argument("--repo", required=True, help="URL or local clone of prime-rl")
+    p.add_argument("--commit", required=True, help="40-hex commit (config prime_rl.commit)")
+    p.add_argument("--dir", required=True, help="where the checkout and its .venv live")
+    p.add_argument("--python", default="3.12")
+    p.add_argument("--patch", default=None, help="default: workflow/prime-rl/predict-algorithm.patch")
+    p.add_argument("--extra", action="append", default=[], help="prime-rl extra for uv sync (repeatable)")
+    p.add_argument("--out", required=True, help="setup.json")
+
+    p = stage("prime-rl-config", _cmd_prime_rl_config, "render a prime-rl rl/sft TOML (and the SFT dataset)")
+    p.add_argument("kind", choices=["rl", "sft"])
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="study config file")
+    source.add_argument("--config-json", help="the same, inline (Snakemake passes its merged config)")
+    p.add_argument("--model", required=True, help="start checkpoint: folder or HF id")
+    p.add_argument("--output-dir", required=True, help="prime-rl's output_dir")
+    p.add_argument("--out", required=True, help="the TOML to write")
+    p.add_argument("--run", help="rl: an arm or an ablation (alpha0, forced_keep, budget_neutral)")
+    p.add_argument("--seed", type=int, help="rl")
+    p.add_argument("--tasks", help="rl: the rl split parquet")
+    p.add_argument("--arm", help="sft")
+    p.add_argument("--traces", help="sft: results/sft/traces/{arm}.parquet (column messages)")
+    p.add_argument("--dataset-dir", help="sft: where to write the messages dataset")
+
+    p = stage("prime-rl-train", _cmd_prime_rl_train, "run prime-rl rl/sft on a rendered TOML, collect checkpoints")
+    p.add_argument("kind", choices=["rl", "sft"])
+    p.add_argument("--toml", required=True)
+    p.add_argument("--dir", required=True, help="the prime-rl checkout (prime-rl-setup --dir)")
+    p.add_argument("--run-dir", help="rl: results/rl/{run}/seed{seed}: steps land in step{N}/")
+    p.add_argument("--checkpoints-out", help="rl: checkpoints.json")
+    p.add_argument("--checkpoint", help="sft: results/checkpoints/{arm}/sft")
+    p.add_argument("--metrics-out", help="prime-rl's metrics as parquet (default: next to --run-dir / the TOML)")
+
     return parser
 
 

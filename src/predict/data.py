@@ -38,6 +38,10 @@ class MBPPFormatError(ValueError):
     """A row of the MBPP source is malformed; the message names the file, the row and the field."""
 
 
+class MBPPChecksumError(ValueError):
+    """The MBPP file is not the pinned one (damaged, truncated or another version); names file and both hashes."""
+
+
 def _is_str_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
@@ -92,15 +96,34 @@ def _load_hf() -> list[dict[str, Any]]:
     return [dict(r) for name in sorted(dataset) for r in dataset[name]]
 
 
-def load_mbpp(path: str | Path, *, hf_fallback: bool = False) -> list[dict[str, Any]]:
-    """Read and validate MBPP from jsonl or parquet; sorted by task_id. Fails on the first bad row."""
+def check_sha256(path: str | Path, expected: str) -> None:
+    """Fail with MBPPChecksumError unless the file's sha256 is ``expected`` (config ``data.mbpp_sha256``)."""
+    actual = file_sha256(Path(path))
+    if actual != expected.lower():
+        raise MBPPChecksumError(
+            f"{path}: sha256 is {actual}, expected {expected.lower()} (data.mbpp_sha256): the MBPP copy is damaged or "
+            "not the pinned file; restore it (git checkout -- resources/mbpp) or fix the config"
+        )
+
+
+def load_mbpp(path: str | Path, *, hf_fallback: bool = False, sha256: str | None = None) -> list[dict[str, Any]]:
+    """Read and validate MBPP from jsonl or parquet; sorted by task_id. Fails on the first bad row.
+
+    With ``sha256`` the file must hash to it (checked before anything is parsed); the Hugging Face fallback, used
+    only when the file is missing, has no file to hash.
+    """
     path = Path(path)
     if path.exists():
+        if sha256 is not None:
+            check_sha256(path, sha256)
         raw, source = _read_raw(path), str(path)
     elif hf_fallback:
         raw, source = _load_hf(), "hf:mbpp/full"
     else:
-        raise FileNotFoundError(f"MBPP not found at {path} (set data.hf_fallback: true to download it)")
+        raise FileNotFoundError(
+            f"MBPP not found at {path} (the repository ships it as resources/mbpp/mbpp.jsonl; "
+            "set data.hf_fallback: true to download it)"
+        )
     rows = [validate_row(r, i, source) for i, r in enumerate(raw, start=1)]
     seen: dict[int, int] = {}
     for i, r in enumerate(rows, start=1):

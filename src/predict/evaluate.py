@@ -25,8 +25,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from predict.config import ConfigError
 from predict.rollouts import RolloutJob, SplitGuardError, run_job
+from predict.runs import resolve_run
 
 EVALUATION_DEFAULTS: dict[str, Any] = {"temperature": 0.0, "max_tokens": 512, "samples": 1, "tasks": None}
 
@@ -41,18 +41,9 @@ def evaluation_settings(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_identity(config: Mapping[str, Any], run: str) -> tuple[str, str]:
-    """(arm, variant) of a study run: an arm runs as itself; an ablation as its base arm with its variant."""
-    if run in config["arms"]:
-        return run, "none"
-    ablations = dict(config.get("ablations") or {})
-    if run in ablations:
-        spec = dict(ablations[run] or {})
-        arm = spec.get("base_arm", "B")
-        if arm not in config["arms"]:
-            raise ConfigError(f"ablations.{run}.base_arm: no arm {arm!r} (have {', '.join(config['arms'])})")
-        return arm, spec.get("variant", "none")
-    known = [*config["arms"], *ablations]
-    raise ConfigError(f"run {run!r} is neither an arm nor an ablation (have {', '.join(known)})")
+    """(arm, variant) of a study run (see `predict.runs`)."""
+    spec = resolve_run(config, run)
+    return spec.arm, spec.variant
 
 
 def selected_checkpoint(selection_path: Path, run: str, seed: int) -> dict[str, Any]:

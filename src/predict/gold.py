@@ -7,7 +7,7 @@ bug, so this report is the first thing to read after changing the sandbox or the
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +38,22 @@ def check_gold(
     workers: int,
     outcome_labels: str,
     progress: bool = True,
+    require: str | Sequence[str] = "auto",
+    accept_weaker: bool = False,
+    isolation: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per task of the given splits: the verified outcome of its gold solution."""
-    from predict.sandbox import Verifier  # noqa: PLC0415 - keeps `predict split` free of the sandbox
+    """One row per task of the given splits: the verified outcome of its gold solution.
+
+    Before any check, the pool's isolation layers are held against ``require`` (config verifier.isolation): a missing
+    one raises IsolationError unless ``accept_weaker``. The isolation record goes into ``isolation`` if given.
+    """
+    from predict.sandbox import Verifier, check_isolation  # noqa: PLC0415 - keeps `predict split` free of the sandbox
 
     tasks = [(split, row) for split in splits for row in load_split(Path(data_dir) / f"{split}.parquet")]
     with Verifier(timeout_s=timeout_s, memory_mb=memory_mb, workers=workers, outcome_labels=outcome_labels) as v:
+        record = check_isolation(v.isolation_status(), require, accept_weaker)
+        if isolation is not None:
+            isolation.update(record)
         verdicts = v.check_many(
             [(row["code"], row["test_list"], row["test_setup_code"]) for _, row in tasks], progress=progress
         )
@@ -66,6 +76,11 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"split": s, "outcome": o, "count": counts[(s, o)]} for s in splits for o in OUTCOMES]
 
 
-def write_gold_report(rows: Sequence[dict[str, Any]], out: str | Path, summary_out: str | Path) -> None:
-    write_rows(rows, GOLD_SCHEMA, out)
-    write_rows(summarize(rows), SUMMARY_SCHEMA, summary_out)
+def write_gold_report(rows: Sequence[dict[str, Any]], out: str | Path, summary_out: str | Path,
+                      isolation: Mapping[str, Any] | None = None) -> None:
+    """Both parquets; the isolation record (active layers, what was required) goes into their schema metadata."""
+    from predict.sandbox import isolation_metadata  # noqa: PLC0415
+
+    metadata = isolation_metadata(dict(isolation)) if isolation else None
+    write_rows(rows, GOLD_SCHEMA, out, metadata)
+    write_rows(summarize(rows), SUMMARY_SCHEMA, summary_out, metadata)

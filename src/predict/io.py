@@ -23,9 +23,11 @@ def _atomic_target(path: Path) -> tuple[int, Path]:
     return fd, Path(tmp)
 
 
-def write_table(table: pa.Table, path: str | Path) -> Path:
-    """Write a pyarrow table to parquet atomically."""
+def write_table(table: pa.Table, path: str | Path, metadata: Mapping[str, str] | None = None) -> Path:
+    """Write a pyarrow table to parquet atomically; ``metadata`` is added to its schema metadata (str -> str)."""
     path = Path(path)
+    if metadata:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
     fd, tmp = _atomic_target(path)
     os.close(fd)
     try:
@@ -37,10 +39,11 @@ def write_table(table: pa.Table, path: str | Path) -> Path:
     return path
 
 
-def write_rows(rows: Iterable[Mapping[str, Any]], schema: pa.Schema, path: str | Path) -> Path:
+def write_rows(rows: Iterable[Mapping[str, Any]], schema: pa.Schema, path: str | Path,
+               metadata: Mapping[str, str] | None = None) -> Path:
     """Write dict rows with an explicit schema (so an empty table still has its columns)."""
     table = pa.Table.from_pylist([dict(r) for r in rows], schema=schema)
-    return write_table(table, path)
+    return write_table(table, path, metadata)
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -88,10 +91,10 @@ class ResumableParquet:
         write_rows(rows, self.schema, self.partial_dir / f"part-{index:05d}.parquet")
         self._rows.extend(dict(r) for r in rows)
 
-    def finish(self) -> Path:
+    def finish(self, metadata: Mapping[str, str] | None = None) -> Path:
         """Write every persisted row, ordered by key, to the output and drop the partial folder."""
         rows = sorted(self._rows, key=lambda r: tuple(r[k] for k in self.key))
-        write_rows(rows, self.schema, self.out)
+        write_rows(rows, self.schema, self.out, metadata)
         for part in self._parts():
             part.unlink()
         # A part being written when an earlier run was killed (scancel, OOM) leaves its temporary file; its rows

@@ -107,6 +107,18 @@ def _progress() -> Progress:
     )
 
 
+def sandbox_isolation(study_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Hold the sandbox layers that the rollout's checks get (check_once children of this process, as in the agent
+    program) against config verifier.isolation; the record goes into the rollout parquet's metadata."""
+    from predict.sandbox import check_isolation, isolation_status  # noqa: PLC0415
+
+    policy = study_config.get("verifier", {}).get("isolation", {})
+    record = check_isolation(isolation_status(), policy.get("require", "auto"), policy.get("accept_weaker", False))
+    if record["missing"]:
+        log.warning("weaker sandbox isolation accepted: %s not active", ", ".join(record["missing"]))
+    return record
+
+
 def run_job(job: RolloutJob, study_config: Mapping[str, Any]) -> dict[str, Any]:
     """Run (or resume) one rollout job and write its parquet. Returns a short summary."""
     from predict.env.records import RECORD_SCHEMA
@@ -114,6 +126,7 @@ def run_job(job: RolloutJob, study_config: Mapping[str, Any]) -> dict[str, Any]:
     from predict.serve import VLLMServer
 
     guard_test_split(job)
+    isolation = sandbox_isolation(study_config)
     tasks = select_tasks(load_split(job.tasks_path), job.n_tasks, job.samples)
     sink = ResumableParquet(job.out, RECORD_SCHEMA, key=("task_id", "sample"))
     done = sink.done()
@@ -177,7 +190,9 @@ def run_job(job: RolloutJob, study_config: Mapping[str, Any]) -> dict[str, Any]:
 
                 run_rollouts_sync(todo, settings, on_record=on_record)
             timing["rollouts_s"] = time.perf_counter() - t1
-    sink.finish()
+    from predict.sandbox import isolation_metadata  # noqa: PLC0415
+
+    sink.finish(metadata=isolation_metadata(isolation))
     rows = sink.rows
     summary = {
         "rollouts": len(rows),

@@ -7,7 +7,9 @@ enforces the wall clock, drains stdout/stderr, reaps the child and turns the evi
 :class:`~predict.outcomes.Outcome`. Classification never greps stderr (except :func:`label_original`, which exists to
 reproduce the study's original heuristic).
 
-Isolation layers (``isolation_report()`` says which were active on this machine):
+Isolation layers (``isolation_report()`` says which were active on this machine; ``check_isolation`` holds them against
+the config's ``verifier.isolation.require`` and raises IsolationError naming each missing layer and why, unless
+``accept_weaker``; its record goes into the parquet metadata of the verifier report and every rollout):
 
 - wall clock: the parent kills the child's whole process group (``setsid`` + ``killpg``) at ``timeout_s``.
 - RLIMIT_CPU: a CPU-time backstop (SIGXCPU, then SIGKILL) one second past the timeout, reported as TIMEOUT.
@@ -22,13 +24,23 @@ Isolation layers (``isolation_report()`` says which were active on this machine)
   and /run/lock; cwd is a directory in that tmpfs, so nothing written to "/tmp" reaches the host. A fork server sets
   this up once; after every check it removes the check's sandbox dir and wipes the tmpfs if anything is left in them
   (an rmdir and one directory read each tell), and it makes a new sandbox dir for the next check, so checks never
-  see each other's files or each other's sandbox dir (mode, xattrs). check_once mounts per child.
+  see each other's files or each other's sandbox dir (mode, xattrs). check_once mounts per child. Python directories
+  under those dirs (a checkout and its venv in ``mktemp -d``) are held open, covered, and bound back read-only at
+  their own paths (the way to them root's, mode 755, and left alone by the cleanup), so where the repository is
+  installed changes nothing.
 - hidden home: if Python lives under a directory nobody cannot enter (pyenv in /root, mode 700), that directory is
   covered by an empty tmpfs in the private mount namespace and only the Python directories are bind-mounted back,
   read-only, so the unprivileged child can import the stdlib and sees nothing else of root's home.
 - privileges: when root, drop to nobody (setgroups([]), setgid/setuid 65534): root files stay read-only, other
   processes (the supervisor included) cannot be signalled, RLIMIT_NPROC applies. When not root, an unprivileged
-  user namespace is tried instead (and everything degrades gracefully when it is unavailable).
+  user namespace is tried instead: the child is mapped to root in it, gets its own mount and network namespaces and
+  private tmp, but stays the invoking user to the kernel (so files that user owns outside /tmp are guarded by the
+  audit hook only). A layer that cannot be had is reported with its reason, and the stages refuse to run without it.
+- signal filter (seccomp): the child may signal only itself (its pid, its process group); pidfd_send_signal (a pidfd
+  can come from opening /proc/<pid>), ptrace and process_vm_* are refused. It is what keeps an unprivileged child,
+  which has its fork server's uid, from killing the server (no audit event covers pidfds), and a nobody child from
+  killing the checks running next to it. It is built once per fork server; installing it (the kernel compiles it
+  for each child) costs a child roughly 0.1 ms of CPU on this VM (too noisy here to say more precisely).
 - file descriptors: stdin is /dev/null, stdout/stderr are pipes whose last 64 KiB are kept, every other inherited
   descriptor (the fork server's protocol pipes included) is closed; only the verdict pipe stays open.
 - environment: cleared to PATH/LANG/HOME=sandbox, so no inherited secrets. A fork server starts scrubbed and then
@@ -121,7 +133,8 @@ from predict.outcomes import Outcome
 if TYPE_CHECKING:
     import queue
 
-__all__ = ["Verdict", "Verifier", "check_once", "isolation_report", "label_original"]
+__all__ = ["IsolationError", "Verdict", "Verifier", "check_isolation", "check_once", "isolation_report",
+           "isolation_status", "label_original", "required_layers"]
 
 OutcomeLabels = Literal["structured", "original"]
 
@@ -282,6 +295,7 @@ class _Channel:
     tampered: bool  # several verdict messages with the right nonce
     layers: dict[str, bool]  # the isolation report the child sent before running user code
     last_test: int  # the test running when the child stopped talking (-1: none started)
+    reasons: dict[str, str] | None = None  # why inactive layers are inactive, when the child knew
 
 
 def _cpu_limit(timeout_s: float) -> int:
@@ -348,6 +362,7 @@ def _run(req: _Request, nonce: str) -> _Evidence:
     """_execute without the decoding: what a fork server sends back as is."""
     _load_libc()  # once per process, before forking, so children don't pay for these
     _python_dirs()
+    _prepare_signal_filter()
     nofile = _nofile()
     scratch = _Scratch()
     out_r, out_w = os.pipe()
@@ -449,11 +464,13 @@ def _drain(fd: int, cap: int) -> bytes:
 
 
 def _parse_verdict_channel(data: str, nonce: str) -> _Channel:
-    """Read the child's messages: ``<nonce> L <hex: one flag byte per _LAYER_NAMES entry>`` (before user code),
+    """Read the child's messages: ``<nonce> L <hex: one flag byte per _LAYER_NAMES entry>`` (before user code; a
+    ``<nonce> W <hex: "layer<TAB>reason" lines>`` before it says why missing layers are missing),
     ``<nonce> T <i>`` (test i starts) and ``<nonce> V <outcome> <test> <hex detail>``; anything without the nonce is
     ignored."""
     verdicts: list[tuple[str, int, str]] = []
     layers: dict[str, bool] = {}
+    reasons: dict[str, str] = {}
     last_test = -1
     for line in data.splitlines():
         parts = line.split(" ", 2)
@@ -466,14 +483,19 @@ def _parse_verdict_channel(data: str, nonce: str) -> _Channel:
                 flags = bytes.fromhex(parts[2])
                 if len(flags) == len(_LAYER_NAMES):
                     layers = {k: bool(v) for k, v in zip(_LAYER_NAMES, flags, strict=True)}
+            elif parts[1] == "W" and not layers and not reasons:
+                for entry in bytes.fromhex(parts[2]).decode("utf-8", "replace").splitlines():
+                    key, _, why = entry.partition("\t")
+                    if key in _LAYER_NAMES:
+                        reasons[key] = why
             elif parts[1] == "V":
                 outcome, test, detail = parts[2].split(" ", 2)
                 verdicts.append((Outcome(outcome).value, int(test), bytes.fromhex(detail).decode("utf-8", "replace")))
         except (ValueError, AttributeError):
             continue
     if len(verdicts) > 1:
-        return _Channel(None, True, layers, last_test)
-    return _Channel(verdicts[0] if verdicts else None, False, layers, last_test)
+        return _Channel(None, True, layers, last_test, reasons)
+    return _Channel(verdicts[0] if verdicts else None, False, layers, last_test, reasons)
 
 
 def _rmtree_quiet(path: str) -> None:
@@ -489,6 +511,7 @@ def _rmtree_quiet(path: str) -> None:
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1, 0x2, 0x4, 0x20, 0x1000, 0x4000, \
     0x40000
+_MS_NOEXEC, _MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 0x8, 0x400, 0x800, 0x200000
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4
 _SIGKILL = int(signal.SIGKILL)
 _libc: Any = None
@@ -497,6 +520,14 @@ _INHERITED_NS: set[str] = set()  # namespaces this process (a fork server) alrea
 # check running as nobody could leave files there (through dir_fd, which the audit hook cannot follow) on the host.
 _SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 _PRIVATE_SCRATCH: tuple[str, ...] = ()  # those that did get one in this fork server's mount namespace
+# Per scratch dir, the entries that are not litter: the skeleton that leads to Python dirs bound back read-only (a venv
+# under /tmp); root-owned, so a child running as nobody cannot add to it. The cleanup leaves them alone.
+_SCRATCH_KEEP: dict[str, frozenset[str]] = {}
+# Layers switched off on purpose (`PREDICT_SANDBOX_WITHOUT=private_tmp,...`, read once at import): simulates a machine
+# that cannot give them, to test that a required layer that is missing stops the stage (see check_isolation).
+_WITHOUT = frozenset(n for n in os.environ.get("PREDICT_SANDBOX_WITHOUT", "").replace(" ", "").split(",") if n)
+# Why a layer could not be had (layer -> reason), filled while isolating; a child reports those of inactive layers.
+_REASONS: dict[str, str] = {}
 _SANDBOX_IN_TMPFS = "/tmp/sandbox"
 _SERVER_PREPARED = False  # serve() set up stdin, environment and signal dispositions once for all its children
 _UNPIN: frozenset[int] | None = None  # a pinned fork server's original CPUs: its children get them back
@@ -508,11 +539,26 @@ def _load_libc() -> Any:
     if _libc is None:
         try:
             _libc = ctypes.CDLL(None, use_errno=True)  # the interpreter already links libc: no ldconfig lookup
-            for name in ("prctl", "unshare", "mount"):  # CDLL caches each function on first use: do it before forking
+            for name in ("prctl", "unshare", "mount", "syscall"):  # CDLL caches each function on first use: do it
+                # before forking
                 getattr(_libc, name)
-        except (OSError, AttributeError):
+        except (OSError, AttributeError) as e:
             _libc = False
+            for layer in ("mount_namespace", "net_namespace", "user_namespace", "private_tmp", "pdeathsig"):
+                _REASONS[layer] = f"libc could not be loaded through ctypes: {e}"
     return _libc
+
+
+def _errno() -> str:
+    err = ctypes.get_errno()
+    return f"{os.strerror(err)} (errno {err})"
+
+
+def _switched_off(layer: str) -> bool:
+    if layer in _WITHOUT:
+        _REASONS[layer] = "switched off by PREDICT_SANDBOX_WITHOUT (simulating a machine without it)"
+        return True
+    return False
 
 
 def _enter_server_namespaces() -> None:
@@ -526,30 +572,83 @@ def _enter_server_namespaces() -> None:
     if os.geteuid() != 0 or not libc:
         return
     net_before, mnt_before = _ns_id("net"), _ns_id("mnt")
-    if net_before is not None and libc.unshare(_CLONE_NEWNET) == 0 and _ns_id("net") != net_before:
+    if not _switched_off("net_namespace") and net_before is not None and libc.unshare(_CLONE_NEWNET) == 0 \
+            and _ns_id("net") != net_before:
         _INHERITED_NS.add("net")
-    if mnt_before is not None and libc.unshare(_CLONE_NEWNS) == 0 and _ns_id("mnt") != mnt_before \
-            and _mount_private_tmp(libc):
+    if not _switched_off("mount_namespace") and mnt_before is not None and libc.unshare(_CLONE_NEWNS) == 0 \
+            and _ns_id("mnt") != mnt_before and _mount_private_tmp(libc):
         _INHERITED_NS.add("mnt")
 
 
 def _mount_private_tmp(libc: Any) -> bool:
-    """Make every mount private to this (already new!) mount namespace and put fresh tmpfs over the scratch dirs."""
-    if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+    """Make every mount private to this (already new!) mount namespace and put fresh tmpfs over the scratch dirs.
+
+    Python directories the tmpfs would hide (a checkout and its venv under /tmp) are held open first and bound back
+    at their old paths, read-only, so isolation does not depend on where the repository or its venv live.
+    """
+    if _switched_off("private_tmp"):
         return False
-    essential, _ = _python_dirs()
-    if any(p == d or p.startswith(d + os.sep) for p in essential for d in _SCRATCH_DIRS):
-        return False  # e.g. a venv in /tmp: a tmpfs there would hide Python itself; use a host dir instead
+    if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        _REASONS["private_tmp"] = f"making / private in the new mount namespace failed: {_errno()}"
+        return False
     global _PRIVATE_SCRATCH
+    scratch = tuple(dict.fromkeys(os.path.realpath(d) for d in _SCRATCH_DIRS if os.path.isdir(d)))  # each place once
+    essential, every = _python_dirs()
+    clash = [p for p in essential if p in scratch]
+    if clash:  # Python itself *is* /tmp (or the like): a tmpfs there hides it and binding it back undoes the tmpfs
+        _REASONS["private_tmp"] = f"a Python directory is itself a scratch dir: {clash[0]}"
+        return False
+    under = [p for p in every if any(p.startswith(d + os.sep) for d in scratch)]
+    handles: list[tuple[str, int]] = []  # reachable after the tmpfs goes on
     ok = True
-    for d in dict.fromkeys(os.path.realpath(d) for d in _SCRATCH_DIRS if os.path.isdir(d)):  # each place once
-        mounted = libc.mount(b"tmpfs", d.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, TMPFS_OPTIONS) == 0
-        ok &= mounted
-        if mounted:
-            _PRIVATE_SCRATCH += (d,)
+    try:
+        for p in under:
+            try:
+                handles.append((p, os.open(p, os.O_PATH | os.O_DIRECTORY)))
+            except OSError as e:
+                _REASONS["private_tmp"] = f"cannot open the Python directory {p} to bind it back: {e}"
+                return False
+        for d in scratch:
+            if libc.mount(b"tmpfs", d.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, TMPFS_OPTIONS) == 0:
+                _PRIVATE_SCRATCH += (d,)
+            else:
+                _REASONS["private_tmp"] = f"mounting a tmpfs on {d} failed: {_errno()}"
+                ok = False
+        for p, fd in handles:
+            if not ok:
+                break
+            ok = _bind_back(libc, p, fd, "private_tmp")
+            top = next((d for d in scratch if p.startswith(d + os.sep)), None)
+            if ok and top is not None:
+                _SCRATCH_KEEP[top] = _SCRATCH_KEEP.get(top, frozenset()) | {p[len(top) + 1:].split(os.sep)[0]}
+    finally:
+        for _, fd in handles:
+            os.close(fd)
     if ok and os.geteuid() == 0:
         _reexpose_python(libc)
     return ok
+
+
+def _bind_back(libc: Any, path: str, fd: int, layer: str) -> bool:
+    """Bind the directory open as ``fd`` at ``path`` (made, 0755, in the covering tmpfs if need be), read-only."""
+    parts, cur = path.strip(os.sep).split(os.sep), ""
+    for part in parts:  # not os.makedirs: its mode is masked by the umask, and nobody must be able to traverse these
+        cur += os.sep + part
+        if not os.path.isdir(cur):
+            os.mkdir(cur)
+            os.chmod(cur, 0o755)
+    if libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, _MS_BIND | _MS_REC, None) != 0:
+        _REASONS[layer] = f"binding {path} back into the private mount namespace failed: {_errno()}"
+        return False
+    # A remount must repeat the flags the kernel locked on the source mount (in a user namespace it refuses otherwise).
+    f_flag = os.statvfs(path).f_flag
+    keep = f_flag & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_NOATIME | _MS_NODIRATIME)
+    keep |= _MS_RELATIME if f_flag & os.ST_RELATIME else 0
+    flags = _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | keep
+    if libc.mount(b"none", path.encode(), None, flags, None) != 0:
+        _REASONS[layer] = f"making the bind mount of {path} read-only failed: {_errno()}"
+        return False
+    return True
 
 
 _PYTHON_DIRS: tuple[tuple[str, ...], tuple[str, ...]] | None = None
@@ -605,11 +704,10 @@ def _reexpose_python(libc: Any) -> None:
         handles = [(d, os.open(d, os.O_PATH | os.O_DIRECTORY)) for d in dirs]  # reachable after the cover goes on
         try:
             if libc.mount(b"tmpfs", blocker.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1m,mode=755") != 0:
+                _REASONS["dropped_privileges"] = f"covering {blocker} (Python lives under it) failed: {_errno()}"
                 continue
             for d, fd in handles:
-                os.makedirs(d, mode=0o755, exist_ok=True)
-                if libc.mount(f"/proc/self/fd/{fd}".encode(), d.encode(), None, _MS_BIND | _MS_REC, None) == 0:
-                    libc.mount(b"none", d.encode(), None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY, None)
+                _bind_back(libc, d, fd, "dropped_privileges")
         finally:
             for _, fd in handles:
                 os.close(fd)
@@ -631,20 +729,25 @@ class _Scratch:
             os.mkdir(self.path, 0o700)  # fresh for every check: a new inode, owner, mode, times and no xattrs
             if os.geteuid() == 0:
                 os.chown(self.path, NOBODY, NOBODY)
-        else:  # check_once: the child mounts its own tmpfs if it can; this host dir is the fallback
-            import tempfile  # noqa: PLC0415 - not needed by fork servers
-
-            self.path = tempfile.mkdtemp(prefix="predict-sandbox-")
+        else:  # check_once, or an unprivileged fork server: the child mounts its own tmpfs if it can (and leaves this
+            # host dir empty); this dir is the fallback. Made by hand: tempfile (and shutil, for the cleanup) would
+            # load modules that make every fork of an unprivileged server dearer (test_fork_server_stays_lean).
+            base = sys.modules["tempfile"].gettempdir() if "tempfile" in sys.modules else "/tmp"
+            self.path = os.path.join(base, f"predict-sandbox-{os.urandom(8).hex()}")
+            os.mkdir(self.path, 0o700)
 
     def cleanup(self) -> None:
         if not self.shared_tmpfs:
-            _rmtree_quiet(self.path)
+            try:
+                os.rmdir(self.path)  # the usual case: the check ran in its own tmpfs, nothing is in here
+            except OSError:
+                _rmtree_quiet(self.path)
             return
         # Fast path, the usual case: the check left nothing behind. rmdir only removes an empty sandbox dir, and then
         # the scratch tmpfs must be empty: one getdents per directory instead of a tree walk.
         try:
             os.rmdir(self.path)
-            if not any(os.listdir(d) for d in _PRIVATE_SCRATCH):
+            if not any(_litter(d) for d in _PRIVATE_SCRATCH):
                 return
         except OSError:
             pass
@@ -657,7 +760,10 @@ class _Scratch:
                 entries = list(os.scandir(d))
             except OSError:
                 continue
+            keep = _SCRATCH_KEEP.get(d, ())
             for e in entries:
+                if e.name in keep:  # the root-owned way to a bound-back Python dir: not the check's
+                    continue
                 if e.is_dir(follow_symlinks=False):
                     _rmtree_quiet(e.path)
                 else:
@@ -667,8 +773,119 @@ class _Scratch:
                         pass
 
 
+def _litter(d: str) -> bool:
+    names = os.listdir(d)
+    keep = _SCRATCH_KEEP.get(d)
+    return any(n not in keep for n in names) if keep else bool(names)
+
+
 _LAYER_NAMES = ("setsid", "rlimits", "pdeathsig", "mount_namespace", "private_tmp", "net_namespace", "user_namespace",
-                "dropped_privileges", "env_scrubbed", "audit_hook")
+                "dropped_privileges", "signal_filter", "env_scrubbed", "audit_hook")
+
+# signal_filter: a seccomp filter that lets the child signal only itself (its pid, its process group, 0) and refuses
+# pidfd_send_signal (a pidfd can come from opening /proc/<pid>), ptrace and process_vm_*: the kernel layer that keeps
+# an unprivileged child (same uid as its fork server, only mapped to root in its own user namespace) from killing the
+# server; the audit hook cannot, as no audit event covers pidfds.
+# Per architecture: (AUDIT_ARCH, self-targeted calls {nr: arg index of the target}, always refused calls, the number
+# of seccomp(2) itself).
+_SECCOMP_ARCH = {
+    "x86_64": (0xC000003E, {62: 0, 200: 0, 234: 0, 129: 0, 297: 0, 434: 0}, (424, 101, 310, 311), 317),
+    "aarch64": (0xC00000B7, {129: 0, 130: 0, 131: 0, 138: 0, 240: 0, 434: 0}, (424, 117, 270, 271), 277),
+}.get(os.uname().machine)
+_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
+# seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_SPEC_ALLOW): without that flag the kernel also forces the
+# speculative-store-bypass mitigation on a filtered process, which slows ordinary Python code down.
+_SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_SPEC_ALLOW = 1, 4
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+# The filter's program, ctypes buffer and argument, made once per process before forking (_prepare_signal_filter): a
+# child only writes its pid into the buffer through a memoryview. Building ctypes objects in every child would cost
+# ~0.4 ms of copy-on-write page faults per check.
+_FILTER: tuple[memoryview, tuple[int, ...], tuple[int, ...], Any, Any] | None = None
+_NO_NEW_PRIVS = False  # set once by a fork server (it never execs; inherited by every child): one syscall less each
+
+
+def _prepare_signal_filter() -> None:
+    global _FILTER
+    if _FILTER is None and _SECCOMP_ARCH is not None:
+        prog, own, group = _signal_filter_template()
+        buf = ctypes.create_string_buffer(prog, len(prog))
+        fprog = _SockFprog(len(prog) // 8, ctypes.addressof(buf))
+        _FILTER = (memoryview(buf).cast("B"), own, group, ctypes.byref(fprog), (buf, fprog))  # last: keep them alive
+
+
+def _signal_filter(pid: int) -> bytes:
+    """The classic-BPF program (struct sock_filter[]) that _install_signal_filter installs in a child with this pid."""
+    _prepare_signal_filter()
+    assert _FILTER is not None
+    view, own, group, _, _ = _FILTER
+    for offsets, value in ((own, pid & 0xFFFFFFFF), (group, -pid & 0xFFFFFFFF)):
+        for o in offsets:
+            view[o:o + 4] = value.to_bytes(4, "little")
+    return view.tobytes()
+
+
+def _signal_filter_template() -> tuple[bytes, tuple[int, ...], tuple[int, ...]]:
+    """(program with the pid left 0, byte offsets of the pid's k fields, of the -pid ones)."""
+    arch, self_only, refused, _ = _SECCOMP_ARCH  # type: ignore[misc]
+    allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    ins: list[tuple[int, int, int, int]] = []  # (code, jt, jf, k); jumps are relative, patched below
+
+    def ld(offset: int) -> None:
+        ins.append((0x20, 0, 0, offset))  # BPF_LD | BPF_W | BPF_ABS
+
+    ld(4)  # seccomp_data.arch
+    ins.append((0x15, 1, 0, arch))  # same arch: skip the deny
+    ins.append((0x06, 0, 0, deny))  # another ABI (i386 on x86_64): refuse everything
+    ld(0)  # seccomp_data.nr
+    ins.append((0x35, 0, 1, 0x40000000))  # x32 syscalls: refuse
+    ins.append((0x06, 0, 0, deny))
+    for nr in refused:
+        ins.append((0x15, 0, 1, nr))
+        ins.append((0x06, 0, 0, deny))
+    own: list[int] = []
+    group: list[int] = []
+    for nr, arg in self_only.items():  # nr == this: check its target (low 32 bits of the argument)
+        ins.append((0x15, 0, 6, nr))
+        ld(16 + 8 * arg)
+        own.append(8 * len(ins) + 4)
+        ins.append((0x15, 3, 0, 0))  # the pid itself
+        group.append(8 * len(ins) + 4)
+        ins.append((0x15, 2, 0, 0))  # -pid: its own process group (setsid: pgid == pid)
+        ins.append((0x15, 1, 0, 0))
+        ins.append((0x06, 0, 0, deny))
+        ins.append((0x06, 0, 0, allow))
+    ins.append((0x06, 0, 0, allow))
+    prog = b"".join(c.to_bytes(2, "little") + bytes((jt, jf)) + k.to_bytes(4, "little") for c, jt, jf, k in ins)
+    return prog, tuple(own), tuple(group)
+
+
+def _install_signal_filter(libc: Any) -> bool:
+    if _SECCOMP_ARCH is None:
+        _REASONS["signal_filter"] = f"no seccomp syscall table for {os.uname().machine}"
+        return False
+    if _FILTER is None:
+        _prepare_signal_filter()  # check_once from a process that never forked a check before
+    view, own, group, arg, _ = _FILTER  # type: ignore[misc]
+    pid = os.getpid()
+    mine, group_of_mine = (pid & 0xFFFFFFFF).to_bytes(4, "little"), (-pid & 0xFFFFFFFF).to_bytes(4, "little")
+    for o in own:
+        view[o:o + 4] = mine
+    for o in group:
+        view[o:o + 4] = group_of_mine
+    if not _NO_NEW_PRIVS and libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:  # a fork server set it once
+        _REASONS["signal_filter"] = f"PR_SET_NO_NEW_PRIVS failed: {_errno()}"
+        return False
+    if libc.syscall(_SECCOMP_ARCH[3], _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_SPEC_ALLOW, arg) == 0:
+        return True
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, arg, 0, 0) != 0:  # kernel < 4.17
+        _REASONS["signal_filter"] = f"installing the seccomp filter failed: {_errno()}"
+        return False
+    return True
 
 
 def _isolate(host_dir: str, memory_mb: int, timeout_s: float) -> tuple[str, dict[str, bool]]:
@@ -683,20 +900,37 @@ def _isolate(host_dir: str, memory_mb: int, timeout_s: float) -> tuple[str, dict
     if inherited:
         layers["net_namespace"] = layers["mount_namespace"] = layers["private_tmp"] = True
     elif libc:
+        want = (0 if _switched_off("mount_namespace") else _CLONE_NEWNS) | \
+            (0 if _switched_off("net_namespace") else _CLONE_NEWNET)
         if root:
-            layers["mount_namespace"] = layers["net_namespace"] = libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET) == 0
-        else:  # an unprivileged user namespace buys mount+net namespaces on a laptop (if the kernel allows it)
+            if want and libc.unshare(want) == 0:
+                layers["mount_namespace"], layers["net_namespace"] = bool(want & _CLONE_NEWNS), bool(want & _CLONE_NEWNET)
+            elif want:
+                for layer in ("mount_namespace", "net_namespace"):
+                    _REASONS.setdefault(layer, f"unshare as root failed: {_errno()}")
+        elif not _switched_off("user_namespace"):
+            # an unprivileged user namespace buys mount+net namespaces on a laptop (if the kernel allows it)
             uid, gid = os.getuid(), os.getgid()
-            if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWNET) == 0:
-                layers["user_namespace"] = layers["mount_namespace"] = layers["net_namespace"] = True
+            if libc.unshare(_CLONE_NEWUSER | want) == 0:
+                layers["user_namespace"] = True
+                layers["mount_namespace"], layers["net_namespace"] = bool(want & _CLONE_NEWNS), bool(want & _CLONE_NEWNET)
                 try:
                     for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
                         with open(f"/proc/self/{name}", "w") as f:
                             f.write(text)
-                except OSError:
+                except OSError as e:
                     layers["mount_namespace"] = False  # unmapped ids cannot create files on a tmpfs
-            elif libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) == 0:
-                layers["user_namespace"] = layers["net_namespace"] = True
+                    _REASONS["mount_namespace"] = f"writing the user namespace's id maps failed: {e}"
+            else:
+                why = f"unshare(CLONE_NEWUSER) failed: {_errno()} (see user.max_user_namespaces, " \
+                      "kernel.apparmor_restrict_unprivileged_userns, or a container's seccomp profile)"
+                _REASONS["user_namespace"] = why
+                if libc.unshare(_CLONE_NEWUSER | (want & _CLONE_NEWNET)) == 0:
+                    layers["user_namespace"] = layers["net_namespace"] = bool(want & _CLONE_NEWNET)
+                    _REASONS["mount_namespace"] = f"a user namespace with a mount namespace failed: {_errno()}"
+                else:
+                    for layer in ("mount_namespace", "net_namespace"):
+                        _REASONS.setdefault(layer, why)
     sandbox = host_dir
     # Never touch mounts unless we verifiably left the host's mount namespace: mounting tmpfs over the host's /tmp
     # would be a disaster.
@@ -705,6 +939,8 @@ def _isolate(host_dir: str, memory_mb: int, timeout_s: float) -> tuple[str, dict
         sandbox = _SANDBOX_IN_TMPFS
         os.mkdir(sandbox, 0o700)
         layers["private_tmp"] = True
+    elif not layers["mount_namespace"]:
+        _REASONS.setdefault("private_tmp", "no private mount namespace to mount it in")
     if root and not inherited:  # a fork server's sandbox dir is made for nobody already
         os.chown(sandbox, NOBODY, NOBODY)
     # Limits are set while still privileged; NPROC takes effect once we are nobody (root ignores it).
@@ -717,17 +953,25 @@ def _isolate(host_dir: str, memory_mb: int, timeout_s: float) -> tuple[str, dict
     if not _SERVER_PREPARED:  # a fork server set these dispositions once for all its children (_prepare_server)
         _reset_signals()
     # Drop to nobody, unless that would leave Python unable to import (root, no mount namespace, Python in /root).
-    if root and (layers["private_tmp"] or _python_reachable_by_nobody()):
+    if root and _switched_off("dropped_privileges"):
+        pass
+    elif root and (layers["private_tmp"] or _python_reachable_by_nobody()):
         os.setgroups([])
         os.setgid(NOBODY)
         os.setuid(NOBODY)
         layers["dropped_privileges"] = os.geteuid() == NOBODY
+    elif root:
+        blocked = next(d for d in _python_dirs()[0] if _blocking_ancestor(d) is not None)
+        _REASONS.setdefault("dropped_privileges", f"nobody could not reach Python at {blocked} "
+                                                  f"({_blocking_ancestor(blocked)} is closed to others) and without a "
+                                                  "private tmp it cannot be bound back")
     if libc:  # after setuid, which clears it; then make sure the supervisor did not already die
         ppid = os.getppid()
-        layers["pdeathsig"] = libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0) == 0
+        layers["pdeathsig"] = not _switched_off("pdeathsig") and libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0) == 0
         libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # /proc/self/{environ,mem} become unreadable, even to our uid
         if os.getppid() != ppid:
             os._exit(71)
+        layers["signal_filter"] = not _switched_off("signal_filter") and _install_signal_filter(libc)
     os.chdir(sandbox)
     if _SERVER_PREPARED:  # the server's environment is already _child_env(_SANDBOX_IN_TMPFS); only HOME may differ
         if sandbox != _SANDBOX_IN_TMPFS:
@@ -989,6 +1233,9 @@ def _harness(req: _Request, nonce: str, sandbox: str, layers: dict[str, bool]) -
         send("V", f"{outcome} {-1 if failed is None else failed} {hex_detail}")
         exit_(code)
 
+    if _REASONS and not all(layers.values()):  # why the missing layers are missing (rare: most checks skip this)
+        why = "".join(f"{k}\t{v}\n" for k, v in _REASONS.items() if k in layers and not layers[k])
+        send("W", why.encode("utf-8", "replace").hex())
     send("L", bytes(layers.values()).hex())  # one flag byte per _LAYER_NAMES entry, in order
     if req.probe:
         finish("PASS", None, "probe", 0)
@@ -1053,15 +1300,96 @@ def check_once(solution: str, test_list: Sequence[str], test_setup_code: str = "
 
 
 _REPORT: dict[str, bool] | None = None
+_REPORT_REASONS: dict[str, str] = {}
 
 
 def isolation_report() -> dict[str, bool]:
     """Which isolation layers a child forked from this process gets on this machine (probed once, cached)."""
-    global _REPORT
+    return isolation_status()[0]
+
+
+def isolation_status() -> tuple[dict[str, bool], dict[str, str]]:
+    """isolation_report() and, for each inactive layer, why (as the child saw it, or why it does not apply)."""
+    global _REPORT, _REPORT_REASONS
     if _REPORT is None:
-        layers = _execute(_Request("", (), "", 5.0, 256, probe=True)).parse().layers
-        _REPORT = {**layers, "audit_hook": bool(layers)}  # installed right after the layers are reported
-    return dict(_REPORT)
+        channel = _execute(_Request("", (), "", 5.0, 256, probe=True)).parse()
+        _REPORT = {**channel.layers, "audit_hook": bool(channel.layers)}  # installed right after the layers are sent
+        _REPORT_REASONS = dict(channel.reasons or {})
+    return dict(_REPORT), dict(_REPORT_REASONS)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Required layers: a layer that cannot be had is never silent
+# --------------------------------------------------------------------------------------------------------------
+
+LAYERS: tuple[str, ...] = _LAYER_NAMES
+# "auto": every layer a Linux machine gives a root verifier, or, when not root, the user-namespace set (no privilege
+# to drop: the child stays the invoking user, mapped to root in its own user namespace).
+ROOT_LAYERS: tuple[str, ...] = tuple(n for n in LAYERS if n != "user_namespace")
+UNPRIVILEGED_LAYERS: tuple[str, ...] = tuple(n for n in LAYERS if n != "dropped_privileges")
+ISOLATION_METADATA_KEY = "predict.isolation"  # parquet schema metadata: the isolation record (JSON)
+
+
+class IsolationError(ValueError):
+    """A layer the config requires is not active on this machine; names each layer and why."""
+
+
+def required_layers(require: str | Sequence[str] = "auto", *, root: bool | None = None) -> tuple[str, ...]:
+    """The layers ``require`` names: ``"auto"`` picks ROOT_LAYERS or UNPRIVILEGED_LAYERS by who runs the verifier."""
+    if isinstance(require, str):
+        if require != "auto":
+            raise ValueError(f"verifier.isolation.require: expected 'auto' or a list of layers, not {require!r}")
+        root = os.geteuid() == 0 if root is None else root
+        return ROOT_LAYERS if root else UNPRIVILEGED_LAYERS
+    unknown = [n for n in require if n not in LAYERS]
+    if unknown:
+        raise ValueError(f"verifier.isolation.require: unknown layer {unknown[0]!r} (layers: {', '.join(LAYERS)})")
+    return tuple(dict.fromkeys(require))
+
+
+def _why_inactive(layer: str, layers: dict[str, bool], reasons: dict[str, str]) -> str:
+    if layer in reasons:
+        return reasons[layer]
+    if layer == "user_namespace" and os.geteuid() == 0:
+        return "not used when the verifier runs as root (its children drop to nobody instead)"
+    if layer == "dropped_privileges" and os.geteuid() != 0:
+        return "the verifier does not run as root: there is no privilege to drop"
+    return "not active (the sandbox child gave no reason)"
+
+
+def check_isolation(status: tuple[dict[str, bool], dict[str, str]], require: str | Sequence[str] = "auto",
+                    accept_weaker: bool = False) -> dict[str, Any]:
+    """The isolation record (for reports and parquet metadata); raises IsolationError if a required layer is missing.
+
+    ``status`` is ``isolation_status()`` (check_once children) or ``Verifier.isolation_status()`` (a pool's).
+    With ``accept_weaker`` a missing layer is only recorded (``missing`` in the record), never silently dropped.
+    """
+    layers, reasons = status
+    required = required_layers(require)
+    if not layers:
+        raise IsolationError("sandbox isolation: the sandbox child reported no layers at all (it did not start)")
+    missing = [n for n in required if not layers.get(n)]
+    record = {
+        "active": [n for n in LAYERS if layers.get(n)],
+        "inactive": {n: _why_inactive(n, layers, reasons) for n in LAYERS if not layers.get(n)},
+        "required": list(required),
+        "missing": missing,
+        "accept_weaker": bool(accept_weaker),
+        "euid": os.geteuid(),
+    }
+    if missing and not accept_weaker:
+        detail = "; ".join(f"{n} ({record['inactive'][n]})" for n in missing)
+        raise IsolationError(
+            f"sandbox isolation: required layer{'s' if len(missing) > 1 else ''} not active on this machine: {detail}. "
+            "Fix the machine, or set verifier.isolation.accept_weaker: true to run with weaker isolation "
+            "(recorded in every output)"
+        )
+    return record
+
+
+def isolation_metadata(record: dict[str, Any]) -> dict[str, str]:
+    """Parquet schema metadata carrying the isolation record."""
+    return {ISOLATION_METADATA_KEY: json.dumps(record, sort_keys=True)}
 
 
 def _check_labels(labels: str) -> None:
@@ -1139,9 +1467,12 @@ def _prepare_server() -> None:
     sys.stderr = sys.__stderr__ = _std_stream(sys.__stderr__, 2, "w")
     if "mnt" in _INHERITED_NS:
         _SANDBOX_REALPATH = os.path.realpath(_SANDBOX_IN_TMPFS)
-    _load_libc()
+    libc = _load_libc()
     _python_dirs()
     _nofile()
+    _prepare_signal_filter()
+    global _NO_NEW_PRIVS
+    _NO_NEW_PRIVS = bool(libc) and libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
     _SERVER_PREPARED = True
 
 
@@ -1170,6 +1501,8 @@ class _Server:
             "PYTHONPATH": os.pathsep.join(os.path.abspath(p) for p in sys.path if p),  # find predict, installed or not
             "PYTHONDONTWRITEBYTECODE": "1",
         }
+        if _WITHOUT:  # a test that simulates a machine without some layers: the servers must simulate it too
+            env["PREDICT_SANDBOX_WITHOUT"] = ",".join(sorted(_WITHOUT))
         self.proc = subprocess.Popen(  # -P and cwd="/": don't put the caller's cwd (say, /tmp) on sys.path
             [sys.executable, "-P", "-m", "predict.sandbox", "serve", *([] if cpu is None else ["--cpu", str(cpu)])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -1307,6 +1640,7 @@ class Verifier:
         self._idle: queue.Queue[_Server] = queue.Queue()
         self._closed = False
         self._last_layers: dict[str, bool] = {}
+        self._last_reasons: dict[str, str] = {}
         self._finalizer = weakref.finalize(self, _close_servers, self._servers)
         try:
             for cpu in self._cpus:  # start them all, then wait: startups overlap
@@ -1340,7 +1674,7 @@ class Verifier:
             self._idle.put(server)
         channel = raw.parse()
         if channel.layers:
-            self._last_layers = channel.layers
+            self._last_layers, self._last_reasons = channel.layers, channel.reasons or {}
         return _to_verdict(raw, self.timeout_s, self.outcome_labels, channel)
 
     def check_many(self, items: Iterable[tuple[str, Sequence[str], str]], *, progress: bool = False) -> list[Verdict]:
@@ -1445,7 +1779,7 @@ class Verifier:
                     poller.unregister(fd)
                     channel = raw.parse()
                     if channel.layers:
-                        self._last_layers = channel.layers
+                        self._last_layers, self._last_reasons = channel.layers, channel.reasons or {}
                     finish(i, _to_verdict(raw, self.timeout_s, self.outcome_labels, channel))
                     todo_or_idle(server)
         finally:
@@ -1463,13 +1797,18 @@ class Verifier:
 
     def isolation_report(self) -> dict[str, bool]:
         """The layers the most recent child of this pool reported (probes one if none ran yet)."""
+        return self.isolation_status()[0]
+
+    def isolation_status(self) -> tuple[dict[str, bool], dict[str, str]]:
+        """isolation_report() and why each inactive layer is inactive (see check_isolation)."""
         if not self._last_layers:
             server = self._idle.get()
             try:
-                self._last_layers = server.request(_Request("", (), "", 5.0, 256, probe=True)).parse().layers
+                channel = server.request(_Request("", (), "", 5.0, 256, probe=True)).parse()
+                self._last_layers, self._last_reasons = channel.layers, channel.reasons or {}
             finally:
                 self._idle.put(server)
-        return {**self._last_layers, "audit_hook": bool(self._last_layers)}
+        return {**self._last_layers, "audit_hook": bool(self._last_layers)}, dict(self._last_reasons)
 
     def _replace(self, dead: _Server) -> _Server:
         with self._lock:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from predict.config import ConfigError, validate_config
+from predict.runs import resolve_run, study_runs
 
 try:
     validate_config(config, source=", ".join(map(str, workflow.overwrite_configfiles or workflow.configfiles)))
@@ -80,14 +81,27 @@ SERVING_CHECK = R("serving", "check.json")
 EVALUATION = config.get("evaluation") or {}
 ABLATIONS = config.get("ablations") or {}
 
+# The trainer (SFT, local RL) on one GPU, or the CPU for the local run.
+TRAIN_RESOURCES = (
+    {"gpu": 1, "mem_mb": 128000, "disk_mb": 80000, "runtime": 480, "cpus_per_task": 8}
+    if config.get("sft", {}).get("device", "cpu") != "cpu"
+    else {"mem_mb": 8000, "runtime": 120}
+)
+def isolation_args(config):
+    """`predict verify-gold` flags for config verifier.isolation (rollouts read it from the config they are given)."""
+    iso = config["verifier"].get("isolation", {})
+    require = iso.get("require", "auto")
+    flags = f"--require-layers {require if isinstance(require, str) else ','.join(require)}"
+    return flags + (" --accept-weaker" if iso.get("accept_weaker") else "")
+
 
 def base_model_path():
     return R("models", "tiny") if config["model"]["base"] == "tiny" else config["model"]["base"]
 
 
 def run_arm(run):
-    """The arm a study run trains and rolls out as: an arm itself, or an ablation's base arm (Arm B)."""
-    return run if run in config["arms"] else ABLATIONS[run].get("base_arm", "B")
+    """The arm a study run trains and rolls out as (predict.runs): an arm itself, or an ablation's base arm."""
+    return resolve_run(config, run).arm
 
 
 def checkpoint_model(run, checkpoint, seed):
@@ -117,7 +131,7 @@ def checkpoint_available(path):
 
 def EVAL_RUNS():
     """Every study run: the arms, then the ablations."""
-    return [*sorted(config["arms"]), *ABLATIONS]
+    return study_runs(config)
 
 
 def EVAL_CHECKPOINTS(run, seed):

@@ -14,6 +14,7 @@ rule split_mbpp:
     params:
         mbpp=config["data"]["mbpp_path"],
         hf_fallback="--hf-fallback" if config["data"].get("hf_fallback") else "",
+        sha256=f"--mbpp-sha256 {config['data']['mbpp_sha256']}" if config["data"].get("mbpp_sha256") else "",
         seed=config["data"]["split_seed"],
         sizes=config["data"]["sizes"],
         out_dir=lambda w, output: os.path.dirname(output.manifest),
@@ -24,6 +25,6 @@ rule split_mbpp:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict split --mbpp {params.mbpp:q} {params.hf_fallback} --seed {params.seed}"
+        "predict split --mbpp {params.mbpp:q} {params.hf_fallback} {params.sha256} --seed {params.seed}"
         " --sft {params.sizes[sft]} --rl {params.sizes[rl]} --test {params.sizes[test]}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"

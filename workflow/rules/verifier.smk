@@ -11,6 +11,7 @@ rule verify_gold:
         data_dir=lambda w, input: os.path.dirname(input.splits[0]),
         splits=" ".join(config["verifier"].get("gold_splits", ["sft", "rl", "val"])),
         v=config["verifier"],
+        isolation=isolation_args(config),
     threads: config["verifier"]["workers"]
     resources:
         mem_mb=4000,
@@ -24,5 +25,5 @@ rule verify_gold:
     shell:
         "predict verify-gold --data-dir {params.data_dir:q} --splits {params.splits}"
         " --timeout-s {params.v[timeout_s]} --memory-mb {params.v[memory_mb]} --workers {threads}"
-        " --outcome-labels {params.v[outcome_labels]}"
+        " --outcome-labels {params.v[outcome_labels]} {params.isolation}"
         " --out {output.report:q} --summary-out {output.summary:q} > {log:q} 2>&1"

@@ -1,0 +1,232 @@
+"""Arm B's prediction labels at the token level: where the sampled label sits, and the CE-only sample.
+
+Pure functions over token ids and a tokenizer; no torch, no I/O, so every backend (the local RL trainer and the
+prime-rl plugin) imports this one module. Final signatures:
+
+    label_token_span(completion_ids, tokenizer) -> (start, end) | None
+    decision_token_span(completion_ids, tokenizer) -> (start, end) | None
+    find_label(completion_ids, tokenizer) -> LabelSpan | None
+    ce_sample(prefix_ids, verified_label, alpha, tokenizer, *, lead="", task_id=None, rollout_key=None,
+              source=None) -> TrainSample
+    prediction_ce_sample(prompt_ids, completion_ids, verified_label, alpha, tokenizer, *, task_id=None,
+                         rollout_key=None, source=None) -> TrainSample | None
+
+`tokenizer` is anything with ``decode(ids)`` and ``encode(text)``: a ``transformers`` tokenizer (encoded with
+``add_special_tokens=False``) or a ``tokenizers.Tokenizer`` (``encode(text).ids``). It must be the policy's own.
+
+Rules:
+
+* The label is the CLASS of the first ``<PREDICTION>CLASS</PREDICTION>`` in the completion outside a closed
+  ``<think>...</think>`` block, found case-insensitively as `predict.env.protocol.parse_prediction` does.
+  The *label tokens* are the sampled tokens whose text overlaps the characters from the opening tag's ``>`` to the
+  end of CLASS. The ``>`` belongs to the label because Qwen3's pre-tokenizer glues it to the class (``>PASS`` is one
+  piece, ``>P`` + ``ASS`` its tokens, while ``ASSERTION_FAILURE`` follows a lone ``>``): the first token after
+  ``<PREDICTION`` already carries the choice. ``(start, end)`` indexes ``completion_ids`` (end exclusive).
+  The DECISION value is located the same way (its ``>`` included).
+* Malformed predictions (documented choice):
+  - the tag pair is there but the class is unknown, garbled or empty (``<PREDICTION>MAYBE</PREDICTION>``,
+    ``<PREDICTION></PREDICTION>``, a missing DECISION tag): the label tokens are found as above, so they get rl
+    weight 0 and a CE sample with the verified class like any other prediction point;
+  - no ``<PREDICTION>...</PREDICTION>`` pair at all: there is no label (None). The reply keeps its full RL credit
+    (the format error is already paid for: the protocol forces REVISE) and no CE sample is built, because there is
+    no prefix the policy produced to attach the verified label to.
+* The CE-only sample is ``prefix_ids`` (the call's prompt + the completion before the first label token) followed
+  by the policy tokenizer's ids of ``lead + ">" + verified_label + "</PREDICTION>"``, where ``lead`` is the text of
+  the first label token before the ``>`` (usually empty). Its ce weight is alpha on exactly the tokens overlapping
+  ``">" + verified_label``, 0 elsewhere (the closing tag is context, not a target); rl weights 0; mask = the ce
+  tokens. The continuation is the tokenizer's own (canonical) rendering, i.e. what the policy emits for that text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from predict.env.protocol import PREDICTION_CLASSES
+from predict.train.samples import TrainSample
+
+CLOSE_TAG = "</PREDICTION>"
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+# The same tolerance as protocol._PREDICTION (case, blanks around the value), one tag pair at a time.
+# Group 1: from the opening tag's ">" to the end of the value; group 2: the value.
+_PREDICTION_TAG = re.compile(r"<PREDICTION(>\s*([^<\n]*?))\s*</PREDICTION>", re.IGNORECASE)
+_DECISION_TAG = re.compile(r"<DECISION(>\s*([^<\n]*?))\s*</DECISION>", re.IGNORECASE)
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    try:
+        out = tokenizer.encode(text, add_special_tokens=False)
+    except TypeError:  # tokenizers.Tokenizer takes add_special_tokens too, but be lenient with others
+        out = tokenizer.encode(text)
+    return list(getattr(out, "ids", out))
+
+
+def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    try:
+        return tokenizer.decode(list(ids), skip_special_tokens=False)
+    except TypeError:
+        return tokenizer.decode(list(ids))
+
+
+def token_char_spans(ids: Sequence[int], tokenizer: Any) -> tuple[str, list[tuple[int, int]]]:
+    """The decoded text of `ids` and each token's [start, end) character span in it.
+
+    A token that ends inside a multi-byte character gets an empty span at the point where it starts; the token
+    that completes the character owns it."""
+    ids = list(ids)
+    text = _decode(tokenizer, ids)
+    pieces = [_decode(tokenizer, [i]) for i in ids]
+    spans: list[tuple[int, int]] = []
+    if "".join(pieces) == text:  # the common case: every token decodes on its own
+        pos = 0
+        for p in pieces:
+            spans.append((pos, pos + len(p)))
+            pos += len(p)
+        return text, spans
+    prev = 0
+    for k in range(1, len(ids) + 1):
+        head = _decode(tokenizer, ids[:k])
+        end = len(head) if text.startswith(head) else prev
+        end = max(end, prev)
+        spans.append((prev, end))
+        prev = end
+    return text, spans
+
+
+def _first_outside_think(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    thinks = [m.span() for m in _THINK.finditer(text)]
+    for m in pattern.finditer(text):
+        if not any(a <= m.start() < b for a, b in thinks):
+            return m
+    return None
+
+
+@dataclass(frozen=True)
+class LabelSpan:
+    """Where a tag's value sits in a completion."""
+
+    start: int
+    """First token overlapping the opening tag's ">" (the first label token)."""
+    end: int
+    """One past the last token overlapping the value (start + 1 at least)."""
+    value: str
+    """The value as sampled (not upper-cased)."""
+    lead: str
+    """Text of token `start` before the ">" (usually empty)."""
+
+
+def _find_tag_value(completion_ids: Sequence[int], tokenizer: Any, pattern: re.Pattern[str]) -> LabelSpan | None:
+    ids = list(completion_ids)
+    if not ids:
+        return None
+    text, spans = token_char_spans(ids, tokenizer)
+    m = _first_outside_think(pattern, text)
+    if m is None:
+        return None
+    cs, ce = m.span(1)  # from ">" (never empty) to the end of the value
+    overlapping = [i for i, (a, b) in enumerate(spans) if a < ce and b > cs]
+    start, end = overlapping[0], overlapping[-1] + 1
+    return LabelSpan(start=start, end=end, value=m.group(2), lead=text[spans[start][0] : cs])
+
+
+def find_label(completion_ids: Sequence[int], tokenizer: Any) -> LabelSpan | None:
+    """The PREDICTION label of a completion (see the module rules), or None without a tag pair."""
+    return _find_tag_value(completion_ids, tokenizer, _PREDICTION_TAG)
+
+
+def label_token_span(completion_ids: Sequence[int], tokenizer: Any) -> tuple[int, int] | None:
+    """(start, end) of the sampled PREDICTION label tokens in `completion_ids`; None without a tag pair."""
+    span = find_label(completion_ids, tokenizer)
+    return None if span is None else (span.start, span.end)
+
+
+def decision_token_span(completion_ids: Sequence[int], tokenizer: Any) -> tuple[int, int] | None:
+    """(start, end) of the sampled DECISION value tokens (masked from RL only under ``rl.mask_decision``)."""
+    span = _find_tag_value(completion_ids, tokenizer, _DECISION_TAG)
+    return None if span is None else (span.start, span.end)
+
+
+def ce_sample(
+    prefix_ids: Sequence[int],
+    verified_label: str,
+    alpha: float,
+    tokenizer: Any,
+    *,
+    lead: str = "",
+    task_id: int | None = None,
+    rollout_key: str | None = None,
+    source: str | None = None,
+) -> TrainSample:
+    """The CE-only sample: `prefix_ids` (ending just before the first label token, i.e. with ``<PREDICTION`` minus
+    `lead`) + the ids of ``lead + ">" + verified_label + "</PREDICTION>"``; ce weight `alpha` on exactly the tokens
+    overlapping ``">" + verified_label``."""
+    if verified_label not in PREDICTION_CLASSES:
+        raise ValueError(f"verified label must be one of {PREDICTION_CLASSES}, got {verified_label!r} ({source})")
+    if not alpha > 0:
+        raise ValueError(f"a CE sample needs alpha > 0, got {alpha} ({source}); alpha = 0 means no CE samples")
+    if not prefix_ids:
+        raise ValueError(f"CE sample ({source}): empty prefix")
+    tail = _encode(tokenizer, lead + ">" + verified_label + CLOSE_TAG)
+    _, spans = token_char_spans(tail, tokenizer)
+    cs, ce = len(lead), len(lead) + 1 + len(verified_label)
+    on = [a < ce and b > cs for a, b in spans]
+    n_prefix = len(prefix_ids)
+    token_ids = [int(t) for t in prefix_ids] + tail
+    mask = [False] * n_prefix + on
+    return TrainSample(
+        token_ids=token_ids,
+        mask=mask,
+        logprobs=[0.0] * len(token_ids),
+        advantages=[0.0] * len(token_ids),
+        rl_weights=[0.0] * len(token_ids),
+        ce_weights=[float(alpha) if m else 0.0 for m in mask],
+        kind="ce",
+        task_id=task_id,
+        rollout_key=rollout_key,
+        source=source,
+    )
+
+
+def prediction_ce_sample(
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    verified_label: str | None,
+    alpha: float,
+    tokenizer: Any,
+    *,
+    task_id: int | None = None,
+    rollout_key: str | None = None,
+    source: str | None = None,
+) -> TrainSample | None:
+    """The CE-only sample of one prediction call (prompt + sampled completion), or None when there is none: no
+    tag pair in the completion, no verified label, or alpha = 0."""
+    if not alpha > 0 or verified_label is None:
+        return None
+    span = find_label(completion_ids, tokenizer)
+    if span is None:
+        return None
+    prefix = list(prompt_ids) + list(completion_ids)[: span.start]
+    return ce_sample(
+        prefix,
+        verified_label,
+        alpha,
+        tokenizer,
+        lead=span.lead,
+        task_id=task_id,
+        rollout_key=rollout_key,
+        source=source,
+    )
+
+
+__all__ = [
+    "CLOSE_TAG",
+    "LabelSpan",
+    "ce_sample",
+    "decision_token_span",
+    "find_label",
+    "label_token_span",
+    "prediction_ce_sample",
+    "token_char_spans",
+]

@@ -1,0 +1,201 @@
+"""`PredictAlgorithm`: Arm B on prime-rl (v0.8.0): GRPO + verified-label CE samples, from the shared label logic.
+
+Registered as ``[orchestrator.algo] type = "predict"`` by ``workflow/prime-rl/predict-algorithm.patch`` (a
+``PredictAlgoConfig`` union member with ``alpha``, ``mask_decision`` and ``tokenizer``, a registry entry, and
+``algo/predict.py`` re-exporting this class). Arm A uses prime-rl's own ``grpo``. This module only runs inside
+prime-rl's orchestrator (it imports prime-rl at the top); the tests import it with prime-rl's types faked.
+
+What it does to a rollout (the rules of the study's loss, `predict.train.loss`, on prime-rl's wire fields):
+
+* arrival (``score_rollout``): locate every prediction reply in the rollout's samples (`points.prediction_targets`:
+  the program's steps in ``trace.info["agent_result"]`` <-> the trace's sampled nodes). On each, the sampled label
+  tokens (`predict.train.labels.label_token_span`) get rl weight 0 (and the DECISION value tokens too under
+  ``mask_decision``); every other sampled token keeps rl weight 1. Where the patch's verified class is known and
+  alpha > 0, a CE-only sample is appended to ``rollout.samples``: `predict.train.labels.prediction_ce_sample`
+  (the call's prompt + the completion up to the label, then the verified label), on the wire with mask all False,
+  rl weights 0 and ce weights alpha on the label tokens.
+* group (``score_group``): GRPO's advantage (reward minus the group mean), broadcast over mask-True tokens, so CE
+  samples get advantage 0. Then the zero-advantage override: a rollout whose advantages are all 0 (a group with
+  equal rewards) carries no RL signal, and prime-rl's zero-advantage filter would drop it whole, CE samples
+  included. Such a rollout keeps only its CE samples and no advantage stream (``advantages = None``), which the
+  filter skips; its RL samples are dropped, as the filter would have done. A rollout without CE samples is left
+  to the filter.
+* A rollout whose model calls and program steps do not line up trains nothing (its prediction points cannot be
+  located, so its label tokens cannot be kept out of RL): its samples are dropped, as the local trainer drops it
+  (`predict.train.samples.rollout_samples`, "unaligned"); its reward still counts in the group baseline. Counted
+  in ``counts["mismatched_rollouts"]``.
+
+Same as the local trainer (`predict.train.samples`, tested side by side): which tokens leave RL, the CE samples
+(token for token), the zero-advantage rule, unaligned rollouts. Different on the cluster, for both arms alike:
+the advantage is prime-rl's GRPO baseline (reward - group mean, no division by the group std), and the trainer's
+policy loss is prime-rl's (its default loss config), not `predict.train.loss`'s clipped surrogate; CE and the
+per-component token normalisation (rl / N_rl + ce / N_ce) are the same.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from prime_rl.orchestrator.algo.grpo import GRPOAlgorithm
+from prime_rl.orchestrator.trajectories import iter_trainable_branches
+from prime_rl.transport import TrainingSample
+
+from predict.train.labels import decision_token_span, label_token_span, prediction_ce_sample
+from predict.train.prime_rl.points import PointsMismatch, PredictionTarget, prediction_targets
+
+log = logging.getLogger(__name__)
+
+
+def is_ce_sample(sample: Any) -> bool:
+    """A CE-only sample on the wire: nothing sampled (RL samples always have mask-True tokens)."""
+    return not any(sample.mask)
+
+
+def rollout_layout(rollout: Any) -> tuple[list[Any], list[list[int]], list[list[bool]]]:
+    """(nodes, node-index path per sample, trainable mask per sample), in the order `trace_to_samples` built the
+    rollout's samples (the same branch selection, so sample k is branch k)."""
+    nodes = list(rollout.nodes)
+    index_of = {id(node): i for i, node in enumerate(nodes)}
+    paths, masks = [], []
+    for branch, mask in iter_trainable_branches(rollout):
+        paths.append([index_of[id(node)] for node in branch.nodes])
+        masks.append(list(mask))
+    return nodes, paths, masks
+
+
+def weight_predictions(
+    samples: Sequence[Any],
+    targets: Sequence[PredictionTarget],
+    *,
+    tokenizer: Any,
+    alpha: float,
+    mask_decision: bool,
+    task_id: int | None = None,
+    rollout_key: str | None = None,
+) -> tuple[list[Any], Counter]:
+    """Zero the rl weight of the sampled label (and decision) tokens in `samples` (in place) and return the
+    CE-only samples to append (as `TrainingSample`s), with counts for logging."""
+    counts: Counter = Counter()
+    ce_samples = []
+    for target in targets:
+        c = target.completion
+        sample = samples[c.sample]
+        completion_ids = list(sample.token_ids[c.start : c.end])
+        counts["prediction_points"] += 1
+        spans = [label_token_span(completion_ids, tokenizer)]
+        if mask_decision:
+            spans.append(decision_token_span(completion_ids, tokenizer))
+        for span in spans:
+            if span is None:
+                continue
+            if sample.rl_weights is None:
+                sample.rl_weights = [1.0 if m else 0.0 for m in sample.mask]
+            for i in range(c.start + span[0], c.start + span[1]):
+                sample.rl_weights[i] = 0.0
+                counts["rl_masked_tokens"] += 1
+        verified = target.point.verified
+        if verified is None:
+            counts["unverified_points"] += 1
+            continue
+        ce = prediction_ce_sample(
+            list(sample.token_ids[: c.start]),
+            completion_ids,
+            verified,
+            alpha,
+            tokenizer,
+            task_id=task_id,
+            rollout_key=rollout_key,
+            source=f"prediction at step {target.point.call}",
+        )
+        if ce is None:
+            continue
+        n = len(ce.token_ids)
+        ce_samples.append(
+            TrainingSample(
+                token_ids=list(ce.token_ids),
+                mask=[False] * n,
+                logprobs=[0.0] * n,
+                temperatures=[],
+                env_name=sample.env_name,
+                rl_weights=[0.0] * n,
+                ce_weights=list(ce.ce_weights),
+            )
+        )
+        counts["ce_samples"] += 1
+        counts["ce_tokens"] += ce.n_ce_tokens
+    return ce_samples, counts
+
+
+def keep_ce_without_advantage(rollout: Any) -> bool:
+    """The zero-advantage override (see the module doc). True when the rollout was reduced to its CE samples."""
+    if rollout.advantages is None or any(a != 0.0 for a in rollout.advantages):
+        return False
+    ce = [s for s in rollout.samples if is_ce_sample(s)]
+    if not ce:
+        return False
+    rollout.samples = ce
+    rollout.advantages = None
+    return True
+
+
+def _task_id(rollout: Any) -> int | None:
+    data = getattr(getattr(rollout, "task", None), "data", None)
+    task_id = getattr(data, "task_id", None)
+    return int(task_id) if task_id is not None else None
+
+
+class PredictAlgorithm(GRPOAlgorithm):
+    """GRPO with Arm B's prediction labels out of RL credit plus verified-label CE samples (module doc)."""
+
+    def __init__(self, config: Any, policy_pool: Any, tokenizer: Any = None):
+        super().__init__(config, policy_pool)
+        self.alpha = float(config.alpha)
+        self.mask_decision = bool(config.mask_decision)
+        self.tokenizer_name = config.tokenizer
+        self.tokenizer = tokenizer
+        self.counts: Counter = Counter()
+
+    async def setup(self) -> None:
+        await super().setup()
+        if self.tokenizer is None:
+            from transformers import AutoTokenizer  # noqa: PLC0415 - prime-rl's venv has it; the tests inject one
+
+            self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_name)
+
+    async def score_rollout(self, rollout: Any) -> None:
+        await super().score_rollout(rollout)
+        self.counts["rollouts"] += 1
+        try:
+            nodes, paths, masks = rollout_layout(rollout)
+            targets = prediction_targets(rollout.info, nodes, paths, masks)
+        except PointsMismatch as e:
+            self.counts["mismatched_rollouts"] += 1
+            log.warning("predict: rollout %s dropped from training: %s", getattr(rollout, "id", "?"), e)
+            rollout.samples = []  # no tokens to train; the zero-advantage filter then drops the rollout
+            return
+        if self.tokenizer is None:
+            raise RuntimeError("PredictAlgorithm.setup() was not awaited: no tokenizer")
+        ce_samples, counts = weight_predictions(
+            rollout.samples,
+            targets,
+            tokenizer=self.tokenizer,
+            alpha=self.alpha,
+            mask_decision=self.mask_decision,
+            task_id=_task_id(rollout),
+            rollout_key=getattr(rollout, "id", None),
+        )
+        rollout.samples.extend(ce_samples)
+        self.counts.update(counts)
+
+    async def score_group(self, group: list[Any]) -> None:
+        await super().score_group(group)
+        for rollout in group:
+            if keep_ce_without_advantage(rollout):
+                self.counts["ce_only_rollouts"] += 1
+        log.debug("predict: %s", dict(self.counts))
+
+
+__all__ = ["PredictAlgorithm", "is_ce_sample", "keep_ce_without_advantage", "rollout_layout", "weight_predictions"]

@@ -1,0 +1,402 @@
+"""prime-rl TOML configs (and the SFT dataset) rendered from the study config: the cluster backend's only input.
+
+`rl_config` renders one ``rl`` run (inference + orchestrator + trainer on one node): model = the arm's SFT
+checkpoint, env = our verifiers v1 taskset ``predict_mbpp`` on the rl split with our harness
+``predict_local_agent`` in a subprocess runtime (the protocol values come from
+`predict.env.rollout.RolloutSettings`, the same as local rollouts), algorithm ``grpo`` for a reactive run or
+``predict`` (`PredictAlgorithm`) for a predictive one. `sft_config` renders one ``sft`` run on the traces written
+in prime-rl's ``messages`` format by `write_sft_dataset`. The keys are the ones prime-rl's config classes accept
+at the pinned commit (``tests/test_prime_rl_configs.py`` lists them, read from that source).
+
+Runs: every arm in ``arms`` plus the ``ablations`` (each the predictive arm with one factor changed), resolved by
+`predict.train.rl.resolve_run` as for the local trainer.
+Outputs (prime-rl writes HF safetensors under ``<output_dir>/weights/step_N/``):
+
+* RL: ``output_dir = results/rl/{run}/seed{seed}/prime-rl``; after the run `collect_rl_checkpoints` moves each
+  finished step to ``results/rl/{run}/seed{seed}/step{N}`` (the path every backend uses), listed in
+  ``checkpoints.json``.
+* SFT: ``output_dir = results/sft/{arm}/prime-rl``; its last step is moved to ``results/checkpoints/{arm}/sft``.
+
+The RL design (steps, group size, tasks per step, lr, checkpoint interval, mask_decision) is the config's ``rl``
+section, shared with the local trainer; what exists only on the cluster (GPUs, sequence length, off-policy steps,
+SLURM run time, and the SFT run until the local SFT has its own section) lives in ``prime_rl``. `rl_settings` /
+`sft_settings` are the one place that reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from predict.runs import resolve_run
+
+TASKSET_ID = "predict_mbpp"
+HARNESS_ID = "predict_local_agent"
+RENDERER = "qwen3"
+STABLE = "STABLE"  # prime-rl's marker of a finished checkpoint step
+
+
+class PrimeRLConfigError(ValueError):
+    """The study config cannot be rendered for prime-rl (names the key)."""
+
+
+@dataclass(frozen=True)
+class RLSettings:
+    max_steps: int
+    batch_size: int
+    """Rollouts per step: tasks_per_step x group_size."""
+    group_size: int
+    lr: float
+    weight_decay: float
+    max_norm: float
+    max_tokens: int | None
+    """Completion tokens per model call (None: the env's max_tokens)."""
+    seq_len: int
+    train_gpus: int
+    infer_gpus: int
+    ckpt_interval: int | None
+    max_off_policy_steps: int
+    mask_decision: bool
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    max_steps: int
+    batch_size: int
+    micro_batch_size: int
+    lr: float
+    seq_len: int
+    gpus: int
+
+
+def _section(cfg: Mapping[str, Any], *keys: str) -> Mapping[str, Any]:
+    node: Any = cfg
+    for i, key in enumerate(keys):
+        if not isinstance(node, Mapping) or key not in node:
+            raise PrimeRLConfigError(f"{'.'.join(keys[: i + 1])}: missing (needed by the prime_rl backend)")
+        node = node[key]
+    return node
+
+
+def rl_settings(cfg: Mapping[str, Any]) -> RLSettings:
+    """The study's RL design (section ``rl``, shared with the local trainer) + the cluster's own (``prime_rl``)."""
+    p, r, shared = _section(cfg, "prime_rl"), _section(cfg, "prime_rl", "rl"), _section(cfg, "rl")
+    return RLSettings(
+        max_steps=int(shared["steps"]),
+        batch_size=int(shared["tasks_per_step"]) * int(shared["group_size"]),
+        group_size=int(shared["group_size"]),
+        lr=float(shared["lr"]),
+        weight_decay=float(shared.get("weight_decay", 0.0)),
+        max_norm=float(shared.get("grad_clip", 1.0)),
+        max_tokens=shared.get("max_tokens"),
+        seq_len=int(p["seq_len"]),
+        train_gpus=int(r.get("train_gpus", 1)),
+        infer_gpus=int(r.get("infer_gpus", 1)),
+        ckpt_interval=shared.get("checkpoint_every"),
+        max_off_policy_steps=int(r.get("max_off_policy_steps", 1)),
+        mask_decision=bool(shared.get("mask_decision", False)),
+    )
+
+
+def sft_settings(cfg: Mapping[str, Any]) -> SFTSettings:
+    p, s = _section(cfg, "prime_rl"), _section(cfg, "prime_rl", "sft")
+    return SFTSettings(
+        max_steps=int(s["max_steps"]),
+        batch_size=int(s["batch_size"]),
+        micro_batch_size=int(s.get("micro_batch_size", 1)),
+        lr=float(s["lr"]),
+        seq_len=int(p["seq_len"]),
+        gpus=int(s.get("gpus", 1)),
+    )
+
+
+def _abs(path: str | Path) -> str:
+    return str(Path(path).absolute())
+
+
+def _drop_none(value: Any) -> Any:
+    """TOML has no null: leave unset keys out (prime-rl then uses its default)."""
+    if isinstance(value, Mapping):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+def tokenizer_name(cfg: Mapping[str, Any], results_dir: str | Path | None = None) -> str:
+    """The policy's tokenizer: the base model's (SFT and RL keep it)."""
+    base = cfg["model"]["base"]
+    if base == "tiny":
+        return _abs(Path(results_dir or cfg["results_dir"]) / "models" / "tiny")
+    return base
+
+
+def renderer_table(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    # The study renders with the Qwen3 template's default generation prompt (DESIGN: model.enable_thinking).
+    return {"name": RENDERER, "enable_thinking": bool(cfg["model"].get("enable_thinking", True))}
+
+
+def env_source(cfg: Mapping[str, Any], spec: Any, tasks: str | Path, split: str = "rl") -> dict[str, Any]:
+    """One ``[[orchestrator.train.source]]``: our taskset + harness, with the same protocol values as local
+    rollouts (`RolloutSettings.from_study_config`)."""
+    from predict.env.rollout import RolloutSettings
+
+    settings = RolloutSettings.from_study_config(
+        cfg, arm=spec.arm, seed=0, checkpoint="", base_url="", model="", variant=spec.variant
+    )
+    protocol = settings.protocol_config()
+    verifier = {
+        "timeout_s": settings.timeout_s,
+        "memory_mb": settings.memory_mb,
+        "outcome_labels": settings.outcome_labels,
+    }
+    return {
+        "name": TASKSET_ID,
+        "env": {
+            "taskset": {"id": TASKSET_ID, "path": _abs(tasks), "split": split, "task": dict(verifier)},
+            "agent": {
+                # verifiers counts model turns; keep it above the program's own cap (as predict.env.rollout does).
+                "max_turns": protocol.model_call_cap + 2,
+                "timeout": {"rollout": settings.rollout_timeout_s},
+                "harness": {
+                    "id": HARNESS_ID,
+                    "protocol": protocol.protocol,
+                    "variant": protocol.variant,
+                    "budget": protocol.budget,
+                    "revise_costs_call": protocol.revise_costs_call,
+                    "max_model_calls": protocol.max_model_calls,
+                    **verifier,
+                },
+                "runtime": {"type": "subprocess"},
+            },
+        },
+    }
+
+
+def rl_config(
+    cfg: Mapping[str, Any], run: str, seed: int, *, model: str | Path, tasks: str | Path, output_dir: str | Path
+) -> dict[str, Any]:
+    """The ``rl`` TOML (as a dict) of one run and seed."""
+    spec = resolve_run(cfg, run)
+    s = rl_settings(cfg)
+    env = _section(cfg, "env")
+    if not spec.predictive:
+        algo: dict[str, Any] = {"type": "grpo"}
+    else:
+        algo = {
+            "type": "predict",
+            "alpha": spec.alpha,
+            "mask_decision": s.mask_decision,
+            "tokenizer": tokenizer_name(cfg),
+        }
+    table = {
+        "max_steps": s.max_steps,
+        "seq_len": s.seq_len,
+        "output_dir": _abs(output_dir),
+        "deployment": {"type": "single_node", "num_train_gpus": s.train_gpus, "num_infer_gpus": s.infer_gpus},
+        "model": {"name": model_ref(model)},
+        "ckpt": {"interval": s.ckpt_interval},
+        "file_monitor": {},  # metrics.jsonl of the trainer (output_dir) and orchestrator (output_dir/run_default)
+        "orchestrator": {
+            "batch_size": s.batch_size,
+            "group_size": s.group_size,
+            "max_off_policy_steps": s.max_off_policy_steps,
+            "algo": algo,
+            "renderer": renderer_table(cfg),
+            "train": {
+                "sampling": {
+                    "temperature": float(env.get("temperature", 1.0)),
+                    "max_completion_tokens": int(s.max_tokens or env.get("max_tokens", 512)),
+                },
+                "source": [env_source(cfg, spec, tasks)],
+            },
+        },
+        "trainer": {"optim": {"type": "adamw", "lr": s.lr, "weight_decay": s.weight_decay, "max_norm": s.max_norm}},
+        "inference": {"seed": int(seed)},
+    }
+    return _drop_none(table)
+
+
+def model_ref(model: str | Path) -> str:
+    """An HF id (``owner/name``, no such local path) as is; a local folder as an absolute path."""
+    text = str(model)
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")) and not Path(text).exists():
+        return text
+    return _abs(text)
+
+
+def sft_config(
+    cfg: Mapping[str, Any], arm: str, *, model: str | Path, dataset_dir: str | Path, output_dir: str | Path
+) -> dict[str, Any]:
+    """The ``sft`` TOML (as a dict) of one arm: loss on assistant turns, one final checkpoint."""
+    if arm not in cfg["arms"]:
+        raise PrimeRLConfigError(f"arms: no arm {arm!r} (have {', '.join(sorted(cfg['arms']))})")
+    s = sft_settings(cfg)
+    table = {
+        "max_steps": s.max_steps,
+        "output_dir": _abs(output_dir),
+        "deployment": {"type": "single_node", "num_gpus": s.gpus},
+        "model": {"name": model_ref(model)},
+        "renderer": renderer_table(cfg),
+        "data": {
+            "type": "sft",
+            "name": _abs(dataset_dir),
+            "splits": ["train"],
+            "seq_len": s.seq_len,
+            "batch_size": s.batch_size,
+            "micro_batch_size": s.micro_batch_size,
+            "seed": int(cfg["seeds"][0]),
+            "loss_mask": {"system": False, "user": False, "assistant": True, "tool": False},
+        },
+        "optim": {"type": "adamw", "lr": s.lr},
+        "ckpt": {},  # a checkpoint at the end of training
+        "file_monitor": {},  # <output_dir>/metrics.jsonl
+    }
+    return _drop_none(table)
+
+
+def write_toml(table: Mapping[str, Any], path: str | Path) -> Path:
+    """Write a TOML file atomically; it reads back to the same table."""
+    import tomli_w
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(tomli_w.dumps(dict(table)))
+    os.replace(tmp, path)
+    return path
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SFT data and checkpoints
+# ---------------------------------------------------------------------------------------------------------------
+MESSAGES_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+
+
+def write_sft_dataset(traces: str | Path, out_dir: str | Path) -> Path:
+    """The traces' ``messages`` column as prime-rl's SFT dataset: ``<out_dir>/train.parquet`` with one column
+    ``messages`` (list of {role, content}), loadable by ``datasets.load_dataset(out_dir, split="train")``."""
+    from predict.io import write_table
+
+    table = pq.read_table(traces)
+    if "messages" not in table.column_names:
+        raise PrimeRLConfigError(f"{traces}: no 'messages' column (have {', '.join(table.column_names)})")
+    rows = table.column("messages").to_pylist()
+    for i, messages in enumerate(rows):
+        if not messages:
+            raise PrimeRLConfigError(f"{traces}: row {i} has no messages")
+        for m in messages:
+            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise PrimeRLConfigError(f"{traces}: row {i}: every message needs string role and content")
+        if not any(m["role"] == "assistant" for m in messages):
+            raise PrimeRLConfigError(f"{traces}: row {i} has no assistant turn (nothing to train on)")
+    clean = [[{"role": m["role"], "content": m["content"]} for m in messages] for messages in rows]
+    out = Path(out_dir) / "train.parquet"
+    write_table(pa.table({"messages": pa.array(clean, type=MESSAGES_TYPE)}), out)
+    return out
+
+
+METRICS_SCHEMA = pa.schema(
+    [("source", pa.string()), ("step", pa.int64()), ("metric", pa.string()), ("value", pa.float64())]
+)
+METRIC_SOURCES = {"trainer": "metrics.jsonl", "orchestrator": "run_default/metrics.jsonl"}
+"""prime-rl's file monitors: the trainer's under output_dir, the orchestrator's under output_dir/run_default."""
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, float]) -> None:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _flatten(f"{prefix}/{k}" if prefix else str(k), v, out)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        out[prefix] = float(value)
+
+
+def metrics_table(output_dir: str | Path) -> pa.Table:
+    """prime-rl's metrics.jsonl files as one long table (source, step, metric, value); nested keys joined by "/".
+    A torn last line (a killed run) is skipped."""
+    rows: list[dict[str, Any]] = []
+    for source, name in METRIC_SOURCES.items():
+        path = Path(output_dir) / name
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            step = record.pop("step", None)
+            record.pop("time", None)
+            flat: dict[str, float] = {}
+            _flatten("", record, flat)
+            rows += [{"source": source, "step": step, "metric": k, "value": v} for k, v in flat.items()]
+    return pa.Table.from_pylist(rows, schema=METRICS_SCHEMA)
+
+
+def write_metrics(output_dir: str | Path, out: str | Path) -> int:
+    """Write `metrics_table` to parquet (empty when prime-rl logged nothing); returns the row count."""
+    from predict.io import write_table
+
+    table = metrics_table(output_dir)
+    write_table(table, out)
+    return table.num_rows
+
+
+def finished_steps(output_dir: str | Path) -> list[int]:
+    """Steps whose HF weights prime-rl finished writing (``weights/step_N/STABLE``)."""
+    weights = Path(output_dir) / "weights"
+    steps = []
+    for d in weights.glob("step_*") if weights.is_dir() else []:
+        suffix = d.name.removeprefix("step_")
+        if suffix.isdigit() and (d / STABLE).exists():
+            steps.append(int(suffix))
+    return sorted(steps)
+
+
+def _move(source: Path, dest: Path) -> None:
+    """Move a finished step folder into place (a rename on one filesystem); an existing folder is replaced."""
+    import shutil
+
+    if dest.is_symlink() or dest.is_file():
+        dest.unlink()
+    elif dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(source), str(dest))
+
+
+def collect_rl_checkpoints(output_dir: str | Path, run_dir: str | Path, out_json: str | Path) -> dict[str, Any]:
+    """Move every finished RL step to ``<run_dir>/step{N}`` (after the run: prime-rl no longer reads them) and
+    list them in `out_json`. Re-running after a resume only adds the new steps."""
+    from predict.io import write_json
+
+    moved = finished_steps(output_dir)
+    for step in moved:
+        _move(Path(output_dir) / "weights" / f"step_{step}", Path(run_dir) / f"step{step}")
+    steps = sorted(int(d.name[4:]) for d in Path(run_dir).glob("step*") if d.name[4:].isdigit() and d.is_dir())
+    if not steps:
+        raise PrimeRLConfigError(f"{output_dir}: prime-rl wrote no finished checkpoint (weights/step_N/STABLE)")
+    summary = {"output_dir": str(output_dir), "steps": steps, "last": steps[-1]}
+    write_json(summary, out_json)
+    return summary
+
+
+def collect_sft_checkpoint(output_dir: str | Path, checkpoint: str | Path) -> int:
+    """Move the last finished SFT step to the arm's SFT checkpoint folder; returns the step."""
+    steps = finished_steps(output_dir)
+    if not steps:
+        raise PrimeRLConfigError(f"{output_dir}: prime-rl sft wrote no finished checkpoint (weights/step_N/STABLE)")
+    _move(Path(output_dir) / "weights" / f"step_{steps[-1]}", Path(checkpoint))
+    return steps[-1]

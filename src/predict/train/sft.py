@@ -1,0 +1,341 @@
+"""SFT: render traces through the real Qwen3 chat template, then train the base model on assistant tokens only.
+
+Rendering (`render_messages`), the rules:
+
+* A trace is a list of messages: system, user (task), assistant, user (tool result), ..., assistant (FINAL).
+* Loss only on what the model writes: each assistant turn's content tokens + its ``<|im_end|>``. The system prompt,
+  the task, the tool results and every template token (``<|im_start|>assistant\\n``, the ``\\n`` after
+  ``<|im_end|>``) carry no loss.
+* Every trained assistant turn sits after exactly the prompt the model sees at inference: the ids are built
+  incrementally, ``apply_chat_template(messages[:i], add_generation_prompt=True)`` then the turn's content +
+  ``<|im_end|>``; each such prompt must extend the ids so far (checked), so the whole sample is one sequence. This
+  sidesteps the Qwen3 template quirk that renders the last assistant turn after the last user message with a
+  ``<think>\\n\\n</think>\\n\\n`` prefix when the whole conversation is rendered at once, which the model never sees
+  at generation time (``enable_thinking`` true: the generation prompt is ``<|im_start|>assistant\\n``; see model.enable_thinking in config/schema.yaml).
+* The content is tokenized on its own (``tokenizer.encode``), which is what the model emits after the generation
+  prompt; for every non-final turn the ids equal the whole-conversation rendering (tested).
+
+Training (`run_sft`): epochs over the rendered samples, shuffled per epoch with ``(seed, epoch)``, grouped into
+optimizer steps of at most ``batch_tokens`` tokens; linear warm-up then cosine (or constant) learning rate; one
+`Trainer.step` per step. The trainer state is saved every ``save_every`` steps (and the per-step metrics with
+it), so a killed run resumes from its last saved state; at the end the HF checkpoint is written atomically, the
+metrics parquet next to it, and the state folder removed.
+
+Metrics parquet columns (`METRICS_SCHEMA`): arm, step, epoch, loss (= ce_loss for SFT), ce_loss, lr, grad_norm,
+n_samples, n_tokens, n_ce_tokens, time_s, tokens_per_s.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from predict.io import write_rows
+from predict.train.samples import TrainSample
+
+log = logging.getLogger(__name__)
+
+IM_END = "<|im_end|>"
+ROLES = ("system", "user", "assistant")
+
+METRICS_SCHEMA = pa.schema(
+    [
+        ("arm", pa.string()),
+        ("step", pa.int64()),
+        ("epoch", pa.int64()),
+        ("loss", pa.float64()),
+        ("ce_loss", pa.float64()),
+        ("lr", pa.float64()),
+        ("grad_norm", pa.float64()),
+        ("n_samples", pa.int64()),
+        ("n_tokens", pa.int64()),
+        ("n_ce_tokens", pa.int64()),
+        ("time_s", pa.float64()),
+        ("tokens_per_s", pa.float64()),
+    ]
+)
+
+
+class TraceError(ValueError):
+    """A trace cannot be rendered (bad roles or order, or a template that does not extend the previous prompt)."""
+
+
+def _ids(x: Any) -> list[int]:
+    if isinstance(x, Mapping):
+        x = x["input_ids"]
+    return list(x)
+
+
+def render_messages(
+    messages: Sequence[Mapping[str, Any]],
+    tokenizer: Any,
+    *,
+    enable_thinking: bool = True,
+    task_id: int | None = None,
+    source: str | None = None,
+) -> TrainSample:
+    """One SFT `TrainSample` (ce weight 1.0 on assistant content + <|im_end|>) from one trace's messages."""
+    where = source or (f"task {task_id}" if task_id is not None else "trace")
+    msgs = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
+    if not msgs or msgs[0]["role"] != "system":
+        raise TraceError(f"{where}: the first message must be the system prompt")
+    bad = [i for i, m in enumerate(msgs) if m["role"] not in ROLES]
+    if bad:
+        raise TraceError(f"{where}: message {bad[0]} has role {msgs[bad[0]]['role']!r} (expected one of {ROLES})")
+    if msgs[-1]["role"] != "assistant":
+        raise TraceError(f"{where}: the last message must be the assistant's (FINAL)")
+    im_end = tokenizer.convert_tokens_to_ids(IM_END)
+    ids: list[int] = []
+    weights: list[float] = []
+    for i, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        if msgs[i - 1]["role"] != "user":
+            raise TraceError(f"{where}: assistant message {i} does not follow a user message")
+        prompt = _ids(
+            tokenizer.apply_chat_template(
+                msgs[:i], add_generation_prompt=True, tokenize=True, enable_thinking=enable_thinking, return_dict=False
+            )
+        )
+        if prompt[: len(ids)] != ids:
+            raise TraceError(f"{where}: the prompt before message {i} does not extend the rendering so far")
+        new = prompt[len(ids) :]
+        ids += new
+        weights += [0.0] * len(new)
+        content = tokenizer.encode(m["content"], add_special_tokens=False) + [im_end]
+        ids += content
+        weights += [1.0] * len(content)
+    n = len(ids)
+    return TrainSample(
+        token_ids=ids,
+        mask=[w > 0 for w in weights],
+        logprobs=[0.0] * n,
+        advantages=[0.0] * n,
+        rl_weights=[0.0] * n,
+        ce_weights=weights,
+        kind="sft",
+        task_id=task_id,
+        source=source,
+    )
+
+
+def load_tokenizer(model_dir: str | Path | None = None) -> Any:
+    from transformers import AutoTokenizer
+
+    if model_dir is None:
+        from predict.tiny_model import tokenizer_dir
+
+        model_dir = tokenizer_dir()
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def render_traces(path: str | Path, tokenizer: Any, *, enable_thinking: bool = True) -> list[TrainSample]:
+    """Every row of a traces parquet (``messages`` + ``task_id``) rendered into an SFT sample."""
+    table = pq.read_table(path)
+    if "messages" not in table.column_names:
+        raise TraceError(f"{path}: no 'messages' column (has {', '.join(table.column_names)})")
+    rows = table.to_pylist()
+    out = []
+    for r, row in enumerate(rows):
+        tid = row.get("task_id")
+        try:
+            out.append(
+                render_messages(
+                    row["messages"], tokenizer, enable_thinking=enable_thinking, task_id=tid, source=f"{path} row {r}"
+                )
+            )
+        except (KeyError, TypeError) as e:
+            raise TraceError(f"{path} row {r} (task {tid}): malformed messages: {e}") from None
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SFTConfig:
+    lr: float
+    epochs: int
+    batch_tokens: int
+    warmup_steps: int = 0
+    lr_schedule: str = "cosine"  # cosine | constant
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    save_every: int = 50
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    micro_batch_tokens: int = 8192
+    max_seq_len: int | None = None
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any]) -> SFTConfig:
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in section.items() if k in names})
+
+
+def plan_steps(lengths: Sequence[int], cfg: SFTConfig) -> list[tuple[int, list[int]]]:
+    """(epoch, sample indices) of every optimizer step: a seeded shuffle per epoch, steps of <= batch_tokens."""
+    steps: list[tuple[int, list[int]]] = []
+    for epoch in range(cfg.epochs):
+        order = np.random.default_rng([cfg.seed, epoch]).permutation(len(lengths)).tolist()
+        cur: list[int] = []
+        used = 0
+        for i in order:
+            if cur and used + lengths[i] > cfg.batch_tokens:
+                steps.append((epoch, cur))
+                cur, used = [], 0
+            cur.append(i)
+            used += lengths[i]
+        if cur:
+            steps.append((epoch, cur))
+    return steps
+
+
+def lr_at(step: int, total: int, cfg: SFTConfig) -> float:
+    """Learning rate of 0-based step ``step`` of ``total``: linear warm-up, then cosine to min_lr_ratio * lr."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    span = max(total - cfg.warmup_steps, 1)
+    progress = min(max(step - cfg.warmup_steps, 0) / span, 1.0)
+    floor = cfg.min_lr_ratio
+    return cfg.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def run_sft(
+    *,
+    traces: str | Path,
+    base_model: str | Path,
+    out_dir: str | Path,
+    metrics_out: str | Path,
+    state_dir: str | Path,
+    cfg: SFTConfig,
+    arm: str,
+    enable_thinking: bool = True,
+    max_steps: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train, resuming from ``state_dir`` when it holds a saved state; write the checkpoint and metrics."""
+    from predict.train.trainer import Trainer
+
+    tokenizer = load_tokenizer(base_model)
+    samples = render_traces(traces, tokenizer, enable_thinking=enable_thinking)
+    if cfg.max_seq_len:
+        long = [s for s in samples if len(s.token_ids) > cfg.max_seq_len]
+        if long:
+            log.warning("dropping %d traces longer than max_seq_len %d tokens", len(long), cfg.max_seq_len)
+        samples = [s for s in samples if len(s.token_ids) <= cfg.max_seq_len]
+    if not samples:
+        raise ValueError(f"{traces}: no trace to train on")
+    steps = plan_steps([len(s.token_ids) for s in samples], cfg)
+    total = len(steps) if max_steps is None else min(len(steps), max_steps)
+    state_dir = Path(state_dir)
+    rows: list[dict[str, Any]] = []
+    if Trainer.read_state_info(state_dir) is not None:
+        trainer = Trainer.resume(state_dir, device=cfg.device)
+        saved_rows = state_dir / "metrics.parquet"
+        rows = pq.read_table(saved_rows).to_pylist() if saved_rows.is_file() else []
+        rows = [r for r in rows if r["step"] <= trainer.step_count]
+        log.info("resuming SFT from %s at step %d of %d", state_dir, trainer.step_count, total)
+    else:
+        trainer = Trainer(
+            base_model,
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
+            grad_clip=cfg.grad_clip,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            micro_batch_tokens=cfg.micro_batch_tokens,
+            seed=cfg.seed,
+        )
+
+    def save_state() -> None:
+        trainer.save_state(state_dir)
+        write_rows(rows, METRICS_SCHEMA, state_dir / "metrics.parquet")
+
+    bar = _progress(progress)
+    with bar:
+        task = bar.add_task(f"SFT arm {arm}", total=total, completed=trainer.step_count)
+        while trainer.step_count < total:
+            k = trainer.step_count
+            epoch, idx = steps[k]
+            m = trainer.step([samples[i] for i in idx], lr=lr_at(k, total, cfg))
+            rows.append(
+                {
+                    "arm": arm,
+                    "step": trainer.step_count,
+                    "epoch": epoch,
+                    "loss": m["loss"],
+                    "ce_loss": m["ce_loss"],
+                    "lr": m["lr"],
+                    "grad_norm": m["grad_norm"],
+                    "n_samples": int(m["n_samples"]),
+                    "n_tokens": int(m["n_tokens"]),
+                    "n_ce_tokens": int(m["n_ce_tokens"]),
+                    "time_s": m["time_s"],
+                    "tokens_per_s": m["n_tokens"] / max(m["time_s"], 1e-9),
+                }
+            )
+            bar.update(task, completed=trainer.step_count, description=f"SFT arm {arm} loss {m['loss']:.3f}")
+            if not bar.console.is_terminal:  # a log file: one line per step instead of a bar
+                r = rows[-1]
+                log.info(
+                    "step %d/%d epoch %d loss %.4f lr %.2e grad_norm %.3f %.0f tok/s",
+                    r["step"],
+                    total,
+                    epoch,
+                    r["loss"],
+                    r["lr"],
+                    r["grad_norm"],
+                    r["tokens_per_s"],
+                )
+            if cfg.save_every and trainer.step_count % cfg.save_every == 0 and trainer.step_count < total:
+                save_state()
+    trainer.save_checkpoint(out_dir)
+    write_rows(rows, METRICS_SCHEMA, metrics_out)
+    shutil.rmtree(state_dir, ignore_errors=True)
+    first, last = rows[0] if rows else {}, rows[-1] if rows else {}
+    return {
+        "traces": len(samples),
+        "steps": total,
+        "epochs": cfg.epochs,
+        "tokens": sum(len(s.token_ids) for s in samples),
+        "assistant_tokens": sum(s.n_ce_tokens for s in samples),
+        "first_loss": first.get("loss", float("nan")),
+        "last_loss": last.get("loss", float("nan")),
+        "train_time_s": sum(r["time_s"] for r in rows),
+    }
+
+
+def _progress(enabled: bool) -> Any:
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        disable=not enabled,
+    )

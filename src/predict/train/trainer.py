@@ -1,0 +1,658 @@
+"""`Trainer`: the one compact trainer of SFT and the local RL trainer (plain torch + transformers, CPU or one GPU).
+
+One optimizer step (`Trainer.step`) takes a list of `TrainSample`s and
+
+* packs them, in order, into micro-batches of at most ``micro_batch_tokens`` tokens (one packed row each; a sample
+  longer than that gets a micro-batch of its own). Documents in a row never attend to each other: positions restart
+  at 0 for every sample and the attention (`packed_attention`, registered as ``predict_packed``) runs per document:
+  flash-attention varlen on CUDA (``torch.nn.attention.varlen``), a causal SDPA call per document elsewhere;
+* computes the loss `predict.train.loss.predict_loss` with N_rl / N_ce counted over the WHOLE step, so gradient
+  accumulation over micro-batches equals one big batch;
+* never materialises ``[T, vocab]`` logits for a sequence: the lm_head runs only on positions that carry a weight, in
+  chunks of ``logit_chunk_tokens``; since the loss is a sum of per-token terms over known counts, each chunk's
+  gradient (w.r.t. its hidden states and the lm_head weight) is computed in the forward pass and the chunk's logits
+  are freed at once (`ChunkedLMLoss`, the fused-linear-loss idea of liger-kernel, here with our own loss);
+* clips the gradient norm and takes one AdamW step (fused on CUDA).
+
+On CUDA, liger-kernel's RMSNorm, SwiGLU and RoPE kernels are patched in when it is importable (``liger=None``:
+auto); its fused linear cross-entropy is not used, because our loss needs per-token logprobs (GRPO ratios).
+
+`token_logprobs` gives per-token logprobs without gradient (same chunking). `save_checkpoint` writes an HF folder
+(weights in the base checkpoint's dtype + tokenizer files) that vLLM and transformers load; `save_state` /
+`Trainer.resume` save and restore weights (training dtype, exact), AdamW state, step count and RNG states, so a
+killed run continues from its last saved state. Both write to a temp folder and rename it into place.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from predict.train.loss import LossConfig, predict_loss
+from predict.train.samples import TrainSample
+
+__all__ = ["ATTN_IMPLEMENTATION", "ChunkedLMLoss", "Trainer", "pack_micro_batches", "packed_attention"]
+
+ATTN_IMPLEMENTATION = "predict_packed"
+STATE_FILE = "trainer.json"
+#: Tokenizer files copied into every checkpoint (whichever of them the source has).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Packed attention: documents of one row never see each other.
+# --------------------------------------------------------------------------------------------------------------
+def _varlen_fn() -> Any:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+_VARLEN = _varlen_fn()
+_VARLEN_PARAMS = set(inspect.signature(_VARLEN).parameters) if _VARLEN is not None else set()
+
+
+def packed_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    cu_seqlens: torch.Tensor | None = None,
+    max_seqlen: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Causal attention within each document of a packed row.
+
+    query [B, H, T, D], key/value [B, Hkv, T, D]; ``cu_seqlens`` (int32 [n+1]) are the document boundaries in the
+    flattened B*T tokens (without them the whole row is one document). Returns [B, T, H, D] as transformers expects.
+    """
+    b, h, t, d = query.shape
+    hkv = key.shape[1]
+    if cu_seqlens is None:
+        cu_seqlens = torch.arange(0, (b + 1) * t, t, dtype=torch.int32, device=query.device)
+        max_seqlen = t
+    if query.is_cuda and _VARLEN is not None:
+        q = query.transpose(1, 2).reshape(b * t, h, d)
+        k = key.transpose(1, 2).reshape(b * t, hkv, d)
+        v = value.transpose(1, 2).reshape(b * t, hkv, d)
+        extra: dict[str, Any] = {"scale": scaling}
+        if hkv != h:
+            if "enable_gqa" in _VARLEN_PARAMS:
+                extra["enable_gqa"] = True
+            else:
+                k, v = k.repeat_interleave(h // hkv, dim=1), v.repeat_interleave(h // hkv, dim=1)
+        if "is_causal" in _VARLEN_PARAMS:
+            extra["is_causal"] = True
+        else:
+            extra["window_size"] = (-1, 0)
+        out = _VARLEN(q, k, v, cu_seqlens, cu_seqlens, int(max_seqlen), int(max_seqlen), **extra)
+        return out.reshape(b, t, h, d), None
+    # One causal SDPA call per document (CPU, or no varlen kernel).
+    q = query.transpose(0, 1).reshape(h, b * t, d)
+    k = key.transpose(0, 1).reshape(hkv, b * t, d)
+    v = value.transpose(0, 1).reshape(hkv, b * t, d)
+    out = torch.empty_like(q)
+    bounds = cu_seqlens.tolist()
+    for s, e in zip(bounds[:-1], bounds[1:], strict=True):
+        out[:, s:e] = torch.nn.functional.scaled_dot_product_attention(
+            q[:, s:e], k[:, s:e], v[:, s:e], is_causal=True, scale=scaling, enable_gqa=hkv != h
+        )
+    return out.reshape(h, b, t, d).permute(1, 2, 0, 3), None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, packed_attention)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Chunked lm_head + loss: the gradient of each chunk is taken in the forward pass.
+# --------------------------------------------------------------------------------------------------------------
+_SUMMED = ("loss", "rl_loss", "ce_loss", "kl")
+
+
+def _lse_target(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    lse = torch.logsumexp(x, dim=-1)
+    return lse, x.gather(1, targets[:, None]).squeeze(1) - lse
+
+
+def _grad_logits(logits: torch.Tensor, lse: torch.Tensor, g: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """g * (onehot(targets) - softmax(logits)): the gradient of sum(g * logprob[target]) w.r.t. the logits."""
+    x = torch.exp(logits.to(lse.dtype) - lse[:, None]) * (-g[:, None])
+    return x.scatter_add(1, targets[:, None], g[:, None]).to(logits.dtype)
+
+
+def _grad_logits_inplace(
+    logits: torch.Tensor, lse: torch.Tensor, g: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """`_grad_logits` reusing the logits buffer when it is already float32+ (eager; CPU)."""
+    if logits.dtype != lse.dtype:
+        return _grad_logits(logits, lse, g, targets)
+    logits.sub_(lse[:, None]).exp_().mul_(-g[:, None])
+    return logits.scatter_add_(1, targets[:, None], g[:, None])
+
+
+class _Fused:
+    """The elementwise part of the chunked loss, compiled into one pass over the logits on CUDA (eager elsewhere,
+    or when compiling fails)."""
+
+    def __init__(self) -> None:
+        self.compiled: dict[str, Any] | None = None
+
+    def __call__(self, name: str, *args: torch.Tensor) -> Any:
+        eager = {"lse_target": _lse_target, "grad_logits": _grad_logits_inplace}[name]
+        if not args[0].is_cuda or self.compiled == {}:
+            return eager(*args)
+        if self.compiled is None:
+            self.compiled = {
+                "lse_target": torch.compile(_lse_target, dynamic=True),
+                "grad_logits": torch.compile(_grad_logits, dynamic=True),
+            }
+        try:
+            return self.compiled[name](*args)
+        except Exception as e:  # noqa: BLE001 - any compiler failure: fall back to eager for good
+            import logging
+
+            logging.getLogger(__name__).warning("torch.compile of the chunked loss failed (%s); using eager", e)
+            self.compiled = {}
+            return eager(*args)
+
+
+_FUSED = _Fused()
+
+
+def _chunk_logprobs(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    logits = h @ weight.T
+    lse, lp = _FUSED("lse_target", logits, targets)
+    return logits, lse, lp
+
+
+class ChunkedLMLoss(torch.autograd.Function):
+    """loss = predict_loss(log_softmax(hidden @ weight.T)[targets]) over selected positions, chunk by chunk.
+
+    hidden [N, H] (only positions with a weight), weight [V, H], streams [N] (float). The metrics of the whole call
+    are written into ``out_metrics``.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        streams: dict[str, torch.Tensor],
+        config: LossConfig,
+        n_rl: int,
+        n_ce: int,
+        chunk: int,
+        out_metrics: dict[str, float],
+    ) -> torch.Tensor:
+        grad_h = torch.empty_like(hidden)
+        grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        total = torch.zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32), device=hidden.device)
+        n_clipped = 0.0
+        for s in range(0, hidden.shape[0], chunk):
+            h = hidden[s : s + chunk]
+            tgt = targets[s : s + chunk]
+            logits, lse, lp = _chunk_logprobs(h, weight, tgt)
+            lp = lp.detach().requires_grad_()
+            with torch.enable_grad():
+                part = {k: v[s : s + chunk][None] for k, v in streams.items()}
+                loss, m = predict_loss(lp[None], part, config, n_rl=n_rl, n_ce=n_ce)
+                (g,) = torch.autograd.grad(loss, lp)
+            total += loss.detach()
+            for k in _SUMMED:
+                if k in m:
+                    out_metrics[k] = out_metrics.get(k, 0.0) + m[k]
+            n_clipped += m["clip_frac"] * max(m["n_rl_tokens"], 1)
+            # d lp / d logits = onehot - softmax
+            dl = _FUSED("grad_logits", logits, lse, g.to(lse.dtype), tgt).to(weight.dtype)
+            del logits
+            grad_h[s : s + chunk] = dl @ weight
+            if grad_w is not None:
+                grad_w.addmm_(dl.T, h)
+        out_metrics["n_clipped"] = out_metrics.get("n_clipped", 0.0) + n_clipped
+        ctx.save_for_backward(grad_h, grad_w if grad_w is not None else torch.empty(0))
+        ctx.has_w = grad_w is not None
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        grad_h, grad_w = ctx.saved_tensors
+        g = grad_out.to(grad_h.dtype)
+        return grad_h * g, (grad_w * g if ctx.has_w else None), None, None, None, None, None, None, None
+
+
+@torch.no_grad()
+def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+    """log_softmax(hidden @ weight.T)[targets] in float32, chunk by chunk: [N]."""
+    out = torch.empty(hidden.shape[0], dtype=torch.promote_types(hidden.dtype, torch.float32), device=hidden.device)
+    for s in range(0, hidden.shape[0], chunk):
+        out[s : s + chunk] = _chunk_logprobs(hidden[s : s + chunk], weight, targets[s : s + chunk])[2]
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Packing
+# --------------------------------------------------------------------------------------------------------------
+def pack_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Sample indices, in order, grouped into micro-batches of at most ``max_tokens`` tokens (a longer sample alone)."""
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    used = 0
+    for i, n in enumerate(lengths):
+        if cur and used + n > max_tokens:
+            batches.append(cur)
+            cur, used = [], 0
+        cur.append(i)
+        used += n
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+@dataclass
+class _Packed:
+    input_ids: torch.Tensor  # [1, T]
+    position_ids: torch.Tensor  # [1, T]
+    cu_seqlens: torch.Tensor  # int32 [n+1]
+    max_seqlen: int
+    hidden_index: torch.Tensor  # [N] row positions whose hidden state predicts a selected token
+    targets: torch.Tensor  # [N]
+    streams: dict[str, torch.Tensor]  # [N] each
+    sel_doc: np.ndarray  # [N] which sample of the row each selected token belongs to
+    sel_pos: np.ndarray  # [N] its position in that sample
+
+
+_STREAM_COLS = ("logprobs", "advantages", "rl_weights", "ce_weights")
+
+
+def _pack(samples: Sequence[TrainSample], device: torch.device, *, select: str) -> _Packed:
+    """One packed row. select: "weighted" (positions with rl or ce weight > 0) or "all" (every position >= 1)."""
+    lens = np.array([len(s.token_ids) for s in samples], dtype=np.int64)
+    cu = np.concatenate([[0], np.cumsum(lens)])
+    ids = np.concatenate([np.asarray(s.token_ids, dtype=np.int64) for s in samples])
+    pos = np.arange(len(ids), dtype=np.int64) - np.repeat(cu[:-1], lens)
+    cols = {k: np.concatenate([np.asarray(getattr(s, k), dtype=np.float32) for s in samples]) for k in _STREAM_COLS}
+    chosen = pos > 0
+    if select != "all":
+        chosen &= (cols["rl_weights"] > 0) | (cols["ce_weights"] > 0)
+    at = np.flatnonzero(chosen)
+    doc = np.repeat(np.arange(len(samples)), lens)[at]
+
+    def put(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
+
+    return _Packed(
+        input_ids=put(ids[None], torch.long),
+        position_ids=put(pos[None], torch.long),
+        cu_seqlens=put(cu, torch.int32),
+        max_seqlen=int(lens.max(initial=0)),
+        hidden_index=put(at - 1, torch.long),
+        targets=put(ids[at], torch.long),
+        streams={k: put(v[at], torch.float32) for k, v in cols.items()},
+        sel_doc=doc,
+        sel_pos=pos[at],
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The trainer
+# --------------------------------------------------------------------------------------------------------------
+def _atomic_dir(final: Path) -> Path:
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def _commit_dir(tmp: Path, final: Path) -> None:
+    """Replace ``final`` by ``tmp`` (a reader sees the old folder or the new one, never half of one)."""
+    old = final.parent / f".{final.name}.old-{os.getpid()}"
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "gpu":
+        return torch.device("cuda")
+    return torch.device(device)
+
+
+class Trainer:
+    """One model + AdamW. See the module docstring for what a step does.
+
+    model_dir: HF folder (or hub id in the local cache) to start from; ``model`` (optional) an already built
+    ``Qwen3ForCausalLM``-like model to train instead of loading one (benchmarks), ``model_dir`` then only names
+    where the tokenizer comes from.
+    dtype: "float32" | "bfloat16" | "auto" (float32 on CPU, bfloat16 on CUDA): the parameters' dtype.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        lr: float,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        grad_clip: float = 1.0,
+        device: str = "auto",
+        dtype: str = "auto",
+        micro_batch_tokens: int = 8192,
+        seed: int = 0,
+        loss_config: LossConfig | None = None,
+        logit_chunk_tokens: int | None = None,
+        liger: bool | None = None,
+        model: Any = None,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model_dir = str(model_dir)
+        self.device = _resolve_device(device)
+        if dtype == "auto":
+            dtype = "bfloat16" if self.device.type == "cuda" else "float32"
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)} or auto, not {dtype!r}")
+        self.dtype = dtype
+        self.lr = lr
+        self.grad_clip = grad_clip
+        self.micro_batch_tokens = micro_batch_tokens
+        self.seed = seed
+        self.loss_config = loss_config or LossConfig()
+        self.logit_chunk_tokens = logit_chunk_tokens or (8192 if self.device.type == "cuda" else 1024)
+        self.step_count = 0
+        self._init_kwargs = {
+            "lr": lr,
+            "weight_decay": weight_decay,
+            "betas": list(betas),
+            "grad_clip": grad_clip,
+            "dtype": dtype,
+            "micro_batch_tokens": micro_batch_tokens,
+            "seed": seed,
+            "loss_config": asdict(self.loss_config),
+            "logit_chunk_tokens": self.logit_chunk_tokens,
+        }
+        _seed_everything(seed)
+        _register_attention()
+        self.save_dtype = _source_dtype(self.model_dir) or (_config_dtype(model.config) if model is not None else None)
+        self.save_dtype = self.save_dtype or dtype
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(
+                self.model_dir, dtype=_DTYPES[dtype], attn_implementation=ATTN_IMPLEMENTATION
+            )
+        else:
+            model.config._attn_implementation = ATTN_IMPLEMENTATION
+        self.model = model.to(self.device, _DTYPES[dtype])
+        self.model.config.use_cache = False
+        self.liger = False
+        if liger is not False and self.device.type == "cuda":
+            self.liger = _apply_liger(self.model)
+            if liger and not self.liger:
+                raise RuntimeError("liger=True but liger_kernel is not importable")
+        self.model.train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=lr, betas=tuple(betas), weight_decay=weight_decay, fused=self.device.type == "cuda"
+        )
+
+    # -- forward ------------------------------------------------------------------------------------------
+    def _hidden(self, p: _Packed) -> torch.Tensor:
+        out = self.model.model(
+            input_ids=p.input_ids,
+            position_ids=p.position_ids,
+            cu_seqlens=p.cu_seqlens,
+            max_seqlen=p.max_seqlen,
+            use_cache=False,
+        )
+        return out.last_hidden_state[0]
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
+    # -- training -----------------------------------------------------------------------------------------
+    def step(self, samples: Sequence[TrainSample], *, lr: float | None = None) -> dict[str, float]:
+        """One optimizer step over all ``samples``; returns the step's metrics."""
+        if not samples:
+            raise ValueError("Trainer.step: no samples")
+        t0 = time.perf_counter()
+        lr = self.lr if lr is None else lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        n_rl = sum(s.n_rl_tokens for s in samples)
+        n_ce = sum(s.n_ce_tokens for s in samples)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics: dict[str, float] = {}
+        batches = pack_micro_batches([len(s.token_ids) for s in samples], self.micro_batch_tokens)
+        for group in batches:
+            p = _pack([samples[i] for i in group], self.device, select="weighted")
+            if p.hidden_index.numel() == 0:
+                continue
+            hidden = self._hidden(p).index_select(0, p.hidden_index)
+            loss = ChunkedLMLoss.apply(
+                hidden,
+                self.lm_head_weight,
+                p.targets,
+                p.streams,
+                self.loss_config,
+                n_rl,
+                n_ce,
+                self.logit_chunk_tokens,
+                metrics,
+            )
+            loss.backward()
+        if self.grad_clip and self.grad_clip > 0:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+        else:
+            grad_norm = float(
+                torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
+            )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step_count += 1
+        n_clipped = metrics.pop("n_clipped", 0.0)
+        out = {k: float(metrics.get(k, 0.0)) for k in ("loss", "rl_loss", "ce_loss")}
+        if self.loss_config.kl_coef:
+            out["kl"] = float(metrics.get("kl", 0.0))
+        out |= {
+            "clip_frac": n_clipped / max(n_rl, 1),
+            "n_rl_tokens": float(n_rl),
+            "n_ce_tokens": float(n_ce),
+            "n_tokens": float(sum(len(s.token_ids) for s in samples)),
+            "n_samples": float(len(samples)),
+            "n_micro_batches": float(len(batches)),
+            "grad_norm": grad_norm,
+            "lr": float(lr),
+            "step": float(self.step_count),
+            "time_s": time.perf_counter() - t0,
+        }
+        return out
+
+    @torch.no_grad()
+    def token_logprobs(self, samples: Sequence[TrainSample], *, weighted_only: bool = False) -> list[list[float]]:
+        """Per-token logprobs under the current weights: out[i][t] = log p(token_ids[t] | token_ids[:t]).
+
+        Position 0 is 0.0; with ``weighted_only`` only positions with an rl or ce weight are computed (others 0.0).
+        """
+        was_training = self.model.training
+        self.model.eval()
+        out: list[list[float]] = [[0.0] * len(s.token_ids) for s in samples]
+        select = "weighted" if weighted_only else "all"
+        for group in pack_micro_batches([len(s.token_ids) for s in samples], self.micro_batch_tokens):
+            p = _pack([samples[i] for i in group], self.device, select=select)
+            if p.hidden_index.numel() == 0:
+                continue
+            hidden = self._hidden(p).index_select(0, p.hidden_index)
+            lp = chunked_logprobs(hidden, self.lm_head_weight, p.targets, self.logit_chunk_tokens).cpu().tolist()
+            for d, t, v in zip(p.sel_doc.tolist(), p.sel_pos.tolist(), lp, strict=True):
+                out[group[d]][t] = v
+        self.model.train(was_training)
+        return out
+
+    # -- checkpoints --------------------------------------------------------------------------------------
+    def _copy_tokenizer(self, dst: Path) -> None:
+        src = Path(self.model_dir)
+        found = [name for name in TOKENIZER_FILES if (src / name).is_file()]
+        if found:
+            for name in found:
+                shutil.copyfile(src / name, dst / name)
+            return
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(self.model_dir).save_pretrained(dst)
+
+    def _save_model(self, dst: Path, dtype: str) -> None:
+        state = {k: v.detach().to("cpu", _DTYPES[dtype]) for k, v in self.model.state_dict().items()}
+        self.model.save_pretrained(dst, state_dict=state)
+        cfg_path = dst / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg.pop("_attn_implementation_autoset", None)
+        cfg.pop("attn_implementation", None)
+        for key in ("dtype", "torch_dtype"):
+            if key in cfg:
+                cfg[key] = dtype
+        cfg["dtype"] = dtype
+        cfg["use_cache"] = True
+        cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+        self._copy_tokenizer(dst)
+
+    def save_checkpoint(self, out_dir: str | Path, *, dtype: str | None = None) -> Path:
+        """HF folder (weights in the base checkpoint's dtype unless given + tokenizer), written atomically."""
+        final = Path(out_dir)
+        tmp = _atomic_dir(final)
+        self._save_model(tmp, dtype or self.save_dtype)
+        tmp.chmod(0o755)
+        _commit_dir(tmp, final)
+        return final
+
+    def save_state(self, out_dir: str | Path, extra: dict[str, Any] | None = None) -> Path:
+        """Everything a resumed run needs: weights (training dtype), AdamW state, step, RNG; atomic."""
+        final = Path(out_dir)
+        tmp = _atomic_dir(final)
+        self._save_model(tmp, self.dtype)
+        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(_rng_state(), tmp / "rng.pt")
+        info = {
+            "step": self.step_count,
+            "model_dir": self.model_dir,
+            "save_dtype": self.save_dtype,
+            "kwargs": self._init_kwargs,
+            "extra": extra or {},
+        }
+        (tmp / STATE_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        _commit_dir(tmp, final)
+        return final
+
+    @staticmethod
+    def read_state_info(state_dir: str | Path) -> dict[str, Any] | None:
+        path = Path(state_dir) / STATE_FILE
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    @classmethod
+    def resume(cls, state_dir: str | Path, **overrides: Any) -> Trainer:
+        """A trainer exactly as `save_state` left it (``overrides`` replace constructor arguments, e.g. device)."""
+        state_dir = Path(state_dir)
+        info = cls.read_state_info(state_dir)
+        if info is None:
+            raise FileNotFoundError(f"{state_dir}: no {STATE_FILE} (not a saved trainer state)")
+        kwargs = dict(info["kwargs"])
+        kwargs["loss_config"] = LossConfig(**kwargs["loss_config"])
+        kwargs["betas"] = tuple(kwargs["betas"])
+        kwargs.update(overrides)
+        trainer = cls(state_dir, **kwargs)
+        trainer.model_dir = info["model_dir"] if Path(info["model_dir"]).exists() else str(state_dir)
+        trainer.save_dtype = info["save_dtype"]
+        trainer.optimizer.load_state_dict(torch.load(state_dir / "optimizer.pt", map_location=trainer.device))
+        trainer.step_count = int(info["step"])
+        _set_rng_state(torch.load(state_dir / "rng.pt", weights_only=False))
+        trainer.state_extra = info.get("extra", {})
+        return trainer
+
+
+# --------------------------------------------------------------------------------------------------------------
+def _source_dtype(model_dir: str) -> str | None:
+    """The dtype a checkpoint stores its weights in (config.json), without loading it."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        try:
+            from transformers import AutoConfig
+
+            return _config_dtype(AutoConfig.from_pretrained(model_dir))
+        except Exception:  # not a local folder nor a cached hub id: the caller falls back to the model's dtype
+            return None
+    cfg = json.loads(path.read_text())
+    d = cfg.get("dtype") or cfg.get("torch_dtype")
+    return d if d in _DTYPES else None
+
+
+def _config_dtype(config: Any) -> str | None:
+    d = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(d, torch.dtype):
+        d = str(d).removeprefix("torch.")
+    return d if d in _DTYPES else None
+
+
+def _apply_liger(model: Any) -> bool:
+    try:
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3
+    except ImportError:
+        return False
+    apply_liger_kernel_to_qwen3(
+        rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=model
+    )
+    return True
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,387 @@
+"""prime-rl TOMLs rendered from the study config, checked against the keys prime-rl accepts (no prime-rl needed).
+
+`ACCEPTED` lists, for each table we render, the fields of the prime-rl config class that parses it at the pinned
+commit (tag v0.8.0, 60bc29547a8824ad1de7b9af8d265e2b27b2a72d), read from
+``packages/prime-rl-configs/src/prime_rl/configs/{rl,orchestrator,trainer,sft,inference,algorithm}.py`` (fields
+of the class and its bases), and for the env tables from verifiers at prime-rl's submodule pin d30a3f48
+(``verifiers/v1/configs/{agent,taskset}.py``, ``envs/single_agent/env.py``) plus our own Taskset/Harness configs.
+prime-rl's configs forbid unknown keys, so a key outside these lists would stop the run at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from predict.config import REPO_ROOT, ConfigError, load_config
+from predict.env.harness import LocalAgentHarnessConfig
+from predict.env.taskset import MbppTaskConfig, MbppTasksetConfig
+from predict.runs import resolve_run, study_runs
+from predict.train.prime_rl import configs
+from predict.train.prime_rl.configs import PrimeRLConfigError
+
+PINNED = "60bc29547a8824ad1de7b9af8d265e2b27b2a72d"
+
+_BASE_DEPLOY = {"gpus_per_node"}
+# fmt: off
+ACCEPTED_RL: dict[str, set[str]] = {
+    # rl.py RLConfig
+    "": {"trainer", "orchestrator", "inference", "env_vars", "output_dir", "clean_output_dir", "log", "ckpt",
+         "wandb", "file_monitor", "model", "tokenizer", "max_steps", "seq_len", "weight_broadcast",
+         "rollout_transport", "bench", "deployment", "slurm", "dry_run"},
+    "deployment": {"type", "num_train_gpus", "num_infer_gpus"} | _BASE_DEPLOY,  # rl.py SingleNodeDeploymentConfig
+    "file_monitor": {"filename"},  # shared.py FileMonitorConfig
+    "model": {"name", "vlm"},  # rl.py SharedModelConfig
+    "ckpt": {"output_dir", "interval", "resume_step", "keep_last", "keep_interval"},  # rl.py SharedCheckpointConfig
+    # orchestrator.py OrchestratorConfig
+    "orchestrator": {"algo", "model", "train", "tokenizer", "renderer", "optim", "eval", "pre_batch_filters",
+                     "post_batch_filters", "log", "env_vars", "wandb", "prime_monitor", "file_monitor",
+                     "collect_inference_metrics", "inference_metrics_roles", "ckpt", "weight_broadcast",
+                     "rollout_transport", "output_dir", "tasks_per_minute", "env_server_base_port", "batch_size",
+                     "token_batch_size", "oversampling_factor", "max_inflight_episodes", "group_size", "seq_len",
+                     "num_train_workers", "max_steps", "max_off_policy_steps", "bench", "heartbeat"},
+    "orchestrator.train": {"source", "sampling"},  # TrainConfig
+    "orchestrator.train.sampling": {"temperature", "max_completion_tokens", "extra_body"},  # TrainSamplingConfig
+    # TrainSourceConfig + EnvConfig
+    "orchestrator.train.source[]": {"sampling", "group_size", "algo", "env", "serve", "legacy", "name", "ratio"},
+    # verifiers (d30a3f48) EnvConfig + SingleAgentEnvConfig
+    "orchestrator.train.source[].env": {"id", "taskset", "timeout", "retries", "max_concurrent_agents",
+                                        "interception", "agent"},
+    # verifiers AgentConfig
+    "orchestrator.train.source[].env.agent": {"harness", "runtime", "model", "client", "sampling", "max_turns",
+                                              "max_input_tokens", "max_output_tokens", "max_total_tokens",
+                                              "timeout", "retries"},
+    "orchestrator.train.source[].env.agent.timeout": {"setup", "rollout", "finalize", "scoring"},
+    "orchestrator.train.source[].env.agent.runtime": {"type"},  # SubprocessConfig (discriminated by type)
+    # ours: MbppTasksetConfig / LocalAgentHarnessConfig (checked against the classes below)
+    "orchestrator.train.source[].env.taskset": set(MbppTasksetConfig.model_fields),
+    "orchestrator.train.source[].env.taskset.task": set(MbppTaskConfig.model_fields),
+    "orchestrator.train.source[].env.agent.harness": set(LocalAgentHarnessConfig.model_fields),
+    # renderers: Qwen3RendererConfig (name, enable_thinking)
+    "orchestrator.renderer": {"name", "enable_thinking"},
+    # trainer.py TrainerConfig; AdamWConfig + BaseOptimizerConfig
+    "trainer": {"model", "tokenizer", "data", "loss", "optim", "scheduler", "ckpt", "weight_broadcast",
+                "rollout_transport", "log", "wandb", "file_monitor", "output_dir", "matmul_precision", "max_steps",
+                "enable_router_replay", "memory_profiler_path", "bench", "gc", "trace_path",
+                "dist_timeout_seconds", "heartbeat", "metrics_server", "max_concurrent_runs",
+                "enable_token_export", "env_vars"},
+    "trainer.optim": {"type", "betas1", "betas2", "lr", "weight_decay", "max_norm"},
+    # inference.py InferenceConfig (the fields we may set)
+    "inference": {"server", "router", "backend_port", "model", "parallel", "log", "env_vars", "seed",
+                  "gpu_memory_utilization", "enable_prefix_caching", "output_dir", "deployment", "slurm"},
+}
+# algorithm.py: GRPOAlgoConfig (type, length_penalty, sampling) and, from our patch, PredictAlgoConfig.
+ACCEPTED_ALGO = {
+    "grpo": {"type", "length_penalty", "sampling"},
+    "predict": {"type", "length_penalty", "sampling", "alpha", "mask_decision", "tokenizer"},
+}
+ACCEPTED_SFT: dict[str, set[str]] = {
+    # sft.py SFTConfig
+    "": {"model", "env_vars", "tokenizer", "renderer", "data", "val", "optim", "scheduler", "ckpt", "log", "wandb",
+         "file_monitor", "output_dir", "clean_output_dir", "matmul_precision", "max_steps", "memory_profiler_path",
+         "bench", "gc", "trace_path", "dist_timeout_seconds", "heartbeat", "deployment", "slurm", "dry_run"},
+    "model": {"name", "trust_remote_code", "vlm", "seq_len", "conversion_dir"},  # trainer.py ModelConfig (subset)
+    "renderer": {"name", "enable_thinking"},
+    # SFTDataConfig + BaseDataConfig
+    "data": {"type", "name", "subsets", "splits", "probabilities", "stopping_strategy", "shuffle", "seed",
+             "loss_mask", "batch_size", "seq_len", "micro_batch_size"},
+    "data.loss_mask": {"system", "user", "assistant", "tool"},  # LossMaskConfig
+    "optim": {"type", "betas1", "betas2", "lr", "weight_decay", "max_norm"},
+    # trainer.py CheckpointConfig (subset)
+    "ckpt": {"output_dir", "interval", "weights", "resume_step", "keep_last", "keep_interval"},
+    "deployment": {"type", "num_gpus"} | _BASE_DEPLOY,  # sft.py SingleNodeDeploymentConfig
+    "file_monitor": {"filename"},  # shared.py FileMonitorConfig
+}
+# fmt: on
+
+
+def check_keys(table: dict[str, Any], accepted: dict[str, set[str]], path: str = "") -> list[str]:
+    """Every key of `table` at a path we render must be accepted there; returns the tables checked."""
+    seen = [path]
+    unknown = set(table) - accepted[path]
+    assert not unknown, f"[{path or 'top level'}] keys prime-rl does not accept: {sorted(unknown)}"
+    for key, value in table.items():
+        sub = f"{path}.{key}" if path else key
+        if isinstance(value, dict):
+            if sub.endswith(".algo"):
+                assert set(value) <= ACCEPTED_ALGO[value["type"]], value
+                continue
+            if sub in accepted:
+                seen += check_keys(value, accepted, sub)
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            for item in value:
+                seen += check_keys(item, accepted, sub + "[]")
+    return seen
+
+
+@pytest.fixture(scope="module")
+def paper() -> dict[str, Any]:
+    return load_config(REPO_ROOT / "config" / "config.yaml")
+
+
+def render_rl(cfg: dict[str, Any], run: str, tmp_path: Path, seed: int = 42) -> dict[str, Any]:
+    table = configs.rl_config(
+        cfg,
+        run,
+        seed,
+        model=tmp_path / "checkpoints" / "B" / "sft",
+        tasks=tmp_path / "data" / "rl.parquet",
+        output_dir=tmp_path / "rl" / run / f"seed{seed}" / "prime-rl",
+    )
+    path = configs.write_toml(table, tmp_path / f"{run}.toml")
+    back = configs.read_toml(path)
+    assert back == table  # what prime-rl reads is exactly what we rendered
+    return back
+
+
+def test_the_pinned_commit_is_the_v080_tag(paper: dict[str, Any]) -> None:
+    assert paper["prime_rl"]["commit"] == PINNED
+    assert load_config(REPO_ROOT / "config" / "local.yaml")["prime_rl"]["commit"] == PINNED
+
+
+@pytest.mark.parametrize("run", ["A", "B", "alpha0", "forced_keep", "budget_neutral"])
+def test_rl_toml_uses_only_keys_prime_rl_accepts(paper: dict[str, Any], run: str, tmp_path: Path) -> None:
+    table = render_rl(paper, run, tmp_path)
+    checked = check_keys(table, ACCEPTED_RL)
+    for must in [
+        "orchestrator.train.source[].env.agent.harness",
+        "orchestrator.train.source[].env.taskset.task",
+        "trainer.optim",
+        "deployment",
+        "orchestrator.renderer",
+    ]:
+        assert must in checked
+
+
+def test_rl_toml_arm_a_is_grpo_and_arm_b_is_predict(paper: dict[str, Any], tmp_path: Path) -> None:
+    a, b = render_rl(paper, "A", tmp_path), render_rl(paper, "B", tmp_path)
+    assert a["orchestrator"]["algo"] == {"type": "grpo"}
+    assert b["orchestrator"]["algo"] == {
+        "type": "predict",
+        "alpha": paper["arms"]["B"]["alpha"],
+        "mask_decision": False,
+        "tokenizer": paper["model"]["base"],
+    }
+    rl = paper["rl"]  # the RL design, shared with the local trainer
+    for t in (a, b):
+        assert t["max_steps"] == rl["steps"] and t["seq_len"] == paper["prime_rl"]["seq_len"]
+        o = t["orchestrator"]
+        assert (o["batch_size"], o["group_size"]) == (rl["tasks_per_step"] * rl["group_size"], rl["group_size"])
+        assert t["ckpt"] == {"interval": rl["checkpoint_every"]}
+        assert t["trainer"]["optim"] == {
+            "type": "adamw",
+            "lr": rl["lr"],
+            "weight_decay": rl["weight_decay"],
+            "max_norm": rl["grad_clip"],
+        }
+        assert t["inference"]["seed"] == 42
+        assert t["output_dir"].endswith("/prime-rl") and Path(t["output_dir"]).is_absolute()
+        assert t["model"]["name"] == str((tmp_path / "checkpoints" / "B" / "sft").absolute())
+        assert o["renderer"] == {"name": "qwen3", "enable_thinking": True}
+        assert o["train"]["sampling"] == {
+            "temperature": paper["env"]["temperature"],
+            "max_completion_tokens": paper["env"]["max_tokens"],
+        }
+        (source,) = o["train"]["source"]
+        assert source["env"]["taskset"]["id"] == "predict_mbpp"
+        assert source["env"]["taskset"]["split"] == "rl"
+        assert source["env"]["agent"]["harness"]["id"] == "predict_local_agent"
+        assert source["env"]["agent"]["runtime"] == {"type": "subprocess"}
+    assert a["orchestrator"]["train"]["source"][0]["env"]["agent"]["harness"]["protocol"] == "reactive"
+    harness = b["orchestrator"]["train"]["source"][0]["env"]["agent"]["harness"]
+    assert (harness["protocol"], harness["variant"], harness["budget"]) == ("predictive", "none", 8)
+    # max_turns stays above the program's own cap, as in local rollouts (2 * budget + 1, plus 2)
+    assert b["orchestrator"]["train"]["source"][0]["env"]["agent"]["max_turns"] == 2 * 8 + 1 + 2
+
+
+def test_ablations_change_one_factor_of_arm_b(paper: dict[str, Any], tmp_path: Path) -> None:
+    b = render_rl(paper, "B", tmp_path)
+    for run, change in {
+        "alpha0": ("orchestrator", "algo", "alpha", 0.0),
+        "forced_keep": ("env", "variant", "forced_keep"),
+        "budget_neutral": ("env", "revise_costs_call", False),  # budget_neutral_budget null: a free REVISE
+    }.items():
+        t = render_rl(paper, run, tmp_path)
+        hb = b["orchestrator"]["train"]["source"][0]["env"]["agent"]["harness"]
+        ht = t["orchestrator"]["train"]["source"][0]["env"]["agent"]["harness"]
+        if change[0] == "orchestrator":
+            assert t["orchestrator"]["algo"]["alpha"] == 0.0 and t["orchestrator"]["algo"]["type"] == "predict"
+            assert ht == hb
+        else:
+            assert ht[change[1]] == change[2] and t["orchestrator"]["algo"] == b["orchestrator"]["algo"]
+            assert {k for k in hb if hb[k] != ht[k]} <= {"variant", "revise_costs_call"}
+
+
+def test_mask_decision_comes_from_the_shared_rl_option(paper: dict[str, Any], tmp_path: Path) -> None:
+    cfg = {**paper, "rl": {**paper["rl"], "mask_decision": True}}
+    assert render_rl(cfg, "B", tmp_path)["orchestrator"]["algo"]["mask_decision"] is True
+
+
+def test_bad_runs_and_missing_keys_name_the_problem(paper: dict[str, Any], tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'C' is neither an arm"):
+        resolve_run(paper, "C")
+    no_prime = {k: v for k, v in paper.items() if k != "prime_rl"}
+    with pytest.raises(PrimeRLConfigError, match="prime_rl: missing"):
+        render_rl(no_prime, "A", tmp_path)
+    reactive_only = {**paper, "arms": {"A": {"protocol": "reactive"}}, "ablations": {}}
+    assert study_runs(reactive_only) == ["A"]
+    with pytest.raises(ConfigError, match="predictive arm"):
+        resolve_run({**reactive_only, "ablations": {"alpha0": {"alpha": 0.0}}}, "alpha0")
+
+
+def write_traces(path: Path, rows: list[list[dict[str, str]]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # the traces stage may carry more columns and more message fields; only role/content travel
+    messages = pa.array(rows, type=pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])))
+    pq.write_table(pa.table({"task_id": pa.array(range(len(rows)), pa.int64()), "messages": messages}), path)
+    return path
+
+
+def test_sft_toml_and_messages_dataset(paper: dict[str, Any], tmp_path: Path) -> None:
+    rows = [
+        [
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": "task"},
+            {"role": "assistant", "content": 'CALL read_file {"file_path": "solution.py"}'},
+            {"role": "user", "content": "status: success\n..."},
+            {"role": "assistant", "content": "FINAL: done"},
+        ]
+    ]
+    traces = write_traces(tmp_path / "traces" / "B.parquet", rows)
+    data = configs.write_sft_dataset(traces, tmp_path / "sft-data")
+    assert data == tmp_path / "sft-data" / "train.parquet"
+    back = pq.read_table(data)
+    assert back.column_names == ["messages"] and back.column("messages").to_pylist() == rows
+    table = configs.sft_config(
+        paper, "B", model=paper["model"]["base"], dataset_dir=tmp_path / "sft-data", output_dir=tmp_path / "out"
+    )
+    path = configs.write_toml(table, tmp_path / "sft.toml")
+    with open(path, "rb") as f:
+        assert tomllib.load(f) == table
+    check_keys(table, ACCEPTED_SFT)
+    s = paper["prime_rl"]["sft"]
+    assert table["model"] == {"name": "Qwen/Qwen3-4B-Base"}  # an HF id stays an id
+    assert table["data"]["name"] == str((tmp_path / "sft-data").absolute()) and table["data"]["splits"] == ["train"]
+    assert (table["data"]["batch_size"], table["max_steps"]) == (s["batch_size"], s["max_steps"])
+    assert table["data"]["loss_mask"]["assistant"] is True and table["data"]["loss_mask"]["user"] is False
+    assert table["optim"] == {"type": "adamw", "lr": s["lr"]}
+
+
+def test_sft_dataset_rejects_bad_traces(tmp_path: Path) -> None:
+    no_assistant = write_traces(tmp_path / "a.parquet", [[{"role": "user", "content": "x"}]])
+    with pytest.raises(PrimeRLConfigError, match="row 0 has no assistant turn"):
+        configs.write_sft_dataset(no_assistant, tmp_path / "out")
+    pq.write_table(pa.table({"text": ["x"]}), tmp_path / "b.parquet")
+    with pytest.raises(PrimeRLConfigError, match="no 'messages' column"):
+        configs.write_sft_dataset(tmp_path / "b.parquet", tmp_path / "out")
+
+
+def fake_step(output_dir: Path, step: int, stable: bool = True) -> None:
+    d = output_dir / "weights" / f"step_{step}"
+    d.mkdir(parents=True)
+    (d / "model.safetensors").write_text(f"weights {step}")
+    if stable:
+        (d / "STABLE").touch()
+
+
+def test_checkpoints_move_to_the_shared_paths(tmp_path: Path) -> None:
+    out = tmp_path / "rl" / "B" / "seed42" / "prime-rl"
+    fake_step(out, 50)
+    fake_step(out, 100)
+    fake_step(out, 150, stable=False)  # still being written: not collected
+    summary = configs.collect_rl_checkpoints(out, out.parent, out.parent / "checkpoints.json")
+    assert summary["steps"] == [50, 100] and summary["last"] == 100
+    assert (out.parent / "step100" / "model.safetensors").read_text() == "weights 100"
+    assert not (out / "weights" / "step_100").exists()
+    sft_out = tmp_path / "sft" / "B" / "prime-rl"
+    fake_step(sft_out, 10)
+    assert configs.collect_sft_checkpoint(sft_out, tmp_path / "checkpoints" / "B" / "sft") == 10
+    assert (tmp_path / "checkpoints" / "B" / "sft" / "STABLE").exists()
+    with pytest.raises(PrimeRLConfigError, match="no finished checkpoint"):
+        configs.collect_sft_checkpoint(tmp_path / "empty", tmp_path / "x")
+
+
+FAKE_UV = r"""#!{python}
+# A stand-in for `uv run --frozen --no-sync <rl|sft> @ <toml>`: writes what prime-rl's trainer leaves behind.
+import sys, tomllib
+from pathlib import Path
+args = sys.argv[1:]
+assert args[:3] == ["run", "--frozen", "--no-sync"] and args[4] == "@", args
+with open(args[5], "rb") as f:
+    table = tomllib.load(f)
+Path("uv-called").write_text(args[3])
+step = Path(table["output_dir"]) / "weights" / f"step_{{table['max_steps']}}"
+step.mkdir(parents=True)
+(step / "config.json").write_text("{{}}")
+(step / "STABLE").touch()
+out = Path(table["output_dir"])
+(out / "run_default").mkdir(parents=True, exist_ok=True)
+(out / "metrics.jsonl").write_text('{{"step": 1, "time": 0, "loss/mean": 0.5, "lr": 1e-5}}\n{{"step": 2, "loss/m')
+(out / "run_default" / "metrics.jsonl").write_text('{{"step": 1, "time": 0, "reward": {{"mean": 0.25}}}}\n')
+"""
+
+
+def test_cli_renders_launches_and_collects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`predict prime-rl-config` + `predict prime-rl-train` end to end, with a fake `uv` standing in for prime-rl."""
+    from predict.cli import main
+
+    bin_dir, checkout = tmp_path / "bin", tmp_path / "prime-rl"
+    bin_dir.mkdir()
+    checkout.mkdir()
+    uv = bin_dir / "uv"
+    uv.write_text(FAKE_UV.format(python=sys.executable))
+    uv.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    local = str(REPO_ROOT / "config" / "local.yaml")
+    traces = write_traces(
+        tmp_path / "traces" / "A.parquet",
+        [[{"role": "user", "content": "t"}, {"role": "assistant", "content": "FINAL: x"}]],
+    )
+    sft_toml, ckpt = tmp_path / "sft" / "A" / "prime-rl.toml", tmp_path / "checkpoints" / "A" / "sft"
+    args = ["prime-rl-config", "sft", "--config", local, "--arm", "A", "--traces", str(traces)]
+    args += ["--dataset-dir", str(tmp_path / "sft" / "A" / "data"), "--model", "Qwen/Qwen3-4B-Base"]
+    assert main([*args, "--output-dir", str(tmp_path / "sft" / "A" / "prime-rl"), "--out", str(sft_toml)]) == 0
+    assert (
+        main(["prime-rl-train", "sft", "--toml", str(sft_toml), "--dir", str(checkout), "--checkpoint", str(ckpt)]) == 0
+    )
+    assert (checkout / "uv-called").read_text() == "sft" and (ckpt / "STABLE").exists()
+
+    run_dir = tmp_path / "rl" / "A" / "seed42"
+    args = [
+        "prime-rl-config",
+        "rl",
+        "--config",
+        local,
+        "--run",
+        "A",
+        "--seed",
+        "42",
+        "--tasks",
+        str(tmp_path / "rl.parquet"),
+    ]
+    args += ["--model", str(ckpt), "--output-dir", str(run_dir / "prime-rl"), "--out", str(run_dir / "prime-rl.toml")]
+    assert main(args) == 0
+    args = ["prime-rl-train", "rl", "--toml", str(run_dir / "prime-rl.toml"), "--dir", str(checkout)]
+    assert main([*args, "--run-dir", str(run_dir), "--checkpoints-out", str(run_dir / "checkpoints.json")]) == 0
+    steps = load_config(REPO_ROOT / "config" / "local.yaml")["rl"]["steps"]
+    assert (run_dir / f"step{steps}" / "STABLE").exists()
+    assert json.loads((run_dir / "checkpoints.json").read_text())["steps"] == [steps]
+    # prime-rl's metrics.jsonl (trainer + orchestrator) as one long parquet; the torn last line is skipped
+    metrics = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    assert sorted((m["source"], m["step"], m["metric"], m["value"]) for m in metrics) == [
+        ("orchestrator", 1, "reward/mean", 0.25),
+        ("trainer", 1, "loss/mean", 0.5),
+        ("trainer", 1, "lr", 1e-5),
+    ]
+    assert (tmp_path / "sft" / "A" / "metrics.parquet").exists()
+    # a bad run name is one clear error line (exit 2), not a traceback
+    bad = ["prime-rl-config", "rl", "--config", local, "--run", "Z", "--seed", "1", "--tasks", "x", "--model", "m"]
+    assert main([*bad, "--output-dir", "o", "--out", str(tmp_path / "z.toml")]) == 2

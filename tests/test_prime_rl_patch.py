@@ -1,0 +1,256 @@
+"""The registration patch (workflow/prime-rl/predict-algorithm.patch) against prime-rl at the pinned commit.
+
+The apply test needs the pinned source: set PREDICT_PRIME_RL_SRC to a prime-rl checkout at the pinned commit, or
+to a git repository (bare or not) that has the commit (its files are exported with `git archive`). Without it the
+test is skipped with that reason; the checks on the patch text itself always run.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import py_compile
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from predict.config import REPO_ROOT, load_config
+from predict.runs import study_runs
+from predict.train.prime_rl.cluster import PATCH
+
+PINNED = load_config(REPO_ROOT / "config" / "config.yaml")["prime_rl"]["commit"]
+CONFIGS = "packages/prime-rl-configs/src/prime_rl/configs/algorithm.py"
+REGISTRY = "src/prime_rl/orchestrator/algo/__init__.py"
+SHIM = "src/prime_rl/orchestrator/algo/predict.py"
+
+
+def patched_files(text: str) -> list[str]:
+    return re.findall(r"^diff --git a/(\S+) b/", text, flags=re.M)
+
+
+def added_lines(text: str, path: str) -> list[str]:
+    block = text.split(f"diff --git a/{path} b/{path}", 1)[1].split("\ndiff --git ", 1)[0]
+    return [line[1:] for line in block.splitlines() if line.startswith("+") and not line.startswith("+++")]
+
+
+def test_the_patch_is_small_and_names_the_pinned_commit() -> None:
+    text = PATCH.read_text()
+    assert PINNED in text.split("diff --git", 1)[0]
+    assert sorted(patched_files(text)) == sorted([CONFIGS, REGISTRY, SHIM])
+    assert not re.search(r"^-(?!--)", text, flags=re.M), "the patch only adds lines"
+    assert added_lines(text, REGISTRY) == [
+        "from prime_rl.orchestrator.algo.predict import PredictAlgorithm",
+        '    "predict": PredictAlgorithm,',
+    ]
+    assert "from predict.train.prime_rl.algorithm import PredictAlgorithm" in added_lines(text, SHIM)
+
+
+def test_the_config_class_declares_what_we_render() -> None:
+    """PredictAlgoConfig (from the patch) = GRPOAlgoConfig + the keys configs.rl_config writes for Arm B."""
+    lines = added_lines(PATCH.read_text(), CONFIGS)
+    start = next(i for i, line in enumerate(lines) if line.startswith("class PredictAlgoConfig"))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("    |"))  # the union member
+    (cls,) = ast.parse("\n".join(lines[start:end])).body
+    assert isinstance(cls, ast.ClassDef) and [b.id for b in cls.bases] == ["GRPOAlgoConfig"]
+    fields = [s.target.id for s in cls.body if isinstance(s, ast.AnnAssign)]
+    assert fields == ["type", "alpha", "mask_decision", "tokenizer"]
+    assert "    | PredictAlgoConfig" in lines  # the discriminated union member
+
+
+def _source(tmp_path: Path) -> Path:
+    src = os.environ.get("PREDICT_PRIME_RL_SRC")
+    if not src:
+        pytest.skip(
+            "PREDICT_PRIME_RL_SRC is not set: point it at a prime-rl checkout (or git repository) at "
+            f"{PINNED} to check that the patch applies"
+        )
+    src_path = Path(src)
+    if (src_path / CONFIGS).exists():
+        return src_path
+    # a git repository with the commit: export the files the patch touches (and their context) at the pin
+    git = ["git", f"--git-dir={src_path / '.git' if (src_path / '.git').exists() else src_path}"]
+    if subprocess.run([*git, "cat-file", "-e", f"{PINNED}^{{commit}}"], capture_output=True).returncode != 0:
+        pytest.fail(f"PREDICT_PRIME_RL_SRC={src} has no commit {PINNED}")
+    out = tmp_path / "prime-rl"
+    out.mkdir()
+    archive = subprocess.run(
+        [*git, "archive", PINNED, "src/prime_rl", "packages/prime-rl-configs"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", out], input=archive, check=True)
+    return out
+
+
+def test_the_patch_applies_cleanly_to_the_pinned_source(tmp_path: Path) -> None:
+    src = _source(tmp_path)
+    work = tmp_path / "work"
+    subprocess.run(["cp", "-r", str(src), str(work)], check=True)
+    check = subprocess.run(["git", "apply", "--check", "-v", str(PATCH)], cwd=work, capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    subprocess.run(["git", "apply", str(PATCH)], cwd=work, check=True)
+    for path in (CONFIGS, REGISTRY, SHIM):
+        py_compile.compile(str(work / path), doraise=True)
+    registry = ast.parse((work / REGISTRY).read_text())
+    classes = next(
+        n.value
+        for n in registry.body
+        if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "ALGORITHM_CLASSES"
+    )
+    entries = {k.value: v.id for k, v in zip(classes.keys, classes.values, strict=True)}
+    assert entries["predict"] == "PredictAlgorithm" and entries["grpo"] == "GRPOAlgorithm"
+    # applying twice fails loudly (the setup stage resets the checkout before applying)
+    again = subprocess.run(["git", "apply", "--check", str(PATCH)], cwd=work, capture_output=True)
+    assert again.returncode != 0
+
+
+def test_rendered_algo_tables_validate_against_the_patched_config_union(tmp_path: Path) -> None:
+    """The ``[orchestrator.algo]`` tables we render for Arm A and Arm B parse with prime-rl's own AlgoConfig union
+    (the patched ``prime_rl.configs.algorithm``, imported in a child process next to this venv's verifiers)."""
+    import json
+    import sys
+
+    from predict.train.prime_rl import configs
+
+    src = _source(tmp_path)
+    work = tmp_path / "patched"
+    subprocess.run(["cp", "-r", str(src), str(work)], check=True)
+    subprocess.run(["git", "apply", str(PATCH)], cwd=work, check=True)
+    cfg = load_config(REPO_ROOT / "config" / "config.yaml")
+    tables = {
+        run: configs.rl_config(cfg, run, 42, model="m/m", tasks="rl.parquet", output_dir="out")["orchestrator"]["algo"]
+        for run in study_runs(cfg)
+    }
+    code = (
+        "import json, sys; from pydantic import TypeAdapter; from prime_rl.configs.algorithm import AlgoConfig\n"
+        "tables = json.loads(sys.argv[1])\n"
+        "print(json.dumps({run: TypeAdapter(AlgoConfig).validate_python(t).model_dump(mode='json') "
+        "for run, t in tables.items()}))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(work / "packages" / "prime-rl-configs" / "src")}
+    result = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(tables)], capture_output=True, text=True, env=env, timeout=300
+    )
+    if result.returncode != 0 and "ModuleNotFoundError" in result.stderr:
+        pytest.skip(f"prime_rl.configs.algorithm needs a module this venv lacks: {result.stderr.strip()[-200:]}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    parsed = json.loads(result.stdout)
+    assert parsed["A"]["type"] == "grpo"
+    assert parsed["B"]["type"] == "predict" and parsed["B"]["alpha"] == cfg["arms"]["B"]["alpha"]
+    assert parsed["alpha0"]["alpha"] == 0.0
+
+
+def _verifiers_source(tmp_path: Path, prime_rl_src: Path) -> Path:
+    """verifiers at prime-rl's submodule pin: the checkout's deps/verifiers, or PREDICT_VERIFIERS_SRC (a checkout
+    or a git repository with that commit)."""
+    if (prime_rl_src / "deps" / "verifiers" / "verifiers" / "v1").is_dir():
+        return prime_rl_src / "deps" / "verifiers"
+    src = os.environ.get("PREDICT_VERIFIERS_SRC")
+    if not src:
+        pytest.skip("the full config check needs verifiers at prime-rl's pin: set PREDICT_VERIFIERS_SRC")
+    src_path = Path(src)
+    if (src_path / "verifiers" / "v1").is_dir():
+        return src_path
+    prime_git = os.environ["PREDICT_PRIME_RL_SRC"]
+    pin = subprocess.run(
+        ["git", f"--git-dir={prime_git}", "ls-tree", PINNED, "deps/verifiers"], capture_output=True, text=True
+    ).stdout.split()[2]
+    out = tmp_path / "verifiers"
+    out.mkdir()
+    git_dir = src_path / ".git" if (src_path / ".git").exists() else src_path
+    archive = subprocess.run(
+        ["git", f"--git-dir={git_dir}", "archive", pin, "verifiers"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", out], input=archive, check=True)
+    return out
+
+
+def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) -> None:
+    """The whole rendered ``rl`` (every run) and ``sft`` TOMLs parse with prime-rl's RLConfig / SFTConfig at the pin
+    (extra keys forbidden), with verifiers at prime-rl's pin resolving our taskset and harness configs by id."""
+    import json
+    import sys
+
+    from predict.train.prime_rl import configs
+
+    src = _source(tmp_path)
+    vf_src = _verifiers_source(tmp_path, src)
+    work = tmp_path / "patched"
+    subprocess.run(["cp", "-r", str(src), str(work)], check=True)
+    subprocess.run(["git", "apply", str(PATCH)], cwd=work, check=True)
+    cfg = load_config(REPO_ROOT / "config" / "config.yaml")
+    tables = {
+        f"rl/{run}": configs.rl_config(
+            cfg, run, 42, model=tmp_path / "sft", tasks=tmp_path / "rl.parquet", output_dir=tmp_path / "out"
+        )
+        for run in study_runs(cfg)
+    }
+    tables["sft/B"] = configs.sft_config(
+        cfg, "B", model=cfg["model"]["base"], dataset_dir=tmp_path / "data", output_dir=tmp_path / "sft-out"
+    )
+    code = (
+        "import json, sys\n"
+        "from prime_rl.configs.rl import RLConfig\nfrom prime_rl.configs.sft import SFTConfig\n"
+        "out = {}\n"
+        "for name, t in json.loads(sys.argv[1]).items():\n"
+        "    c = (RLConfig if name.startswith('rl/') else SFTConfig).model_validate(t)\n"
+        "    if name.startswith('rl/'):\n"
+        "        src = c.orchestrator.train.source[0]\n"
+        "        env = src.env\n"
+        "        out[name] = [type(c.orchestrator.algo).__name__, type(env.taskset).__name__,\n"
+        "                     type(env.agent.harness).__name__, env.agent.harness.variant,\n"
+        "                     str(c.trainer.output_dir), c.trainer.ckpt.weights is not None,\n"
+        "                     src.group_size, src.algo.type]\n"
+        "    else:\n"
+        "        out[name] = [c.data.name, c.renderer.name]\n"
+        "print(json.dumps(out))\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(vf_src), str(work / "packages" / "prime-rl-configs" / "src")]),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(tables)], capture_output=True, text=True, env=env, timeout=600
+    )
+    if result.returncode != 0 and "ModuleNotFoundError" in result.stderr:
+        pytest.skip(f"prime-rl's configs need a module this venv lacks: {result.stderr.strip()[-200:]}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    parsed = json.loads(result.stdout)
+    assert parsed["rl/A"][:3] == ["GRPOAlgoConfig", "MbppTasksetConfig", "LocalAgentHarnessConfig"]
+    assert parsed["rl/B"][0] == "PredictAlgoConfig" and parsed["rl/forced_keep"][3] == "forced_keep"
+    # prime-rl's trainer writes HF weights to <output_dir>/weights/step_N (what collect_rl_checkpoints moves);
+    # the group size and the algorithm reach the env
+    assert parsed["rl/B"][4:] == [
+        str((tmp_path / "out").absolute()),
+        True,
+        cfg["rl"]["group_size"],
+        "predict",
+    ]
+    assert parsed["sft/B"] == [str((tmp_path / "data").absolute()), "qwen3"]
+
+
+def test_setup_checkout_and_patch_are_idempotent(tmp_path: Path) -> None:
+    """cluster.checkout + apply_patch on a git repository holding the pinned files: a second run resets the tracked
+    files, drops the shim and applies the patch again (the setup rule can be re-run)."""
+    from predict.train.prime_rl.cluster import PrimeRLSetupError, apply_patch, checkout
+
+    src = _source(tmp_path)
+    origin = tmp_path / "origin"
+    for part in ("src/prime_rl/orchestrator/algo", "packages/prime-rl-configs"):  # the pinned files, no submodules
+        (origin / part).parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-r", str(src / part), str(origin / part)], check=True)
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], cwd=origin, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=origin, check=True)
+    subprocess.run([*git, "commit", "-qm", "pinned files"], cwd=origin, check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=origin, capture_output=True, text=True).stdout.strip()
+    dest = tmp_path / "checkout"
+    for _ in range(2):
+        checkout(str(origin), commit, dest)
+        assert not (dest / SHIM).exists()
+        apply_patch(dest)
+        assert '"predict": PredictAlgorithm' in (dest / REGISTRY).read_text() and (dest / SHIM).exists()
+    with pytest.raises(PrimeRLSetupError, match="does not apply"):
+        apply_patch(dest)  # already applied, without a reset

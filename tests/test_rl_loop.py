@@ -1,0 +1,163 @@
+"""The local RL loop (`predict rl`) against a scripted train-client endpoint: real environment, real samples, real
+trainer updates, no vLLM (so no weight sync here; `test_rl_vllm.py` covers that). Arm B's scripted rollouts patch,
+predict wrongly, get REVISEd and shadow-executed, so the step has label-masked RL samples and CE samples.
+
+Resume is tested with a real SIGKILL of the `predict rl` process after its first saved state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from predict.config import load_config
+from predict.data import MBPP_SCHEMA
+from predict.env.rollout import default_tokenizer_dir
+from predict.io import write_rows
+from predict.runs import resolve_run, study_runs
+from predict.train.rl import RLJob, checkpoint_steps, rollout_metrics, run_rl, step_tasks
+from tests.scripted_endpoint import ScriptedEndpoint
+
+from .conftest import REPO
+
+pytest.importorskip("torch")
+
+ADD = (
+    'CALL apply_patch {"find": "# Write your function here.", "replace": "def multiply_int(x, y):\\n    return x * y"}'
+)
+AF_REVISE = "<PREDICTION>ASSERTION_FAILURE</PREDICTION> <DECISION>REVISE</DECISION>"
+PASS_KEEP = "<PREDICTION>PASS</PREDICTION> <DECISION>KEEP</DECISION>"
+FINAL = "FINAL: done"
+SCRIPTS = {
+    "[task:a]": [ADD, AF_REVISE, ADD, PASS_KEEP, FINAL],  # shadow PASS on the REVISEd patch, then KEEP
+    "[task:b]": [ADD, PASS_KEEP, FINAL],
+}
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Path:
+    from predict.serve import default_cache_dir
+    from predict.tiny_model import cached_tiny_qwen3
+
+    return Path(cached_tiny_qwen3(default_cache_dir() / "models", seed=0))
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory: pytest.TempPathFactory, mbpp_rows: list[dict]) -> Path:
+    base = next(r for r in mbpp_rows if r["task_id"] == 127)
+    rows = [{**base, "task_id": 9000 + i, "text": f"{base['text']} {m}"} for i, m in enumerate(SCRIPTS)]
+    return write_rows(
+        [{k: r[k] for k in MBPP_SCHEMA.names} for r in rows], MBPP_SCHEMA, tmp_path_factory.mktemp("d") / "rl.parquet"
+    )
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Any:
+    ep = ScriptedEndpoint(SCRIPTS, tokenizer_json=Path(default_tokenizer_dir()) / "tokenizer.json").start()
+    yield ep
+    ep.stop()
+
+
+@pytest.fixture(autouse=True)
+def _workdirs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import verifiers.v1.runtimes.subprocess as vf_subprocess
+
+    monkeypatch.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
+
+
+def study(**rl: Any) -> dict[str, Any]:
+    config = load_config(REPO / "config" / "local.yaml")
+    config["rl"] = {**config["rl"], "steps": 2, "group_size": 2, "tasks_per_step": 2, "checkpoint_every": 1, **rl}
+    config["env"] = {**config["env"], "concurrency": 4}
+    return config
+
+
+def test_runs_and_ablations_resolve() -> None:
+    config = load_config(REPO / "config" / "config.yaml")
+    assert study_runs(config) == ["A", "B", "alpha0", "forced_keep", "budget_neutral"]
+    a, b = resolve_run(config, "A"), resolve_run(config, "B")
+    assert (a.protocol, a.alpha, b.protocol, b.alpha) == ("reactive", 0.0, "predictive", 1.0)
+    assert resolve_run(config, "alpha0").alpha == 0.0 and resolve_run(config, "alpha0").arm == "B"
+    assert resolve_run(config, "forced_keep").variant == "forced_keep"
+    assert resolve_run(config, "budget_neutral").variant == "budget_neutral"
+    assert checkpoint_steps(config["rl"]) == [25, 50, 75, 100]
+    assert checkpoint_steps({"steps": 10, "checkpoint_every": 4}) == [4, 8, 10]
+
+
+def test_step_tasks_are_seeded_and_cover_the_split() -> None:
+    rows = [{"task_id": i} for i in range(5)]
+    steps = [step_tasks(rows, 42, s, 2, 3) for s in (1, 2, 3)]
+    assert [r["sample"] for r in steps[0]] == [0, 1, 2, 0, 1, 2]
+    firsts = [r["task_id"] for s in steps for r in s if r["sample"] == 0]
+    assert sorted(firsts[:5]) == list(range(5))  # one epoch visits every task once
+    assert steps[0] == step_tasks(rows, 42, 1, 2, 3) and steps[0] != step_tasks(rows, 43, 1, 2, 3)
+
+
+def test_arm_b_step_masks_labels_adds_ce_and_updates(tiny: Path, tasks: Path, endpoint: Any, tmp_path: Path) -> None:
+    job = RLJob(run="B", seed=42, init=tiny, tasks=tasks, out_dir=tmp_path / "B" / "seed42", base_url=endpoint.base_url)
+    summary = run_rl(job, study(steps=1))
+    assert summary["complete"] and summary["steps_done"] == 1
+    (row,) = pq.read_table(job.out_dir / "metrics.parquet").to_pylist()
+    assert row["n_rollouts"] == 4 and row["n_failed"] == 0 and row["reward_mean"] == 1.0
+    # task a: 2 prediction points (one REVISEd, shadow PASS), task b: 1; two rollouts each
+    assert row["prediction_points"] == 6 and row["masked_labels"] == 6 and row["n_ce_samples"] == 6
+    assert row["updated"] and row["n_ce_tokens"] > 0 and row["ce_loss"] > 0
+    assert row["pred_freq_ASSERTION_FAILURE"] == pytest.approx(2 / 6) and row["verified_freq_PASS"] == 1.0
+    assert row["revise_rate"] == pytest.approx(2 / 6) and row["prediction_accuracy"] == pytest.approx(4 / 6)
+    assert (job.out_dir / "step1" / "model.safetensors").is_file()
+    assert (job.out_dir / "step1" / "tokenizer.json").is_file()
+
+
+def test_arm_a_and_alpha0_have_no_ce(tiny: Path, tasks: Path, endpoint: Any, tmp_path: Path) -> None:
+    for run in ("A", "alpha0"):
+        job = RLJob(run=run, seed=42, init=tiny, tasks=tasks, out_dir=tmp_path / run, base_url=endpoint.base_url)
+        run_rl(job, study(steps=1))
+        (row,) = pq.read_table(job.out_dir / "metrics.parquet").to_pylist()
+        assert row["n_ce_samples"] == 0 and row["n_ce_tokens"] == 0 and row["ce_loss"] == 0.0, run
+    assert row["masked_labels"] == 6  # alpha0 still takes the sampled labels out of RL credit
+
+
+def test_resumes_after_sigkill_never_from_step_zero(tiny: Path, tasks: Path, endpoint: Any, tmp_path: Path) -> None:
+    out = tmp_path / "B" / "seed43"
+    config = study(steps=3)
+    cmd = [
+        sys.executable, "-m", "predict.cli", "rl", "--config-json", json.dumps(config), "--run", "B", "--seed", "43",
+        "--init", str(tiny), "--tasks", str(tasks), "--out-dir", str(out), "--base-url", endpoint.base_url,
+    ]  # fmt: skip
+    env = {**os.environ, "HOME": str(tmp_path / "home")}
+    state = out / ".work" / "state" / "trainer.json"
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert state.exists(), "no state saved after step 1"
+        os.kill(proc.pid, signal.SIGKILL)
+        killed_at = time.time()
+    finally:
+        proc.wait()
+    first = json.loads(state.read_text())["extra"]["rl_step"]
+    assert first >= 1 and not (out / "metrics.parquet").exists()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = pq.read_table(out / "metrics.parquet").to_pylist()
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["finished_at"] < killed_at for r in rows[:first])  # kept from the killed process
+    assert all(r["finished_at"] > killed_at for r in rows[first:])  # only the rest was run again
+    assert f"resuming B seed 43 from step {first}" in " ".join(done.stderr.split())
+    assert all((out / f"step{n}" / "model.safetensors").is_file() for n in (1, 2, 3))
+
+
+def test_rollout_metrics_without_predictions() -> None:
+    recs = [{"ok": True, "reward": 1.0, "final_pass": True, "budget_exhausted": False, "steps": []}]
+    m = rollout_metrics(recs + [{"ok": False, "reward": None}])
+    assert (m["n_rollouts"], m["n_failed"], m["pass_rate"], m["revise_rate"]) == (2, 1, 1.0, None)

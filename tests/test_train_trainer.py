@@ -1,0 +1,179 @@
+"""The compact trainer: chunked logprobs and loss equal the plain computation, a step learns, save/resume is exact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from predict.tiny_model import cached_tiny_qwen3  # noqa: E402
+from predict.train.loss import LossConfig, predict_loss  # noqa: E402
+from predict.train.samples import TrainSample  # noqa: E402
+from predict.train.trainer import ChunkedLMLoss, Trainer, pack_micro_batches  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return cached_tiny_qwen3(tmp_path_factory.mktemp("models"))
+
+
+def _sft_sample(ids: list[int], start: int) -> TrainSample:
+    n = len(ids)
+    w = [0.0] * start + [1.0] * (n - start)
+    return TrainSample(
+        token_ids=ids,
+        mask=[x > 0 for x in w],
+        logprobs=[0.0] * n,
+        advantages=[0.0] * n,
+        rl_weights=[0.0] * n,
+        ce_weights=w,
+        kind="sft",
+    )
+
+
+def _rl_sample(ids: list[int], start: int, adv: float, old: list[float]) -> TrainSample:
+    n = len(ids)
+    w = [0.0] * start + [1.0] * (n - start)
+    return TrainSample(
+        token_ids=ids,
+        mask=[x > 0 for x in w],
+        logprobs=[o if x else 0.0 for o, x in zip(old, w, strict=True)],
+        advantages=[adv * x for x in w],
+        rl_weights=w,
+        ce_weights=[0.0] * n,
+        kind="rl",
+    )
+
+
+def _samples() -> list[TrainSample]:
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(0, 151000, (23,), generator=g).tolist()
+    b = torch.randint(0, 151000, (17,), generator=g).tolist()
+    c = torch.randint(0, 151000, (30,), generator=g).tolist()
+    return [_sft_sample(a, 5), _sft_sample(b, 3), _sft_sample(c, 10)]
+
+
+def _reference_logprobs(model, ids: list[int]) -> list[float]:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    lp = torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
+    return [0.0, *lp.tolist()]
+
+
+def test_pack_micro_batches_keeps_order_and_budget() -> None:
+    assert pack_micro_batches([3, 4, 2, 9, 1], 8) == [[0, 1], [2], [3], [4]]
+    assert pack_micro_batches([], 8) == []
+
+
+def test_packed_chunked_logprobs_equal_per_sequence_full_logits(tiny: Path) -> None:
+    trainer = Trainer(tiny, lr=1e-3, device="cpu", micro_batch_tokens=100, logit_chunk_tokens=7)
+    samples = _samples()
+    got = trainer.token_logprobs(samples)  # all three in one packed row, logits in chunks of 7
+    from transformers import AutoModelForCausalLM
+
+    ref_model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32, attn_implementation="sdpa")
+    for s, lp in zip(samples, got, strict=True):
+        ref = _reference_logprobs(ref_model, s.token_ids)
+        assert lp[0] == 0.0
+        assert torch.allclose(torch.tensor(lp), torch.tensor(ref), atol=2e-5), "packing or chunking changed logprobs"
+    weighted = trainer.token_logprobs(samples, weighted_only=True)
+    assert weighted[0][:5] == [0.0] * 5 and weighted[0][5:] == pytest.approx(got[0][5:], abs=1e-6)
+
+
+def test_chunked_loss_gradient_equals_full_loss_gradient() -> None:
+    torch.manual_seed(0)
+    n, h, v = 37, 8, 50
+    hidden = torch.randn(n, h, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(v, h, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, v, (n,))
+    with torch.no_grad():
+        lp0 = torch.log_softmax(hidden @ weight.T, -1).gather(1, targets[:, None]).squeeze(1)
+    streams = {
+        "logprobs": lp0 + torch.randn(n, dtype=torch.float64) * 0.3,  # ratios on both sides of the clip range
+        "advantages": torch.randn(n, dtype=torch.float64),
+        "rl_weights": (torch.rand(n) > 0.4).double(),
+        "ce_weights": (torch.rand(n) > 0.6).double() * 0.5,
+    }
+    cfg = LossConfig(kl_coef=0.1)
+    n_rl, n_ce = 40, 30  # the whole step's counts, larger than this micro-batch's
+    metrics: dict[str, float] = {}
+    loss = ChunkedLMLoss.apply(hidden, weight, targets, streams, cfg, n_rl, n_ce, 8, metrics)
+    gh, gw = torch.autograd.grad(loss * 1.7, (hidden, weight))
+
+    lp = torch.log_softmax(hidden @ weight.T, -1).gather(1, targets[:, None]).squeeze(1)
+    ref, ref_m = predict_loss(lp[None], {k: t[None] for k, t in streams.items()}, cfg, n_rl=n_rl, n_ce=n_ce)
+    rh, rw = torch.autograd.grad(ref * 1.7, (hidden, weight))
+    assert float(loss.detach()) == pytest.approx(float(ref.detach()), rel=1e-9)
+    assert metrics["rl_loss"] == pytest.approx(ref_m["rl_loss"]) and metrics["ce_loss"] == pytest.approx(
+        ref_m["ce_loss"]
+    )
+    assert torch.allclose(gh, rh, atol=1e-10) and torch.allclose(gw, rw, atol=1e-10)
+
+
+def test_step_lowers_the_loss_and_counts_tokens_over_the_step(tiny: Path) -> None:
+    trainer = Trainer(tiny, lr=3e-3, device="cpu", micro_batch_tokens=30)  # 3 micro-batches
+    samples = _samples()
+    first = trainer.step(samples)
+    assert first["n_micro_batches"] == 3
+    assert first["n_ce_tokens"] == sum(s.n_ce_tokens for s in samples) == 18 + 14 + 20
+    for _ in range(5):
+        last = trainer.step(samples)
+    assert last["ce_loss"] < first["ce_loss"] - 0.5
+    assert trainer.step_count == 6
+
+
+def test_rl_step_runs_and_reports_clipping(tiny: Path) -> None:
+    trainer = Trainer(tiny, lr=1e-2, device="cpu")
+    base = _samples()[0]
+    old = trainer.token_logprobs([base])[0]
+    samples = [_rl_sample(base.token_ids, 5, 1.0, old), _rl_sample(base.token_ids, 5, -1.0, old)]
+    m = trainer.step(samples)
+    assert m["ce_loss"] == 0.0 and m["n_rl_tokens"] == 36 and m["clip_frac"] == 0.0
+    m2 = trainer.step(samples)
+    assert 0.0 <= m2["clip_frac"] <= 1.0
+
+
+def test_save_state_and_resume_continue_bit_exactly(tiny: Path, tmp_path: Path) -> None:
+    samples = _samples()
+    a = Trainer(tiny, lr=3e-3, device="cpu", seed=3)
+    a.step(samples)
+    a.save_state(tmp_path / "state")
+    a.step(samples)
+    b = Trainer.resume(tmp_path / "state")
+    assert b.step_count == 1
+    b.step(samples)
+    assert b.step_count == 2
+    for (name, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters(), strict=True):
+        assert torch.equal(pa, pb), name
+
+
+def test_checkpoint_loads_with_transformers_and_tokenizer(tiny: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    trainer = Trainer(tiny, lr=3e-3, device="cpu")
+    trainer.step(_samples())
+    out = trainer.save_checkpoint(tmp_path / "ckpt")
+    assert not list(tmp_path.glob(".ckpt*")), "temp folder left behind"
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.dtype == torch.bfloat16  # the base checkpoint's dtype
+    w = trainer.model.get_output_embeddings().weight.detach().to(torch.bfloat16)
+    assert torch.equal(model.get_output_embeddings().weight, w)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.chat_template and tok.convert_tokens_to_ids("<|im_end|>") == 151645
+    trainer.save_checkpoint(out)  # overwriting an existing checkpoint is atomic too
+    assert AutoModelForCausalLM.from_pretrained(out) is not None
+
+
+def test_fused_and_inplace_logit_gradients_agree() -> None:
+    from predict.train.trainer import _grad_logits, _grad_logits_inplace, _lse_target
+
+    torch.manual_seed(0)
+    logits = torch.randn(6, 40)
+    targets = torch.randint(0, 40, (6,))
+    g = torch.randn(6)
+    lse, lp = _lse_target(logits, targets)
+    assert torch.allclose(lp, torch.log_softmax(logits, -1).gather(1, targets[:, None]).squeeze(1), atol=1e-6)
+    assert torch.allclose(_grad_logits(logits, lse, g, targets), _grad_logits_inplace(logits.clone(), lse, g, targets))

@@ -1,0 +1,162 @@
+# The cluster backend (config `backend: prime_rl`): SFT and RL on prime-rl at the pinned commit, under SLURM.
+# Included by the Snakefile only for that backend, so the local DAG never sees these rules. Every rule calls one
+# `predict prime-rl-*` stage; the logic is in src/predict/train/prime_rl/.
+#   setup (clone + patch + uv sync) -> sft config (+ messages dataset) -> sft -> rl config -> rl (per run, seed)
+
+from predict.runs import resolve_run, study_runs
+from predict.train.rl import checkpoint_steps
+
+PRIME_RL = config["prime_rl"]
+PRIME_RL_SETUP = str(Path(PRIME_RL["dir"], "setup.json"))  # the checkout and its .venv live next to it
+PRIME_RL_PATCH = "workflow/prime-rl/predict-algorithm.patch"
+PRIME_RL_RUNS = study_runs(config)  # the study's RL runs: the arms, then the ablations
+
+# The GPU job resources of common.smk, with prime-rl's GPU count and run time.
+_SFT, _RL = PRIME_RL["sft"], PRIME_RL["rl"]
+_SFT_GPUS = _SFT.get("gpus", 1)
+_RL_GPUS = _RL.get("train_gpus", 1) + _RL.get("infer_gpus", 1)
+PRIME_RL_SFT_RESOURCES = {
+    **SERVING_RESOURCES,
+    "gpu": _SFT_GPUS,
+    "runtime": _SFT.get("runtime", 240),
+    "mem_mb": 64000 * _SFT_GPUS,
+    "cpus_per_task": 8 * _SFT_GPUS,
+}
+PRIME_RL_RL_RESOURCES = {
+    **SERVING_RESOURCES,
+    "gpu": _RL_GPUS,
+    "runtime": _RL.get("runtime", 1440),
+    "mem_mb": 64000 * _RL_GPUS,
+    "cpus_per_task": 8 * _RL_GPUS,
+}
+
+
+rule prime_rl_setup:
+    input:
+        patch=PRIME_RL_PATCH,
+    output:
+        PRIME_RL_SETUP,
+    params:
+        repo=PRIME_RL["repo"],
+        commit=PRIME_RL["commit"],
+        python=PRIME_RL.get("python", "3.12"),
+        extras=" ".join(f"--extra {e}" for e in PRIME_RL.get("extras", [])),
+        dir=lambda w, output: str(Path(output[0]).parent),
+    resources:
+        mem_mb=16000,
+        runtime=120,
+        cpus_per_task=8,
+    log:
+        LOG("prime_rl_setup"),
+    benchmark:
+        BENCH("prime_rl_setup")
+    conda:
+        "../../envs/pipeline.yaml"
+    shell:
+        "predict prime-rl-setup --repo {params.repo:q} --commit {params.commit} --dir {params.dir:q}"
+        " --python {params.python} --patch {input.patch:q} {params.extras} --out {output:q} > {log:q} 2>&1"
+
+
+rule prime_rl_sft_config:
+    input:
+        traces=R("sft", "traces", "{arm}.parquet"),
+        model=lambda w: [base_model_path()] if config["model"]["base"] == "tiny" else [],
+    output:
+        toml=R("sft", "{arm}", "prime-rl.toml"),
+        data=R("sft", "{arm}", "prime-rl-data", "train.parquet"),
+    params:
+        config=CONFIG_JSON,
+        model=base_model_path(),
+        output_dir=lambda w, output: str(Path(output.toml).parent / "prime-rl"),
+        dataset_dir=lambda w, output: str(Path(output.data).parent),
+    log:
+        LOG("prime_rl_sft_config", "{arm}"),
+    benchmark:
+        BENCH("prime_rl_sft_config", "{arm}")
+    conda:
+        "../../envs/pipeline.yaml"
+    shell:
+        "predict prime-rl-config sft --config-json {params.config:q} --arm {wildcards.arm}"
+        " --traces {input.traces:q} --dataset-dir {params.dataset_dir:q} --model {params.model:q}"
+        " --output-dir {params.output_dir:q} --out {output.toml:q} > {log:q} 2>&1"
+
+
+rule prime_rl_sft:
+    input:
+        toml=rules.prime_rl_sft_config.output.toml,
+        data=rules.prime_rl_sft_config.output.data,
+        setup=PRIME_RL_SETUP,
+    output:
+        checkpoint=directory(R("checkpoints", "{arm}", "sft")),
+        metrics=R("sft", "{arm}", "metrics.parquet"),
+    params:
+        dir=lambda w, input: str(Path(input.setup).parent),
+    resources:
+        **PRIME_RL_SFT_RESOURCES,
+    log:
+        LOG("prime_rl_sft", "{arm}"),
+    benchmark:
+        BENCH("prime_rl_sft", "{arm}")
+    conda:
+        "../../envs/pipeline.yaml"
+    shell:
+        "predict prime-rl-train sft --toml {input.toml:q} --dir {params.dir:q}"
+        " --checkpoint {output.checkpoint:q} --metrics-out {output.metrics:q} > {log:q} 2>&1"
+
+
+rule prime_rl_rl_config:
+    input:
+        tasks=R("data", "rl.parquet"),
+        # an RL run starts from its arm's SFT checkpoint (an ablation: the predictive arm's)
+        model=lambda w: R("checkpoints", resolve_run(config, w.run).arm, "sft"),
+    output:
+        R("rl", "{run}", "seed{seed}", "prime-rl.toml"),
+    params:
+        config=CONFIG_JSON,
+        output_dir=lambda w, output: str(Path(output[0]).parent / "prime-rl"),
+    log:
+        LOG("prime_rl_rl_config", "{run}", "seed{seed}"),
+    benchmark:
+        BENCH("prime_rl_rl_config", "{run}", "seed{seed}")
+    conda:
+        "../../envs/pipeline.yaml"
+    shell:
+        "predict prime-rl-config rl --config-json {params.config:q} --run {wildcards.run} --seed {wildcards.seed}"
+        " --tasks {input.tasks:q} --model {input.model:q} --output-dir {params.output_dir:q}"
+        " --out {output:q} > {log:q} 2>&1"
+
+
+rule prime_rl_rl:
+    input:
+        toml=rules.prime_rl_rl_config.output[0],
+        setup=PRIME_RL_SETUP,
+    output:
+        checkpoints=R("rl", "{run}", "seed{seed}", "checkpoints.json"),
+        metrics=R("rl", "{run}", "seed{seed}", "metrics.parquet"),
+        steps=[directory(R("rl", "{run}", "seed{seed}", f"step{n}")) for n in checkpoint_steps(config["rl"])],
+    params:
+        run_dir=lambda w, output: str(Path(output.checkpoints).parent),
+        dir=lambda w, input: str(Path(input.setup).parent),
+    resources:
+        **PRIME_RL_RL_RESOURCES,
+    log:
+        LOG("prime_rl_rl", "{run}", "seed{seed}"),
+    benchmark:
+        BENCH("prime_rl_rl", "{run}", "seed{seed}")
+    conda:
+        "../../envs/pipeline.yaml"
+    shell:
+        "predict prime-rl-train rl --toml {input.toml:q} --dir {params.dir:q} --run-dir {params.run_dir:q}"
+        " --checkpoints-out {output.checkpoints:q} --metrics-out {output.metrics:q} > {log:q} 2>&1"
+
+
+localrules:
+    prime_rl_sft_config,
+    prime_rl_rl_config,
+    prime_rl_all,
+
+
+# Every RL run of the study on prime-rl: `snakemake --profile slurm prime_rl_all`.
+rule prime_rl_all:
+    input:
+        expand(R("rl", "{run}", "seed{seed}", "checkpoints.json"), run=PRIME_RL_RUNS, seed=config["seeds"]),

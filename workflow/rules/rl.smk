@@ -1,0 +1,42 @@
+# RL (GRPO) of every run in the matrix: the arms (A, B) and the ablations of Arm B (config `ablations:`), each seed,
+# each from its arm's SFT checkpoint. One job per run and seed; it resumes from its own saved state after a kill.
+from predict.runs import resolve_run, study_runs
+from predict.train.rl import checkpoint_steps
+
+RL_RUNS = study_runs(config)
+RL_STEPS = checkpoint_steps(config["rl"])
+
+# One GPU for the trainer and the colocated vLLM server; runtime for the paper's 100 steps.
+RL_RESOURCES = (
+    {"gpu": 1, "mem_mb": 128000, "runtime": 1440, "cpus_per_task": 16, "vllm_server": 1}
+    if config["serving"]["device"] == "gpu"
+    else {"mem_mb": 8000, "runtime": 240, "vllm_server": 1}
+)
+
+RL_RESULTS = expand(R("rl", "{run}", "seed{seed}", "metrics.parquet"), run=RL_RUNS, seed=config["seeds"])
+
+
+rule rl:
+    input:
+        tasks=R("data", "rl.parquet"),
+        init=lambda w: R("checkpoints", resolve_run(config, w.run).arm, "sft"),  # the run's arm's SFT folder
+    output:
+        metrics=R("rl", "{run}", "seed{seed}", "metrics.parquet"),
+        checkpoints=[directory(R("rl", "{run}", "seed{seed}", f"step{n}")) for n in RL_STEPS],
+    wildcard_constraints:
+        run="|".join(RL_RUNS),
+        seed=r"\d+",
+    params:
+        config=CONFIG_JSON,
+        out_dir=lambda w, output: os.path.dirname(output.metrics),
+    resources:
+        **RL_RESOURCES,
+    log:
+        LOG("rl", "{run}", "seed{seed}"),
+    benchmark:
+        BENCH("rl", "{run}", "seed{seed}")
+    conda:
+        "../../envs/pipeline.yaml"
+    shell:
+        "predict rl --config-json {params.config:q} --run {wildcards.run} --seed {wildcards.seed}"
+        " --init {input.init:q} --tasks {input.tasks:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
