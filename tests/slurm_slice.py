@@ -6,8 +6,8 @@ Run it with the cluster of workflow/scripts/local-slurm.sh up (.ci/run does):
 
 What it does, in order:
 
-1. reads the GPU rules off the paper DAG (`snakemake --profile slurm -n all`, config/config.yaml): every rule
-   whose jobs carry a `gpu` resource there;
+1. reads the GPU rules off the paper DAG (`snakemake --profile slurm -n all <the slice's targets at their paper
+   paths>`, config/config.yaml): every rule whose jobs carry a `gpu` resource there;
 2. runs the slice, split -> verify_gold -> tiny model -> one rollout per arm on val (+ SLICE_TARGETS as later
    stages add them), with `--profile slurm --workflow-profile workflow/profiles/slurm-local` (the paper profile,
    the local cluster's account/partition/status command, config/local.yaml + the profile's overlay.yaml);
@@ -38,6 +38,7 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 PROFILE = ["--profile", "slurm", "--workflow-profile", "workflow/profiles/slurm-local"]
 OVERLAY = "workflow/profiles/slurm-local/overlay.yaml"  # config/local.yaml + this: the slice's config
 RESULTS = "results/slurm-local"  # OVERLAY: results_dir
+PAPER_RESULTS = "results"  # config/config.yaml: results_dir
 LOGS = "logs/slurm-local"  # and run_name
 # One rollout per arm on val (seed 42: config/local.yaml). The first one is cancelled mid-run.
 CANCEL = ("rollout", "A_base_val_42", f"{RESULTS}/rollouts/A/base/val/seed42.parquet")
@@ -73,9 +74,13 @@ def dag_resources(args: list[str]) -> dict[str, list[dict[str, str]]]:
     return rules
 
 
+def paper_dag() -> dict[str, list[dict[str, str]]]:
+    """The paper DAG (config/config.yaml): `all`, plus the slice's own targets at their paper paths."""
+    return dag_resources(["--profile", "slurm", "all", *(t.replace(RESULTS, PAPER_RESULTS, 1) for t in SLICE_TARGETS)])
+
+
 def gpu_rules_of_paper_dag() -> set[str]:
-    rules = dag_resources(["--profile", "slurm", "all"])
-    return {r for r, jobs in rules.items() if any(int(j.get("gpu", "0")) > 0 for j in jobs)}
+    return {r for r, jobs in paper_dag().items() if any(int(j.get("gpu", "0")) > 0 for j in jobs)}
 
 
 def scontrol_jobs(job_ids: list[str]) -> list[dict[str, str]]:

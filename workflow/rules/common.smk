@@ -69,9 +69,11 @@ SERVING_RESOURCES = GPU_RESOURCES(
     on_cpu={"mem_mb": 8000, "runtime": 120},
     vllm_server=1,
 )
+# The trainer (SFT; local RL uses RL_RESOURCES in rl.smk, the same way) on one GPU, or the CPU for the local run.
 TRAIN_RESOURCES = GPU_RESOURCES(
-    on_gpu={"mem_mb": 128000, "runtime": 720, "cpus_per_task": 16},
-    on_cpu={"mem_mb": 8000, "runtime": 240},
+    on_gpu={"mem_mb": 128000, "disk_mb": 80000, "runtime": 480, "cpus_per_task": 8},
+    on_cpu={"mem_mb": 8000, "runtime": 120},
+    device="cpu" if config.get("sft", {}).get("device", "cpu") == "cpu" else "gpu",
 )
 # Written by the check_serving rule once serving.python was seen to import vLLM. Serving rules take it as
 # `ancient(SERVING_CHECK)`: it must exist before they are submitted, but re-checking never reruns them.
@@ -81,12 +83,7 @@ SERVING_CHECK = R("serving", "check.json")
 EVALUATION = config.get("evaluation") or {}
 ABLATIONS = config.get("ablations") or {}
 
-# The trainer (SFT, local RL) on one GPU, or the CPU for the local run.
-TRAIN_RESOURCES = (
-    {"gpu": 1, "mem_mb": 128000, "disk_mb": 80000, "runtime": 480, "cpus_per_task": 8}
-    if config.get("sft", {}).get("device", "cpu") != "cpu"
-    else {"mem_mb": 8000, "runtime": 120}
-)
+
 def isolation_args(config):
     """`predict verify-gold` flags for config verifier.isolation (rollouts read it from the config they are given)."""
     iso = config["verifier"].get("isolation", {})
