@@ -8,8 +8,7 @@ What it does, in order:
 
 1. reads the GPU rules off the paper DAG (`snakemake --profile slurm -n all <the slice's targets at their paper
    paths>`, config/config.yaml): every rule whose jobs carry a `gpu` resource there;
-2. runs the slice, split -> verify_gold -> tiny model -> one rollout per arm on val (+ SLICE_TARGETS as later
-   stages add them), with `--profile slurm --workflow-profile workflow/profiles/slurm-local` (the paper profile,
+2. runs the slice, split -> verify_gold -> tiny model -> one rollout per arm on val (SLICE_TARGETS), with `--profile slurm --workflow-profile workflow/profiles/slurm-local` (the paper profile,
    the local cluster's account/partition/status command, config/local.yaml + the profile's overlay.yaml);
 3. meanwhile cancels (`scancel`) the first rollout job once it has persisted a rollout: the profile's `retries`
    must resubmit it and the new job must resume from the `.partial` folder (its log says how many rollouts were
@@ -46,7 +45,8 @@ SLICE_TARGETS = [
     f"{RESULTS}/verifier/gold.parquet",
     f"{RESULTS}/rollouts/A/base/val/seed42.parquet",
     f"{RESULTS}/rollouts/B/base/val/seed42.parquet",
-    # Add one SFT and one RL step target here as those rules land (their rules use TRAIN_RESOURCES).
+    # One SFT and one RL job: f"{RESULTS}/rl/A/seed42/metrics.parquet" (train_sft A, then rl A seed 42). Both ask
+    # for gres:gpu:1 here (seen in a run), but SFT alone took ~5 min on 2 shared cores: over the CI step's budget.
 ]
 
 
@@ -75,8 +75,14 @@ def dag_resources(args: list[str]) -> dict[str, list[dict[str, str]]]:
 
 
 def paper_dag() -> dict[str, list[dict[str, str]]]:
-    """The paper DAG (config/config.yaml): `all`, plus the slice's own targets at their paper paths."""
-    return dag_resources(["--profile", "slurm", "all", *(t.replace(RESULTS, PAPER_RESULTS, 1) for t in SLICE_TARGETS)])
+    """The paper DAG (config/config.yaml): `all`, plus the slice's own targets at their paper paths, with each
+    training backend (the paper's prime-rl and the local trainer, whose SFT/RL rules the slice runs)."""
+    targets = ["all", *(t.replace(RESULTS, PAPER_RESULTS, 1) for t in SLICE_TARGETS)]
+    rules: dict[str, list[dict[str, str]]] = {}
+    for backend in ([], ["--config", "backend=local"]):
+        for rule, jobs in dag_resources([*targets, "--profile", "slurm", *backend]).items():
+            rules.setdefault(rule, []).extend(jobs)
+    return rules
 
 
 def gpu_rules_of_paper_dag() -> set[str]:
