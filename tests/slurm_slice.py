@@ -45,8 +45,9 @@ SLICE_TARGETS = [
     f"{RESULTS}/verifier/gold.parquet",
     f"{RESULTS}/rollouts/A/base/val/seed42.parquet",
     f"{RESULTS}/rollouts/B/base/val/seed42.parquet",
-    # One SFT and one RL job: f"{RESULTS}/rl/A/seed42/metrics.parquet" (train_sft A, then rl A seed 42). Both ask
-    # for gres:gpu:1 here (seen in a run), but SFT alone took ~5 min on 2 shared cores: over the CI step's budget.
+    # One SFT and one RL job: f"{RESULTS}/rl/A/seed42/metrics.parquet" (train_sft A, then rl A seed 42). With it the
+    # slice passed (8 jobs, train_sft and rl COMPLETED with gres:gpu:1) in 714 s on 2 shared cores, SFT alone 5 min:
+    # over the CI step's ~6 min budget, so it is left out until SFT's local size shrinks.
 ]
 
 
