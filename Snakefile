@@ -14,6 +14,7 @@ if not workflow.overwrite_configfiles:
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/serving.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/verifier.smk"
 include: "workflow/rules/models.smk"

@@ -41,6 +41,21 @@ def test_resume_skips_persisted_rows_and_finishes_in_key_order(tmp_path: Path) -
     assert not second.partial_dir.exists()
 
 
+def test_resume_after_a_kill_mid_write_finishes_and_removes_the_folder(tmp_path: Path) -> None:
+    # A job killed while writing a part leaves the part's temporary file (seen with scancel on SLURM).
+    out = tmp_path / "rollouts.parquet"
+    ResumableParquet(out, SCHEMA, key=("task_id",)).append([{"task_id": 1, "sample": 0, "reward": 1.0}])
+    partial = out.with_name(out.name + ".partial")
+    (partial / ".part-00001.parquet.k1ll3d.tmp").write_bytes(b"PAR1 half a part")
+
+    again = ResumableParquet(out, SCHEMA, key=("task_id",))
+    assert again.done() == {(1,)}
+    again.append([{"task_id": 2, "sample": 0, "reward": 0.0}])
+    again.finish()
+    assert [r["task_id"] for r in pq.read_table(out).to_pylist()] == [1, 2]
+    assert not partial.exists()
+
+
 def test_partial_rows_of_another_schema_are_refused(tmp_path: Path) -> None:
     out = tmp_path / "rollouts.parquet"
     ResumableParquet(out, SCHEMA, key=("task_id",)).append([{"task_id": 1, "sample": 0, "reward": 1.0}])

@@ -104,6 +104,22 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return serve_main(args.serve_args)
 
 
+def _cmd_check_serving(args: argparse.Namespace) -> int:
+    from predict.io import write_json
+    from predict.serving_check import check_serving_python
+
+    config = load_config(args.config) if args.config else config_from_json(args.config_json)
+    serving = config["serving"]
+    result = check_serving_python(serving.get("python"), serving["device"], timeout_s=args.timeout_s)
+    if args.out:
+        write_json(result, args.out)
+    console.print(
+        f"[green]ok[/green] serving.python ({result['serving.python']}) = {result['interpreter']}: "
+        f"vllm {result['vllm_version']} imports ({result['import_s']:.1f} s)"
+    )
+    return 0
+
+
 def with_env(config: Mapping[str, Any], **values: Any) -> Mapping[str, Any]:
     """The config with these ``env`` keys replaced (None = keep the config's): one run's protocol knobs, e.g. the
     expensive-tests extension's test_cost."""
@@ -490,6 +506,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = stage("serve", _cmd_serve, "serve a checkpoint with vLLM on 127.0.0.1 until interrupted")
     p.add_argument("serve_args", nargs=argparse.REMAINDER, help="see `predict serve -- --help`")
+
+    p = stage("check-serving", _cmd_check_serving, "check that serving.python imports vLLM (before any serving job)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="study config file")
+    source.add_argument("--config-json", help="the same, inline (Snakemake passes its merged config)")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="how long the import may take")
+    p.add_argument("--out", default=None, help="write what was checked here (json)")
 
     p = stage("rollout", _cmd_rollout, "roll a checkpoint out over a split's tasks into parquet (resumes)")
     source = p.add_mutually_exclusive_group(required=True)

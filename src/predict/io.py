@@ -97,6 +97,10 @@ class ResumableParquet:
         write_rows(rows, self.schema, self.out, metadata)
         for part in self._parts():
             part.unlink()
+        # A part being written when an earlier run was killed (scancel, OOM) leaves its temporary file; its rows
+        # were never persisted (they ran again here), so it goes too.
+        for tmp in self.partial_dir.glob(".part-*.tmp") if self.partial_dir.exists() else []:
+            tmp.unlink()
         if self.partial_dir.exists():
             self.partial_dir.rmdir()
         return self.out

@@ -44,25 +44,47 @@ CONFIG_JSON = json.dumps(config, sort_keys=True)
 TINY = {"seed": 0, "hidden_size": 64, "num_layers": 2, **config["model"].get("tiny", {})}
 N_TASKS_ARG = f"--n-tasks {config['env']['rollout_tasks']}" if config["env"].get("rollout_tasks") else ""
 
-# GPU jobs ask SLURM for one GPU. Every job that starts a vLLM server also takes one `vllm_server`
-# slot, so a profile can cap how many servers share a machine (the local profile allows one).
-SERVING_RESOURCES = (
-    {"gpu": 1, "mem_mb": 64000, "runtime": 240, "cpus_per_task": 8, "vllm_server": 1}
-    if config["serving"]["device"] == "gpu"
-    else {"mem_mb": 8000, "runtime": 120, "vllm_server": 1}
+# GPU rules. Every rule that serves a checkpoint (rollouts, evaluation) or trains one (SFT, RL) takes its
+# `resources:` from GPU_RESOURCES: the ONE place a GPU request comes from. It asks for `cluster.gpus_per_job`
+# GPUs (the `gpu` resource; the slurm executor turns it into `sbatch --gpus`): 1 in the paper design
+# (config/config.yaml), 0 in the embedded default (config/local.yaml), 1 on the local test cluster
+# (workflow/profiles/slurm-local/overlay.yaml: its one fake GPU lets SLURM schedule and record the request
+# while the model runs on the CPU). Memory, CPUs and time follow the device the work runs on
+# (`serving.device` unless `device=` says).
+#   resources: **TRAIN_RESOURCES                      (an SFT/RL job)
+#   resources: **GPU_RESOURCES(on_gpu={...}, on_cpu={...}, vllm_server=1)   (a new class of GPU job)
+# Every job that starts a vLLM server also takes one `vllm_server` slot, so a profile can cap how many servers
+# share a machine (the local profiles allow one), and depends on SERVING_CHECK (see workflow/rules/serving.smk).
+GPUS_PER_JOB = config.get("cluster", {}).get("gpus_per_job", 1 if config["serving"]["device"] == "gpu" else 0)
+
+
+def GPU_RESOURCES(on_gpu, on_cpu, device=None, **extra):
+    """Resources of a GPU rule: `cluster.gpus_per_job` GPUs, sized for the device the work runs on."""
+    sizes = on_gpu if (device or config["serving"]["device"]) == "gpu" else on_cpu
+    return {**sizes, **({"gpu": GPUS_PER_JOB} if GPUS_PER_JOB else {}), **extra}
+
+
+SERVING_RESOURCES = GPU_RESOURCES(
+    on_gpu={"mem_mb": 64000, "runtime": 240, "cpus_per_task": 8},
+    on_cpu={"mem_mb": 8000, "runtime": 120},
+    vllm_server=1,
 )
+# The trainer (SFT; local RL uses RL_RESOURCES in rl.smk, the same way) on one GPU, or the CPU for the local run.
+TRAIN_RESOURCES = GPU_RESOURCES(
+    on_gpu={"mem_mb": 128000, "disk_mb": 80000, "runtime": 480, "cpus_per_task": 8},
+    on_cpu={"mem_mb": 8000, "runtime": 120},
+    device="cpu" if config.get("sft", {}).get("device", "cpu") == "cpu" else "gpu",
+)
+# Written by the check_serving rule once serving.python was seen to import vLLM. Serving rules take it as
+# `ancient(SERVING_CHECK)`: it must exist before they are submitted, but re-checking never reruns them.
+SERVING_CHECK = R("serving", "check.json")
 
 
 EVALUATION = config.get("evaluation") or {}
 ABLATIONS = config.get("ablations") or {}
 EXTENSIONS = config.get("extensions") or {}
 
-# The trainer (SFT, local RL) on one GPU, or the CPU for the local run.
-TRAIN_RESOURCES = (
-    {"gpu": 1, "mem_mb": 128000, "disk_mb": 80000, "runtime": 480, "cpus_per_task": 8}
-    if config.get("sft", {}).get("device", "cpu") != "cpu"
-    else {"mem_mb": 8000, "runtime": 120}
-)
+
 def isolation_args(config):
     """`predict verify-gold` flags for config verifier.isolation (rollouts read it from the config they are given)."""
     iso = config["verifier"].get("isolation", {})

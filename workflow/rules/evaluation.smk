@@ -6,6 +6,7 @@ rule evaluate:
     input:
         tasks=R("data", "{split}.parquet"),
         model=checkpoint_inputs,
+        serving=ancient(SERVING_CHECK),
     output:
         R("eval", "{run}", "{checkpoint}", "{split}", "seed{seed}.parquet"),
     wildcard_constraints:
@@ -35,6 +36,7 @@ rule evaluate_test:
     input:
         tasks=R("data", "test.parquet"),
         model=checkpoint_inputs,
+        serving=ancient(SERVING_CHECK),
         selection=R("stats", "selection.parquet"),
     output:
         R("test", "{run}", "{checkpoint}", "seed{seed}.parquet"),

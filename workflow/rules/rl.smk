@@ -8,10 +8,11 @@ RFT_RUNS = [r for r in study_runs(config) if resolve_run(config, r).trainer == "
 RL_STEPS = checkpoint_steps(config["rl"])
 
 # One GPU for the trainer and the colocated vLLM server; runtime for the paper's 100 steps.
-RL_RESOURCES = (
-    {"gpu": 1, "mem_mb": 128000, "runtime": 1440, "cpus_per_task": 16, "vllm_server": 1}
-    if config["serving"]["device"] == "gpu"
-    else {"mem_mb": 8000, "runtime": 240, "vllm_server": 1}
+# The GPU request itself comes from GPU_RESOURCES (common.smk: cluster.gpus_per_job), like every GPU rule's.
+RL_RESOURCES = GPU_RESOURCES(
+    on_gpu={"mem_mb": 128000, "runtime": 1440, "cpus_per_task": 16},
+    on_cpu={"mem_mb": 8000, "runtime": 240},
+    vllm_server=1,
 )
 
 RL_RESULTS = expand(
@@ -23,6 +24,7 @@ rule rl:
     input:
         tasks=R("data", "rl.parquet"),
         init=lambda w: R("checkpoints", resolve_run(config, w.run).arm, "sft"),  # the run's arm's SFT folder
+        serving=ancient(SERVING_CHECK),  # the colocated vLLM server's interpreter imports vLLM
     output:
         metrics=R("rl", "{run}", "seed{seed}", "metrics.parquet"),
         checkpoints=[directory(R("rl", "{run}", "seed{seed}", f"step{n}")) for n in RL_STEPS],

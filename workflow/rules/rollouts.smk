@@ -7,6 +7,7 @@ rule rollout:
     input:
         tasks=R("data", "{split}.parquet"),
         model=checkpoint_inputs,
+        serving=ancient(SERVING_CHECK),
     output:
         R("rollouts", "{arm}", "{checkpoint}", "{split}", "seed{seed}.parquet"),
     wildcard_constraints:

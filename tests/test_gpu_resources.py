@@ -1,0 +1,44 @@
+"""GPU requests come from one place (cluster.gpus_per_job via GPU_RESOURCES): read off dry-runs of the DAGs.
+
+The paper DAG asks SLURM for a GPU for every serving rule; the local-SLURM overlay asks for the same GPUs while
+sizing the jobs for the CPU; the embedded default asks for none. Every serving job waits for check_serving.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.slurm_slice import SLICE_TARGETS, dag_resources, paper_dag
+
+
+@pytest.fixture(scope="module")
+def paper():
+    return paper_dag()
+
+
+def test_paper_dag_serving_rules_ask_for_one_gpu_each(paper):
+    assert {r for r, jobs in paper.items() if any("gpu" in j for j in jobs)} >= {"rollout", "evaluate"}
+    for job in paper["rollout"] + paper["evaluate"]:
+        assert job["gpu"] == "1" and job["mem_mb"] == "64000" and job["vllm_server"] == "1"
+    for rule in ("split_mbpp", "verify_gold", "check_serving"):
+        assert all("gpu" not in job for job in paper[rule]), rule
+
+
+def test_local_slurm_overlay_asks_for_the_same_gpus_with_cpu_sizes(paper):
+    local = dag_resources(
+        [*SLICE_TARGETS, "--profile", "slurm", "--workflow-profile", "workflow/profiles/slurm-local"]
+    )
+    gpu_rules = {r for r, jobs in paper.items() if any("gpu" in j for j in jobs)}
+    for rule, jobs in local.items():
+        for job in jobs:
+            assert ("gpu" in job) == (rule in gpu_rules), (rule, job)
+    for job in local["rollout"]:
+        assert job["gpu"] == "1" and job["mem_mb"] == "8000"
+        assert job["slurm_partition"] == "debug" and job["slurm_account"] == "predict"
+    assert "check_serving" in local
+
+
+def test_embedded_default_asks_for_no_gpu():
+    local = dag_resources(["--profile", "workflow/profiles/local", "all"])
+    assert local["evaluate"] and local["train_sft"] and local["rl"]  # serving and training rules, all on the CPU
+    assert all("gpu" not in job for jobs in local.values() for job in jobs)

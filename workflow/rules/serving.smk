@@ -1,0 +1,20 @@
+# Before any serving job is submitted: does `serving.python` import vLLM? Runs on the submitting machine.
+# A wrong interpreter fails here in seconds, naming serving.python, instead of in the first GPU job after its
+# queue wait (as "No module named 'vllm'" in a server log).
+
+
+localrules:
+    check_serving,
+
+
+rule check_serving:
+    output:
+        SERVING_CHECK,
+    params:
+        config=CONFIG_JSON,
+    log:
+        LOG("check_serving"),
+    conda:
+        "../../envs/pipeline.yaml"
+    shell:
+        "predict check-serving --config-json {params.config:q} --out {output:q} > {log:q} 2>&1"
