@@ -235,21 +235,28 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _selection(config: dict, eval_paths: list[str]) -> Any:
+    """The checkpoint selection (config evaluation.selection) over these val evaluations."""
+    from predict.stats import mechanism_metrics, read_evaluation, select_checkpoints
+
+    selection_cfg = (config.get("evaluation") or {}).get("selection") or {"mode": "fixed", "step": 100}
+    metrics = []
+    for path in eval_paths:
+        ev = read_evaluation(path)
+        metrics.append({"run": ev.run, "checkpoint": ev.checkpoint, "split": ev.split, "seed": ev.seed,
+                        **mechanism_metrics(ev.rows)})  # fmt: skip
+    return select_checkpoints(metrics, selection_cfg["mode"], selection_cfg.get("step"))
+
+
 def _cmd_ablations(args: argparse.Namespace) -> int:
     from predict.io import write_table
-    from predict.stats import ablation_table, mechanism_metrics, read_evaluation, select_checkpoints
+    from predict.stats import ablation_table
 
     config = _config(args)
     ablations = config.get("ablations") or {}
     if args.ablation not in ablations:
         raise ConfigError(f"ablations: no ablation {args.ablation!r} (have {', '.join(ablations) or 'none'})")
-    selection_cfg = (config.get("evaluation") or {}).get("selection") or {"mode": "fixed", "step": 100}
-    metrics = []
-    for path in args.eval:
-        ev = read_evaluation(path)
-        metrics.append({"run": ev.run, "checkpoint": ev.checkpoint, "split": ev.split, "seed": ev.seed,
-                        **mechanism_metrics(ev.rows)})
-    selection = select_checkpoints(metrics, selection_cfg["mode"], selection_cfg.get("step"))
+    selection = _selection(config, args.eval)
     table = ablation_table(args.ablation, args.eval, selection,
                            base_arm=(ablations[args.ablation] or {}).get("base_arm", "B"), **_bootstrap(config))
     write_table(table, args.out)
@@ -262,19 +269,13 @@ def _cmd_extensions(args: argparse.Namespace) -> int:
 
     from predict.io import write_table
     from predict.runs import extension_counterpart, resolve_run
-    from predict.stats import extension_table, mechanism_metrics, read_evaluation, select_checkpoints
+    from predict.stats import extension_table
 
     config = _config(args)
     extensions = config.get("extensions") or {}
     if args.extension not in extensions:
         raise ConfigError(f"extensions: no extension {args.extension!r} (have {', '.join(extensions) or 'none'})")
-    selection_cfg = (config.get("evaluation") or {}).get("selection") or {"mode": "fixed", "step": 100}
-    metrics = []
-    for path in args.eval:
-        ev = read_evaluation(path)
-        metrics.append({"run": ev.run, "checkpoint": ev.checkpoint, "split": ev.split, "seed": ev.seed,
-                        **mechanism_metrics(ev.rows)})
-    selection = select_checkpoints(metrics, selection_cfg["mode"], selection_cfg.get("step"))
+    selection = _selection(config, args.eval)
     spec = resolve_run(config, args.extension)
     table = extension_table(args.extension, args.eval, selection, spec={**asdict(spec), "base_arm": spec.arm},
                             counterpart=extension_counterpart(config, args.extension),

@@ -37,7 +37,7 @@ from typing import Any
 
 from predict.io import write_table
 from predict.runs import resolve_run
-from predict.train.rl import SERVED_NAME, WORK, RLJob, _link_tree, _metrics_table, checkpoint_steps
+from predict.train.rl import SERVED_NAME, WORK, RLJob, _metrics_table, checkpoint_steps, publish_run
 
 log = logging.getLogger(__name__)
 
@@ -182,11 +182,6 @@ def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = N
         ran += 1
         if stop_after is not None and ran >= stop_after:
             return {"run": job.run, "seed": job.seed, "steps_done": step, "ran": ran, "complete": False}
-    for step in sorted(ckpt_steps):
-        src = work / "checkpoints" / f"step{step}"
-        if not src.is_dir():
-            raise FileNotFoundError(f"{src}: checkpoint of step {step} missing; delete {work} to rerun from step 0")
-        _link_tree(src, job.out_dir / f"step{step}")
-    write_table(_metrics_table(metrics), job.out_dir / "metrics.parquet")
+    publish_run(work, job.out_dir, ckpt_steps, metrics)
     return {"run": job.run, "seed": job.seed, "steps_done": steps, "ran": ran, "complete": True,
             "n_sampled": n_sampled, "n_kept": len(kept)}  # fmt: skip

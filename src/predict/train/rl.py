@@ -131,6 +131,17 @@ class RLJob:
     """Roll out against this running endpoint instead of starting vLLM (no weight sync then: tests only)."""
 
 
+def publish_run(work: Path, out_dir: Path, ckpt_steps: set[int] | Sequence[int], metrics: list[dict]) -> None:
+    """A finished run's outputs: each kept step's checkpoint linked from the work folder to step<N>/, then
+    metrics.parquet (RL and RFT alike)."""
+    for step in sorted(ckpt_steps):
+        src = work / "checkpoints" / f"step{step}"
+        if not src.is_dir():
+            raise FileNotFoundError(f"{src}: checkpoint of step {step} missing; delete {work} to rerun from step 0")
+        _link_tree(src, out_dir / f"step{step}")
+    write_table(_metrics_table(metrics), out_dir / "metrics.parquet")
+
+
 def _link_tree(src: Path, dst: Path) -> None:
     """dst = src by hard links (copy where links fail), replacing dst atomically."""
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
@@ -301,12 +312,7 @@ def run_rl(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = No
                 ran += 1
                 if stop_after is not None and ran >= stop_after:
                     return {"run": job.run, "seed": job.seed, "steps_done": step, "ran": ran, "complete": False}
-    for step in sorted(ckpt_steps):
-        src = work / "checkpoints" / f"step{step}"
-        if not src.is_dir():
-            raise FileNotFoundError(f"{src}: checkpoint of step {step} missing; delete {work} to rerun from step 0")
-        _link_tree(src, job.out_dir / f"step{step}")
-    write_table(_metrics_table(metrics), job.out_dir / "metrics.parquet")
+    publish_run(work, job.out_dir, ckpt_steps, metrics)
     return {
         "run": job.run,
         "seed": job.seed,
