@@ -40,7 +40,7 @@ Rules:
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +53,44 @@ _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 # Group 1: from the opening tag's ">" to the end of the value; group 2: the value.
 _PREDICTION_TAG = re.compile(r"<PREDICTION(>\s*([^<\n]*?))\s*</PREDICTION>", re.IGNORECASE)
 _DECISION_TAG = re.compile(r"<DECISION(>\s*([^<\n]*?))\s*</DECISION>", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class PredictionPoint:
+    """One prediction reply of the program (a step with ``action == "prediction"``)."""
+
+    call: int
+    """Index of the model call (= the step index)."""
+    patch_step: int | None
+    predicted: str | None
+    """The sampled class as parsed (a class, MALFORMED, or None)."""
+    verified: str | None
+    """The verified outcome class of the patched code; None when the episode was cut off before it was known."""
+    seen: bool | None
+    """True when a python_test showed that outcome to the model, False for a hidden shadow execution."""
+
+
+def prediction_points(steps: Sequence[Mapping[str, Any]]) -> list[PredictionPoint]:
+    """Every prediction step of a rollout's program steps (one per model reply) with the verified class of its
+    patch: the patch step's ``outcome`` (a python_test in view, or a hidden shadow execution); None when the episode
+    was cut off before it was known."""
+    by_index = {int(s["index"]): s for s in steps if s.get("index") is not None}
+    points = []
+    for call, step in enumerate(steps):
+        if step.get("action") != "prediction":
+            continue
+        patch_index = step.get("patch_step")
+        patch = by_index.get(int(patch_index)) if patch_index is not None else None
+        points.append(
+            PredictionPoint(
+                call=int(step.get("index", call)),
+                patch_step=None if patch_index is None else int(patch_index),
+                predicted=step.get("prediction"),
+                verified=(patch or {}).get("outcome"),
+                seen=(patch or {}).get("outcome_seen"),
+            )
+        )
+    return points
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:

@@ -236,7 +236,7 @@ def rollout_samples(
     counts: SampleCounts | None = None,
 ) -> list[TrainSample]:
     """The RL samples (+ Arm B's CE samples) of one rollout with its advantage (see the rules above)."""
-    from predict.train.labels import ce_sample, decision_token_span, find_label
+    from predict.train.labels import ce_sample, decision_token_span, find_label, prediction_points
 
     counts = counts if counts is not None else SampleCounts()
     key, task_id = record.get("rollout_key"), record.get("task_id")
@@ -252,9 +252,8 @@ def rollout_samples(
     zero_rl: dict[int, set[int]] = {}  # call index -> sampled-token indices with rl weight 0
     ce: list[TrainSample] = []
     if settings.predictive:
-        for i, step in enumerate(steps):
-            if step.get("action") != "prediction":
-                continue
+        for point in prediction_points(steps):
+            i = point.call
             counts.prediction_points += 1
             completion = calls[i].completion_ids
             label = find_label(completion, tokenizer)
@@ -266,21 +265,19 @@ def rollout_samples(
             if settings.mask_decision and (span := decision_token_span(completion, tokenizer)) is not None:
                 off.update(range(*span))
             zero_rl[i] = off
-            patch = steps[step["patch_step"]] if step.get("patch_step") is not None else {}
-            verified = patch.get("outcome")
-            if settings.alpha > 0 and verified is not None:
+            if settings.alpha > 0 and point.verified is not None:
                 prefix = calls[i].full_ids[: calls[i].positions[label.start]]
                 ce.append(
                     ce_sample(
                         prefix,
-                        verified,
+                        point.verified,
                         settings.alpha,
                         tokenizer,
                         lead=label.lead,
                         task_id=task_id,
                         rollout_key=key,
-                        source=f"prediction at step {i} (patch step {step['patch_step']}, "
-                        f"{'seen' if patch.get('outcome_seen') else 'shadow'})",
+                        source=f"prediction at step {i} (patch step {point.patch_step}, "
+                        f"{'seen' if point.seen else 'shadow'})",
                     )
                 )
     counts.ce_samples += len(ce)

@@ -25,24 +25,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from predict.train.labels import PredictionPoint
+from predict.train.labels import prediction_points as step_prediction_points
+
 
 class PointsMismatch(ValueError):
     """The rollout's model calls and the program's steps do not line up one to one."""
-
-
-@dataclass(frozen=True)
-class PredictionPoint:
-    """One prediction reply of the program (a step with ``action == "prediction"``)."""
-
-    call: int
-    """Index of the model call (= the step index)."""
-    patch_step: int | None
-    predicted: str | None
-    """The sampled class as parsed (a class, MALFORMED, or None)."""
-    verified: str | None
-    """The verified outcome class of the patched code; None when the episode was cut off before it was known."""
-    seen: bool | None
-    """True when a python_test showed that outcome to the model, False for a hidden shadow execution."""
 
 
 @dataclass(frozen=True)
@@ -74,25 +62,8 @@ def agent_steps(info: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
 
 
 def prediction_points(info: Mapping[str, Any] | None) -> list[PredictionPoint]:
-    """Every prediction step of a rollout with the verified class of its patch (None when not known)."""
-    steps = agent_steps(info)
-    by_index = {int(s["index"]): s for s in steps if s.get("index") is not None}
-    points = []
-    for call, step in enumerate(steps):
-        if step.get("action") != "prediction":
-            continue
-        patch_index = step.get("patch_step")
-        patch = by_index.get(int(patch_index)) if patch_index is not None else None
-        points.append(
-            PredictionPoint(
-                call=int(step.get("index", call)),
-                patch_step=None if patch_index is None else int(patch_index),
-                predicted=step.get("prediction"),
-                verified=(patch or {}).get("outcome"),
-                seen=(patch or {}).get("outcome_seen"),
-            )
-        )
-    return points
+    """Every prediction step of a rollout with the verified class of its patch (`labels.prediction_points`)."""
+    return step_prediction_points(agent_steps(info))
 
 
 def sampled_calls(nodes: Sequence[Any]) -> dict[int, int]:
