@@ -347,7 +347,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         cfg=cfg,
         arm=args.arm,
         enable_thinking=config["model"].get("enable_thinking", True),
-        max_steps=args.max_steps,
+        max_steps=args.max_steps if args.max_steps is not None else config["sft"].get("max_steps"),
     )
     table = Table("measure", "value", title=f"SFT arm {args.arm}: {args.out_dir}")
     for key, value in summary.items():
