@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -177,3 +178,22 @@ def test_fused_and_inplace_logit_gradients_agree() -> None:
     lse, lp = _lse_target(logits, targets)
     assert torch.allclose(lp, torch.log_softmax(logits, -1).gather(1, targets[:, None]).squeeze(1), atol=1e-6)
     assert torch.allclose(_grad_logits(logits, lse, g, targets), _grad_logits_inplace(logits.clone(), lse, g, targets))
+
+
+@pytest.mark.parametrize("lengths", [[5, 5, 5], [3, 7, 5]])
+def test_packed_attention_keeps_documents_apart(lengths: list[int]) -> None:
+    """Equal-length documents take one batched SDPA call, uneven ones a call per document: both equal attention
+    computed on each document alone (GQA: 4 query heads over 2 key/value heads)."""
+    from predict.train.trainer import packed_attention
+
+    torch.manual_seed(0)
+    t = sum(lengths)
+    q, k, v = torch.randn(1, 4, t, 8), torch.randn(1, 2, t, 8), torch.randn(1, 2, t, 8)
+    cu = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32)
+    out, _ = packed_attention(torch.nn.Module(), q, k, v, None, scaling=None, cu_seqlens=cu, max_seqlen=max(lengths))
+    assert out.shape == (1, t, 4, 8)
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        alone = torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True, enable_gqa=True
+        )
+        torch.testing.assert_close(out[0, s:e], alone[0].transpose(0, 1))

@@ -15,7 +15,9 @@ One optimizer step (`Trainer.step`) takes a list of `TrainSample`s and
 * clips the gradient norm and takes one AdamW step (fused on CUDA).
 
 On CUDA, liger-kernel's RMSNorm, SwiGLU and RoPE kernels are patched in when it is importable (``liger=None``:
-auto); its fused linear cross-entropy is not used, because our loss needs per-token logprobs (GRPO ratios).
+auto). A micro-batch with no rl weight and one ce weight (SFT) is exactly a summed cross-entropy, so there liger's
+fused linear cross-entropy replaces `ChunkedLMLoss`; everything else (GRPO ratios need per-token logprobs) goes
+through `ChunkedLMLoss`.
 
 `token_logprobs` gives per-token logprobs without gradient (same chunking). `save_checkpoint` writes an HF folder
 (weights in the base checkpoint's dtype + tokenizer files) that vLLM and transformers load; `save_state` /
@@ -96,6 +98,18 @@ def packed_attention(
     if cu_seqlens is None:
         cu_seqlens = torch.arange(0, (b + 1) * t, t, dtype=torch.int32, device=query.device)
         max_seqlen = t
+    n_docs = cu_seqlens.numel() - 1
+    if max_seqlen is not None and n_docs * int(max_seqlen) == b * t:
+        # Documents of one length (max_seqlen x count = all tokens): one batched causal SDPA call, the fastest
+        # kernel for that shape (cuDNN / flash on CUDA).
+        seq = int(max_seqlen)
+        q = query.transpose(1, 2).reshape(n_docs, seq, h, d).transpose(1, 2)
+        k = key.transpose(1, 2).reshape(n_docs, seq, hkv, d).transpose(1, 2)
+        v = value.transpose(1, 2).reshape(n_docs, seq, hkv, d).transpose(1, 2)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=scaling, enable_gqa=hkv != h
+        )
+        return out.transpose(1, 2).reshape(b, t, h, d), None
     if query.is_cuda and _VARLEN is not None:
         q = query.transpose(1, 2).reshape(b * t, h, d)
         k = key.transpose(1, 2).reshape(b * t, hkv, d)
@@ -289,6 +303,7 @@ class _Packed:
     streams: dict[str, torch.Tensor]  # [N] each
     sel_doc: np.ndarray  # [N] which sample of the row each selected token belongs to
     sel_pos: np.ndarray  # [N] its position in that sample
+    uniform_ce: float | None = None  # the one ce weight of the selected positions when none has an rl weight (SFT)
 
 
 _STREAM_COLS = ("logprobs", "advantages", "rl_weights", "ce_weights")
@@ -307,6 +322,10 @@ def _pack(samples: Sequence[TrainSample], device: torch.device, *, select: str) 
     at = np.flatnonzero(chosen)
     doc = np.repeat(np.arange(len(samples)), lens)[at]
 
+    ce_sel, rl_sel = cols["ce_weights"][at], cols["rl_weights"][at]
+    uniform = ce_sel.size and not rl_sel.any() and ce_sel.min() == ce_sel.max() > 0
+    uniform_ce = float(ce_sel[0]) if uniform else None
+
     def put(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
 
@@ -320,6 +339,7 @@ def _pack(samples: Sequence[TrainSample], device: torch.device, *, select: str) 
         streams={k: put(v[at], torch.float32) for k, v in cols.items()},
         sel_doc=doc,
         sel_pos=pos[at],
+        uniform_ce=uniform_ce,
     )
 
 
@@ -418,10 +438,15 @@ class Trainer:
         self.model = model.to(self.device, _DTYPES[dtype])
         self.model.config.use_cache = False
         self.liger = False
+        self._fused_ce: Any = None  # liger's fused linear CE for pure-CE steps (see `step`)
         if liger is not False and self.device.type == "cuda":
             self.liger = _apply_liger(self.model)
             if liger and not self.liger:
                 raise RuntimeError("liger=True but liger_kernel is not importable")
+            if self.liger and self.loss_config.kl_coef == 0:
+                from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+                self._fused_ce = LigerFusedLinearCrossEntropyLoss(reduction="sum")
         self.model.train()
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -463,6 +488,14 @@ class Trainer:
             if p.hidden_index.numel() == 0:
                 continue
             hidden = self._hidden(p).index_select(0, p.hidden_index)
+            if self._fused_ce is not None and n_rl == 0 and (ce_w := p.uniform_ce) is not None:
+                # Pure CE (SFT) with one weight: liger's fused linear cross-entropy is exactly this loss, summed.
+                loss = self._fused_ce(self.lm_head_weight, hidden, p.targets) * (ce_w / max(n_ce, 1))
+                part = float(loss.detach())
+                metrics["loss"] = metrics.get("loss", 0.0) + part
+                metrics["ce_loss"] = metrics.get("ce_loss", 0.0) + part
+                loss.backward()
+                continue
             loss = ChunkedLMLoss.apply(
                 hidden,
                 self.lm_head_weight,
