@@ -32,6 +32,9 @@ else:
     include: "workflow/rules/rl.smk"
 
 
+include: "workflow/rules/rft.smk"
+
+
 include: "workflow/rules/evaluation.smk"
 include: "workflow/rules/stats.smk"
 include: "workflow/rules/report.smk"
@@ -46,6 +49,7 @@ rule all:
         rules.split_mbpp.output,
         rules.verify_gold.output,
         rules.sft_traces.output,
-        # RL of every run and seed (and, on prime-rl, its SFT): the configured backend
+        # RL of every run and seed (and, on prime-rl, its SFT): the configured backend; RFT on our trainer
         rules.prime_rl_all.input if config.get("backend", "local") == "prime_rl" else RL_RESULTS,
+        RFT_RESULTS,
         rules.report.output,

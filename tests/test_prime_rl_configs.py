@@ -231,7 +231,7 @@ def test_bad_runs_and_missing_keys_name_the_problem(paper: dict[str, Any], tmp_p
     no_prime = {k: v for k, v in paper.items() if k != "prime_rl"}
     with pytest.raises(PrimeRLConfigError, match="prime_rl: missing"):
         render_rl(no_prime, "A", tmp_path)
-    reactive_only = {**paper, "arms": {"A": {"protocol": "reactive"}}, "ablations": {}}
+    reactive_only = {**paper, "arms": {"A": {"protocol": "reactive"}}, "ablations": {}, "extensions": {}}
     assert study_runs(reactive_only) == ["A"]
     with pytest.raises(ConfigError, match="predictive arm"):
         resolve_run({**reactive_only, "ablations": {"alpha0": {"alpha": 0.0}}}, "alpha0")

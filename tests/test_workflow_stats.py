@@ -22,19 +22,24 @@ def job_counts(*args: str) -> dict[str, int]:
 
 def test_forced_keep_target_builds_exactly_what_it_needs() -> None:
     counts = job_counts("--profile", "slurm", "results/ablations/forced_keep.parquet")
-    # val evaluations of forced_keep, its base arm B (selection) and arm A (the deficit), two seeds x (sft + 4 steps)
-    # each, and the training they need: both arms' SFT, the three runs' RL
-    assert counts == {"split_mbpp": 1, "sft_traces": 1, "train_sft": 2, "rl": 3 * 2, "evaluate": 3 * 2 * 5,
-                      "ablation": 1}
+    # val evaluations, two seeds each: arms A (the deficit) and B (the base arm) at sft + 4 steps, forced_keep at its
+    # 4 steps (its SFT is B's); and the training they need on the paper's backend, prime-rl: its set-up, both arms'
+    # SFT, the three runs' RL; check_serving before any serving job
+    assert counts == {
+        "split_mbpp": 1, "sft_traces": 1, "check_serving": 1, "prime_rl_setup": 1, "prime_rl_sft_config": 2,
+        "prime_rl_sft": 2, "prime_rl_rl_config": 3 * 2, "prime_rl_rl": 3 * 2, "evaluate": 2 * 2 * 5 + 2 * 4,
+        "ablation": 1,
+    }  # fmt: skip
 
 
 def test_paper_all_ends_in_the_report_with_every_ablation() -> None:
     counts = job_counts("--profile", "slurm", "all")
     assert counts["report"] == 1 and counts["ablation"] == 3 and counts["stats"] == 1 and counts["power"] == 1
-    # arms + ablations: 5 runs x 2 seeds x (sft + 4 steps); extensions: 6 runs x 2 seeds x 4 steps (their SFT is
-    # their base arm's: evaluation.extension_checkpoints)
-    assert counts["evaluate"] == 5 * 2 * 5 + 6 * 2 * 4
-    assert counts["rl"] == 9 * 2 and counts["rft"] == 2 * 2 and counts["extension"] == 6
+    # arms: 2 runs x 2 seeds x (sft + 4 steps); ablations and extensions (their SFT is their base arm's): 9 runs x
+    # 2 seeds x 4 steps
+    assert counts["evaluate"] == 2 * 2 * 5 + 9 * 2 * 4
+    # GRPO runs (arms, ablations, RL extensions) on prime-rl; the RFT extensions on our trainer
+    assert counts["prime_rl_rl"] == 9 * 2 and counts["rft"] == 2 * 2 and counts["extension"] == 6
 
 
 EXTENSIONS = ["expensive_tests_A", "expensive_tests_B", "edit_on_revise", "mask_decision", "rft_A", "rft_B"]
@@ -60,7 +65,7 @@ def test_paper_all_includes_every_extension_run_table_and_report_input() -> None
 def test_local_all_runs_every_extension_at_its_last_step_only() -> None:
     counts = job_counts("all")
     assert counts["rl"] == 9 and counts["rft"] == 2 and counts["extension"] == 6
-    assert counts["evaluate"] == 5 * 2 + 6  # extensions: step2 only
+    assert counts["evaluate"] == 2 * 2 + 3 + 6  # arms: sft + step2; ablations and extensions: step2 only
 
 
 def test_expensive_tests_table_pulls_the_other_arm_at_the_same_cost() -> None:

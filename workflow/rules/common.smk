@@ -69,7 +69,13 @@ SERVING_RESOURCES = GPU_RESOURCES(
     on_cpu={"mem_mb": 8000, "runtime": 120},
     vllm_server=1,
 )
-# The trainer (SFT; local RL uses RL_RESOURCES in rl.smk, the same way) on one GPU, or the CPU for the local run.
+# Our trainer beside a vLLM server (local RL, RFT): one GPU for both; runtime for the paper's 100 steps.
+RL_RESOURCES = GPU_RESOURCES(
+    on_gpu={"mem_mb": 128000, "runtime": 1440, "cpus_per_task": 16},
+    on_cpu={"mem_mb": 8000, "runtime": 240},
+    vllm_server=1,
+)
+# The SFT trainer on one GPU, or the CPU for the local run.
 TRAIN_RESOURCES = GPU_RESOURCES(
     on_gpu={"mem_mb": 128000, "disk_mb": 80000, "runtime": 480, "cpus_per_task": 8},
     on_cpu={"mem_mb": 8000, "runtime": 120},

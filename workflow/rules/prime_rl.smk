@@ -9,7 +9,8 @@ from predict.train.rl import checkpoint_steps
 PRIME_RL = config["prime_rl"]
 PRIME_RL_SETUP = str(Path(PRIME_RL["dir"], "setup.json"))  # the checkout and its .venv live next to it
 PRIME_RL_PATCH = "workflow/prime-rl/predict-algorithm.patch"
-PRIME_RL_RUNS = study_runs(config)  # the study's RL runs: the arms, then the ablations
+# The study's GRPO runs: the arms, the ablations, the RL extensions (RFT extensions run on our trainer: rft.smk).
+PRIME_RL_RUNS = [r for r in study_runs(config) if resolve_run(config, r).trainer == "rl"]
 
 # The GPU job resources of common.smk, with prime-rl's GPU count and run time.
 _SFT, _RL = PRIME_RL["sft"], PRIME_RL["rl"]
@@ -111,6 +112,9 @@ rule prime_rl_rl_config:
         model=lambda w: R("checkpoints", resolve_run(config, w.run).arm, "sft"),
     output:
         R("rl", "{run}", "seed{seed}", "prime-rl.toml"),
+    wildcard_constraints:
+        run="|".join(PRIME_RL_RUNS),
+        seed=r"\d+",
     params:
         config=CONFIG_JSON,
         output_dir=lambda w, output: str(Path(output[0]).parent / "prime-rl"),
@@ -134,6 +138,9 @@ rule prime_rl_rl:
         checkpoints=R("rl", "{run}", "seed{seed}", "checkpoints.json"),
         metrics=R("rl", "{run}", "seed{seed}", "metrics.parquet"),
         steps=[directory(R("rl", "{run}", "seed{seed}", f"step{n}")) for n in checkpoint_steps(config["rl"])],
+    wildcard_constraints:
+        run="|".join(PRIME_RL_RUNS),
+        seed=r"\d+",
     params:
         run_dir=lambda w, output: str(Path(output.checkpoints).parent),
         dir=lambda w, input: str(Path(input.setup).parent),

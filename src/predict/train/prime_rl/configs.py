@@ -140,7 +140,7 @@ def tokenizer_name(cfg: Mapping[str, Any], results_dir: str | Path | None = None
 
 
 def renderer_table(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    # The study renders with the Qwen3 template's default generation prompt (DESIGN: model.enable_thinking).
+    # The study renders with the Qwen3 template's default generation prompt (config model.enable_thinking).
     return {"name": RENDERER, "enable_thinking": bool(cfg["model"].get("enable_thinking", True))}
 
 
@@ -150,7 +150,7 @@ def env_source(cfg: Mapping[str, Any], spec: Any, tasks: str | Path, split: str 
     from predict.env.rollout import RolloutSettings
 
     settings = RolloutSettings.from_study_config(
-        cfg, arm=spec.arm, seed=0, checkpoint="", base_url="", model="", variant=spec.variant
+        spec.env(cfg), arm=spec.arm, seed=0, checkpoint="", base_url="", model="", variant=spec.variant
     )
     protocol = settings.protocol_config()
     verifier = {
@@ -173,6 +173,8 @@ def env_source(cfg: Mapping[str, Any], spec: Any, tasks: str | Path, split: str 
                     "budget": protocol.budget,
                     "revise_costs_call": protocol.revise_costs_call,
                     "max_model_calls": protocol.max_model_calls,
+                    "test_cost": protocol.test_cost,
+                    "max_chained_revisions": protocol.max_chained_revisions,
                     **verifier,
                 },
                 "runtime": {"type": "subprocess"},
@@ -194,7 +196,7 @@ def rl_config(
         algo = {
             "type": "predict",
             "alpha": spec.alpha,
-            "mask_decision": s.mask_decision,
+            "mask_decision": spec.mask_decision,
             "tokenizer": tokenizer_name(cfg),
         }
     table = {

@@ -1,0 +1,35 @@
+# The RFT extensions (config `extensions:` with trainer rft), with either training backend: rejection-sampling
+# fine-tuning (src/predict/train/rft.py) runs on our trainer, one GPU (or the CPU) beside a vLLM server: G rollouts
+# per rl task from the arm's SFT checkpoint, SFT on the reward-1 ones for rl.steps optimizer steps; checkpoints and
+# metrics where an RL run has them.
+from predict.train.rl import checkpoint_steps
+
+RFT_RUNS = [r for r in study_runs(config) if resolve_run(config, r).trainer == "rft"]
+RFT_RESULTS = expand(R("rl", "{run}", "seed{seed}", "metrics.parquet"), run=RFT_RUNS, seed=config["seeds"])
+
+
+rule rft:
+    input:
+        tasks=R("data", "rl.parquet"),
+        init=lambda w: R("checkpoints", resolve_run(config, w.run).arm, "sft"),
+        serving=ancient(SERVING_CHECK),  # the vLLM server's interpreter imports vLLM
+    output:
+        metrics=R("rl", "{run}", "seed{seed}", "metrics.parquet"),
+        checkpoints=[directory(R("rl", "{run}", "seed{seed}", f"step{n}")) for n in checkpoint_steps(config["rl"])],
+    wildcard_constraints:
+        run="|".join(RFT_RUNS) or "^$",
+        seed=r"\d+",
+    params:
+        config=CONFIG_JSON,
+        out_dir=lambda w, output: os.path.dirname(output.metrics),
+    resources:
+        **RL_RESOURCES,
+    log:
+        LOG("rft", "{run}", "seed{seed}"),
+    benchmark:
+        BENCH("rft", "{run}", "seed{seed}")
+    conda:
+        "../../envs/pipeline.yaml"
+    shell:
+        "predict rft --config-json {params.config:q} --run {wildcards.run} --seed {wildcards.seed}"
+        " --init {input.init:q} --tasks {input.tasks:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
