@@ -385,3 +385,22 @@ def test_cli_renders_launches_and_collects(tmp_path: Path, monkeypatch: pytest.M
     # a bad run name is one clear error line (exit 2), not a traceback
     bad = ["prime-rl-config", "rl", "--config", local, "--run", "Z", "--seed", "1", "--tasks", "x", "--model", "m"]
     assert main([*bad, "--output-dir", "o", "--out", str(tmp_path / "z.toml")]) == 2
+
+
+def test_extension_runs_carry_their_environment_and_mask(paper: dict[str, Any], tmp_path: Path) -> None:
+    """An extension's own knobs reach prime-rl exactly as they reach local rollouts: the expensive-tests runs'
+    test cost (and the budget scaled by it), edit_on_revise's variant and cap, mask_decision's decision mask."""
+    from predict.env.harness import LocalAgentHarnessConfig
+
+    def harness(run: str) -> dict[str, Any]:
+        (source,) = render_rl(paper, run, tmp_path)["orchestrator"]["train"]["source"]
+        return source["env"]["agent"]["harness"]
+
+    plain, costly = harness("B"), harness("expensive_tests_B")
+    assert (plain["test_cost"], costly["test_cost"]) == (1, 3)
+    assert costly["budget"] == plain["budget"] + 2  # a direct solve still fits: budget + (k - 1)
+    assert harness("edit_on_revise")["variant"] == "edit_on_revise"
+    assert harness("edit_on_revise")["max_chained_revisions"] == paper["env"]["max_chained_revisions"]
+    LocalAgentHarnessConfig(**harness("expensive_tests_B"))  # our harness accepts every key it is given
+    algo = {run: render_rl(paper, run, tmp_path)["orchestrator"]["algo"] for run in ("B", "mask_decision")}
+    assert (algo["B"]["mask_decision"], algo["mask_decision"]["mask_decision"]) == (False, True)
