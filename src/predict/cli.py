@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.table import Table
 
 from predict.config import ConfigError, config_from_json, load_config
@@ -673,11 +674,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except (ConfigError, FileNotFoundError, ValueError, SplitGuardError) as e:
         # Bad input is the user's to fix: one clear line, no traceback.
-        console.print(f"[red]error:[/red] {e}")
+        # soft_wrap: the message stays one line (paths and row numbers intact), escape: brackets are not markup
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         return 2
     except VLLMServerError as e:
         # The server's own log tail is in the message; a Python traceback would only bury it.
-        console.print(f"[red]vLLM server failed:[/red] {e}")
+        console.print(f"[red]vLLM server failed:[/red] {escape(str(e))}", soft_wrap=True)
         return 3
 
 
