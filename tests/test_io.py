@@ -62,3 +62,17 @@ def test_partial_rows_of_another_schema_are_refused(tmp_path: Path) -> None:
     other = pa.schema([("task_id", pa.int64()), ("outcome", pa.string())])
     with pytest.raises(ValueError, match="differ"):
         ResumableParquet(out, other, key=("task_id",))
+
+
+def test_outputs_get_the_umask_mode_not_mkstemps_0600(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    from predict.io import write_json
+
+    old = os.umask(0o022)
+    try:
+        out = write_json({"a": 1}, tmp_path / "x.json")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644

@@ -17,9 +17,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _atomic_target(path: Path) -> tuple[int, Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # mkstemp makes the file 0600; the output gets the mode any other new file would (0666 minus the umask), so
+    # results and reports can be shared like the rest of the folder.
+    os.fchmod(fd, 0o666 & ~_umask())
     return fd, Path(tmp)
 
 
