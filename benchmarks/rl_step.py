@@ -45,20 +45,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-PEAK_FLOPS = 989e12
-QWEN3_4B = {
-    "vocab_size": 151936,
-    "hidden_size": 2560,
-    "intermediate_size": 9728,
-    "num_hidden_layers": 36,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "max_position_embeddings": 40960,
-    "tie_word_embeddings": True,
-    "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6,
-}
+# The model shape and peak FLOP/s of the SFT benchmark, so the two MFUs are counted alike.
+from sft_speed import PEAK_FLOPS, QWEN3_4B  # noqa: E402  (benchmarks/ is the script's folder on sys.path)
+
 PREDICTION_LINE = "<PREDICTION>PASS</PREDICTION> <DECISION>KEEP</DECISION>"
 
 

@@ -44,14 +44,6 @@ SCRIPTS = {
 
 
 @pytest.fixture(scope="module")
-def tiny() -> Path:
-    from predict.serve import default_cache_dir
-    from predict.tiny_model import cached_tiny_qwen3
-
-    return Path(cached_tiny_qwen3(default_cache_dir() / "models", seed=0))
-
-
-@pytest.fixture(scope="module")
 def tasks(tmp_path_factory: pytest.TempPathFactory, mbpp_rows: list[dict]) -> Path:
     base = next(r for r in mbpp_rows if r["task_id"] == 127)
     rows = [{**base, "task_id": 9000 + i, "text": f"{base['text']} {m}"} for i, m in enumerate(SCRIPTS)]

@@ -152,10 +152,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     if args.arm not in config["arms"]:
         raise ConfigError(f"{args.config or 'config'}: arms: no arm {args.arm!r} (have {', '.join(config['arms'])})")
     summary = run_job(job, config)
-    table = Table("measure", "value", title=f"rollouts: arm {job.arm}, {job.checkpoint}, {job.split}, seed {job.seed}")
-    for key, value in summary.items():
-        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
-    console.print(table)
+    _print_summary(f"rollouts: arm {job.arm}, {job.checkpoint}, {job.split}, seed {job.seed}", summary)
     return 0
 
 
@@ -176,6 +173,14 @@ def _cmd_traces(args: argparse.Namespace) -> int:
     tasks = ", ".join(f"{role} {n}" for role, n in sorted(summary["tasks"].items()))
     console.print(f"sft tasks: {tasks}; {summary['n_checks']} sandbox checks in {time.perf_counter() - started:.1f} s")
     return 0
+
+
+def _print_summary(title: str, summary: dict[str, Any], float_format: str = ".3f") -> None:
+    """A stage's summary as a two-column table on stderr."""
+    table = Table("measure", "value", title=title)
+    for key, value in summary.items():
+        table.add_row(key, format(value, float_format) if isinstance(value, float) else str(value))
+    console.print(table)
 
 
 def _config(args: argparse.Namespace) -> dict:
@@ -199,10 +204,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         test_ledger=Path(args.test_ledger) if args.test_ledger else None,
         selection_path=Path(args.selection) if args.selection else None,
     )
-    table = Table("measure", "value", title=f"greedy evaluation: {args.run}, {args.checkpoint}, {args.split}, seed {args.seed}")
-    for key, value in summary.items():
-        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
-    console.print(table)
+    _print_summary(f"greedy evaluation: {args.run}, {args.checkpoint}, {args.split}, seed {args.seed}", summary)
     return 0
 
 
@@ -350,10 +352,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         enable_thinking=config["model"].get("enable_thinking", True),
         max_steps=args.max_steps if args.max_steps is not None else config["sft"].get("max_steps"),
     )
-    table = Table("measure", "value", title=f"SFT arm {args.arm}: {args.out_dir}")
-    for key, value in summary.items():
-        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
-    console.print(table)
+    _print_summary(f"SFT arm {args.arm}: {args.out_dir}", summary, float_format=".4g")
     return 0
 
 
@@ -377,10 +376,7 @@ def _cmd_rl(args: argparse.Namespace) -> int:
     if not job.init.is_dir():
         raise FileNotFoundError(f"--init {job.init}: not a checkpoint folder")
     summary = run_rl(job, config)
-    table = Table("measure", "value", title=f"RL: {job.run}, seed {job.seed}")
-    for key, value in summary.items():
-        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
-    console.print(table)
+    _print_summary(f"RL: {job.run}, seed {job.seed}", summary)
     return 0
 
 
@@ -455,10 +451,7 @@ def _cmd_rft(args: argparse.Namespace) -> int:
     if not job.init.is_dir():
         raise FileNotFoundError(f"--init {job.init}: not a checkpoint folder")
     summary = run_rft(job, config)
-    table = Table("measure", "value", title=f"RFT: {job.run}, seed {job.seed}")
-    for key, value in summary.items():
-        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
-    console.print(table)
+    _print_summary(f"RFT: {job.run}, seed {job.seed}", summary)
     return 0
 
 
