@@ -6,6 +6,7 @@ is the outcome of the last kept patch (the stub fails when nothing was kept)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -80,3 +81,81 @@ def scripted_records(script: Sequence[tuple[int, list[Patch]]], **kw: Any) -> li
 
 def write_eval(root: Path, run: str, checkpoint: str, seed: int, rows: list[dict[str, Any]], split: str = "val") -> Path:
     return write_records(rows, root / run / checkpoint / split / f"seed{seed}.parquet")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The writeup's TEST figures (500 test tasks, seeds 42 and 43, each arm at sft and at its selected step100)
+# ---------------------------------------------------------------------------------------------------------------
+A_PASS: Patch = ("PASS", None, None)
+A_FAIL: Patch = ("ASSERTION_FAILURE", None, None)
+# Reactive scripts: P first patch passes; R first patch fails, the second passes (recovered); F fails; N no patch.
+REACTIVE = {"P": [A_PASS], "R": [A_FAIL, A_PASS], "F": [A_FAIL], "N": []}
+PREDICTIVE_SFT = {"P": [PASS_KEEP], "F": [FAIL_KEEP]}  # the SFT checkpoint predicts PASS for everything
+
+# (count, SFT script, RL script) per task, in task order. The counts are chosen so that exact McNemar gives the
+# writeup's p-values (statsmodels, two-sided):
+#   Arm A seed 42: pass@1 251 -> 282 (56.4%), n10 51 / n01 20, p = 0.00030; first patch PASS 214 (42.8%) -> 239
+#     (47.8%), n10 41 / n01 16, p = 0.0013 (10 SFT rollouts apply no patch: first-patch failures)
+#   Arm A seed 43: 258 -> 280, n10 57 / n01 35, p = 0.028
+#   Arm B seed 42: 240 -> 260 (52.0%, the 409/91 REVISE split of WRITEUP_B_STEP100_SEED42), n10 50 / n01 30,
+#     p = 0.033
+#   Arm B seed 43: 234 -> 265, n10 62 / n01 31, p = 0.0017
+WRITEUP_TEST_A: dict[int, list[tuple[int, str, str]]] = {
+    42: [(198, "P", "P"), (16, "P", "F"), (6, "R", "P"), (27, "R", "R"), (4, "R", "F"), (35, "F", "P"),
+         (16, "F", "R"), (188, "F", "F"), (10, "N", "F")],
+    43: [(223, "P", "P"), (57, "F", "P"), (35, "P", "F"), (185, "F", "F")],
+}
+WRITEUP_TEST_B43: list[tuple[int, str, str]] = [(203, "P", "P"), (62, "F", "P"), (31, "P", "F"), (204, "F", "F")]
+WRITEUP_TEST = {  # what the statistics must give back
+    "pass_at_1": {("A", "step100", 42): 282, ("B", "step100", 42): 260, ("A", "sft", 42): 251,
+                  ("B", "sft", 42): 240, ("A", "step100", 43): 280, ("A", "sft", 43): 258,
+                  ("B", "step100", 43): 265, ("B", "sft", 43): 234},
+    "rl_vs_sft_p": {("A", 42): 0.0003, ("A", 43): 0.028, ("B", 42): 0.033, ("B", 43): 0.0017},
+    "first_patch": {("A", "sft", 42): 214, ("A", "step100", 42): 239},
+    "first_patch_p": 0.0013,
+}
+
+
+def _expand(plan: Sequence[tuple[int, str, str]], shuffle: int | None = None) -> list[tuple[str, str]]:
+    """One (SFT, RL) script pair per task; `shuffle` spreads them over the tasks in a seeded order (so Arm A's
+    passes do not line up with Arm B's: the writeup's A vs B pairings are not significant)."""
+    tasks = [(sft, rl) for count, sft, rl in plan for _ in range(count)]
+    if shuffle is not None:
+        random.Random(shuffle).shuffle(tasks)
+    return tasks
+
+
+def writeup_test_records(seed: int, arm: str) -> dict[str, list[dict[str, Any]]]:
+    """checkpoint (sft, step100) -> the 500 test rollouts of one arm and seed, built to the writeup's figures."""
+    kw = {"arm": arm, "seed": seed, "split": "test"}
+    if arm == "A":
+        tasks = _expand(WRITEUP_TEST_A[seed], shuffle=seed)
+        return {ckpt: [rollout(t, REACTIVE[pair[i]], checkpoint=ckpt, **kw) for t, pair in enumerate(tasks)]
+                for i, ckpt in enumerate(("sft", "step100"))}
+    if seed == 43:
+        tasks = _expand(WRITEUP_TEST_B43)
+        rl_fail = [[FAIL_KEEP], [FAIL_REVISE, FAIL_KEEP]]
+        return {"sft": [rollout(t, PREDICTIVE_SFT[s], checkpoint="sft", **kw) for t, (s, _) in enumerate(tasks)],
+                "step100": [rollout(t, [PASS_KEEP] if r == "P" else rl_fail[t % 2], checkpoint="step100", **kw)
+                            for t, (_, r) in enumerate(tasks)]}
+    rl = scripted_records(WRITEUP_B_STEP100_SEED42, checkpoint="step100", **kw)
+    passing = [r["task_id"] for r in rl if r["final_pass"]]
+    failing = [r["task_id"] for r in rl if not r["final_pass"]]
+    sft_pass = set(passing[:210]) | set(failing[:30])  # n10 = 50 (RL passes, SFT fails), n01 = 30
+    return {"sft": [rollout(t, [PASS_KEEP] if t in sft_pass else [FAIL_KEEP], checkpoint="sft", **kw)
+                    for t in range(len(rl))], "step100": rl}
+
+
+def write_writeup_evaluations(root: Path, val_tasks: int = 10) -> tuple[list[Path], list[Path]]:
+    """(val files, test files) under root/{run}/{checkpoint}/{split}/seed{seed}.parquet: the writeup's test
+    figures, and a small val set on which a fixed step-100 selection picks step100 for every arm and seed."""
+    val, test = [], []
+    for arm in ("A", "B"):
+        for seed in (42, 43):
+            for ckpt, rows in writeup_test_records(seed, arm).items():
+                test.append(write_eval(root, arm, ckpt, seed, rows, split="test"))
+                script = [PASS_KEEP if t % 2 else FAIL_KEEP for t in range(val_tasks)]
+                val_rows = [rollout(t, [p if arm == "B" else (p[0], None, None)], arm=arm, seed=seed, checkpoint=ckpt)
+                            for t, p in enumerate(script)]
+                val.append(write_eval(root, arm, ckpt, seed, val_rows))
+    return val, test

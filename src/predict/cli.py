@@ -213,27 +213,43 @@ def _bootstrap(config: dict) -> dict:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    import pyarrow.parquet as pq
+
     from predict.io import write_table
+    from predict.runs import extension_counterpart, resolve_run
     from predict.stats import study_stats
 
     config = _config(args)
     ev = config.get("evaluation") or {}
     selection = ev.get("selection") or {"mode": "fixed", "step": 100}
+    extensions = {}
+    for name in config.get("extensions") or {}:
+        spec = resolve_run(config, name)
+        extensions[name] = {"spec": {**asdict(spec), "base_arm": spec.arm},
+                            "counterpart": extension_counterpart(config, name)}
+    if args.selection and not Path(args.selection).exists():
+        raise ConfigError(f"--selection {args.selection}: file not found (the val statistics' selection.parquet)")
     tables = study_stats(
         args.eval,
         arms=sorted(config["arms"]),
         ablations=config.get("ablations") or {},
+        extensions=extensions,
         reference=ev.get("reference", "sft"),
         selection_mode=selection["mode"],
         selection_step=selection.get("step"),
+        selection=pq.read_table(args.selection).to_pylist() if args.selection else None,
+        default_test_cost=int(config["env"].get("test_cost", 1)),
         **_bootstrap(config),
     )
     out = Path(args.out_dir)
     for name, table in tables.items():
         write_table(table, out / f"{name}.parquet")
-    summary = Table("run", "checkpoint", "split", "seed", "pass@1", title="greedy pass@1")
+    summary = Table("run", "checkpoint", "split", "seed", "pass@1", "n", title="greedy pass@1")
     for m in tables["metrics"].to_pylist():
-        summary.add_row(m["run"], m["checkpoint"], m["split"], str(m["seed"]), f"{m['pass_at_1']:.3f}")
+        summary.add_row(m["run"], m["checkpoint"], m["split"], str(m["seed"]), f"{m['pass_at_1']:.3f}",
+                        f"{m['n_pass']}/{m['n_scored']}")
     console.print(summary)
     return 0
 
@@ -295,16 +311,17 @@ def _cmd_power(args: argparse.Namespace) -> int:
     from predict.stats import observed_discordance, power_table
 
     config = _config(args)
-    p = {"deltas": [0.02, 0.03, 0.05], "discordance": [0.2], "tasks": [500], "seeds": [1], "simulations": 2000,
-         "alpha": 0.05, "target": 0.8, **(config.get("power") or {})}
+    p = {"deltas": [0.02, 0.03, 0.05], "discordance": [0.2], "tasks": [500], "significance": 0.05, "target": 0.8,
+         **(config.get("power") or {})}
     discordances = {"config": p["discordance"]}
     if args.pairs:
         observed = observed_discordance(pq.read_table(args.pairs))
         if observed:
             discordances["observed A vs B"] = observed
-    table = power_table(deltas=p["deltas"], discordances=discordances, tasks=p["tasks"], seeds=p["seeds"],
-                        simulations=p["simulations"], alpha=p["alpha"], target=p["target"],
-                        study_tasks=config["data"]["sizes"]["test"], study_seeds=len(config["seeds"]), seed=args.seed)
+    sizes = config["data"]["sizes"]
+    table = power_table(deltas=p["deltas"], discordances=discordances, tasks=p["tasks"],
+                        significance=p["significance"], target=p["target"], study_tasks=sizes["test"],
+                        val_tasks=sizes.get("val"))
     write_table(table, args.out)
     console.print(f"power: {table.num_rows} rows -> {args.out}")
     return 0
@@ -317,6 +334,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     out = build_report(
         config,
         stats_dir=Path(args.stats_dir),
+        test_stats_dir=Path(args.test_stats) if args.test_stats else None,
         ablations=[Path(p) for p in args.ablations],
         extensions=[Path(p) for p in args.extensions],
         power=Path(args.power),
@@ -563,7 +581,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = stage("stats", _cmd_stats, "pass@1, paired tests, mechanism metrics and selection from evaluations")
     config_source(p)
     p.add_argument("--eval", nargs="+", required=True, help=".../{run}/{checkpoint}/{split}/seed{seed}.parquet")
-    p.add_argument("--out-dir", required=True, help="writes metrics, pairs, confusion, classes, selection .parquet")
+    p.add_argument("--out-dir", required=True,
+                   help="writes predict.stats.STATS_TABLES (val) or TEST_STATS_TABLES (test) as {name}.parquet")
+    p.add_argument("--selection", default=None,
+                   help="test evaluations only: the val statistics' selection.parquet (the checkpoints compared)")
 
     p = stage("ablations", _cmd_ablations, "one ablation's table: a row per seed vs its base arm")
     config_source(p)
@@ -580,12 +601,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = stage("power", _cmd_power, "tasks and seeds needed to detect a pass@1 difference (exact McNemar)")
     config_source(p)
     p.add_argument("--pairs", default=None, help="pairs.parquet: adds the observed A vs B discordance rates")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
 
     p = stage("report", _cmd_report, "the study report: one self-contained HTML page from parquet")
     config_source(p)
-    p.add_argument("--stats-dir", required=True)
+    p.add_argument("--stats-dir", required=True, help="the val statistics (results/stats/)")
+    p.add_argument("--test-stats", default=None,
+                   help="the test statistics (results/test/stats/): the report then opens with the test")
     p.add_argument("--ablations", nargs="*", default=[])
     p.add_argument("--extensions", nargs="*", default=[], help="results/extensions/{name}.parquet")
     p.add_argument("--power", required=True)

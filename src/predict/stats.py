@@ -2,16 +2,29 @@
 
 This is the `predict stats`, `predict ablations`, `predict extensions` and `predict power` stages. Input: greedy evaluation records
 (`results/eval/{run}/{checkpoint}/{split}/seed{seed}.parquet`, the per-trajectory schema of `env/records.py`);
-output: parquet under `results/stats/`, `results/ablations/` and `results/extensions/`. Rules:
+output: parquet under `results/stats/` (val: `STATS_TABLES`), `results/test/stats/` (the frozen test:
+`TEST_STATS_TABLES`), `results/ablations/` and `results/extensions/`. Rules:
 
-* pass@1 = mean ``final_pass`` over the rollouts with a verdict (one greedy sample per task); rows with
-  ``ok == False`` or a null ``final_pass`` are infrastructure failures: counted in ``n_infra``, left out.
-* Paired comparisons join two evaluations on (task_id, sample) and keep the tasks both scored. Exact McNemar
-  (statsmodels, ``exact=True``) on the discordant counts ``n10`` (first passes, second fails) and ``n01``; a
-  seeded paired bootstrap of the pass@1 difference (first - second): one [resamples, n] index matrix into the
-  per-task difference vector, percentile CI. Pairs (`PAIR_KINDS`): each arm's checkpoints vs its own reference
-  checkpoint (SFT) per seed; A vs B at every common checkpoint for every seed pairing; each ablation vs its base
-  arm (B) per seed at every common checkpoint.
+* One code path for both splits (`study_stats`): the split is a column of every table. Val evaluations make the
+  checkpoint selection; test evaluations are read against the VAL selection (``selection=``, never re-selected on
+  test): per run and seed the selected checkpoint, and for the arms the reference (SFT) and any extra checkpoint.
+* A rollout is scored (`scored_rows`) when ``ok`` and ``final_pass`` is not null; the others are infrastructure
+  failures, counted in ``n_infra`` and left out of EVERY figure: pass@1, the mechanism metrics, the confusion matrix.
+* pass@1 = mean ``final_pass`` over scored rollouts (one greedy sample per task). First-patch correctness: the
+  first applied patch verified PASS; a rollout with no applied patch counts as a failure; denominator: all scored
+  rollouts. Recovery: ``recovered`` over the rollouts whose first patch failed (its own denominator).
+* Paired comparisons join two evaluations on (task_id, sample) and keep the tasks both scored; a task scored on one
+  side only is counted (``n_only_a``/``n_only_b``) and logged. Exact McNemar (statsmodels, ``exact=True``) on the
+  discordant counts ``n10`` (first passes, second fails) and ``n01``; p is NaN when no task is shared (no test ran),
+  1.0 when no shared task is discordant. A seeded paired bootstrap of the difference (first - second): one
+  [resamples, n] index matrix into the per-task difference vector, percentile CI. ``metric`` is ``final_pass``
+  (pass@1) or ``first_patch_pass``. Holm-adjusted p-values (``mcnemar_p_holm``) within each ``family``: one kind,
+  metric and split (and on val, one checkpoint).
+* Pairs (`PAIR_KINDS`): each arm's checkpoints vs its own reference checkpoint (SFT) per seed, on pass@1 and on
+  first-patch correctness; A vs B for every seed pairing (val: at every common checkpoint; test: the selected
+  checkpoints); each ablation vs its base arm (B) per seed (val: common checkpoints; test: selected ones).
+  Recovery, whose denominators differ between the two sides, is compared unpaired: Fisher's exact test on
+  (recovered, not recovered) x (first, second), both counts shown (``recovery`` table).
 * Extensions (`extension_table`, one file per extension run): the run at its selected checkpoint vs Arm A and vs
   Arm B at theirs, per seed (McNemar + bootstrap, as for ablations), plus its mechanism metric (`EXTENSION_FOCUS`):
   expensive tests: ``calls_saved_per_solved`` (mean ``calls_used`` of solved rollouts, the counterpart's - the
@@ -19,31 +32,40 @@ output: parquet under `results/stats/`, `results/ablations/` and `results/extens
   verified outcome was not PASS); edit on REVISE: ``edited_revise_pass`` (rollouts with ``ever_edited``) vs
   ``never_revised_pass``; decision masking: ``pred_freq_pass`` vs ``verified_freq_pass`` (and Arm B's); RFT:
   ``rft_minus_rl`` (pass@1 minus the same arm's RL run at its selected checkpoint).
+* Ablations (`ablation_table`): the ablation and its base arm at their own selected checkpoints; Arm A's pass@1
+  (the deficit) at Arm A's OWN selected checkpoint.
 * Checkpoint selection reads only val: ``fixed`` takes ``step{N}``; ``best_val`` the step checkpoint with the
   highest val pass@1 (ties: the earlier step). A run with no step checkpoint falls back to its last evaluated
   checkpoint (``fallback=True`` in the table): the base stand-in of a branch without trained checkpoints.
-* Power (`power_table`): the probability that exact McNemar at level alpha detects a pass@1 difference delta
-  at discordance rate d (share of tasks where the two arms disagree), by simulation: per pair the discordant
-  count D ~ Binomial(n_tasks * n_seeds, d) and the first arm's wins ~ Binomial(D, (1 + delta/d) / 2). Seeds are
-  pooled as independent replicates of the task set (an optimistic approximation: tasks repeat across seeds).
+* Power (`power_table`) matches the test that is run: ONE seed pairing (no test pools seeds) on n paired tasks,
+  exact McNemar, two-sided, at level ``power.significance``. At discordance rate d (share of tasks where the two
+  disagree) and pass@1 difference delta, the discordant count D ~ Binomial(n, d) and the first arm's wins among
+  them W ~ Binomial(D, (1 + delta/d) / 2); power = sum over D of P(D) * P(McNemar rejects | D), computed exactly
+  (per D the rejection region is two binomial tails; no simulation). Tasks are independent.
 
-How each figure of the study comes out of the tables (`results/stats/*.parquet`):
+How each figure of the study comes out of the tables (`results/stats/*.parquet`, `results/test/stats/*.parquet`):
 
-* headline (arm x seed x step, with p-values): ``metrics`` (``pass_at_1`` by run/checkpoint/split/seed) and
-  ``pairs`` (``mcnemar_p``, ``ci_low``/``ci_high`` by ``kind``).
-* first-patch correctness ``first_patch_pass`` (share of rollouts with a patch whose first applied patch
-  verified PASS); recovery ``recovery_rate`` (mean non-null ``recovered``).
-* REVISE split: ``never_revised_n``/``ever_revised_n`` and ``never_revised_pass``/``ever_revised_pass``.
+* headline (arm x seed x step, with p-values): ``metrics`` (``pass_at_1`` with ``n_pass`` of ``n_scored`` by
+  run/checkpoint/split/seed; ``selected`` marks the val selection) and ``pairs`` (``mcnemar_p``, Holm,
+  ``ci_low``/``ci_high`` by ``kind`` and ``metric``).
+* first-patch correctness ``first_patch_pass`` (``n_first_patch_pass`` of ``n_scored``); recovery
+  ``recovery_rate`` (``n_recovered`` of ``n_recovery``); RL vs SFT: ``pairs`` (metric ``first_patch_pass``) and
+  ``recovery`` (Fisher).
+* REVISE split: ``never_revised_n``/``ever_revised_n`` and ``never_revised_pass``/``ever_revised_pass`` (with
+  ``never_revised_n_pass``/``ever_revised_n_pass``).
 * REVISE on patches that would pass vs fail (verified, seen or shadow): ``revise_rate_pass_patches``,
-  ``revise_rate_fail_patches`` with ``n_pass_patches``/``n_fail_patches``.
-* budget: ``budget_exhausted_revise`` (ever-revised rollouts) vs ``budget_exhausted_keep`` (never-revised).
+  ``revise_rate_fail_patches`` with ``n_pass_patches``/``n_fail_patches`` and the REVISEd counts.
+* budget: ``budget_exhausted_revise`` (of ``ever_revised_n``) vs ``budget_exhausted_keep`` (of the predictive
+  arm's never-revised rollouts, ``n_keep_only``), with the exhausted counts.
 * confusion matrix: ``confusion`` (``verified`` x ``predicted`` -> ``count``, patches of the predictive arm);
   precision/recall and frequencies: ``classes`` (``precision``, ``recall``, ``predicted_freq`` vs
-  ``verified_freq`` per class). Training-time frequencies come from the RL metrics (the report reads them).
+  ``verified_freq`` per class); the SFT checkpoint's prediction shares vs the selected checkpoint's:
+  ``prediction_shares``. Training-time shares come from the RL metrics (the report reads them).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -61,8 +83,14 @@ from predict.outcomes import OUTCOMES
 PASS = "PASS"
 MALFORMED = "MALFORMED"
 PAIR_KINDS: tuple[str, ...] = ("vs_reference", "A_vs_B", "ablation_vs_base")
+METRICS: tuple[str, ...] = ("final_pass", "first_patch_pass")  # what a paired comparison compares per task
+# The tables `predict stats` writes (one parquet each, `{name}.parquet`): the rules take their outputs from these.
+STATS_TABLES: tuple[str, ...] = ("metrics", "pairs", "recovery", "confusion", "classes", "prediction_shares",
+                                 "selection")
+TEST_STATS_TABLES: tuple[str, ...] = (*STATS_TABLES, "ablations", "extensions")
 EVAL_PATH = re.compile(r"(?P<run>[^/]+)/(?P<checkpoint>[^/]+)/(?P<split>[^/]+)/seed(?P<seed>-?\d+)\.parquet$")
 STEP = re.compile(r"^step(\d+)$")
+log = logging.getLogger("predict.stats")
 
 
 class StatsInputError(ValueError):
@@ -81,8 +109,34 @@ def mcnemar_exact(first: Sequence[bool], second: Sequence[bool]) -> dict[str, An
         raise ValueError(f"paired vectors differ in length: {a.shape} vs {b.shape}")
     n11, n10 = int(np.sum(a & b)), int(np.sum(a & ~b))
     n01, n00 = int(np.sum(~a & b)), int(np.sum(~a & ~b))
-    p = float(mcnemar([[n11, n10], [n01, n00]], exact=True).pvalue) if n10 + n01 else 1.0
+    if a.size == 0:
+        p = math.nan  # no shared task: no test was run, so there is no p-value (not "no difference")
+    elif n10 + n01 == 0:
+        p = 1.0  # shared tasks, none discordant: the exact test's p is 1
+    else:
+        p = float(mcnemar([[n11, n10], [n01, n00]], exact=True).pvalue)
     return {"n": int(a.size), "n11": n11, "n10": n10, "n01": n01, "n00": n00, "mcnemar_p": p}
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm step-down adjusted p-values (statsmodels); NaN stays NaN and is not counted in the family."""
+    from statsmodels.stats.multitest import multipletests
+
+    p = np.asarray(pvalues, dtype=float)
+    out = np.full(p.shape, math.nan)
+    ok = ~np.isnan(p)
+    if ok.any():
+        out[ok] = multipletests(p[ok], method="holm")[1]
+    return [float(x) for x in out]
+
+
+def fisher_exact(k_a: int, n_a: int, k_b: int, n_b: int) -> float:
+    """Two-sided Fisher's exact p of k_a/n_a vs k_b/n_b (scipy); NaN when a side is empty."""
+    from scipy.stats import fisher_exact as scipy_fisher
+
+    if not n_a or not n_b:
+        return math.nan
+    return float(scipy_fisher([[k_a, n_a - k_a], [k_b, n_b - k_b]]).pvalue)
 
 
 def paired_bootstrap(
@@ -132,13 +186,13 @@ class Evaluation:
     def key(self) -> tuple[str, str, str, int]:
         return (self.run, self.checkpoint, self.split, self.seed)
 
-    def scored(self) -> dict[tuple[int, int], bool]:
-        """(task_id, sample) -> final_pass, for rollouts with a verdict."""
-        return {
-            (r["task_id"], r["sample"]): bool(r["final_pass"])
-            for r in self.rows
-            if r.get("ok", True) and r.get("final_pass") is not None
-        }
+    @property
+    def label(self) -> str:
+        return f"{self.run}/{self.checkpoint}/{self.split}/seed{self.seed}"
+
+    def scored(self, metric: str = "final_pass") -> dict[tuple[int, int], bool]:
+        """(task_id, sample) -> the metric (`METRICS`), for the scored rollouts (`scored_rows`)."""
+        return {(r["task_id"], r["sample"]): per_task(r, metric) for r in scored_rows(self.rows)}
 
 
 def read_evaluation(path: str | Path) -> Evaluation:
@@ -161,6 +215,24 @@ def read_evaluation(path: str | Path) -> Evaluation:
     return ev
 
 
+def is_scored(row: Mapping[str, Any]) -> bool:
+    """A rollout with a verdict; the others are infrastructure failures, left out of every figure."""
+    return bool(row.get("ok", True)) and row.get("final_pass") is not None
+
+
+def scored_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [r for r in rows if is_scored(r)]
+
+
+def per_task(row: Mapping[str, Any], metric: str) -> bool:
+    """One scored rollout's value of a paired metric: pass@1, or first patch PASS (no applied patch: a failure)."""
+    if metric == "final_pass":
+        return bool(row["final_pass"])
+    if metric == "first_patch_pass":
+        return row.get("first_patch_outcome") == PASS
+    raise ValueError(f"metric {metric!r} is not one of {', '.join(METRICS)}")
+
+
 def patch_steps(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Every applied patch (one per patch, not per prediction step; edit-on-REVISE replacements included), with
     its rollout's protocol."""
@@ -173,9 +245,10 @@ def _rate(num: int, den: int) -> float:
 
 def mechanism_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The mechanism columns of one evaluation (see the module docstring)."""
-    scored = [r for r in rows if r.get("ok", True) and r.get("final_pass") is not None]
+    scored = scored_rows(rows)
     passed = [bool(r["final_pass"]) for r in scored]
     with_patch = [r for r in scored if r.get("first_patch_outcome") is not None]
+    first_pass = sum(per_task(r, "first_patch_pass") for r in scored)
     recovered = [bool(r["recovered"]) for r in scored if r.get("recovered") is not None]
     never = [r for r in scored if not r.get("ever_revised")]
     ever = [r for r in scored if r.get("ever_revised")]
@@ -184,37 +257,53 @@ def mechanism_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     pass_p = [s for s in decided if s["outcome"] == PASS]
     fail_p = [s for s in decided if s["outcome"] != PASS]
     never_p = [r for r in never if r.get("protocol") == "predictive"]  # KEEP-only rollouts of the predictive arm
+    revised_pass = sum(s["decision"] == "REVISE" for s in pass_p)
+    revised_fail = sum(s["decision"] == "REVISE" for s in fail_p)
+    exhausted = [r for r in scored if r.get("budget_exhausted")]
     return {
         "n": len(rows),
         "n_scored": len(scored),
         "n_infra": len(rows) - len(scored),
         "n_pass": sum(passed),
         "pass_at_1": _rate(sum(passed), len(scored)),
-        "first_patch_pass": _rate(sum(r["first_patch_outcome"] == PASS for r in with_patch), len(with_patch)),
+        "first_patch_pass": _rate(first_pass, len(scored)),  # no applied patch = a failure; of every task
+        "n_first_patch_pass": first_pass,
         "n_with_patch": len(with_patch),
         "recovery_rate": _rate(sum(recovered), len(recovered)),
+        "n_recovered": sum(recovered),
         "n_recovery": len(recovered),
         "never_revised_n": len(never),
         "ever_revised_n": len(ever),
+        "never_revised_n_pass": sum(bool(r["final_pass"]) for r in never),
+        "ever_revised_n_pass": sum(bool(r["final_pass"]) for r in ever),
         "never_revised_pass": _rate(sum(bool(r["final_pass"]) for r in never), len(never)),
         "ever_revised_pass": _rate(sum(bool(r["final_pass"]) for r in ever), len(ever)),
         "n_patches": len(patches),
+        "n_decided_patches": len(decided),
+        "n_revised_patches": sum(s["decision"] == "REVISE" for s in decided),
         "n_pass_patches": len(pass_p),
         "n_fail_patches": len(fail_p),
+        "n_revised_pass_patches": revised_pass,
+        "n_revised_fail_patches": revised_fail,
         "revise_rate": _rate(sum(s["decision"] == "REVISE" for s in decided), len(decided)),
-        "revise_rate_pass_patches": _rate(sum(s["decision"] == "REVISE" for s in pass_p), len(pass_p)),
-        "revise_rate_fail_patches": _rate(sum(s["decision"] == "REVISE" for s in fail_p), len(fail_p)),
-        "budget_exhausted": _rate(sum(bool(r.get("budget_exhausted")) for r in scored), len(scored)),
+        "revise_rate_pass_patches": _rate(revised_pass, len(pass_p)),
+        "revise_rate_fail_patches": _rate(revised_fail, len(fail_p)),
+        "n_budget_exhausted": len(exhausted),
+        "budget_exhausted": _rate(len(exhausted), len(scored)),
+        "n_budget_exhausted_revise": sum(bool(r.get("budget_exhausted")) for r in ever),
         "budget_exhausted_revise": _rate(sum(bool(r.get("budget_exhausted")) for r in ever), len(ever)),
+        "n_keep_only": len(never_p),
+        "n_budget_exhausted_keep": sum(bool(r.get("budget_exhausted")) for r in never_p),
         "budget_exhausted_keep": _rate(sum(bool(r.get("budget_exhausted")) for r in never_p), len(never_p)),
         "malformed_prediction_rate": _rate(sum(s.get("prediction") == MALFORMED for s in decided), len(decided)),
     }
 
 
 def confusion(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], int]:
-    """(verified, predicted) -> patches, over applied patches with both a prediction and a verified outcome."""
+    """(verified, predicted) -> patches, over applied patches with both a prediction and a verified outcome, of the
+    scored rollouts only (the same rows as every mechanism metric)."""
     counts: dict[tuple[str, str], int] = {}
-    for s in patch_steps(rows):
+    for s in patch_steps(scored_rows(rows)):
         if s.get("prediction") is not None and s.get("outcome") is not None:
             key = (s["outcome"], s["prediction"])
             counts[key] = counts.get(key, 0) + 1
@@ -246,16 +335,24 @@ def class_metrics(counts: Mapping[tuple[str, str], int]) -> list[dict[str, Any]]
 # ---------------------------------------------------------------------------------------------------------------
 # Pairs, selection, tables
 # ---------------------------------------------------------------------------------------------------------------
-def compare(first: Evaluation, second: Evaluation, kind: str, resamples: int, seed: int, ci: float) -> dict[str, Any]:
-    """One paired comparison row: first vs second on the tasks both scored."""
-    a, b = first.scored(), second.scored()
+def compare(first: Evaluation, second: Evaluation, kind: str, resamples: int, seed: int, ci: float,
+            metric: str = "final_pass") -> dict[str, Any]:
+    """One paired comparison row: first vs second on the tasks both scored (a task scored on one side only is
+    counted in ``n_only_a``/``n_only_b`` and logged)."""
+    a, b = first.scored(metric), second.scored(metric)
     keys = sorted(set(a) & set(b))
+    only_a, only_b = len(set(a) - set(b)), len(set(b) - set(a))
+    if only_a or only_b:
+        log.warning("%s (%s): %s vs %s: %d task(s) scored only in the first, %d only in the second; compared on "
+                    "the %d both scored", kind, metric, first.label, second.label, only_a, only_b, len(keys))
     va = np.array([a[k] for k in keys], dtype=bool)
     vb = np.array([b[k] for k in keys], dtype=bool)
-    row: dict[str, Any] = {"kind": kind, "split": first.split}
+    row: dict[str, Any] = {"kind": kind, "metric": metric, "split": first.split}
     for side, ev in (("a", first), ("b", second)):
         row.update({f"run_{side}": ev.run, f"checkpoint_{side}": ev.checkpoint, f"seed_{side}": ev.seed})
     row.update(mcnemar_exact(va, vb))
+    row["n_only_a"], row["n_only_b"] = only_a, only_b
+    row["n_pass_a"], row["n_pass_b"] = int(va.sum()), int(vb.sum())
     row["pass_a"] = float(va.mean()) if keys else math.nan
     row["pass_b"] = float(vb.mean()) if keys else math.nan
     row.update(paired_bootstrap(va, vb, resamples=resamples, seed=seed, ci=ci))
@@ -263,29 +360,48 @@ def compare(first: Evaluation, second: Evaluation, kind: str, resamples: int, se
     return row
 
 
+Key = tuple[str, str, str, int]  # (run, checkpoint, split, seed)
+
+
 def pair_plan(
-    evals: Mapping[tuple[str, str, str, int], Evaluation],
+    evals: Mapping[Key, Evaluation],
     arms: Sequence[str],
     ablations: Mapping[str, Mapping[str, Any]],
     reference: str | None,
+    selected: Mapping[tuple[str, int], str] | None = None,
 ) -> list[tuple[str, Evaluation, Evaluation]]:
-    """Which evaluations are compared (see the module docstring), in a stable order."""
+    """Which evaluations are compared (see the module docstring), in a stable order. `selected` ((run, seed) ->
+    checkpoint, the val selection) is given for the test: A vs B and the ablations then compare the selected
+    checkpoints; without it (val) they compare every common checkpoint."""
     plan: list[tuple[str, Evaluation, Evaluation]] = []
     keys = sorted(evals)
     for run, ckpt, split, seed in keys:
         if run in arms and reference and ckpt != reference and (run, reference, split, seed) in evals:
             plan.append(("vs_reference", evals[run, ckpt, split, seed], evals[run, reference, split, seed]))
+
+    def chosen(run: str, split: str, seed: int) -> Evaluation | None:
+        ckpt = (selected or {}).get((run, seed))
+        return evals.get((run, ckpt, split, seed)) if ckpt else None
+
     if "A" in arms and "B" in arms:
         for run, ckpt, split, seed in keys:
             if run != "A":
                 continue
-            for _, ckpt_b, split_b, seed_b in [k for k in keys if k[0] == "B" and k[1:3] == (ckpt, split)]:
-                plan.append(("A_vs_B", evals[run, ckpt, split, seed], evals["B", ckpt_b, split_b, seed_b]))
+            if selected is None:
+                for _, ckpt_b, split_b, seed_b in [k for k in keys if k[0] == "B" and k[1:3] == (ckpt, split)]:
+                    plan.append(("A_vs_B", evals[run, ckpt, split, seed], evals["B", ckpt_b, split_b, seed_b]))
+            elif ckpt == selected.get((run, seed)):
+                for seed_b in sorted({k[3] for k in keys if k[0] == "B" and k[2] == split}):
+                    if (b := chosen("B", split, seed_b)) is not None:
+                        plan.append(("A_vs_B", evals[run, ckpt, split, seed], b))
     for run, ckpt, split, seed in keys:
         if run in ablations:
             base = str(ablations[run].get("base_arm", "B"))
-            if (base, ckpt, split, seed) in evals:
-                plan.append(("ablation_vs_base", evals[run, ckpt, split, seed], evals[base, ckpt, split, seed]))
+            if selected is None:
+                if (base, ckpt, split, seed) in evals:
+                    plan.append(("ablation_vs_base", evals[run, ckpt, split, seed], evals[base, ckpt, split, seed]))
+            elif ckpt == selected.get((run, seed)) and (b := chosen(base, split, seed)) is not None:
+                plan.append(("ablation_vs_base", evals[run, ckpt, split, seed], b))
     return plan
 
 
@@ -320,18 +436,39 @@ def select_checkpoints(metrics: Sequence[Mapping[str, Any]], mode: str, step: in
 
 
 PAIR_SCHEMA = pa.schema([
-    ("kind", pa.string()), ("split", pa.string()),
+    ("kind", pa.string()), ("metric", pa.string()), ("split", pa.string()), ("family", pa.string()),
     ("run_a", pa.string()), ("checkpoint_a", pa.string()), ("seed_a", pa.int64()),
     ("run_b", pa.string()), ("checkpoint_b", pa.string()), ("seed_b", pa.int64()),
-    ("n", pa.int64()), ("n11", pa.int64()), ("n10", pa.int64()), ("n01", pa.int64()), ("n00", pa.int64()),
-    ("mcnemar_p", pa.float64()), ("pass_a", pa.float64()), ("pass_b", pa.float64()),
+    ("n", pa.int64()), ("n_only_a", pa.int64()), ("n_only_b", pa.int64()),
+    ("n11", pa.int64()), ("n10", pa.int64()), ("n01", pa.int64()), ("n00", pa.int64()),
+    ("mcnemar_p", pa.float64()), ("mcnemar_p_holm", pa.float64()),
+    ("n_pass_a", pa.int64()), ("n_pass_b", pa.int64()), ("pass_a", pa.float64()), ("pass_b", pa.float64()),
     ("diff", pa.float64()), ("ci_low", pa.float64()), ("ci_high", pa.float64()), ("discordance", pa.float64()),
+])
+RECOVERY_SCHEMA = pa.schema([
+    ("run", pa.string()), ("split", pa.string()), ("seed", pa.int64()),
+    ("checkpoint_a", pa.string()), ("n_recovered_a", pa.int64()), ("n_recovery_a", pa.int64()),
+    ("recovery_a", pa.float64()),
+    ("checkpoint_b", pa.string()), ("n_recovered_b", pa.int64()), ("n_recovery_b", pa.int64()),
+    ("recovery_b", pa.float64()),
+    ("diff", pa.float64()), ("fisher_p", pa.float64()),
+])
+SHARES_SCHEMA = pa.schema([
+    ("run", pa.string()), ("split", pa.string()), ("seed", pa.int64()), ("cls", pa.string()),
+    ("checkpoint_reference", pa.string()), ("n_predicted_reference", pa.int64()), ("n_patches_reference", pa.int64()),
+    ("share_reference", pa.float64()),
+    ("checkpoint_selected", pa.string()), ("n_predicted_selected", pa.int64()), ("n_patches_selected", pa.int64()),
+    ("share_selected", pa.float64()), ("n_verified_selected", pa.int64()), ("verified_share_selected", pa.float64()),
 ])
 ID_FIELDS = [("run", pa.string()), ("checkpoint", pa.string()), ("split", pa.string()), ("seed", pa.int64())]
 SELECTION_SCHEMA = pa.schema([
     ("run", pa.string()), ("seed", pa.int64()), ("mode", pa.string()), ("step", pa.int64()),
     ("checkpoint", pa.string()), ("val_pass_at_1", pa.float64()), ("fallback", pa.bool_()),
 ])
+CONFUSION_SCHEMA = pa.schema([*ID_FIELDS, ("verified", pa.string()), ("predicted", pa.string()), ("count", pa.int64())])
+CLASS_SCHEMA = pa.schema([*ID_FIELDS, ("cls", pa.string()), ("n_predicted", pa.int64()), ("n_verified", pa.int64()),
+                          ("precision", pa.float64()), ("recall", pa.float64()), ("predicted_freq", pa.float64()),
+                          ("verified_freq", pa.float64())])
 
 
 def _table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema | None = None) -> pa.Table:
@@ -340,25 +477,103 @@ def _table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema | None = None) -
     return pa.Table.from_pylist([dict(r) for r in rows])
 
 
+def load_evaluations(sources: Iterable[str | Path | Evaluation]) -> dict[Key, Evaluation]:
+    """Evaluation files (or already read evaluations) by key; a second file for one key is an error."""
+    evals: dict[Key, Evaluation] = {}
+    for source in sources:
+        ev = source if isinstance(source, Evaluation) else read_evaluation(source)
+        if ev.key in evals:
+            raise StatsInputError(f"{source}: a second file for run/checkpoint/split/seed {ev.key}")
+        evals[ev.key] = ev
+    return evals
+
+
+def add_holm(pairs: list[dict[str, Any]], selected: Mapping[tuple[str, int], str]) -> None:
+    """``family`` (kind/metric/split/checkpoint role of the first side: "selected" for the val selection's
+    checkpoint, else the checkpoint) and ``mcnemar_p_holm``, Holm within each family."""
+    for p in pairs:
+        role = "selected" if selected.get((p["run_a"], p["seed_a"])) == p["checkpoint_a"] else p["checkpoint_a"]
+        p["family"] = f"{p['kind']}/{p['metric']}/{p['split']}/{role}"
+    for family in dict.fromkeys(p["family"] for p in pairs):
+        mine = [p for p in pairs if p["family"] == family]
+        for p, adjusted in zip(mine, holm([p["mcnemar_p"] for p in mine]), strict=True):
+            p["mcnemar_p_holm"] = adjusted
+
+
+def recovery_row(first: Evaluation, second: Evaluation) -> dict[str, Any]:
+    """Recovery of first vs second (RL vs its SFT): Fisher's exact on each side's own denominator (the
+    trajectories whose first patch failed), with both counts."""
+    ma, mb = mechanism_metrics(first.rows), mechanism_metrics(second.rows)
+    return {"run": first.run, "split": first.split, "seed": first.seed,
+            "checkpoint_a": first.checkpoint, "n_recovered_a": ma["n_recovered"], "n_recovery_a": ma["n_recovery"],
+            "recovery_a": ma["recovery_rate"],
+            "checkpoint_b": second.checkpoint, "n_recovered_b": mb["n_recovered"], "n_recovery_b": mb["n_recovery"],
+            "recovery_b": mb["recovery_rate"], "diff": ma["recovery_rate"] - mb["recovery_rate"],
+            "fisher_p": fisher_exact(ma["n_recovered"], ma["n_recovery"], mb["n_recovered"], mb["n_recovery"])}
+
+
+def prediction_shares(reference: Evaluation, selected: Evaluation) -> list[dict[str, Any]]:
+    """Per class: the share of patches predicted as it at the reference (SFT) checkpoint vs at the selected one
+    ("SFT predicted PASS for everything"), and the selected checkpoint's verified share."""
+    ref, sel = class_metrics(confusion(reference.rows)), class_metrics(confusion(selected.rows))
+    n_ref = sum(c["n_predicted"] for c in ref)
+    n_sel = sum(c["n_predicted"] for c in sel)
+    by_ref, by_sel = {c["cls"]: c for c in ref}, {c["cls"]: c for c in sel}
+    rows = []
+    for cls in dict.fromkeys([*by_ref, *by_sel]):
+        r, s = by_ref.get(cls) or {}, by_sel.get(cls) or {}
+        rows.append({"run": selected.run, "split": selected.split, "seed": selected.seed, "cls": cls,
+                     "checkpoint_reference": reference.checkpoint, "n_predicted_reference": r.get("n_predicted", 0),
+                     "n_patches_reference": n_ref, "share_reference": _rate(r.get("n_predicted", 0), n_ref),
+                     "checkpoint_selected": selected.checkpoint, "n_predicted_selected": s.get("n_predicted", 0),
+                     "n_patches_selected": n_sel, "share_selected": _rate(s.get("n_predicted", 0), n_sel),
+                     "n_verified_selected": s.get("n_verified", 0),
+                     "verified_share_selected": _rate(s.get("n_verified", 0), n_sel)})
+    return rows
+
+
+def check_selection(evals: Mapping[Key, Evaluation], selection: Sequence[Mapping[str, Any]], where: str) -> None:
+    """Every run and seed of these (test) evaluations has a val selection, and its selected checkpoint is among them."""
+    chosen = {(s["run"], s["seed"]): s["checkpoint"] for s in selection}
+    for run, seed in sorted({(k[0], k[3]) for k in evals}):
+        if (run, seed) not in chosen:
+            raise StatsInputError(f"{where}: no val checkpoint selection for run {run} seed {seed}")
+        split = next(k[2] for k in evals if (k[0], k[3]) == (run, seed))
+        if (run, chosen[run, seed], split, seed) not in evals:
+            have = sorted(k[1] for k in evals if (k[0], k[3]) == (run, seed))
+            raise StatsInputError(f"{where}: run {run} seed {seed}: the selected checkpoint {chosen[run, seed]} has "
+                                  f"no {split} evaluation among the inputs (have {', '.join(have)})")
+
+
 def study_stats(
-    paths: Sequence[str | Path],
+    paths: Sequence[str | Path | Evaluation],
     *,
     arms: Sequence[str],
     ablations: Mapping[str, Mapping[str, Any]] | None = None,
+    extensions: Mapping[str, Mapping[str, Any]] | None = None,
     reference: str | None = "sft",
     selection_mode: str = "fixed",
     selection_step: int | None = 100,
+    selection: Sequence[Mapping[str, Any]] | None = None,
+    default_test_cost: int = 1,
     resamples: int = 10_000,
     seed: int = 0,
     ci: float = 0.95,
 ) -> dict[str, pa.Table]:
-    """Every statistics table from a set of evaluation files: metrics, pairs, confusion, classes, selection."""
-    evals: dict[tuple[str, str, str, int], Evaluation] = {}
-    for path in paths:
-        ev = read_evaluation(path)
-        if ev.key in evals:
-            raise StatsInputError(f"{path}: a second file for run/checkpoint/split/seed {ev.key}")
-        evals[ev.key] = ev
+    """Every statistics table from a set of evaluation files of ONE split, keyed and ordered as `STATS_TABLES`
+    (val: the selection is made here) or `TEST_STATS_TABLES` (test: `selection` is the val selection, required;
+    the ablation and extension tables are made here too). `extensions`: name -> {"spec": ..., "counterpart": ...}
+    (see `extension_table`)."""
+    evals = load_evaluations(paths)
+    splits = sorted({k[2] for k in evals})
+    if len(splits) > 1:
+        raise StatsInputError(f"evaluations of more than one split ({', '.join(splits)}): statistics are made per "
+                              "split (val: results/stats/, test: results/test/stats/)")
+    split = splits[0] if splits else "val"
+    test = split == "test"
+    if test and selection is None:
+        raise StatsInputError("test evaluations are read against the val checkpoint selection: pass --selection "
+                              "results/stats/selection.parquet")
     metrics, conf, classes = [], [], []
     for key, ev in sorted(evals.items()):
         ident = dict(zip(("run", "checkpoint", "split", "seed"), key, strict=True))
@@ -369,20 +584,46 @@ def study_stats(
         conf += [{**ident, "verified": t, "predicted": p, "count": c} for (t, p), c in sorted(counts.items())]
         if counts:
             classes += [{**ident, **c} for c in class_metrics(counts)]
-    plan = pair_plan(evals, arms, ablations or {}, reference)
-    pairs = [compare(a, b, kind, resamples, seed, ci) for kind, a, b in plan]
-    selection = select_checkpoints(metrics, selection_mode, selection_step)
-    conf_schema = pa.schema([*ID_FIELDS, ("verified", pa.string()), ("predicted", pa.string()), ("count", pa.int64())])
-    class_schema = pa.schema([*ID_FIELDS, ("cls", pa.string()), ("n_predicted", pa.int64()), ("n_verified", pa.int64()),
-                              ("precision", pa.float64()), ("recall", pa.float64()), ("predicted_freq", pa.float64()),
-                              ("verified_freq", pa.float64())])
-    return {
+    if selection is None:
+        selection = select_checkpoints(metrics, selection_mode, selection_step)
+    else:
+        selection = [dict(s) for s in selection]
+        check_selection(evals, selection, f"{split} statistics")
+    selected = {(s["run"], s["seed"]): s["checkpoint"] for s in selection}
+    for m in metrics:
+        m["selected"] = selected.get((m["run"], m["seed"])) == m["checkpoint"]
+    plan = pair_plan(evals, arms, ablations or {}, reference, selected if test else None)
+    pairs = [compare(a, b, kind, resamples, seed, ci, metric)
+             for kind, a, b in plan for metric in (METRICS if kind == "vs_reference" else ("final_pass",))]
+    add_holm(pairs, selected)
+    recovery = [recovery_row(a, b) for kind, a, b in plan if kind == "vs_reference"]
+    shares = []
+    for (run, seed_), ckpt in sorted(selected.items()):
+        sel, ref = evals.get((run, ckpt, split, seed_)), evals.get((run, reference or "", split, seed_))
+        if sel is not None and ref is not None and ref is not sel and confusion(sel.rows):
+            shares += prediction_shares(ref, sel)
+    tables = {
         "metrics": _table(metrics),
         "pairs": _table(pairs, PAIR_SCHEMA),
-        "confusion": _table(conf, conf_schema),
-        "classes": _table(classes, class_schema),
+        "recovery": _table(recovery, RECOVERY_SCHEMA),
+        "confusion": _table(conf, CONFUSION_SCHEMA),
+        "classes": _table(classes, CLASS_SCHEMA),
+        "prediction_shares": _table(shares, SHARES_SCHEMA),
         "selection": _table(selection, SELECTION_SCHEMA),
     }
+    if test:
+        runs = {k[0] for k in evals}
+        tables["ablations"] = pa.concat_tables([ABLATION_SCHEMA.empty_table()] + [
+            ablation_table(name, list(evals.values()), selection, base_arm=str(spec.get("base_arm", "B")),
+                           split=split, resamples=resamples, seed=seed, ci=ci)
+            for name, spec in (ablations or {}).items() if name in runs])
+        tables["extensions"] = pa.concat_tables([EXTENSION_SCHEMA.empty_table()] + [
+            extension_table(name, list(evals.values()), selection, spec=ext["spec"], counterpart=ext.get("counterpart"),
+                            default_test_cost=default_test_cost, split=split, resamples=resamples, seed=seed, ci=ci)
+            for name, ext in (extensions or {}).items() if name in runs])
+    names = TEST_STATS_TABLES if test else STATS_TABLES
+    assert tuple(tables) == names, (tuple(tables), names)  # the constants the rules read stay true
+    return tables
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -396,9 +637,9 @@ ABLATION_FOCUS: dict[str, tuple[str, str]] = {
 }
 
 ABLATION_SCHEMA = pa.schema([
-    ("ablation", pa.string()), ("seed", pa.int64()), ("checkpoint", pa.string()), ("base_arm", pa.string()),
-    ("base_checkpoint", pa.string()), ("n", pa.int64()), ("pass_ablation", pa.float64()), ("pass_base", pa.float64()),
-    ("pass_A", pa.float64()), ("diff", pa.float64()), ("n10", pa.int64()), ("n01", pa.int64()),
+    ("ablation", pa.string()), ("split", pa.string()), ("seed", pa.int64()), ("checkpoint", pa.string()), ("base_arm", pa.string()),
+    ("base_checkpoint", pa.string()), ("A_checkpoint", pa.string()), ("n", pa.int64()), ("n_only_ablation", pa.int64()),
+    ("n_only_base", pa.int64()), ("pass_ablation", pa.float64()), ("pass_base", pa.float64()), ("pass_A", pa.float64()), ("diff", pa.float64()), ("n10", pa.int64()), ("n01", pa.int64()),
     ("mcnemar_p", pa.float64()), ("ci_low", pa.float64()), ("ci_high", pa.float64()),
     ("focus_metric", pa.string()), ("focus_ablation", pa.float64()), ("focus_base", pa.float64()),
     ("runtime_error_recall_ablation", pa.float64()), ("runtime_error_recall_base", pa.float64()),
@@ -411,17 +652,18 @@ ABLATION_SCHEMA = pa.schema([
 
 def ablation_table(
     ablation: str,
-    paths: Sequence[str | Path],
+    paths: Sequence[str | Path | Evaluation],
     selection: Sequence[Mapping[str, Any]],
     *,
     base_arm: str = "B",
+    split: str = "val",
     resamples: int = 10_000,
     seed: int = 0,
     ci: float = 0.95,
 ) -> pa.Table:
     """A row per seed: the ablation's and the base arm's pass@1 at their selected checkpoints, the paired tests,
-    and the metric the ablation exists for (`ABLATION_FOCUS`)."""
-    evals = {ev.key: ev for ev in map(read_evaluation, paths)}
+    and the metric the ablation exists for (`ABLATION_FOCUS`); Arm A's pass@1 at Arm A's own selected checkpoint."""
+    evals = load_evaluations(paths)
     chosen = {(s["run"], s["seed"]): s for s in selection}
     rows = []
     for seed_ in sorted({k[3] for k in evals if k[0] == ablation}):
@@ -429,12 +671,13 @@ def ablation_table(
         if sel is None or sel_base is None:
             raise StatsInputError(f"ablation {ablation} seed {seed_}: no checkpoint selection for "
                                   f"{ablation if sel is None else base_arm}")
-        abl = evals.get((ablation, sel["checkpoint"], "val", seed_))
-        base = evals.get((base_arm, sel_base["checkpoint"], "val", seed_))
+        abl = evals.get((ablation, sel["checkpoint"], split, seed_))
+        base = evals.get((base_arm, sel_base["checkpoint"], split, seed_))
         if abl is None or base is None:
-            raise StatsInputError(f"ablation {ablation} seed {seed_}: the selected val evaluation is not among the "
+            raise StatsInputError(f"ablation {ablation} seed {seed_}: the selected {split} evaluation is not among the "
                                   f"inputs ({ablation}/{sel['checkpoint']}, {base_arm}/{sel_base['checkpoint']})")
-        arm_a = evals.get(("A", sel_base["checkpoint"], "val", seed_))
+        sel_a = chosen.get(("A", seed_))  # Arm A at ITS selected checkpoint (it may differ from B's)
+        arm_a = evals.get(("A", sel_a["checkpoint"], split, seed_)) if sel_a else None
         pair = compare(abl, base, "ablation_vs_base", resamples, seed, ci)
         m_abl, m_base = mechanism_metrics(abl.rows), mechanism_metrics(base.rows)
         pass_a = mechanism_metrics(arm_a.rows)["pass_at_1"] if arm_a else math.nan
@@ -444,8 +687,9 @@ def ablation_table(
                         math.nan)
 
         row = {
-            "ablation": ablation, "seed": seed_, "checkpoint": abl.checkpoint, "base_arm": base_arm,
-            "base_checkpoint": base.checkpoint, "n": pair["n"], "pass_ablation": m_abl["pass_at_1"],
+            "ablation": ablation, "split": split, "seed": seed_, "checkpoint": abl.checkpoint, "base_arm": base_arm,
+            "base_checkpoint": base.checkpoint, "A_checkpoint": arm_a.checkpoint if arm_a else None, "n": pair["n"],
+            "n_only_ablation": pair["n_only_a"], "n_only_base": pair["n_only_b"], "pass_ablation": m_abl["pass_at_1"],
             "pass_base": m_base["pass_at_1"], "pass_A": pass_a, "diff": pair["diff"], "n10": pair["n10"],
             "n01": pair["n01"], "mcnemar_p": pair["mcnemar_p"], "ci_low": pair["ci_low"], "ci_high": pair["ci_high"],
             "runtime_error_recall_ablation": rte(abl), "runtime_error_recall_base": rte(base),
@@ -476,7 +720,7 @@ EXTENSION_FOCUS: dict[str, tuple[str, str]] = {
 }
 
 EXTENSION_SCHEMA = pa.schema([
-    ("extension", pa.string()), ("seed", pa.int64()), ("checkpoint", pa.string()), ("base_arm", pa.string()),
+    ("extension", pa.string()), ("split", pa.string()), ("seed", pa.int64()), ("checkpoint", pa.string()), ("base_arm", pa.string()),
     ("mechanism", pa.string()), ("test_cost", pa.int64()), ("pass_ext", pa.float64()),
     *[(f"{k}_vs_{arm}", t) for arm in ("A", "B") for k, t in (
         ("checkpoint", pa.string()), ("n", pa.int64()), ("pass", pa.float64()), ("diff", pa.float64()),
@@ -509,19 +753,20 @@ def extension_mechanism(spec: Mapping[str, Any], default_test_cost: int = 1) -> 
 
 def calls_per_solved(rows: Sequence[Mapping[str, Any]]) -> float:
     """Mean ``calls_used`` over the rollouts that passed."""
-    solved = [int(r.get("calls_used") or 0) for r in rows if r.get("ok", True) and r.get("final_pass")]
+    solved = [int(r.get("calls_used") or 0) for r in scored_rows(rows) if r["final_pass"]]
     return _rate(sum(solved), len(solved))
 
 
 def revise_precision(rows: Sequence[Mapping[str, Any]]) -> tuple[float, int]:
     """(share of REVISEd patches whose verified outcome was not PASS, number of REVISEd patches with an outcome)."""
-    revised = [s for s in patch_steps(rows) if s.get("decision") == "REVISE" and s.get("outcome") is not None]
+    revised = [s for s in patch_steps(scored_rows(rows))
+               if s.get("decision") == "REVISE" and s.get("outcome") is not None]
     return _rate(sum(s["outcome"] != PASS for s in revised), len(revised)), len(revised)
 
 
 def edit_split(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Pass rate of rollouts with an edited REVISE (``ever_edited``) vs never-revised ones."""
-    scored = [r for r in rows if r.get("ok", True) and r.get("final_pass") is not None]
+    scored = scored_rows(rows)
     edited = [bool(r["final_pass"]) for r in scored if r.get("ever_edited")]
     never = [bool(r["final_pass"]) for r in scored if not r.get("ever_revised")]
     return {"edited_revise_pass": _rate(sum(edited), len(edited)), "n_edited": len(edited),
@@ -536,12 +781,13 @@ def pass_frequencies(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float]:
 
 def extension_table(
     extension: str,
-    paths: Sequence[str | Path],
+    paths: Sequence[str | Path | Evaluation],
     selection: Sequence[Mapping[str, Any]],
     *,
     spec: Mapping[str, Any],
     counterpart: str | None = None,
     default_test_cost: int = 1,
+    split: str = "val",
     resamples: int = 10_000,
     seed: int = 0,
     ci: float = 0.95,
@@ -550,7 +796,7 @@ def extension_table(
     bootstrap), and its mechanism metric (`EXTENSION_FOCUS`). `spec`: the run's base_arm, test_cost, variant,
     mask_decision, trainer (`predict.runs.RunSpec` fields); `counterpart`: the run whose calls per solved task the
     expensive-tests metric subtracts from (the other arm at the same test cost; default the other base arm)."""
-    evals = {ev.key: ev for ev in map(read_evaluation, paths)}
+    evals = load_evaluations(paths)
     chosen = {(s["run"], s["seed"]): s for s in selection}
     base_arm = str(spec.get("base_arm") or spec.get("arm") or "B")
     mechanism = extension_mechanism(spec, default_test_cost)
@@ -560,12 +806,12 @@ def extension_table(
         sel = chosen.get((extension, seed_))
         if sel is None:
             raise StatsInputError(f"extension {extension} seed {seed_}: no checkpoint selection")
-        ext = evals.get((extension, sel["checkpoint"], "val", seed_))
+        ext = evals.get((extension, sel["checkpoint"], split, seed_))
         if ext is None:
-            raise StatsInputError(f"extension {extension} seed {seed_}: the selected val evaluation "
+            raise StatsInputError(f"extension {extension} seed {seed_}: the selected {split} evaluation "
                                   f"{extension}/{sel['checkpoint']} is not among the inputs")
         m_ext = mechanism_metrics(ext.rows)
-        row: dict[str, Any] = {"extension": extension, "seed": seed_, "checkpoint": ext.checkpoint,
+        row: dict[str, Any] = {"extension": extension, "split": split, "seed": seed_, "checkpoint": ext.checkpoint,
                                "base_arm": base_arm, "mechanism": mechanism,
                                "test_cost": int(spec.get("test_cost", default_test_cost)),
                                "pass_ext": m_ext["pass_at_1"], "counterpart": other}
@@ -573,7 +819,7 @@ def extension_table(
 
         def selected(run: str, seed_: int = seed_) -> Evaluation | None:
             s = chosen.get((run, seed_))
-            return evals.get((run, s["checkpoint"], "val", seed_)) if s else None
+            return evals.get((run, s["checkpoint"], split, seed_)) if s else None
 
         for arm in ("A", "B"):
             ev = selected(arm)
@@ -622,21 +868,45 @@ def mcnemar_exact_p(wins: np.ndarray, discordant: np.ndarray) -> np.ndarray:
     return np.where(discordant > 0, p, 1.0)
 
 
-def simulate_power(delta: float, discordance: float, n_pairs: int, simulations: int, alpha: float,
-                   rng: np.random.Generator) -> float:
-    """Share of simulated studies (n_pairs paired tasks) whose exact McNemar rejects at alpha."""
+def rejection_bound(discordant: np.ndarray, significance: float) -> np.ndarray:
+    """Per discordant count D, the largest k such that exact McNemar rejects (p < significance) when the smaller
+    discordant count is k; -1 when no outcome of D rejects. Found from the binomial quantile, then checked against
+    the p-value itself on both sides so no rounding of the quantile can move it."""
+    from scipy.stats import binom
+
+    d = np.asarray(discordant, dtype=np.int64)
+    k = np.asarray(binom.ppf(significance / 2, d, 0.5), dtype=np.int64) - 1
+    k = np.clip(k, -1, d // 2)
+    for _ in range(2):  # at most one step either way
+        down = (k >= 0) & (mcnemar_exact_p(np.maximum(k, 0), d) >= significance)
+        k = np.where(down, k - 1, k)
+        up = (k + 1 <= d // 2) & (mcnemar_exact_p(np.minimum(k + 1, d // 2), d) < significance)
+        k = np.where(up, k + 1, k)
+    return k
+
+
+def exact_power(delta: float, discordance: float, n_tasks: int, significance: float) -> float:
+    """Power of a two-sided exact McNemar at `significance` on one pairing of `n_tasks` tasks, exactly: the
+    discordant count D ~ Binomial(n_tasks, discordance), the first arm's wins W ~ Binomial(D, (1 + delta /
+    discordance) / 2), power = sum_D P(D) * P(W <= k_D or W >= D - k_D) with k_D = `rejection_bound`."""
+    from scipy.stats import binom
+
     if delta > discordance:
         return math.nan  # a difference larger than the disagreement is impossible
-    d = rng.binomial(n_pairs, discordance, size=simulations)
-    wins = rng.binomial(d, (1 + delta / discordance) / 2)
-    return float(np.mean(mcnemar_exact_p(wins, d) < alpha))
+    d = np.arange(n_tasks + 1)
+    k = rejection_bound(d, significance)
+    q = (1 + delta / discordance) / 2
+    reject = np.where(k >= 0, binom.cdf(k, d, q) + binom.sf(d - k - 1, d, q), 0.0)
+    return float(np.clip(np.sum(binom.pmf(d, n_tasks, discordance) * reject), 0.0, 1.0))
 
 
 POWER_SCHEMA = pa.schema([
     ("delta", pa.float64()), ("discordance", pa.float64()), ("discordance_source", pa.string()),
-    ("n_tasks", pa.int64()), ("n_seeds", pa.int64()), ("n_pairs", pa.int64()), ("power", pa.float64()),
+    ("n_tasks", pa.int64()), ("design", pa.string()), ("significance", pa.float64()), ("power", pa.float64()),
     ("powered", pa.bool_()), ("study_design", pa.bool_()),
 ])
+POWER_DESIGNS = {"test": "the test: one seed pairing on the test tasks", "val": "val selection: one seed pairing",
+                 "grid": "grid"}
 
 
 def power_table(
@@ -644,32 +914,32 @@ def power_table(
     deltas: Sequence[float],
     discordances: Mapping[str, Sequence[float]],
     tasks: Sequence[int],
-    seeds: Sequence[int],
-    simulations: int = 2000,
-    alpha: float = 0.05,
+    significance: float = 0.05,
     target: float = 0.8,
     study_tasks: int | None = None,
-    study_seeds: int | None = None,
-    seed: int = 0,
+    val_tasks: int | None = None,
 ) -> pa.Table:
-    """Power of exact McNemar per delta x discordance x tasks x seeds; `study_design` marks the study's own size
-    (its test tasks and seeds), so "was the study powered?" is one filter."""
-    rng = np.random.default_rng(seed)
-    task_grid = sorted({*tasks, *([study_tasks] if study_tasks else [])})
-    seed_grid = sorted({*seeds, *([study_seeds] if study_seeds else [])})
+    """Exact power of the test the statistics run (one seed pairing, exact McNemar) per delta x discordance x
+    number of tasks; ``design`` names the study's own sizes (``test``: `study_tasks`, ``study_design`` true;
+    ``val``: `val_tasks`), so "was the study powered?" is one filter. No pooled multi-seed rows: no test pools
+    seeds."""
+    sizes = {n: "grid" for n in tasks}
+    if val_tasks:
+        sizes[val_tasks] = "val"
+    if study_tasks:
+        sizes[study_tasks] = "test"
     rows = []
     for source, rates in discordances.items():
         for d in rates:
             for delta in deltas:
-                for n in task_grid:
-                    for s in seed_grid:
-                        power = simulate_power(delta, d, n * s, simulations, alpha, rng)
-                        rows.append({
-                            "delta": float(delta), "discordance": float(d), "discordance_source": source,
-                            "n_tasks": n, "n_seeds": s, "n_pairs": n * s, "power": power,
-                            "powered": bool(power >= target) if not math.isnan(power) else False,
-                            "study_design": n == study_tasks and s == study_seeds,
-                        })
+                for n in sorted(sizes):
+                    power = exact_power(delta, d, n, significance)
+                    rows.append({
+                        "delta": float(delta), "discordance": float(d), "discordance_source": source,
+                        "n_tasks": n, "design": sizes[n], "significance": float(significance), "power": power,
+                        "powered": bool(power >= target) if not math.isnan(power) else False,
+                        "study_design": sizes[n] == "test",
+                    })
     return _table(rows, POWER_SCHEMA)
 
 
