@@ -124,7 +124,10 @@ def test_power_table_answers_was_the_study_powered(built: dict[str, Path]) -> No
     assert {r["delta"] for r in rows} == {0.02, 0.03, 0.05}
     assert {r["discordance_source"] for r in rows} == {"config", "observed A vs B"}
     design = [r for r in rows if r["study_design"]]
-    assert design and all((r["n_tasks"], r["n_seeds"]) == (500, 2) for r in design)
+    assert design and all((r["n_tasks"], r["design"]) == (500, "test") for r in design)
+    html = built["html"].read_text()
+    section = html.split('<section id="power">')[1].split("</section>")[0]
+    assert "one seed pairing" in section and "Seeds are not pooled" in section and "significance 0.05" in section
 
 
 def _images(html: str) -> list[Image.Image]:

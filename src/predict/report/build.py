@@ -1,4 +1,9 @@
-"""Sections, tables and figures of the report (see `predict.report`)."""
+"""Sections, tables and figures of the report (see `predict.report`).
+
+Rules: the page opens with the frozen test when its statistics are given (``--test-stats``); every val section
+says it is selection-only, with its n. Column labels are words (`LABELS`), never parquet field names; every rate
+is shown with its count and denominator ("56.4% (282/500)"); p-values keep two significant digits; a wide table
+is built from merged cells (a comparison in one cell, a CI in one cell) so it fits the page."""
 
 from __future__ import annotations
 
@@ -13,16 +18,27 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-SECTIONS: tuple[tuple[str, str], ...] = (
-    ("headline", "Headline: greedy pass@1 per run x checkpoint x seed"),
-    ("pairs", "Paired tests: exact McNemar and bootstrap CI"),
+TEST_SECTIONS: tuple[tuple[str, str], ...] = (
+    ("test-headline", "The frozen test: RL vs SFT per arm and seed, then Arm A vs Arm B"),
+    ("test-first-patch", "Test: first-patch correctness and recovery, RL vs SFT"),
+    ("test-revise", "Test: the REVISE split, REVISE on passing vs failing patches, budget exhaustion"),
+    ("test-confusion", "Test: prediction confusion matrix and class shares"),
+    ("test-ablations", "Test: ablations and extensions"),
+)
+VAL_SECTIONS: tuple[tuple[str, str], ...] = (
+    ("headline", "Val: greedy pass@1 per run x checkpoint x seed"),
+    ("pairs", "Val: paired tests, exact McNemar and bootstrap CI"),
     ("selection", "Checkpoint selection (val only)"),
-    ("mechanism", "Mechanism metrics"),
-    ("revise-split", "The REVISE split"),
-    ("confusion", "Prediction confusion matrix"),
-    ("frequencies", "Predicted vs verified class frequencies"),
-    ("ablations", "Ablations"),
-    ("extensions", "Extensions: expensive tests, edit on REVISE, decision masking, RFT"),
+    ("mechanism", "Val: mechanism metrics"),
+    ("revise-split", "Val: the REVISE split"),
+    ("confusion", "Val: prediction confusion matrix"),
+    ("frequencies", "Val: predicted vs verified class frequencies"),
+    ("ablations", "Val: ablations"),
+    ("extensions", "Val: extensions: expensive tests, edit on REVISE, decision masking, RFT"),
+)
+SECTIONS: tuple[tuple[str, str], ...] = (
+    *TEST_SECTIONS,
+    *VAL_SECTIONS,
     ("power", "Power: was the study powered?"),
     ("training", "Training curves (RL metrics)"),
     ("rollout", "One rollout, rendered"),
@@ -33,8 +49,9 @@ body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;ma
 background:#fff;line-height:1.45}
 h1{font-size:1.7rem;margin-bottom:.2rem}h2{font-size:1.25rem;border-bottom:2px solid #dde;padding-bottom:.2rem;
 margin-top:2.2rem}
-table{border-collapse:collapse;font-size:.85rem;margin:.6rem 0}th,td{border:1px solid #ccd;padding:.25rem .5rem;
-text-align:right}th{background:#eef1f7}td.l,th.l{text-align:left}
+table{border-collapse:collapse;font-size:.8rem;margin:.6rem 0;max-width:100%}th,td{border:1px solid #ccd;
+padding:.2rem .4rem;text-align:right}th{background:#eef1f7;font-weight:600;vertical-align:bottom}td{white-space:nowrap}
+td.l,th.l{text-align:left}.selonly{color:#555;font-weight:normal;font-size:.9rem}
 .empty{color:#8a5a00;background:#fff7e0;padding:.5rem .8rem;border-left:4px solid #f0b000}
 .note{color:#555;font-size:.85rem}img{max-width:100%;border:1px solid #eee;margin:.4rem 0}
 .step{border:1px solid #dde;border-radius:6px;margin:.5rem 0;padding:.4rem .7rem}
@@ -61,8 +78,26 @@ def _fmt(value: Any) -> str:
     return html.escape(str(value))
 
 
+# Column labels in words: a parquet field name never reaches the page.
+LABELS: dict[str, str] = {
+    "run": "run", "checkpoint": "checkpoint", "split": "split", "seed": "seed", "kind": "comparison kind",
+    "n_scored": "rollouts scored", "n_infra": "infrastructure failures", "pass_at_1": "pass@1",
+    "p_vs_reference": "McNemar p vs own SFT", "p_vs_B": "McNemar p vs Arm B (same seed)",
+    "first_patch_pass": "first patch PASS", "recovery_rate": "recovered after a failing first patch",
+    "revise_rate": "REVISE rate (patches)", "budget_exhausted": "budget exhausted",
+    "budget_exhausted_revise": "budget exhausted, ever revised", "budget_exhausted_keep": "budget exhausted, never revised",
+    "malformed_prediction_rate": "malformed predictions", "mode": "mode", "step": "step",
+    "val_pass_at_1": "val pass@1", "fallback": "base stand-in", "cls": "class", "n_verified": "patches verified as",
+    "n_predicted": "patches predicted as", "verified_freq": "verified share", "predicted_freq": "predicted share",
+    "precision": "precision", "recall": "recall", "ablation": "ablation", "extension": "extension",
+    "mechanism": "mechanism", "focus_metric": "metric it tests", "focus_ablation": "metric, ablation",
+    "focus_base": "metric, Arm B", "focus_ext": "metric, extension", "focus_other": "metric, compared with",
+    "selection_fallback": "base stand-in",
+}
+
+
 def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], labels: Mapping[str, str] | None = None) -> str:
-    labels = labels or {}
+    labels = {**LABELS, **(labels or {})}
     text_cols = {c for c in columns if rows and isinstance(rows[0].get(c), str)}
     head = "".join(f'<th class="{"l" if c in text_cols else ""}">{html.escape(labels.get(c, c))}</th>' for c in columns)
     body = "".join(
@@ -100,6 +135,41 @@ def _label(r: Mapping[str, Any]) -> str:
     return f"{r['run']}/{r['checkpoint']}/s{r['seed']}"
 
 
+def _nan(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def pct(k: Any, n: Any) -> str:
+    """A rate with its count and denominator: "56.4% (282/500)"; "– (0/0)" when there is no denominator."""
+    if _nan(k) or _nan(n):
+        return "–"
+    return f"{100 * k / n:.1f}% ({k}/{n})" if n else f"– (0/{n})"
+
+
+def pval(p: Any) -> str:
+    """A p-value, two significant digits; "–" when no test ran (no shared task)."""
+    if _nan(p):
+        return "–"
+    return "<0.0001" if p < 1e-4 else f"{p:.2g}"
+
+
+def points(diff: Any, low: Any = None, high: Any = None) -> str:
+    """A difference of rates in percentage points, with its CI: "+4.4 pts [+0.2, +8.6]"."""
+    if _nan(diff):
+        return "–"
+    out = f"{100 * diff:+.1f} pts"
+    return out if _nan(low) or _nan(high) else f"{out} [{100 * low:+.1f}, {100 * high:+.1f}]"
+
+
+def _who(run: str, checkpoint: str, seed: Any) -> str:
+    return f"{run} / {checkpoint} / seed {seed}"
+
+
+def val_note(n_val: int | None) -> str:
+    return (f'<p class="note"><b>Selection only</b> (val, n={n_val if n_val is not None else "?"} tasks): these '
+            "numbers choose checkpoints; the study's figures are the test's.</p>")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Sections
 # ---------------------------------------------------------------------------------------------------------------
@@ -108,18 +178,18 @@ def headline(metrics: list[dict[str, Any]] | None, pairs: list[dict[str, Any]] |
         return empty("No evaluations yet (results/stats/metrics.parquet is missing or empty).")
     p_of: dict[tuple, dict[str, Any]] = {}
     for p in pairs or []:
-        if p["seed_a"] == p["seed_b"] or p["kind"] != "A_vs_B":
+        if (p["seed_a"] == p["seed_b"] or p["kind"] != "A_vs_B") and p.get("metric", "final_pass") == "final_pass":
             p_of.setdefault((p["kind"], p["run_a"], p["checkpoint_a"], p["seed_a"]), p)
     rows = []
     for m in metrics:
         vs_ref = p_of.get(("vs_reference", m["run"], m["checkpoint"], m["seed"]))
         vs_b = p_of.get(("A_vs_B", m["run"], m["checkpoint"], m["seed"])) or p_of.get(
             ("ablation_vs_base", m["run"], m["checkpoint"], m["seed"]))
-        rows.append({**m, "p_vs_reference": vs_ref["mcnemar_p"] if vs_ref else None,
-                     "p_vs_B": vs_b["mcnemar_p"] if vs_b else None})
-    cols = ["run", "checkpoint", "split", "seed", "n_scored", "n_infra", "pass_at_1", "p_vs_reference", "p_vs_B"]
-    return table(rows, cols, {"pass_at_1": "pass@1", "p_vs_reference": "McNemar p vs own reference (SFT)",
-                              "p_vs_B": "McNemar p vs B (same seed)"}) + (
+        rows.append({**m, "pass_at_1": pct(m.get("n_pass"), m["n_scored"]),
+                     "p_vs_reference": pval(vs_ref["mcnemar_p"]) if vs_ref else None,
+                     "p_vs_B": pval(vs_b["mcnemar_p"]) if vs_b else None})
+    cols = ["run", "checkpoint", "split", "seed", "n_infra", "pass_at_1", "p_vs_reference", "p_vs_B"]
+    return table(rows, cols) + (
         '<p class="note">pass@1: greedy, one sample per task, rollouts with a verdict; checkpoint <b>base</b> is the '
         "untrained stand-in where no trained checkpoint exists yet.</p>")
 
@@ -127,10 +197,33 @@ def headline(metrics: list[dict[str, Any]] | None, pairs: list[dict[str, Any]] |
 def pairs_section(pairs: list[dict[str, Any]] | None) -> str:
     if not pairs:
         return empty("No paired comparisons (needs two runs or checkpoints on the same tasks).")
-    cols = ["kind", "run_a", "checkpoint_a", "seed_a", "run_b", "checkpoint_b", "seed_b", "n", "pass_a", "pass_b",
-            "diff", "ci_low", "ci_high", "n10", "n01", "mcnemar_p"]
-    return table(pairs, cols) + '<p class="note">diff = pass_a - pass_b; CI: paired bootstrap (percentile); ' \
-        "n10: a passes and b fails.</p>"
+    return paired_table(pairs) + (
+        '<p class="note">Each row: first vs second on the tasks both scored (n); difference = first - second in '
+        "percentage points with its 95% paired-bootstrap CI; discordant: tasks only the first passes / only the "
+        "second passes; Holm: adjusted within the row's family (kind, metric, checkpoint).</p>")
+
+
+METRIC_WORDS = {"final_pass": "pass@1", "first_patch_pass": "first patch PASS"}
+KIND_WORDS = {"vs_reference": "vs own SFT", "A_vs_B": "Arm A vs Arm B", "ablation_vs_base": "ablation vs Arm B"}
+
+
+def paired_table(pairs: Sequence[Mapping[str, Any]], kind: bool = True) -> str:
+    """Paired comparisons, one merged cell per side, rate, CI and discordant pair: fits the page."""
+    rows = [{
+        "kind": KIND_WORDS.get(p["kind"], p["kind"]), "metric": METRIC_WORDS.get(p.get("metric"), p.get("metric")),
+        "first": _who(p["run_a"], p["checkpoint_a"], p["seed_a"]),
+        "second": _who(p["run_b"], p["checkpoint_b"], p["seed_b"]),
+        "rate_a": pct(p.get("n_pass_a"), p["n"]), "rate_b": pct(p.get("n_pass_b"), p["n"]),
+        "diff": points(p["diff"], p["ci_low"], p["ci_high"]), "disc": f"{p['n10']} / {p['n01']}",
+        "p": pval(p["mcnemar_p"]), "holm": pval(p.get("mcnemar_p_holm")),
+        "only": f"{p.get('n_only_a') or 0} / {p.get('n_only_b') or 0}",
+    } for p in pairs]
+    cols = [*(["kind"] if kind else []), "metric", "first", "second", "rate_a", "rate_b", "diff", "disc", "p", "holm",
+            "only"]
+    return table(rows, cols, {"kind": "comparison", "first": "first", "second": "second", "rate_a": "first: rate",
+                              "rate_b": "second: rate", "diff": "difference [95% CI]",
+                              "disc": "discordant (first / second wins)", "p": "McNemar p", "holm": "Holm-adjusted p",
+                              "only": "tasks scored on one side only"})
 
 
 def revise_split(metrics: list[dict[str, Any]] | None, selection: list[dict[str, Any]] | None) -> str:
@@ -155,11 +248,30 @@ def revise_split(metrics: list[dict[str, Any]] | None, selection: list[dict[str,
     ax.set_ylabel("pass@1")
     ax.set_title("pass@1 of never- vs ever-revised rollouts")
     ax.legend(fontsize=8)
-    cols = ["run", "checkpoint", "seed", "never_revised_n", "never_revised_pass", "ever_revised_n",
-            "ever_revised_pass", "revise_rate_fail_patches", "revise_rate_pass_patches", "n_fail_patches",
-            "n_pass_patches"]
     return (figure(fig, "REVISE split") + '<p class="note">Figure: the selected checkpoint of each predictive run '
-            "and seed; table: every evaluation.</p>" + table(all_rows, cols))
+            "and seed; table: every evaluation.</p>" + revise_table(all_rows))
+
+
+def revise_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The REVISE split, REVISE on passing vs failing patches and budget exhaustion, every rate with its n."""
+    def g(m: Mapping[str, Any], key: str) -> Any:
+        return m.get(key)
+
+    out = [{
+        "who": _who(m["run"], m["checkpoint"], m["seed"]),
+        "never": pct(g(m, "never_revised_n_pass"), m["never_revised_n"]),
+        "ever": pct(g(m, "ever_revised_n_pass"), m["ever_revised_n"]),
+        "split": f"{m['never_revised_n']} / {m['ever_revised_n']}",
+        "rev_pass": pct(g(m, "n_revised_pass_patches"), m["n_pass_patches"]),
+        "rev_fail": pct(g(m, "n_revised_fail_patches"), m["n_fail_patches"]),
+        "budget_rev": pct(g(m, "n_budget_exhausted_revise"), m["ever_revised_n"]),
+        "budget_keep": pct(g(m, "n_budget_exhausted_keep"), g(m, "n_keep_only")),
+    } for m in rows]
+    return table(out, ["who", "split", "never", "ever", "rev_pass", "rev_fail", "budget_rev", "budget_keep"], {
+        "who": "run / checkpoint / seed", "split": "rollouts never / ever revised",
+        "never": "pass@1, never revised", "ever": "pass@1, ever revised",
+        "rev_pass": "REVISE on patches that pass", "rev_fail": "REVISE on patches that fail",
+        "budget_rev": "budget exhausted, ever revised", "budget_keep": "budget exhausted, never revised"})
 
 
 def confusion_section(confusion: list[dict[str, Any]] | None, selection: list[dict[str, Any]] | None) -> str:
@@ -269,11 +381,46 @@ def ablations_section(tables: Mapping[str, list[dict[str, Any]] | None]) -> str:
     rows = [r for name in sorted(tables) for r in tables[name] or []]
     if not rows:
         return empty("No ablation tables yet.")
-    cols = ["ablation", "seed", "checkpoint", "base_checkpoint", "n", "pass_ablation", "pass_base", "pass_A", "diff",
-            "ci_low", "ci_high", "mcnemar_p", "focus_metric", "focus_ablation", "focus_base", "selection_fallback"]
-    return table(rows, cols, {"selection_fallback": "base stand-in"}) + (
+    return ablation_rows(rows) + (
         '<p class="note">alpha0: does the RUNTIME_ERROR distinction survive (recall)? forced_keep: does pass@1 '
         "recover? budget_neutral: does the deficit to Arm A survive a free REVISE?</p>")
+
+
+def _share(x: Any, n: Any = None) -> str:
+    if _nan(x):
+        return "–"
+    return f"{100 * x:.1f}%" + (f" (n={n})" if n is not None else "")
+
+
+def ablation_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+    out = [{"ablation": r["ablation"], "seed": r["seed"],
+            "checkpoints": f"{r['checkpoint']} vs B {r['base_checkpoint']} (A {r.get('A_checkpoint') or '–'})",
+            "n": r["n"], "pass_ablation": _share(r["pass_ablation"]), "pass_base": _share(r["pass_base"]),
+            "pass_A": _share(r["pass_A"]), "diff": points(r["diff"], r["ci_low"], r["ci_high"]),
+            "p": pval(r["mcnemar_p"]), "focus": f"{r['focus_metric']}: {_fmt(r['focus_ablation'])} vs "
+                                                f"{_fmt(r['focus_base'])}",
+            "selection_fallback": r["selection_fallback"]} for r in rows]
+    return table(out, ["ablation", "seed", "checkpoints", "n", "pass_ablation", "pass_base", "pass_A", "diff", "p",
+                       "focus", "selection_fallback"],
+                 {"checkpoints": "checkpoints (selected)", "n": "tasks compared", "pass_ablation": "pass@1, ablation",
+                  "pass_base": "pass@1, Arm B", "pass_A": "pass@1, Arm A", "diff": "ablation - Arm B [95% CI]",
+                  "p": "McNemar p", "focus": "metric it tests: ablation vs Arm B"})
+
+
+def extension_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+    out = [{"extension": r["extension"], "mechanism": r.get("mechanism"), "seed": r["seed"],
+            "checkpoint": r["checkpoint"], "pass_ext": _share(r["pass_ext"]),
+            **{f"vs_{arm}": f"{_share(r.get(f'pass_vs_{arm}'), r.get(f'n_vs_{arm}'))}: "
+                            f"{points(r.get(f'diff_vs_{arm}'), r.get(f'ci_low_vs_{arm}'), r.get(f'ci_high_vs_{arm}'))}"
+               for arm in ("A", "B")},
+            "p_A": pval(r.get("mcnemar_p_vs_A")), "p_B": pval(r.get("mcnemar_p_vs_B")),
+            "focus": f"{r['focus_metric']}: {_fmt(r['focus_ext'])} vs {_fmt(r['focus_other'])}",
+            "selection_fallback": r["selection_fallback"]} for r in rows]
+    return table(out, ["extension", "mechanism", "seed", "checkpoint", "pass_ext", "vs_A", "p_A", "vs_B", "p_B",
+                       "focus", "selection_fallback"],
+                 {"pass_ext": "pass@1, extension", "vs_A": "Arm A pass@1: extension - A [95% CI]",
+                  "p_A": "McNemar p vs A", "vs_B": "Arm B pass@1: extension - B [95% CI]", "p_B": "McNemar p vs B",
+                  "focus": "mechanism metric: extension vs compared with"})
 
 
 EXTENSION_NOTES = {
@@ -299,14 +446,17 @@ def extensions_section(tables: Mapping[str, list[dict[str, Any]] | None]) -> str
     rows = [r for name in tables for r in tables[name] or []]
     if not rows:
         return empty("No extension tables yet.")
-    cols = ["extension", "mechanism", "seed", "checkpoint", "pass_ext", "pass_vs_A", "diff_vs_A", "mcnemar_p_vs_A",
-            "ci_low_vs_A", "ci_high_vs_A", "pass_vs_B", "diff_vs_B", "mcnemar_p_vs_B", "ci_low_vs_B", "ci_high_vs_B",
-            "focus_metric", "focus_ext", "focus_other", "selection_fallback"]
-    out = table(rows, cols, {"selection_fallback": "base stand-in", "pass_vs_A": "pass_A", "pass_vs_B": "pass_B"})
+    out = extension_rows(rows)
     mech = ["extension", "seed", "calls_per_solved", "calls_per_solved_other", "calls_saved_per_solved",
             "revise_precision", "edited_revise_pass", "n_edited", "never_revised_pass", "pred_freq_pass",
             "verified_freq_pass", "pass_rl", "rft_minus_rl"]
-    out += table(rows, mech)
+    out += table(rows, mech, {
+        "calls_per_solved": "calls per solved task", "calls_per_solved_other": "calls per solved task, counterpart",
+        "calls_saved_per_solved": "calls saved per solved task", "revise_precision": "REVISE precision",
+        "n_revised_patches": "REVISEd patches", "edited_revise_pass": "pass, edited REVISE",
+        "n_edited": "rollouts with an edited REVISE", "never_revised_pass": "pass, never revised",
+        "pred_freq_pass": "PASS predicted", "verified_freq_pass": "PASS verified", "pass_rl": "pass@1, RL run",
+        "rft_minus_rl": "RFT - RL"})
     plt = _plt()
     mechanisms = list(dict.fromkeys(r.get("mechanism") or "none" for r in rows))
     fig, axes = plt.subplots(1, len(mechanisms), figsize=(3.2 * len(mechanisms), 2.8), squeeze=False)
@@ -333,44 +483,53 @@ def extensions_section(tables: Mapping[str, list[dict[str, Any]] | None]) -> str
 def power_section(power: list[dict[str, Any]] | None, config: Mapping[str, Any]) -> str:
     if not power:
         return empty("No power table yet.")
-    design = [r for r in power if r["study_design"]]
-    verdict = "".join(
-        f"<li>delta {r['delta']:.2f} at discordance {r['discordance']:.2f} ({html.escape(r['discordance_source'])}):"
-        f" power {r['power']:.2f} &rarr; <b>{'powered' if r['powered'] else 'not powered'}</b></li>"
-        for r in design
-    )
-    # smallest tasks x seeds reaching the target, per delta x discordance
-    need: dict[tuple, dict[str, Any]] = {}
-    for r in sorted(power, key=lambda r: (r["n_pairs"], r["n_seeds"])):
+    cfg = config.get("power") or {}
+    significance, target = cfg.get("significance", 0.05), cfg.get("target", 0.8)
+    test_n = config["data"]["sizes"]["test"]
+    assumptions = (
+        f"<p>What the power is of: the test the statistics run, <b>one seed pairing</b> (one arm's seed against "
+        f"the other's) on the {test_n} test tasks, a two-sided exact McNemar test at significance {significance}. "
+        "Assumed: the two arms disagree on a share d of the tasks (the discordance), independently from task to "
+        "task; among the tasks they disagree on, the first arm wins with probability (1 + delta / d) / 2, so its "
+        "pass@1 is higher by delta. Power is then computed exactly (a sum over the binomial number of discordant "
+        "tasks, no simulation). Seeds are not pooled, because no pooled (stratified) test is run: two seeds "
+        f"are two separate tests. Powered means power of at least {target}.</p>")
+    design = [r for r in power if r["design"] in ("test", "val")]
+    verdict = [{"design": "test" if r["design"] == "test" else "val (selection only)", "n": r["n_tasks"],
+                "delta": f"{100 * r['delta']:.0f} pts", "d": f"{r['discordance']:.2f}",
+                "source": r["discordance_source"], "power": _fmt(r["power"]),
+                "powered": "powered" if r["powered"] else "not powered"}
+               for r in sorted(design, key=lambda r: (r["design"] != "test", r["delta"], r["discordance"]))]
+    need: dict[tuple, dict[str, Any]] = {}  # the fewest tasks reaching the target, per delta x discordance
+    for r in sorted(power, key=lambda r: r["n_tasks"]):
         k = (r["delta"], r["discordance"], r["discordance_source"])
         if r["powered"] and k not in need:
             need[k] = r
-    rows = [{"delta": k[0], "discordance": k[1], "source": k[2],
-             "tasks": need[k]["n_tasks"] if k in need else None, "seeds": need[k]["n_seeds"] if k in need else None,
-             "power": need[k]["power"] if k in need else None}
+    grid = [{"delta": f"{100 * k[0]:.0f} pts", "d": f"{k[1]:.2f}", "source": k[2],
+             "n": need[k]["n_tasks"] if k in need else "none on the grid",
+             "power": _fmt(need[k]["power"]) if k in need else "–"}
             for k in sorted({(r["delta"], r["discordance"], r["discordance_source"]) for r in power})]
-    sizes = config["data"]["sizes"]["test"], len(config["seeds"])
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.4))
     curves = sorted({(r["delta"], r["discordance"], r["discordance_source"]) for r in power})
     for delta, disc, source in curves:
-        pts = sorted((r["n_tasks"], r["power"]) for r in power if (r["delta"], r["discordance"],
-                     r["discordance_source"]) == (delta, disc, source) and r["n_seeds"] == sizes[1])
+        pts = sorted((r["n_tasks"], r["power"]) for r in power
+                     if (r["delta"], r["discordance"], r["discordance_source"]) == (delta, disc, source))
         if pts and disc in {min(c[1] for c in curves), max(c[1] for c in curves)}:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3,
                     label=f"delta {delta:.2f}, discordance {disc:.2f}")
-    ax.axhline((config.get("power") or {}).get("target", 0.8), color="grey", ls="--", lw=0.8)
-    ax.axvline(sizes[0], color="black", ls=":", lw=0.8)
+    ax.axhline(target, color="grey", ls="--", lw=0.8)
+    ax.axvline(test_n, color="black", ls=":", lw=0.8)
     ax.set_xscale("log")
-    ax.set_xlabel(f"test tasks ({sizes[1]} seed(s); dotted: the study)")
+    ax.set_xlabel("paired tasks (one seed pairing; dotted: the test)")
     ax.set_ylabel("power")
     ax.set_ylim(0, 1)
     ax.legend(fontsize=6, ncol=2)
-    chart = figure(fig, "power curves")
-    return (chart + f"<p>The study: {sizes[0]} test tasks x {sizes[1]} seed(s), exact McNemar at alpha "
-            f"{(config.get('power') or {}).get('alpha', 0.05)}.</p><ul>{verdict}</ul>"
-            + "<p>Smallest design on the grid reaching the target power (empty: none on the grid):</p>"
-            + table(rows, ["delta", "discordance", "source", "tasks", "seeds", "power"]))
+    labels = {"design": "design", "n": "tasks", "delta": "difference to detect", "d": "discordance",
+              "source": "discordance from", "power": "power", "powered": "verdict"}
+    return (assumptions + table(verdict, list(labels), labels) + figure(fig, "power curves")
+            + "<p>Fewest tasks on the grid reaching the target power, one seed pairing:</p>"
+            + table(grid, ["delta", "d", "source", "n", "power"], {**labels, "n": "tasks needed"}))
 
 
 def training(rl: Mapping[str, list[dict[str, Any]]], expected: Sequence[str]) -> str:
@@ -393,6 +552,132 @@ def training(rl: Mapping[str, list[dict[str, Any]]], expected: Sequence[str]) ->
     axes[0][-1].legend(fontsize=6, loc="lower right")
     fig.tight_layout()
     return figure(fig, "training curves") + note
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The frozen test (results/test/stats/)
+# ---------------------------------------------------------------------------------------------------------------
+NO_TEST = "The frozen test has not been run yet: no test statistics (results/test/stats/) were given."
+
+
+def _selected(metrics: Sequence[Mapping[str, Any]]) -> set[tuple[str, str, int]]:
+    return {(m["run"], m["checkpoint"], m["seed"]) for m in metrics if m.get("selected")}
+
+
+def test_headline(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
+    metrics, pairs = test.get("metrics") or [], test.get("pairs") or []
+    if not metrics:
+        return empty(NO_TEST)
+    selected = _selected(metrics)
+    rl = [p for p in pairs if p["kind"] == "vs_reference" and p["metric"] == "final_pass"]
+    rl.sort(key=lambda p: ((p["run_a"], p["checkpoint_a"], p["seed_a"]) not in selected, p["run_a"], p["seed_a"]))
+    rows = [{"arm": p["run_a"], "seed": p["seed_a"], "sft": pct(p["n_pass_b"], p["n"]),
+             "rl": pct(p["n_pass_a"], p["n"]),
+             "ckpt": p["checkpoint_a"] + (" (selected)" if (p["run_a"], p["checkpoint_a"], p["seed_a"]) in selected
+                                          else ""),
+             "diff": points(p["diff"], p["ci_low"], p["ci_high"]), "disc": f"{p['n10']} / {p['n01']}",
+             "p": pval(p["mcnemar_p"]), "holm": pval(p.get("mcnemar_p_holm"))} for p in rl]
+    out = "<h3>RL vs its own SFT, per arm and seed</h3>" + table(rows, list(rows[0]) if rows else [], {
+        "arm": "arm", "seed": "seed", "sft": "SFT pass@1", "rl": "RL pass@1", "ckpt": "RL checkpoint",
+        "diff": "RL - SFT [95% CI]", "disc": "tasks only RL / only SFT passes", "p": "exact McNemar p",
+        "holm": "Holm-adjusted p"}) if rows else empty("No RL vs SFT comparison on test.")
+    ab = [p for p in pairs if p["kind"] == "A_vs_B"]
+    rows = [{"a": f"seed {p['seed_a']} ({p['checkpoint_a']})", "b": f"seed {p['seed_b']} ({p['checkpoint_b']})",
+             "pa": pct(p["n_pass_a"], p["n"]), "pb": pct(p["n_pass_b"], p["n"]),
+             "diff": points(p["diff"], p["ci_low"], p["ci_high"]), "disc": f"{p['n10']} / {p['n01']}",
+             "p": pval(p["mcnemar_p"]), "holm": pval(p.get("mcnemar_p_holm"))} for p in ab]
+    out += "<h3>Arm A vs Arm B, every seed pairing of the selected checkpoints</h3>" + (table(rows, list(rows[0]) if rows else [], {
+        "a": "Arm A", "b": "Arm B", "pa": "Arm A pass@1", "pb": "Arm B pass@1", "diff": "A - B [95% CI]",
+        "disc": "tasks only A / only B passes", "p": "exact McNemar p",
+        "holm": "Holm-adjusted p (the A vs B family)"}) if rows else empty("No A vs B pairing on test."))
+    infra = sum(m["n_infra"] for m in metrics)
+    return out + (f'<p class="note">Greedy pass@1 on the test tasks both sides scored; 95% CI: paired bootstrap. '
+                  f"Checkpoints: the val selection. Infrastructure failures left out: {infra}.</p>")
+
+
+def test_first_patch(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
+    pairs, recovery = test.get("pairs") or [], test.get("recovery") or []
+    if not pairs:
+        return empty(NO_TEST)
+    first = {(p["run_a"], p["checkpoint_a"], p["seed_a"]): p for p in pairs
+             if p["kind"] == "vs_reference" and p["metric"] == "first_patch_pass"}
+    rows = []
+    for r in recovery:
+        f = first.get((r["run"], r["checkpoint_a"], r["seed"]))
+        rows.append({"who": f"{r['run']} / seed {r['seed']}: {r['checkpoint_b']} → {r['checkpoint_a']}",
+                     "fp_sft": pct(f["n_pass_b"], f["n"]) if f else "–", "fp_rl": pct(f["n_pass_a"], f["n"]) if f else "–",
+                     "fp_p": pval(f["mcnemar_p"]) if f else "–",
+                     "rec_sft": pct(r["n_recovered_b"], r["n_recovery_b"]),
+                     "rec_rl": pct(r["n_recovered_a"], r["n_recovery_a"]), "rec_p": pval(r["fisher_p"])})
+    return table(rows, ["who", "fp_sft", "fp_rl", "fp_p", "rec_sft", "rec_rl", "rec_p"], {
+        "who": "arm / seed: SFT → RL", "fp_sft": "first patch PASS, SFT", "fp_rl": "first patch PASS, RL",
+        "fp_p": "exact McNemar p", "rec_sft": "recovered, SFT", "rec_rl": "recovered, RL",
+        "rec_p": "Fisher's exact p"}) + (
+        '<p class="note">First patch: the first applied patch verified PASS; a rollout with no applied patch is a '
+        "failure; denominator: every task, paired (McNemar). Recovery: passed in the end after a failing first "
+        "patch; denominator: the trajectories whose first patch failed, which differ between SFT and RL, so the "
+        "test is unpaired (Fisher's exact) and both counts are shown.</p>")
+
+
+def test_revise(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
+    metrics = test.get("metrics") or []
+    if not metrics:
+        return empty(NO_TEST)
+    predictive = [m for m in metrics if "predictive" in (m.get("protocol") or "") and m["n_scored"]]
+    if not predictive:
+        return empty("No predictive-protocol evaluation on test.")
+    selection = [{"run": m["run"], "checkpoint": m["checkpoint"], "seed": m["seed"]} for m in predictive
+                 if m.get("selected")]
+    return revise_split(predictive, selection)
+
+
+def test_confusion(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
+    metrics = test.get("metrics") or []
+    if not metrics:
+        return empty(NO_TEST)
+    selection = [{"run": m["run"], "checkpoint": m["checkpoint"], "seed": m["seed"]} for m in metrics
+                 if m.get("selected")]
+    chosen = {(s["run"], s["checkpoint"], s["seed"]) for s in selection}
+    out = confusion_section([c for c in test.get("confusion") or []
+                             if (c["run"], c["checkpoint"], c["seed"]) in chosen], selection)
+    classes = [c for c in test.get("classes") or [] if (c["run"], c["checkpoint"], c["seed"]) in chosen
+               and (c["n_predicted"] or c["n_verified"])]
+    totals: dict[tuple, int] = {}
+    for c in classes:
+        k = (c["run"], c["checkpoint"], c["seed"])
+        totals[k] = totals.get(k, 0) + c["n_predicted"]
+    rows = [{"who": _who(c["run"], c["checkpoint"], c["seed"]), "cls": c["cls"],
+             "verified": pct(c["n_verified"], totals[c["run"], c["checkpoint"], c["seed"]]),
+             "predicted": pct(c["n_predicted"], totals[c["run"], c["checkpoint"], c["seed"]]),
+             "precision": pct(None if _nan(c["precision"]) else round(c["precision"] * c["n_predicted"]),
+                              c["n_predicted"]),
+             "recall": pct(None if _nan(c["recall"]) else round(c["recall"] * c["n_verified"]), c["n_verified"])}
+            for c in classes]
+    out += "<h3>Class shares of the patches: verified vs predicted</h3>" + (table(rows, list(rows[0]), {
+        "who": "run / checkpoint / seed", "cls": "class", "verified": "verified share", "predicted": "predicted share",
+        "precision": "precision (correct of predicted)", "recall": "recall (found of verified)"})
+        if rows else empty("No predictions at the selected checkpoints."))
+    shares = [r for r in test.get("prediction_shares") or [] if r["n_predicted_reference"] or r["n_predicted_selected"]]
+    rows = [{"who": f"{r['run']} / seed {r['seed']}", "cls": r["cls"],
+             "ref": pct(r["n_predicted_reference"], r["n_patches_reference"]),
+             "sel": pct(r["n_predicted_selected"], r["n_patches_selected"]),
+             "ver": pct(r["n_verified_selected"], r["n_patches_selected"])} for r in shares]
+    if rows:
+        out += ("<h3>Predictions of the SFT checkpoint vs the selected checkpoint</h3>" + table(rows, list(rows[0]), {
+            "who": "run / seed", "cls": "class", "ref": "predicted share, SFT", "sel": "predicted share, selected",
+            "ver": "verified share, selected"}))
+    return out
+
+
+def test_ablations(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
+    if not test.get("metrics"):
+        return empty(NO_TEST)
+    ablations, extensions = test.get("ablations") or [], test.get("extensions") or []
+    out = ("<h3>Ablations vs Arm B</h3>" + ablation_rows(ablations)) if ablations else empty(
+        "No ablation was evaluated on test.")
+    out += ("<h3>Extensions vs Arm A and Arm B</h3>" + extension_rows(extensions)) if extensions else empty(
+        "No extension was evaluated on test.")
+    return out
 
 
 def _tag(text: str, cls: str = "") -> str:
@@ -434,6 +719,22 @@ def rollout_section(rows: list[dict[str, Any]] | None, tasks: Mapping[int, Mappi
     return "".join(out)
 
 
+def mechanism_table(metrics: Sequence[Mapping[str, Any]]) -> str:
+    rows = [{"who": _who(m["run"], m["checkpoint"], m["seed"]), "split": m["split"],
+             "first": pct(m.get("n_first_patch_pass"), m["n_scored"]),
+             "recovery": pct(m.get("n_recovered"), m.get("n_recovery")),
+             "revise": pct(m.get("n_revised_patches"), m.get("n_decided_patches")),
+             "budget": pct(m.get("n_budget_exhausted"), m["n_scored"]),
+             "budget_rev": pct(m.get("n_budget_exhausted_revise"), m["ever_revised_n"]),
+             "budget_keep": pct(m.get("n_budget_exhausted_keep"), m.get("n_keep_only")),
+             "malformed": _share(m["malformed_prediction_rate"])} for m in metrics]
+    return table(rows, list(rows[0]) if rows else [], {
+        "who": "run / checkpoint / seed", "first": "first patch PASS (of all tasks)",
+        "recovery": "recovered (of failing first patches)", "revise": "REVISE (of decided patches)",
+        "budget": "budget exhausted", "budget_rev": "budget exhausted, ever revised",
+        "budget_keep": "budget exhausted, never revised", "malformed": "malformed predictions"})
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The page
 # ---------------------------------------------------------------------------------------------------------------
@@ -446,6 +747,7 @@ def build_report(
     *,
     stats_dir: Path,
     ablations: Sequence[Path],
+    test_stats_dir: Path | None = None,
     power: Path,
     out: Path,
     example: Path | None = None,
@@ -460,20 +762,27 @@ def build_report(
         return _read(stats_dir / f"{name}.parquet")
 
     metrics, pairs, selection = stat("metrics"), stat("pairs"), stat("selection")
+    from predict.stats import TEST_STATS_TABLES
+
+    test = {name: _read(test_stats_dir / f"{name}.parquet") for name in TEST_STATS_TABLES} if test_stats_dir else {}
+    val_n = max((m["n"] for m in metrics or [] if m["split"] == "val"), default=None)
+    note = val_note(val_n)
     rl = {_rl_name(p): (_read(p) or []) for p in rl_metrics}
     expected = [f"{run}/seed{seed}" for run in [*config["arms"], *(config.get("ablations") or {}),
                                                 *(config.get("extensions") or {})]
                 for seed in config["seeds"]]
     task_rows = {r["task_id"]: r for r in (_read(tasks) or [])} if tasks else {}
     body = {
+        "test-headline": test_headline(test),
+        "test-first-patch": test_first_patch(test),
+        "test-revise": test_revise(test),
+        "test-confusion": test_confusion(test),
+        "test-ablations": test_ablations(test),
         "headline": headline(metrics, pairs),
         "pairs": pairs_section(pairs),
         "selection": table(selection, ["run", "seed", "mode", "step", "checkpoint", "val_pass_at_1", "fallback"],
                            {"fallback": "base stand-in"}) if selection else empty("No selection yet."),
-        "mechanism": table(metrics, ["run", "checkpoint", "split", "seed", "first_patch_pass", "recovery_rate",
-                                     "revise_rate", "budget_exhausted", "budget_exhausted_revise",
-                                     "budget_exhausted_keep", "malformed_prediction_rate"]) if metrics
-        else empty("No evaluations yet."),
+        "mechanism": mechanism_table(metrics) if metrics else empty("No evaluations yet."),
         "revise-split": revise_split(metrics, selection),
         "confusion": confusion_section(stat("confusion"), selection),
         "frequencies": frequencies(stat("classes"), selection, rl),
@@ -484,8 +793,12 @@ def build_report(
         "rollout": rollout_section(_read(example), task_rows),
     }
     nav = "".join(f'<a href="#{sid}">{html.escape(title.split(":")[0])}</a>' for sid, title in SECTIONS)
-    sections = "".join(f'<section id="{sid}"><h2>{html.escape(title)}</h2>{body[sid]}</section>'
-                       for sid, title in SECTIONS)
+    val_ids = {sid for sid, _ in VAL_SECTIONS}
+    sections = "".join(
+        f'<section id="{sid}"><h2>{html.escape(title)}'
+        + (f' <span class="selonly">(selection only, n={val_n if val_n is not None else "?"})</span>'
+           if sid in val_ids else "") + f"</h2>{note if sid in val_ids else ''}{body[sid]}</section>"
+        for sid, title in SECTIONS)
     page = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>PREDICT report: '
             f'{html.escape(config["run_name"])}</title><style>{CSS}</style></head><body>'
             f"<h1>Reactive vs. Predictive Post-Training for Coding Agents</h1>"
