@@ -314,14 +314,17 @@ def _cmd_power(args: argparse.Namespace) -> int:
     p = {"deltas": [0.02, 0.03, 0.05], "discordance": [0.2], "tasks": [500], "significance": 0.05, "target": 0.8,
          **(config.get("power") or {})}
     discordances = {"config": p["discordance"]}
+    val_tasks = config["data"]["sizes"].get("val")
     if args.pairs:
-        observed = observed_discordance(pq.read_table(args.pairs))
+        pairs = pq.read_table(args.pairs)
+        observed = observed_discordance(pairs)
         if observed:
             discordances["observed A vs B"] = observed
+        val_tasks = val_tasks or max((int(n) for n in pairs.column("n").to_pylist()), default=None)  # val's n
     sizes = config["data"]["sizes"]
     table = power_table(deltas=p["deltas"], discordances=discordances, tasks=p["tasks"],
                         significance=p["significance"], target=p["target"], study_tasks=sizes["test"],
-                        val_tasks=sizes.get("val"))
+                        val_tasks=val_tasks)
     write_table(table, args.out)
     console.print(f"power: {table.num_rows} rows -> {args.out}")
     return 0
@@ -598,7 +601,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval", nargs="+", required=True, help="val evaluations of the extension, A, B, counterpart")
     p.add_argument("--out", required=True)
 
-    p = stage("power", _cmd_power, "tasks and seeds needed to detect a pass@1 difference (exact McNemar)")
+    p = stage("power", _cmd_power,
+              "exact power of one seed pairing (exact McNemar) per difference, discordance and number of tasks")
     config_source(p)
     p.add_argument("--pairs", default=None, help="pairs.parquet: adds the observed A vs B discordance rates")
     p.add_argument("--out", required=True)

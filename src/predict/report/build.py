@@ -44,6 +44,13 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("rollout", "One rollout, rendered"),
 )
 
+NAV = {"test-headline": "Test: headline", "test-first-patch": "Test: first patch, recovery",
+       "test-revise": "Test: REVISE", "test-confusion": "Test: confusion, shares", "test-ablations": "Test: ablations",
+       "headline": "Val: pass@1", "pairs": "Val: paired tests", "selection": "Selection", "mechanism": "Val: mechanism",
+       "revise-split": "Val: REVISE", "confusion": "Val: confusion", "frequencies": "Val: class shares",
+       "ablations": "Val: ablations", "extensions": "Val: extensions", "power": "Power", "training": "Training",
+       "rollout": "Rollout"}
+
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1200px;color:#1b1b1b;
 background:#fff;line-height:1.45}
@@ -274,7 +281,8 @@ def revise_table(rows: Sequence[Mapping[str, Any]]) -> str:
         "budget_rev": "budget exhausted, ever revised", "budget_keep": "budget exhausted, never revised"})
 
 
-def confusion_section(confusion: list[dict[str, Any]] | None, selection: list[dict[str, Any]] | None) -> str:
+def confusion_section(confusion: list[dict[str, Any]] | None, selection: list[dict[str, Any]] | None,
+                      per_seed: bool = False) -> str:
     if not confusion:
         return empty("No predictions recorded yet (no predictive-protocol patches).")
     from predict.outcomes import OUTCOMES
@@ -288,7 +296,9 @@ def confusion_section(confusion: list[dict[str, Any]] | None, selection: list[di
     keys = []
     for run in sorted({k[0] for k in groups}, key=lambda r: (r != "B", r)):
         mine = sorted((k for k in groups if k[0] == run), key=lambda k: ((k[0], k[1], k[3]) not in chosen, k[3], k))
-        keys.append(mine[0])
+        keys += [k for k in mine if (k[0], k[1], k[3]) in chosen] if per_seed else []
+        if not per_seed or not any(k[0] == run for k in keys):
+            keys.append(mine[0])
     keys = keys[:6]
     plt = _plt()
     ncols = min(3, len(keys))
@@ -639,7 +649,7 @@ def test_confusion(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
                  if m.get("selected")]
     chosen = {(s["run"], s["checkpoint"], s["seed"]) for s in selection}
     out = confusion_section([c for c in test.get("confusion") or []
-                             if (c["run"], c["checkpoint"], c["seed"]) in chosen], selection)
+                             if (c["run"], c["checkpoint"], c["seed"]) in chosen], selection, per_seed=True)
     classes = [c for c in test.get("classes") or [] if (c["run"], c["checkpoint"], c["seed"]) in chosen
                and (c["n_predicted"] or c["n_verified"])]
     totals: dict[tuple, int] = {}
@@ -792,7 +802,7 @@ def build_report(
         "training": training(rl, expected),
         "rollout": rollout_section(_read(example), task_rows),
     }
-    nav = "".join(f'<a href="#{sid}">{html.escape(title.split(":")[0])}</a>' for sid, title in SECTIONS)
+    nav = "".join(f'<a href="#{sid}">{html.escape(NAV.get(sid, title.split(":")[0]))}</a>' for sid, title in SECTIONS)
     val_ids = {sid for sid, _ in VAL_SECTIONS}
     sections = "".join(
         f'<section id="{sid}"><h2>{html.escape(title)}'
