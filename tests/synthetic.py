@@ -159,3 +159,20 @@ def write_writeup_evaluations(root: Path, val_tasks: int = 10) -> tuple[list[Pat
                             for t, p in enumerate(script)]
                 val.append(write_eval(root, arm, ckpt, seed, val_rows))
     return val, test
+
+
+def small_test_campaign(root: Path) -> tuple[list[Path], list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """(test files, val selection, ablations, extensions) of a 10-task test campaign, seed 42: A and B at sft and
+    step100, forced_keep and edit_on_revise at step50 and step100; step100 selected everywhere. pass@1 at step100:
+    A 0.7, B 0.4, forced_keep 0.6, edit_on_revise 0.5 (one less at the other checkpoint)."""
+    passes = {"A": 7, "B": 4, "forced_keep": 6, "edit_on_revise": 5}
+    paths = []
+    for run, n_pass in passes.items():
+        for ckpt in (("sft", "step100") if run in ("A", "B") else ("step50", "step100")):
+            rows = [rollout(t, [PASS_KEEP if t < n_pass - (ckpt != "step100") else FAIL_REVISE],
+                            arm="A" if run == "A" else "B", checkpoint=ckpt, split="test") for t in range(10)]
+            paths.append(write_eval(root, run, ckpt, 42, rows, split="test"))
+    selection = [{"run": r, "seed": 42, "mode": "fixed", "step": 100, "checkpoint": "step100", "val_pass_at_1": 0.5,
+                  "fallback": False} for r in passes]
+    extensions = {"edit_on_revise": {"spec": {"base_arm": "B", "variant": "edit_on_revise", "test_cost": 1}}}
+    return paths, selection, {"forced_keep": {"variant": "forced_keep"}}, extensions

@@ -166,6 +166,30 @@ def test_report_says_what_is_missing_when_there_is_no_data(tmp_path: Path) -> No
     assert html.count('class="empty"') >= len(SECTIONS) - 1
 
 
+def test_the_test_sections_show_ablations_and_extensions_and_say_when_the_test_has_not_run(tmp_path: Path) -> None:
+    from predict.io import write_table
+    from predict.report import build_report
+    from predict.stats import study_stats
+
+    from .synthetic import small_test_campaign
+
+    paths, selection, ablations, extensions = small_test_campaign(tmp_path / "eval")
+    tables = study_stats(paths, arms=["A", "B"], ablations=ablations, extensions=extensions, selection=selection,
+                         resamples=100)
+    for name, t in tables.items():
+        write_table(t, tmp_path / "test" / f"{name}.parquet")
+    config = load_config(REPO / "config" / "local.yaml")
+    html = build_report(config, stats_dir=tmp_path / "none", ablations=[], power=tmp_path / "none.parquet",
+                        out=tmp_path / "index.html", test_stats_dir=tmp_path / "test").read_text()
+    section = html.split('<section id="test-ablations">')[1].split("</section>")[0]
+    assert "forced_keep" in section and "edit_on_revise" in section and "60.0%" in section
+    head = html.split('<section id="test-headline">')[1].split("</section>")[0]
+    assert "70.0% (7/10)" in head and "40.0% (4/10)" in head  # A vs B at the selected checkpoints
+    without = build_report(config, stats_dir=tmp_path / "none", ablations=[], power=tmp_path / "none.parquet",
+                           out=tmp_path / "val-only.html").read_text()
+    assert without.count("The frozen test has not been run yet") == 5
+
+
 def screenshot(html: Path, png: Path) -> None:
     """Headless Chromium screenshot of the page (the documented check; tests/test_report.py runs it)."""
     with tempfile.TemporaryDirectory() as profile:

@@ -38,6 +38,7 @@ from .synthetic import (
     WRITEUP_B_STEP100_SEED42,
     rollout,
     scripted_records,
+    small_test_campaign,
     write_eval,
 )
 
@@ -302,3 +303,19 @@ def test_test_statistics_compare_the_val_selection_and_say_what_is_missing(tmp_p
     with pytest.raises(StatsInputError, match="more than one split"):
         study_stats([*paths, write_eval(tmp_path, "A", "sft", 42, [rollout(0, [PASS_KEEP], arm="A", checkpoint="sft")])],
                     arms=["A", "B"], selection=selection, resamples=100)
+
+
+def test_test_statistics_make_the_ablation_and_extension_tables_at_the_selected_checkpoints(tmp_path: Path) -> None:
+    paths, selection, ablations, extensions = small_test_campaign(tmp_path)
+    tables = study_stats(paths, arms=["A", "B"], ablations=ablations, extensions=extensions, selection=selection,
+                         resamples=100)
+    ablation = tables["ablations"].to_pylist()
+    assert [(r["ablation"], r["split"], r["checkpoint"], r["base_checkpoint"], r["A_checkpoint"]) for r in ablation] \
+        == [("forced_keep", "test", "step100", "step100", "step100")]
+    assert (ablation[0]["pass_ablation"], ablation[0]["pass_base"], ablation[0]["pass_A"]) == (0.6, 0.4, 0.7)
+    ext = tables["extensions"].to_pylist()
+    assert [(r["extension"], r["split"], r["mechanism"]) for r in ext] == [("edit_on_revise", "test", "edit_on_revise")]
+    assert (ext[0]["pass_ext"], ext[0]["pass_vs_A"], ext[0]["pass_vs_B"]) == (0.5, 0.7, 0.4)
+    # the ablation is compared with B at B's selected checkpoint in the pairs too, and nothing at step50 is
+    assert [(p["run_a"], p["checkpoint_a"], p["checkpoint_b"]) for p in tables["pairs"].to_pylist()
+            if p["kind"] == "ablation_vs_base"] == [("forced_keep", "step100", "step100")]
