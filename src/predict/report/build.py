@@ -58,7 +58,7 @@ h1{font-size:1.7rem;margin-bottom:.2rem}h2{font-size:1.25rem;border-bottom:2px s
 margin-top:2.2rem}
 table{border-collapse:collapse;font-size:.8rem;margin:.6rem 0;max-width:100%}th,td{border:1px solid #ccd;
 padding:.2rem .4rem;text-align:right}th{background:#eef1f7;font-weight:600;vertical-align:bottom}td{white-space:nowrap}
-td.l,th.l{text-align:left}.selonly{color:#555;font-weight:normal;font-size:.9rem}
+td.l,th.l{text-align:left}td.w{white-space:normal}.selonly{color:#555;font-weight:normal;font-size:.9rem}
 .empty{color:#8a5a00;background:#fff7e0;padding:.5rem .8rem;border-left:4px solid #f0b000}
 .note{color:#555;font-size:.85rem}img{max-width:100%;border:1px solid #eee;margin:.4rem 0}
 .step{border:1px solid #dde;border-radius:6px;margin:.5rem 0;padding:.4rem .7rem}
@@ -103,12 +103,15 @@ LABELS: dict[str, str] = {
 }
 
 
-def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], labels: Mapping[str, str] | None = None) -> str:
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], labels: Mapping[str, str] | None = None,
+          wrap: Sequence[str] = ()) -> str:
+    """An HTML table; `wrap`: columns whose cells may break over lines (long merged cells), the others never do."""
     labels = {**LABELS, **(labels or {})}
     text_cols = {c for c in columns if rows and isinstance(rows[0].get(c), str)}
     head = "".join(f'<th class="{"l" if c in text_cols else ""}">{html.escape(labels.get(c, c))}</th>' for c in columns)
     body = "".join(
-        "<tr>" + "".join(f'<td class="{"l" if c in text_cols else ""}">{_fmt(r.get(c))}</td>' for c in columns) + "</tr>"
+        "<tr>" + "".join(f'<td class="{"l" if c in text_cols else ""}{" w" if c in wrap else ""}">{_fmt(r.get(c))}</td>'
+                         for c in columns) + "</tr>"
         for r in rows
     )
     return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
@@ -411,8 +414,8 @@ def ablation_rows(rows: Sequence[Mapping[str, Any]]) -> str:
                                                 f"{_fmt(r['focus_base'])}",
             "selection_fallback": r["selection_fallback"]} for r in rows]
     return table(out, ["ablation", "seed", "checkpoints", "n", "pass_ablation", "pass_base", "pass_A", "diff", "p",
-                       "focus", "selection_fallback"],
-                 {"checkpoints": "checkpoints (selected)", "n": "tasks compared", "pass_ablation": "pass@1, ablation",
+                       "focus", "selection_fallback"], wrap=("checkpoints", "focus"), labels={
+                 "checkpoints": "checkpoints (selected)", "n": "tasks compared", "pass_ablation": "pass@1, ablation",
                   "pass_base": "pass@1, Arm B", "pass_A": "pass@1, Arm A", "diff": "ablation - Arm B [95% CI]",
                   "p": "McNemar p", "focus": "metric it tests: ablation vs Arm B"})
 
@@ -426,9 +429,9 @@ def extension_rows(rows: Sequence[Mapping[str, Any]]) -> str:
             "p_A": pval(r.get("mcnemar_p_vs_A")), "p_B": pval(r.get("mcnemar_p_vs_B")),
             "focus": f"{r['focus_metric']}: {_fmt(r['focus_ext'])} vs {_fmt(r['focus_other'])}",
             "selection_fallback": r["selection_fallback"]} for r in rows]
-    return table(out, ["extension", "mechanism", "seed", "checkpoint", "pass_ext", "vs_A", "p_A", "vs_B", "p_B",
-                       "focus", "selection_fallback"],
-                 {"pass_ext": "pass@1, extension", "vs_A": "Arm A pass@1: extension - A [95% CI]",
+    return table(out, ["extension", "seed", "checkpoint", "pass_ext", "vs_A", "p_A", "vs_B", "p_B", "focus",
+                       "selection_fallback"], wrap=("vs_A", "vs_B", "focus"), labels={
+                 "pass_ext": "pass@1, extension", "vs_A": "Arm A pass@1: extension - A [95% CI]",
                   "p_A": "McNemar p vs A", "vs_B": "Arm B pass@1: extension - B [95% CI]", "p_B": "McNemar p vs B",
                   "focus": "mechanism metric: extension vs compared with"})
 
