@@ -1,6 +1,8 @@
 """The study report: one self-contained HTML page built from parquet only (`predict report`).
 
-Inputs are the tables of `predict stats` (metrics, pairs, confusion, classes, selection), the ablation tables,
+Inputs are the tables of `predict stats` on val (`STATS_TABLES`) and, once the frozen test has run, on test
+(`TEST_STATS_TABLES`, ``--test-stats``: the page then opens with the test, and every val section says it is
+selection-only, with its n), the ablation tables,
 the extension tables, the power table, the RL metrics of the training runs (optional: a missing run is said so in
 its section) and one evaluation file to render a rollout from. Figures are matplotlib PNGs embedded as base64, so the page opens from
 disk with no other file. Every section is a ``<section id=...>`` listed in `SECTIONS`, present even when its data
