@@ -376,8 +376,7 @@ def frequencies(classes: list[dict[str, Any]] | None, selection: list[dict[str, 
         first = [c for c in shown if (c["run"], c["checkpoint"], c["split"], c["seed"]) == key[1:]]
         out = _freq_chart([(c["cls"], c["predicted_freq"], c["verified_freq"]) for c in first],
                           f"evaluation {key[1]}/{key[2]}/{key[3]}/s{key[4]}: real vs predicted class frequency")
-        out += table(shown, ["run", "checkpoint", "split", "seed", "cls", "n_verified", "n_predicted", "verified_freq",
-                             "predicted_freq", "precision", "recall"])
+        out += class_share_table(shown)
         out += '<p class="note">Selected checkpoints; classes neither predicted nor verified are left out.</p>'
     train = {name: f for name, rows in sorted(rl.items()) if (f := _train_freqs(rows))}
     if train:
@@ -653,8 +652,23 @@ def test_confusion(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
     chosen = {(s["run"], s["checkpoint"], s["seed"]) for s in selection}
     out = confusion_section([c for c in test.get("confusion") or []
                              if (c["run"], c["checkpoint"], c["seed"]) in chosen], selection, per_seed=True)
-    classes = [c for c in test.get("classes") or [] if (c["run"], c["checkpoint"], c["seed"]) in chosen
-               and (c["n_predicted"] or c["n_verified"])]
+    classes = [c for c in test.get("classes") or [] if (c["run"], c["checkpoint"], c["seed"]) in chosen]
+    out += "<h3>Class shares of the patches: verified vs predicted</h3>" + class_share_table(classes)
+    shares = [r for r in test.get("prediction_shares") or [] if r["n_predicted_reference"] or r["n_predicted_selected"]]
+    rows = [{"who": f"{r['run']} / seed {r['seed']}", "cls": r["cls"],
+             "ref": pct(r["n_predicted_reference"], r["n_patches_reference"]),
+             "sel": pct(r["n_predicted_selected"], r["n_patches_selected"]),
+             "ver": pct(r["n_verified_selected"], r["n_patches_selected"])} for r in shares]
+    if rows:
+        out += ("<h3>Predictions of the SFT checkpoint vs the selected checkpoint</h3>" + table(rows, list(rows[0]), {
+            "who": "run / seed", "cls": "class", "ref": "predicted share, SFT", "sel": "predicted share, selected",
+            "ver": "verified share, selected"}))
+    return out
+
+
+def class_share_table(classes: Sequence[Mapping[str, Any]]) -> str:
+    """Per evaluation and class: verified and predicted share of the patches, precision and recall, with counts."""
+    classes = [c for c in classes if c["n_predicted"] or c["n_verified"]]
     totals: dict[tuple, int] = {}
     for c in classes:
         k = (c["run"], c["checkpoint"], c["seed"])
@@ -666,20 +680,10 @@ def test_confusion(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
                               c["n_predicted"]),
              "recall": pct(None if _nan(c["recall"]) else round(c["recall"] * c["n_verified"]), c["n_verified"])}
             for c in classes]
-    out += "<h3>Class shares of the patches: verified vs predicted</h3>" + (table(rows, list(rows[0]), {
+    return table(rows, list(rows[0]), {
         "who": "run / checkpoint / seed", "cls": "class", "verified": "verified share", "predicted": "predicted share",
-        "precision": "precision (correct of predicted)", "recall": "recall (found of verified)"})
-        if rows else empty("No predictions at the selected checkpoints."))
-    shares = [r for r in test.get("prediction_shares") or [] if r["n_predicted_reference"] or r["n_predicted_selected"]]
-    rows = [{"who": f"{r['run']} / seed {r['seed']}", "cls": r["cls"],
-             "ref": pct(r["n_predicted_reference"], r["n_patches_reference"]),
-             "sel": pct(r["n_predicted_selected"], r["n_patches_selected"]),
-             "ver": pct(r["n_verified_selected"], r["n_patches_selected"])} for r in shares]
-    if rows:
-        out += ("<h3>Predictions of the SFT checkpoint vs the selected checkpoint</h3>" + table(rows, list(rows[0]), {
-            "who": "run / seed", "cls": "class", "ref": "predicted share, SFT", "sel": "predicted share, selected",
-            "ver": "verified share, selected"}))
-    return out
+        "precision": "precision (correct of predicted)", "recall": "recall (found of verified)"}) if rows else empty(
+        "No predictions at the selected checkpoints.")
 
 
 def test_ablations(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
