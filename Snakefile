@@ -42,9 +42,12 @@ include: "workflow/rules/report.smk"
 
 localrules:
     all,
+    design,
+    test,
 
 
-rule all:
+# Everything up to the checkpoint selection on val, never the test split: for iterating on the design.
+rule design:
     input:
         rules.split_mbpp.output,
         rules.verify_gold.output,
@@ -52,4 +55,22 @@ rule all:
         # RL of every run and seed (and, on prime-rl, its SFT): the configured backend; RFT on our trainer
         rules.prime_rl_all.input if config.get("backend", "local") == "prime_rl" else RL_RESULTS,
         RFT_RESULTS,
+        rules.stats.output,
+        rules.power.output,
+        expand(R("ablations", "{ablation}.parquet"), ablation=list(ABLATIONS)),
+        expand(R("extensions", "{extension}.parquet"), extension=list(EXTENSIONS)),
+
+
+# The test campaign alone: after selection on val, the test evaluations (once per frozen design: the ledger,
+# results/test/ledger.jsonl) and their statistics, results/test/stats/.
+rule test:
+    input:
+        rules.test_stats.output,
+
+
+# The whole study: the design, the test campaign and the report.
+rule all:
+    input:
+        rules.design.input,
+        rules.test.input,
         rules.report.output,

@@ -4,14 +4,24 @@ test split behind the selection and the ledger (config hash and selection record
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from predict.config import ConfigError, load_config
 from predict.data import MBPP_SCHEMA
-from predict.evaluate import config_hash, evaluate, evaluation_job, run_identity
+from predict.evaluate import (
+    CheckpointEval,
+    campaign_from_stats,
+    config_hash,
+    evaluate,
+    evaluate_checkpoints,
+    evaluation_job,
+    run_identity,
+)
 from predict.io import read_rows, write_rows
 from predict.rollouts import SplitGuardError
 from predict.stats import SELECTION_SCHEMA
@@ -64,25 +74,156 @@ def test_evaluation_is_greedy_with_its_own_settings(study, task_file: Path, endp
     assert sampling and all(s.get("temperature") == 0.0 and s.get("max_tokens") == 77 for s in sampling)
 
 
-def test_test_split_needs_the_selected_checkpoint_and_records_it(study, task_file: Path, endpoint,
-                                                                  tmp_path: Path) -> None:
-    selection = tmp_path / "selection.parquet"
-    write_rows([{"run": "B", "seed": 42, "mode": "fixed", "step": 100, "checkpoint": "step100",
-                 "val_pass_at_1": 0.5, "fallback": False}], SELECTION_SCHEMA, selection)
-    ledger = tmp_path / "ledger.jsonl"
+def _val_stats(tmp_path: Path, selected: str = "step100") -> tuple[Path, Path]:
+    """The val statistics a campaign reads: B and forced_keep at seed 42 (B evaluated at sft and two steps)."""
+    selection = write_rows(
+        [{"run": run, "seed": 42, "mode": "fixed", "step": 100, "checkpoint": selected, "val_pass_at_1": 0.5,
+          "fallback": False} for run in ("B", "forced_keep")], SELECTION_SCHEMA, tmp_path / "selection.parquet")
+    metrics = write_rows(
+        [{"run": "B", "checkpoint": c, "split": "val", "seed": 42} for c in ("sft", "step50", "step100")]
+        + [{"run": "forced_keep", "checkpoint": c, "split": "val", "seed": 42} for c in ("step50", "step100")],
+        pa.schema([("run", pa.string()), ("checkpoint", pa.string()), ("split", pa.string()), ("seed", pa.int64())]),
+        tmp_path / "metrics.parquet")
+    return selection, metrics
+
+
+def _campaign(study, task_file: Path, tmp_path: Path, *checkpoints: str, run: str = "B", **kw: Any) -> list[dict]:
+    selection, metrics = _val_stats(tmp_path)
+    evals = [CheckpointEval(c, "scripted", tmp_path / "eval" / run / c / "test" / "seed42.parquet") for c in checkpoints]
+    return evaluate_checkpoints(study, run=run, split="test", seed=42, tasks_path=task_file, checkpoints=evals,
+                                test_ledger=tmp_path / "test" / "ledger.jsonl", selection_path=selection,
+                                val_metrics=metrics, **kw)
+
+
+def test_test_split_only_through_the_campaign(study, task_file: Path, endpoint, tmp_path: Path) -> None:
     kw = dict(run="B", split="test", seed=42, tasks_path=task_file, model="scripted", base_url=endpoint.base_url)
     with pytest.raises(SplitGuardError, match="evaluated once"):
         evaluation_job(study, checkpoint="step100", out=tmp_path / "t.parquet", **kw)
-    with pytest.raises(SplitGuardError, match="selected checkpoint step100"):
-        evaluation_job(study, checkpoint="sft", out=tmp_path / "t.parquet", test_ledger=ledger,
-                       selection_path=selection, **kw)
-    evaluate(study, checkpoint="step100", out=tmp_path / "t.parquet", test_ledger=ledger, selection_path=selection,
-             **kw)
-    done = [json.loads(line) for line in ledger.read_text().splitlines()][-1]
-    assert done["status"] == "done" and done["run"] == "B"
-    assert done["config_hash"] == config_hash(study) and len(done["config_hash"]) == 64
-    assert done["selection"]["checkpoint"] == "step100" and done["selection"]["mode"] == "fixed"
-    assert done["evaluation"]["temperature"] == 0.0
-    with pytest.raises(SplitGuardError, match="already evaluated"):
-        evaluate(study, checkpoint="step100", out=tmp_path / "t2.parquet", test_ledger=ledger,
-                 selection_path=selection, **kw)
+    with pytest.raises(SplitGuardError, match="evaluate_checkpoints"):
+        evaluate(study, checkpoint="step100", out=tmp_path / "t.parquet", **kw)
+
+
+def test_campaign_plan_is_reference_selected_and_listed_checkpoints(study, tmp_path: Path) -> None:
+    selection, metrics = _val_stats(tmp_path)
+    assert campaign_from_stats(study, metrics, selection) == [("B", "sft", 42), ("B", "step100", 42),
+                                                              ("forced_keep", "step100", 42)]
+    listed = {**study, "evaluation": {**study["evaluation"], "test_checkpoints": ["step50", "step75"]}}
+    # step75 was never evaluated on val: not on the list; an ablation has no reference of its own
+    assert campaign_from_stats(listed, metrics, selection) == [("B", "sft", 42), ("B", "step100", 42),
+                                                               ("B", "step50", 42), ("forced_keep", "step100", 42),
+                                                               ("forced_keep", "step50", 42)]
+
+
+def test_campaign_records_hash_and_list_then_refuses_a_second_evaluation(study, task_file: Path, endpoint,
+                                                                         tmp_path: Path) -> None:
+    summaries = _campaign(study, task_file, tmp_path, "sft", "step100", base_url=endpoint.base_url)
+    assert [s["checkpoint"] for s in summaries] == ["sft", "step100"] and all(s["ran"] == 1 for s in summaries)
+    ledger = tmp_path / "test" / "ledger.jsonl"
+    entries = [json.loads(line) for line in ledger.read_text().splitlines()]
+    campaign = entries[0]
+    assert campaign["event"] == "campaign" and campaign["config_hash"] == config_hash(study)
+    assert campaign["plan"] == [["B", "sft", 42], ["B", "step100", 42], ["forced_keep", "step100", 42]]
+    done = [e for e in entries if e.get("status") == "done"]
+    assert [(e["run"], e["checkpoint"]) for e in done] == [("B", "sft"), ("B", "step100")]
+    assert done[1]["selection"]["checkpoint"] == "step100" and done[1]["evaluation"]["temperature"] == 0.0
+    for c in ("sft", "step100"):
+        assert read_rows(tmp_path / "eval" / "B" / c / "test" / "seed42.parquet")[0]["split"] == "test"
+    with pytest.raises(SplitGuardError, match=rf"{re.escape(str(ledger))}:\d+: B step100 seed 42 was already evaluated"):
+        _campaign(study, task_file, tmp_path, "step100", base_url=endpoint.base_url)
+
+
+def test_campaign_refuses_a_checkpoint_outside_its_list(study, task_file: Path, endpoint, tmp_path: Path) -> None:
+    _campaign(study, task_file, tmp_path, "step100", base_url=endpoint.base_url)
+    ledger = tmp_path / "test" / "ledger.jsonl"
+    for run, checkpoint in (("B", "step50"), ("forced_keep", "sft")):  # evaluated on val, but not selected
+        with pytest.raises(SplitGuardError, match=rf"{re.escape(str(ledger))}: {run} {checkpoint} seed 42 is not in "
+                                                  "the test campaign's list"):
+            _campaign(study, task_file, tmp_path, checkpoint, run=run, base_url=endpoint.base_url)
+    assert not (tmp_path / "eval" / "B" / "step50" / "test").exists()
+
+
+def test_a_second_campaign_under_a_changed_config_is_refused(study, task_file: Path, endpoint, tmp_path: Path) -> None:
+    _campaign(study, task_file, tmp_path, "sft", base_url=endpoint.base_url)
+    # what does not shape results is not a new design ...
+    cosmetic = {**study, "run_name": "renamed", "power": {**study["power"], "simulations": 7}}
+    assert config_hash(cosmetic) == config_hash(study)
+    # ... what does is: even an entry never evaluated is refused, naming the ledger and the changed key
+    changed = {**study, "evaluation": {**study["evaluation"], "max_tokens": 78}}
+    ledger = tmp_path / "test" / "ledger.jsonl"
+    with pytest.raises(SplitGuardError, match=rf"{re.escape(str(ledger))}: the test campaign was frozen .* differs "
+                                              r"in evaluation\.max_tokens"):
+        _campaign(changed, task_file, tmp_path, "step100", base_url=endpoint.base_url)
+    assert not (tmp_path / "eval" / "B" / "step100" / "test").exists()
+
+
+def test_an_interrupted_campaign_resumes_without_redoing_rollouts(study, task_file: Path, endpoint, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import predict.evaluate as evaluate_mod
+
+    real_roll_out, calls = evaluate_mod.roll_out, []
+
+    def killed_on_the_second_checkpoint(job, config):
+        calls.append(job.checkpoint)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed")
+        return real_roll_out(job, config)
+
+    monkeypatch.setattr(evaluate_mod, "roll_out", killed_on_the_second_checkpoint)
+    with pytest.raises(KeyboardInterrupt):
+        _campaign(study, task_file, tmp_path, "sft", "step100", base_url=endpoint.base_url)
+    sft_out = tmp_path / "eval" / "B" / "sft" / "test" / "seed42.parquet"
+    # nothing published (Snakemake would delete a failed job's outputs), the rollouts persisted
+    assert not sft_out.exists() and any(sft_out.with_name(sft_out.name + ".partial").glob("part-*.parquet"))
+    monkeypatch.setattr(evaluate_mod, "roll_out", real_roll_out)
+    requests = len(endpoint.requests)
+    summaries = _campaign(study, task_file, tmp_path, "sft", "step100", base_url=endpoint.base_url)
+    assert [(s["checkpoint"], s["ran"], s["rollouts"]) for s in summaries] == [("sft", 0, 1), ("step100", 1, 1)]
+    assert read_rows(sft_out)[0]["final_pass"] and len(endpoint.requests) > requests
+
+
+class FakeServer:
+    """predict.serve.VLLMServer's surface, serving the scripted endpoint; records starts and reloads."""
+
+    log: list[tuple[str, str]] = []
+
+    def __init__(self, model, *, served_model_name=None, worker_extension=False, **kw: Any) -> None:
+        assert worker_extension and served_model_name == "policy"
+        self.model = str(model)
+
+    def start(self) -> FakeServer:
+        FakeServer.log.append(("start", self.model))
+        return self
+
+    def reload_weights(self, weights_dir, *, version=None) -> list[str]:
+        FakeServer.log.append(("reload", str(weights_dir)))
+        return []
+
+    def stop(self) -> None:
+        FakeServer.log.append(("stop", self.model))
+
+
+def test_one_server_per_run_and_seed_reloaded_between_checkpoints(study, task_file: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import predict.serve
+
+    with ScriptedEndpoint({"multiply": [SOLVE, "FINAL: done"]}) as ep:
+        FakeServer.base_url = ep.base_url
+        FakeServer.log = []
+        monkeypatch.setattr(predict.serve, "VLLMServer", FakeServer)
+        folders = [tmp_path / c for c in ("sft", "step1", "step2")]
+        for folder in folders:
+            folder.mkdir()
+        evals = [CheckpointEval(c.name, str(c), tmp_path / "eval" / "A" / c.name / "val" / "seed42.parquet")
+                 for c in folders]  # fmt: skip
+        summaries = evaluate_checkpoints(study, run="A", split="val", seed=42, tasks_path=task_file, checkpoints=evals)
+        assert FakeServer.log == [("start", str(folders[0])), ("reload", str(folders[1])),
+                                  ("reload", str(folders[2])), ("stop", str(folders[0]))]
+        assert [read_rows(e.out)[0]["checkpoint"] for e in evals] == ["sft", "step1", "step2"]
+        assert {r.get("model") for r in ep.requests if r.get("model")} <= {"policy"}
+        assert all(s["server_starts"] == 1 for s in summaries)
+        # an HF id has no folder to reload from: a fresh server
+        FakeServer.log = []
+        hub = [CheckpointEval("base", "Qwen/Qwen3-4B-Base", tmp_path / "eval" / "A" / "base" / "val" / "seed42.parquet"),
+               CheckpointEval("sft2", str(folders[0]), tmp_path / "eval" / "A" / "sft2" / "val" / "seed42.parquet")]
+        evaluate_checkpoints(study, run="A", split="val", seed=42, tasks_path=task_file, checkpoints=hub)
+        assert [e[0] for e in FakeServer.log] == ["start", "reload", "stop"]

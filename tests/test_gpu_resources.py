@@ -17,8 +17,9 @@ def paper():
 
 
 def test_paper_dag_serving_rules_ask_for_one_gpu_each(paper):
-    assert {r for r, jobs in paper.items() if any("gpu" in j for j in jobs)} >= {"rollout", "evaluate"}
-    for job in paper["rollout"] + paper["evaluate"]:
+    evaluations = [job for rule, jobs in paper.items() if rule.startswith("evaluate_") for job in jobs]
+    assert {r for r, jobs in paper.items() if any("gpu" in j for j in jobs)} >= {"rollout", "evaluate_A", "evaluate_test_B"}
+    for job in paper["rollout"] + evaluations:
         assert job["gpu"] == "1" and job["mem_mb"] == "64000" and job["vllm_server"] == "1"
     for rule in ("split_mbpp", "verify_gold", "check_serving"):
         assert all("gpu" not in job for job in paper[rule]), rule
@@ -40,5 +41,5 @@ def test_local_slurm_overlay_asks_for_the_same_gpus_with_cpu_sizes(paper):
 
 def test_embedded_default_asks_for_no_gpu():
     local = dag_resources(["--profile", "workflow/profiles/local", "all"])
-    assert local["evaluate"] and local["train_sft"] and local["rl"]  # serving and training rules, all on the CPU
+    assert local["evaluate_A"] and local["evaluate_test_B"] and local["train_sft"] and local["rl"]  # serving and training rules, all on the CPU
     assert all("gpu" not in job for jobs in local.values() for job in jobs)

@@ -1,5 +1,6 @@
-"""The evaluation/statistics/report DAG: an ablation target pulls exactly what it needs, and `all` ends in the report
-(dry-runs of the paper design under the slurm profile and of the embedded default)."""
+"""The evaluation/statistics/report DAG: an ablation target pulls exactly what it needs, `design` stops at the val
+selection, `test` is the campaign alone, and `all` ends in the report (dry-runs of the paper design under the slurm
+profile and of the embedded default)."""
 
 from __future__ import annotations
 
@@ -20,29 +21,38 @@ def job_counts(*args: str) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m[1] != "total"}
 
 
+def evaluation_jobs(counts: dict[str, int], split: str = "val") -> dict[str, int]:
+    """{run: jobs} of the evaluation rules of a split (one job per run and seed: evaluate_<run>, evaluate_test_<run>)."""
+    prefix = "evaluate_test_" if split == "test" else "evaluate_"
+    return {rule.removeprefix(prefix): n for rule, n in counts.items()
+            if rule.startswith(prefix) and (split == "test" or not rule.startswith("evaluate_test_"))}  # fmt: skip
+
+
 def test_forced_keep_target_builds_exactly_what_it_needs() -> None:
     counts = job_counts("--profile", "slurm", "results/ablations/forced_keep.parquet")
-    # val evaluations, two seeds each: arms A (the deficit) and B (the base arm) at sft + 4 steps, forced_keep at its
-    # 4 steps (its SFT is B's); and the training they need on the paper's backend, prime-rl: its set-up, both arms'
+    # val evaluations, one job per run and seed (all its checkpoints, one server): arms A (the deficit) and B (the
+    # base arm), forced_keep (nothing of the test campaign); and the training they need on the paper's backend, prime-rl: its set-up, both arms'
     # SFT, the three runs' RL; check_serving before any serving job
     assert counts == {
         "split_mbpp": 1, "sft_traces": 1, "check_serving": 1, "prime_rl_setup": 1, "prime_rl_sft_config": 2,
-        "prime_rl_sft": 2, "prime_rl_rl_config": 3 * 2, "prime_rl_rl": 3 * 2, "evaluate": 2 * 2 * 5 + 2 * 4,
-        "ablation": 1,
+        "prime_rl_sft": 2, "prime_rl_rl_config": 3 * 2, "prime_rl_rl": 3 * 2,
+        "evaluate_A": 2, "evaluate_B": 2, "evaluate_forced_keep": 2, "ablation": 1,
     }  # fmt: skip
 
 
 def test_paper_all_ends_in_the_report_with_every_ablation() -> None:
     counts = job_counts("--profile", "slurm", "all")
     assert counts["report"] == 1 and counts["ablation"] == 3 and counts["stats"] == 1 and counts["power"] == 1
-    # arms: 2 runs x 2 seeds x (sft + 4 steps); ablations and extensions (their SFT is their base arm's): 9 runs x
-    # 2 seeds x 4 steps
-    assert counts["evaluate"] == 2 * 2 * 5 + 9 * 2 * 4
+    # one val job and one test job per run and seed: 11 runs x 2 seeds
+    assert evaluation_jobs(counts) == evaluation_jobs(counts, "test") == {run: 2 for run in RUNS}
+    assert counts["test_stats"] == 1
     # GRPO runs (arms, ablations, RL extensions) on prime-rl; the RFT extensions on our trainer
     assert counts["prime_rl_rl"] == 9 * 2 and counts["rft"] == 2 * 2 and counts["extension"] == 6
 
 
 EXTENSIONS = ["expensive_tests_A", "expensive_tests_B", "edit_on_revise", "mask_decision", "rft_A", "rft_B"]
+ABLATIONS = ["alpha0", "forced_keep", "budget_neutral"]
+RUNS = ["A", "B", *ABLATIONS, *EXTENSIONS]
 
 
 def dry_run(*args: str) -> str:
@@ -65,10 +75,47 @@ def test_paper_all_includes_every_extension_run_table_and_report_input() -> None
 def test_local_all_runs_every_extension_at_its_last_step_only() -> None:
     counts = job_counts("all")
     assert counts["rl"] == 9 and counts["rft"] == 2 and counts["extension"] == 6
-    assert counts["evaluate"] == 2 * 2 + 3 + 6  # arms: sft + step2; ablations and extensions: step2 only
+    assert evaluation_jobs(counts) == evaluation_jobs(counts, "test") == {run: 1 for run in RUNS}  # one seed
 
 
 def test_expensive_tests_table_pulls_the_other_arm_at_the_same_cost() -> None:
     text = dry_run("--profile", "slurm", "results/extensions/expensive_tests_B.parquet")
     for run in ("expensive_tests_A", "expensive_tests_B", "A", "B"):
         assert f"results/eval/{run}/step100/val/seed42.parquet" in text, run
+
+
+def test_paper_test_target_is_the_campaign_at_the_selected_checkpoints() -> None:
+    for target in ("test", "all"):
+        text = dry_run("--profile", "slurm", target)
+        for seed in (42, 43):
+            for arm in ("A", "B"):  # the reference (SFT) and the selected step, one job
+                for checkpoint in ("sft", "step100"):
+                    assert f"--out results/eval/{arm}/{checkpoint}/test/seed{seed}.parquet" in text, (arm, checkpoint)
+            for run in ABLATIONS + EXTENSIONS:  # the selected step only
+                assert f"--out results/eval/{run}/step100/test/seed{seed}.parquet" in text, run
+                assert f"results/eval/{run}/sft/test/seed{seed}.parquet" not in text, run
+            for run in RUNS:  # nothing but the selected step and the reference
+                assert f"results/eval/{run}/step50/test/seed{seed}.parquet" not in text, run
+        assert "--test-ledger results/test/ledger.jsonl" in text and "--selection results/stats/selection.parquet" in text
+        stats_job = next(line for line in text.splitlines() if "--out-dir results/test/stats" in line)
+        assert stats_job.count("/test/seed") == 2 * (2 * 2 + 9)  # every test evaluation, nothing of val
+        assert "/val/" not in stats_job.split("--selection")[0]
+        assert ("results/report/index.html" in text) == (target == "all")
+    counts = job_counts("--profile", "slurm", "test")
+    assert counts["test_stats"] == 1 and "report" not in counts and "ablation" not in counts
+
+
+def test_design_target_never_touches_test() -> None:
+    text = dry_run("--profile", "slurm", "design")
+    assert "results/stats/selection.parquet" in text and "results/ablations/forced_keep.parquet" in text
+    # split_mbpp writes test.parquet; no job reads it
+    assert "--split test" not in text and "evaluate_test" not in text and "/test/" not in text
+    assert "--tasks results/data/test.parquet" not in text and "results/report" not in text
+
+
+def test_best_val_selection_plans_the_campaign_after_the_val_statistics() -> None:
+    best = 'evaluation={"selection": {"mode": "best_val"}}'
+    text = dry_run("--profile", "workflow/profiles/local", "test", "--config", best)
+    # the test checkpoints are known once selection.parquet is: the stats checkpoint, then the campaign
+    assert "checkpoint jobs" in text and "test_stats" in text and "--out-dir results/stats" in text
+    assert "/test/seed42.parquet" not in text

@@ -147,8 +147,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         protocol=args.protocol,
         client=args.client,
         base_url=args.base_url,
-        test_ledger=Path(args.test_ledger) if args.test_ledger else None,
-    )
+    )  # no test ledger: the test split belongs to the test campaign (`predict evaluate --split test`)
     if args.arm not in config["arms"]:
         raise ConfigError(f"{args.config or 'config'}: arms: no arm {args.arm!r} (have {', '.join(config['arms'])})")
     summary = run_job(job, config)
@@ -188,23 +187,28 @@ def _config(args: argparse.Namespace) -> dict:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from predict.evaluate import evaluate
+    from predict.evaluate import CheckpointEval, evaluate_checkpoints
 
     config = _config(args)
-    summary = evaluate(
+    if not (len(args.checkpoint) == len(args.model) == len(args.out)):
+        raise SystemExit(f"evaluate: give one --model and one --out per --checkpoint (got {len(args.checkpoint)} "
+                         f"--checkpoint, {len(args.model)} --model, {len(args.out)} --out)")
+    summaries = evaluate_checkpoints(
         config,
         run=args.run,
-        checkpoint=args.checkpoint,
         split=args.split,
         seed=args.seed,
         tasks_path=Path(args.tasks),
-        model=args.model,
-        out=Path(args.out),
+        checkpoints=[CheckpointEval(c, m, Path(o)) for c, m, o in zip(args.checkpoint, args.model, args.out,
+                                                                         strict=True)],
         base_url=args.base_url,
         test_ledger=Path(args.test_ledger) if args.test_ledger else None,
         selection_path=Path(args.selection) if args.selection else None,
+        val_metrics=Path(args.val_metrics) if args.val_metrics else None,
     )
-    _print_summary(f"greedy evaluation: {args.run}, {args.checkpoint}, {args.split}, seed {args.seed}", summary)
+    for summary in summaries:
+        checkpoint = summary.pop("checkpoint")
+        _print_summary(f"greedy evaluation: {args.run}, {checkpoint}, {args.split}, seed {args.seed}", summary)
     return 0
 
 
@@ -555,7 +559,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--client", choices=["eval", "train"], default="eval", help="train = record token ids")
     p.add_argument("--base-url", default=None, help="use this running endpoint instead of starting vLLM")
-    p.add_argument("--test-ledger", default=None, help="only for the evaluate_test target")
     p.add_argument("--out", required=True)
 
     def config_source(p: argparse.ArgumentParser) -> None:
@@ -568,18 +571,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", required=True, help="the sft split parquet from `predict split`")
     p.add_argument("--out-dir", required=True, help="writes {arm}.parquet for every arm and tasks.parquet")
 
-    p = stage("evaluate", _cmd_evaluate, "greedy pass@1 of one run's checkpoint on a split (evaluation settings)")
+    p = stage("evaluate", _cmd_evaluate,
+              "greedy pass@1 of a run/seed's checkpoints on a split, one vLLM server (evaluation settings)")
     config_source(p)
     p.add_argument("--run", required=True, help="an arm (A, B) or an ablation (alpha0, forced_keep, ...)")
-    p.add_argument("--checkpoint", required=True, help="base, sft or step<N>")
     p.add_argument("--split", required=True, choices=["val", "test"])
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--tasks", required=True, help="split parquet from `predict split`")
-    p.add_argument("--model", required=True, help="checkpoint folder or HF id")
+    p.add_argument("--checkpoint", action="append", required=True,
+                   help="base, sft or step<N>; repeat with --model and --out for each checkpoint, in order")
+    p.add_argument("--model", action="append", required=True, help="checkpoint folder or HF id (per --checkpoint)")
+    p.add_argument("--out", action="append", required=True, help="its parquet (per --checkpoint)")
     p.add_argument("--base-url", default=None, help="use this running endpoint instead of starting vLLM")
-    p.add_argument("--test-ledger", default=None, help="only for the evaluate_test target")
-    p.add_argument("--selection", default=None, help="selection.parquet from `predict stats` (test only)")
-    p.add_argument("--out", required=True)
+    p.add_argument("--test-ledger", default=None, help="test only: the campaign's ledger (results/test/ledger.jsonl)")
+    p.add_argument("--selection", default=None, help="test only: selection.parquet from `predict stats` on val")
+    p.add_argument("--val-metrics", default=None, help="test only: metrics.parquet from `predict stats` on val")
 
     p = stage("stats", _cmd_stats, "pass@1, paired tests, mechanism metrics and selection from evaluations")
     config_source(p)

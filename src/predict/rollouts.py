@@ -2,8 +2,8 @@
 
 This is the `predict rollout` stage. Finished rollouts are persisted one by one (`ResumableParquet`),
 so an interrupted run resumes where it stopped and never redoes a finished rollout. The test split is
-*touched once*: rolling out on it needs the explicit `evaluate_test` target, which passes a ledger;
-each evaluation is recorded there, and a second evaluation of the same arm/checkpoint/seed is refused.
+*touched once*: rolling out on it needs the test campaign (`snakemake test`, `predict.evaluate`), which passes a
+ledger; each evaluation is recorded there, and a second evaluation of the same run/checkpoint/seed is refused.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class RolloutJob:
     sampling: Mapping[str, Any] | None = None  # e.g. evaluation's greedy {temperature, max_tokens}; None = env's
     run: str | None = None  # the study run (arm or ablation) the test ledger keys on; None = the arm
     ledger_extra: Mapping[str, Any] | None = None  # more ledger fields (config hash, the selection)
+    served_model: str | None = None  # with base_url: the name that endpoint serves the model under; None = model
 
 
 def select_tasks(rows: Sequence[Mapping[str, Any]], n_tasks: int | None, samples: int) -> list[dict[str, Any]]:
@@ -74,12 +75,14 @@ def guard_test_split(job: RolloutJob) -> None:
         return
     if job.test_ledger is None:
         raise SplitGuardError(
-            f"{job.tasks_path} is the test split, which is evaluated once: use the evaluate_test target "
-            "(snakemake results/test/...), not a rollout stage"
+            f"{job.tasks_path} is the test split, which is evaluated once: it belongs to the test campaign "
+            "(snakemake test), not a rollout stage"
         )
     if job.test_ledger.exists():
         for line_number, line in enumerate(job.test_ledger.read_text().splitlines(), start=1):
             entry = json.loads(line)
+            if "status" not in entry:  # the campaign's own entry (predict.evaluate.TestLedger), not an evaluation
+                continue
             run = job.run or job.arm
             same = (entry.get("run", entry["arm"]), entry["checkpoint"], entry["seed"]) == (run, job.checkpoint, job.seed)
             if same and entry.get("status") == "done":
@@ -119,8 +122,47 @@ def sandbox_isolation(study_config: Mapping[str, Any]) -> dict[str, Any]:
     return record
 
 
+@dataclass
+class PendingOutput:
+    """A rollout job whose rows are all persisted (in `<out>.partial/`) but not yet published to `<out>`.
+
+    A job that evaluates several checkpoints publishes them all at the end: Snakemake deletes every declared
+    output of a failed job, so an output published before a later checkpoint fails would be lost, while the
+    undeclared partial folder survives and the rerun resumes from it without redoing a rollout."""
+
+    job: RolloutJob
+    sink: ResumableParquet
+    isolation: dict[str, Any]
+    ledger_entry: dict[str, Any]
+    summary: dict[str, Any]
+
+    def publish(self) -> dict[str, Any]:
+        """Write `<out>`, drop the partial folder and record a finished test evaluation in the ledger."""
+        from predict.sandbox import isolation_metadata  # noqa: PLC0415
+
+        self.sink.finish(metadata=isolation_metadata(self.isolation))
+        if self.job.test_ledger is not None:
+            _ledger_append(self.job.test_ledger,
+                           {**self.ledger_entry, **self.summary, "status": "done", "time": time.strftime("%FT%T%z")})
+        return self.summary
+
+
+def remaining_rollouts(job: RolloutJob) -> int:
+    """How many of the job's rollouts are not persisted yet (0: publishing needs no server)."""
+    from predict.env.records import RECORD_SCHEMA
+
+    tasks = select_tasks(load_split(job.tasks_path), job.n_tasks, job.samples)
+    done = ResumableParquet(job.out, RECORD_SCHEMA, key=("task_id", "sample")).done()
+    return sum((t["task_id"], t["sample"]) not in done for t in tasks)
+
+
 def run_job(job: RolloutJob, study_config: Mapping[str, Any]) -> dict[str, Any]:
     """Run (or resume) one rollout job and write its parquet. Returns a short summary."""
+    return roll_out(job, study_config).publish()
+
+
+def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
+    """Run (or resume) one rollout job's rollouts, persisting each as it finishes; publish with `.publish()`."""
     from predict.env.records import RECORD_SCHEMA
     from predict.env.rollout import RolloutSettings, run_rollouts_sync
     from predict.serve import VLLMServer
@@ -170,7 +212,7 @@ def run_job(job: RolloutJob, study_config: Mapping[str, Any]) -> dict[str, Any]:
                 seed=job.seed,
                 checkpoint=job.checkpoint,
                 base_url=job.base_url or srv.base_url,
-                model=srv.model_name if srv is not None else job.model,
+                model=srv.model_name if srv is not None else (job.served_model or job.model),
                 variant=job.variant,
                 client=job.client,
                 split=job.split,
@@ -190,9 +232,6 @@ def run_job(job: RolloutJob, study_config: Mapping[str, Any]) -> dict[str, Any]:
 
                 run_rollouts_sync(todo, settings, on_record=on_record)
             timing["rollouts_s"] = time.perf_counter() - t1
-    from predict.sandbox import isolation_metadata  # noqa: PLC0415
-
-    sink.finish(metadata=isolation_metadata(isolation))
     rows = sink.rows
     summary = {
         "rollouts": len(rows),
@@ -203,6 +242,4 @@ def run_job(job: RolloutJob, study_config: Mapping[str, Any]) -> dict[str, Any]:
     }
     if "rollouts_s" in timing and todo:
         summary["rollouts_per_s"] = len(todo) / timing["rollouts_s"]
-    if job.test_ledger is not None:
-        _ledger_append(job.test_ledger, {**ledger_entry, **summary, "status": "done", "time": time.strftime("%FT%T%z")})
-    return summary
+    return PendingOutput(job, sink, isolation, ledger_entry, summary)

@@ -2,10 +2,12 @@
 import json
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
 from predict.config import ConfigError, validate_config
+from predict.evaluate import campaign_plan, planned_selection
 from predict.runs import extension_counterpart, resolve_run, study_runs
 
 try:
@@ -138,10 +140,11 @@ def EVAL_RUNS():
     return study_runs(config)
 
 
-def EVAL_CHECKPOINTS(run, seed):
-    """The configured checkpoints of a run that exist or are built here; `base`, the untrained stand-in, when none
-    is (a branch or config without trained checkpoints). Wiring new checkpoints in is evaluation.checkpoints
-    (evaluation.extension_checkpoints for the extension runs, whose SFT is their base arm's)."""
+def RUN_CHECKPOINTS(run):
+    """The configured checkpoints of a run that exist or are built here, for every seed (one evaluation job serves
+    them all, so a seed cannot have its own list); `base`, the untrained stand-in, when none is (a branch or config
+    without trained checkpoints). Wiring new checkpoints in is evaluation.checkpoints (evaluation.extension_checkpoints
+    for the extension runs, whose SFT is their base arm's)."""
     wanted = EVALUATION.get("checkpoints", ["base"])
     if run in EXTENSIONS and EVALUATION.get("extension_checkpoints"):
         wanted = EVALUATION["extension_checkpoints"]
@@ -149,18 +152,68 @@ def EVAL_CHECKPOINTS(run, seed):
         # An ablation's SFT checkpoint is its base arm's, already evaluated there; the statistics pair an ablation
         # with its base arm at the selected RL step only, so its own evaluations start after SFT.
         wanted = [c for c in wanted if c != "sft"]
-    have = [c for c in wanted if c == "base" or checkpoint_available(checkpoint_model(run, c, seed))]
+    have = [
+        c
+        for c in wanted
+        if c == "base" or all(checkpoint_available(checkpoint_model(run, c, seed)) for seed in config["seeds"])
+    ]
     return have or ["base"]
 
 
+def EVAL_CHECKPOINTS(run, seed):
+    """The checkpoints a run/seed is evaluated at on val (the same for every seed: RUN_CHECKPOINTS)."""
+    return RUN_CHECKPOINTS(run)
+
+
 def EVALS(runs=None, split="val"):
-    """The greedy evaluation files of these runs (default: all) on a split, every seed and checkpoint."""
+    """The greedy val evaluation files of these runs (default: all), every seed and checkpoint."""
     return [
         R("eval", run, checkpoint, split, f"seed{seed}.parquet")
         for run in (runs or EVAL_RUNS())
         for seed in config["seeds"]
         for checkpoint in EVAL_CHECKPOINTS(run, seed)
     ]
+
+
+# The test campaign (src/predict/evaluate.py): per run and seed the checkpoint selection chose on val, for the arms
+# also evaluation.reference, and evaluation.test_checkpoints. With evaluation.selection.mode `fixed` the choice is
+# known now and each run/seed's test checkpoints are one job; with `best_val` it is known once the val statistics
+# exist: the `stats` checkpoint, then one job per test checkpoint.
+SELECTION_MODE = (EVALUATION.get("selection") or {}).get("mode", "fixed")
+
+
+def VAL_CHECKPOINTS():
+    """{(run, seed): its val checkpoints}. A function: which checkpoints some rule builds is known only once the
+    training rules are included (after this file)."""
+    return {(run, seed): RUN_CHECKPOINTS(run) for run in EVAL_RUNS() for seed in config["seeds"]}
+
+
+def PLANNED_CAMPAIGN():
+    """fixed selection: every (run, checkpoint, seed) of the test campaign, known before any evaluation."""
+    val_checkpoints = VAL_CHECKPOINTS()
+    return campaign_plan(config, val_checkpoints, planned_selection(config, val_checkpoints))
+
+
+def CAMPAIGN_CHECKPOINTS(run):
+    """fixed selection: the checkpoints the campaign evaluates a run at on test (the same for every seed)."""
+    plan = PLANNED_CAMPAIGN()
+    per_seed = {seed: [c for r, c, s in plan if (r, s) == (run, seed)] for seed in config["seeds"]}
+    first = per_seed[config["seeds"][0]]
+    if any(checkpoints != first for checkpoints in per_seed.values()):
+        raise WorkflowError(f"run {run}: the test campaign's checkpoints differ between seeds: {per_seed}")
+    return first
+
+
+def TEST_EVALS(wildcards=None):
+    """Every test evaluation file of the campaign."""
+    if SELECTION_MODE == "fixed":
+        plan = PLANNED_CAMPAIGN()
+    else:
+        from predict.evaluate import campaign_from_stats
+
+        val_stats = checkpoints.stats.get().output
+        plan = campaign_from_stats(config, Path(val_stats.metrics), Path(val_stats.selection))
+    return [R("eval", run, checkpoint, "test", f"seed{seed}.parquet") for run, checkpoint, seed in plan]
 
 
 def EXTENSION_EVALS(extension):
@@ -187,3 +240,26 @@ def REPORT_EXAMPLE():
     """The evaluation a rollout is rendered from: Arm B's first checkpoint of the first seed (else any)."""
     runs = ["B"] if "B" in config["arms"] else EVAL_RUNS()[:1]
     return EVALS(runs)[0]
+
+
+# The evaluation jobs (workflow/rules/evaluation.smk): one per run, seed and split, all of its checkpoints.
+TEST_LEDGER = R("test", "ledger.jsonl")
+
+
+def evaluation_models(run, checkpoints):
+    """Input function: the checkpoint folders this workflow builds, of a run's checkpoints for the job's seed."""
+    return lambda w: [
+        model
+        for checkpoint in checkpoints
+        for model in [checkpoint_model(run, checkpoint, w.seed)]
+        if model.startswith(str(RESULTS))
+    ]
+
+
+def evaluation_args(run, checkpoints):
+    """Params function: `--checkpoint C --model M --out O` per checkpoint, in the order of the rule's outputs."""
+    return lambda w, output: " ".join(
+        f"--checkpoint {checkpoint} --model {shlex.quote(checkpoint_model(run, checkpoint, w.seed))}"
+        f" --out {shlex.quote(out)}"
+        for checkpoint, out in zip(checkpoints, output, strict=True)
+    )

@@ -1,59 +1,107 @@
-# Greedy pass@1 evaluation (the `evaluation` config section) of every run x checkpoint x seed on val, and the one
-# evaluation on the test split. Which runs and checkpoints exist: EVAL_RUNS / EVAL_CHECKPOINTS in common.smk.
+# Greedy pass@1 evaluation (the `evaluation` config section), `predict evaluate`: per run and seed ONE job, one vLLM
+# server, every checkpoint of the run (weights reloaded in place between them), one parquet per checkpoint:
+#   val:  evaluate_<run>       -> results/eval/<run>/<checkpoint>/val/seed<seed>.parquet, EVAL_CHECKPOINTS
+#   test: evaluate_test_<run>  -> results/eval/<run>/<checkpoint>/test/seed<seed>.parquet, the test campaign
+# The test campaign (`snakemake test`) runs after selection on val; the stage asks results/test/ledger.jsonl first
+# (one campaign per frozen design). Which runs and checkpoints: EVAL_RUNS, RUN_CHECKPOINTS, CAMPAIGN_CHECKPOINTS
+# and TEST_EVALS in common.smk.
 
 
-rule evaluate:
-    input:
-        tasks=R("data", "{split}.parquet"),
-        model=checkpoint_inputs,
-        serving=ancient(SERVING_CHECK),
-    output:
-        R("eval", "{run}", "{checkpoint}", "{split}", "seed{seed}.parquet"),
-    wildcard_constraints:
-        split="val",
-        checkpoint=r"base|sft|step\d+",
-    params:
-        model=lambda w: checkpoint_model(w.run, w.checkpoint, w.seed),
-        config=CONFIG_JSON,
-    resources:
-        **SERVING_RESOURCES,
-    log:
-        LOG("evaluate", "{run}", "{checkpoint}", "{split}", "seed{seed}"),
-    benchmark:
-        BENCH("evaluate", "{run}", "{checkpoint}", "{split}", "seed{seed}")
-    conda:
-        "../../envs/pipeline.yaml"
-    shell:
-        "predict evaluate --config-json {params.config:q} --tasks {input.tasks:q} --split {wildcards.split}"
-        " --model {params.model:q} --run {wildcards.run} --checkpoint {wildcards.checkpoint}"
-        " --seed {wildcards.seed} --out {output:q} > {log:q} 2>&1"
+for _run in EVAL_RUNS():
+
+    rule:
+        name:
+            f"evaluate_{_run}"
+        input:
+            tasks=R("data", "val.parquet"),
+            models=evaluation_models(_run, RUN_CHECKPOINTS(_run)),
+            serving=ancient(SERVING_CHECK),
+        output:
+            [R("eval", _run, checkpoint, "val", "seed{seed}.parquet") for checkpoint in RUN_CHECKPOINTS(_run)],
+        params:
+            run=_run,
+            checkpoints=evaluation_args(_run, RUN_CHECKPOINTS(_run)),
+            config=CONFIG_JSON,
+        resources:
+            **SERVING_RESOURCES,
+        log:
+            LOG("evaluate", _run, "val", "seed{seed}"),
+        benchmark:
+            BENCH("evaluate", _run, "val", "seed{seed}")
+        conda:
+            "../../envs/pipeline.yaml"
+        shell:
+            "predict evaluate --config-json {params.config:q} --tasks {input.tasks:q} --split val"
+            " --run {params.run} --seed {wildcards.seed} {params.checkpoints} > {log:q} 2>&1"
 
 
-# The one evaluation on the test split: `snakemake results/test/<run>/<checkpoint>/seed<seed>.parquet`, for the
-# checkpoint that selection (on val only) chose. The stage refuses any other checkpoint and a second evaluation,
-# and records the config hash and the selection in results/test/ledger.jsonl. Nothing in `all` reads test.
-rule evaluate_test:
-    input:
-        tasks=R("data", "test.parquet"),
-        model=checkpoint_inputs,
-        serving=ancient(SERVING_CHECK),
-        selection=R("stats", "selection.parquet"),
-    output:
-        R("test", "{run}", "{checkpoint}", "seed{seed}.parquet"),
-    params:
-        model=lambda w: checkpoint_model(w.run, w.checkpoint, w.seed),
-        config=CONFIG_JSON,
-        ledger=R("test", "ledger.jsonl"),
-    resources:
-        **SERVING_RESOURCES,
-    log:
-        LOG("evaluate_test", "{run}", "{checkpoint}", "seed{seed}"),
-    benchmark:
-        BENCH("evaluate_test", "{run}", "{checkpoint}", "seed{seed}")
-    conda:
-        "../../envs/pipeline.yaml"
-    shell:
-        "predict evaluate --config-json {params.config:q} --tasks {input.tasks:q} --split test"
-        " --model {params.model:q} --run {wildcards.run} --checkpoint {wildcards.checkpoint}"
-        " --seed {wildcards.seed} --selection {input.selection:q} --test-ledger {params.ledger:q}"
-        " --out {output:q} > {log:q} 2>&1"
+# The test campaign, after selection on val. The stage refuses, naming the ledger: an evaluation outside the
+# campaign's list, a second evaluation, another config hash (src/predict/evaluate.py: TestLedger).
+TEST_CAMPAIGN_INPUTS = {
+    "tasks": R("data", "test.parquet"),
+    "selection": R("stats", "selection.parquet"),
+    "val_metrics": R("stats", "metrics.parquet"),
+    "serving": ancient(SERVING_CHECK),
+}
+TEST_CAMPAIGN_SHELL = (
+    "predict evaluate --config-json {params.config:q} --tasks {input.tasks:q} --split test --run {params.run}"
+    " --seed {wildcards.seed} {params.checkpoints} --selection {input.selection:q}"
+    " --val-metrics {input.val_metrics:q} --test-ledger {params.ledger:q} > {log:q} 2>&1"
+)
+
+if SELECTION_MODE == "fixed":
+    # The selected step is known now: a run/seed's test checkpoints are one job, one server.
+    for _run in EVAL_RUNS():
+
+        rule:
+            name:
+                f"evaluate_test_{_run}"
+            input:
+                **TEST_CAMPAIGN_INPUTS,
+                models=evaluation_models(_run, CAMPAIGN_CHECKPOINTS(_run)),
+            output:
+                [R("eval", _run, checkpoint, "test", "seed{seed}.parquet") for checkpoint in CAMPAIGN_CHECKPOINTS(_run)],
+            params:
+                run=_run,
+                checkpoints=evaluation_args(_run, CAMPAIGN_CHECKPOINTS(_run)),
+                config=CONFIG_JSON,
+                ledger=TEST_LEDGER,
+            resources:
+                **SERVING_RESOURCES,
+            log:
+                LOG("evaluate_test", _run, "seed{seed}"),
+            benchmark:
+                BENCH("evaluate_test", _run, "seed{seed}")
+            conda:
+                "../../envs/pipeline.yaml"
+            shell:
+                TEST_CAMPAIGN_SHELL
+
+else:
+    # best_val: which step is chosen is known only after the val statistics (the `stats` checkpoint; TEST_EVALS
+    # asks it), so each test checkpoint is its own job, its own server.
+
+    rule evaluate_test:
+        input:
+            **TEST_CAMPAIGN_INPUTS,
+            models=checkpoint_inputs,
+        output:
+            R("eval", "{run}", "{checkpoint}", "test", "seed{seed}.parquet"),
+        wildcard_constraints:
+            run="|".join(map(re.escape, EVAL_RUNS())),
+            checkpoint=r"base|sft|step\d+",
+        params:
+            run=lambda w: w.run,
+            checkpoints=lambda w, output: evaluation_args(w.run, [w.checkpoint])(w, output),
+            config=CONFIG_JSON,
+            ledger=TEST_LEDGER,
+        resources:
+            **SERVING_RESOURCES,
+        log:
+            LOG("evaluate_test", "{run}", "{checkpoint}", "seed{seed}"),
+        benchmark:
+            BENCH("evaluate_test", "{run}", "{checkpoint}", "seed{seed}")
+        conda:
+            "../../envs/pipeline.yaml"
+        shell:
+            TEST_CAMPAIGN_SHELL

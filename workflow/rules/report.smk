@@ -14,6 +14,9 @@ rule report:
         example=REPORT_EXAMPLE(),
         tasks=R("data", "val.parquet"),
         rl_metrics=RL_METRICS(),
+        # the test campaign's statistics: the report opens with the test (`predict report --test-stats` once it
+        # reads them; until then an input, so the report follows the campaign)
+        test_stats=rules.test_stats.output,
     output:
         R("report", "index.html"),
     params:

@@ -1,19 +1,23 @@
-# Statistics from the val evaluations (src/predict/stats.py): tables, one file per ablation and per extension, the
-# power table.
+# Statistics (src/predict/stats.py), one code path for both splits: from the val evaluations (tables, the checkpoint
+# selection, one file per ablation and per extension, the power table) and from the test campaign's evaluations
+# (results/test/stats/, read against the val selection). Table names: STATS_TABLES, TEST_STATS_TABLES.
+from predict.stats import STATS_TABLES, TEST_STATS_TABLES
 
 
 localrules:
     stats,
+    test_stats,
     ablation,
     extension,
     power,
 
 
-rule stats:
+# A checkpoint: with evaluation.selection.mode best_val the test campaign's jobs are known once selection.parquet is.
+checkpoint stats:
     input:
         EVALS(),
     output:
-        **{name: R("stats", f"{name}.parquet") for name in ("metrics", "pairs", "confusion", "classes", "selection")},
+        **{name: R("stats", f"{name}.parquet") for name in STATS_TABLES},
     params:
         config=CONFIG_JSON,
         out_dir=lambda w, output: os.path.dirname(output.metrics),
@@ -25,6 +29,27 @@ rule stats:
         "../../envs/pipeline.yaml"
     shell:
         "predict stats --config-json {params.config:q} --eval {input:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+
+
+# The test campaign's statistics: `snakemake test` (and the end of `all`).
+rule test_stats:
+    input:
+        evals=TEST_EVALS,
+        selection=R("stats", "selection.parquet"),
+    output:
+        **{name: R("test", "stats", f"{name}.parquet") for name in TEST_STATS_TABLES},
+    params:
+        config=CONFIG_JSON,
+        out_dir=lambda w, output: os.path.dirname(output.metrics),
+    log:
+        LOG("test_stats"),
+    benchmark:
+        BENCH("test_stats")
+    conda:
+        "../../envs/pipeline.yaml"
+    shell:
+        "predict stats --config-json {params.config:q} --eval {input.evals:q} --selection {input.selection:q}"
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 # `snakemake results/ablations/forced_keep.parquet` builds exactly what it needs: the val evaluations of the
