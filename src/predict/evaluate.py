@@ -107,7 +107,8 @@ def campaign_checkpoints(config: Mapping[str, Any], run: str, val_checkpoints: S
     """A run/seed's test checkpoints: for an arm its reference (the SFT), then the one selection chose on val, then
     any of ``evaluation.test_checkpoints`` it was evaluated at on val (fixed in the config before the campaign)."""
     ev = config.get("evaluation") or {}
-    wanted = [ev.get("reference", "sft")] if run in config["arms"] else []
+    reference = ev.get("reference", "sft")
+    wanted = [reference] if run in config["arms"] and reference else []
     wanted += [selected, *(ev.get("test_checkpoints") or [])]
     return [c for c in dict.fromkeys(wanted) if c == selected or c in val_checkpoints]
 
