@@ -14,14 +14,14 @@ rule report:
         example=REPORT_EXAMPLE(),
         tasks=R("data", "val.parquet"),
         rl_metrics=RL_METRICS(),
-        # the test campaign's statistics: the report opens with the test (`predict report --test-stats` once it
-        # reads them; until then an input, so the report follows the campaign)
+        # the test campaign's statistics: the report opens with the test
         test_stats=rules.test_stats.output,
     output:
         R("report", "index.html"),
     params:
         config=CONFIG_JSON,
         stats_dir=lambda w, input: os.path.dirname(input.stats[0]),
+        test_stats_dir=lambda w, input: os.path.dirname(input.test_stats[0]),
         ablations=lambda w, input: " ".join(f"'{p}'" for p in input.ablations),
         extensions=lambda w, input: " ".join(f"'{p}'" for p in input.extensions),
         rl_metrics=lambda w, input: " ".join(f"'{p}'" for p in input.rl_metrics),
@@ -33,5 +33,6 @@ rule report:
         "../../envs/pipeline.yaml"
     shell:
         "predict report --config-json {params.config:q} --stats-dir {params.stats_dir:q}"
+        " --test-stats {params.test_stats_dir:q}"
         " --ablations {params.ablations} --extensions {params.extensions} --power {input.power:q} --example {input.example:q}"
         " --tasks {input.tasks:q} --rl-metrics {params.rl_metrics} --out {output:q} > {log:q} 2>&1"
