@@ -227,3 +227,49 @@ def test_one_server_per_run_and_seed_reloaded_between_checkpoints(study, task_fi
                CheckpointEval("sft2", str(folders[0]), tmp_path / "eval" / "A" / "sft2" / "val" / "seed42.parquet")]
         evaluate_checkpoints(study, run="A", split="val", seed=42, tasks_path=task_file, checkpoints=hub)
         assert [e[0] for e in FakeServer.log] == ["start", "reload", "stop"]
+
+
+def test_campaign_runs_from_the_val_statistics_to_the_test_statistics(study, mbpp_rows: list[dict], tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stages as the workflow chains them: val evaluations -> `predict stats` (selection) -> the campaign's test
+    evaluations (reference + selected) -> `predict stats --selection` on the test files."""
+    import verifiers.v1.runtimes.subprocess as vf_subprocess
+
+    from predict.cli import main
+
+    monkeypatch.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
+    config = {**study, "ablations": {}, "extensions": {}}
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(config))
+    tasks = {split: write_rows([r for r in mbpp_rows if r["task_id"] in ids], MBPP_SCHEMA, tmp_path / f"{split}.parquet")
+             for split, ids in (("val", (127, 11)), ("test", (127, 12)))}  # fmt: skip
+
+    def files(split: str, checkpoints: list[str], arm: str) -> list[CheckpointEval]:
+        return [CheckpointEval(c, "scripted", tmp_path / "eval" / arm / c / split / "seed42.parquet") for c in checkpoints]
+
+    with ScriptedEndpoint({"multiply": [SOLVE, "<PREDICTION>PASS</PREDICTION> <DECISION>KEEP</DECISION>",
+                                        "FINAL: done"], "": ["FINAL: no patch"]}) as endpoint:
+        _val_to_test_stats(config, tasks, files, endpoint, tmp_path, main)
+
+
+def _val_to_test_stats(config, tasks, files, endpoint, tmp_path: Path, main) -> None:
+    for arm in ("A", "B"):
+        evaluate_checkpoints(config, run=arm, split="val", seed=42, tasks_path=tasks["val"],
+                             checkpoints=files("val", ["sft", "step2"], arm), base_url=endpoint.base_url)
+    val = sorted(str(p) for p in (tmp_path / "eval").glob("*/*/val/*.parquet"))
+    assert main(["stats", "--config-json", json.dumps(config), "--eval", *val, "--out-dir", str(tmp_path / "stats")]) == 0
+    selection, metrics = tmp_path / "stats" / "selection.parquet", tmp_path / "stats" / "metrics.parquet"
+    assert campaign_from_stats(config, metrics, selection) == [("A", "sft", 42), ("A", "step2", 42),
+                                                               ("B", "sft", 42), ("B", "step2", 42)]
+    for arm in ("A", "B"):
+        evaluate_checkpoints(config, run=arm, split="test", seed=42, tasks_path=tasks["test"],
+                             checkpoints=files("test", ["sft", "step2"], arm), base_url=endpoint.base_url,
+                             test_ledger=tmp_path / "test" / "ledger.jsonl", selection_path=selection,
+                             val_metrics=metrics)
+    test = sorted(str(p) for p in (tmp_path / "eval").glob("*/*/test/*.parquet"))
+    assert len(test) == 4
+    assert main(["stats", "--config-json", json.dumps(config), "--eval", *test, "--selection", str(selection),
+                 "--out-dir", str(tmp_path / "test" / "stats")]) == 0
+    test_metrics = read_rows(tmp_path / "test" / "stats" / "metrics.parquet")
+    assert {(m["run"], m["checkpoint"], m["split"], m["n_scored"]) for m in test_metrics} == {
+        (arm, c, "test", 2) for arm in ("A", "B") for c in ("sft", "step2")}
