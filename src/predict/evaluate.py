@@ -26,21 +26,19 @@ Rules:
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 
-from predict.rollouts import RolloutJob, SplitGuardError, remaining_rollouts, roll_out, run_job
+from predict.rollouts import RolloutJob, SplitGuardError, ledger_lock, remaining_rollouts, roll_out, run_job
 from predict.runs import resolve_run, study_runs
 
 log = logging.getLogger(__name__)
@@ -155,17 +153,6 @@ class TestLedger:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """Jobs of one campaign may start together (SLURM): the first writes the campaign, the others read it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
-
     def entries(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
@@ -179,7 +166,7 @@ class TestLedger:
         """Record the campaign on its first evaluation; refuse this one if it is outside the campaign's list, was
         done before, or runs under another config hash."""
         entry, digest = (run, checkpoint, int(seed)), config_hash(config)
-        with self._locked():
+        with ledger_lock(self.path):
             campaign = self.campaign()
             if campaign is None:
                 campaign = {"event": "campaign", "config_hash": digest, "design": design_config(config),

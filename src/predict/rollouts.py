@@ -8,11 +8,13 @@ ledger; each evaluation is recorded there, and a second evaluation of the same r
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,9 +94,21 @@ def guard_test_split(job: RolloutJob) -> None:
                 )
 
 
-def _ledger_append(ledger: Path, entry: Mapping[str, Any]) -> None:
+@contextlib.contextmanager
+def ledger_lock(ledger: Path) -> Iterator[None]:
+    """The test ledger's lock (`<ledger>.lock`): a campaign's jobs may run at once (SLURM, a shared filesystem, where
+    appends from two machines can interleave), so every read-then-write and every append holds it."""
     ledger.parent.mkdir(parents=True, exist_ok=True)
-    with open(ledger, "a") as f:
+    with open(ledger.with_name(ledger.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _ledger_append(ledger: Path, entry: Mapping[str, Any]) -> None:
+    with ledger_lock(ledger), open(ledger, "a") as f:
         f.write(json.dumps(dict(entry), sort_keys=True) + "\n")
 
 
