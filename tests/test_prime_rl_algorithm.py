@@ -1,8 +1,8 @@
 """`PredictAlgorithm` on prime-rl's hook surface, with prime-rl's types faked (small dataclasses shaped like the
 pinned commit's), the real Qwen3 tokenizer and the shared label logic (`predict.train.labels`).
 
-Faked from prime-rl v0.8.0: ``GRPOAlgorithm`` (``algo/grpo.py``: advantage = reward - group mean, no length
-penalty), ``Rollout.assign_advantages`` (``orchestrator/types.py``: a scalar broadcast over mask-True tokens),
+Faked from prime-rl v0.8.0: ``GRPOAlgorithm`` (``algo/grpo.py``: advantage = reward - group mean, which
+`GRPOStdAlgorithm` replaces with the local trainer's std-normalised one), ``Rollout.assign_advantages`` (``orchestrator/types.py``: a scalar broadcast over mask-True tokens),
 ``iter_trainable_branches`` / ``trace_to_samples`` (``orchestrator/trajectories.py``), ``TrainingSample``
 (``transport/types.py``), ``stamp_advantages`` (``algo/routing.py``) and ``ZeroAdvantageFilter``
 (``orchestrator/filters.py``).
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from predict.train.samples import SampleSettings, rollout_samples
+from predict.train.samples import SampleSettings, group_advantages, rollout_samples
 from tests.prime_rl_fixtures import VERIFIED, episode_result, trace_nodes
 
 
@@ -110,6 +110,7 @@ def trace_to_samples(trace: Rollout) -> list[TrainingSample]:
 class GRPOAlgorithm:
     def __init__(self, config: Any, policy_pool: Any) -> None:
         self.policy_pool = policy_pool
+        self.length_penalty = getattr(config, "length_penalty", None)
 
     async def setup(self) -> None:
         pass
@@ -230,10 +231,13 @@ def test_label_tokens_leave_rl_and_verified_labels_become_ce_samples(algorithm_m
     # (Qwen3 makes ">PASS" one piece: a token straddling the tag and the class is a label token, see labels.py)
     assert tok.decode([rl.token_ids[i] for i in masked]).replace(" ", "") == ">PASS>ASSERTION_FAILURE>PASS"
     assert sum(rl.rl_weights) == sum(rl.mask) - len(masked)
-    # GRPO (reward - group mean) on the RL tokens, 0 on the CE samples; the stream aligns with every sample
-    assert set(a for a, m in zip(rl.advantages, rl.mask, strict=True) if m) == {0.5}
+    # the local trainer's GRPO ((reward - mean) / (std + 1e-6), not the fake's reward - mean) on the RL tokens, 0 on
+    # the CE samples; the stream aligns with every sample
+    win_adv, lose_adv = group_advantages([1.0, 0.0])
+    assert set(a for a, m in zip(rl.advantages, rl.mask, strict=True) if m) == {win_adv}
+    assert win_adv == pytest.approx(1.0, abs=1e-5)
     assert all(not any(s.advantages) for s in ce)
-    assert set(lose.samples[0].advantages) == {0.0, -0.5}
+    assert set(lose.samples[0].advantages) == {0.0, lose_adv}
     # the CE samples on the wire: nothing sampled, no rl, alpha on the verified label only
     labels = []
     for s in ce:
@@ -301,6 +305,7 @@ def test_unaligned_rollout_trains_nothing_like_the_local_trainer(algorithm_modul
     other = make_rollout(tok, 0.0)[0]
     run(algo, [cut, other])
     assert cut.samples == [] and zero_advantage_filter_drops(cut)
-    assert set(other.samples[0].advantages) == {0.0, -0.5}  # its reward still counts in the baseline
+    # its reward still counts in the baseline
+    assert set(other.samples[0].advantages) == {0.0, group_advantages([1.0, 0.0])[1]}
     assert algo.counts["mismatched_rollouts"] == 1
     assert rollout_samples(record, 1.0, tok, SampleSettings(predictive=True, alpha=1.0)) == []

@@ -49,6 +49,8 @@ ACCEPTED_RL: dict[str, set[str]] = {
                      "token_batch_size", "oversampling_factor", "max_inflight_episodes", "group_size", "seq_len",
                      "num_train_workers", "max_steps", "max_off_policy_steps", "bench", "heartbeat"},
     "orchestrator.train": {"source", "sampling"},  # TrainConfig
+    # orchestrator.py FilterConfig union: GibberishFilterConfig / RepetitionFilterConfig / ZeroAdvantageFilterConfig
+    "orchestrator.post_batch_filters[]": {"type", "enforce"},
     "orchestrator.train.sampling": {"temperature", "max_completion_tokens", "extra_body"},  # TrainSamplingConfig
     # TrainSourceConfig + EnvConfig
     "orchestrator.train.source[]": {"sampling", "group_size", "algo", "env", "serve", "legacy", "name", "ratio"},
@@ -74,6 +76,9 @@ ACCEPTED_RL: dict[str, set[str]] = {
                 "dist_timeout_seconds", "heartbeat", "metrics_server", "max_concurrent_runs",
                 "enable_token_export", "env_vars"},
     "trainer.optim": {"type", "betas1", "betas2", "lr", "weight_decay", "max_norm"},
+    # trainer.py ModelConfig (the fields we set) and CustomLossConfig
+    "trainer.model": {"name", "seq_len", "attn", "impl", "optimization_dtype", "reduce_dtype"},
+    "trainer.loss": {"type", "import_path", "kwargs"},
     # inference.py InferenceConfig (the fields we may set)
     "inference": {"server", "router", "backend_port", "model", "parallel", "log", "env_vars", "seed",
                   "gpu_memory_utilization", "enable_prefix_caching", "output_dir", "deployment", "slurm"},
@@ -81,6 +86,7 @@ ACCEPTED_RL: dict[str, set[str]] = {
 # algorithm.py: GRPOAlgoConfig (type, length_penalty, sampling) and, from our patch, PredictAlgoConfig.
 ACCEPTED_ALGO = {
     "grpo": {"type", "length_penalty", "sampling"},
+    "grpo_std": {"type", "length_penalty", "sampling"},
     "predict": {"type", "length_penalty", "sampling", "alpha", "mask_decision", "tokenizer"},
 }
 ACCEPTED_SFT: dict[str, set[str]] = {
@@ -88,7 +94,7 @@ ACCEPTED_SFT: dict[str, set[str]] = {
     "": {"model", "env_vars", "tokenizer", "renderer", "data", "val", "optim", "scheduler", "ckpt", "log", "wandb",
          "file_monitor", "output_dir", "clean_output_dir", "matmul_precision", "max_steps", "memory_profiler_path",
          "bench", "gc", "trace_path", "dist_timeout_seconds", "heartbeat", "deployment", "slurm", "dry_run"},
-    "model": {"name", "trust_remote_code", "vlm", "seq_len", "conversion_dir"},  # trainer.py ModelConfig (subset)
+    "model": {"name", "trust_remote_code", "vlm", "seq_len", "conversion_dir", "attn"},  # trainer.py ModelConfig
     "renderer": {"name", "enable_thinking"},
     # SFTDataConfig + BaseDataConfig
     "data": {"type", "name", "subsets", "splits", "probabilities", "stopping_strategy", "shuffle", "seed",
@@ -163,19 +169,20 @@ def test_rl_toml_uses_only_keys_prime_rl_accepts(paper: dict[str, Any], run: str
 
 def test_rl_toml_arm_a_is_grpo_and_arm_b_is_predict(paper: dict[str, Any], tmp_path: Path) -> None:
     a, b = render_rl(paper, "A", tmp_path), render_rl(paper, "B", tmp_path)
-    assert a["orchestrator"]["algo"] == {"type": "grpo"}
+    assert a["orchestrator"]["algo"] == {"type": "grpo_std"}  # the local trainer's std-normalised advantage
     assert b["orchestrator"]["algo"] == {
         "type": "predict",
         "alpha": paper["arms"]["B"]["alpha"],
         "mask_decision": False,
-        "tokenizer": paper["model"]["base"],
+        # the SFT checkpoint folder (it holds the tokenizer): an offline cluster never asks the hub
+        "tokenizer": str((tmp_path / "checkpoints" / "B" / "sft").absolute()),
     }
     rl = paper["rl"]  # the RL design, shared with the local trainer
     for t in (a, b):
         assert t["max_steps"] == rl["steps"] and t["seq_len"] == paper["prime_rl"]["seq_len"]
         o = t["orchestrator"]
         assert (o["batch_size"], o["group_size"]) == (rl["tasks_per_step"] * rl["group_size"], rl["group_size"])
-        assert t["ckpt"] == {"interval": rl["checkpoint_every"]}
+        assert t["ckpt"] == {"interval": rl["checkpoint_every"], "resume_step": -1}
         assert t["trainer"]["optim"] == {
             "type": "adamw",
             "lr": rl["lr"],
@@ -268,7 +275,7 @@ def test_sft_toml_and_messages_dataset(paper: dict[str, Any], tmp_path: Path) ->
         assert tomllib.load(f) == table
     check_keys(table, ACCEPTED_SFT)
     s = paper["prime_rl"]["sft"]
-    assert table["model"] == {"name": "Qwen/Qwen3-4B-Base"}  # an HF id stays an id
+    assert table["model"] == {"name": "Qwen/Qwen3-4B-Base", "attn": "flash_attention_3"}  # an HF id stays an id
     assert table["data"]["name"] == str((tmp_path / "sft-data").absolute()) and table["data"]["splits"] == ["train"]
     assert (table["data"]["batch_size"], table["max_steps"]) == (s["batch_size"], s["max_steps"])
     assert table["data"]["loss_mask"]["assistant"] is True and table["data"]["loss_mask"]["user"] is False
@@ -329,6 +336,17 @@ out = Path(table["output_dir"])
 """
 
 
+def prime_rl_local_config(tmp_path: Path) -> str:
+    """config/local.yaml with the rl design prime-rl can honour (bf16, zero-advantage rollouts skipped)."""
+    import yaml
+
+    cfg = load_config(REPO_ROOT / "config" / "local.yaml")
+    cfg["rl"] = {**cfg["rl"], "dtype": "bfloat16", "skip_zero_advantage": True}
+    path = tmp_path / "local-prime-rl.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
 def test_cli_renders_launches_and_collects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`predict prime-rl-config` + `predict prime-rl-train` end to end, with a fake `uv` standing in for prime-rl."""
     from predict.cli import main
@@ -340,7 +358,7 @@ def test_cli_renders_launches_and_collects(tmp_path: Path, monkeypatch: pytest.M
     uv.write_text(FAKE_UV.format(python=sys.executable))
     uv.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    local = str(REPO_ROOT / "config" / "local.yaml")
+    local = prime_rl_local_config(tmp_path)
     traces = write_traces(
         tmp_path / "traces" / "A.parquet",
         [[{"role": "user", "content": "t"}, {"role": "assistant", "content": "FINAL: x"}]],
@@ -385,6 +403,100 @@ def test_cli_renders_launches_and_collects(tmp_path: Path, monkeypatch: pytest.M
     # a bad run name is one clear error line (exit 2), not a traceback
     bad = ["prime-rl-config", "rl", "--config", local, "--run", "Z", "--seed", "1", "--tasks", "x", "--model", "m"]
     assert main([*bad, "--output-dir", "o", "--out", str(tmp_path / "z.toml")]) == 2
+    # the embedded default's design (fp32, zero-advantage rollouts kept) is refused on prime-rl, not dropped
+    as_is = ["prime-rl-config", "rl", "--config", str(REPO_ROOT / "config" / "local.yaml"), "--run", "A"]
+    as_is += ["--seed", "1", "--tasks", "x", "--model", "m", "--output-dir", "o", "--out", str(tmp_path / "y.toml")]
+    assert main(as_is) == 2 and not (tmp_path / "y.toml").exists()
+
+
+RETRYING_UV = r"""#!{python}
+# `uv run ... rl @ <toml>` as prime-rl behaves across a SLURM retry: metrics.jsonl files are appended to (two trainer
+# records per step), a full checkpoint every 2 steps; attempt 1 dies during step 4 (a torn line), attempt 2 resumes
+# from the latest checkpoint only if the TOML says ckpt.resume_step = -1 (else it starts over from step 1).
+import json, sys, tomllib
+from pathlib import Path
+with open(sys.argv[6], "rb") as f:
+    table = tomllib.load(f)
+out = Path(table["output_dir"])
+(out / "run_default").mkdir(parents=True, exist_ok=True)
+counter = out.parent / "attempt"
+attempt = int(counter.read_text()) + 1 if counter.exists() else 1
+counter.write_text(str(attempt))
+ckpts = sorted(int(d.name[5:]) for d in (out / "checkpoints").glob("step_*")) if (out / "checkpoints").exists() else []
+start = ckpts[-1] + 1 if (ckpts and table["ckpt"].get("resume_step") == -1) else 1
+trainer, orch = open(out / "metrics.jsonl", "a"), open(out / "run_default" / "metrics.jsonl", "a")
+last = 5 if attempt == 1 else table["max_steps"]
+for step in range(start, last + 1):
+    if attempt == 1 and step == 5:
+        trainer.write('{{"step": 5, "loss/me')  # killed mid-write
+        sys.exit(1)
+    trainer.write(json.dumps({{"step": step, "time": 0, "loss/mean": attempt * 10 + step}}) + "\n")
+    trainer.write(json.dumps({{"step": step, "time": 0, "lr": 1e-5}}) + "\n")
+    orch.write(json.dumps({{"step": step, "time": 0, "reward": {{"mean": attempt + step / 10}}}}) + "\n")
+    if step % 2 == 0:
+        (out / "checkpoints" / f"step_{{step}}").mkdir(parents=True, exist_ok=True)
+w = out / "weights" / f"step_{{table['max_steps']}}"
+w.mkdir(parents=True)
+(w / "STABLE").touch()
+"""
+
+
+def test_a_retried_rl_job_resumes_and_keeps_the_last_attempt_of_each_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempt 1 logs steps 1-4 and dies in step 5; the retry resumes from checkpoint 4 (not step 0) and the metrics
+    table holds each step once: steps 1-4 from attempt 1, 5-6 from attempt 2. Nothing is lost: the superseded and
+    torn lines are kept beside."""
+    import yaml
+
+    from predict.cli import main
+
+    bin_dir, checkout = tmp_path / "bin", tmp_path / "prime-rl"
+    bin_dir.mkdir()
+    checkout.mkdir()
+    (bin_dir / "uv").write_text(RETRYING_UV.format(python=sys.executable))
+    (bin_dir / "uv").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    cfg = yaml.safe_load(Path(prime_rl_local_config(tmp_path)).read_text())
+    cfg["rl"] = {**cfg["rl"], "steps": 6, "checkpoint_every": 2}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    run_dir = tmp_path / "rl" / "A" / "seed42"
+    toml = run_dir / "prime-rl.toml"
+    args = ["prime-rl-config", "rl", "--config", str(tmp_path / "c.yaml"), "--run", "A", "--seed", "42"]
+    args += ["--tasks", "rl.parquet", "--model", "m/m", "--output-dir", str(run_dir / "prime-rl"), "--out", str(toml)]
+    assert main(args) == 0
+    train = ["prime-rl-train", "rl", "--toml", str(toml), "--dir", str(checkout), "--run-dir", str(run_dir)]
+    train += ["--checkpoints-out", str(run_dir / "checkpoints.json")]
+    from predict.train.prime_rl.cluster import PrimeRLSetupError
+
+    with pytest.raises(PrimeRLSetupError, match="exit 1"):
+        main(train)  # attempt 1 dies: the job fails and SLURM retries it
+    assert main(train) == 0
+    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    losses = {r["step"]: r["value"] for r in rows if r["metric"] == "loss/mean"}
+    assert sorted(r["step"] for r in rows if r["metric"] == "loss/mean") == [1, 2, 3, 4, 5, 6]  # each step once
+    assert losses == {1: 11, 2: 12, 3: 13, 4: 14, 5: 25, 6: 26}  # the retry resumed after checkpoint 4
+    rewards = sorted((r["step"], r["value"]) for r in rows if r["source"] == "orchestrator")
+    assert rewards == [(1, 1.1), (2, 1.2), (3, 1.3), (4, 1.4), (5, 2.5), (6, 2.6)]
+    superseded = (run_dir / "prime-rl" / "metrics.superseded.jsonl").read_text()
+    assert superseded == '{"step": 5, "loss/me\n'  # the torn line, kept
+    assert json.loads((run_dir / "checkpoints.json").read_text())["steps"] == [6]
+
+
+def test_superseded_records_are_those_a_later_attempt_redoes() -> None:
+    """Attempt 2 resumed from checkpoint 2 after attempt 1 had logged step 3: step 3 of attempt 1 is dropped, and so
+    is step 4 of attempt 1 that attempt 2 never reached (it belongs to a trajectory the resume discarded)."""
+    from predict.train.prime_rl.cluster import last_attempt_records
+
+    def rec(step: int, tag: str) -> str:
+        return json.dumps({"step": step, "tag": tag})
+
+    first = [rec(1, "a"), rec(1, "a2"), rec(2, "a"), rec(3, "a"), rec(4, "a")]
+    second = [rec(3, "b"), rec(3, "b2")]
+    kept, dropped = last_attempt_records([first, second])
+    assert kept == [rec(1, "a"), rec(1, "a2"), rec(2, "a"), rec(3, "b"), rec(3, "b2")]
+    assert dropped == [rec(3, "a"), rec(4, "a")]
+    assert last_attempt_records([first]) == (first, [])
 
 
 def test_extension_runs_carry_their_environment_and_mask(paper: dict[str, Any], tmp_path: Path) -> None:
@@ -404,3 +516,110 @@ def test_extension_runs_carry_their_environment_and_mask(paper: dict[str, Any], 
     LocalAgentHarnessConfig(**harness("expensive_tests_B"))  # our harness accepts every key it is given
     algo = {run: render_rl(paper, run, tmp_path)["orchestrator"]["algo"] for run in ("B", "mask_decision")}
     assert (algo["B"]["mask_decision"], algo["mask_decision"]["mask_decision"]) == (False, True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 16 items 2-5: resume, seeds, the install, one rl: design on both backends
+# ---------------------------------------------------------------------------------------------------------------
+def test_a_retried_job_resumes_from_its_latest_checkpoint(paper: dict[str, Any], tmp_path: Path) -> None:
+    """prime-rl refuses an output_dir with checkpoints unless resuming; -1 = the latest one, or scratch if none."""
+    assert render_rl(paper, "B", tmp_path)["ckpt"]["resume_step"] == -1
+    sft = configs.sft_config(paper, "B", model="m/m", dataset_dir=tmp_path / "d", output_dir=tmp_path / "o")
+    assert sft["ckpt"]["resume_step"] == -1
+
+
+def test_the_seed_changes_the_rl_task_order(paper: dict[str, Any], tmp_path: Path) -> None:
+    """prime-rl reshuffles each epoch with Random(epoch) whatever the seed; the rendered taskset orders the tasks by
+    seed, as the local trainer's first epoch does (checked here by loading the rendered taskset config)."""
+    from predict.env.taskset import MbppTaskset
+    from predict.train.rl import step_tasks
+
+    rows = [{"task_id": i, "text": f"t{i}", "test_list": [f"assert f({i})"]} for i in range(40)]
+    orders = {}
+    for seed in (42, 43):
+        table = render_rl(paper, "B", tmp_path, seed=seed)["orchestrator"]["train"]["source"][0]["env"]["taskset"]
+        assert table["order_seed"] == seed
+        config = MbppTasksetConfig.model_validate({**table, "path": None})
+        orders[seed] = [t.data.task_id for t in MbppTaskset.from_rows(rows, config).load()]
+        assert sorted(orders[seed]) == list(range(40))
+        # the local trainer's first-epoch order for this seed
+        local = [r["task_id"] for r in step_tasks(rows, seed, 1, per_step=40, group=1)]
+        assert orders[seed] == local
+    assert orders[42] != orders[43]
+
+
+def test_the_install_is_rendered_to_work(paper: dict[str, Any], tmp_path: Path) -> None:
+    """The attention kernel is concrete and its extra is synced; auto and a missing extra say what to set."""
+    t = render_rl(paper, "A", tmp_path)
+    assert t["trainer"]["model"]["attn"] == paper["prime_rl"]["attn"] == "flash_attention_3"
+    assert configs.ATTN_EXTRAS[paper["prime_rl"]["attn"]] in paper["prime_rl"]["extras"]
+    sft = configs.sft_config(paper, "A", model="m/m", dataset_dir=tmp_path / "d", output_dir=tmp_path / "o")
+    assert sft["model"]["attn"] == "flash_attention_3"
+    auto = {**paper, "prime_rl": {**paper["prime_rl"], "attn": "auto"}}
+    with pytest.raises(PrimeRLConfigError, match=r"prime_rl.attn: 'auto' .*name the kernel"):
+        render_rl(auto, "A", tmp_path)
+    missing = {**paper, "prime_rl": {**paper["prime_rl"], "extras": []}}
+    with pytest.raises(PrimeRLConfigError, match=r"prime_rl.extras: \[\] lacks 'flash-attn-3'.*add it"):
+        render_rl(missing, "A", tmp_path)
+
+
+def test_one_rl_design_on_both_backends(paper: dict[str, Any], tmp_path: Path) -> None:
+    """eps_low/eps_high/kl_coef reach the custom loss, skip_zero_advantage the filter, dtype the fp32 master weights;
+    a setting prime-rl cannot honour is an error naming the key and the backend."""
+    cfg = {**paper, "rl": {**paper["rl"], "eps_low": 0.1, "eps_high": 0.3, "kl_coef": 0.02}}
+    t = render_rl(cfg, "B", tmp_path)
+    assert t["trainer"]["loss"] == {
+        "type": "custom",
+        "import_path": "predict.train.prime_rl.loss.clipped_surrogate",
+        "kwargs": {"eps_low": 0.1, "eps_high": 0.3, "kl_coef": 0.02},
+    }
+    assert t["orchestrator"]["post_batch_filters"] == [
+        {"type": "gibberish", "enforce": False},
+        {"type": "repetition", "enforce": False},
+        {"type": "zero_advantage", "enforce": True},
+    ]
+    assert t["trainer"]["model"]["optimization_dtype"] == "float32"  # bf16 compute, updates kept in fp32
+    for key, value, says in [
+        ("dtype", "float32", "rl.dtype: 'float32' cannot be honoured on backend prime_rl"),
+        ("skip_zero_advantage", False, "rl.skip_zero_advantage: false cannot be honoured on backend prime_rl"),
+    ]:
+        bad = {**paper, "rl": {**paper["rl"], key: value}}
+        with pytest.raises(PrimeRLConfigError, match=says):
+            render_rl(bad, "A", tmp_path)
+
+
+def test_the_custom_loss_is_the_local_trainers_loss_per_sample() -> None:
+    """clipped_surrogate (prime-rl's per-sample sum) / N_rl == predict_loss on the same tokens (the full parity with
+    prime-rl's own compute_loss runs in tests/prime_rl_real_flow.py)."""
+    import types
+
+    torch = pytest.importorskip("torch")
+    from predict.train.loss import LossConfig, predict_loss
+    from predict.train.prime_rl import loss as custom
+
+    fake = types.ModuleType("prime_rl.trainer.rl.loss")
+    fake.LossOutputs = lambda loss, metrics: types.SimpleNamespace(loss=loss, metrics=metrics)  # type: ignore[attr-defined]
+    gen = torch.Generator().manual_seed(1)
+    q = -torch.rand(12, generator=gen, dtype=torch.float64) - 0.1
+    new = (q + torch.rand(12, generator=gen, dtype=torch.float64) - 0.5).requires_grad_(True)
+    mask = torch.tensor([0, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0], dtype=torch.bool)
+    weights = torch.tensor([0, 0, 1, 1, 0, 1, 0, 1, 1, 1, 1, 0], dtype=torch.float64)  # a label token at rl weight 0
+    adv = torch.full((12,), -0.7, dtype=torch.float64)
+    inputs = types.SimpleNamespace(
+        trainer_logprobs=new, inference_logprobs=q, advantages=adv, loss_mask=mask & (weights != 0), loss_weights=weights
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "prime_rl.trainer.rl.loss", fake)
+        out = custom.clipped_surrogate(inputs, eps_low=0.2, eps_high=0.2, kl_coef=0.05)
+    n_rl = int((mask & (weights != 0)).sum())
+    ref, _ = predict_loss(
+        new.unsqueeze(0),
+        {
+            "logprobs": q.unsqueeze(0),
+            "advantages": adv.unsqueeze(0),
+            "rl_weights": (weights * mask).unsqueeze(0),
+            "ce_weights": torch.zeros(1, 12, dtype=torch.float64),
+        },
+        LossConfig(0.2, 0.2, 0.05),
+    )
+    assert float(out.loss.detach()) / n_rl == pytest.approx(float(ref.detach()), rel=1e-12)

@@ -1,5 +1,7 @@
 """PredictAlgorithm inside prime-rl's own orchestrator code (registry, Rollout/Trace, sample building, stamping,
-zero-advantage filter, the trainer's sample check), on the CPU, at the pinned commit with the patch applied.
+zero-advantage filter, the trainer's sample check), prime-rl's own compute_loss on those samples against the local
+trainer's loss, and prime-rl's TrainSource task order per seed, on the CPU, at the pinned commit with the patch
+applied.
 
 Needs the pinned sources (PREDICT_PRIME_RL_SRC, and PREDICT_VERIFIERS_SRC unless the checkout has its submodules;
 see test_prime_rl_patch.py) and PREDICT_PRIME_RL_PYTHON: an interpreter with prime-rl's runtime dependencies
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from predict.train.prime_rl.cluster import PATCH
+from predict.train.samples import group_advantages
 from tests.test_prime_rl_patch import _source, _verifiers_source
 
 FLOW = Path(__file__).with_name("prime_rl_real_flow.py")
@@ -35,10 +38,26 @@ def test_predict_algorithm_in_prime_rls_orchestrator(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["registered"]
-    # rewards 1 and 0: GRPO advantages +-0.5 on the RL tokens, 8 label tokens out of RL, 3 CE samples each
-    assert [r["advantages"] for r in out["mixed"]] == [[0.0, 0.5], [-0.5, 0.0]]
+    # rewards 1 and 0: the local trainer's advantages (r - mean) / (std + 1e-6) = +-0.5 / 0.500001 on the RL tokens
+    # (prime-rl's own grpo would give +-0.5), 8 label tokens out of RL, 3 CE samples each
+    a = group_advantages([1.0, 0.0])
+    assert [r["advantages"] for r in out["mixed"]] == [[0.0, a[0]], [a[1], 0.0]] and a[0] == pytest.approx(
+        1.0, abs=1e-5
+    )
     assert all(r == {**r, "n_rl": 1, "n_ce": 3, "rl_zeroed": 8, "filtered": False} for r in out["mixed"])
     # equal rewards: the CE samples ship on their own (no advantage stream), past the zero-advantage filter
     assert all(r == {"filtered": False, "n_rl": 0, "n_ce": 3, "rl_zeroed": 0, "advantages": None} for r in out["equal"])
     # alpha 0 and equal rewards: nothing to keep, prime-rl's filter drops the rollouts as usual
     assert all(r["filtered"] and r["n_ce"] == 0 for r in out["alpha0_equal"])
+    # one rl: design: the shipped samples (RL and CE) through prime-rl's compute_loss with the rendered loss give
+    # the local trainer's loss and gradient; prime-rl's default loss would not
+    parity = out["loss_parity"]
+    assert parity["n_rl"] > 0 and parity["n_ce"] > 0
+    for name in ("paper", "kl"):
+        assert parity[name]["loss_diff"] < 1e-9 and parity[name]["grad_max_diff"] < 1e-9, parity
+        assert parity[name]["grad_norm"] > 1e-3  # a gradient that could differ
+    assert parity["prime_rl_default"]["loss_diff"] > 1e-3 or parity["prime_rl_default"]["grad_max_diff"] > 1e-3
+    # the seed changes the order prime-rl's TrainSource dispatches tasks in (every epoch), deterministically
+    order = out["task_order"]
+    assert order["42"] == order["42 again"] and sorted(order["42"][:12]) == list(range(100, 112))
+    assert order["42"][:12] != order["43"][:12] and order["42"][12:24] != order["43"][12:24]

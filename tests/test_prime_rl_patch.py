@@ -41,10 +41,11 @@ def test_the_patch_is_small_and_names_the_pinned_commit() -> None:
     assert sorted(patched_files(text)) == sorted([CONFIGS, REGISTRY, SHIM])
     assert not re.search(r"^-(?!--)", text, flags=re.M), "the patch only adds lines"
     assert added_lines(text, REGISTRY) == [
-        "from prime_rl.orchestrator.algo.predict import PredictAlgorithm",
+        "from prime_rl.orchestrator.algo.predict import GRPOStdAlgorithm, PredictAlgorithm",
+        '    "grpo_std": GRPOStdAlgorithm,',
         '    "predict": PredictAlgorithm,',
     ]
-    assert "from predict.train.prime_rl.algorithm import PredictAlgorithm" in added_lines(text, SHIM)
+    assert "from predict.train.prime_rl.algorithm import GRPOStdAlgorithm, PredictAlgorithm" in added_lines(text, SHIM)
 
 
 def test_the_config_class_declares_what_we_render() -> None:
@@ -57,6 +58,13 @@ def test_the_config_class_declares_what_we_render() -> None:
     fields = [s.target.id for s in cls.body if isinstance(s, ast.AnnAssign)]
     assert fields == ["type", "alpha", "mask_decision", "tokenizer"]
     assert "    | PredictAlgoConfig" in lines  # the discriminated union member
+    # Arm A's config: GRPO's fields, its own type (the std-normalised advantage of GRPOStdAlgorithm)
+    start = next(i for i, line in enumerate(lines) if line.startswith("class GRPOStdAlgoConfig"))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("class "))
+    (cls,) = ast.parse("\n".join(lines[start:end])).body
+    assert isinstance(cls, ast.ClassDef) and [b.id for b in cls.bases] == ["GRPOAlgoConfig"]
+    assert [s.target.id for s in cls.body if isinstance(s, ast.AnnAssign)] == ["type"]
+    assert "    | GRPOStdAlgoConfig" in lines
 
 
 def _source(tmp_path: Path) -> Path:
@@ -101,6 +109,7 @@ def test_the_patch_applies_cleanly_to_the_pinned_source(tmp_path: Path) -> None:
     )
     entries = {k.value: v.id for k, v in zip(classes.keys, classes.values, strict=True)}
     assert entries["predict"] == "PredictAlgorithm" and entries["grpo"] == "GRPOAlgorithm"
+    assert entries["grpo_std"] == "GRPOStdAlgorithm"
     # applying twice fails loudly (the setup stage resets the checkout before applying)
     again = subprocess.run(["git", "apply", "--check", str(PATCH)], cwd=work, capture_output=True)
     assert again.returncode != 0
@@ -137,7 +146,7 @@ def test_rendered_algo_tables_validate_against_the_patched_config_union(tmp_path
         pytest.skip(f"prime_rl.configs.algorithm needs a module this venv lacks: {result.stderr.strip()[-200:]}")
     assert result.returncode == 0, result.stderr[-2000:]
     parsed = json.loads(result.stdout)
-    assert parsed["A"]["type"] == "grpo"
+    assert parsed["A"]["type"] == "grpo_std"
     assert parsed["B"]["type"] == "predict" and parsed["B"]["alpha"] == cfg["arms"]["B"]["alpha"]
     assert parsed["alpha0"]["alpha"] == 0.0
 
@@ -203,13 +212,20 @@ def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) 
         "                     type(env.agent.harness).__name__, env.agent.harness.variant,\n"
         "                     str(c.trainer.output_dir), c.trainer.ckpt.weights is not None,\n"
         "                     src.group_size, src.algo.type]\n"
+        "        out[name + '/design'] = [c.trainer.loss.type, c.trainer.loss.import_path, c.trainer.loss.kwargs,\n"
+        "            c.trainer.ckpt.resume_step, c.orchestrator.ckpt.resume_step, c.trainer.model.attn,\n"
+        "            c.trainer.model.optimization_dtype, [[f.type, f.enforce] for f in c.orchestrator.post_batch_filters],\n"
+        "            env.taskset.order_seed]\n"
         "    else:\n"
-        "        out[name] = [c.data.name, c.renderer.name]\n"
+        "        out[name] = [c.data.name, c.renderer.name, c.ckpt.resume_step, c.model.attn]\n"
         "print(json.dumps(out))\n"
     )
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(vf_src), str(work / "packages" / "prime-rl-configs" / "src")]),
+        # this checkout's predict first (the venv may hold another editable install of it)
+        "PYTHONPATH": os.pathsep.join(
+            [str(REPO_ROOT / "src"), str(vf_src), str(work / "packages" / "prime-rl-configs" / "src")]
+        ),
     }
     result = subprocess.run(
         [sys.executable, "-c", code, json.dumps(tables)], capture_output=True, text=True, env=env, timeout=600
@@ -218,7 +234,7 @@ def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) 
         pytest.skip(f"prime-rl's configs need a module this venv lacks: {result.stderr.strip()[-200:]}")
     assert result.returncode == 0, result.stderr[-3000:]
     parsed = json.loads(result.stdout)
-    assert parsed["rl/A"][:3] == ["GRPOAlgoConfig", "MbppTasksetConfig", "LocalAgentHarnessConfig"]
+    assert parsed["rl/A"][:3] == ["GRPOStdAlgoConfig", "MbppTasksetConfig", "LocalAgentHarnessConfig"]
     assert parsed["rl/B"][0] == "PredictAlgoConfig" and parsed["rl/forced_keep"][3] == "forced_keep"
     # prime-rl's trainer writes HF weights to <output_dir>/weights/step_N (what collect_rl_checkpoints moves);
     # the group size and the algorithm reach the env
@@ -228,7 +244,21 @@ def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) 
         cfg["rl"]["group_size"],
         "predict",
     ]
-    assert parsed["sft/B"] == [str((tmp_path / "data").absolute()), "qwen3"]
+    assert parsed["sft/B"] == [str((tmp_path / "data").absolute()), "qwen3", -1, cfg["prime_rl"]["attn"]]
+    # one rl: design, a resuming retry, the kernel that was installed, the seed's task order, as prime-rl reads them
+    rl = cfg["rl"]
+    for run in study_runs(cfg):
+        assert parsed[f"rl/{run}/design"] == [
+            "custom",
+            "predict.train.prime_rl.loss.clipped_surrogate",
+            {"eps_low": rl["eps_low"], "eps_high": rl["eps_high"], "kl_coef": rl["kl_coef"]},
+            -1,
+            -1,
+            cfg["prime_rl"]["attn"],
+            "float32",
+            [["gibberish", False], ["repetition", False], ["zero_advantage", True]],
+            42,
+        ]
 
 
 def test_setup_checkout_and_patch_are_idempotent(tmp_path: Path) -> None:

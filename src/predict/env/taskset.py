@@ -16,6 +16,7 @@ text plus its asserts); the gold ``code`` never enters the runtime.
 from __future__ import annotations
 
 import json
+import random
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -113,6 +114,9 @@ class MbppTasksetConfig(vf.TasksetConfig):
     """A split parquet from the data stage."""
     split: str | None = None
     """Split name recorded on the tasks (default: the parquet's file stem)."""
+    order_seed: int | None = None
+    """The RL seed: tasks come in `seeded_order` (prime-rl reshuffles each epoch with Random(epoch) whatever the
+    seed, so without this both seeds would see one task order). None: the file's order."""
     task: MbppTaskConfig = MbppTaskConfig()
 
 
@@ -137,8 +141,20 @@ class MbppTaskset(vf.Taskset[MbppTask, MbppTasksetConfig]):
             assert self.config.path is not None
             rows = load_split(self.config.path)
             split = split or Path(self.config.path).stem
+        if self.config.order_seed is not None:
+            rows = seeded_order(list(rows), self.config.order_seed)
         for row in rows:
             yield task_from_row(row, self.config.task, split)
 
 
-__all__ = ["MbppTaskset", "MbppTasksetConfig", "MbppTask", "MbppTaskData", "MbppTaskConfig", "task_from_row"]
+def seeded_order(rows: Sequence[Mapping[str, Any]], seed: int) -> list[Mapping[str, Any]]:
+    """`rows` in the local RL trainer's first-epoch order for `seed` (`predict.train.rl.step_tasks`: by task_id,
+    then ``Random(f"{seed}:0")``). prime-rl then applies its own per-epoch permutation on top, so the orders of the
+    two backends differ, but each depends on the seed."""
+    ordered = sorted(rows, key=lambda r: r["task_id"])
+    perm = list(range(len(ordered)))
+    random.Random(f"{seed}:0").shuffle(perm)
+    return [ordered[i] for i in perm]
+
+
+__all__ = ["seeded_order", "MbppTaskset", "MbppTasksetConfig", "MbppTask", "MbppTaskData", "MbppTaskConfig", "task_from_row"]

@@ -1,9 +1,14 @@
-"""`PredictAlgorithm`: Arm B on prime-rl (v0.8.0): GRPO + verified-label CE samples, from the shared label logic.
+"""The study's algorithms on prime-rl (v0.8.0): `GRPOStdAlgorithm` (Arm A) and `PredictAlgorithm` (Arm B: the same
+GRPO + verified-label CE samples, from the shared label logic).
 
-Registered as ``[orchestrator.algo] type = "predict"`` by ``workflow/prime-rl/predict-algorithm.patch`` (a
-``PredictAlgoConfig`` union member with ``alpha``, ``mask_decision`` and ``tokenizer``, a registry entry, and
-``algo/predict.py`` re-exporting this class). Arm A uses prime-rl's own ``grpo``. This module only runs inside
-prime-rl's orchestrator (it imports prime-rl at the top); the tests import it with prime-rl's types faked.
+Registered as ``[orchestrator.algo] type = "grpo_std"`` / ``"predict"`` by ``workflow/prime-rl/predict-algorithm.patch``
+(config union members ``GRPOStdAlgoConfig`` and ``PredictAlgoConfig``, the latter with ``alpha``, ``mask_decision``
+and ``tokenizer``; two registry entries; ``algo/predict.py`` re-exporting both classes). This module only runs
+inside prime-rl's orchestrator (it imports prime-rl at the top); the tests import it with prime-rl's types faked.
+
+One ``rl:`` design on both backends: the advantage is the local trainer's, (reward - group mean) / (group std + 1e-6)
+(`predict.train.samples.group_advantages`, the one formula), not prime-rl's plain reward - mean; the policy loss is
+the local trainer's clipped surrogate through prime-rl's custom-loss hook (`predict.train.prime_rl.loss`).
 
 What it does to a rollout (the rules of the study's loss, `predict.train.loss`, on prime-rl's wire fields):
 
@@ -14,7 +19,7 @@ What it does to a rollout (the rules of the study's loss, `predict.train.loss`, 
   alpha > 0, a CE-only sample is appended to ``rollout.samples``: `predict.train.labels.prediction_ce_sample`
   (the call's prompt + the completion up to the label, then the verified label), on the wire with mask all False,
   rl weights 0 and ce weights alpha on the label tokens.
-* group (``score_group``): GRPO's advantage (reward minus the group mean), broadcast over mask-True tokens, so CE
+* group (``score_group``): the study's GRPO advantage (`GRPOStdAlgorithm`), broadcast over mask-True tokens, so CE
   samples get advantage 0. Then the zero-advantage override: a rollout whose advantages are all 0 (a group with
   equal rewards) carries no RL signal, and prime-rl's zero-advantage filter would drop it whole, CE samples
   included. Such a rollout keeps only its CE samples and no advantage stream (``advantages = None``), which the
@@ -26,10 +31,9 @@ What it does to a rollout (the rules of the study's loss, `predict.train.loss`, 
   in ``counts["mismatched_rollouts"]``.
 
 Same as the local trainer (`predict.train.samples`, tested side by side): which tokens leave RL, the CE samples
-(token for token), the zero-advantage rule, unaligned rollouts. Different on the cluster, for both arms alike:
-the advantage is prime-rl's GRPO baseline (reward - group mean, no division by the group std), and the trainer's
-policy loss is prime-rl's (its default loss config), not `predict.train.loss`'s clipped surrogate; CE and the
-per-component token normalisation (rl / N_rl + ce / N_ce) are the same.
+(token for token), the zero-advantage rule, unaligned rollouts, the advantage (std-normalised), and with the
+rendered ``trainer.loss`` (`predict.train.prime_rl.configs.loss_table`) the loss and its gradient
+(tests/prime_rl_real_flow.py runs both on the same samples).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from prime_rl.transport import TrainingSample
 
 from predict.train.labels import decision_token_span, label_token_span, prediction_ce_sample
 from predict.train.prime_rl.points import PointsMismatch, PredictionTarget, prediction_targets
+from predict.train.samples import group_advantages
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +152,20 @@ def _task_id(rollout: Any) -> int | None:
     return int(task_id) if task_id is not None else None
 
 
-class PredictAlgorithm(GRPOAlgorithm):
+class GRPOStdAlgorithm(GRPOAlgorithm):
+    """Arm A on prime-rl: GRPO with the local trainer's advantage, (reward - mean) / (std + 1e-6) over the group."""
+
+    def __init__(self, config: Any, policy_pool: Any):
+        super().__init__(config, policy_pool)
+        if self.length_penalty is not None:
+            raise ValueError("grpo_std: length_penalty is not part of the study's design (the local trainer has none)")
+
+    async def score_group(self, group: list[Any]) -> None:
+        for rollout, advantage in zip(group, group_advantages([r.reward for r in group]), strict=True):
+            rollout.assign_advantages(float(advantage))
+
+
+class PredictAlgorithm(GRPOStdAlgorithm):
     """GRPO with Arm B's prediction labels out of RL credit plus verified-label CE samples (module doc)."""
 
     def __init__(self, config: Any, policy_pool: Any, tokenizer: Any = None):
@@ -198,4 +216,11 @@ class PredictAlgorithm(GRPOAlgorithm):
         log.debug("predict: %s", dict(self.counts))
 
 
-__all__ = ["PredictAlgorithm", "is_ce_sample", "keep_ce_without_advantage", "rollout_layout", "weight_predictions"]
+__all__ = [
+    "GRPOStdAlgorithm",
+    "PredictAlgorithm",
+    "is_ce_sample",
+    "keep_ce_without_advantage",
+    "rollout_layout",
+    "weight_predictions",
+]

@@ -4,22 +4,31 @@
 
 1. clone ``repo`` (a URL, or a local clone on a cluster without network) into ``dest``, fetch and check out
    ``commit`` detached, discarding local changes to tracked files (so a re-run re-applies the patch cleanly);
-2. ``git submodule update --init --recursive`` (verifiers, renderers, ... at prime-rl's own pins);
+2. ``git submodule update --init --recursive`` (verifiers, renderers, ... at prime-rl's own pins) with GitHub's
+   SSH URLs rewritten to https (`submodule_env`, as prime-rl's own scripts/install.sh does without an SSH key);
 3. ``git apply`` ``workflow/prime-rl/predict-algorithm.patch`` (checked first; the error names the patch);
-4. ``uv sync`` (plus ``extras``) in ``dest``: prime-rl's own venv ``dest/.venv``, Python ``python``;
+4. ``uv sync --locked`` (plus ``extras``: the attention kernel's, `configs.check_attn_extras`) in ``dest``:
+   prime-rl's own venv ``dest/.venv``, Python ``python``; uv must be >= prime-rl's ``required-version``
+   (`check_uv`, whose error says how to install it);
 5. install this repository into that venv, editable and without dependencies (prime-rl's lock pins verifiers,
    torch, transformers; ours would fight them), then import-check ``PredictAlgorithm`` under ``predict``, the
    taskset ``predict_mbpp`` and the harness ``predict_local_agent`` in that venv;
 6. write ``setup.json`` (repo, commit, patch sha256) as the rule's output.
 
 `launch` (stage ``predict prime-rl-train``) runs ``uv run <rl|sft> @ <toml>`` in ``dest`` and then collects the
-finished checkpoints (`configs.collect_rl_checkpoints` / `collect_sft_checkpoint`).
+finished checkpoints (`configs.collect_rl_checkpoints` / `collect_sft_checkpoint`). The TOML resumes
+(``ckpt.resume_step = -1``), so a SLURM retry is a second attempt in the same output_dir: `launch` records where
+each attempt starts in prime-rl's metrics.jsonl files (`mark_attempt`) and, once the run finishes, keeps only the
+last attempt's records of each step (`drop_superseded_metrics`; the dropped lines go to ``*.superseded.jsonl``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
+import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,12 +41,19 @@ PATCH = REPO_ROOT / "workflow" / "prime-rl" / "predict-algorithm.patch"
 IMPORT_CHECK = (
     "import prime_rl.orchestrator.algo as a; from prime_rl.configs.algorithm import PredictAlgoConfig; "
     "assert a.ALGORITHM_CLASSES['predict'].__module__ == 'predict.train.prime_rl.algorithm'; "
+    "assert a.ALGORITHM_CLASSES['grpo_std'].__module__ == 'predict.train.prime_rl.algorithm'; "
+    "import predict.train.prime_rl.loss; "
     "import predict_mbpp, predict_local_agent; print('predict algorithm, taskset and harness import')"
 )
 
 
 class PrimeRLSetupError(RuntimeError):
     """A setup or launch step failed (the message names the command)."""
+
+
+UV_MIN_VERSION = (0, 11, 1)  # prime-rl's pyproject at the pin: [tool.uv] required-version = ">=0.11.1"
+UV_INSTALL_HINT = "pip install 'uv>=0.11.1' (or: curl -LsSf https://astral.sh/uv/install.sh | sh)"
+GITHUB_HTTPS = "https://github.com/"
 
 
 def _run(argv: Sequence[str], cwd: str | Path | None = None, env: dict[str, str] | None = None) -> None:
@@ -55,8 +71,43 @@ def sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def checkout(repo: str, commit: str, dest: str | Path) -> None:
-    """Steps 1-2: ``dest`` at ``commit``, tracked files as committed, submodules initialised."""
+def submodule_env(
+    base: str = GITHUB_HTTPS, extra: Sequence[tuple[str, str]] = (), environ: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The environment for ``git submodule update``: ``git@github.com:`` URLs (prime-rl's .gitmodules) read as
+    `base` (https). Passed through GIT_CONFIG_* so it reaches the clones git spawns for submodules, which do not
+    read the parent's .git/config (prime-rl's scripts/install.sh does the same)."""
+    env = dict(os.environ if environ is None else environ)
+    pairs = [(f"url.{base}.insteadOf", "git@github.com:"), *extra]
+    start = int(env.get("GIT_CONFIG_COUNT", "0"))
+    for i, (key, value) in enumerate(pairs, start=start):
+        env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
+    env["GIT_CONFIG_COUNT"] = str(start + len(pairs))
+    return env
+
+
+def check_uv(uv: str = "uv") -> tuple[int, ...]:
+    """uv's version, or a PrimeRLSetupError saying how to install one prime-rl accepts."""
+    try:
+        out = subprocess.run([uv, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        raise PrimeRLSetupError(
+            f"uv not found ({uv!r}): prime-rl installs with uv >= 0.11.1; {UV_INSTALL_HINT}"
+        ) from None
+    match = re.search(r"(\d+)\.(\d+)\.(\d+)", out)
+    version = tuple(int(x) for x in match.groups()) if match else (0,)
+    if version < UV_MIN_VERSION:
+        raise PrimeRLSetupError(f"{uv} is {out.strip()!r}; prime-rl needs uv >= 0.11.1: {UV_INSTALL_HINT}")
+    return version
+
+
+def uv_sync_argv(uv: str, python: str, extras: Sequence[str]) -> list[str]:
+    """``uv sync --locked``: exactly prime-rl's uv.lock (an error, not a re-resolve, if it does not match)."""
+    return [uv, "sync", "--locked", "--python", python, *[f"--extra={e}" for e in extras]]
+
+
+def checkout(repo: str, commit: str, dest: str | Path, *, submodule_base: str = GITHUB_HTTPS) -> None:
+    """Steps 1-2: ``dest`` at ``commit``, tracked files as committed, submodules initialised over https."""
     dest = Path(dest)
     if not (dest / ".git").exists():
         _run(["git", "clone", "--no-checkout", repo, dest])
@@ -67,7 +118,7 @@ def checkout(repo: str, commit: str, dest: str | Path) -> None:
     shim = dest / "src" / "prime_rl" / "orchestrator" / "algo" / "predict.py"
     if shim.exists() and not _ok(["git", "ls-files", "--error-unmatch", shim], cwd=dest):
         shim.unlink()
-    _run(["git", "submodule", "update", "--init", "--recursive"], cwd=dest)
+    _run(["git", "submodule", "update", "--init", "--recursive"], cwd=dest, env=submodule_env(submodule_base))
 
 
 def apply_patch(dest: str | Path, patch: str | Path = PATCH) -> None:
@@ -89,9 +140,10 @@ def setup_prime_rl(
     uv: str = "uv",
 ) -> dict[str, Any]:
     dest = Path(dest)
+    check_uv(uv)
     checkout(repo, commit, dest)
     apply_patch(dest, patch)
-    _run([uv, "sync", "--python", python, *[f"--extra={e}" for e in extras]], cwd=dest)
+    _run(uv_sync_argv(uv, python, extras), cwd=dest)
     venv_python = dest / ".venv" / "bin" / "python"
     _run([uv, "pip", "install", "--python", venv_python, "--no-deps", "-e", REPO_ROOT])
     _run([venv_python, "-c", IMPORT_CHECK], cwd=dest)
@@ -104,7 +156,92 @@ def setup_prime_rl(
 
 
 def launch(kind: str, toml: str | Path, dest: str | Path, *, uv: str = "uv", extra_args: Sequence[str] = ()) -> None:
-    """Run prime-rl's ``rl`` or ``sft`` entry point on a rendered TOML, in its venv."""
+    """Run prime-rl's ``rl`` or ``sft`` entry point on a rendered TOML, in its venv: one attempt (module doc)."""
+    from predict.train.prime_rl.configs import read_toml
+
     if kind not in ("rl", "sft"):
         raise ValueError(f"kind must be rl or sft, got {kind!r}")
+    output_dir = Path(read_toml(toml)["output_dir"])
+    mark_attempt(output_dir)
     _run([uv, "run", "--frozen", "--no-sync", kind, "@", Path(toml).absolute(), *extra_args], cwd=dest)
+    drop_superseded_metrics(output_dir)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Attempts: a retried job appends to prime-rl's metrics.jsonl files; keep the last attempt's records of each step
+# ---------------------------------------------------------------------------------------------------------------
+METRICS_FILES = ("metrics.jsonl", "run_default/metrics.jsonl")  # trainer, orchestrator (configs.METRIC_SOURCES)
+ATTEMPTS = "predict-attempts.json"
+"""In output_dir: per metrics file, the byte offset where each attempt started."""
+
+
+def mark_attempt(output_dir: str | Path) -> dict[str, list[int]]:
+    """Record where the attempt about to start begins in each metrics file (its current size)."""
+    from predict.io import write_json
+
+    output_dir = Path(output_dir)
+    path = output_dir / ATTEMPTS
+    marks: dict[str, list[int]] = json.loads(path.read_text()) if path.exists() else {}
+    for name in METRICS_FILES:
+        f = output_dir / name
+        size = f.stat().st_size if f.exists() else 0
+        starts = marks.setdefault(name, [])
+        if not starts or starts[-1] != size:
+            starts.append(size)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    write_json(marks, path)
+    return marks
+
+
+def last_attempt_records(attempts: Sequence[Sequence[str]]) -> tuple[list[str], list[str]]:
+    """(kept, superseded) lines of attempts in order: an attempt that logs from step s on supersedes every earlier
+    record of step >= s (those steps were redone, or lost with the checkpoint it resumed before). Torn lines
+    (a killed write) are superseded."""
+    kept: list[tuple[int, str]] = []
+    dropped: list[str] = []
+    for lines in attempts:
+        records: list[tuple[int, str]] = []
+        for line in lines:
+            try:
+                step = json.loads(line)["step"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                dropped.append(line)
+                continue
+            records.append((int(step), line))
+        if records:
+            first = min(step for step, _ in records)
+            dropped += [line for step, line in kept if step >= first]
+            kept = [(step, line) for step, line in kept if step < first]
+        kept += records
+    return [line for _, line in kept], dropped
+
+
+def drop_superseded_metrics(output_dir: str | Path) -> dict[str, int]:
+    """Rewrite each metrics.jsonl with only the last attempt's records of each step (atomically; the dropped lines
+    are appended to ``<name>.superseded.jsonl``); returns the dropped count per file. Then one attempt remains."""
+    output_dir = Path(output_dir)
+    path = output_dir / ATTEMPTS
+    marks: dict[str, list[int]] = json.loads(path.read_text()) if path.exists() else {}
+    dropped_counts: dict[str, int] = {}
+    for name in METRICS_FILES:
+        f = output_dir / name
+        if not f.exists():
+            continue
+        data = f.read_bytes()
+        starts = sorted({0, *[s for s in marks.get(name, []) if 0 < s <= len(data)]})
+        bounds = [*starts, len(data)]
+        attempts = [data[a:b].decode(errors="replace").splitlines() for a, b in zip(bounds, bounds[1:], strict=False)]
+        kept, dropped = last_attempt_records([[line for line in lines if line.strip()] for lines in attempts])
+        dropped_counts[name] = len(dropped)
+        if dropped:
+            with open(f.with_suffix(".superseded.jsonl"), "a") as out:
+                out.writelines(line + "\n" for line in dropped)
+            tmp = f.with_name(f".{f.name}.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, f)
+        marks[name] = [0]  # one attempt now
+    if marks:
+        from predict.io import write_json
+
+        write_json(marks, path)
+    return dropped_counts

@@ -17,10 +17,27 @@ Outputs (prime-rl writes HF safetensors under ``<output_dir>/weights/step_N/``):
   ``checkpoints.json``.
 * SFT: ``output_dir = results/sft/{arm}/prime-rl``; its last step is moved to ``results/checkpoints/{arm}/sft``.
 
-The RL design (steps, group size, tasks per step, lr, checkpoint interval, mask_decision) is the config's ``rl``
-section, shared with the local trainer; what exists only on the cluster (GPUs, sequence length, off-policy steps,
-SLURM run time, and the SFT run until the local SFT has its own section) lives in ``prime_rl``. `rl_settings` /
-`sft_settings` are the one place that reads them.
+The RL design (steps, group size, tasks per step, lr, checkpoint interval, mask_decision, eps_low/eps_high,
+kl_coef, skip_zero_advantage, dtype) is the config's ``rl`` section, shared with the local trainer; what exists only
+on the cluster (GPUs, sequence length, off-policy steps, attention kernel, SLURM run time, and the SFT run until the
+local SFT has its own section) lives in ``prime_rl``. `rl_settings` / `sft_settings` are the one place that reads
+them.
+
+Rules the rendered ``rl`` config follows (each tested in tests/test_prime_rl_configs.py):
+
+* one ``rl:`` design on both backends: the advantage is the local trainer's std-normalised GRPO (algorithm
+  ``grpo_std`` for Arm A, ``predict`` for Arm B, `predict.train.prime_rl.algorithm`), the policy loss is the local
+  trainer's clipped surrogate (`loss_table`: prime-rl's custom-loss hook, `predict.train.prime_rl.loss`), the
+  zero-advantage filter is ``rl.skip_zero_advantage`` and prime-rl's other filters only monitor (the local trainer
+  has none). A setting prime-rl cannot honour is a `PrimeRLConfigError` naming the key and the backend
+  (`check_rl_design`), never silently dropped;
+* a retried job resumes: ``ckpt.resume_step = -1`` (prime-rl's "latest checkpoint, or from scratch when there is
+  none"); `predict.train.prime_rl.cluster.launch` marks each attempt and `drop_superseded_metrics` keeps only the
+  last attempt's records of each step;
+* the seed changes the task order: prime-rl reshuffles each epoch with ``Random(epoch)`` whatever the seed, so the
+  taskset itself starts from a seeded order (``order_seed``, `predict.env.taskset`);
+* the install works: ``prime_rl.attn`` is a concrete kernel whose extra is in ``prime_rl.extras``
+  (`check_attn_extras`); the algorithm's tokenizer is the local model folder (an offline cluster has no hub).
 """
 
 from __future__ import annotations
@@ -65,6 +82,11 @@ class RLSettings:
     ckpt_interval: int | None
     max_off_policy_steps: int
     mask_decision: bool
+    eps_low: float
+    eps_high: float
+    kl_coef: float
+    skip_zero_advantage: bool
+    dtype: str
 
 
 @dataclass(frozen=True)
@@ -103,7 +125,86 @@ def rl_settings(cfg: Mapping[str, Any]) -> RLSettings:
         ckpt_interval=shared.get("checkpoint_every"),
         max_off_policy_steps=int(r.get("max_off_policy_steps", 1)),
         mask_decision=bool(shared.get("mask_decision", False)),
+        # the local trainer's defaults (predict.train.loss.LossConfig, samples.SampleSettings, the trainer's dtype)
+        eps_low=float(shared.get("eps_low", 0.2)),
+        eps_high=float(shared.get("eps_high", 0.2)),
+        kl_coef=float(shared.get("kl_coef", 0.0)),
+        skip_zero_advantage=bool(shared.get("skip_zero_advantage", False)),
+        dtype=str(shared.get("dtype", "bfloat16")),
     )
+
+
+# prime-rl's trainer computes in bf16 under FSDP mixed precision with fp32 master weights (optimization_dtype):
+# the local trainer's rl.dtype bfloat16 with updates that are kept. It has no fp32 compute.
+PRIME_RL_DTYPES = {"bfloat16", "auto"}  # auto = bf16 on a GPU, as the local trainer reads it
+
+
+def check_rl_design(s: RLSettings) -> None:
+    """Reject an ``rl:`` setting prime-rl cannot honour (the error names the key and the backend)."""
+    if s.dtype not in PRIME_RL_DTYPES:
+        raise PrimeRLConfigError(
+            f"rl.dtype: {s.dtype!r} cannot be honoured on backend prime_rl (its trainer computes in bfloat16 with "
+            "float32 master weights); set rl.dtype: bfloat16, or use backend: local"
+        )
+    if not s.skip_zero_advantage:
+        raise PrimeRLConfigError(
+            "rl.skip_zero_advantage: false cannot be honoured on backend prime_rl (PredictAlgorithm ships a "
+            "zero-advantage rollout's CE samples without its RL samples, and prime-rl's zero-advantage filter drops "
+            "the rest); set rl.skip_zero_advantage: true, or use backend: local"
+        )
+
+
+LOSS_IMPORT_PATH = "predict.train.prime_rl.loss.clipped_surrogate"
+
+
+def loss_table(s: RLSettings) -> dict[str, Any]:
+    """``[trainer.loss]``: the local trainer's clipped surrogate (+ k3 KL) through prime-rl's custom-loss hook."""
+    return {
+        "type": "custom",
+        "import_path": LOSS_IMPORT_PATH,
+        "kwargs": {"eps_low": s.eps_low, "eps_high": s.eps_high, "kl_coef": s.kl_coef},
+    }
+
+
+def filters_table(s: RLSettings) -> list[dict[str, Any]]:
+    """``orchestrator.post_batch_filters``: the zero-advantage filter enforced as ``rl.skip_zero_advantage`` says;
+    gibberish and repetition only monitored (the local trainer drops no rollout for them)."""
+    return [
+        {"type": "gibberish", "enforce": False},
+        {"type": "repetition", "enforce": False},
+        {"type": "zero_advantage", "enforce": s.skip_zero_advantage},
+    ]
+
+
+# The extra each attention kernel needs (prime-rl's pyproject at the pin). `auto` picks the kernel per GPU at start-up
+# (FA4 on SM100, FA3 on SM90, FA2 otherwise), and FA2's and FA4's extras overwrite each other's flash_attn.cute
+# (prime-rl's scripts/fix-flash-attn-cute.sh), so a config names one kernel and syncs its extra.
+ATTN_EXTRAS = {
+    "flash_attention_2": "flash-attn",
+    "flash_attention_3": "flash-attn-3",
+    "flash_attention_4": "flash-attn-cute",
+}
+
+
+def check_attn_extras(attn: str, extras: list[str] | tuple[str, ...]) -> str:
+    """The ``prime_rl.attn`` kernel, checked against ``prime_rl.extras`` (the error says what to set)."""
+    if attn not in ATTN_EXTRAS:
+        raise PrimeRLConfigError(
+            f"prime_rl.attn: {attn!r} cannot be installed ahead of time on backend prime_rl (auto picks FA4, FA3 or "
+            f"FA2 by GPU at start-up); name the kernel for your GPUs: {', '.join(ATTN_EXTRAS)} "
+            "(flash_attention_3 on H100/H200, flash_attention_2 on A100)"
+        )
+    if ATTN_EXTRAS[attn] not in extras:
+        raise PrimeRLConfigError(
+            f"prime_rl.extras: {list(extras)} lacks {ATTN_EXTRAS[attn]!r}, which prime_rl.attn: {attn} needs "
+            f"(prime-rl's trainer fails at start-up without it); add it to prime_rl.extras"
+        )
+    return attn
+
+
+def attn_setting(cfg: Mapping[str, Any]) -> str:
+    p = _section(cfg, "prime_rl")
+    return check_attn_extras(str(p.get("attn", "flash_attention_2")), list(p.get("extras", [])))
 
 
 def sft_settings(cfg: Mapping[str, Any]) -> SFTSettings:
@@ -131,22 +232,16 @@ def _drop_none(value: Any) -> Any:
     return value
 
 
-def tokenizer_name(cfg: Mapping[str, Any], results_dir: str | Path | None = None) -> str:
-    """The policy's tokenizer: the base model's (SFT and RL keep it)."""
-    base = cfg["model"]["base"]
-    if base == "tiny":
-        return _abs(Path(results_dir or cfg["results_dir"]) / "models" / "tiny")
-    return base
-
-
 def renderer_table(cfg: Mapping[str, Any]) -> dict[str, Any]:
     # The study renders with the Qwen3 template's default generation prompt (config model.enable_thinking).
     return {"name": RENDERER, "enable_thinking": bool(cfg["model"].get("enable_thinking", True))}
 
 
-def env_source(cfg: Mapping[str, Any], spec: Any, tasks: str | Path, split: str = "rl") -> dict[str, Any]:
+def env_source(
+    cfg: Mapping[str, Any], spec: Any, tasks: str | Path, split: str = "rl", seed: int | None = None
+) -> dict[str, Any]:
     """One ``[[orchestrator.train.source]]``: our taskset + harness, with the same protocol values as local
-    rollouts (`RolloutSettings.from_study_config`)."""
+    rollouts (`RolloutSettings.from_study_config`); `seed` orders the taskset (prime-rl's epoch shuffle ignores it)."""
     from predict.env.rollout import RolloutSettings
 
     settings = RolloutSettings.from_study_config(
@@ -161,7 +256,13 @@ def env_source(cfg: Mapping[str, Any], spec: Any, tasks: str | Path, split: str 
     return {
         "name": TASKSET_ID,
         "env": {
-            "taskset": {"id": TASKSET_ID, "path": _abs(tasks), "split": split, "task": dict(verifier)},
+            "taskset": {
+                "id": TASKSET_ID,
+                "path": _abs(tasks),
+                "split": split,
+                "order_seed": seed,
+                "task": dict(verifier),
+            },
             "agent": {
                 # verifiers counts model turns; keep it above the program's own cap (as predict.env.rollout does).
                 "max_turns": protocol.model_call_cap + 2,
@@ -186,18 +287,21 @@ def env_source(cfg: Mapping[str, Any], spec: Any, tasks: str | Path, split: str 
 def rl_config(
     cfg: Mapping[str, Any], run: str, seed: int, *, model: str | Path, tasks: str | Path, output_dir: str | Path
 ) -> dict[str, Any]:
-    """The ``rl`` TOML (as a dict) of one run and seed."""
+    """The ``rl`` TOML (as a dict) of one run and seed (the rules in the module doc)."""
     spec = resolve_run(cfg, run)
     s = rl_settings(cfg)
+    check_rl_design(s)
+    attn = attn_setting(cfg)
     env = _section(cfg, "env")
     if not spec.predictive:
-        algo: dict[str, Any] = {"type": "grpo"}
+        algo: dict[str, Any] = {"type": "grpo_std"}
     else:
         algo = {
             "type": "predict",
             "alpha": spec.alpha,
             "mask_decision": spec.mask_decision,
-            "tokenizer": tokenizer_name(cfg),
+            # the start checkpoint's folder holds its tokenizer (prime-rl saves it with the weights): no hub needed
+            "tokenizer": model_ref(model),
         }
     table = {
         "max_steps": s.max_steps,
@@ -205,23 +309,29 @@ def rl_config(
         "output_dir": _abs(output_dir),
         "deployment": {"type": "single_node", "num_train_gpus": s.train_gpus, "num_infer_gpus": s.infer_gpus},
         "model": {"name": model_ref(model)},
-        "ckpt": {"interval": s.ckpt_interval},
+        # -1: resume from the latest checkpoint when a retried job finds one, else start from scratch
+        "ckpt": {"interval": s.ckpt_interval, "resume_step": -1},
         "file_monitor": {},  # metrics.jsonl of the trainer (output_dir) and orchestrator (output_dir/run_default)
         "orchestrator": {
             "batch_size": s.batch_size,
             "group_size": s.group_size,
             "max_off_policy_steps": s.max_off_policy_steps,
             "algo": algo,
+            "post_batch_filters": filters_table(s),
             "renderer": renderer_table(cfg),
             "train": {
                 "sampling": {
                     "temperature": float(env.get("temperature", 1.0)),
                     "max_completion_tokens": int(s.max_tokens or env.get("max_tokens", 512)),
                 },
-                "source": [env_source(cfg, spec, tasks)],
+                "source": [env_source(cfg, spec, tasks, seed=int(seed))],
             },
         },
-        "trainer": {"optim": {"type": "adamw", "lr": s.lr, "weight_decay": s.weight_decay, "max_norm": s.max_norm}},
+        "trainer": {
+            "model": {"attn": attn, "optimization_dtype": "float32", "reduce_dtype": "float32"},
+            "loss": loss_table(s),
+            "optim": {"type": "adamw", "lr": s.lr, "weight_decay": s.weight_decay, "max_norm": s.max_norm},
+        },
         "inference": {"seed": int(seed)},
     }
     return _drop_none(table)
@@ -246,7 +356,7 @@ def sft_config(
         "max_steps": s.max_steps,
         "output_dir": _abs(output_dir),
         "deployment": {"type": "single_node", "num_gpus": s.gpus},
-        "model": {"name": model_ref(model)},
+        "model": {"name": model_ref(model), "attn": attn_setting(cfg)},
         "renderer": renderer_table(cfg),
         "data": {
             "type": "sft",
@@ -259,7 +369,7 @@ def sft_config(
             "loss_mask": {"system": False, "user": False, "assistant": True, "tool": False},
         },
         "optim": {"type": "adamw", "lr": s.lr},
-        "ckpt": {},  # a checkpoint at the end of training
+        "ckpt": {"resume_step": -1},  # a checkpoint at the end of training; a retried job resumes from the latest
         "file_monitor": {},  # <output_dir>/metrics.jsonl
     }
     return _drop_none(table)
