@@ -20,7 +20,7 @@ import pytest
 
 from predict.train.prime_rl.cluster import PATCH
 from predict.train.samples import group_advantages
-from tests.test_prime_rl_patch import _source, _verifiers_source
+from tests.test_prime_rl_patch import _source, _verifiers_source, skip_unless_required
 
 FLOW = Path(__file__).with_name("prime_rl_real_flow.py")
 
@@ -28,7 +28,7 @@ FLOW = Path(__file__).with_name("prime_rl_real_flow.py")
 def test_predict_algorithm_in_prime_rls_orchestrator(tmp_path: Path) -> None:
     python = os.environ.get("PREDICT_PRIME_RL_PYTHON")
     if not python:
-        pytest.skip("PREDICT_PRIME_RL_PYTHON is not set: an interpreter with prime-rl's runtime dependencies")
+        skip_unless_required("PREDICT_PRIME_RL_PYTHON is not set: an interpreter with prime-rl's runtime dependencies")
     src = _source(tmp_path)
     vf_src = _verifiers_source(tmp_path, src)
     work = tmp_path / "patched"
