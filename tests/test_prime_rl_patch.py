@@ -226,7 +226,7 @@ def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) 
         "        out[name + '/design'] = [c.trainer.loss.type, c.trainer.loss.import_path, c.trainer.loss.kwargs,\n"
         "            c.trainer.ckpt.resume_step, c.orchestrator.ckpt.resume_step, c.trainer.model.attn,\n"
         "            c.trainer.model.optimization_dtype, [[f.type, f.enforce] for f in c.orchestrator.post_batch_filters],\n"
-        "            env.taskset.order_seed]\n"
+        "            env.taskset.order_seed, str(c.trainer.model.name)]\n"
         "    else:\n"
         "        out[name] = [c.data.name, c.renderer.name, c.ckpt.resume_step, c.model.attn]\n"
         "print(json.dumps(out))\n"
@@ -269,6 +269,7 @@ def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) 
             "float32",
             [["gibberish", False], ["repetition", False], ["zero_advantage", True]],
             42,
+            str((tmp_path / "sft").absolute()),  # the shared model reaches the trainer beside our model settings
         ]
 
 
