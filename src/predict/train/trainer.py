@@ -12,7 +12,9 @@ One optimizer step (`Trainer.step`) takes a list of `TrainSample`s and
   chunks of ``logit_chunk_tokens``; since the loss is a sum of per-token terms over known counts, each chunk's
   gradient (w.r.t. its hidden states and the lm_head weight) is computed in the forward pass and the chunk's logits
   are freed at once (`ChunkedLMLoss`, the fused-linear-loss idea of liger-kernel, here with our own loss);
-* clips the gradient norm and takes one AdamW step (fused on CUDA).
+* clips the gradient norm and takes one AdamW step: torch's (fused on CUDA) on float32 weights; on bfloat16/float16
+  weights `predict.train.optim.KahanAdamW`, whose compensation buffer keeps the updates that rounding to 8
+  significant bits would drop (plain AdamW on bf16 weights at lr 1e-6 moved 1.9 % of them on a 4B model).
 
 On CUDA, liger-kernel's RMSNorm, SwiGLU and RoPE kernels are patched in when it is importable (``liger=None``:
 auto). A micro-batch with no rl weight and one ce weight (SFT) is exactly a summed cross-entropy, so there liger's
@@ -42,6 +44,7 @@ import numpy as np
 import torch
 
 from predict.train.loss import LossConfig, predict_loss
+from predict.train.optim import KahanAdamW
 from predict.train.samples import TrainSample
 
 __all__ = ["ATTN_IMPLEMENTATION", "ChunkedLMLoss", "Trainer", "pack_micro_batches", "packed_attention"]
@@ -449,9 +452,13 @@ class Trainer:
                 self._fused_ce = LigerFusedLinearCrossEntropyLoss(reduction="sum")
         self.model.train()
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=lr, betas=tuple(betas), weight_decay=weight_decay, fused=self.device.type == "cuda"
-        )
+        self.optimizer: torch.optim.Optimizer
+        if dtype == "float32":
+            self.optimizer = torch.optim.AdamW(
+                params, lr=lr, betas=tuple(betas), weight_decay=weight_decay, fused=self.device.type == "cuda"
+            )
+        else:  # below float32 plain AdamW rounds small updates away
+            self.optimizer = KahanAdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
 
     # -- forward ------------------------------------------------------------------------------------------
     def _hidden(self, p: _Packed) -> torch.Tensor:

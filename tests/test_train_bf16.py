@@ -1,0 +1,128 @@
+"""bf16 training keeps its updates: at a learning rate whose AdamW updates fall below half an ulp of bf16, our trainer
+in bfloat16 tracks a float32 run of the same steps, and a resumed bf16 run continues bit for bit.
+
+A small Qwen3 (vocab 512, hidden 64, 2 layers; weights ~0.02, whose bf16 half-ulp is ~6e-5) trains 30 steps at
+lr 1e-5 on one fixed batch, once in float32 and once in bfloat16, from the same (bf16-representable) weights.
+Tolerances, on the weight update d = w_30 - w_0 of every parameter against the float32 run's d_ref:
+* realised = <d, d_ref> / |d_ref|^2 within 0.85 .. 1.15 (plain AdamW on bf16 weights keeps ~0.2 of it);
+* drift = |d - d_ref| / |d_ref| below 0.3 (plain AdamW: ~0.95);
+* the bf16 run's loss falls by at least 0.8 times what the float32 run's falls.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from predict.tiny_model import TOKENIZER_FILES, tokenizer_dir  # noqa: E402
+from predict.train.optim import KahanAdamW, effective_weight  # noqa: E402
+from predict.train.samples import TrainSample  # noqa: E402
+from predict.train.trainer import Trainer  # noqa: E402
+
+LR = 1e-5
+STEPS = 30
+VOCAB = 512
+
+
+def _small_model():
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    cfg = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():  # start both runs from the same bf16-representable weights
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    return model
+
+
+def _batch() -> list[TrainSample]:
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for n in (40, 33, 57):
+        ids = torch.randint(0, VOCAB, (n,), generator=g).tolist()
+        w = [0.0] + [1.0] * (n - 1)
+        z = [0.0] * n
+        out.append(TrainSample(ids, [x > 0 for x in w], z, z, z, w, kind="sft"))
+    return out
+
+
+@pytest.fixture()
+def model_dir(tmp_path: Path) -> Path:
+    """A folder with the tokenizer files only (the trainer copies them into checkpoints)."""
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(tokenizer_dir() / name, tmp_path / name)
+    return tmp_path
+
+
+def _train(model_dir: Path, dtype: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[float]]:
+    trainer = Trainer(model_dir, model=_small_model(), lr=LR, device="cpu", dtype=dtype, seed=0)
+    w0 = {n: p.detach().float().clone() for n, p in trainer.model.named_parameters()}
+    losses = [trainer.step(_batch())["loss"] for _ in range(STEPS)]
+    w = {n: p.detach().float().clone() for n, p in trainer.model.named_parameters()}
+    return w0, w, losses
+
+
+def test_bf16_training_tracks_a_float32_run_below_bf16_resolution(model_dir: Path) -> None:
+    w0, w_ref, loss_ref = _train(model_dir, "float32")
+    w0_bf16, w_bf16, loss_bf16 = _train(model_dir, "bfloat16")
+    assert all(torch.equal(w0[n], w0_bf16[n]) for n in w0), "both runs must start from the same weights"
+    d_ref = torch.cat([(w_ref[n] - w0[n]).flatten() for n in w0])
+    d = torch.cat([(w_bf16[n] - w0[n]).flatten() for n in w0])
+    # The premise: one AdamW step moves a weight by about lr, below half an ulp of most weights in bf16.
+    half_ulp = torch.cat([p.abs().flatten() for p in w0.values()]) * 2.0**-9
+    assert float((half_ulp > LR).float().mean()) > 0.5
+    realised = float(d @ d_ref / (d_ref @ d_ref))
+    drift = float((d - d_ref).norm() / d_ref.norm())
+    assert 0.85 <= realised <= 1.15, f"bf16 run realised {realised:.3f} of the float32 update (drift {drift:.3f})"
+    assert drift < 0.3, f"bf16 weights drift {drift:.3f} from the float32 run"
+    fall_ref, fall = loss_ref[0] - loss_ref[-1], loss_bf16[0] - loss_bf16[-1]
+    assert fall_ref > 0
+    assert fall >= 0.8 * fall_ref, f"bf16 loss fell {fall:.4f}, float32 {fall_ref:.4f}"
+
+
+def test_kahan_adamw_equals_torch_adamw_in_float32() -> None:
+    """On float32 weights the same arithmetic as torch's AdamW (the compensation has nothing to keep)."""
+    torch.manual_seed(0)
+    a = torch.nn.Parameter(torch.randn(257))
+    b = torch.nn.Parameter(a.detach().clone())
+    opt_a = torch.optim.AdamW([a], lr=1e-2, weight_decay=0.1)
+    opt_b = KahanAdamW([b], lr=1e-2, weight_decay=0.1)
+    for _ in range(5):
+        g = torch.randn(257)
+        a.grad, b.grad = g.clone(), g.clone()
+        opt_a.step()
+        opt_b.step()
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_bf16_save_state_and_resume_continue_bit_exactly(model_dir: Path, tmp_path: Path) -> None:
+    """float32 moments and the compensation come back as saved (torch's loader would cast them to bf16)."""
+    samples = _batch()
+    a = Trainer(model_dir, model=_small_model(), lr=LR, device="cpu", dtype="bfloat16", seed=3)
+    a.step(samples)
+    a.save_state(tmp_path / "state")
+    a.step(samples)
+    b = Trainer.resume(tmp_path / "state")
+    assert isinstance(b.optimizer, KahanAdamW)
+    b.step(samples)
+    for (name, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters(), strict=True):
+        assert torch.equal(pa, pb), name
+        assert torch.equal(effective_weight(a.optimizer, pa), effective_weight(b.optimizer, pb)), name
+        for key, value in a.optimizer.state[pa].items():
+            assert torch.equal(value, b.optimizer.state[pb][key]), (name, key)
