@@ -9,9 +9,21 @@ a few dozen steps per path, each path in its own process (liger patches are proc
 * ``liger``: the same loop after ``apply_liger_kernel_to_qwen3`` (fused linear CE, RMSNorm, SwiGLU, RoPE);
 * ``ours`` / ``ours-noliger``: `predict.train.trainer.Trainer.step` on the same tokens as SFT samples (ce weight 1
   on every position; packed rows, varlen attention, chunked lm_head loss), with / without liger's RMSNorm, SwiGLU
-  and RoPE kernels;
+  and RoPE kernels; bf16 weights, so its optimizer is `predict.train.optim.KahanAdamW` (updates kept);
+* ``ours-adamw``: ``ours`` with torch's fused AdamW on the bf16 weights, the trainer before KahanAdamW;
+* ``liger-master`` / ``ours-master``: the liger loop / our trainer with float32 master weights (bf16 forward and
+  backward, fp32 AdamW on an fp32 copy): the reference runs for lost updates, not speed contenders;
 * traces (``--traces``, TrainSamples rendered from real-shaped traces: short, uneven): effective (non-padding)
   tokens/s of ours with packing against the liger loop on padded batches (loss on assistant tokens in both).
+
+Lost updates (the default runs, all at ``--lr``, 1e-6 as in the paper's RL, from one seeded init and on the same
+batches): after every step (warm-up included) each path saves one middle layer's weights. ``changed`` is the share of
+that layer's bf16 weights whose value moved; ``realised`` = <d, d_ref> / |d_ref|^2 and ``drift`` = |d - d_ref| /
+|d_ref|, with d the path's update of the layer (for ``ours``, of the weights its optimizer holds, bf16 + Kahan
+compensation) and d_ref that of a reference at the same batch: ``ours-master`` (same kernels as ours, so only the
+optimizer differs) and ``liger-master`` (the liger loop's kernels; ours-master against it is the noise floor of
+bf16 kernels that differ). Updates are kept when realised is near 1 and
+drift well below 1; plain AdamW on bf16 weights gives realised near 0.
 
 MFU = model FLOPs / time / 989 TFLOP/s (H200 dense bf16), model FLOPs = 6 * N * tokens + attention, N = every
 weight that multiplies an activation (non-embedding weights + the lm_head, 4.02e9 for Qwen3-4B) and attention
@@ -110,15 +122,100 @@ def _check_attention(torch) -> dict:
     return {"varlen": tr._VARLEN is not None, "varlen_rel_err": err}
 
 
+def _probe(model) -> dict[str, object]:
+    """The parameters of the middle layer (name -> parameter), the layer whose update is compared across paths."""
+    layers = model.model.layers
+    mid = len(layers) // 2
+    return {f"layers.{mid}.{n}": p for n, p in layers[mid].named_parameters()}
+
+
+def _snapshot(torch, probe: dict, value) -> dict:
+    return {n: value(p).detach().float().cpu().clone() for n, p in probe.items()}
+
+
+def _check_kahan(torch) -> dict:
+    """KahanAdamW's step on the same synthetic gradients (50 steps of lr 1e-6 on 1M weights of ~0.02: every update
+    below half an ulp) in four forms: float32 weights (the reference), bf16 + compensation eager and compiled, and
+    bf16 with the compensation dropped after every step (plain AdamW on bf16). ``kahan_realised`` /
+    ``kahan_drift``: the compiled bf16 held update against the float32 one; ``kahan_eager_realised``: the same for
+    eager (compiled = eager when the compensation survives compilation); ``plain_realised``: plain bf16."""
+    from predict.train import optim
+
+    torch.manual_seed(2)
+    n = 1 << 20
+    p0 = (torch.randn(n, device="cuda") * 0.02).bfloat16()
+    held = {}
+    for name in ("fp32", "eager", "compiled", "plain"):
+        p = p0.float() if name == "fp32" else p0.clone()
+        c = torch.zeros_like(p)
+        m, v = torch.zeros(n, device="cuda"), torch.zeros(n, device="cuda")
+        gen = torch.Generator(device="cuda").manual_seed(3)
+        kernel = optim._KERNEL if name == "compiled" else optim._step_kahan
+        for step in range(1, 51):
+            g = (torch.randn(n, device="cuda", generator=gen) * 1e-3 + 1e-4).bfloat16()
+            hyper = torch.tensor(
+                [1e-6, 0.9, 0.1, 0.999, 1e-3, 1e-8, 0.0, 1 - 0.9**step, (1 - 0.999**step) ** 0.5], device="cuda"
+            )
+            kernel(p, g, m, v, c, hyper)
+            if name == "plain":
+                c.zero_()
+        held[name] = p.float() + c.float() - p0.float()
+    ref = held["fp32"]
+
+    def realised(d):
+        return float(d @ ref / (ref @ ref))
+
+    return {
+        "kahan_compiled": optim._KERNEL.compiled is not None and not optim._KERNEL.failed,
+        "kahan_realised": realised(held["compiled"]),
+        "kahan_drift": float((held["compiled"] - ref).norm() / ref.norm()),
+        "kahan_eager_realised": realised(held["eager"]),
+        "kahan_eager_drift": float((held["eager"] - ref).norm() / ref.norm()),
+        "plain_realised": realised(held["plain"]),
+    }
+
+
+class _MasterAdamW:
+    """float32 master copies of the bf16 parameters, torch's fused AdamW on the copies, the bf16 parameters set to
+    the rounded copies after each step: the reference optimizer (what mixed-precision training does)."""
+
+    def __init__(self, torch, params, lr: float) -> None:
+        self.torch = torch
+        self.params = list(params)
+        self.master = [p.detach().float().clone() for p in self.params]
+        self.by_param = dict(zip(self.params, self.master, strict=True))
+        self.opt = torch.optim.AdamW(self.master, lr=lr, weight_decay=0.0, fused=True)
+        self.param_groups = self.opt.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+        self.opt.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        for p, m in zip(self.params, self.master, strict=True):
+            if p.grad is not None:
+                m.grad = p.grad.float()
+                p.grad = None
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        with self.torch.no_grad():
+            self.torch._foreach_copy_(self.params, self.master)
+
+
 def run_one(args: argparse.Namespace) -> dict:
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = True
-    res: dict = {"path": args.path, "batch": args.batch, "seq": args.seq}
+    res: dict = {"path": args.path, "batch": args.batch, "seq": args.seq, "lr": args.lr}
     if args.path.startswith("ours"):
         res |= _check_attention(torch)
+    if args.path == "ours":
+        res |= _check_kahan(torch)
     model, cfg = _build_model(torch, args.layers)
-    if args.path == "liger" or args.path == "liger-padded":
+    probe = _probe(model)
+    weights: dict[str, dict] = {"init": _snapshot(torch, probe, lambda p: p)}
+    if args.path in ("liger", "liger-padded", "liger-master"):
         from liger_kernel.transformers import apply_liger_kernel_to_qwen3
 
         apply_liger_kernel_to_qwen3(model=model)
@@ -155,18 +252,56 @@ def run_one(args: argparse.Namespace) -> dict:
         trainer = Trainer(
             "/nonexistent",
             model=model,
-            lr=1e-5,
+            lr=args.lr,
             device="cuda",
             dtype="bfloat16",
             micro_batch_tokens=args.micro_batch_tokens or args.batch * args.seq,
-            liger=args.path == "ours",
+            liger=args.path != "ours-noliger",
         )
+        if args.path == "ours-adamw":  # the trainer as it was: torch's fused AdamW on the bf16 weights
+            trainer.optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=True)
+        if args.path == "ours-master":  # the reference for ours: same kernels, float32 master weights
+            trainer.optimizer = _MasterAdamW(torch, model.parameters(), args.lr)  # type: ignore[assignment]
         res["liger_kernels"] = trainer.liger
+        res["optimizer"] = type(trainer.optimizer).__name__
 
         def step(batch):
             trainer.step(batch)
+
+        def held(p):  # the weight the optimizer holds (bf16 + Kahan compensation, or the fp32 master)
+            from predict.train.optim import effective_weight
+
+            if isinstance(trainer.optimizer, _MasterAdamW):
+                return trainer.optimizer.by_param[p]
+            return effective_weight(trainer.optimizer, p)
+    elif args.path == "liger-master":
+        # float32 master weights: bf16 forward/backward, fp32 AdamW on an fp32 copy, copied back after each step.
+        params = list(model.parameters())
+        master = [p.detach().float().clone().requires_grad_() for p in params]
+        opt = torch.optim.AdamW(master, lr=args.lr, weight_decay=0.0, fused=True)
+        by_param = dict(zip(params, master, strict=True))
+        res["optimizer"] = "AdamW on fp32 master weights"
+
+        def step(batch):
+            ids = torch.tensor([s.token_ids for s in batch], device="cuda")
+            model(input_ids=ids, labels=ids).loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            for p, m in zip(params, master, strict=True):
+                m.grad = p.grad.float()
+                p.grad = None
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                torch._foreach_copy_(params, master)
+
+        def held(p):
+            return by_param[p]
     else:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=True)
+        res["optimizer"] = "torch fused AdamW on bf16 weights"
+
+        def held(p):
+            return p
 
         def step(batch):
             if args.traces:  # padded rows, loss on assistant tokens
@@ -206,6 +341,10 @@ def run_one(args: argparse.Namespace) -> dict:
     except torch.OutOfMemoryError as e:
         res["error"] = f"OOM: {str(e)[:120]}"
         return res
+    if args.weights_out:
+        weights["stored"] = _snapshot(torch, probe, lambda p: p)
+        weights["held"] = _snapshot(torch, probe, held)
+        torch.save(weights, args.weights_out)
     timed = batches[args.warmup :]
     docs = [len(s.token_ids) for b in timed for s in b]
     res["tokens"] = sum(docs)
@@ -228,8 +367,10 @@ def run_one(args: argparse.Namespace) -> dict:
 # ------------------------------------------------------------------------------------------------------------
 # Drivers
 # ------------------------------------------------------------------------------------------------------------
-def _spawn(extra: list[str], common: list[str]) -> dict:
+def _spawn(extra: list[str], common: list[str], weights_out: str | None = None) -> dict:
     cmd = [sys.executable, __file__, "one", *common, *extra]
+    if weights_out:
+        cmd += ["--weights-out", weights_out]
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     t0 = time.perf_counter()
@@ -243,27 +384,76 @@ def _spawn(extra: list[str], common: list[str]) -> dict:
     return res
 
 
+REFERENCES = ("liger-master:4", "ours-master:4")
+
+
+def lost_updates(torch, files: dict[str, str]) -> dict[str, dict]:
+    """Per path: share of the probe layer's bf16 weights that changed, and its update against each reference's."""
+    refs = {}
+    for name in REFERENCES:
+        if name in files:
+            w = torch.load(files[name])
+            refs[name] = (w["init"], torch.cat([(w["held"][n] - w["init"][n]).flatten() for n in w["init"]]))
+    out = {}
+    for path, file in files.items():
+        w = torch.load(file)
+        d = torch.cat([(w["held"][n] - w["init"][n]).flatten() for n in w["init"]])
+        changed = torch.cat([(w["stored"][n] != w["init"][n]).flatten() for n in w["init"]])
+        row = {"changed": float(changed.float().mean()), "n_weights": int(d.numel())}
+        for name, (init, d_ref) in refs.items():
+            tag = name.split(":")[0]
+            row[f"same_init_{tag}"] = all(torch.equal(w["init"][n], init[n]) for n in init)
+            row[f"realised_vs_{tag}"] = float(d @ d_ref / (d_ref @ d_ref))
+            row[f"drift_vs_{tag}"] = float((d - d_ref).norm() / d_ref.norm())
+        out[path] = row
+    return out
+
+
 def run_gpu(args: argparse.Namespace) -> None:
-    common = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+    common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--lr", str(args.lr)]
     if args.layers:
         common += ["--layers", str(args.layers)]
     runs = [
-        ["--path", "plain", "--batch", "4"],
-        ["--path", "ours-noliger", "--batch", "4"],
         ["--path", "liger", "--batch", "4"],
         ["--path", "ours", "--batch", "4"],
+        ["--path", "ours-adamw", "--batch", "4"],
+        ["--path", "liger-master", "--batch", "4"],
+        ["--path", "ours-master", "--batch", "4"],
         ["--path", "liger", "--batch", "8"],
         ["--path", "ours", "--batch", "8"],
+        ["--path", "plain", "--batch", "4"],
+        ["--path", "ours-noliger", "--batch", "4"],
     ]
     if args.only:
         runs = [r for r in runs if f"{r[1]}:{r[3]}" in args.only.split(",")]
-    results = [_spawn(r, common) for r in runs]
+    wdir = Path(tempfile.mkdtemp(prefix="sft_speed_weights"))
+    files = {f"{r[1]}:{r[3]}": str(wdir / f"{r[1]}_{r[3]}.pt") for r in runs if r[3] == "4"}
+    results = [_spawn(r, common, files.get(f"{r[1]}:{r[3]}")) for r in runs]
+    files = {k: v for k, v in files.items() if Path(v).is_file()}
+    lost = {}
+    if any(r in files for r in REFERENCES):
+        import torch
+
+        try:
+            lost = lost_updates(torch, files)
+        except Exception as e:  # noqa: BLE001 - the speed table still prints
+            print(f"lost updates: failed ({type(e).__name__}: {e})")
+        for r in results:
+            r |= lost.get(f"{r.get('path')}:{r.get('batch')}", {})
     if args.traces:
         tr = ["--traces", args.traces, "--batch-tokens", str(args.trace_batch_tokens)]
         tcommon = ["--steps", str(max(args.steps // 2, 4)), "--warmup", "2", *tr]
         results.append(_spawn(["--path", "ours", "--batch", "16", "--micro-batch-tokens", "16384"], tcommon))
         results.append(_spawn(["--path", "liger-padded", "--batch", "8"], tcommon))
     _table(results)
+    if lost:
+        n_w = next(iter(lost.values()))["n_weights"]
+        print(f"\nlost updates: lr {args.lr}, {args.warmup + args.steps} steps, one middle layer ({n_w:,} weights)")
+        tags = [r.split(":")[0] for r in REFERENCES if r in files]
+        print(f"{'path':<16}{'changed':>9}" + "".join(f"{'realised/' + t:>22}{'drift/' + t:>20}" for t in tags))
+        for k, v in lost.items():
+            cells = "".join(f"{v[f'realised_vs_{t}']:>22.3f}{v[f'drift_vs_{t}']:>20.3f}" for t in tags)
+            print(f"{k:<16}{v['changed']:>9.1%}{cells}")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
 
@@ -286,6 +476,11 @@ def _table(results: list[dict]) -> None:
                 note += ", packed"
         if "varlen" in r:
             note += f" varlen={r['varlen']} err={r['varlen_rel_err']:.1e}"
+        if "kahan_realised" in r:
+            note += (
+                f" kahan compiled={r['kahan_compiled']}: realised {r['kahan_realised']:.3f} drift"
+                f" {r['kahan_drift']:.3f} (eager {r['kahan_eager_realised']:.3f}, plain bf16 {r['plain_realised']:.3f})"
+            )
         print(
             f"{r['path']:<14}{r['batch']:>6}{r['tok_s']:>10,.0f}{r['mfu']:>8.1%}{r['peak_gib']:>10.1f}{ratio:>10}  {note}"
         )
@@ -343,9 +538,16 @@ def main() -> None:
     g.add_argument("--traces", default=None, help="TrainSample parquet for the packed-vs-padded comparison")
     g.add_argument("--trace-batch-tokens", type=int, default=65536)
     g.add_argument("--only", default=None, help="e.g. plain:4,ours:4")
+    g.add_argument("--lr", type=float, default=1e-6)
     g.add_argument("--out", default=None)
     o = sub.add_parser("one")
-    o.add_argument("--path", required=True, choices=["plain", "liger", "liger-padded", "ours", "ours-noliger"])
+    o.add_argument(
+        "--path",
+        required=True,
+        choices=["plain", "liger", "liger-padded", "liger-master", "ours", "ours-noliger", "ours-adamw", "ours-master"],
+    )
+    o.add_argument("--lr", type=float, default=1e-6)
+    o.add_argument("--weights-out", default=None)
     o.add_argument("--batch", type=int, default=4)
     o.add_argument("--seq", type=int, default=2048)
     o.add_argument("--steps", type=int, default=20)
