@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from predict.env.protocol import find_prediction_line, parse_prediction
 from predict.train.labels import (
     ce_sample,
     decision_token_span,
@@ -147,6 +148,41 @@ def test_label_inside_thinking_is_not_the_label(tok: Any) -> None:
     ids = enc(tok, text)
     start, end = label_token_span(ids, tok)
     assert dec(tok, ids[start:end]) == "> timeout"
+
+
+def test_label_is_the_prediction_the_protocol_acts_on(tok: Any) -> None:
+    """A lone PREDICTION pair before the prediction line is not the label (issue 16 item 6): the protocol acts on
+    TIMEOUT, so the label mask and the CE sample sit on TIMEOUT, not PASS."""
+    text = "Sure. <PREDICTION>PASS</PREDICTION>\n<PREDICTION>TIMEOUT</PREDICTION> <DECISION>REVISE</DECISION>"
+    assert parse_prediction(text).prediction == "TIMEOUT"
+    ids = enc(tok, text)
+    span = find_label(ids, tok)
+    assert span.value == "TIMEOUT" and dec(tok, ids[span.start : span.end]) == ">TIMEOUT"
+    d0, d1 = decision_token_span(ids, tok)
+    assert dec(tok, ids[d0:d1]) == ">REVISE"
+    prompt = enc(tok, "<|im_start|>assistant\n")
+    ce = prediction_ce_sample(prompt, ids, "PASS", 0.5, tok)
+    assert dec(tok, ce.token_ids) == "<|im_start|>assistant\n" + text.split(">TIMEOUT")[0] + ">PASS</PREDICTION>"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<PREDICTION>PASS</PREDICTION> <DECISION>KEEP</DECISION>",
+        "<think><PREDICTION>PASS</PREDICTION> <DECISION>KEEP</DECISION></think>x <prediction> timeout </prediction>"
+        "\n<DECISION>revise</DECISION>",
+        "<PREDICTION>PASS</PREDICTION><think>no</think> <DECISION>KEEP</DECISION> <PREDICTION>OTHER</PREDICTION>",
+        "<PREDICTION>PASS</PREDICTION> and <PREDICTION>MAYBE</PREDICTION> <DECISION>KEEP</DECISION>",
+    ],
+)
+def test_located_prediction_line_is_the_parsed_one(text: str) -> None:
+    line = find_prediction_line(text)
+    parsed = parse_prediction(text)
+    a, b = line.prediction_span
+    assert text[a] == ">" and text[a + 1 : b].strip() == line.prediction
+    assert line.prediction.strip().upper() == parsed.prediction or parsed.prediction == "MALFORMED"
+    c, d = line.decision_span
+    assert text[c + 1 : d].strip().upper() == parsed.decision
 
 
 def test_label_after_multibyte_text(tok: Any) -> None:

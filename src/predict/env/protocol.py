@@ -396,8 +396,9 @@ class ProtocolConfig:
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _CALL = re.compile(r"^\s*CALL\s+(\S+)(.*)$")
 _FINAL = re.compile(r"^\s*FINAL:(.*)$")
+# Groups: 1 = from the PREDICTION tag's ">" to the end of the class, 2 = the class, 3 and 4 the same for DECISION.
 _PREDICTION = re.compile(
-    r"<PREDICTION>\s*([^<\n]*?)\s*</PREDICTION>\s*<DECISION>\s*([^<\n]*?)\s*</DECISION>", re.IGNORECASE
+    r"<PREDICTION(>\s*([^<\n]*?))\s*</PREDICTION>\s*<DECISION(>\s*([^<\n]*?))\s*</DECISION>", re.IGNORECASE
 )
 
 
@@ -447,13 +448,48 @@ class Prediction:
     valid: bool
 
 
-def parse_prediction(reply: str) -> Prediction:
-    """The prediction line. Tags are matched case-insensitively and values are upper-cased; anything else (missing
-    tags, unknown class, unknown decision) makes the whole line MALFORMED (a parsable decision is still kept)."""
+@dataclass(frozen=True)
+class PredictionLine:
+    """The prediction line the protocol acts on, located in the reply as written (character offsets into it)."""
+
+    prediction: str
+    """The class as sampled (blanks stripped, case kept)."""
+    decision: str
+    prediction_span: tuple[int, int]
+    """[start, end) from the PREDICTION tag's ">" to the end of the class (the label's characters)."""
+    decision_span: tuple[int, int]
+    """The same for the DECISION value."""
+
+
+def find_prediction_line(reply: str) -> PredictionLine | None:
+    """The first ``<PREDICTION>..</PREDICTION> <DECISION>..</DECISION>`` pair outside closed think blocks: the one
+    `parse_prediction` acts on (a lone PREDICTION pair before it is not it), or None. The label locator of training
+    (`predict.train.labels`) reads its spans, so the label it trains is the prediction the program acted on."""
+    kept: list[int] = []  # reply offset of each character of strip_thinking(reply)
+    pos = 0
+    for t in _THINK.finditer(reply):
+        kept.extend(range(pos, t.start()))
+        pos = t.end()
+    kept.extend(range(pos, len(reply)))
     m = _PREDICTION.search(strip_thinking(reply))
     if m is None:
+        return None
+
+    def span(group: int) -> tuple[int, int]:  # never empty: the group starts with the tag's ">"
+        a, b = m.span(group)
+        return kept[a], kept[b - 1] + 1
+
+    return PredictionLine(m.group(2), m.group(4), span(1), span(3))
+
+
+def parse_prediction(reply: str) -> Prediction:
+    """The prediction line (`find_prediction_line`). Tags are matched case-insensitively and values are
+    upper-cased; anything else (missing tags, unknown class, unknown decision) makes the whole line MALFORMED (a
+    parsable decision is still kept)."""
+    line = find_prediction_line(reply)
+    if line is None:
         return Prediction(MALFORMED, None, False)
-    cls_, decision = m.group(1).strip().upper(), m.group(2).strip().upper()
+    cls_, decision = line.prediction.strip().upper(), line.decision.strip().upper()
     decision_ok = decision in DECISIONS
     if cls_ not in PREDICTION_CLASSES or not decision_ok:
         return Prediction(MALFORMED, decision if decision_ok else None, False)

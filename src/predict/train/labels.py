@@ -16,8 +16,11 @@ prime-rl plugin) imports this one module. Final signatures:
 
 Rules:
 
-* The label is the CLASS of the first ``<PREDICTION>CLASS</PREDICTION>`` in the completion outside a closed
-  ``<think>...</think>`` block, found case-insensitively as `predict.env.protocol.parse_prediction` does.
+* The label is the CLASS of the prediction line the protocol acts on: `predict.env.protocol.find_prediction_line`,
+  the first ``<PREDICTION>CLASS</PREDICTION> <DECISION>..</DECISION>`` pair outside closed ``<think>`` blocks (the
+  parse `parse_prediction` uses), so a lone PREDICTION pair before that line is not the label. Only when the
+  completion has no such line (the protocol then reads MALFORMED) is it the first ``<PREDICTION>..</PREDICTION>``
+  pair outside a closed think block.
   The *label tokens* are the sampled tokens whose text overlaps the characters from the opening tag's ``>`` to the
   end of CLASS. The ``>`` belongs to the label because Qwen3's pre-tokenizer glues it to the class (``>PASS`` is one
   piece, ``>P`` + ``ASS`` its tokens, while ``ASSERTION_FAILURE`` follows a lone ``>``): the first token after
@@ -44,7 +47,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from predict.env.protocol import PREDICTION_CLASSES
+from predict.env.protocol import PREDICTION_CLASSES, find_prediction_line
 from predict.train.samples import TrainSample
 
 CLOSE_TAG = "</PREDICTION>"
@@ -155,23 +158,30 @@ class LabelSpan:
     """Text of token `start` before the ">" (usually empty)."""
 
 
-def _find_tag_value(completion_ids: Sequence[int], tokenizer: Any, pattern: re.Pattern[str]) -> LabelSpan | None:
+def _find_tag_value(completion_ids: Sequence[int], tokenizer: Any, tag: str) -> LabelSpan | None:
+    """tag: "prediction" or "decision". The protocol's prediction line first; a lone tag pair without one."""
     ids = list(completion_ids)
     if not ids:
         return None
     text, spans = token_char_spans(ids, tokenizer)
-    m = _first_outside_think(pattern, text)
-    if m is None:
-        return None
-    cs, ce = m.span(1)  # from ">" (never empty) to the end of the value
+    line = find_prediction_line(text)
+    if line is not None:
+        value = line.prediction if tag == "prediction" else line.decision
+        cs, ce = line.prediction_span if tag == "prediction" else line.decision_span
+    else:
+        m = _first_outside_think(_PREDICTION_TAG if tag == "prediction" else _DECISION_TAG, text)
+        if m is None:
+            return None
+        value = m.group(2)
+        cs, ce = m.span(1)  # from ">" (never empty) to the end of the value
     overlapping = [i for i, (a, b) in enumerate(spans) if a < ce and b > cs]
     start, end = overlapping[0], overlapping[-1] + 1
-    return LabelSpan(start=start, end=end, value=m.group(2), lead=text[spans[start][0] : cs])
+    return LabelSpan(start=start, end=end, value=value, lead=text[spans[start][0] : cs])
 
 
 def find_label(completion_ids: Sequence[int], tokenizer: Any) -> LabelSpan | None:
     """The PREDICTION label of a completion (see the module rules), or None without a tag pair."""
-    return _find_tag_value(completion_ids, tokenizer, _PREDICTION_TAG)
+    return _find_tag_value(completion_ids, tokenizer, "prediction")
 
 
 def label_token_span(completion_ids: Sequence[int], tokenizer: Any) -> tuple[int, int] | None:
@@ -182,7 +192,7 @@ def label_token_span(completion_ids: Sequence[int], tokenizer: Any) -> tuple[int
 
 def decision_token_span(completion_ids: Sequence[int], tokenizer: Any) -> tuple[int, int] | None:
     """(start, end) of the sampled DECISION value tokens (masked from RL only under ``rl.mask_decision``)."""
-    span = _find_tag_value(completion_ids, tokenizer, _DECISION_TAG)
+    span = _find_tag_value(completion_ids, tokenizer, "decision")
     return None if span is None else (span.start, span.end)
 
 
