@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from predict.env.protocol import PREDICTION_CLASSES, find_prediction_line
-from predict.train.samples import TrainSample
+from predict.train.train_sample import TrainSample
 
 CLOSE_TAG = "</PREDICTION>"
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)

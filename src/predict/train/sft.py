@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from predict.io import write_rows
-from predict.train.samples import TrainSample
+from predict.train.train_sample import TrainSample
 
 log = logging.getLogger(__name__)
 

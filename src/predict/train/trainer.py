@@ -45,7 +45,7 @@ import torch
 
 from predict.train.loss import LossConfig, predict_loss
 from predict.train.optim import KahanAdamW
-from predict.train.samples import TrainSample
+from predict.train.train_sample import TrainSample
 
 __all__ = ["ATTN_IMPLEMENTATION", "ChunkedLMLoss", "Trainer", "pack_micro_batches", "packed_attention"]
 
