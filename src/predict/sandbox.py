@@ -1398,7 +1398,7 @@ def _check_labels(labels: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Fork server: `python -m predict.sandbox serve` (one JSON request per line on stdin, one JSON reply on stdout)
+# Fork server: `python -m predict.sandbox serve` (header-line requests on stdin, replies on stdout; format above)
 # --------------------------------------------------------------------------------------------------------------
 
 

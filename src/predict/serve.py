@@ -20,7 +20,7 @@ Guarantees:
   a supervisor: PDEATHSIG on the API server alone is not enough; vLLM's EngineCore and
   multiprocessing resource tracker were seen surviving it as orphans holding the KV cache.
 
-CPU defaults are the fast-start settings from ``shared/notes/vllm-cpu.md``: ``--enforce-eager``
+CPU defaults are the fastest start measured on the 2-core CPU machines (vLLM's CPU build): ``--enforce-eager``
 (torch.compile start-up costs ~60-80 s and recompiles for every new checkpoint path),
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (engine in the API process: ~25 s to healthy instead of ~38 s),
 ``VLLM_CPU_KVCACHE_SPACE=1`` GiB, OpenMP bound to all cores this process may use with none reserved.
