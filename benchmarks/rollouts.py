@@ -58,7 +58,7 @@ def main() -> int:
         results = []
         for protocol in args.protocols:
             for concurrency in args.concurrency:
-                settings = RolloutSettings(
+                settings = RolloutSettings.of(
                     base_url=server.base_url, model="tiny", protocol=protocol, client=args.client,
                     max_tokens=args.max_tokens, concurrency=concurrency,
                 )

@@ -55,7 +55,7 @@ def _workdirs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 def test_train_client_traces_carry_token_ids_and_masks(server: VLLMServer, tasks: list[dict]) -> None:
-    settings = RolloutSettings(
+    settings = RolloutSettings.of(
         base_url=server.base_url, model=server.model_name, protocol="predictive", client="train",
         max_tokens=32, concurrency=3, arm="B", seed=42, checkpoint="base", split="val",
     )

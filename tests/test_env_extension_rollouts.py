@@ -109,7 +109,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, mbpp_path: Path) -> Run:
     async def main() -> list[list[dict[str, Any]]]:
         return await asyncio.gather(
             *(
-                run_rollouts(rows[group], RolloutSettings(base_url=endpoint.base_url, model="scripted", **overrides))
+                run_rollouts(rows[group], RolloutSettings.of(base_url=endpoint.base_url, model="scripted", **overrides))
                 for group, overrides in SETTINGS.items()
             )
         )

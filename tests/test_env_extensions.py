@@ -487,7 +487,7 @@ def test_rollout_cli_takes_the_variant_and_the_protocol_knobs(tmp_path: Path) ->
     settings = RolloutSettings.from_study_config(
         overridden, arm="B", seed=1, checkpoint="sft", base_url="http://x/v1", model="m", variant=args.variant
     )
-    protocol = settings.protocol_config()
+    protocol = settings.protocol_config
     assert (protocol.variant, protocol.test_cost, protocol.budget, protocol.max_chained_revisions) == (
         "edit_on_revise",
         3,
@@ -497,14 +497,14 @@ def test_rollout_cli_takes_the_variant_and_the_protocol_knobs(tmp_path: Path) ->
     assert (settings.meta()["budget"], settings.meta()["test_cost"]) == (10, 3)
     assert RolloutSettings.from_study_config(
         config, arm="A", seed=1, checkpoint="sft", base_url="u", model="m"
-    ).protocol_config() == ProtocolConfig("reactive")
+    ).protocol_config == ProtocolConfig("reactive")
 
 
 def test_harness_passes_the_protocol_knobs_to_the_program() -> None:
     from predict.env.program import parse_args as program_args
     from predict.env.rollout import RolloutSettings, build_agent_config
 
-    settings = RolloutSettings(
+    settings = RolloutSettings.of(
         base_url="http://127.0.0.1:1/v1",
         model="m",
         protocol="predictive",
@@ -512,12 +512,12 @@ def test_harness_passes_the_protocol_knobs_to_the_program() -> None:
         test_cost=2,
         max_chained_revisions=3,
     )
-    harness = build_agent_config(settings).harness
+    harness = build_agent_config(settings).harness.protocol
     assert (harness.variant, harness.budget, harness.test_cost, harness.max_chained_revisions) == (
         "edit_on_revise",
         9,
         2,
         3,
     )
-    args = program_args(["--model", "m", "--prompt", "p", "--test-cost", "2", "--max-chained-revisions", "3"])
-    assert (args.test_cost, args.max_chained_revisions) == (2, 3)
+    args = program_args(["--model", "m", "--prompt", "p", f"--protocol-config={json.dumps(harness.to_dict())}"])
+    assert ProtocolConfig(**json.loads(args.protocol_config)) == harness  # the program runs the same episode

@@ -114,7 +114,8 @@ def test_rollout_settings_from_the_study_config() -> None:
     s = RolloutSettings.from_study_config(
         config, arm="B", seed=42, checkpoint="sft", base_url="http://127.0.0.1:1/v1", model="m", variant="forced_keep"
     )
-    assert (s.protocol, s.variant, s.budget, s.max_tokens, s.timeout_s, s.arm, s.seed) == (
+    p = s.protocol_config
+    assert (p.protocol, p.variant, p.budget, s.max_tokens, s.timeout_s, s.arm, s.seed) == (
         "predictive",
         "forced_keep",
         8,
@@ -123,4 +124,4 @@ def test_rollout_settings_from_the_study_config() -> None:
         "B",
         42,
     )
-    assert s.meta()["budget"] == 8 and s.protocol_config().model_call_cap == 17
+    assert s.meta()["budget"] == 8 and s.protocol_config.model_call_cap == 17

@@ -148,7 +148,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, mbpp_path: Path) -> Any:
     async def main() -> list[list[dict[str, Any]]]:
         runs = []
         for group, overrides in SETTINGS.items():
-            settings = RolloutSettings(base_url=endpoint.base_url, model="scripted", seed=7, concurrency=4, **overrides)
+            settings = RolloutSettings.of(base_url=endpoint.base_url, model="scripted", seed=7, concurrency=4, **overrides)
             runs.append(run_rollouts(rows_by_group[group], settings))
         return await asyncio.gather(*runs)
 

@@ -23,6 +23,7 @@ import pytest
 
 from predict.config import REPO_ROOT, ConfigError, load_config
 from predict.env.harness import LocalAgentHarnessConfig
+from predict.env.protocol import ProtocolConfig
 from predict.env.taskset import MbppTaskConfig, MbppTasksetConfig
 from predict.runs import resolve_run, study_runs
 from predict.train.prime_rl import configs
@@ -202,8 +203,8 @@ def test_rl_toml_arm_a_is_grpo_and_arm_b_is_predict(paper: dict[str, Any], tmp_p
         assert source["env"]["taskset"]["split"] == "rl"
         assert source["env"]["agent"]["harness"]["id"] == "predict_local_agent"
         assert source["env"]["agent"]["runtime"] == {"type": "subprocess"}
-    assert a["orchestrator"]["train"]["source"][0]["env"]["agent"]["harness"]["protocol"] == "reactive"
-    harness = b["orchestrator"]["train"]["source"][0]["env"]["agent"]["harness"]
+    assert a["orchestrator"]["train"]["source"][0]["env"]["agent"]["harness"]["protocol"]["protocol"] == "reactive"
+    harness = b["orchestrator"]["train"]["source"][0]["env"]["agent"]["harness"]["protocol"]
     assert (harness["protocol"], harness["variant"], harness["budget"]) == ("predictive", "none", 8)
     # max_turns stays above the program's own cap, as in local rollouts (2 * budget + 1, plus 2)
     assert b["orchestrator"]["train"]["source"][0]["env"]["agent"]["max_turns"] == 2 * 8 + 1 + 2
@@ -217,14 +218,17 @@ def test_ablations_change_one_factor_of_arm_b(paper: dict[str, Any], tmp_path: P
         "budget_neutral": ("env", "revise_costs_call", False),  # budget_neutral_budget null: a free REVISE
     }.items():
         t = render_rl(paper, run, tmp_path)
-        hb = b["orchestrator"]["train"]["source"][0]["env"]["agent"]["harness"]
-        ht = t["orchestrator"]["train"]["source"][0]["env"]["agent"]["harness"]
+        # the harness's keys with its protocol table's beside them
+        hb, ht = (
+            {**h, **h["protocol"]}
+            for h in (r["orchestrator"]["train"]["source"][0]["env"]["agent"]["harness"] for r in (b, t))
+        )
         if change[0] == "orchestrator":
             assert t["orchestrator"]["algo"]["alpha"] == 0.0 and t["orchestrator"]["algo"]["type"] == "predict"
             assert ht == hb
         else:
             assert ht[change[1]] == change[2] and t["orchestrator"]["algo"] == b["orchestrator"]["algo"]
-            assert {k for k in hb if hb[k] != ht[k]} <= {"variant", "revise_costs_call"}
+            assert {k for k in hb if hb[k] != ht[k]} <= {"protocol", "variant", "revise_costs_call"}
 
 
 def test_mask_decision_comes_from_the_shared_rl_option(paper: dict[str, Any], tmp_path: Path) -> None:
@@ -504,16 +508,18 @@ def test_extension_runs_carry_their_environment_and_mask(paper: dict[str, Any], 
     test cost (and the budget scaled by it), edit_on_revise's variant and cap, mask_decision's decision mask."""
     from predict.env.harness import LocalAgentHarnessConfig
 
-    def harness(run: str) -> dict[str, Any]:
+    def harness(run: str) -> dict[str, Any]:  # the protocol table of the harness
         (source,) = render_rl(paper, run, tmp_path)["orchestrator"]["train"]["source"]
-        return source["env"]["agent"]["harness"]
+        return source["env"]["agent"]["harness"]["protocol"]
 
     plain, costly = harness("B"), harness("expensive_tests_B")
     assert (plain["test_cost"], costly["test_cost"]) == (1, 3)
     assert costly["budget"] == plain["budget"] + 2  # a direct solve still fits: budget + (k - 1)
     assert harness("edit_on_revise")["variant"] == "edit_on_revise"
     assert harness("edit_on_revise")["max_chained_revisions"] == paper["env"]["max_chained_revisions"]
-    LocalAgentHarnessConfig(**harness("expensive_tests_B"))  # our harness accepts every key it is given
+    (source,) = render_rl(paper, "expensive_tests_B", tmp_path)["orchestrator"]["train"]["source"]
+    rendered = LocalAgentHarnessConfig(**source["env"]["agent"]["harness"])  # our harness accepts every key
+    assert rendered.protocol == ProtocolConfig(**harness("expensive_tests_B"))
     algo = {run: render_rl(paper, run, tmp_path)["orchestrator"]["algo"] for run in ("B", "mask_decision")}
     assert (algo["B"]["mask_decision"], algo["mask_decision"]["mask_decision"]) == (False, True)
 
@@ -606,7 +612,11 @@ def test_the_custom_loss_is_the_local_trainers_loss_per_sample() -> None:
     weights = torch.tensor([0, 0, 1, 1, 0, 1, 0, 1, 1, 1, 1, 0], dtype=torch.float64)  # a label token at rl weight 0
     adv = torch.full((12,), -0.7, dtype=torch.float64)
     inputs = types.SimpleNamespace(
-        trainer_logprobs=new, inference_logprobs=q, advantages=adv, loss_mask=mask & (weights != 0), loss_weights=weights
+        trainer_logprobs=new,
+        inference_logprobs=q,
+        advantages=adv,
+        loss_mask=mask & (weights != 0),
+        loss_weights=weights,
     )
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(sys.modules, "prime_rl.trainer.rl.loss", fake)

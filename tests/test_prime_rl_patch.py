@@ -220,7 +220,7 @@ def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) 
         "        src = c.orchestrator.train.source[0]\n"
         "        env = src.env\n"
         "        out[name] = [type(c.orchestrator.algo).__name__, type(env.taskset).__name__,\n"
-        "                     type(env.agent.harness).__name__, env.agent.harness.variant,\n"
+        "                     type(env.agent.harness).__name__, (lambda p: p['variant'] if isinstance(p, dict) else p.variant)(env.agent.harness.protocol),\n"
         "                     str(c.trainer.output_dir), c.trainer.ckpt.weights is not None,\n"
         "                     src.group_size, src.algo.type]\n"
         "        out[name + '/design'] = [c.trainer.loss.type, c.trainer.loss.import_path, c.trainer.loss.kwargs,\n"

@@ -19,7 +19,7 @@ from typing import Any
 
 import verifiers.v1 as vf
 
-from predict.env.protocol import RESULT_FILE, TASK_FILE
+from predict.env.protocol import RESULT_FILE, TASK_FILE, ProtocolConfig
 
 HARNESS_ID = "predict_local_agent"
 RESULT_MAX_BYTES = 64 << 20
@@ -30,16 +30,9 @@ class LocalAgentHarnessConfig(vf.HarnessConfig):
     id: str = HARNESS_ID
     python: str = sys.executable
     """Interpreter that runs the program: the host venv's for SubprocessConfig (it has `predict` installed)."""
-    protocol: str = "reactive"
-    variant: str = "none"
-    budget: int = 8
-    revise_costs_call: bool = True
-    max_model_calls: int | None = None
-    """The program's own cap on model replies (None: `ProtocolConfig.model_call_cap`)."""
-    test_cost: int = 1
-    """Budget calls per python_test that runs (`budget` is the resolved one, already scaled for it)."""
-    max_chained_revisions: int = 2
-    """edit_on_revise: most replacement patches in a row."""
+    protocol: ProtocolConfig = ProtocolConfig()
+    """The episode's protocol, already resolved (variant, test cost): the knobs are declared in ProtocolConfig only.
+    A config file gives it as a table of ProtocolConfig's fields."""
     timeout_s: float = 3.0
     memory_mb: int = 1024
     outcome_labels: str = "structured"
@@ -72,12 +65,7 @@ class LocalAgentHarness(vf.Harness[LocalAgentHarnessConfig]):
             "predict.env.program",
             f"--model={ctx.model}",
             f"--prompt={prompt or ''}",
-            f"--protocol={c.protocol}",
-            f"--variant={c.variant}",
-            f"--budget={c.budget}",
-            f"--revise-costs-call={int(c.revise_costs_call)}",
-            f"--test-cost={c.test_cost}",
-            f"--max-chained-revisions={c.max_chained_revisions}",
+            f"--protocol-config={json.dumps(c.protocol.to_dict())}",
             f"--task-file={TASK_FILE}",
             f"--result-file={RESULT_FILE}",
             f"--timeout-s={c.timeout_s}",
@@ -85,8 +73,6 @@ class LocalAgentHarness(vf.Harness[LocalAgentHarnessConfig]):
             f"--outcome-labels={c.outcome_labels}",
             f"--request-timeout-s={c.request_timeout_s}",
         ]
-        if c.max_model_calls is not None:
-            argv.append(f"--max-model-calls={c.max_model_calls}")
         if system:
             argv.append(f"--system-prompt={system}")
         if not c.stream:

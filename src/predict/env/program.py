@@ -55,13 +55,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model", required=True)
     ap.add_argument("--prompt", required=True, help="the task prompt (first user message)")
     ap.add_argument("--system-prompt", default="", help="extra system text appended after the protocol's prompt")
-    ap.add_argument("--protocol", default="reactive")
-    ap.add_argument("--variant", default="none")
-    ap.add_argument("--budget", type=int, default=8)
-    ap.add_argument("--revise-costs-call", type=int, choices=(0, 1), default=1)
-    ap.add_argument("--max-model-calls", type=int, default=None)
-    ap.add_argument("--test-cost", type=int, default=1, help="budget calls per python_test (budget already scaled)")
-    ap.add_argument("--max-chained-revisions", type=int, default=2, help="edit_on_revise: replacements in a row")
+    ap.add_argument(
+        "--protocol-config",
+        default="{}",
+        help="the episode's resolved ProtocolConfig as a JSON object (default: its defaults)",
+    )
     ap.add_argument("--task-file", default=TASK_FILE)
     ap.add_argument("--result-file", default=RESULT_FILE)
     ap.add_argument("--timeout-s", type=float, default=3.0, help="sandbox limit per test run")
@@ -163,15 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Take the rollout's secret out of the environment so sandboxed test children never inherit it.
     base_url = os.environ.pop("OPENAI_BASE_URL", "")
     api_key = os.environ.pop("OPENAI_API_KEY", "")
-    config = ProtocolConfig(
-        protocol=args.protocol,
-        variant=args.variant,
-        budget=args.budget,
-        revise_costs_call=bool(args.revise_costs_call),
-        max_model_calls=args.max_model_calls,
-        test_cost=args.test_cost,
-        max_chained_revisions=args.max_chained_revisions,
-    )
+    config = ProtocolConfig(**json.loads(args.protocol_config))
     solution_path = Path(SOLUTION_FILE)
     task = json.loads(Path(args.task_file).read_text())
     episode = Episode(

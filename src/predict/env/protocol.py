@@ -80,10 +80,11 @@ Rules (the environment's, documented here and in the system prompts):
 
 from __future__ import annotations
 
+import inspect
 import json
 import posixpath
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -359,6 +360,13 @@ class ProtocolConfig:
             max_chained_revisions,
         )
 
+    @classmethod
+    def from_env(cls, env: Mapping[str, Any], protocol: str, **overrides: Any) -> ProtocolConfig:
+        """`resolve` with the study config's ``env`` section (its keys are `resolve`'s argument names), the arm's
+        protocol and `overrides` (e.g. a run's variant) on top: the one place the knobs' defaults live."""
+        knobs = {k: env[k] for k in PROTOCOL_KNOBS if k in env and k != "protocol"}
+        return cls.resolve(**{**knobs, "protocol": protocol, **overrides})
+
     @property
     def predictive(self) -> bool:
         return self.protocol == "predictive"
@@ -388,6 +396,10 @@ class ProtocolConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: The protocol knobs as the study config and callers name them (`ProtocolConfig.resolve`'s arguments).
+PROTOCOL_KNOBS: tuple[str, ...] = tuple(p for p in inspect.signature(ProtocolConfig.resolve).parameters if p != "cls")
 
 
 # ---------------------------------------------------------------------------------------------------------------

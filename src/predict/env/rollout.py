@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from predict.env.protocol import ProtocolConfig
+from predict.env.protocol import PROTOCOL_KNOBS, ProtocolConfig
 from predict.env.records import build_record, trace_to_record
 
 DEFAULT_API_KEY_VAR = "PREDICT_LLM_API_KEY"  # unset = "EMPTY"; never PRIME_API_KEY (that reads ~/.prime)
@@ -44,19 +44,9 @@ class RolloutSettings:
     """OpenAI-compatible endpoint root ending in /v1 (vLLM serve); the train client also uses
     <root>/inference/v1/generate."""
     model: str
-    protocol: Literal["reactive", "predictive"] = "reactive"
-    variant: Literal["none", "forced_keep", "budget_neutral", "edit_on_revise"] = "none"
-    budget: int = 8
-    """The base budget (config ``env.budget``); the episode's is resolved from it (variant, test cost)."""
-    revise_costs_call: bool = True
-    budget_neutral_budget: int | None = None
-    """budget_neutral only: raise the budget to this instead of making REVISE free."""
-    max_model_calls: int | None = None
-    """Program cap on model replies (None: `ProtocolConfig.model_call_cap`)."""
-    test_cost: int = 1
-    """Budget calls per python_test (config ``env.test_cost``); the budget grows by test_cost - 1."""
-    max_chained_revisions: int = 2
-    """edit_on_revise: most replacement patches in a row (config ``env.max_chained_revisions``)."""
+    protocol_config: ProtocolConfig = field(default_factory=ProtocolConfig)
+    """The episode's protocol, resolved (`ProtocolConfig.resolve` / `from_env`: variant, test cost): the knobs are
+    declared there only."""
     client: Literal["eval", "train"] = "eval"
     """eval: relay chat completions (no token ids); train: render with the Qwen3 renderer and call
     /inference/v1/generate, so traces carry token ids, masks and logprobs."""
@@ -90,6 +80,13 @@ class RolloutSettings:
     """Interpreter for the program and grading (None: this process's)."""
 
     @classmethod
+    def of(cls, *, base_url: str, model: str, **kwargs: Any) -> RolloutSettings:
+        """Settings from fields and protocol knobs (`ProtocolConfig.resolve`'s arguments: protocol, variant, budget,
+        test_cost, ...) given side by side, e.g. ``RolloutSettings.of(base_url=u, model=m, protocol="predictive")``."""
+        knobs = {k: kwargs.pop(k) for k in PROTOCOL_KNOBS if k in kwargs}
+        return cls(base_url=base_url, model=model, protocol_config=ProtocolConfig.resolve(**knobs), **kwargs)
+
+    @classmethod
     def from_study_config(
         cls,
         config: Mapping[str, Any],
@@ -102,15 +99,13 @@ class RolloutSettings:
         **overrides: Any,
     ) -> RolloutSettings:
         """Settings from a validated study config (`predict.config.load_config`): the arm's protocol, the ``env``
-        section and the ``verifier`` section; `overrides` (e.g. variant, client, split) win."""
+        section and the ``verifier`` section; `overrides` (e.g. variant, client, split; protocol knobs go to
+        `ProtocolConfig.from_env`) win."""
         env, verifier = dict(config.get("env") or {}), dict(config.get("verifier") or {})
+        knobs = {k: overrides.pop(k) for k in PROTOCOL_KNOBS if k in overrides}
+        protocol = knobs.pop("protocol", config["arms"][arm]["protocol"])
         fields: dict[str, Any] = {
-            "protocol": config["arms"][arm]["protocol"],
-            "budget": env["budget"],
-            "revise_costs_call": env.get("revise_costs_call", True),
-            "budget_neutral_budget": env.get("budget_neutral_budget"),
-            "test_cost": env.get("test_cost", 1),
-            "max_chained_revisions": env.get("max_chained_revisions", 2),
+            "protocol_config": ProtocolConfig.from_env(env, protocol, **knobs),
             "temperature": env.get("temperature", 1.0),
             "max_tokens": env.get("max_tokens", 512),
             "concurrency": env.get("concurrency", 8),
@@ -121,27 +116,15 @@ class RolloutSettings:
         }
         return cls(base_url=base_url, model=model, arm=arm, seed=seed, checkpoint=checkpoint, **{**fields, **overrides})
 
-    def protocol_config(self) -> ProtocolConfig:
-        return ProtocolConfig.resolve(
-            protocol=self.protocol,
-            variant=self.variant,
-            budget=self.budget,
-            revise_costs_call=self.revise_costs_call,
-            budget_neutral_budget=self.budget_neutral_budget,
-            max_model_calls=self.max_model_calls,
-            test_cost=self.test_cost,
-            max_chained_revisions=self.max_chained_revisions,
-        )
-
     def meta(self) -> dict[str, Any]:
         """The run-level fields every record carries."""
-        config = self.protocol_config()
+        config = self.protocol_config
         return {
             "arm": self.arm,
             "seed": self.seed,
             "checkpoint": self.checkpoint,
-            "protocol": self.protocol,
-            "variant": self.variant,
+            "protocol": config.protocol,
+            "variant": config.variant,
             "model": self.model,
             "client": self.client,
             "budget": config.budget,
@@ -163,17 +146,11 @@ def build_agent_config(settings: RolloutSettings) -> Any:
 
     from predict.env.harness import LocalAgentHarnessConfig
 
-    config = settings.protocol_config()
+    config = settings.protocol_config
     python = settings.python or sys.executable
     harness = LocalAgentHarnessConfig(
         python=python,
-        protocol=config.protocol,
-        variant=config.variant,
-        budget=config.budget,
-        revise_costs_call=config.revise_costs_call,
-        max_model_calls=config.max_model_calls,
-        test_cost=config.test_cost,
-        max_chained_revisions=config.max_chained_revisions,
+        protocol=config,
         timeout_s=settings.timeout_s,
         memory_mb=settings.memory_mb,
         outcome_labels=settings.outcome_labels,

@@ -247,7 +247,7 @@ def env_source(
     settings = RolloutSettings.from_study_config(
         spec.env(cfg), arm=spec.arm, seed=0, checkpoint="", base_url="", model="", variant=spec.variant
     )
-    protocol = settings.protocol_config()
+    protocol = settings.protocol_config
     verifier = {
         "timeout_s": settings.timeout_s,
         "memory_mb": settings.memory_mb,
@@ -269,13 +269,7 @@ def env_source(
                 "timeout": {"rollout": settings.rollout_timeout_s},
                 "harness": {
                     "id": HARNESS_ID,
-                    "protocol": protocol.protocol,
-                    "variant": protocol.variant,
-                    "budget": protocol.budget,
-                    "revise_costs_call": protocol.revise_costs_call,
-                    "max_model_calls": protocol.max_model_calls,
-                    "test_cost": protocol.test_cost,
-                    "max_chained_revisions": protocol.max_chained_revisions,
+                    "protocol": protocol.to_dict(),  # LocalAgentHarnessConfig.protocol: a ProtocolConfig
                     **verifier,
                 },
                 "runtime": {"type": "subprocess"},
