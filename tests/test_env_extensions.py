@@ -521,3 +521,22 @@ def test_harness_passes_the_protocol_knobs_to_the_program() -> None:
     )
     args = program_args(["--model", "m", "--prompt", "p", f"--protocol-config={json.dumps(harness.to_dict())}"])
     assert ProtocolConfig(**json.loads(args.protocol_config)) == harness  # the program runs the same episode
+
+
+def test_protocol_knobs_are_declared_in_protocol_config_only() -> None:
+    """Rollout settings, the harness config and the program embed one ProtocolConfig (issue 18 item 5): none of
+    them re-declares a knob, so a new knob touches the schema and protocol.py only."""
+    import inspect
+    from dataclasses import fields
+
+    from predict.env.harness import LocalAgentHarnessConfig
+    from predict.env.program import parse_args as program_args
+    from predict.env.rollout import RolloutSettings
+
+    knobs = set(inspect.signature(ProtocolConfig.resolve).parameters) | {f.name for f in fields(ProtocolConfig)}
+    assert not knobs & {f.name for f in fields(RolloutSettings)}
+    assert not knobs & (set(LocalAgentHarnessConfig.model_fields) - {"protocol"})
+    assert LocalAgentHarnessConfig.model_fields["protocol"].annotation is ProtocolConfig
+    assert not knobs & set(vars(program_args(["--model", "m", "--prompt", "p"])))
+    harness = LocalAgentHarnessConfig(protocol={"protocol": "predictive", "variant": "forced_keep", "budget": 5})
+    assert harness.protocol == ProtocolConfig("predictive", "forced_keep", 5)  # a TOML table validates into it
