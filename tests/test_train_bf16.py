@@ -126,3 +126,17 @@ def test_bf16_save_state_and_resume_continue_bit_exactly(model_dir: Path, tmp_pa
         assert torch.equal(effective_weight(a.optimizer, pa), effective_weight(b.optimizer, pb)), name
         for key, value in a.optimizer.state[pa].items():
             assert torch.equal(value, b.optimizer.state[pb][key]), (name, key)
+
+
+def test_a_state_saved_by_torch_adamw_resumes_under_kahan_adamw() -> None:
+    """A trainer state written before KahanAdamW (torch's AdamW, bf16 moments) loads and steps: moments float32."""
+    p = torch.nn.Parameter(torch.randn(64).bfloat16())
+    old = torch.optim.AdamW([p], lr=1e-3)
+    p.grad = torch.randn(64).bfloat16()
+    old.step()
+    new = KahanAdamW([p], lr=1e-3)
+    new.load_state_dict(old.state_dict())
+    p.grad = torch.randn(64).bfloat16()
+    new.step()
+    assert new.state[p]["exp_avg"].dtype == new.state[p]["exp_avg_sq"].dtype == torch.float32
+    assert new.state[p]["compensation"].dtype == torch.bfloat16 and int(new.state[p]["step"]) == 2

@@ -154,7 +154,9 @@ class KahanAdamW(torch.optim.Optimizer):
         for pid, p in zip(saved_ids, params, strict=True):
             for key, value in state_dict["state"].get(pid, {}).items():
                 if isinstance(value, torch.Tensor) and key != "step":
-                    self.state[p][key] = value.to(device=p.device, copy=True)
+                    # moments are float32 here even when a state saved by torch's AdamW held them in bf16
+                    dtype = torch.float32 if key in ("exp_avg", "exp_avg_sq") else value.dtype
+                    self.state[p][key] = value.to(device=p.device, dtype=dtype, copy=True)
 
 
 def effective_weight(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> torch.Tensor:
