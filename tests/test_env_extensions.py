@@ -474,7 +474,7 @@ def test_rollout_cli_takes_the_variant_and_the_protocol_knobs(tmp_path: Path) ->
     from predict.config import load_config
     from predict.env.rollout import RolloutSettings
 
-    base = ["rollout", "--config", "config/local.yaml", "--tasks", "t", "--split", "val", "--model", "m"]
+    base = ["rollout", "--config", "config/local.yaml", "--tasks-file", "t", "--split", "val", "--model", "m"]
     base += ["--checkpoint", "base", "--arm", "B", "--seed", "1", "--out", str(tmp_path / "o.parquet")]
     args = build_parser().parse_args([*base, "--variant", "edit_on_revise", "--test-cost", "3"])
     assert (args.variant, args.test_cost, args.max_chained_revisions) == ("edit_on_revise", 3, None)

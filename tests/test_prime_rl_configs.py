@@ -386,7 +386,7 @@ def test_cli_renders_launches_and_collects(tmp_path: Path, monkeypatch: pytest.M
         "A",
         "--seed",
         "42",
-        "--tasks",
+        "--tasks-file",
         str(tmp_path / "rl.parquet"),
     ]
     args += ["--model", str(ckpt), "--output-dir", str(run_dir / "prime-rl"), "--out", str(run_dir / "prime-rl.toml")]
@@ -405,7 +405,7 @@ def test_cli_renders_launches_and_collects(tmp_path: Path, monkeypatch: pytest.M
     ]
     assert (tmp_path / "sft" / "A" / "metrics.parquet").exists()
     # a bad run name is one clear error line (exit 2), not a traceback
-    bad = ["prime-rl-config", "rl", "--config", local, "--run", "Z", "--seed", "1", "--tasks", "x", "--model", "m"]
+    bad = ["prime-rl-config", "rl", "--config", local, "--run", "Z", "--seed", "1", "--tasks-file", "x", "--model", "m"]
     assert main([*bad, "--output-dir", "o", "--out", str(tmp_path / "z.toml")]) == 2
     # the embedded default's design (fp32, zero-advantage rollouts kept) is refused on prime-rl, not dropped
     as_is = ["prime-rl-config", "rl", "--config", str(REPO_ROOT / "config" / "local.yaml"), "--run", "A"]

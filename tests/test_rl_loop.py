@@ -123,7 +123,7 @@ def test_resumes_after_sigkill_never_from_step_zero(tiny: Path, tasks: Path, end
     config = study(steps=3)
     cmd = [
         sys.executable, "-m", "predict.cli", "rl", "--config-json", json.dumps(config), "--run", "B", "--seed", "43",
-        "--init", str(tiny), "--tasks", str(tasks), "--out-dir", str(out), "--base-url", endpoint.base_url,
+        "--init", str(tiny), "--tasks-file", str(tasks), "--out-dir", str(out), "--base-url", endpoint.base_url,
     ]  # fmt: skip
     env = {**os.environ, "HOME": str(tmp_path / "home")}
     state = out / ".work" / "state" / "trainer.json"

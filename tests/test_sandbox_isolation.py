@@ -124,7 +124,7 @@ def test_rollout_stage_stops_before_serving_when_a_required_layer_is_missing(tmp
     config = yaml.safe_load((REPO / "config" / "local.yaml").read_text())
     proc = subprocess.run(
         [sys.executable, "-m", "predict.cli", "rollout", "--config-json", json.dumps(config),
-         "--tasks", str(tmp_path / "val.parquet"), "--split", "val", "--model", "none", "--checkpoint", "base",
+         "--tasks-file", str(tmp_path / "val.parquet"), "--split", "val", "--model", "none", "--checkpoint", "base",
          "--arm", "A", "--seed", "42", "--out", str(tmp_path / "out.parquet")],
         capture_output=True, text=True, env=_without("private_tmp"), timeout=300,
     )

@@ -187,7 +187,7 @@ def test_full_study_run_is_byte_identical_and_replays(sft: list[dict], tmp_path:
     write_rows(sft, MBPP_SCHEMA, tasks)
     config = json.dumps(study_config())
     for name in ("one", "two"):
-        assert main(["traces", "--config-json", config, "--tasks", str(tasks), "--out-dir", str(tmp_path / name)]) == 0
+        assert main(["traces", "--config-json", config, "--tasks-file", str(tasks), "--out-dir", str(tmp_path / name)]) == 0
     for file in ("A.parquet", "B.parquet", "tasks.parquet"):
         assert (tmp_path / "one" / file).read_bytes() == (tmp_path / "two" / file).read_bytes(), file
     by_id = {t["task_id"]: t for t in sft}

@@ -18,7 +18,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 from rich.table import Table
 
-from predict.config import ConfigError, config_from_json, load_config
+from predict.config import ConfigError, config_from_json, load_config, load_config_slice
 from predict.env.protocol import VARIANTS
 from predict.rollouts import SplitGuardError
 from predict.serve import VLLMServerError
@@ -109,7 +109,7 @@ def _cmd_check_serving(args: argparse.Namespace) -> int:
     from predict.io import write_json
     from predict.serving_check import check_serving_python
 
-    config = load_config(args.config) if args.config else config_from_json(args.config_json)
+    config = _config(args)
     serving = config["serving"]
     result = check_serving_python(serving.get("python"), serving["device"], timeout_s=args.timeout_s)
     if args.out:
@@ -131,10 +131,10 @@ def with_env(config: Mapping[str, Any], **values: Any) -> Mapping[str, Any]:
 def _cmd_rollout(args: argparse.Namespace) -> int:
     from predict.rollouts import RolloutJob, run_job
 
-    config = load_config(args.config) if args.config else config_from_json(args.config_json)
+    config = _config(args)
     config = with_env(config, test_cost=args.test_cost, max_chained_revisions=args.max_chained_revisions)
     job = RolloutJob(
-        tasks_path=Path(args.tasks),
+        tasks_path=Path(args.tasks_file),
         split=args.split,
         out=Path(args.out),
         model=args.model,
@@ -163,7 +163,7 @@ def _cmd_traces(args: argparse.Namespace) -> int:
 
     config = _config(args)
     started = time.perf_counter()
-    summary = run_stage(load_split(args.tasks), config, args.out_dir)
+    summary = run_stage(load_split(args.tasks_file), config, args.out_dir)
     for arm, mix in summary["arms"].items():
         table = Table("role", "verified class", "traces", title=f"SFT traces, arm {arm}: the mix")
         for entry in mix:
@@ -183,7 +183,17 @@ def _print_summary(title: str, summary: dict[str, Any], float_format: str = ".3f
 
 
 def _config(args: argparse.Namespace) -> dict:
-    return load_config(args.config) if getattr(args, "config", None) else config_from_json(args.config_json)
+    """The stage's slice of its config (predict.stages): whole config files (--config, --config-json) are cut to the
+    slice too, so a stage reads only what the stage table lists, however it is run."""
+    from predict.stages import stage_config
+
+    if getattr(args, "config_slice", None):
+        config = load_config_slice(args.config_slice)
+    elif getattr(args, "config", None):
+        config = load_config(args.config)
+    else:
+        config = config_from_json(args.config_json)
+    return stage_config(config, args.stage)
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
@@ -198,7 +208,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         run=args.run,
         split=args.split,
         seed=args.seed,
-        tasks_path=Path(args.tasks),
+        tasks_path=Path(args.tasks_file),
         checkpoints=[CheckpointEval(c, m, Path(o)) for c, m, o in zip(args.checkpoint, args.model, args.out,
                                                                          strict=True)],
         base_url=args.base_url,
@@ -347,7 +357,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         power=Path(args.power),
         example=Path(args.example) if args.example else None,
         rl_metrics=[Path(p) for p in args.rl_metrics],
-        tasks=Path(args.tasks) if args.tasks else None,
+        tasks=Path(args.tasks_file) if args.tasks_file else None,
         out=Path(args.out),
     )
     console.print(f"report: {out}")
@@ -394,7 +404,7 @@ def _cmd_rl(args: argparse.Namespace) -> int:
         run=args.run,
         seed=args.seed,
         init=Path(args.init),
-        tasks=Path(args.tasks),
+        tasks=Path(args.tasks_file),
         out_dir=Path(args.out_dir),
         base_url=args.base_url,
     )
@@ -420,10 +430,10 @@ def _cmd_prime_rl_config(args: argparse.Namespace) -> int:
 
     config = _config(args)
     if args.kind == "rl":
-        if args.run is None or args.seed is None or args.tasks is None:
-            raise ValueError("prime-rl-config rl needs --run, --seed and --tasks")
+        if args.run is None or args.seed is None or args.tasks_file is None:
+            raise ValueError("prime-rl-config rl needs --run, --seed and --tasks-file")
         table = configs.rl_config(
-            config, args.run, args.seed, model=args.model, tasks=args.tasks, output_dir=args.output_dir
+            config, args.run, args.seed, model=args.model, tasks=args.tasks_file, output_dir=args.output_dir
         )
     else:
         if args.arm is None or args.traces is None or args.dataset_dir is None:
@@ -471,7 +481,7 @@ def _cmd_rft(args: argparse.Namespace) -> int:
         raise ConfigError("config: no rl section (RFT takes its steps and checkpoints from it)")
     if (trainer := resolve_run(config, args.run).trainer) != "rft":
         raise ConfigError(f"run {args.run}: trainer {trainer}; run it with `predict {trainer}`")
-    job = RLJob(run=args.run, seed=args.seed, init=Path(args.init), tasks=Path(args.tasks),
+    job = RLJob(run=args.run, seed=args.seed, init=Path(args.init), tasks=Path(args.tasks_file),
                 out_dir=Path(args.out_dir), base_url=args.base_url)
     if not job.init.is_dir():
         raise FileNotFoundError(f"--init {job.init}: not a checkpoint folder")
@@ -484,6 +494,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="predict", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="stage", required=True, metavar="<stage>")
+
+    def config_source(p: argparse.ArgumentParser) -> None:
+        source = p.add_mutually_exclusive_group(required=True)
+        source.add_argument("--config", help="study config file")
+        source.add_argument("--config-json", help="the same, inline")
+        source.add_argument("--config-slice", help="this stage's slice of the config (JSON; what Snakemake passes)")
 
     def stage(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
@@ -528,17 +544,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("serve_args", nargs=argparse.REMAINDER, help="see `predict serve -- --help`")
 
     p = stage("check-serving", _cmd_check_serving, "check that serving.python imports vLLM (before any serving job)")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--config", help="study config file")
-    source.add_argument("--config-json", help="the same, inline (Snakemake passes its merged config)")
+    config_source(p)
     p.add_argument("--timeout-s", type=float, default=300.0, help="how long the import may take")
     p.add_argument("--out", default=None, help="write what was checked here (json)")
 
     p = stage("rollout", _cmd_rollout, "roll a checkpoint out over a split's tasks into parquet (resumes)")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--config", help="study config file (env, verifier, serving sections)")
-    source.add_argument("--config-json", help="the same, inline (Snakemake passes its merged config)")
-    p.add_argument("--tasks", required=True, help="split parquet from `predict split`")
+    config_source(p)
+    p.add_argument("--tasks-file", required=True, help="split parquet from `predict split`")
     p.add_argument("--split", required=True, choices=["sft", "rl", "val", "test"])
     p.add_argument("--model", required=True, help="checkpoint folder or HF id")
     p.add_argument("--checkpoint", required=True, help="the name records carry, e.g. base")
@@ -561,14 +573,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", default=None, help="use this running endpoint instead of starting vLLM")
     p.add_argument("--out", required=True)
 
-    def config_source(p: argparse.ArgumentParser) -> None:
-        source = p.add_mutually_exclusive_group(required=True)
-        source.add_argument("--config", help="study config file")
-        source.add_argument("--config-json", help="the same, inline (Snakemake passes its merged config)")
-
     p = stage("traces", _cmd_traces, "synthesize both arms' SFT traces (gold + verified mutants) into parquet")
     config_source(p)
-    p.add_argument("--tasks", required=True, help="the sft split parquet from `predict split`")
+    p.add_argument("--tasks-file", required=True, help="the sft split parquet from `predict split`")
     p.add_argument("--out-dir", required=True, help="writes {arm}.parquet for every arm and tasks.parquet")
 
     p = stage("evaluate", _cmd_evaluate,
@@ -577,7 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", required=True, help="an arm (A, B) or an ablation (alpha0, forced_keep, ...)")
     p.add_argument("--split", required=True, choices=["val", "test"])
     p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--tasks", required=True, help="split parquet from `predict split`")
+    p.add_argument("--tasks-file", required=True, help="split parquet from `predict split`")
     p.add_argument("--checkpoint", action="append", required=True,
                    help="base, sft or step<N>; repeat with --model and --out for each checkpoint, in order")
     p.add_argument("--model", action="append", required=True, help="checkpoint folder or HF id (per --checkpoint)")
@@ -623,14 +630,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--power", required=True)
     p.add_argument("--example", default=None, help="an evaluation parquet to render one rollout from")
     p.add_argument("--rl-metrics", nargs="*", default=[], help="results/rl/{run}/seed{seed}/metrics.parquet")
-    p.add_argument("--tasks", default=None, help="the example's split parquet, for the task text")
+    p.add_argument("--tasks-file", default=None, help="the example's split parquet, for the task text")
     p.add_argument("--out", required=True)
     p = stage("rl", _cmd_rl, "RL (GRPO) of one run and seed on the rl split: step checkpoints + metrics (resumes)")
     config_source(p)
     p.add_argument("--run", required=True, help="an arm (A, B) or an ablation (alpha0, forced_keep, ...)")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--init", required=True, help="starting checkpoint: the run's arm's SFT folder")
-    p.add_argument("--tasks", required=True, help="the rl split parquet")
+    p.add_argument("--tasks-file", required=True, help="the rl split parquet")
     p.add_argument("--out-dir", required=True, help="results/rl/<run>/seed<seed>")
     p.add_argument("--base-url", default=None, help="roll out against this endpoint (no weight sync; tests)")
 
@@ -639,7 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", required=True, help="an extension with trainer rft (rft_A, rft_B)")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--init", required=True, help="the run's arm's SFT folder (sampled from, fine-tuned)")
-    p.add_argument("--tasks", required=True, help="the rl split parquet")
+    p.add_argument("--tasks-file", required=True, help="the rl split parquet")
     p.add_argument("--out-dir", required=True, help="results/rl/<run>/seed<seed>")
     p.add_argument("--base-url", default=None, help="roll out against this endpoint (tests)")
 
@@ -663,15 +670,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = stage("prime-rl-config", _cmd_prime_rl_config, "render a prime-rl rl/sft TOML (and the SFT dataset)")
     p.add_argument("kind", choices=["rl", "sft"])
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--config", help="study config file")
-    source.add_argument("--config-json", help="the same, inline (Snakemake passes its merged config)")
+    config_source(p)
     p.add_argument("--model", required=True, help="start checkpoint: folder or HF id")
     p.add_argument("--output-dir", required=True, help="prime-rl's output_dir")
     p.add_argument("--out", required=True, help="the TOML to write")
     p.add_argument("--run", help="rl: an arm or an ablation (alpha0, forced_keep, budget_neutral)")
     p.add_argument("--seed", type=int, help="rl")
-    p.add_argument("--tasks", help="rl: the rl split parquet")
+    p.add_argument("--tasks-file", help="rl: the rl split parquet")
     p.add_argument("--arm", help="sft")
     p.add_argument("--traces", help="sft: results/sft/traces/{arm}.parquet (column messages)")
     p.add_argument("--dataset-dir", help="sft: where to write the messages dataset")

@@ -37,9 +37,20 @@ def load_schema(schema_path: Path = SCHEMA_PATH) -> dict[str, Any]:
         return yaml.safe_load(f)
 
 
-def validate_config(config: Mapping[str, Any], source: str = "config", schema_path: Path = SCHEMA_PATH) -> None:
-    """Raise ConfigError naming the source file and the first offending key (the shallowest, for stability)."""
-    validator = jsonschema.Draft202012Validator(load_schema(schema_path))
+def _without_required(schema: Any) -> Any:
+    """The schema with every `required` dropped: a stage's slice holds only some keys, each still checked."""
+    if isinstance(schema, dict):
+        return {k: _without_required(v) for k, v in schema.items() if k != "required"}
+    return [_without_required(v) for v in schema] if isinstance(schema, list) else schema
+
+
+def validate_config(
+    config: Mapping[str, Any], source: str = "config", schema_path: Path = SCHEMA_PATH, partial: bool = False
+) -> None:
+    """Raise ConfigError naming the source file and the first offending key (the shallowest, for stability).
+    partial: a slice of a config (predict.stages), whose keys are checked but none is required."""
+    schema = load_schema(schema_path)
+    validator = jsonschema.Draft202012Validator(_without_required(schema) if partial else schema)
     errors = sorted(validator.iter_errors(dict(config)), key=lambda e: (len(e.absolute_path), _key_path(e)))
     if errors:
         more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
@@ -71,4 +82,20 @@ def config_from_json(text: str, source: str = "--config-json") -> dict[str, Any]
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: expected an object at the top level")
     validate_config(config, source=source)
+    return config
+
+
+def load_config_slice(path: str | Path) -> dict[str, Any]:
+    """A stage's slice of a validated config (predict.stages.slice_file), checked again key by key."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config slice not found") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: expected an object at the top level")
+    validate_config(config, source=str(path), partial=True)
     return config

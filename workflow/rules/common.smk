@@ -1,5 +1,4 @@
 # Shared by all the rules files: config validation, paths, and how jobs reach the `predict` CLI.
-import json
 import os
 import re
 import shlex
@@ -9,6 +8,7 @@ from pathlib import Path
 from predict.config import ConfigError, validate_config
 from predict.evaluate import campaign_plan, planned_selection
 from predict.runs import extension_counterpart, resolve_run, study_runs
+from predict.stages import slice_file, slice_params, stage_config
 
 try:
     validate_config(config, source=", ".join(map(str, workflow.overwrite_configfiles or workflow.configfiles)))
@@ -40,11 +40,26 @@ def BENCH(stage, *wildcards):
     return str(RESULTS.joinpath("benchmarks", stage, *wildcards)) + ".tsv"
 
 
-# The effective config (files and --config overrides merged) travels to stages as JSON, so what a
-# stage sees is exactly what Snakemake validated, and a change to it reruns the affected jobs.
-CONFIG_JSON = json.dumps(config, sort_keys=True)
-TINY = {"seed": 0, "hidden_size": 64, "num_layers": 2, **config["model"].get("tiny", {})}
-N_TASKS_ARG = f"--n-tasks {config['env']['rollout_tasks']}" if config["env"].get("rollout_tasks") else ""
+# Each stage gets only the config it reads (the stage table, src/predict/stages.py): its slice of the effective
+# config (files and --config overrides merged, validated above) as a small JSON file, `--config-slice
+# {params.config:q}`, plus one tracked param per table entry. An edit therefore reruns the jobs whose stages read
+# the edited key, and what depends on their outputs; Snakemake's reason names the key ("rl.lr=0.0005").
+SLICES = RESULTS / ".slices"
+
+
+def SLICE(stage):
+    """Params for the job of `predict <stage>`, namely `config` (the slice file; derived, so not tracked itself)
+    and one `config_<key>` per key the stage reads."""
+    path = slice_file(config, stage, SLICES)
+    return {"config": lambda wildcards, output: path, **slice_params(config, stage)}
+
+
+def CONFIG(stage):
+    """The stage's view of the config, for flags a rules file passes: a key outside its table entry fails."""
+    return stage_config(config, stage)
+
+
+TINY = {"seed": 0, "hidden_size": 64, "num_layers": 2, **CONFIG("build-tiny-model").get("model", {}).get("tiny", {})}
 
 # GPU rules. Every rule that serves a checkpoint (rollouts, evaluation) or trains one (SFT, RL) takes its
 # `resources:` from GPU_RESOURCES: the ONE place a GPU request comes from. It asks for `cluster.gpus_per_job`
@@ -94,7 +109,7 @@ EXTENSIONS = config.get("extensions") or {}
 
 
 def isolation_args(config):
-    """`predict verify-gold` flags for config verifier.isolation (rollouts read it from the config they are given)."""
+    """`predict verify-gold` flags for config verifier.isolation (rollouts read it from their slice)."""
     iso = config["verifier"].get("isolation", {})
     require = iso.get("require", "auto")
     flags = f"--require-layers {require if isinstance(require, str) else ','.join(require)}"

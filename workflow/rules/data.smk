@@ -2,6 +2,8 @@
 # test-evaluation target, never as a side effect of `all`.
 from predict.data import SPLITS
 
+DATA = CONFIG("split")["data"]
+
 
 localrules:
     split_mbpp,
@@ -12,11 +14,11 @@ rule split_mbpp:
         splits=expand(R("data", "{split}.parquet"), split=SPLITS),
         manifest=R("data", "manifest.json"),
     params:
-        mbpp=config["data"]["mbpp_path"],
-        hf_fallback="--hf-fallback" if config["data"].get("hf_fallback") else "",
-        sha256=f"--mbpp-sha256 {config['data']['mbpp_sha256']}" if config["data"].get("mbpp_sha256") else "",
-        seed=config["data"]["split_seed"],
-        sizes=config["data"]["sizes"],
+        mbpp=DATA["mbpp_path"],
+        hf_fallback="--hf-fallback" if DATA.get("hf_fallback") else "",
+        sha256=f"--mbpp-sha256 {DATA['mbpp_sha256']}" if DATA.get("mbpp_sha256") else "",
+        seed=DATA["split_seed"],
+        sizes=DATA["sizes"],
         out_dir=lambda w, output: os.path.dirname(output.manifest),
     log:
         LOG("split_mbpp"),

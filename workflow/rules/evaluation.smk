@@ -21,7 +21,7 @@ for _run in EVAL_RUNS():
         params:
             run=_run,
             checkpoints=evaluation_args(_run, RUN_CHECKPOINTS(_run)),
-            config=CONFIG_JSON,
+            **SLICE("evaluate"),
         resources:
             **SERVING_RESOURCES,
         log:
@@ -31,7 +31,7 @@ for _run in EVAL_RUNS():
         conda:
             "../../envs/pipeline.yaml"
         shell:
-            "predict evaluate --config-json {params.config:q} --tasks {input.tasks:q} --split val"
+            "predict evaluate --config-slice {params.config:q} --tasks-file {input.tasks:q} --split val"
             " --run {params.run} --seed {wildcards.seed} {params.checkpoints} > {log:q} 2>&1"
 
 
@@ -44,7 +44,7 @@ TEST_CAMPAIGN_INPUTS = {
     "serving": ancient(SERVING_CHECK),
 }
 TEST_CAMPAIGN_SHELL = (
-    "predict evaluate --config-json {params.config:q} --tasks {input.tasks:q} --split test --run {params.run}"
+    "predict evaluate --config-slice {params.config:q} --tasks-file {input.tasks:q} --split test --run {params.run}"
     " --seed {wildcards.seed} {params.checkpoints} --selection {input.selection:q}"
     " --val-metrics {input.val_metrics:q} --test-ledger {params.ledger:q} > {log:q} 2>&1"
 )
@@ -64,7 +64,7 @@ if SELECTION_MODE == "fixed":
             params:
                 run=_run,
                 checkpoints=evaluation_args(_run, CAMPAIGN_CHECKPOINTS(_run)),
-                config=CONFIG_JSON,
+                **SLICE("evaluate-test"),
                 ledger=TEST_LEDGER,
             resources:
                 **SERVING_RESOURCES,
@@ -93,7 +93,7 @@ else:
         params:
             run=lambda w: w.run,
             checkpoints=lambda w, output: evaluation_args(w.run, [w.checkpoint])(w, output),
-            config=CONFIG_JSON,
+            **SLICE("evaluate-test"),
             ledger=TEST_LEDGER,
         resources:
             **SERVING_RESOURCES,

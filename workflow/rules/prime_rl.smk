@@ -7,6 +7,7 @@ from predict.runs import resolve_run, study_runs
 from predict.train.rl import checkpoint_steps
 
 PRIME_RL = config["prime_rl"]
+PRIME_RL_SETUP_CONFIG = CONFIG("prime-rl-setup")["prime_rl"]  # what the setup job's flags read (predict.stages)
 PRIME_RL_SETUP = str(Path(PRIME_RL["dir"], "setup.json"))  # the checkout and its .venv live next to it
 PRIME_RL_PATCH = "workflow/prime-rl/predict-algorithm.patch"
 # The study's GRPO runs: the arms, the ablations, the RL extensions (RFT extensions run on our trainer: rft.smk).
@@ -38,10 +39,10 @@ rule prime_rl_setup:
     output:
         PRIME_RL_SETUP,
     params:
-        repo=PRIME_RL["repo"],
-        commit=PRIME_RL["commit"],
-        python=PRIME_RL.get("python", "3.12"),
-        extras=" ".join(f"--extra {e}" for e in PRIME_RL.get("extras", [])),
+        repo=PRIME_RL_SETUP_CONFIG["repo"],
+        commit=PRIME_RL_SETUP_CONFIG["commit"],
+        python=PRIME_RL_SETUP_CONFIG.get("python", "3.12"),
+        extras=" ".join(f"--extra {e}" for e in PRIME_RL_SETUP_CONFIG.get("extras", [])),
         dir=lambda w, output: str(Path(output[0]).parent),
     resources:
         mem_mb=16000,
@@ -66,7 +67,7 @@ rule prime_rl_sft_config:
         toml=R("sft", "{arm}", "prime-rl.toml"),
         data=R("sft", "{arm}", "prime-rl-data", "train.parquet"),
     params:
-        config=CONFIG_JSON,
+        **SLICE("prime-rl-config"),
         model=base_model_path(),
         output_dir=lambda w, output: str(Path(output.toml).parent / "prime-rl"),
         dataset_dir=lambda w, output: str(Path(output.data).parent),
@@ -77,7 +78,7 @@ rule prime_rl_sft_config:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict prime-rl-config sft --config-json {params.config:q} --arm {wildcards.arm}"
+        "predict prime-rl-config sft --config-slice {params.config:q} --arm {wildcards.arm}"
         " --traces {input.traces:q} --dataset-dir {params.dataset_dir:q} --model {params.model:q}"
         " --output-dir {params.output_dir:q} --out {output.toml:q} > {log:q} 2>&1"
 
@@ -116,7 +117,7 @@ rule prime_rl_rl_config:
         run="|".join(PRIME_RL_RUNS),
         seed=r"\d+",
     params:
-        config=CONFIG_JSON,
+        **SLICE("prime-rl-config"),
         output_dir=lambda w, output: str(Path(output[0]).parent / "prime-rl"),
     log:
         LOG("prime_rl_rl_config", "{run}", "seed{seed}"),
@@ -125,8 +126,8 @@ rule prime_rl_rl_config:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict prime-rl-config rl --config-json {params.config:q} --run {wildcards.run} --seed {wildcards.seed}"
-        " --tasks {input.tasks:q} --model {input.model:q} --output-dir {params.output_dir:q}"
+        "predict prime-rl-config rl --config-slice {params.config:q} --run {wildcards.run} --seed {wildcards.seed}"
+        " --tasks-file {input.tasks:q} --model {input.model:q} --output-dir {params.output_dir:q}"
         " --out {output:q} > {log:q} 2>&1"
 
 

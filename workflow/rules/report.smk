@@ -19,7 +19,7 @@ rule report:
     output:
         R("report", "index.html"),
     params:
-        config=CONFIG_JSON,
+        **SLICE("report"),
         stats_dir=lambda w, input: os.path.dirname(input.stats[0]),
         test_stats_dir=lambda w, input: os.path.dirname(input.test_stats[0]),
         ablations=lambda w, input: " ".join(f"'{p}'" for p in input.ablations),
@@ -32,7 +32,7 @@ rule report:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict report --config-json {params.config:q} --stats-dir {params.stats_dir:q}"
+        "predict report --config-slice {params.config:q} --stats-dir {params.stats_dir:q}"
         " --test-stats {params.test_stats_dir:q}"
         " --ablations {params.ablations} --extensions {params.extensions} --power {input.power:q} --example {input.example:q}"
-        " --tasks {input.tasks:q} --rl-metrics {params.rl_metrics} --out {output:q} > {log:q} 2>&1"
+        " --tasks-file {input.tasks:q} --rl-metrics {params.rl_metrics} --out {output:q} > {log:q} 2>&1"

@@ -20,7 +20,7 @@ rule rft:
         run="|".join(RFT_RUNS) or "^$",
         seed=r"\d+",
     params:
-        config=CONFIG_JSON,
+        **SLICE("rft"),
         out_dir=lambda w, output: os.path.dirname(output.metrics),
     resources:
         **RL_RESOURCES,
@@ -31,5 +31,5 @@ rule rft:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict rft --config-json {params.config:q} --run {wildcards.run} --seed {wildcards.seed}"
-        " --init {input.init:q} --tasks {input.tasks:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        "predict rft --config-slice {params.config:q} --run {wildcards.run} --seed {wildcards.seed}"
+        " --init {input.init:q} --tasks-file {input.tasks:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"

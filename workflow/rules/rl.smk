@@ -21,7 +21,7 @@ rule rl:
         run="|".join(RL_RUNS),
         seed=r"\d+",
     params:
-        config=CONFIG_JSON,
+        **SLICE("rl"),
         out_dir=lambda w, output: os.path.dirname(output.metrics),
     resources:
         **RL_RESOURCES,
@@ -32,5 +32,5 @@ rule rl:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict rl --config-json {params.config:q} --run {wildcards.run} --seed {wildcards.seed}"
-        " --init {input.init:q} --tasks {input.tasks:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        "predict rl --config-slice {params.config:q} --run {wildcards.run} --seed {wildcards.seed}"
+        " --init {input.init:q} --tasks-file {input.tasks:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"

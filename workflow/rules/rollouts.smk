@@ -14,8 +14,8 @@ rule rollout:
         split="sft|rl|val",
     params:
         model=lambda w: checkpoint_model(w.arm, w.checkpoint, w.seed),
-        config=CONFIG_JSON,
-        n_tasks=N_TASKS_ARG,
+        **SLICE("rollout"),
+        n_tasks=lambda w: f"--n-tasks {n}" if (n := CONFIG("rollout")["env"].get("rollout_tasks")) else "",
     resources:
         **SERVING_RESOURCES,
     log:
@@ -25,6 +25,6 @@ rule rollout:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict rollout --config-json {params.config:q} --tasks {input.tasks:q} --split {wildcards.split}"
+        "predict rollout --config-slice {params.config:q} --tasks-file {input.tasks:q} --split {wildcards.split}"
         " --model {params.model:q} --checkpoint {wildcards.checkpoint} --arm {wildcards.arm}"
         " --seed {wildcards.seed} {params.n_tasks} --out {output:q} > {log:q} 2>&1"

@@ -11,10 +11,10 @@ rule check_serving:
     output:
         SERVING_CHECK,
     params:
-        config=CONFIG_JSON,
+        **SLICE("check-serving"),
     log:
         LOG("check_serving"),
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict check-serving --config-json {params.config:q} --out {output:q} > {log:q} 2>&1"
+        "predict check-serving --config-slice {params.config:q} --out {output:q} > {log:q} 2>&1"

@@ -19,7 +19,7 @@ checkpoint stats:
     output:
         **{name: R("stats", f"{name}.parquet") for name in STATS_TABLES},
     params:
-        config=CONFIG_JSON,
+        **SLICE("stats"),
         out_dir=lambda w, output: os.path.dirname(output.metrics),
     log:
         LOG("stats"),
@@ -28,7 +28,7 @@ checkpoint stats:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict stats --config-json {params.config:q} --eval {input:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        "predict stats --config-slice {params.config:q} --eval {input:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 # The test campaign's statistics: `snakemake test` (and the end of `all`).
@@ -62,7 +62,7 @@ rule ablation:
     wildcard_constraints:
         ablation="|".join(ABLATIONS) or "^$",
     params:
-        config=CONFIG_JSON,
+        **SLICE("ablations"),
     log:
         LOG("ablation", "{ablation}"),
     benchmark:
@@ -70,7 +70,7 @@ rule ablation:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict ablations --config-json {params.config:q} --ablation {wildcards.ablation}"
+        "predict ablations --config-slice {params.config:q} --ablation {wildcards.ablation}"
         " --eval {input:q} --out {output:q} > {log:q} 2>&1"
 
 
@@ -84,7 +84,7 @@ rule extension:
     wildcard_constraints:
         extension="|".join(EXTENSIONS) or "^$",
     params:
-        config=CONFIG_JSON,
+        **SLICE("extensions"),
     log:
         LOG("extension", "{extension}"),
     benchmark:
@@ -92,7 +92,7 @@ rule extension:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict extensions --config-json {params.config:q} --extension {wildcards.extension}"
+        "predict extensions --config-slice {params.config:q} --extension {wildcards.extension}"
         " --eval {input:q} --out {output:q} > {log:q} 2>&1"
 
 
@@ -102,7 +102,7 @@ rule power:
     output:
         R("stats", "power.parquet"),
     params:
-        config=CONFIG_JSON,
+        **SLICE("power"),
     log:
         LOG("power"),
     benchmark:
@@ -110,4 +110,4 @@ rule power:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict power --config-json {params.config:q} --pairs {input.pairs:q} --out {output:q} > {log:q} 2>&1"
+        "predict power --config-slice {params.config:q} --pairs {input.pairs:q} --out {output:q} > {log:q} 2>&1"

@@ -9,7 +9,7 @@ rule sft_traces:
         traces=expand(R("sft", "traces", "{arm}.parquet"), arm=sorted(config["arms"])),
         tasks=R("sft", "traces", "tasks.parquet"),
     params:
-        config=CONFIG_JSON,
+        **SLICE("traces"),
         out_dir=lambda w, output: os.path.dirname(output.tasks),
     threads: config["verifier"]["workers"]
     resources:
@@ -22,5 +22,5 @@ rule sft_traces:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict traces --config-json {params.config:q} --tasks {input.tasks:q} --out-dir {params.out_dir:q}"
+        "predict traces --config-slice {params.config:q} --tasks-file {input.tasks:q} --out-dir {params.out_dir:q}"
         " > {log:q} 2>&1"

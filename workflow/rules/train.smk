@@ -13,7 +13,7 @@ rule train_sft:
     params:
         base=lambda w: base_model_path(),
         state=lambda w: R("sft", w.arm, "state"),
-        config=CONFIG_JSON,
+        **SLICE("sft"),
     resources:
         **TRAIN_RESOURCES,
     log:
@@ -23,6 +23,6 @@ rule train_sft:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict sft --config-json {params.config:q} --arm {wildcards.arm} --traces {input.traces:q}"
+        "predict sft --config-slice {params.config:q} --arm {wildcards.arm} --traces {input.traces:q}"
         " --base-model {params.base:q} --out-dir {output.checkpoint:q} --metrics-out {output.metrics:q}"
         " --state-dir {params.state:q} > {log:q} 2>&1"

@@ -1,18 +1,20 @@
 # The verifier report: every gold solution of the non-test splits through the sandbox.
 
+VERIFIER = CONFIG("verify-gold")["verifier"]
+
 
 rule verify_gold:
     input:
-        splits=expand(R("data", "{split}.parquet"), split=config["verifier"].get("gold_splits", ["sft", "rl", "val"])),
+        splits=expand(R("data", "{split}.parquet"), split=VERIFIER.get("gold_splits", ["sft", "rl", "val"])),
     output:
         report=R("verifier", "gold.parquet"),
         summary=R("verifier", "gold_summary.parquet"),
     params:
         data_dir=lambda w, input: os.path.dirname(input.splits[0]),
-        splits=" ".join(config["verifier"].get("gold_splits", ["sft", "rl", "val"])),
-        v=config["verifier"],
-        isolation=isolation_args(config),
-    threads: config["verifier"]["workers"]
+        splits=" ".join(VERIFIER.get("gold_splits", ["sft", "rl", "val"])),
+        v=VERIFIER,
+        isolation=isolation_args(CONFIG("verify-gold")),
+    threads: VERIFIER["workers"]
     resources:
         mem_mb=4000,
         runtime=30,

@@ -1,0 +1,230 @@
+"""The stage table: for every `predict <stage>`, its rules, rules file, module, outputs and the config it reads.
+
+Rules this module keeps:
+* ONE table (``STAGES``) says which config sections or keys each stage reads. A key is a dotted path
+  (``evaluation.bootstrap``); a section (``rl``) means every key below it.
+* A stage is handed exactly its slice (``config_slice``) and reads it through ``StageConfig``, a dict that raises
+  ``SliceError`` naming the stage and the key when the stage reads anything the table does not give it: the table
+  cannot go stale silently. A key the table gives but the config leaves out reads as missing (``KeyError``, so
+  ``.get(key, default)`` still works).
+* The workflow passes a slice as a small content-addressed JSON file (``slice_file``) and tracks it as one short
+  param per entry (``slice_params``: ``rl.lr=0.0001`` or ``rl#1a2b3c4d``), so an edit reruns only the stages that
+  read it and Snakemake's "Params have changed" reason names the changed entry, not the whole config.
+* Rules files read config values for their flags through ``stage_config`` too, so every read is in the table.
+* The README's stage table is rendered from here (``readme_table``) and a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from predict.config import ConfigError
+
+# What resolving a study run reads (predict.runs.resolve_run): the run matrix, the default test cost, the decision mask.
+RUN_MATRIX = ("arms", "ablations", "extensions", "env.test_cost", "rl.mask_decision")
+# What one rollout in the coding environment reads (predict.rollouts, env/rollout.py): the protocol, the sandbox, the
+# chat template, the server.
+ROLLOUT = ("arms", "env", "verifier", "model.enable_thinking", "serving")
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # the `predict` subcommand
+    rules: tuple[str, ...]
+    rules_file: str
+    module: str
+    outputs: str
+    reads: tuple[str, ...]
+
+
+def _reads(*groups: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(key for group in groups for key in group))
+
+
+STAGES: dict[str, Stage] = {
+    s.name: s
+    for s in [
+        Stage("split", ("split_mbpp",), "data.smk", "data.py", "data/{sft,rl,val,test}.parquet, manifest.json",
+              ("data",)),
+        Stage("verify-gold", ("verify_gold",), "verifier.smk", "gold.py", "verifier/gold.parquet, gold_summary.parquet",
+              ("verifier",)),
+        Stage("build-tiny-model", ("build_tiny_model",), "models.smk", "tiny_model.py", "models/tiny/",
+              ("model.tiny",)),
+        Stage("check-serving", ("check_serving",), "serving.smk", "serving_check.py", "serving/check.json",
+              ("serving.python", "serving.device")),
+        Stage("rollout", ("rollout",), "rollouts.smk", "rollouts.py", "rollouts/{arm}/{checkpoint}/{split}/seed{seed}.parquet",
+              _reads(ROLLOUT)),
+        Stage("traces", ("sft_traces",), "traces.smk", "traces/stage.py", "sft/traces/{arm}.parquet, tasks.parquet",
+              ("traces", "arms", "env", "verifier", "model.enable_thinking")),
+        Stage("sft", ("train_sft",), "train.smk", "train/sft.py", "checkpoints/{arm}/sft/, sft/{arm}/metrics.parquet",
+              ("sft", "model.enable_thinking")),
+        Stage("rl", ("rl",), "rl.smk", "train/rl.py", "rl/{run}/seed{seed}/step{N}/, metrics.parquet",
+              _reads(RUN_MATRIX, ROLLOUT, ("rl",))),
+        Stage("rft", ("rft",), "rft.smk", "train/rft.py", "rl/{run}/seed{seed}/step{N}/, metrics.parquet",
+              _reads(RUN_MATRIX, ROLLOUT, ("rl", "rft"))),
+        Stage("evaluate", ("evaluate", "evaluate_test"), "evaluation.smk", "evaluate.py",
+              "eval/{run}/{checkpoint}/{split}/seed{seed}.parquet",
+              _reads(RUN_MATRIX, ROLLOUT, ("evaluation.temperature", "evaluation.max_tokens", "evaluation.samples",
+                                           "evaluation.tasks"))),
+        Stage("stats", ("stats",), "stats.smk", "stats.py", "stats/{metrics,pairs,confusion,classes,selection}.parquet",
+              ("arms", "ablations", "evaluation.reference", "evaluation.selection", "evaluation.bootstrap")),
+        Stage("ablations", ("ablation",), "stats.smk", "stats.py", "ablations/{ablation}.parquet",
+              ("ablations", "evaluation.selection", "evaluation.bootstrap")),
+        Stage("extensions", ("extension",), "stats.smk", "stats.py", "extensions/{extension}.parquet",
+              _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap"))),
+        Stage("power", ("power",), "stats.smk", "stats.py", "stats/power.parquet",
+              ("power", "data.sizes.test", "seeds")),
+        Stage("report", ("report",), "report.smk", "report/build.py", "report/index.html",
+              ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power.target", "power.alpha",
+               "data.sizes.test")),
+        Stage("prime-rl-setup", ("prime_rl_setup",), "prime_rl.smk", "train/prime_rl/cluster.py", ".prime-rl/setup.json",
+              ("prime_rl.repo", "prime_rl.commit", "prime_rl.python", "prime_rl.extras", "prime_rl.dir")),
+        Stage("prime-rl-config", ("prime_rl_sft_config", "prime_rl_rl_config"), "prime_rl.smk",
+              "train/prime_rl/configs.py", "sft/{arm}/prime-rl.toml, rl/{run}/seed{seed}/prime-rl.toml",
+              _reads(RUN_MATRIX, ROLLOUT, ("prime_rl", "rl", "sft", "model", "seeds", "results_dir"))),
+        Stage("prime-rl-train", ("prime_rl_sft", "prime_rl_rl"), "prime_rl.smk", "train/prime_rl/cluster.py",
+              "checkpoints/{arm}/sft/, rl/{run}/seed{seed}/step{N}/, metrics.parquet", ()),
+    ]
+}
+
+
+class SliceError(ConfigError):
+    """A stage read a config key its entry in the stage table does not list."""
+
+
+class MissingKey(ConfigError, KeyError):
+    """A key the stage's table entry lists but its config leaves out: a KeyError (``.get`` defaults work), with a
+    message that names the stage and the key when nothing catches it."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _covered(path: str, reads: Iterable[str]) -> str:
+    """'all' when the table gives this key and everything below it, 'part' when only keys below it, '' when none."""
+    for entry in reads:
+        if path == entry or path.startswith(entry + "."):
+            return "all"
+    return "part" if any(entry.startswith(path + ".") for entry in reads) else ""
+
+
+class StageConfig(dict):
+    """A stage's view of its config slice: a plain dict (JSON, pickling and ``{**c}`` work), but a key outside the
+    stage's table entry raises SliceError instead of reading as missing."""
+
+    def __init__(self, stage: str, data: Mapping[str, Any], prefix: str = "", reads: tuple[str, ...] | None = None):
+        self._stage, self._prefix = stage, prefix
+        self._reads = STAGES[stage].reads if reads is None else reads
+        super().__init__(
+            {k: StageConfig(stage, v, self._path(k), self._reads) if isinstance(v, Mapping) else v for k, v in data.items()}
+        )
+
+    def _path(self, key: Any) -> str:
+        return f"{self._prefix}.{key}" if self._prefix else str(key)
+
+    def _check(self, key: Any) -> None:
+        if _covered(self._prefix, self._reads) != "all" and not _covered(self._path(key), self._reads):
+            raise SliceError(
+                f"stage {self._stage!r} read config key {self._path(key)!r}, which its entry in the stage table "
+                f"(src/predict/stages.py) does not list: add it there (it reads {', '.join(self._reads) or 'nothing'})"
+            )
+
+    def __missing__(self, key: Any) -> Any:
+        self._check(key)
+        raise MissingKey(f"stage {self._stage!r}: its config sets no {self._path(key)!r}")
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key in self:
+            return self[key]
+        return default
+
+    def __contains__(self, key: object) -> bool:
+        if dict.__contains__(self, key):
+            return True
+        self._check(key)
+        return False
+
+    def __reduce__(self) -> tuple:
+        return (StageConfig, (self._stage, dict(self), self._prefix, self._reads))
+
+    def __deepcopy__(self, memo: dict) -> StageConfig:
+        import copy
+
+        return StageConfig(self._stage, copy.deepcopy(dict(self), memo), self._prefix, self._reads)
+
+
+def _pick(config: Mapping[str, Any], path: str) -> tuple[bool, Any]:
+    node: Any = config
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def config_slice(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
+    """The part of the config a stage reads (plain dicts), keys the config leaves out left out."""
+    if stage not in STAGES:
+        raise ConfigError(f"no stage {stage!r} in the stage table (src/predict/stages.py)")
+    out: dict[str, Any] = {}
+    for path in STAGES[stage].reads:
+        found, value = _pick(config, path)
+        if not found:
+            continue
+        *parents, last = path.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = json.loads(json.dumps(value))
+    return out
+
+
+def stage_config(config: Mapping[str, Any], stage: str) -> StageConfig:
+    """The stage's slice of a config, as the view that refuses keys outside the table."""
+    return StageConfig(stage, config_slice(config, stage))
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def slice_params(config: Mapping[str, Any], stage: str) -> dict[str, str]:
+    """One short, tracked Snakemake param per table entry: ``key=value`` for a short value, ``key#hash`` for a
+    section. A changed entry changes only its own param, so the rerun reason names it."""
+    params = {}
+    for path in STAGES[stage].reads:
+        found, value = _pick(config, path)
+        text = _canonical(value) if found else "unset"
+        shown = f"{path}={text}" if len(text) <= 40 else f"{path}#{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+        params["config_" + path.replace(".", "_")] = shown
+    return params
+
+
+def slice_file(config: Mapping[str, Any], stage: str, folder: str | Path) -> str:
+    """Write the stage's slice as ``{folder}/{stage}-{hash}.json`` (once: the name is its content's hash, so the
+    file never changes under a job and two configs never share one) and return its path."""
+    text = _canonical(config_slice(config, stage))
+    path = Path(folder, f"{stage}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json")
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{id(text)}")
+        tmp.write_text(text + "\n")
+        tmp.replace(path)
+    return str(path)
+
+
+def readme_table() -> str:
+    """The README's table: stage | rule | rules file | module | outputs (under results/) | config it reads."""
+    lines = ["| stage | rule | rules file | module | outputs (under `results/`) | config it reads |",
+             "|---|---|---|---|---|---|"]
+    for s in STAGES.values():
+        rules = ", ".join(f"`{r}`" for r in s.rules)
+        reads = ", ".join(f"`{r}`" for r in s.reads) or "(its flags only)"
+        lines.append(f"| `predict {s.name}` | {rules} | [{s.rules_file}](workflow/rules/{s.rules_file}) | "
+                     f"[{s.module}](src/predict/{s.module}) | `{s.outputs}` | {reads} |")
+    return "\n".join(lines)

@@ -1,0 +1,109 @@
+"""The stage table (src/predict/stages.py): each stage reads only its slice, and the README's table is the table."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from predict.cli import main
+from predict.config import load_config
+from predict.stages import STAGES, SliceError, config_slice, readme_table, slice_file, slice_params, stage_config
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = [REPO / "config" / "local.yaml", REPO / "config" / "config.yaml"]
+
+
+def test_a_stage_refuses_a_key_outside_its_slice_and_names_stage_and_key() -> None:
+    config = stage_config(load_config(REPO / "config" / "local.yaml"), "power")
+    assert config["power"]["simulations"] == 500 and config["data"]["sizes"]["test"] == 500
+    with pytest.raises(SliceError, match=r"stage 'power' read config key 'rl'.*stages\.py"):
+        config["rl"]
+    with pytest.raises(SliceError, match="'data.mbpp_path'"):
+        config["data"].get("mbpp_path")  # a sibling of a key the table gives is still outside
+    with pytest.raises(SliceError, match="'evaluation'"):
+        "evaluation" in config  # noqa: B015 - membership is a read too
+
+
+def test_a_listed_key_the_config_leaves_out_reads_as_missing() -> None:
+    config = stage_config({"data": {"sizes": {"test": 10}}, "seeds": [1]}, "power")
+    assert config.get("power", {"default": 1}) == {"default": 1}
+    with pytest.raises(KeyError):
+        config["power"]
+
+
+def test_the_view_is_a_plain_dict_for_json_pickle_and_copies() -> None:
+    config = stage_config(load_config(REPO / "config" / "local.yaml"), "stats")
+    assert json.loads(json.dumps(config)) == config_slice(load_config(REPO / "config" / "local.yaml"), "stats")
+    for clone in (pickle.loads(pickle.dumps(config)), copy.deepcopy(config)):
+        assert clone == config
+        with pytest.raises(SliceError):
+            clone["evaluation"]["temperature"]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_listed_key_exists_in_the_schema(path: Path) -> None:
+    schema = yaml.safe_load((REPO / "config" / "schema.yaml").read_text())
+    for stage in STAGES.values():
+        for key in stage.reads:
+            node = schema
+            for part in key.split("."):
+                props = node.get("properties") or {}
+                assert part in props, f"stage {stage.name}: {key} is not a config key (config/schema.yaml)"
+                node = props[part]
+
+
+def test_slice_params_name_their_key_and_stay_short() -> None:
+    config = load_config(REPO / "config" / "local.yaml")
+    params = slice_params(config, "report")
+    assert params["config_run_name"] == 'run_name="local"'
+    assert params["config_arms"].startswith("arms#")
+    assert all(len(v) < 80 for v in params.values())
+
+
+def test_slice_file_is_content_addressed(tmp_path: Path) -> None:
+    config = load_config(REPO / "config" / "local.yaml")
+    first = slice_file(config, "power", tmp_path)
+    assert slice_file(config, "power", tmp_path) == first
+    changed = slice_file({**config, "power": {**config["power"], "simulations": 400}}, "power", tmp_path)
+    assert changed != first and json.loads(Path(changed).read_text())["power"]["simulations"] == 400
+    # a change outside the slice is the same file
+    assert slice_file({**config, "rl": {**config["rl"], "lr": 1.0}}, "power", tmp_path) == first
+
+
+def test_cli_reads_a_slice_file_and_refuses_a_wrong_slice(tmp_path: Path) -> None:
+    config = load_config(REPO / "config" / "local.yaml")
+    config["power"] = {**config["power"], "deltas": [0.05], "discordance": [0.2], "tasks": [250], "seeds": [1],
+                       "simulations": 100}  # fmt: skip
+    out = tmp_path / "power.parquet"
+    assert main(["power", "--config-slice", slice_file(config, "power", tmp_path), "--out", str(out)]) == 0
+    assert out.exists()
+    # a slice missing what the stage needs fails with the stage's table named, not with a KeyError deep inside
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"power": config["power"]}))
+    assert main(["power", "--config-slice", str(wrong), "--out", str(tmp_path / "x.parquet")]) == 2
+
+
+def test_every_rule_passes_a_slice_never_the_whole_config() -> None:
+    rules = "\n".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
+    assert "CONFIG_JSON" not in rules and "--config-json" not in rules
+    for stage in STAGES.values():
+        for rule in stage.rules:
+            body = re.search(rf"^rule {rule}:\n((?:    .*\n|\n)*)", rules, re.M)
+            assert body, f"rule {rule} of stage {stage.name} not found"
+            assert f"predict {stage.name}" in body.group(1), f"rule {rule} does not run `predict {stage.name}`"
+            if "--config" in body.group(1):
+                assert f'**SLICE("{stage.name}")' in body.group(1), f"rule {rule}: not its stage's slice"
+
+
+def test_readme_stage_table_is_the_stage_table() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert readme_table() in readme, "README's stage table is stale: paste predict.stages.readme_table()"
+    for stage in STAGES.values():
+        assert (REPO / "workflow" / "rules" / stage.rules_file).exists()
+        assert (REPO / "src" / "predict" / stage.module).exists()
