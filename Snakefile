@@ -13,6 +13,10 @@ if not workflow.overwrite_configfiles:
     configfile: "config/local.yaml"
 
 
+# Snakemake's own report (`snakemake --report results/report.zip` after a run): the outputs marked report().
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/serving.smk"
 include: "workflow/rules/data.smk"

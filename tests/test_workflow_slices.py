@@ -125,3 +125,14 @@ def test_an_unread_section_reruns_nothing(finished_run: Path) -> None:
     # prime_rl is read by the cluster backend's rules only: the local study does not move
     jobs, _ = plan(finished_run, {"prime_rl.seq_len": 1024})
     assert jobs == {}
+
+
+def test_snakemake_report_holds_the_study_report_and_its_tables(finished_run: Path) -> None:
+    import zipfile
+
+    out = finished_run / "results" / "report.zip"
+    snakemake(finished_run, finished_run / "local.yaml", "--report", str(out))
+    names = {Path(n).name for n in zipfile.ZipFile(out).namelist() if "/data/raw/" in n}
+    marked = {"index.html", "metrics.parquet", "pairs.parquet", "power.parquet", "selection.parquet",
+              *(f"{a}.parquet" for a in LOCAL["ablations"]), *(f"{e}.parquet" for e in LOCAL["extensions"])}  # fmt: skip
+    assert marked <= names, marked - names

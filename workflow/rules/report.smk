@@ -17,7 +17,7 @@ rule report:
         # the test campaign's statistics: the report opens with the test
         test_stats=rules.test_stats.output,
     output:
-        R("report", "index.html"),
+        report(R("report", "index.html"), caption="../report/study.rst", category="Study report"),
     params:
         **SLICE("report"),
         stats_dir=lambda w, input: os.path.dirname(input.stats[0]),

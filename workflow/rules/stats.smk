@@ -17,7 +17,10 @@ checkpoint stats:
     input:
         EVALS(),
     output:
-        **{name: R("stats", f"{name}.parquet") for name in STATS_TABLES},
+        **{
+            name: report(R("stats", f"{name}.parquet"), caption="../report/stats.rst", category="Statistics tables")
+            for name in STATS_TABLES
+        },
     params:
         **SLICE("stats"),
         out_dir=lambda w, output: os.path.dirname(output.metrics),
@@ -37,9 +40,12 @@ rule test_stats:
         evals=TEST_EVALS,
         selection=R("stats", "selection.parquet"),
     output:
-        **{name: R("test", "stats", f"{name}.parquet") for name in TEST_STATS_TABLES},
+        **{
+            name: report(R("test", "stats", f"{name}.parquet"), caption="../report/test_stats.rst", category="Test")
+            for name in TEST_STATS_TABLES
+        },
     params:
-        config=CONFIG_JSON,
+        **SLICE("stats"),
         out_dir=lambda w, output: os.path.dirname(output.metrics),
     log:
         LOG("test_stats"),
@@ -48,7 +54,7 @@ rule test_stats:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict stats --config-json {params.config:q} --eval {input.evals:q} --selection {input.selection:q}"
+        "predict stats --config-slice {params.config:q} --eval {input.evals:q} --selection {input.selection:q}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
@@ -58,7 +64,7 @@ rule ablation:
     input:
         lambda w: EVALS([w.ablation, run_arm(w.ablation), *(["A"] if "A" in config["arms"] else [])]),
     output:
-        R("ablations", "{ablation}.parquet"),
+        report(R("ablations", "{ablation}.parquet"), caption="../report/ablations.rst", category="Ablations"),
     wildcard_constraints:
         ablation="|".join(ABLATIONS) or "^$",
     params:
@@ -80,7 +86,7 @@ rule extension:
     input:
         lambda w: EXTENSION_EVALS(w.extension),
     output:
-        R("extensions", "{extension}.parquet"),
+        report(R("extensions", "{extension}.parquet"), caption="../report/extensions.rst", category="Extensions"),
     wildcard_constraints:
         extension="|".join(EXTENSIONS) or "^$",
     params:
@@ -100,7 +106,7 @@ rule power:
     input:
         pairs=R("stats", "pairs.parquet"),
     output:
-        R("stats", "power.parquet"),
+        report(R("stats", "power.parquet"), caption="../report/power.rst", category="Statistics tables"),
     params:
         **SLICE("power"),
     log:
