@@ -73,7 +73,9 @@ rule test:
 
 
 # The whole study: the design, the test campaign and the report.
+# The default target, so that plain `snakemake --report results/report.zip` reports the whole study.
 rule all:
+    default_target: True
     input:
         rules.design.input,
         rules.test.input,

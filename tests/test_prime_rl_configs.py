@@ -409,7 +409,7 @@ def test_cli_renders_launches_and_collects(tmp_path: Path, monkeypatch: pytest.M
     assert main([*bad, "--output-dir", "o", "--out", str(tmp_path / "z.toml")]) == 2
     # the embedded default's design (fp32, zero-advantage rollouts kept) is refused on prime-rl, not dropped
     as_is = ["prime-rl-config", "rl", "--config", str(REPO_ROOT / "config" / "local.yaml"), "--run", "A"]
-    as_is += ["--seed", "1", "--tasks", "x", "--model", "m", "--output-dir", "o", "--out", str(tmp_path / "y.toml")]
+    as_is += ["--seed", "1", "--tasks-file", "x", "--model", "m", "--output-dir", "o", "--out", str(tmp_path / "y.toml")]
     assert main(as_is) == 2 and not (tmp_path / "y.toml").exists()
 
 
@@ -467,7 +467,7 @@ def test_a_retried_rl_job_resumes_and_keeps_the_last_attempt_of_each_step(
     run_dir = tmp_path / "rl" / "A" / "seed42"
     toml = run_dir / "prime-rl.toml"
     args = ["prime-rl-config", "rl", "--config", str(tmp_path / "c.yaml"), "--run", "A", "--seed", "42"]
-    args += ["--tasks", "rl.parquet", "--model", "m/m", "--output-dir", str(run_dir / "prime-rl"), "--out", str(toml)]
+    args += ["--tasks-file", "rl.parquet", "--model", "m/m", "--output-dir", str(run_dir / "prime-rl"), "--out", str(toml)]
     assert main(args) == 0
     train = ["prime-rl-train", "rl", "--toml", str(toml), "--dir", str(checkout), "--run-dir", str(run_dir)]
     train += ["--checkpoints-out", str(run_dir / "checkpoints.json")]

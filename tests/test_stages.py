@@ -21,7 +21,7 @@ CONFIGS = [REPO / "config" / "local.yaml", REPO / "config" / "config.yaml"]
 
 def test_a_stage_refuses_a_key_outside_its_slice_and_names_stage_and_key() -> None:
     config = stage_config(load_config(REPO / "config" / "local.yaml"), "power")
-    assert config["power"]["simulations"] == 500 and config["data"]["sizes"]["test"] == 500
+    assert config["power"]["target"] == 0.8 and config["data"]["sizes"]["test"] == 500
     with pytest.raises(SliceError, match=r"stage 'power' read config key 'rl'.*stages\.py"):
         config["rl"]
     with pytest.raises(SliceError, match="'data.mbpp_path'"):
@@ -58,6 +58,15 @@ def test_every_listed_key_exists_in_the_schema(path: Path) -> None:
                 node = props[part]
 
 
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_the_test_campaign_slice_is_the_whole_frozen_design(path: Path) -> None:
+    from predict.evaluate import config_hash, design_config
+
+    config = load_config(path)
+    sliced = config_slice(config, "evaluate-test")
+    assert design_config(sliced) == design_config(config) and config_hash(sliced) == config_hash(config)
+
+
 def test_slice_params_name_their_key_and_stay_short() -> None:
     config = load_config(REPO / "config" / "local.yaml")
     params = slice_params(config, "report")
@@ -70,16 +79,15 @@ def test_slice_file_is_content_addressed(tmp_path: Path) -> None:
     config = load_config(REPO / "config" / "local.yaml")
     first = slice_file(config, "power", tmp_path)
     assert slice_file(config, "power", tmp_path) == first
-    changed = slice_file({**config, "power": {**config["power"], "simulations": 400}}, "power", tmp_path)
-    assert changed != first and json.loads(Path(changed).read_text())["power"]["simulations"] == 400
+    changed = slice_file({**config, "power": {**config["power"], "target": 0.9}}, "power", tmp_path)
+    assert changed != first and json.loads(Path(changed).read_text())["power"]["target"] == 0.9
     # a change outside the slice is the same file
     assert slice_file({**config, "rl": {**config["rl"], "lr": 1.0}}, "power", tmp_path) == first
 
 
 def test_cli_reads_a_slice_file_and_refuses_a_wrong_slice(tmp_path: Path) -> None:
     config = load_config(REPO / "config" / "local.yaml")
-    config["power"] = {**config["power"], "deltas": [0.05], "discordance": [0.2], "tasks": [250], "seeds": [1],
-                       "simulations": 100}  # fmt: skip
+    config["power"] = {**config["power"], "deltas": [0.05], "discordance": [0.2], "tasks": [250]}
     out = tmp_path / "power.parquet"
     assert main(["power", "--config-slice", slice_file(config, "power", tmp_path), "--out", str(out)]) == 0
     assert out.exists()
@@ -90,15 +98,24 @@ def test_cli_reads_a_slice_file_and_refuses_a_wrong_slice(tmp_path: Path) -> Non
 
 
 def test_every_rule_passes_a_slice_never_the_whole_config() -> None:
-    rules = "\n".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
-    assert "CONFIG_JSON" not in rules and "--config-json" not in rules
+    files = {p.name: p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk")}
+    assert not any("CONFIG_JSON" in t or "--config-json" in t for t in files.values())
     for stage in STAGES.values():
+        text = files[stage.rules_file]
         for rule in stage.rules:
-            body = re.search(rf"^rule {rule}:\n((?:    .*\n|\n)*)", rules, re.M)
-            assert body, f"rule {rule} of stage {stage.name} not found"
-            assert f"predict {stage.name}" in body.group(1), f"rule {rule} does not run `predict {stage.name}`"
-            if "--config" in body.group(1):
-                assert f'**SLICE("{stage.name}")' in body.group(1), f"rule {rule}: not its stage's slice"
+            # a rule per run is named in a loop (name: f"evaluate_{_run}")
+            if "{" in rule:
+                looped = 'f"' + rule.replace("{run}", "{_run}") + '"'
+                pattern = r"^\s*name:\s*\n\s*" + re.escape(looped)
+            else:
+                pattern = rf"^\s*(?:rule|checkpoint) {rule}:"
+            start = re.search(pattern, text, re.M)
+            assert start, f"rule {rule} of stage {stage.name} not in {stage.rules_file}"
+            body = re.split(r"^\s*(?:rule|checkpoint)\b", text[start.end():], maxsplit=1, flags=re.M)[0]
+            shell = body if "predict" in body else text  # a shared shell string (TEST_CAMPAIGN_SHELL)
+            assert f"predict {stage.name.removesuffix('-test')}" in shell, f"rule {rule}: not `predict {stage.name}`"
+            if "params.config" in body or "SLICE(" in body:
+                assert f'**SLICE("{stage.name}")' in body, f"rule {rule}: not its stage's slice"
 
 
 def test_readme_stage_table_is_the_stage_table() -> None:

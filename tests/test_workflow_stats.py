@@ -110,7 +110,7 @@ def test_design_target_never_touches_test() -> None:
     assert "results/stats/selection.parquet" in text and "results/ablations/forced_keep.parquet" in text
     # split_mbpp writes test.parquet; no job reads it
     assert "--split test" not in text and "evaluate_test" not in text and "/test/" not in text
-    assert "--tasks results/data/test.parquet" not in text and "results/report" not in text
+    assert "--tasks-file results/data/test.parquet" not in text and "results/report" not in text
 
 
 def test_best_val_selection_plans_the_campaign_after_the_val_statistics() -> None:

@@ -193,7 +193,9 @@ def _config(args: argparse.Namespace) -> dict:
         config = load_config(args.config)
     else:
         config = config_from_json(args.config_json)
-    return stage_config(config, args.stage)
+    # the test campaign's ledger records the frozen design (the whole config): a stage table entry of its own
+    stage = "evaluate-test" if args.stage == "evaluate" and getattr(args, "split", None) == "test" else args.stage
+    return stage_config(config, stage)
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:

@@ -30,6 +30,13 @@ RUN_MATRIX = ("arms", "ablations", "extensions", "env.test_cost", "rl.mask_decis
 # What one rollout in the coding environment reads (predict.rollouts, env/rollout.py): the protocol, the sandbox, the
 # chat template, the server.
 ROLLOUT = ("arms", "env", "verifier", "model.enable_thinking", "serving")
+# The frozen design the test campaign's ledger hashes (predict.evaluate.design_config): every section of
+# config/schema.yaml but its NOT_RESULT_SHAPING keys (names, paths, power, cluster sizes, the bootstrap), so a power
+# or report edit never reruns the campaign (tests/test_stages.py: the slice's hash is the whole config's).
+DESIGN = ("data", "verifier", "model", "sft", "serving", "env", "traces", "arms", "backend", "prime_rl", "seeds",
+          "ablations", "extensions", "rft", "rl", *(f"evaluation.{k}" for k in (
+              "temperature", "max_tokens", "samples", "tasks", "checkpoints", "extension_checkpoints", "reference",
+              "test_checkpoints", "selection")))
 
 
 @dataclass(frozen=True)
@@ -67,21 +74,24 @@ STAGES: dict[str, Stage] = {
               _reads(RUN_MATRIX, ROLLOUT, ("rl",))),
         Stage("rft", ("rft",), "rft.smk", "train/rft.py", "rl/{run}/seed{seed}/step{N}/, metrics.parquet",
               _reads(RUN_MATRIX, ROLLOUT, ("rl", "rft"))),
-        Stage("evaluate", ("evaluate", "evaluate_test"), "evaluation.smk", "evaluate.py",
-              "eval/{run}/{checkpoint}/{split}/seed{seed}.parquet",
+        Stage("evaluate", ("evaluate_{run}",), "evaluation.smk", "evaluate.py",
+              "eval/{run}/{checkpoint}/val/seed{seed}.parquet",
               _reads(RUN_MATRIX, ROLLOUT, ("evaluation.temperature", "evaluation.max_tokens", "evaluation.samples",
                                            "evaluation.tasks"))),
-        Stage("stats", ("stats",), "stats.smk", "stats.py", "stats/{metrics,pairs,confusion,classes,selection}.parquet",
-              ("arms", "ablations", "evaluation.reference", "evaluation.selection", "evaluation.bootstrap")),
+        # The test campaign (`predict evaluate --split test`) records the frozen design in the ledger.
+        Stage("evaluate-test", ("evaluate_test_{run}", "evaluate_test"), "evaluation.smk", "evaluate.py",
+              "eval/{run}/{checkpoint}/test/seed{seed}.parquet, test/ledger.jsonl", DESIGN),
+        Stage("stats", ("stats", "test_stats"), "stats.smk", "stats.py",
+              "stats/*.parquet (STATS_TABLES), test/stats/*.parquet (TEST_STATS_TABLES)",
+              _reads(RUN_MATRIX, ("evaluation.reference", "evaluation.selection", "evaluation.bootstrap"))),
         Stage("ablations", ("ablation",), "stats.smk", "stats.py", "ablations/{ablation}.parquet",
               ("ablations", "evaluation.selection", "evaluation.bootstrap")),
         Stage("extensions", ("extension",), "stats.smk", "stats.py", "extensions/{extension}.parquet",
               _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap"))),
         Stage("power", ("power",), "stats.smk", "stats.py", "stats/power.parquet",
-              ("power", "data.sizes.test", "seeds")),
+              ("power", "data.sizes")),
         Stage("report", ("report",), "report.smk", "report/build.py", "report/index.html",
-              ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power.target", "power.alpha",
-               "data.sizes.test")),
+              ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power", "data.sizes.test")),
         Stage("prime-rl-setup", ("prime_rl_setup",), "prime_rl.smk", "train/prime_rl/cluster.py", ".prime-rl/setup.json",
               ("prime_rl.repo", "prime_rl.commit", "prime_rl.python", "prime_rl.extras", "prime_rl.dir")),
         Stage("prime-rl-config", ("prime_rl_sft_config", "prime_rl_rl_config"), "prime_rl.smk",
