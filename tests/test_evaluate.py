@@ -273,3 +273,32 @@ def _val_to_test_stats(config, tasks, files, endpoint, tmp_path: Path, main) -> 
     test_metrics = read_rows(tmp_path / "test" / "stats" / "metrics.parquet")
     assert {(m["run"], m["checkpoint"], m["split"], m["n_scored"]) for m in test_metrics} == {
         (arm, c, "test", 2) for arm in ("A", "B") for c in ("sft", "step2")}
+
+
+def test_an_evaluation_resumes_only_rows_of_the_same_checkpoint_and_settings(
+    study, task_file: Path, endpoint, tmp_path: Path
+) -> None:
+    """Issue 15: a killed evaluation's persisted rows are reused by the unchanged rerun and dropped when the
+    evaluation settings changed (old code kept them under the new settings)."""
+    from predict.env.records import RECORD_SCHEMA
+    from predict.io import ResumableParquet
+    from predict.rollouts import job_fingerprint
+
+    kw = dict(run="B", checkpoint="base", split="val", seed=42, tasks_path=task_file, model="scripted",
+              base_url=endpoint.base_url)  # fmt: skip
+    evaluate(study, **kw, out=tmp_path / "first.parquet")
+    (row,) = read_rows(tmp_path / "first.parquet")
+    out = tmp_path / "eval" / "B" / "base" / "val" / "seed42.parquet"
+
+    def killed_with_one_row() -> None:
+        fp = job_fingerprint(evaluation_job(study, **kw, out=out), study)
+        ResumableParquet(out, RECORD_SCHEMA, key=("task_id", "sample"), fingerprint=fp).append(
+            [{**row, "trace_id": "persisted"}]
+        )
+
+    killed_with_one_row()
+    assert evaluate(study, **kw, out=out)["ran"] == 0 and read_rows(out)[0]["trace_id"] == "persisted"
+    out.unlink()
+    killed_with_one_row()
+    study["evaluation"]["max_tokens"] = 99
+    assert evaluate(study, **kw, out=out)["ran"] == 1 and read_rows(out)[0]["trace_id"] != "persisted"

@@ -83,8 +83,9 @@ def test_rft_keeps_reward_1_rollouts_trains_rl_steps_and_writes_an_rl_runs_outpu
     assert {r["arm"] for r in sampled} == {"B"} and all(r["tokens"] for r in sampled)
     for step in (1, 2):
         assert (job.out_dir / f"step{step}" / "model.safetensors").is_file()
-    again = run_rft(job, study())  # resumes from its state: nothing left to do, nothing resampled
-    assert again["complete"] and again["ran"] == 0
+    n_requests = len(endpoint.requests)
+    again = run_rft(job, study())  # a finished run asked for again (--forcerun): sampled and trained again
+    assert again["complete"] and again["ran"] == 2 and len(endpoint.requests) > n_requests
     with pytest.raises(ValueError, match="trainer rft, not rl"):
         run_rl(job, study())
     with pytest.raises(ValueError, match="trainer rl, not rft"):
@@ -105,3 +106,47 @@ def test_rl_extensions_carry_their_test_cost_and_decision_mask(
     # the DECISION value tokens (one per prediction point) leave RL credit, nothing else changes
     assert rows["mask_decision"]["n_rl_tokens"] < rows["B"]["n_rl_tokens"]
     assert rows["mask_decision"]["n_ce_tokens"] == rows["B"]["n_ce_tokens"]
+
+
+def test_rft_resumes_mid_sampling_and_never_from_other_inputs(
+    tiny: Path, tasks: Path, endpoint: Any, tmp_path: Path
+) -> None:
+    """A run killed while sampling samples only the rollouts it had not persisted (old code sampled them all
+    again); one whose config changed samples and trains from scratch."""
+    from predict.env.records import RECORD_SCHEMA
+    from predict.fingerprint import run_fingerprint, start_or_resume
+    from predict.io import ResumableParquet
+    from predict.runs import resolve_run
+    from predict.train.rft import run_rft
+
+    first = RLJob(run="rft_A", seed=42, init=tiny, tasks=tasks, out_dir=tmp_path / "first", base_url=endpoint.base_url)
+    n_requests = len(endpoint.requests)
+    run_rft(first, study())
+    all_four = len(endpoint.requests) - n_requests
+    sampled = pq.read_table(first.out_dir / ".work" / "rollouts.parquet").to_pylist()
+    assert len(sampled) == 4
+
+    # A killed run of the same job had persisted two of its four rollouts (marked, to tell them apart).
+    job = RLJob(run="rft_A", seed=42, init=tiny, tasks=tasks, out_dir=tmp_path / "rft_A" / "seed42",
+                base_url=endpoint.base_url)
+    config = study()
+    work = job.out_dir / ".work"
+    fp = run_fingerprint(config, "rft", spec=resolve_run(config, "rft_A"), init=tiny, tasks=tasks, seed=42)
+    assert start_or_resume(work, fp, what="test") is False
+    ResumableParquet(work / "rollouts.parquet", RECORD_SCHEMA, key=("task_id", "sample")).append(
+        [{**r, "trace_id": "persisted"} for r in sampled[:2]]
+    )
+    n_requests = len(endpoint.requests)
+    summary = run_rft(job, config, stop_after=1)
+    assert summary["steps_done"] == 1
+    rows = pq.read_table(work / "rollouts.parquet").to_pylist()
+    assert len(rows) == 4 and [r["trace_id"] for r in rows[:2]] == ["persisted"] * 2
+    assert "persisted" not in {r["trace_id"] for r in rows[2:]}
+    assert 0 < len(endpoint.requests) - n_requests < all_four  # only the two missing rollouts were sampled
+
+    # Killed after its first step, then rerun with another RFT lr: sampled and trained from scratch.
+    config["rft"]["lr"] = 5e-4
+    again = run_rft(job, config)
+    assert again["ran"] == 2, "a changed config must not resume the old state"
+    rows = pq.read_table(work / "rollouts.parquet").to_pylist()
+    assert len(rows) == 4 and "persisted" not in {r["trace_id"] for r in rows}

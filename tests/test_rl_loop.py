@@ -153,3 +153,34 @@ def test_rollout_metrics_without_predictions() -> None:
     recs = [{"ok": True, "reward": 1.0, "final_pass": True, "budget_exhausted": False, "steps": []}]
     m = rollout_metrics(recs + [{"ok": False, "reward": None}])
     assert (m["n_rollouts"], m["n_failed"], m["pass_rate"], m["revise_rate"]) == (2, 1, 1.0, None)
+
+
+def test_state_from_another_lr_or_sft_checkpoint_is_not_resumed(
+    tiny: Path, tasks: Path, endpoint: Any, tmp_path: Path
+) -> None:
+    """Issue 15's stale resume: after a finished run, a new `rl.lr` (or a new SFT checkpoint at the same path) must
+    train again from step 0; old code reported `resumed_from 2, ran 0` and republished the old run. A killed run
+    rerun unchanged still resumes, and a finished one asked for again (--forcerun) trains again."""
+    import shutil
+
+    init = tmp_path / "checkpoints" / "B" / "sft"
+    shutil.copytree(tiny, init)
+    job = RLJob(run="B", seed=42, init=init, tasks=tasks, out_dir=tmp_path / "B" / "seed42", base_url=endpoint.base_url)
+    first = run_rl(job, study(steps=2, lr=1e-4))
+    assert (first["resumed_from"], first["ran"]) == (0, 2)
+
+    again = run_rl(job, study(steps=2, lr=5e-4))
+    assert (again["resumed_from"], again["ran"]) == (0, 2), "a new lr must not resume the old run"
+    assert [r["lr"] for r in pq.read_table(job.out_dir / "metrics.parquet").to_pylist()] == [5e-4, 5e-4]
+
+    killed = run_rl(job, study(steps=2, lr=5e-4), stop_after=1)
+    assert killed["steps_done"] == 1
+    (init / "generation_config.json").write_text('{"retrained": true}')  # the SFT job reran: a new checkpoint
+    fresh = run_rl(job, study(steps=2, lr=5e-4))
+    assert (fresh["resumed_from"], fresh["ran"]) == (0, 2), "a new SFT checkpoint must not resume the old state"
+
+    run_rl(job, study(steps=2, lr=5e-4), stop_after=1)
+    resumed = run_rl(job, study(steps=2, lr=5e-4))
+    assert (resumed["resumed_from"], resumed["ran"]) == (1, 1), "a killed run with unchanged inputs resumes"
+    forced = run_rl(job, study(steps=2, lr=5e-4))
+    assert (forced["resumed_from"], forced["ran"]) == (0, 2), "a finished run asked for again trains again"

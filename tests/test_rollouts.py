@@ -13,7 +13,7 @@ from predict.config import load_config
 from predict.data import MBPP_SCHEMA
 from predict.env.records import RECORD_SCHEMA
 from predict.io import ResumableParquet, read_rows, write_rows
-from predict.rollouts import RolloutJob, SplitGuardError, run_job, select_tasks
+from predict.rollouts import RolloutJob, SplitGuardError, job_fingerprint, run_job, select_tasks
 
 from .conftest import REPO
 from .scripted_endpoint import ScriptedEndpoint
@@ -81,16 +81,47 @@ def test_interrupted_stage_resumes_without_redoing_rollouts(study, tasks_file: P
     out = tmp_path / "rollouts.parquet"
     run_job(_job(tasks_file, tmp_path / "first.parquet", endpoint, n_tasks=1), study)
     persisted = read_rows(tmp_path / "first.parquet")[0]
-    # A crashed run had persisted task 127 (marked so we can tell it was not re-run) and nothing else.
-    ResumableParquet(out, RECORD_SCHEMA, key=("task_id", "sample")).append([{**persisted, "trace_id": "persisted"}])
+    # A crashed run of the same job had persisted task 127 (marked so we can tell it was not re-run) and nothing else.
+    job = _job(tasks_file, out, endpoint, n_tasks=3)
+    ResumableParquet(out, RECORD_SCHEMA, key=("task_id", "sample"), fingerprint=job_fingerprint(job, study)).append(
+        [{**persisted, "trace_id": "persisted"}]
+    )
     n_requests = len(endpoint.requests)
 
-    summary = run_job(_job(tasks_file, out, endpoint, n_tasks=3), study)
+    summary = run_job(job, study)
     rows = read_rows(out)
     assert [r["task_id"] for r in rows] == [127, 128, 129]
     assert rows[0]["trace_id"] == "persisted", "a persisted rollout must not run again"
     assert summary["ran"] == 2
     assert len(endpoint.requests) - n_requests == 2  # one FINAL reply each for 128 and 129
+
+
+@pytest.mark.parametrize("change", ["model", "temperature", "seed", "before fingerprints"])
+def test_persisted_rollouts_of_other_inputs_are_redone(
+    change: str, study, tasks_file: Path, endpoint, tmp_path: Path
+) -> None:
+    """Issue 15: rows a killed job persisted are reused only by a rerun with the same model (by content), settings
+    and seed; otherwise they are dropped and rolled out again (old code kept them: a stale row in a new table)."""
+    out = tmp_path / "rollouts.parquet"
+    run_job(_job(tasks_file, tmp_path / "first.parquet", endpoint, n_tasks=1), study)
+    persisted = read_rows(tmp_path / "first.parquet")[0]
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"sft v1")
+    job = _job(tasks_file, out, endpoint, n_tasks=2, model=str(tmp_path / "ckpt"))
+    killed = ResumableParquet(out, RECORD_SCHEMA, key=("task_id", "sample"), fingerprint=job_fingerprint(job, study))
+    killed.append([{**persisted, "trace_id": "persisted"}])
+    if change == "model":
+        (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"sft v2")  # retrained at the same path
+    elif change == "temperature":
+        study["env"]["temperature"] = 0.5
+    elif change == "seed":
+        job = _job(tasks_file, out, endpoint, n_tasks=2, model=str(tmp_path / "ckpt"), seed=43)
+    else:
+        (killed.partial_dir / "fingerprint.json").unlink()
+    summary = run_job(job, study)
+    rows = read_rows(out)
+    assert summary["ran"] == 2 and [r["task_id"] for r in rows] == [127, 128]
+    assert "persisted" not in {r["trace_id"] for r in rows}
 
 
 def test_test_split_needs_its_explicit_target_and_is_evaluated_once(

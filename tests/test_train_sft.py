@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -193,7 +194,7 @@ def test_sft_stage_resumes_from_its_saved_state(tmp_path: Path) -> None:
             sft.run_sft(**paths, cfg=cfg, arm="B", progress=False)
     finally:
         Trainer.step = real_step
-    assert Trainer.read_state_info(tmp_path / "state")["step"] == 2
+    assert Trainer.read_state_info(tmp_path / "state" / "trainer")["step"] == 2
     assert not (tmp_path / "ckpt").exists()
 
     summary = sft.run_sft(**paths, cfg=cfg, arm="B", progress=False)
@@ -203,3 +204,56 @@ def test_sft_stage_resumes_from_its_saved_state(tmp_path: Path) -> None:
     assert not (tmp_path / "state").exists()
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt")
     assert model.config.vocab_size == 151936
+
+
+
+def test_sft_state_from_other_traces_or_settings_is_not_resumed(tiny: Path, tmp_path: Path) -> None:
+    """Issue 15: a rerun after a change (a new lr, new traces) trains from the base model, never from the old state;
+    the unchanged rerun after a kill still resumes."""
+    import predict.train.sft as sft
+    from predict.train.trainer import Trainer
+
+    traces = tmp_path / "B.parquet"
+    _write_traces(traces, 3)
+    cfg = SFTConfig(lr=3e-3, epochs=2, batch_tokens=600, save_every=2, device="cpu", micro_batch_tokens=600)
+    paths = {"traces": traces, "base_model": tiny, "out_dir": tmp_path / "ckpt",
+             "metrics_out": tmp_path / "metrics.parquet", "state_dir": tmp_path / "state", "arm": "B",
+             "progress": False, "max_steps": 4}  # fmt: skip
+    real_step = Trainer.step
+    calls: list[int] = []
+
+    class Killed(Exception):
+        pass
+
+    def counted(self, samples, **kw):
+        calls.append(self.step_count)
+        return real_step(self, samples, **kw)
+
+    def dies_at_3(self, samples, **kw):
+        if self.step_count == 3:
+            raise Killed
+        return real_step(self, samples, **kw)
+
+    def killed_then_rerun(rerun_cfg: SFTConfig) -> list[int]:
+        Trainer.step = dies_at_3
+        with pytest.raises(Killed):
+            sft.run_sft(**paths, cfg=cfg)  # leaves its state at step 2
+        Trainer.step = counted
+        calls.clear()
+        sft.run_sft(**paths, cfg=rerun_cfg)
+        return list(calls)
+
+    try:
+        assert killed_then_rerun(replace(cfg, lr=1e-3)) == [0, 1, 2, 3], "a new lr must train from step 0"
+        _write_traces(traces, 3)
+        Trainer.step = dies_at_3
+        with pytest.raises(Killed):
+            sft.run_sft(**paths, cfg=cfg)
+        _write_traces(traces, 4)  # the traces stage reran: other traces
+        Trainer.step = counted
+        calls.clear()
+        sft.run_sft(**paths, cfg=cfg)
+        assert calls == [0, 1, 2, 3], "new traces must train from step 0"
+        assert killed_then_rerun(cfg) == [2, 3], "unchanged inputs resume from the saved state"
+    finally:
+        Trainer.step = real_step

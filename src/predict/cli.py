@@ -20,6 +20,7 @@ from rich.table import Table
 
 from predict.config import ConfigError, config_from_json, load_config, load_config_slice
 from predict.env.protocol import VARIANTS
+from predict.fingerprint import ResultsDirError, claim_results_dir, mark_finished
 from predict.rollouts import SplitGuardError
 from predict.serve import VLLMServerError
 
@@ -182,17 +183,23 @@ def _print_summary(title: str, summary: dict[str, Any], float_format: str = ".3f
     console.print(table)
 
 
+# The arguments through which a stage writes (a scratch folder outside results_dir claims nothing).
+OUTPUT_ARGS = ("out", "out_dir", "metrics_out", "state_dir", "output_dir", "dataset_dir")
+
+
 def _config(args: argparse.Namespace) -> dict:
     """The stage's slice of its config (predict.stages): whole config files (--config, --config-json) are cut to the
-    slice too, so a stage reads only what the stage table lists, however it is run."""
+    slice too, so a stage reads only what the stage table lists, however it is run. A stage run with a whole config
+    refuses a results_dir that another run_name made (`predict.fingerprint.claim_results_dir`; under Snakemake the
+    workflow's onstart checks it once, since a slice holds neither name nor folder)."""
     from predict.stages import stage_config
 
     if getattr(args, "config_slice", None):
         config = load_config_slice(args.config_slice)
-    elif getattr(args, "config", None):
-        config = load_config(args.config)
     else:
-        config = config_from_json(args.config_json)
+        config = load_config(args.config) if getattr(args, "config", None) else config_from_json(args.config_json)
+        outputs = [getattr(args, name, None) for name in OUTPUT_ARGS]
+        claim_results_dir(config, [p for o in outputs for p in (o if isinstance(o, list) else [o]) if p])
     # the test campaign's ledger records the frozen design (the whole config): a stage table entry of its own
     stage = "evaluate-test" if args.stage == "evaluate" and getattr(args, "split", None) == "test" else args.stage
     return stage_config(config, stage)
@@ -469,6 +476,7 @@ def _cmd_prime_rl_train(args: argparse.Namespace) -> int:
         console.print(f"SFT checkpoint (step {step}): {args.checkpoint}")
         metrics = Path(args.metrics_out or Path(args.toml).parent / "metrics.parquet")
     n = configs.write_metrics(output_dir, metrics)
+    mark_finished(output_dir)  # collected: a later run of this job trains again (predict.fingerprint)
     console.print(f"metrics: {n} values -> {metrics}")
     return 0
 
@@ -704,7 +712,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError, ValueError, SplitGuardError) as e:
+    except (ConfigError, FileNotFoundError, ValueError, SplitGuardError, ResultsDirError) as e:
         # Bad input is the user's to fix: one clear line, no traceback.
         # soft_wrap: the message stays one line (paths and row numbers intact), escape: brackets are not markup
         console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)

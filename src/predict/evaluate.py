@@ -338,7 +338,7 @@ def evaluate_checkpoints(
     with CheckpointServer(config["serving"], jobs[0].out.with_name(jobs[0].out.stem + ".vllm.log")) as server:
         for job in jobs:
             serve_s = 0.0
-            if base_url is None and remaining_rollouts(job):
+            if base_url is None and remaining_rollouts(job, study):
                 t0 = time.perf_counter()
                 job = replace(job, base_url=server.load(job.model, version=job.checkpoint), served_model=SERVED_NAME)
                 serve_s = time.perf_counter() - t0

@@ -65,13 +65,19 @@ class ResumableParquet:
     Finished rows go to `<out>.partial/part-NNNNN.parquet` (each part written atomically); a rerun
     reads them back, skips their keys, and `finish()` concatenates everything into `<out>` and removes
     the folder. Snakemake deletes a failed job's declared output, never this undeclared folder.
+    With a ``fingerprint`` (`predict.fingerprint`), rows persisted under another fingerprint (other inputs or
+    settings) are dropped, never resumed: the folder keeps ``fingerprint.json`` beside its parts.
     """
 
-    def __init__(self, out: str | Path, schema: pa.Schema, key: Sequence[str]) -> None:
+    def __init__(self, out: str | Path, schema: pa.Schema, key: Sequence[str], fingerprint: Any = None) -> None:
         self.out = Path(out)
         self.schema = schema
         self.key = tuple(key)
         self.partial_dir = self.out.with_name(self.out.name + ".partial")
+        if fingerprint is not None:
+            from predict.fingerprint import start_or_resume  # noqa: PLC0415
+
+            start_or_resume(self.partial_dir, fingerprint, what=str(self.out))
         self._rows = [r for part in self._parts() for r in self._read_part(part)]
 
     def _parts(self) -> list[Path]:
@@ -110,6 +116,7 @@ class ResumableParquet:
         # were never persisted (they ran again here), so it goes too.
         for tmp in self.partial_dir.glob(".part-*.tmp") if self.partial_dir.exists() else []:
             tmp.unlink()
+        (self.partial_dir / "fingerprint.json").unlink(missing_ok=True)
         if self.partial_dir.exists():
             self.partial_dir.rmdir()
         return self.out

@@ -16,7 +16,7 @@ import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,18 @@ def sandbox_isolation(study_config: Mapping[str, Any]) -> dict[str, Any]:
     return record
 
 
+def job_fingerprint(job: RolloutJob, study_config: Mapping[str, Any]) -> Any:
+    """What shapes a rollout job's rows (`predict.fingerprint`): the env/verifier/protocol config, the model's and
+    the tasks' content, the seed and the job's own settings; a `.partial` folder resumes only under the same."""
+    from predict.fingerprint import RESUME_KEYS, fingerprint  # noqa: PLC0415
+
+    settings = {k: v for k, v in asdict(job).items() if k not in ("tasks_path", "out", "model", "base_url",
+                                                                  "test_ledger", "ledger_extra", "seed",
+                                                                  "served_model")}
+    return fingerprint(study_config, RESUME_KEYS["rollout"], inputs={"model": job.model, "tasks": job.tasks_path},
+                       seed=job.seed, extra={"job": settings})  # fmt: skip
+
+
 @dataclass
 class PendingOutput:
     """A rollout job whose rows are all persisted (in `<out>.partial/`) but not yet published to `<out>`.
@@ -161,12 +173,14 @@ class PendingOutput:
         return self.summary
 
 
-def remaining_rollouts(job: RolloutJob) -> int:
-    """How many of the job's rollouts are not persisted yet (0: publishing needs no server)."""
+def remaining_rollouts(job: RolloutJob, study_config: Mapping[str, Any]) -> int:
+    """How many of the job's rollouts are not persisted yet (0: publishing needs no server); rows persisted under
+    another fingerprint do not count (they are dropped)."""
     from predict.env.records import RECORD_SCHEMA
 
     tasks = select_tasks(load_split(job.tasks_path), job.n_tasks, job.samples)
-    done = ResumableParquet(job.out, RECORD_SCHEMA, key=("task_id", "sample")).done()
+    done = ResumableParquet(job.out, RECORD_SCHEMA, key=("task_id", "sample"),
+                            fingerprint=job_fingerprint(job, study_config)).done()
     return sum((t["task_id"], t["sample"]) not in done for t in tasks)
 
 
@@ -184,7 +198,8 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
     guard_test_split(job)
     isolation = sandbox_isolation(study_config)
     tasks = select_tasks(load_split(job.tasks_path), job.n_tasks, job.samples)
-    sink = ResumableParquet(job.out, RECORD_SCHEMA, key=("task_id", "sample"))
+    sink = ResumableParquet(job.out, RECORD_SCHEMA, key=("task_id", "sample"),
+                            fingerprint=job_fingerprint(job, study_config))
     done = sink.done()
     todo = [t for t in tasks if (t["task_id"], t["sample"]) not in done]
     log.info("%d rollouts, %d already persisted, %d to run", len(tasks), len(tasks) - len(todo), len(todo))

@@ -9,7 +9,8 @@ Rules:
    (default ``rl.group_size``, G) rollouts of each of ``rft.tasks`` rl-split tasks (null = every task; a seeded
    choice otherwise), with the train client (token graph recorded) and the training rollouts' settings
    (``env.temperature``, ``rl.max_tokens``, the run's arm, variant and test cost). The records go to
-   ``.work/rollouts.parquet`` once all are done (a killed run resamples; the SFT policy is fixed, the seed too).
+   ``.work/rollouts.parquet.partial/`` as each finishes, then ``.work/rollouts.parquet`` (a killed run samples only
+   the rollouts it had not persisted).
 2. **keep**: the rollouts with verified reward 1 (`predict.train.samples.rft_samples`): CE weight 1 on the tokens
    the model sampled, rl weight 0, token ids from the token graph (no re-tokenising). Nothing else (no advantage,
    no Arm B verified-label CE samples).
@@ -20,7 +21,9 @@ Rules:
 4. **outputs**: exactly an RL run's: ``step{N}/`` HF checkpoints at `predict.train.rl.checkpoint_steps` and
    ``metrics.parquet`` (one row per step), so evaluation, statistics and the report treat it like any run.
 
-Resume: after each step the trainer state and metrics are saved to ``.work/state`` (as `predict rl` does).
+Resume: after each step the trainer state and metrics are saved to ``.work/state`` (as `predict rl` does). The
+sampled rollouts and the state are resumed only when ``.work/fingerprint.json`` matches the run's config slice, init
+checkpoint, task split and seed (`predict.fingerprint`); otherwise, or once the run was published, it starts fresh.
 
 Metrics (per step): ``n_sampled``, ``n_kept`` (reward-1 rollouts), ``sample_pass_rate`` (= pass@G's per-rollout
 pass rate of the SFT policy), ``n_batch_rollouts``, ``loss``, ``ce_loss``, ``n_ce_tokens``, ``n_samples``,
@@ -35,7 +38,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from predict.io import write_table
+from predict.fingerprint import mark_finished, run_fingerprint, start_or_resume
+from predict.io import ResumableParquet, write_table
 from predict.runs import resolve_run
 from predict.train.rl import SERVED_NAME, WORK, RLJob, _metrics_table, checkpoint_steps, publish_run
 
@@ -84,7 +88,7 @@ def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = N
     import pyarrow.parquet as pq
 
     from predict.data import load_split
-    from predict.env.records import write_records
+    from predict.env.records import RECORD_SCHEMA
     from predict.env.rollout import RolloutSettings, run_rollouts_sync
     from predict.serve import VLLMServer
     from predict.train.samples import SampleCounts, rft_samples
@@ -98,8 +102,16 @@ def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = N
     work = job.out_dir / WORK
     state_dir, rollouts_path = work / "state", work / "rollouts.parquet"
 
+    fp = run_fingerprint(config, "rft", spec=spec, init=job.init, tasks=job.tasks, seed=job.seed)
+    resumable = start_or_resume(work, fp, what=f"RFT {job.run} seed {job.seed}")  # else .work is emptied
     sample_s = 0.0
     if not rollouts_path.exists():
+        sink = ResumableParquet(rollouts_path, RECORD_SCHEMA, key=("task_id", "sample"))
+        tasks = rft_tasks(load_split(job.tasks), job.seed, rft["tasks"], rft["group_size"])
+        todo = [t for t in tasks if (t["task_id"], t["sample"]) not in sink.done()]
+        if len(todo) < len(tasks):
+            log.info("%s seed %d: %d of %d rollouts already sampled", job.run, job.seed, len(tasks) - len(todo),
+                     len(tasks))  # fmt: skip
         serving = config["serving"]
         server = (
             contextlib.nullcontext(None)
@@ -115,13 +127,13 @@ def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = N
             )
         )
         t = time.perf_counter()
-        with server as srv:
+        with server if todo else contextlib.nullcontext(None) as srv:
             rollout = RolloutSettings.from_study_config(
                 spec.env(config),
                 arm=spec.arm,
                 seed=job.seed,
                 checkpoint=f"rft-{job.run}-sft",
-                base_url=job.base_url or srv.base_url,
+                base_url=job.base_url or (srv.base_url if srv is not None else ""),
                 model=SERVED_NAME if srv is not None else str(job.init),
                 variant=spec.variant,
                 client="train",
@@ -129,9 +141,9 @@ def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = N
                 tokenizer_dir=str(job.init),
                 **({"max_tokens": int(rl["max_tokens"])} if rl.get("max_tokens") else {}),
             )
-            tasks = rft_tasks(load_split(job.tasks), job.seed, rft["tasks"], rft["group_size"])
-            records = run_rollouts_sync(tasks, rollout)
-        write_records(records, rollouts_path)
+            if todo:  # each rollout is persisted as it finishes, so a killed run samples only the rest
+                run_rollouts_sync(todo, rollout, on_record=lambda record: sink.append([record]))
+        sink.finish()
         sample_s = time.perf_counter() - t
     records = pq.read_table(rollouts_path).to_pylist()
     counts = SampleCounts()
@@ -149,7 +161,7 @@ def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = N
         "micro_batch_tokens": int(rl.get("micro_batch_tokens", 8192)),
         "seed": job.seed,
     }
-    if Trainer.read_state_info(state_dir) is not None:
+    if resumable and Trainer.read_state_info(state_dir) is not None:
         trainer = Trainer.resume(state_dir)
         extra = dict(getattr(trainer, "state_extra", {}) or {})
         done, metrics = int(extra.get("rft_step", 0)), list(extra.get("metrics", []))
@@ -183,5 +195,6 @@ def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = N
         if stop_after is not None and ran >= stop_after:
             return {"run": job.run, "seed": job.seed, "steps_done": step, "ran": ran, "complete": False}
     publish_run(work, job.out_dir, ckpt_steps, metrics)
+    mark_finished(work)  # a later run of this job (--forcerun, outputs removed) samples and trains again
     return {"run": job.run, "seed": job.seed, "steps_done": steps, "ran": ran, "complete": True,
             "n_sampled": n_sampled, "n_kept": len(kept)}  # fmt: skip

@@ -17,7 +17,9 @@ One run = one (run, seed): ``run`` is an arm (``A``, ``B``) or an ablation of th
 
 State and resume: after every ``rl.state_every`` steps (and at checkpoint steps) the trainer state (weights,
 AdamW, RNG) and the metrics so far are saved atomically to ``.work/state``; a killed run restarts from there,
-never from step 0. Step checkpoints (HF) are written to ``.work/checkpoints/step{N}`` as they come and hard-linked
+never from step 0, and only when ``.work/fingerprint.json`` says the state was made from the same config slice,
+init checkpoint, task split and seed (`predict.fingerprint`; otherwise ``.work`` is emptied and the run starts
+fresh, as it does once a published run is asked for again). Step checkpoints (HF) are written to ``.work/checkpoints/step{N}`` as they come and hard-linked
 to ``step{N}/`` when the run completes, so Snakemake's clean-up of an incomplete job's outputs never deletes them.
 
 Metrics (`metrics.parquet`, one row per step) and what they answer:
@@ -48,6 +50,7 @@ from typing import Any
 import pyarrow as pa
 
 from predict.env.protocol import MALFORMED, PREDICTION_CLASSES
+from predict.fingerprint import mark_finished, run_fingerprint, start_or_resume
 from predict.io import write_table
 from predict.outcomes import OUTCOMES
 from predict.runs import resolve_run
@@ -216,7 +219,9 @@ def run_rl(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = No
             kl_coef=float(rl.get("kl_coef", 0.0)),
         ),
     }
-    if Trainer.read_state_info(state_dir) is not None:
+    fp = run_fingerprint(config, "rl", spec=spec, init=job.init, tasks=job.tasks, seed=job.seed)
+    resumable = start_or_resume(work, fp, what=f"RL {job.run} seed {job.seed}")  # else .work is emptied
+    if resumable and Trainer.read_state_info(state_dir) is not None:
         trainer = Trainer.resume(state_dir)
         extra = dict(getattr(trainer, "state_extra", {}) or {})
         done, metrics = int(extra.get("rl_step", 0)), list(extra.get("metrics", []))
@@ -313,6 +318,7 @@ def run_rl(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = No
                 if stop_after is not None and ran >= stop_after:
                     return {"run": job.run, "seed": job.seed, "steps_done": step, "ran": ran, "complete": False}
     publish_run(work, job.out_dir, ckpt_steps, metrics)
+    mark_finished(work)  # a later run of this job (--forcerun, outputs removed) trains again
     return {
         "run": job.run,
         "seed": job.seed,

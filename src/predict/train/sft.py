@@ -17,9 +17,10 @@ Rendering (`render_messages`), the rules:
 
 Training (`run_sft`): epochs over the rendered samples, shuffled per epoch with ``(seed, epoch)``, grouped into
 optimizer steps of at most ``batch_tokens`` tokens; linear warm-up then cosine (or constant) learning rate; one
-`Trainer.step` per step. The trainer state is saved every ``save_every`` steps (and the per-step metrics with
-it), so a killed run resumes from its last saved state; at the end the HF checkpoint is written atomically, the
-metrics parquet next to it, and the state folder removed.
+`Trainer.step` per step. The trainer state is saved every ``save_every`` steps (``state_dir/trainer``, and the
+per-step metrics with it), so a killed run resumes from its last saved state, and only from state made from the
+same traces, base model and ``sft`` settings (``state_dir/fingerprint.json``, `predict.fingerprint`); at the end
+the HF checkpoint is written atomically, the metrics parquet next to it, and the state folder removed.
 
 Metrics parquet columns (`METRICS_SCHEMA`): arm, step, epoch, loss (= ce_loss for SFT), ce_loss, lr, grad_norm,
 n_samples, n_tokens, n_ce_tokens, time_s, tokens_per_s.
@@ -31,7 +32,7 @@ import logging
 import math
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from predict.fingerprint import RESUME_KEYS, fingerprint, start_or_resume
 from predict.io import write_rows
 from predict.train.train_sample import TrainSample
 
@@ -242,9 +244,13 @@ def run_sft(
     steps = plan_steps([len(s.token_ids) for s in samples], cfg)
     total = len(steps) if max_steps is None else min(len(steps), max_steps)
     state_dir = Path(state_dir)
+    trainer_dir = state_dir / "trainer"
     rows: list[dict[str, Any]] = []
-    if Trainer.read_state_info(state_dir) is not None:
-        trainer = Trainer.resume(state_dir, device=cfg.device)
+    fp = fingerprint({"sft": asdict(cfg), "model": {"enable_thinking": enable_thinking}}, RESUME_KEYS["sft"],
+                     inputs={"traces": traces, "base_model": base_model}, seed=cfg.seed,
+                     extra={"arm": arm, "max_steps": max_steps})  # fmt: skip
+    if start_or_resume(state_dir, fp, what=f"SFT arm {arm}") and Trainer.read_state_info(trainer_dir) is not None:
+        trainer = Trainer.resume(trainer_dir, device=cfg.device)
         saved_rows = state_dir / "metrics.parquet"
         rows = pq.read_table(saved_rows).to_pylist() if saved_rows.is_file() else []
         rows = [r for r in rows if r["step"] <= trainer.step_count]
@@ -262,7 +268,7 @@ def run_sft(
         )
 
     def save_state() -> None:
-        trainer.save_state(state_dir)
+        trainer.save_state(trainer_dir)
         write_rows(rows, METRICS_SCHEMA, state_dir / "metrics.parquet")
 
     bar = _progress(progress)

@@ -155,13 +155,39 @@ def setup_prime_rl(
     return summary
 
 
+def _local_paths(value: Any, prefix: str = "") -> dict[str, str]:
+    """{dotted key: path} of every absolute path a rendered TOML names that exists here (model, tasks, dataset)."""
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _local_paths(item, f"{prefix}{key}.").items()}
+    if isinstance(value, list):
+        return {k: v for i, item in enumerate(value) for k, v in _local_paths(item, f"{prefix}{i}.").items()}
+    if isinstance(value, str) and value.startswith("/") and Path(value).exists():
+        return {prefix.rstrip("."): value}
+    return {}
+
+
+def output_dir_fingerprint(table: dict[str, Any]) -> Any:
+    """What shapes a prime-rl run (`predict.fingerprint`): its rendered TOML (every key but ``output_dir``) and the
+    content of every local path it names (the start checkpoint, the task split, the SFT dataset, the tokenizer)."""
+    from predict.fingerprint import fingerprint  # noqa: PLC0415
+
+    output_dir = Path(table["output_dir"])
+    paths = {k: v for k, v in _local_paths(table).items() if k != "output_dir" and output_dir not in Path(v).parents}
+    return fingerprint(table, [k for k in table if k != "output_dir"], inputs=paths)
+
+
 def launch(kind: str, toml: str | Path, dest: str | Path, *, uv: str = "uv", extra_args: Sequence[str] = ()) -> None:
-    """Run prime-rl's ``rl`` or ``sft`` entry point on a rendered TOML, in its venv: one attempt (module doc)."""
+    """Run prime-rl's ``rl`` or ``sft`` entry point on a rendered TOML, in its venv: one attempt (module doc). Its
+    ``output_dir`` (prime-rl's checkpoints, weights and metrics) is kept only when it was made from the same TOML and
+    inputs; otherwise it is emptied first, so a new run never resumes, collects or reports an older one's steps."""
+    from predict.fingerprint import start_or_resume  # noqa: PLC0415
     from predict.train.prime_rl.configs import read_toml
 
     if kind not in ("rl", "sft"):
         raise ValueError(f"kind must be rl or sft, got {kind!r}")
-    output_dir = Path(read_toml(toml)["output_dir"])
+    table = read_toml(toml)
+    output_dir = Path(table["output_dir"])
+    start_or_resume(output_dir, output_dir_fingerprint(table), what=f"prime-rl {kind} ({toml})")
     mark_attempt(output_dir)
     _run([uv, "run", "--frozen", "--no-sync", kind, "@", Path(toml).absolute(), *extra_args], cwd=dest)
     drop_superseded_metrics(output_dir)
