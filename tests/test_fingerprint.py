@@ -54,7 +54,7 @@ def test_differences_name_the_key_the_input_and_the_seed(tmp_path: Path) -> None
     old = fingerprint(config, ["rl", "model.enable_thinking", "nope.missing"], inputs={"init": tmp_path / "init"},
                       seed=42, extra={"run": {"alpha": 1.0}})
     config["rl"]["lr"] = 5e-4
-    config["power"]["simulations"] = 1  # outside the slice: not seen
+    config["power"]["target"] = 0.9  # outside the slice: not seen
     (tmp_path / "init").write_text("b")
     new = fingerprint(config, ["rl", "model.enable_thinking", "nope.missing"], inputs={"init": tmp_path / "init"},
                       seed=43, extra={"run": {"alpha": 0.0}})
@@ -133,7 +133,7 @@ def _power(config: dict, out: Path) -> int:
 def test_results_dir_refuses_another_run_name(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     config = load_config(REPO / "config" / "local.yaml")
     config["results_dir"] = str(tmp_path / "results")
-    config["power"] = {**config.get("power", {}), "simulations": 100, "deltas": [0.05], "tasks": [50]}
+    config["power"] = {**config.get("power", {}), "deltas": [0.05], "discordance": [0.2], "tasks": [50]}
     assert _power(config, tmp_path / "results" / "power" / "power.parquet") == 0
     assert json.loads((tmp_path / "results" / RUN_NAME_FILE).read_text()) == {"run_name": "local"}
 
