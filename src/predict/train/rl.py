@@ -19,8 +19,9 @@ State and resume: after every ``rl.state_every`` steps (and at checkpoint steps)
 AdamW, RNG) and the metrics so far are saved atomically to ``.work/state``; a killed run restarts from there,
 never from step 0, and only when ``.work/fingerprint.json`` says the state was made from the same config slice,
 init checkpoint, task split and seed (`predict.fingerprint`; otherwise ``.work`` is emptied and the run starts
-fresh, as it does once a published run is asked for again). Step checkpoints (HF) are written to ``.work/checkpoints/step{N}`` as they come and hard-linked
-to ``step{N}/`` when the run completes, so Snakemake's clean-up of an incomplete job's outputs never deletes them.
+fresh, as it does once a published run is asked for again). Step checkpoints (HF) are written to
+``.work/checkpoints/step{N}`` as they come and hard-linked to ``step{N}/`` when the run completes, so Snakemake's
+clean-up of an incomplete job's outputs never deletes them.
 
 Metrics (`metrics.parquet`, one row per step) and what they answer:
 
