@@ -147,3 +147,39 @@ def test_results_dir_refuses_another_run_name(tmp_path: Path, capsys: pytest.Cap
     assert _power(paper, tmp_path / "scratch" / "power.parquet") == 0
     # the fix the message names: its own results_dir
     assert _power({**paper, "results_dir": str(tmp_path / "paper")}, tmp_path / "paper" / "power.parquet") == 0
+
+
+def test_the_workflow_refuses_another_runs_results_dir_before_any_job(tmp_path: Path) -> None:
+    """Stages under Snakemake get slices without run_name, so the workflow's onstart claims results_dir: a run of
+    another config stops before its first job; a dry-run never claims."""
+    import os
+    import subprocess
+    import sys
+
+    results = tmp_path / "results"
+    snakemake = [sys.executable, "-m", "snakemake", "--profile", "workflow/profiles/local", "--config",
+                 f"results_dir={results}", "run_name=other", "--", str(results / "data" / "manifest.json")]
+    dry_run = [*snakemake[:5], "-n", *snakemake[5:]]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    dry = subprocess.run(dry_run, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0 and not (results / RUN_NAME_FILE).exists(), dry.stderr[-2000:]
+    (results / RUN_NAME_FILE).write_text('{"run_name": "local"}\n')
+    run = subprocess.run(snakemake, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    message = " ".join((run.stdout + run.stderr).split())
+    assert run.returncode != 0 and "run_name 'local', not 'other'" in message and "results_dir" in message
+    assert not (results / "data").exists()
+
+
+def test_resume_keys_are_within_each_stages_slice() -> None:
+    """What a fingerprint records is read from the stage's slice (predict.stages), so it must be part of it."""
+    from predict.fingerprint import RESUME_KEYS
+    from predict.stages import STAGES
+
+    def covered(key: str, reads: tuple[str, ...]) -> bool:
+        return any(key == r or key.startswith(r + ".") for r in reads)
+
+    for stage, keys in RESUME_KEYS.items():
+        users = ["rollout", "evaluate"] if stage == "rollout" else [stage]
+        for user in users:
+            missing = [k for k in keys if not covered(k, STAGES[user].reads)]
+            assert not missing, f"{user}: {missing} outside its slice"

@@ -18,6 +18,14 @@ except ConfigError as e:
 RESULTS = Path(config["results_dir"])
 
 
+# results/ records which run_name made it; a run of another config stops here, before any job, naming both (its
+# stages get slices without the name, so the workflow checks once). Dry-runs never claim: onstart is skipped there.
+onstart:
+    from predict.fingerprint import claim_results_dir
+
+    claim_results_dir(config, [RESULTS])
+
+
 envvars:
     "PATH",
 
