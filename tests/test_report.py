@@ -190,6 +190,19 @@ def test_the_test_sections_show_ablations_and_extensions_and_say_when_the_test_h
     assert without.count("The frozen test has not been run yet") == 5
 
 
+def test_the_embedded_default_says_its_numbers_are_zero_and_points_to_the_signal_run(tmp_path: Path) -> None:
+    from predict.report import build_report
+
+    config = load_config(REPO / "config" / "local.yaml")
+    head = build_report(config, stats_dir=tmp_path, ablations=[], power=tmp_path / "none.parquet",
+                        out=tmp_path / "index.html").read_text().split("<nav>")[0]
+    assert "embedded default" in head and "never solves an MBPP task" in head and "predict signal" in head
+    paper = load_config(REPO / "config" / "config.yaml")
+    paper_head = build_report(paper, stats_dir=tmp_path, ablations=[], power=tmp_path / "none.parquet",
+                              out=tmp_path / "paper.html").read_text().split("<nav>")[0]
+    assert "embedded default" not in paper_head  # the study's own report carries no such warning
+
+
 def screenshot(html: Path, png: Path) -> None:
     """Headless Chromium screenshot of the page (the documented check; tests/test_report.py runs it)."""
     with tempfile.TemporaryDirectory() as profile:

@@ -759,6 +759,18 @@ def _rl_name(path: Path) -> str:
     return f"{path.parent.parent.name}/{path.parent.name}"  # results/rl/{run}/seed{seed}/metrics.parquet
 
 
+def embedded_default_note(config: Mapping[str, Any]) -> str:
+    """The header's warning on the embedded default: its numbers are zero by construction, and why."""
+    if str(config["model"]["base"]) != "tiny":
+        return ""
+    return ('<p class="note"><b>This is the embedded default:</b> a randomly initialised tiny Qwen3 that never '
+            "solves an MBPP task, so every pass@1, reward, advantage and RL loss on this page is 0 by construction "
+            "and the comparisons are between zeros. It shows the pipeline runs end to end, not that training works. "
+            "The evidence that training moves a model is the learning-signal run (<code>predict signal</code>, "
+            "README &ldquo;The learning signal&rdquo;): GRPO raises a partly trained tiny model's reward and the "
+            "CE-only samples teach Arm B the verified label.</p>")
+
+
 def build_report(
     config: Mapping[str, Any],
     *,
@@ -821,6 +833,7 @@ def build_report(
             f"<h1>Reactive vs. Predictive Post-Training for Coding Agents</h1>"
             f'<p class="note">run <b>{html.escape(config["run_name"])}</b>, model '
             f'{html.escape(str(config["model"]["base"]))}, seeds {", ".join(map(str, config["seeds"]))}; built '
-            f'{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())} from parquet only.</p><nav>{nav}</nav>{sections}'
+            f'{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())} from parquet only.</p>'
+            f"{embedded_default_note(config)}<nav>{nav}</nav>{sections}"
             "</body></html>")
     return write_text(page, out)
