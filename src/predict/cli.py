@@ -500,6 +500,23 @@ def _cmd_rft(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_signal(args: argparse.Namespace) -> int:
+    from predict.signal import SANITY_NOTE, SignalSettings, print_curves, run_signal
+
+    overrides = {k: v for k, v in {
+        "seeds": tuple(args.seeds) if args.seeds else None, "rl_steps": args.rl_steps, "rl_lr": args.rl_lr,
+        "group_size": args.group_size, "n_tasks": args.n_tasks, "target_trace_prob": args.target_trace_prob,
+    }.items() if v is not None}  # fmt: skip
+    settings = SignalSettings(**overrides)
+    result = run_signal(_config(args), Path(args.out_dir), settings)
+    print_curves(result, console)
+    console.print(f"{SANITY_NOTE}; {result['wall_s']:.0f} s; figure: {Path(args.out_dir) / 'signal.png'}")
+    if not result["passed"]:
+        console.print("[red]the learning signal does not hold[/red] (verdicts.parquet)")
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="predict", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -669,6 +686,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-out", required=True, help="per-step loss log (parquet)")
     p.add_argument("--state-dir", required=True, help="resumable trainer state (removed when done)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N steps (smoke tests)")
+    p = stage("signal", _cmd_signal, "the learning-signal run: RL visibly raises reward, CE teaches the label")
+    config_source(p)
+    p.add_argument("--out-dir", required=True, help="curves.parquet, verdicts.parquet, signal.png and the runs")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="Arm A seeds (default 1 2)")
+    p.add_argument("--rl-steps", type=int, default=None)
+    p.add_argument("--rl-lr", type=float, default=None)
+    p.add_argument("--group-size", type=int, default=None)
+    p.add_argument("--n-tasks", type=int, default=None)
+    p.add_argument("--target-trace-prob", type=float, default=None, help="SFT stops at this exact-trace probability")
+
     p = stage("prime-rl-setup", _cmd_prime_rl_setup, "clone prime-rl at the pinned commit, register PredictAlgorithm, uv sync")
     p.add_argument("--repo", required=True, help="URL or local clone of prime-rl")
     p.add_argument("--commit", required=True, help="40-hex commit (config prime_rl.commit)")

@@ -179,9 +179,14 @@ def _metrics_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
     return pa.Table.from_pylist([{k: r.get(k) for k in columns} for r in rows])
 
 
-def run_rl(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = None) -> dict[str, Any]:
+def run_rl(
+    job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = None, server: Any | None = None
+) -> dict[str, Any]:
     """Run (or resume) one RL run; returns a summary. `stop_after`: return after that many steps of *this call*
-    (tests simulate a kill with it)."""
+    (tests simulate a kill with it). `server`: a running `VLLMServer` (served as ``SERVED_NAME``, worker extension
+    on) to use instead of starting one; the run first loads its own starting weights into it, then syncs as usual,
+    so several runs can share one server one after another (`predict.signal` does: a start-up per run would cost
+    more than the runs)."""
     import contextlib
 
     from predict.data import load_split
@@ -241,8 +246,12 @@ def run_rl(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = No
         extra_args: list[str] = []
         if serving["device"] == "gpu" and rl.get("server_gpu_memory_utilization"):
             extra_args += ["--gpu-memory-utilization", str(rl["server_gpu_memory_utilization"])]
-        server = (
-            contextlib.nullcontext(None)
+        if server is not None:
+            server.reload_weights(policy_dir, version="0")  # the shared server holds the previous run's weights
+        serving_ctx = (
+            contextlib.nullcontext(server)
+            if server is not None
+            else contextlib.nullcontext(None)
             if job.base_url
             else VLLMServer(
                 policy_dir,
@@ -256,7 +265,7 @@ def run_rl(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = No
                 log_path=work / "vllm.log",
             )
         )
-        with server as srv:
+        with serving_ctx as srv:
             base_url = job.base_url or srv.base_url
             for step in range(done + 1, steps + 1):
                 row: dict[str, Any] = {"run": job.run, "seed": job.seed, "step": step}

@@ -1,0 +1,407 @@
+"""`predict signal`: the learning-signal run. Does training through the study's code paths move a model at all?
+
+On the embedded default the random tiny Qwen3 never solves a task, so every reward, advantage and RL loss is 0 and a
+trainer that silently does nothing (updates rounded away, an advantage with the wrong sign, a mask one token off)
+passes every other test. This run gives the tiny model something to learn and checks that it learns it.
+
+Why a stage and not a benchmark: it asserts behaviour (a margin), not speed, and its tables and figure are study
+outputs like any other (parquet through pyarrow, a PNG beside them); `tests/test_learning_signal.py` runs it in CI
+with the defaults below and asserts on the verdicts it writes.
+
+Rules it follows:
+
+* **Same code paths as the study.** Traces from `predict.traces.stage.run_stage`, SFT through `Trainer.step` on
+  `predict.train.sft.render_messages` samples, RL through `predict.train.rl.run_rl` itself (rollouts with the train
+  client's token graph against vLLM's CPU server, `build_samples`, one `Trainer.step`, weights reloaded into the
+  running server in place). Nothing here re-implements a step; the only help `run_rl` gets is a shared server
+  (one vLLM start-up for all runs instead of one per run).
+* **Start point.** A tiny Qwen3 (`SignalSettings.hidden_size`) is fine-tuned on the direct traces of the
+  ``n_tasks`` sft tasks with the shortest traces (Arm B: the same tasks in the predictive format plus the
+  ``n_recovery`` shortest recovery traces, so predictions have non-PASS labels) until the probability of sampling
+  the exact gold trace at temperature 1 (exp of the summed assistant-token log-probs, the reward it guarantees)
+  reaches ``target_trace_prob`` on average: a model that solves its tasks sometimes but not always.
+* **A sanity run, not the study's design.** RL trains on the very tasks SFT saw (the study's rl split is disjoint
+  from sft); every table and the figure say so.
+* **Arm A:** GRPO for ``rl_steps`` steps, once per seed, and once with lr 0 (the control). The signal is the mean
+  reward of the last ``k`` steps minus that of the first ``k``; it must reach ``reward_margin`` for every seed and
+  must not for the control.
+* **Arm B:** the same RL from the Arm B start point with alpha 1 (run ``B``) and alpha 0 (ablation ``alpha0``).
+  The label log-prob is log p(verified label | the call's prefix) summed over the label tokens, at every prediction
+  point both runs recorded (one fixed set, so both curves start from the same value), under the SFT weights
+  (step 0) and each step's checkpoint. Its rise over the run must be at least ``label_margin`` (nats) larger with
+  alpha 1 than with alpha 0.
+* Verdicts are margins, never exact values; the numbers are in ``curves.parquet`` (a row per run and step) and
+  ``verdicts.parquet`` (a row per check), the figure in ``signal.png``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from predict.io import write_table
+
+log = logging.getLogger("predict.signal")
+
+SANITY_NOTE = (
+    "sanity run: RL trains on the same tasks SFT saw (not the study's disjoint sft/rl design); it shows that "
+    "training moves the model, not how well it generalises"
+)
+
+
+@dataclass(frozen=True)
+class SignalSettings:
+    """Everything the signal run chooses (the CI defaults; each a CLI flag of `predict signal`)."""
+
+    n_tasks: int = 4
+    """sft tasks trained on (those with the shortest direct traces)."""
+    n_recovery: int = 2
+    """Arm B: recovery traces (the shortest) added to its SFT data, so predictions have non-PASS labels."""
+    hidden_size: int = 64
+    num_layers: int = 2
+    sft_lr: float = 1.0e-2
+    sft_max_steps: int = 150
+    target_trace_prob: float = 0.3
+    """SFT stops when the mean probability of sampling each gold trace exactly (T=1) reaches this."""
+    rl_steps: int = 8
+    group_size: int = 8
+    rl_lr: float = 2.0e-3
+    max_tokens: int = 64
+    seeds: tuple[int, ...] = (1, 2)
+    k: int = 3
+    """Steps averaged at each end of the reward curve."""
+    reward_margin: float = 0.15
+    label_margin: float = 0.1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Data: the handful of tasks and their traces
+# ---------------------------------------------------------------------------------------------------------------
+def _assistant_tokens(sample: Any) -> int:
+    return sum(w > 0 for w in sample.ce_weights)
+
+
+def pick_traces(traces_dir: Path, tokenizer: Any, n_tasks: int, n_recovery: int) -> dict[str, list[dict]]:
+    """The trace rows each arm trains on: Arm A the ``n_tasks`` shortest direct traces (fewest assistant tokens,
+    ties by task id), Arm B the same tasks' traces plus its ``n_recovery`` shortest recovery traces."""
+    from predict.train.sft import render_messages
+
+    def length(row: Mapping[str, Any]) -> tuple[int, int]:
+        return _assistant_tokens(render_messages(row["messages"], tokenizer)), int(row["task_id"])
+
+    a_rows = pq.read_table(traces_dir / "A.parquet").to_pylist()
+    b_rows = pq.read_table(traces_dir / "B.parquet").to_pylist()
+    direct = sorted((r for r in a_rows if r["role"] == "direct"), key=length)[:n_tasks]
+    if len(direct) < n_tasks:
+        raise ValueError(f"{traces_dir}: {len(direct)} direct traces, {n_tasks} wanted")
+    ids = {r["task_id"] for r in direct}
+    b_direct = [r for r in b_rows if r["task_id"] in ids]
+    recovery = sorted((r for r in b_rows if r["role"] == "recovery"), key=length)[:n_recovery]
+    return {"A": direct, "B": b_direct + recovery}
+
+
+def trace_probs(trainer: Any, samples: Sequence[Any]) -> list[float]:
+    """Probability of sampling each trace's assistant tokens exactly at temperature 1 under the current weights."""
+    return [math.exp(sum(lp)) for lp in trainer.token_logprobs(samples, weighted_only=True)]
+
+
+def sft_start_point(
+    rows: Sequence[Mapping[str, Any]], base: Path, out_dir: Path, settings: SignalSettings, *, arm: str
+) -> dict[str, Any]:
+    """Fine-tune `base` on `rows` (full batch, constant lr) until the mean exact-trace probability of the direct
+    traces reaches the target; write the HF checkpoint to `out_dir`. Returns the SFT's curve and where it stopped."""
+    from predict.train.sft import load_tokenizer, render_messages
+    from predict.train.trainer import Trainer
+
+    tokenizer = load_tokenizer(base)
+    samples = [render_messages(r["messages"], tokenizer, task_id=r["task_id"]) for r in rows]
+    probe = [s for s, r in zip(samples, rows, strict=True) if r["role"] == "direct"]
+    trainer = Trainer(base, lr=settings.sft_lr, dtype="float32", device="cpu", micro_batch_tokens=8192, seed=0)
+    curve: list[dict[str, Any]] = []
+    prob = 0.0
+    for step in range(1, settings.sft_max_steps + 1):
+        m = trainer.step(samples)
+        prob = sum(trace_probs(trainer, probe)) / len(probe)
+        curve.append({"arm": arm, "step": step, "loss": m["loss"], "trace_prob": prob})
+        log.info("SFT arm %s step %d: loss %.4f, mean exact-trace probability %.3f", arm, step, m["loss"], prob)
+        if prob >= settings.target_trace_prob:
+            break
+    else:
+        raise RuntimeError(
+            f"SFT arm {arm}: mean exact-trace probability {prob:.3f} after {settings.sft_max_steps} steps, "
+            f"target {settings.target_trace_prob} (raise sft_max_steps or sft_lr)"
+        )
+    trainer.save_checkpoint(out_dir)
+    return {"arm": arm, "steps": len(curve), "trace_prob": prob, "curve": curve}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# RL runs and their curves
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SignalRun:
+    name: str
+    """Folder and label, e.g. ``A-seed1``, ``A-lr0``, ``B-alpha1``."""
+    run: str
+    """The study's run name `run_rl` resolves (``A``, ``B``, ``alpha0``)."""
+    arm: str
+    seed: int
+    lr: float
+    alpha: float | None
+
+
+def signal_runs(settings: SignalSettings) -> list[SignalRun]:
+    first = settings.seeds[0]
+    runs = [SignalRun(f"A-seed{s}", "A", "A", s, settings.rl_lr, None) for s in settings.seeds]
+    runs.append(SignalRun("A-lr0", "A", "A", first, 0.0, None))
+    runs.append(SignalRun("B-alpha1", "B", "B", first, settings.rl_lr, 1.0))
+    runs.append(SignalRun("B-alpha0", "alpha0", "B", first, settings.rl_lr, 0.0))
+    return runs
+
+
+def run_config(config: Mapping[str, Any], settings: SignalSettings, lr: float) -> dict[str, Any]:
+    """The study config with the signal run's RL design: every task every step, a checkpoint every step."""
+    cfg = copy.deepcopy(dict(config))
+    cfg["rl"] = {
+        **cfg["rl"],
+        "steps": settings.rl_steps,
+        "group_size": settings.group_size,
+        "tasks_per_step": settings.n_tasks,
+        "checkpoint_every": 1,
+        "state_every": settings.rl_steps,
+        "lr": lr,
+        "max_tokens": settings.max_tokens,
+        "skip_zero_advantage": False,
+    }
+    cfg["arms"] = {**cfg["arms"], "B": {**cfg["arms"]["B"], "alpha": 1.0}}
+    cfg["ablations"] = {**(cfg.get("ablations") or {}), "alpha0": {"base_arm": "B", "alpha": 0.0}}
+    return cfg
+
+
+def label_points(run_dirs: Sequence[Path], tokenizer: Any) -> list[Any]:
+    """CE samples (alpha 1) of every prediction point with a verified label the runs recorded: the label
+    log-prob's fixed probe set."""
+    from predict.train.samples import SampleSettings, build_samples
+
+    settings = SampleSettings(predictive=True, alpha=1.0)
+    points = []
+    for run_dir in run_dirs:
+        for path in sorted((run_dir / ".work" / "rollouts").glob("step*.parquet")):
+            samples, _, _ = build_samples(pq.read_table(path).to_pylist(), tokenizer, settings)
+            points += [s for s in samples if s.kind == "ce"]
+    return points
+
+
+def label_logprob_curve(checkpoints: Sequence[Path], points: Sequence[Any]) -> list[float | None]:
+    """Mean over `points` of the verified label's log-prob (summed over its tokens) under each checkpoint."""
+    from predict.train.trainer import Trainer
+
+    curve: list[float | None] = []
+    for ckpt in checkpoints:
+        if not points:
+            curve.append(None)
+            continue
+        trainer = Trainer(ckpt, lr=0.0, dtype="float32", device="cpu", micro_batch_tokens=8192)
+        lps = trainer.token_logprobs(points, weighted_only=True)
+        curve.append(sum(sum(lp) for lp in lps) / len(points))
+    return curve
+
+
+def end_rise(values: Sequence[float | None], k: int) -> tuple[float, float, float]:
+    """(mean of the first k, mean of the last k, their difference); None counts as 0 (a step with no reward)."""
+    v = [0.0 if x is None else float(x) for x in values]
+    if len(v) < 2 * k:
+        raise ValueError(f"{len(v)} steps cannot give two disjoint ends of {k}")
+    first, last = sum(v[:k]) / k, sum(v[-k:]) / k
+    return first, last, last - first
+
+
+def verdicts(curves: Sequence[Mapping[str, Any]], settings: SignalSettings) -> list[dict[str, Any]]:
+    """One row per check: the reward rise of each Arm A run (the lr-0 control must stay below the margin) and the
+    label log-prob rise of alpha 1 over alpha 0."""
+    by_run: dict[str, list[Mapping[str, Any]]] = {}
+    for row in curves:
+        by_run.setdefault(row["name"], []).append(row)
+    out: list[dict[str, Any]] = []
+    for name, rows in by_run.items():
+        rows = sorted(rows, key=lambda r: r["step"])
+        if rows[0]["arm"] != "A":
+            continue
+        first, last, rise = end_rise([r["reward_mean"] for r in rows if r["step"] >= 1], settings.k)
+        control = rows[0]["lr"] == 0
+        out.append({
+            "check": f"reward rise, {name}",
+            "first": first, "last": last, "rise": rise, "margin": settings.reward_margin,
+            "expected": "below margin" if control else "at least margin",
+            "holds": (rise < settings.reward_margin) if control else (rise >= settings.reward_margin),
+        })  # fmt: skip
+    lp = {name: sorted(rows, key=lambda r: r["step"]) for name, rows in by_run.items() if rows[0]["arm"] == "B"}
+    if {"B-alpha1", "B-alpha0"} <= set(lp):
+        rises = {}
+        for name in ("B-alpha1", "B-alpha0"):
+            vals = [r["label_logprob"] for r in lp[name]]
+            rises[name] = (vals[0], vals[-1], vals[-1] - vals[0])
+        gap = rises["B-alpha1"][2] - rises["B-alpha0"][2]
+        out.append({
+            "check": "label log-prob rise, alpha 1 minus alpha 0",
+            "first": rises["B-alpha1"][0], "last": rises["B-alpha1"][1], "rise": gap, "margin": settings.label_margin,
+            "expected": "at least margin", "holds": gap >= settings.label_margin,
+        })  # fmt: skip
+    return out
+
+
+CURVE_SCHEMA = pa.schema([
+    ("name", pa.string()), ("run", pa.string()), ("arm", pa.string()), ("seed", pa.int64()), ("lr", pa.float64()),
+    ("alpha", pa.float64()), ("step", pa.int64()), ("reward_mean", pa.float64()), ("n_rollouts", pa.int64()),
+    ("label_logprob", pa.float64()), ("n_label_points", pa.int64()), ("note", pa.string()),
+])  # fmt: skip
+"""``curves.parquet``: a row per run and step. ``reward_mean``: mean reward of the step's rollouts (sampled at
+T=1 by the weights before the step's update; step 0 has none); ``label_logprob``: Arm B, the mean log-prob of the
+verified label at the fixed probe set of prediction points under the weights after ``step`` updates (step 0 = the
+SFT start point)."""
+
+VERDICT_SCHEMA = pa.schema([
+    ("check", pa.string()), ("first", pa.float64()), ("last", pa.float64()), ("rise", pa.float64()),
+    ("margin", pa.float64()), ("expected", pa.string()), ("holds", pa.bool_()),
+])  # fmt: skip
+"""``verdicts.parquet``: a row per check; ``rise`` = last - first (for the label check: alpha 1's rise minus
+alpha 0's), ``holds``: the check's expectation against ``margin`` is met."""
+
+
+def plot(curves: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Reward per step (Arm A runs and both Arm B runs) and the label log-prob, alpha 1 vs 0, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_r, ax_l) = plt.subplots(1, 2, figsize=(11, 4))
+    names = list(dict.fromkeys(r["name"] for r in curves))
+    for name in names:
+        rows = sorted((r for r in curves if r["name"] == name), key=lambda r: r["step"])
+        steps = [r["step"] for r in rows if r["reward_mean"] is not None]
+        ax_r.plot(steps, [r["reward_mean"] for r in rows if r["reward_mean"] is not None], marker="o", label=name)
+        if rows[0]["arm"] == "B":
+            pts = [(r["step"], r["label_logprob"]) for r in rows if r["label_logprob"] is not None]
+            ax_l.plot(*zip(*pts, strict=True), marker="o", label=name)
+    ax_r.set(xlabel="RL step", ylabel="mean reward (T=1)", title="reward per step", ylim=(-0.05, 1.05))
+    ax_l.set(xlabel="RL step (0 = SFT start)", ylabel="log p(verified label)", title="Arm B label log-prob")
+    for ax in (ax_r, ax_l):
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle("learning signal (" + SANITY_NOTE.split(":")[0] + ": RL on the SFT tasks)", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def run_signal(config: Mapping[str, Any], out_dir: str | Path, settings: SignalSettings | None = None) -> dict:
+    """The whole signal run into `out_dir`; returns {"curves", "verdicts", "sft", "passed", "wall_s"}."""
+    from predict.data import MBPP_SCHEMA, load_mbpp, split_tasks
+    from predict.io import write_rows
+    from predict.serve import VLLMServer, default_cache_dir
+    from predict.tiny_model import cached_tiny_qwen3
+    from predict.traces.stage import run_stage
+    from predict.train.rl import SERVED_NAME, RLJob, run_rl
+    from predict.train.sft import load_tokenizer
+
+    settings = settings or SignalSettings()
+    out = Path(out_dir)
+    t0 = time.perf_counter()
+    data = config["data"]
+    rows = load_mbpp(data["mbpp_path"], hf_fallback=data.get("hf_fallback", False), sha256=data.get("mbpp_sha256"))
+    sft_split = split_tasks(rows, int(data["split_seed"]), data["sizes"])["sft"]
+    run_stage(sft_split, config, out / "traces", progress=False)
+
+    base = Path(cached_tiny_qwen3(default_cache_dir() / "models", seed=0, hidden_size=settings.hidden_size,
+                                  num_layers=settings.num_layers))  # fmt: skip
+    tokenizer = load_tokenizer(base)
+    chosen = pick_traces(out / "traces", tokenizer, settings.n_tasks, settings.n_recovery)
+    task_ids = sorted(r["task_id"] for r in chosen["A"])
+    tasks = write_rows([{k: r[k] for k in MBPP_SCHEMA.names} for r in sft_split if r["task_id"] in task_ids],
+                       MBPP_SCHEMA, out / "tasks.parquet")  # fmt: skip
+    sft = {arm: sft_start_point(chosen[arm], base, out / "sft" / arm, settings, arm=arm) for arm in ("A", "B")}
+
+    serving = config["serving"]
+    runs = signal_runs(settings)
+    with VLLMServer(out / "sft" / "A", python=serving.get("python"), device=serving["device"],
+                    served_model_name=SERVED_NAME, max_model_len=serving.get("max_model_len", 4096),
+                    startup_timeout_s=serving.get("startup_timeout_s", 300), worker_extension=True,
+                    log_path=out / "vllm.log") as server:  # fmt: skip
+        for r in runs:
+            job = RLJob(run=r.run, seed=r.seed, init=out / "sft" / r.arm, tasks=tasks, out_dir=out / "rl" / r.name)
+            run_rl(job, run_config(config, settings, r.lr), server=server)
+
+    points = label_points([out / "rl" / r.name for r in runs if r.arm == "B"], tokenizer)
+    curves: list[dict[str, Any]] = []
+    for r in runs:
+        run_dir = out / "rl" / r.name
+        metrics = {m["step"]: m for m in pq.read_table(run_dir / "metrics.parquet").to_pylist()}
+        lp: list[float | None] = [None] * (settings.rl_steps + 1)
+        if r.arm == "B":
+            ckpts = [out / "sft" / "B", *(run_dir / f"step{s}" for s in range(1, settings.rl_steps + 1))]
+            lp = label_logprob_curve(ckpts, points)
+        for step in range(settings.rl_steps + 1):
+            m = metrics.get(step, {})
+            curves.append({
+                "name": r.name, "run": r.run, "arm": r.arm, "seed": r.seed, "lr": r.lr, "alpha": r.alpha,
+                "step": step, "reward_mean": m.get("reward_mean"), "n_rollouts": m.get("n_rollouts"),
+                "label_logprob": lp[step], "n_label_points": len(points) if r.arm == "B" else None,
+                "note": SANITY_NOTE,
+            })  # fmt: skip
+    checks = verdicts(curves, settings)
+    meta = {"settings": settings.to_dict(), "tasks": task_ids, "note": SANITY_NOTE,
+            "sft": {a: {k: v for k, v in s.items() if k != "curve"} for a, s in sft.items()}}  # fmt: skip
+    import json
+
+    write_table(pa.Table.from_pylist(curves, schema=CURVE_SCHEMA), out / "curves.parquet",
+                metadata={"predict.signal": json.dumps(meta)})  # fmt: skip
+    write_table(pa.Table.from_pylist(checks, schema=VERDICT_SCHEMA), out / "verdicts.parquet")
+    write_table(pa.Table.from_pylist([row for s in sft.values() for row in s["curve"]]), out / "sft_curve.parquet")
+    plot(curves, out / "signal.png")
+    return {"curves": curves, "verdicts": checks, "sft": sft, "tasks": task_ids,
+            "passed": all(c["holds"] for c in checks), "wall_s": time.perf_counter() - t0}  # fmt: skip
+
+
+def print_curves(result: Mapping[str, Any], console: Any) -> None:
+    """The curves and verdicts as tables: reward per step of every run, label log-prob of alpha 1 vs 0."""
+    from rich.table import Table
+
+    curves = result["curves"]
+    names = list(dict.fromkeys(r["name"] for r in curves))
+    steps = sorted({r["step"] for r in curves})
+    cell = {(r["name"], r["step"]): r for r in curves}
+
+    def fmt(v: float | None, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    table = Table("run", *(str(s) for s in steps if s >= 1), title="mean reward per RL step (T=1; n per step in "
+                  "curves.parquet)")  # fmt: skip
+    for name in names:
+        table.add_row(name, *(fmt(cell[name, s]["reward_mean"], ".2f") for s in steps if s >= 1))
+    console.print(table)
+    table = Table("run", *(str(s) for s in steps), title="Arm B: log p(verified label) after N steps (0 = SFT)")
+    for name in names:
+        if cell[name, 0]["arm"] == "B":
+            table.add_row(name, *(fmt(cell[name, s]["label_logprob"], ".3f") for s in steps))
+    console.print(table)
+    table = Table("check", "first", "last", "rise", "margin", "expected", "holds", title="verdicts")
+    for c in result["verdicts"]:
+        table.add_row(c["check"], f"{c['first']:.3f}", f"{c['last']:.3f}", f"{c['rise']:+.3f}", f"{c['margin']:.2f}",
+                      c["expected"], "yes" if c["holds"] else "NO")  # fmt: skip
+    console.print(table)
