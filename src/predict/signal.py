@@ -327,9 +327,9 @@ def run_signal(config: Mapping[str, Any], out_dir: str | Path, settings: SignalS
     settings = settings or SignalSettings()
     out = Path(out_dir)
     t0 = time.perf_counter()
-    # AdamW's second moments of a tiny model decay into subnormal floats within ~50 steps, and x86 CPUs compute on
-    # subnormals some 10x slower (measured: SFT steps went from ~1 s to ~10 s); flushing them to zero changes
-    # nothing that matters (values below 1e-38).
+    # Subnormal floats (AdamW's second moments of rarely seen rows decay into them) make x86 CPU arithmetic many
+    # times slower: Arm B's SFT steps had crept from ~1.5 s to ~10 s by step 45 without this, stayed ~1.5 s with it
+    # (one run each on the shared box). Values below 1e-38 flushed to zero change nothing that matters.
     torch.set_flush_denormal(True)
     data = config["data"]
     rows = load_mbpp(data["mbpp_path"], hf_fallback=data.get("hf_fallback", False), sha256=data.get("mbpp_sha256"))
