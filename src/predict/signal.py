@@ -314,6 +314,8 @@ def plot(curves: Sequence[Mapping[str, Any]], path: Path) -> Path:
 
 def run_signal(config: Mapping[str, Any], out_dir: str | Path, settings: SignalSettings | None = None) -> dict:
     """The whole signal run into `out_dir`; returns {"curves", "verdicts", "sft", "passed", "wall_s"}."""
+    import torch
+
     from predict.data import MBPP_SCHEMA, load_mbpp, split_tasks
     from predict.io import write_rows
     from predict.serve import VLLMServer, default_cache_dir
@@ -321,8 +323,6 @@ def run_signal(config: Mapping[str, Any], out_dir: str | Path, settings: SignalS
     from predict.traces.stage import run_stage
     from predict.train.rl import SERVED_NAME, RLJob, run_rl
     from predict.train.sft import load_tokenizer
-
-    import torch
 
     settings = settings or SignalSettings()
     out = Path(out_dir)
