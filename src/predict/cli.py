@@ -511,9 +511,8 @@ def _cmd_signal(args: argparse.Namespace) -> int:
     result = run_signal(_config(args), Path(args.out_dir), settings)
     print_curves(result, console)
     console.print(f"{SANITY_NOTE}; {result['wall_s']:.0f} s; figure: {Path(args.out_dir) / 'signal.png'}")
-    if not result["passed"]:
+    if not result["passed"]:  # a finding, not a failed stage: the verdicts are written (and a test asserts them)
         console.print("[red]the learning signal does not hold[/red] (verdicts.parquet)")
-        return 1
     return 0
 
 

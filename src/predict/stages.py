@@ -92,6 +92,9 @@ STAGES: dict[str, Stage] = {
               ("power", "data.sizes")),
         Stage("report", ("report",), "report.smk", "report/build.py", "report/index.html",
               ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power", "data.sizes.test")),
+        # The learning-signal run (issue 17): its own traces, SFT and RL runs on a handful of sft tasks.
+        Stage("signal", ("signal",), "signal.smk", "signal.py", "signal/curves.parquet, verdicts.parquet, signal.png",
+              _reads(RUN_MATRIX, ROLLOUT, ("data", "traces", "rl"))),
         Stage("prime-rl-setup", ("prime_rl_setup",), "prime_rl.smk", "train/prime_rl/cluster.py", ".prime-rl/setup.json",
               ("prime_rl.repo", "prime_rl.commit", "prime_rl.python", "prime_rl.extras", "prime_rl.dir")),
         Stage("prime-rl-config", ("prime_rl_sft_config", "prime_rl_rl_config"), "prime_rl.smk",
