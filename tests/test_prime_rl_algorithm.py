@@ -68,6 +68,10 @@ class Rollout:
     id: str = "trace"
     samples: list[TrainingSample] = field(default_factory=list)
     advantages: list[float] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def record_metrics(self, values: dict[str, float]) -> None:  # vf.Trace's
+        self.metrics.update({k: float(v) for k, v in values.items()})
 
     @property
     def branches(self) -> list[Branch]:

@@ -20,8 +20,8 @@ from PIL import Image
 
 from predict.cli import main
 from predict.config import load_config
-from predict.io import write_rows
 from predict.report import SECTIONS
+from predict.train.metrics import rollout_metrics, write_metrics
 
 from .conftest import REPO
 from .synthetic import FAIL_KEEP, FAIL_REVISE, PASS_KEEP, PASS_REVISE, rollout, write_eval
@@ -78,13 +78,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     assert main(["power", "--config-json", config_json, "--pairs", str(stats / "pairs.parquet"),
                  "--out", str(power)]) == 0
     rl = root / "rl" / "B" / "seed42" / "metrics.parquet"
-    import pyarrow as pa
-
-    write_rows([{"step": s, "reward": 0.1 + s / 300, "pass_rate": 0.1 + s / 250, "loss": 1 / (1 + s),
-                 "revise_rate": 0.3 - s / 1000, "pred_freq_PASS": 0.7 - s / 1000, "verified_freq_PASS": 0.5} for s in range(0, 201, 10)],
-               pa.schema([("step", pa.int64()), ("reward", pa.float64()), ("pass_rate", pa.float64()),
-                          ("loss", pa.float64()), ("revise_rate", pa.float64()),
-                          ("pred_freq_PASS", pa.float64()), ("verified_freq_PASS", pa.float64())]), rl)
+    # the local trainer's writer: its rollout counting of each step's records, in the one per-step schema
+    write_metrics([{"run": "B", "seed": 42, "step": step, "backend": "rl", "loss": 1 / (1 + step), "updated": True,
+                    **rollout_metrics([rollout(t, [p], seed=42, checkpoint=f"rl-step{step}")
+                                       for t, p in enumerate(SCRIPTS["B"][: 4 + step])])}
+                   for step in range(1, 7)], rl)  # fmt: skip
     html_path = root / "report" / "index.html"
     example = next(e for e in evals if "/B/step100/" in e)
     assert main(["report", "--config-json", config_json, "--stats-dir", str(stats), "--ablations", *ablations,

@@ -83,6 +83,11 @@ def test_rft_keeps_reward_1_rollouts_trains_rl_steps_and_writes_an_rl_runs_outpu
     assert {r["arm"] for r in sampled} == {"B"} and all(r["tokens"] for r in sampled)
     for step in (1, 2):
         assert (job.out_dir / f"step{step}" / "model.safetensors").is_file()
+    assert not (job.out_dir / ".work" / "state").exists()  # published: the resumable state is gone (rl.keep_state)
+    assert not (job.out_dir / ".work" / "checkpoints").exists() and (job.out_dir / ".work" / "rollouts.parquet").exists()
+    kept = RLJob(run="rft_B", seed=42, init=tiny, tasks=tasks, out_dir=tmp_path / "kept", base_url=endpoint.base_url)
+    run_rft(kept, study(keep_state=True))
+    assert (kept.out_dir / ".work" / "state" / "trainer.json").exists() and (kept.out_dir / ".work" / "checkpoints").is_dir()
     n_requests = len(endpoint.requests)
     again = run_rft(job, study())  # a finished run asked for again (--forcerun): sampled and trained again
     assert again["complete"] and again["ran"] == 2 and len(endpoint.requests) > n_requests

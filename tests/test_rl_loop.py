@@ -23,8 +23,9 @@ from predict.config import load_config
 from predict.data import MBPP_SCHEMA
 from predict.env.rollout import default_tokenizer_dir
 from predict.io import write_rows
-from predict.runs import resolve_run, study_runs
-from predict.train.rl import RLJob, checkpoint_steps, rollout_metrics, run_rl, step_tasks
+from predict.runs import checkpoint_steps, resolve_run, study_runs
+from predict.train.metrics import rollout_metrics
+from predict.train.rl import RLJob, run_rl, step_tasks
 from tests.scripted_endpoint import ScriptedEndpoint
 
 from .conftest import REPO
@@ -103,7 +104,8 @@ def test_arm_b_step_masks_labels_adds_ce_and_updates(tiny: Path, tasks: Path, en
     # task a: 2 prediction points (one REVISEd, shadow PASS), task b: 1; two rollouts each
     assert row["prediction_points"] == 6 and row["masked_labels"] == 6 and row["n_ce_samples"] == 6
     assert row["updated"] and row["n_ce_tokens"] > 0 and row["ce_loss"] > 0
-    assert row["pred_freq_ASSERTION_FAILURE"] == pytest.approx(2 / 6) and row["verified_freq_PASS"] == 1.0
+    assert (row["n_patches"], row["n_predictions"], row["n_revise"]) == (6, 6, 2)
+    assert (row["pred_ASSERTION_FAILURE"], row["pred_PASS"], row["verified_PASS"]) == (2, 4, 6)
     assert row["revise_rate"] == pytest.approx(2 / 6) and row["prediction_accuracy"] == pytest.approx(4 / 6)
     assert (job.out_dir / "step1" / "model.safetensors").is_file()
     assert (job.out_dir / "step1" / "tokenizer.json").is_file()

@@ -367,9 +367,26 @@ def _cmd_report(args: argparse.Namespace) -> int:
         example=Path(args.example) if args.example else None,
         rl_metrics=[Path(p) for p in args.rl_metrics],
         tasks=Path(args.tasks_file) if args.tasks_file else None,
+        training_outcomes=Path(args.training_outcomes) if args.training_outcomes else None,
         out=Path(args.out),
     )
     console.print(f"report: {out}")
+    return 0
+
+
+def _cmd_training_outcomes(args: argparse.Namespace) -> int:
+    import pyarrow as pa
+
+    from predict.io import write_table
+    from predict.train.metrics import TRAINING_OUTCOME_SCHEMA, read_metrics, training_outcomes
+
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for path in args.rl_metrics:
+        for row in read_metrics(path):
+            runs.setdefault((row["run"], int(row["seed"])), []).append(row)
+    rows = training_outcomes(runs)
+    write_table(pa.Table.from_pylist(rows, schema=TRAINING_OUTCOME_SCHEMA), args.out)
+    console.print(f"training outcomes: {len({(r['run'], r['seed']) for r in rows})} predictive run(s) -> {args.out}")
     return 0
 def positive_int(text: str) -> int:
     value = int(text)
@@ -468,7 +485,16 @@ def _cmd_prime_rl_train(args: argparse.Namespace) -> int:
             raise ValueError("prime-rl-train rl needs --run-dir and --checkpoints-out")
         summary = configs.collect_rl_checkpoints(output_dir, args.run_dir, args.checkpoints_out)
         console.print(f"RL checkpoints: steps {summary['steps']} under {args.run_dir}")
-        metrics = Path(args.metrics_out or Path(args.run_dir) / "metrics.parquet")
+        run_dir = Path(args.run_dir)
+        run, seed = args.run or run_dir.parent.name, args.seed
+        if seed is None and not run_dir.name.removeprefix("seed").isdigit():
+            raise ValueError(f"--run-dir {run_dir}: not results/rl/<run>/seed<N>; pass --run and --seed")
+        seed = int(run_dir.name.removeprefix("seed")) if seed is None else seed
+        metrics = Path(args.metrics_out or run_dir / "metrics.parquet")
+        raw = Path(args.raw_metrics_out or run_dir / "prime-rl-metrics.parquet")
+        n = configs.write_rl_metrics(output_dir, metrics, raw, run=run, seed=seed)
+        console.print(f"metrics: {n} steps -> {metrics} (prime-rl's own: {raw})")
+        return 0
     else:
         if args.checkpoint is None:
             raise ValueError("prime-rl-train sft needs --checkpoint")
@@ -483,8 +509,8 @@ def _cmd_prime_rl_train(args: argparse.Namespace) -> int:
 
 def _cmd_rft(args: argparse.Namespace) -> int:
     from predict.runs import resolve_run
+    from predict.train.driver import RLJob
     from predict.train.rft import run_rft
-    from predict.train.rl import RLJob
 
     config = _config(args)
     if "rl" not in config:
@@ -646,11 +672,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pairs", default=None, help="pairs.parquet: adds the observed A vs B discordance rates")
     p.add_argument("--out", required=True)
 
+    p = stage("training-outcomes", _cmd_training_outcomes,
+              "per predictive run and seed, over all RL steps: verified vs predicted class counts and shares")
+    p.add_argument("--rl-metrics", nargs="*", default=[], help="results/rl/{run}/seed{seed}/metrics.parquet")
+    p.add_argument("--out", required=True, help="results/stats/training_outcomes.parquet")
+
     p = stage("report", _cmd_report, "the study report: one self-contained HTML page from parquet")
     config_source(p)
     p.add_argument("--stats-dir", required=True, help="the val statistics (results/stats/)")
     p.add_argument("--test-stats", default=None,
                    help="the test statistics (results/test/stats/): the report then opens with the test")
+    p.add_argument("--training-outcomes", default=None, help="results/stats/training_outcomes.parquet")
     p.add_argument("--ablations", nargs="*", default=[])
     p.add_argument("--extensions", nargs="*", default=[], help="results/extensions/{name}.parquet")
     p.add_argument("--power", required=True)
@@ -725,7 +757,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="rl: results/rl/{run}/seed{seed}: steps land in step{N}/")
     p.add_argument("--checkpoints-out", help="rl: checkpoints.json")
     p.add_argument("--checkpoint", help="sft: results/checkpoints/{arm}/sft")
-    p.add_argument("--metrics-out", help="prime-rl's metrics as parquet (default: next to --run-dir / the TOML)")
+    p.add_argument("--metrics-out", help="rl: the per-step metrics table; sft: prime-rl's metrics as parquet "
+                   "(default: next to --run-dir / the TOML)")
+    p.add_argument("--raw-metrics-out", help="rl: prime-rl's metrics as a long table (default: "
+                   "<run-dir>/prime-rl-metrics.parquet)")
+    p.add_argument("--run", help="rl: the run (default: the --run-dir's parent folder's name)")
+    p.add_argument("--seed", type=int, help="rl: the seed (default: from the --run-dir's name, seed<N>)")
 
     return parser
 

@@ -55,6 +55,13 @@ class RunSpec:
         return {**config, "env": {**config["env"], "test_cost": self.test_cost}}
 
 
+def checkpoint_steps(rl: Mapping[str, Any]) -> list[int]:
+    """Steps whose weights an RL or RFT run keeps as HF checkpoints (``step{N}/``, every backend): every
+    ``rl.checkpoint_every`` steps and the last one."""
+    steps, every = int(rl["steps"]), int(rl["checkpoint_every"])
+    return sorted({*range(every, steps + 1, every), steps})
+
+
 def predictive_arm(config: Mapping[str, Any]) -> str:
     arms = [a for a, spec in sorted(config["arms"].items()) if spec["protocol"] == "predictive"]
     if not arms:

@@ -3,8 +3,7 @@
 # `predict prime-rl-*` stage; the logic is in src/predict/train/prime_rl/.
 #   setup (clone + patch + uv sync) -> sft config (+ messages dataset) -> sft -> rl config -> rl (per run, seed)
 
-from predict.runs import resolve_run, study_runs
-from predict.train.rl import checkpoint_steps
+from predict.runs import checkpoint_steps, resolve_run, study_runs
 
 PRIME_RL = config["prime_rl"]
 PRIME_RL_SETUP_CONFIG = CONFIG("prime-rl-setup")["prime_rl"]  # what the setup job's flags read (predict.stages)
@@ -138,6 +137,7 @@ rule prime_rl_rl:
     output:
         checkpoints=R("rl", "{run}", "seed{seed}", "checkpoints.json"),
         metrics=R("rl", "{run}", "seed{seed}", "metrics.parquet"),
+        raw_metrics=R("rl", "{run}", "seed{seed}", "prime-rl-metrics.parquet"),
         steps=[directory(R("rl", "{run}", "seed{seed}", f"step{n}")) for n in checkpoint_steps(config["rl"])],
     wildcard_constraints:
         run="|".join(PRIME_RL_RUNS),
@@ -155,7 +155,8 @@ rule prime_rl_rl:
         "../../envs/pipeline.yaml"
     shell:
         "predict prime-rl-train rl --toml {input.toml:q} --dir {params.dir:q} --run-dir {params.run_dir:q}"
-        " --checkpoints-out {output.checkpoints:q} --metrics-out {output.metrics:q} > {log:q} 2>&1"
+        " --checkpoints-out {output.checkpoints:q} --metrics-out {output.metrics:q}"
+        " --raw-metrics-out {output.raw_metrics:q} --run {wildcards.run} --seed {wildcards.seed} > {log:q} 2>&1"
 
 
 localrules:

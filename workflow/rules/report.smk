@@ -3,6 +3,25 @@
 
 localrules:
     report,
+    training_outcomes,
+
+
+# The writeup's training-outcome table: verified vs predicted class shares over all RL steps of each predictive run.
+rule training_outcomes:
+    input:
+        rl_metrics=RL_METRICS(),
+    output:
+        R("stats", "training_outcomes.parquet"),
+    params:
+        rl_metrics=lambda w, input: " ".join(f"'{p}'" for p in input.rl_metrics),
+    log:
+        LOG("training_outcomes"),
+    benchmark:
+        BENCH("training_outcomes")
+    conda:
+        "../../envs/pipeline.yaml"
+    shell:
+        "predict training-outcomes --rl-metrics {params.rl_metrics} --out {output:q} > {log:q} 2>&1"
 
 
 rule report:
@@ -16,6 +35,7 @@ rule report:
         rl_metrics=RL_METRICS(),
         # the test campaign's statistics: the report opens with the test
         test_stats=rules.test_stats.output,
+        training_outcomes=rules.training_outcomes.output[0],
     output:
         report(R("report", "index.html"), caption="../report/study.rst", category="Study report"),
     params:
@@ -35,4 +55,5 @@ rule report:
         "predict report --config-slice {params.config:q} --stats-dir {params.stats_dir:q}"
         " --test-stats {params.test_stats_dir:q}"
         " --ablations {params.ablations} --extensions {params.extensions} --power {input.power:q} --example {input.example:q}"
-        " --tasks-file {input.tasks:q} --rl-metrics {params.rl_metrics} --out {output:q} > {log:q} 2>&1"
+        " --tasks-file {input.tasks:q} --rl-metrics {params.rl_metrics}"
+        " --training-outcomes {input.training_outcomes:q} --out {output:q} > {log:q} 2>&1"

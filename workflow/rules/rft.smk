@@ -2,7 +2,7 @@
 # fine-tuning (src/predict/train/rft.py) runs on our trainer, one GPU (or the CPU) beside a vLLM server: G rollouts
 # per rl task from the arm's SFT checkpoint, SFT on the reward-1 ones for rl.steps optimizer steps; checkpoints and
 # metrics where an RL run has them.
-from predict.train.rl import checkpoint_steps
+from predict.runs import checkpoint_steps
 
 RFT_RUNS = [r for r in study_runs(config) if resolve_run(config, r).trainer == "rft"]
 RFT_RESULTS = expand(R("rl", "{run}", "seed{seed}", "metrics.parquet"), run=RFT_RUNS, seed=config["seeds"])

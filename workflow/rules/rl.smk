@@ -1,7 +1,7 @@
 # RL (GRPO) of every run in the matrix with the local trainer: the arms (A, B), the ablations of Arm B (config
 # `ablations:`) and the RL extensions (config `extensions:` with trainer rl), each seed, each from its arm's SFT
 # checkpoint. One job per run and seed; it resumes after a kill. (The RFT extensions: rft.smk.)
-from predict.train.rl import checkpoint_steps
+from predict.runs import checkpoint_steps
 
 RL_RUNS = [r for r in study_runs(config) if resolve_run(config, r).trainer == "rl"]
 RL_STEPS = checkpoint_steps(config["rl"])

@@ -41,6 +41,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     *VAL_SECTIONS,
     ("power", "Power: was the study powered?"),
     ("training", "Training curves (RL metrics)"),
+    ("training-outcomes", "Training outcomes: verified vs predicted classes over all RL steps"),
     ("rollout", "One rollout, rendered"),
 )
 
@@ -48,7 +49,7 @@ NAV = {"test-headline": "Test: headline", "test-first-patch": "Test: first patch
        "test-revise": "Test: REVISE", "test-confusion": "Test: confusion, shares", "test-ablations": "Test: ablations",
        "headline": "Val: pass@1", "pairs": "Val: paired tests", "selection": "Selection", "mechanism": "Val: mechanism",
        "revise-split": "Val: REVISE", "confusion": "Val: confusion", "frequencies": "Val: class shares",
-       "ablations": "Val: ablations", "extensions": "Val: extensions", "power": "Power", "training": "Training",
+       "ablations": "Val: ablations", "extensions": "Val: extensions", "power": "Power", "training": "Training", "training-outcomes": "Training outcomes",
        "rollout": "Rollout"}
 
 CSS = """
@@ -333,24 +334,6 @@ def confusion_section(confusion: list[dict[str, Any]] | None, selection: list[di
         "verified class (seen or shadow execution) against the predicted class.</p>"
 
 
-PRED_PREFIXES = ("pred_freq_", "prediction_freq_")
-VERIFIED_PREFIX = "verified_freq_"
-
-
-def _train_freqs(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float]] | None:
-    """class -> (predicted, verified) share at the last logged step of an RL run, if it logs them."""
-    if not rows:
-        return None
-    last = max(rows, key=lambda r: r.get("step") or 0)
-    out = {}
-    for key, value in last.items():
-        for prefix in PRED_PREFIXES:
-            if key.startswith(prefix) and value is not None:
-                cls = key[len(prefix):]
-                out[cls] = (float(value), float(last.get(VERIFIED_PREFIX + cls) or 0.0))
-    return out or None
-
-
 def _freq_chart(pairs: Sequence[tuple[str, float, float]], title: str) -> str:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.2))
@@ -378,14 +361,6 @@ def frequencies(classes: list[dict[str, Any]] | None, selection: list[dict[str, 
                           f"evaluation {key[1]}/{key[2]}/{key[3]}/s{key[4]}: real vs predicted class frequency")
         out += class_share_table(shown)
         out += '<p class="note">Selected checkpoints; classes neither predicted nor verified are left out.</p>'
-    train = {name: f for name, rows in sorted(rl.items()) if (f := _train_freqs(rows))}
-    if train:
-        name, freqs = next(iter(train.items()))
-        out += _freq_chart([(c, p, v) for c, (p, v) in sorted(freqs.items())],
-                           f"training {name}, last step: real vs predicted class frequency")
-    else:
-        out += empty("Training-time frequencies: no RL metrics with pred_freq_<CLASS> / verified_freq_<CLASS> "
-                     "columns yet.")
     return out
 
 
@@ -544,14 +519,20 @@ def power_section(power: list[dict[str, Any]] | None, config: Mapping[str, Any])
             + table(grid, ["delta", "d", "source", "n", "power"], {**labels, "n": "tasks needed"}))
 
 
+CURVES = {"reward_mean": "mean reward", "pass_rate": "pass rate", "loss": "loss", "revise_rate": "REVISE rate",
+          "budget_exhausted_rate": "budget exhausted"}
+"""The per-step columns (`predict.train.metrics`) the training curves plot, with their titles."""
+
+
 def training(rl: Mapping[str, list[dict[str, Any]]], expected: Sequence[str]) -> str:
     missing = [name for name in expected if not rl.get(name)]
     note = empty(f"No RL metrics yet for: {', '.join(missing)}.") if missing else ""
     present = {k: v for k, v in rl.items() if v}
     if not present:
         return note or empty("No RL runs configured.")
-    metrics = [c for c in ("reward", "pass_rate", "loss", "revise_rate", "budget_exhausted")
-               if any(c in rows[0] for rows in present.values())]
+    metrics = [c for c in CURVES if any(r.get(c) is not None for rows in present.values() for r in rows)]
+    if not metrics:
+        return empty("The RL metrics have no reward, loss or rate logged yet.") + note
     plt = _plt()
     fig, axes = plt.subplots(1, max(1, len(metrics)), figsize=(3.6 * max(1, len(metrics)), 3), squeeze=False)
     for ax, col in zip(axes[0], metrics, strict=False):
@@ -559,7 +540,7 @@ def training(rl: Mapping[str, list[dict[str, Any]]], expected: Sequence[str]) ->
             pts = sorted((r["step"], r[col]) for r in rows if r.get(col) is not None)
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name, lw=1.3)
-        ax.set_title(col, fontsize=9)
+        ax.set_title(CURVES[col], fontsize=9)
         ax.set_xlabel("step")
     axes[0][-1].legend(fontsize=6, loc="lower right")
     fig.tight_layout()
@@ -697,6 +678,27 @@ def test_ablations(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
     return out
 
 
+def training_outcomes_section(rows: list[dict[str, Any]] | None) -> str:
+    """Per predictive run and seed, over all its RL steps: each class's count and share of verified outcomes and
+    of predictions (results/stats/training_outcomes.parquet)."""
+    if not rows:
+        return empty("No RL steps of a predictive run with predictions logged yet (training_outcomes.parquet).")
+    out = []
+    for run, seed in sorted({(r["run"], r["seed"]) for r in rows}):
+        mine = [r for r in rows if (r["run"], r["seed"]) == (run, seed)]
+        head = mine[0]
+        out.append(f"<p><b>{html.escape(run)}, seed {seed}</b>: {head['n_verified_total']:,} verified outcomes and "
+                   f"{head['n_predicted_total']:,} predictions over {head['n_steps']} RL steps.</p>")
+        out.append(table(mine, ["cls", "n_verified", "verified_share", "n_predicted", "predicted_share"],
+                         {"cls": "class", "n_verified": "verified (n)", "verified_share": "share of verified",
+                          "n_predicted": "predicted (n)", "predicted_share": "share of predictions"}))
+    first = [r for r in rows if (r["run"], r["seed"]) == min((r["run"], r["seed"]) for r in rows)]
+    chart = _freq_chart([(r["cls"], r["predicted_share"] or 0.0, r["verified_share"] or 0.0) for r in first],
+                        f"training {first[0]['run']}/s{first[0]['seed']}, all steps: real vs predicted class share")
+    return chart + "".join(out) + '<p class="note">Every applied patch of every RL rollout (edit-on-REVISE ' \
+        "replacements included); verified = the seen or shadow outcome; MALFORMED = an unparseable prediction.</p>"
+
+
 def _tag(text: str, cls: str = "") -> str:
     return f'<span class="tag {cls}">{html.escape(text)}</span>'
 
@@ -783,6 +785,7 @@ def build_report(
     rl_metrics: Sequence[Path] = (),
     tasks: Path | None = None,
     extensions: Sequence[Path] = (),
+    training_outcomes: Path | None = None,
 ) -> Path:
     """Write the self-contained report page; returns its path."""
     from predict.io import write_text
@@ -796,7 +799,9 @@ def build_report(
     test = {name: _read(test_stats_dir / f"{name}.parquet") for name in TEST_STATS_TABLES} if test_stats_dir else {}
     val_n = max((m["n"] for m in metrics or [] if m["split"] == "val"), default=None)
     note = val_note(val_n)
-    rl = {_rl_name(p): (_read(p) or []) for p in rl_metrics}
+    from predict.train.metrics import read_metrics
+
+    rl = {_rl_name(p): read_metrics(p) if Path(p).exists() else [] for p in rl_metrics}
     expected = [f"{run}/seed{seed}" for run in [*config["arms"], *(config.get("ablations") or {}),
                                                 *(config.get("extensions") or {})]
                 for seed in config["seeds"]]
@@ -819,6 +824,7 @@ def build_report(
         "extensions": extensions_section({Path(p).stem: _read(Path(p)) for p in extensions}),
         "power": power_section(_read(power), config),
         "training": training(rl, expected),
+        "training-outcomes": training_outcomes_section(_read(training_outcomes) if training_outcomes else None),
         "rollout": rollout_section(_read(example), task_rows),
     }
     nav = "".join(f'<a href="#{sid}">{html.escape(NAV.get(sid, title.split(":")[0]))}</a>' for sid, title in SECTIONS)

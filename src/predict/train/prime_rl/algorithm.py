@@ -25,6 +25,11 @@ What it does to a rollout (the rules of the study's loss, `predict.train.loss`, 
   included. Such a rollout keeps only its CE samples and no advantage stream (``advantages = None``), which the
   filter skips; its RL samples are dropped, as the filter would have done. A rollout without CE samples is left
   to the filter.
+* metrics (``score_rollout``): each rollout's patches, predictions and verified outcomes by class, REVISE
+  decisions, reward, final pass and budget exhaustion (`predict.train.metrics.rollout_trace_metrics`, counted as
+  the local trainer counts them) are recorded as trace metrics ``predict_<name>``; prime-rl's orchestrator logs
+  their per-step means to ``metrics.jsonl``, which `predict.train.prime_rl.configs.schema_rows` turns into the
+  per-step schema of `predict.train.metrics`.
 * A rollout whose model calls and program steps do not line up trains nothing (its prediction points cannot be
   located, so its label tokens cannot be kept out of RL): its samples are dropped, as the local trainer drops it
   (`predict.train.samples.rollout_samples`, "unaligned"); its reward still counts in the group baseline. Counted
@@ -48,6 +53,7 @@ from prime_rl.orchestrator.trajectories import iter_trainable_branches
 from prime_rl.transport import TrainingSample
 
 from predict.train.labels import decision_token_span, label_token_span, prediction_ce_sample
+from predict.train.metrics import rollout_trace_metrics
 from predict.train.prime_rl.points import PointsMismatch, PredictionTarget, prediction_targets
 from predict.train.samples import group_advantages
 
@@ -186,6 +192,7 @@ class PredictAlgorithm(GRPOStdAlgorithm):
     async def score_rollout(self, rollout: Any) -> None:
         await super().score_rollout(rollout)
         self.counts["rollouts"] += 1
+        rollout.record_metrics(rollout_trace_metrics(rollout.info, getattr(rollout, "reward", None)))
         try:
             nodes, paths, masks = rollout_layout(rollout)
             targets = prediction_targets(rollout.info, nodes, paths, masks)

@@ -9,7 +9,7 @@ in prime-rl's ``messages`` format by `write_sft_dataset`. The keys are the ones 
 at the pinned commit (``tests/test_prime_rl_configs.py`` lists them, read from that source).
 
 Runs: every arm in ``arms`` plus the ``ablations`` (each the predictive arm with one factor changed), resolved by
-`predict.train.rl.resolve_run` as for the local trainer.
+`predict.runs.resolve_run` as for the local trainer.
 Outputs (prime-rl writes HF safetensors under ``<output_dir>/weights/step_N/``):
 
 * RL: ``output_dir = results/rl/{run}/seed{seed}/prime-rl``; after the run `collect_rl_checkpoints` moves each
@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -432,7 +433,7 @@ def _flatten(prefix: str, value: Any, out: dict[str, float]) -> None:
 
 def metrics_table(output_dir: str | Path) -> pa.Table:
     """prime-rl's metrics.jsonl files as one long table (source, step, metric, value); nested keys joined by "/".
-    A torn last line (a killed run) is skipped."""
+    A torn last line (a killed run) is skipped. The raw record beside the per-step schema (`schema_rows`)."""
     rows: list[dict[str, Any]] = []
     for source, name in METRIC_SOURCES.items():
         path = Path(output_dir) / name
@@ -458,6 +459,78 @@ def write_metrics(output_dir: str | Path, out: str | Path) -> int:
     table = metrics_table(output_dir)
     write_table(table, out)
     return table.num_rows
+
+
+_ROLLOUT_METRIC = re.compile(r"^train/agg/all/[^/]+/metrics/predict_(?P<name>[^/]+)/mean$")
+_REWARD = re.compile(r"^train/agg/all/[^/]+/reward/mean$")
+_ERRORS = re.compile(r"^train/agg/all/[^/]+/error/[^/]+$")
+
+
+def schema_rows(long: pa.Table, run: str, seed: int) -> list[dict[str, Any]]:
+    """prime-rl's long metrics as rows of the per-step schema (`predict.train.metrics`), one per orchestrator step.
+    A step logged twice (a retried attempt) keeps its last value.
+
+    * ``n_rollouts`` = ``progress/rollouts``; ``n_failed`` = the errored ones (``.../error/<type>`` counts); the
+      other rollouts reach `PredictAlgorithm.score_rollout` and carry its ``predict_<name>`` trace metrics, whose
+      logged per-step mean times their number gives the step's counts (``pred_<CLASS>``, ``verified_<CLASS>``,
+      ``n_patches``, ...), and whose means are the rates (``reward_mean``, ``pass_rate``, ``budget_exhausted_rate``).
+    * A reactive run trains with prime-rl's ``grpo`` (no ``predict_`` metrics): ``reward_mean`` is the logged mean
+      reward, and ``pass_rate`` equals it (the reward is the final pass, 0 or 1); no class counts.
+    * ``loss`` = the trainer's ``loss/mean``, ``grad_norm``, ``lr`` = ``optim/*``; ``n_input_tokens``,
+      ``n_output_tokens`` = ``progress/*_tokens``; ``step_s`` = the orchestrator's ``time/step``."""
+    values: dict[tuple[str, int], dict[str, float]] = {}
+    for r in long.to_pylist():
+        if r["step"] is not None:
+            values.setdefault((r["source"], int(r["step"])), {})[r["metric"]] = r["value"]
+    rows = []
+    for (source, step), m in sorted(values.items()):
+        if source != "orchestrator" or "progress/rollouts" not in m:
+            continue
+        trainer = values.get(("trainer", step), {})
+        n_all = int(m["progress/rollouts"])
+        n_failed = int(sum(v for k, v in m.items() if _ERRORS.match(k)))
+        n_scored = n_all - n_failed
+        means = {g["name"]: v for k, v in m.items() if (g := _ROLLOUT_METRIC.match(k))}
+        reward = next((v for k, v in m.items() if _REWARD.match(k)), None)
+        row: dict[str, Any] = {
+            "run": run, "seed": int(seed), "step": step, "backend": "prime_rl", "n_rollouts": n_all,
+            "n_failed": n_failed, "loss": trainer.get("loss/mean"), "grad_norm": trainer.get("optim/grad_norm"),
+            "lr": trainer.get("optim/lr"), "n_input_tokens": _int(m.get("progress/input_tokens")),
+            "n_output_tokens": _int(m.get("progress/output_tokens")), "step_s": m.get("time/step"),
+        }  # fmt: skip
+        if means:
+            counts = {k: round(v * n_scored) for k, v in means.items() if k not in ("reward", "pass", "budget_exhausted")}
+            row |= {k: v for k, v in counts.items() if k.startswith(("pred_", "verified_", "n_")) and k != "n_correct"}
+            row |= {"reward_mean": means.get("reward"), "pass_rate": means.get("pass"),
+                    "budget_exhausted_rate": means.get("budget_exhausted"),
+                    "n_budget_exhausted": round(means.get("budget_exhausted", 0.0) * n_scored),
+                    "revise_rate": _ratio(counts.get("n_revise"), counts.get("n_predictions")),
+                    "prediction_accuracy": _ratio(counts.get("n_correct"), counts.get("n_predictions"))}  # fmt: skip
+        else:
+            row |= {"reward_mean": reward, "pass_rate": reward}
+        rows.append(row)
+    return rows
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _ratio(hits: int | None, n: int | None) -> float | None:
+    return hits / n if hits is not None and n else None
+
+
+def write_rl_metrics(output_dir: str | Path, out: str | Path, raw_out: str | Path, *, run: str, seed: int) -> int:
+    """An RL run's metrics: the per-step schema to `out` and prime-rl's raw long table to `raw_out`; returns the
+    number of steps."""
+    from predict.io import write_table
+    from predict.train.metrics import write_metrics as write_schema
+
+    long = metrics_table(output_dir)
+    write_table(long, raw_out)
+    rows = schema_rows(long, run, seed)
+    write_schema(rows, out)
+    return len(rows)
 
 
 def finished_steps(output_dir: str | Path) -> list[int]:

@@ -1,0 +1,243 @@
+"""The training-run driver: what every run of our trainer does around its steps (local RL and RFT alike).
+
+Rules it follows:
+
+1. **One run = one (run, seed)** of the study matrix (`predict.runs.resolve_run`), trained from its arm's SFT
+   checkpoint (``RLJob.init``) into ``results/rl/{run}/seed{seed}``. The run's trainer must be the caller's.
+2. **Serving**: a vLLM server colocated with the trainer (`serve`), on the policy folder the caller names, with
+   the config's ``serving`` section; a job with ``base_url`` rolls out against that endpoint instead (tests); a
+   running server handed in (``shared``, `predict.signal`) first gets the run's starting weights loaded in place.
+   Rollouts use the run's arm, variant and test cost, the train client (token graph recorded), the rl split and
+   ``rl.max_tokens`` (`rollout_settings`).
+3. **Resume**: the trainer state (weights, optimizer, RNG) and the metrics so far are saved to ``.work/state``
+   every ``rl.state_every`` steps, at checkpoint steps and at the last step; a killed run restarts from there,
+   never from step 0 (`open_trainer`), and only when ``.work/fingerprint.json`` says the state was made from the
+   same config slice, init checkpoint, task split and seed (`start`, `predict.fingerprint`); otherwise ``.work`` is
+   emptied and the run starts fresh, as it does once a published run is asked for again.
+4. **Checkpoints**: at `predict.runs.checkpoint_steps` the HF weights go to ``.work/checkpoints/step{N}`` and,
+   once the run completes, are hard-linked to ``step{N}/`` (`publish`), so Snakemake's clean-up of an incomplete
+   job's outputs never deletes them.
+5. **Metrics**: one row per step in the schema of `predict.train.metrics` (``.work/metrics.parquet`` as it goes,
+   ``metrics.parquet`` when published).
+6. **Disk**: once published, the resumable state (``.work/state``, ``.work/policy``, ``.work/checkpoints``) is
+   deleted (about 50 GB per run at 4B); ``rl.keep_state: true`` keeps it. The step rollouts and logs stay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from predict.fingerprint import mark_finished, run_fingerprint, start_or_resume
+from predict.runs import RunSpec, checkpoint_steps, resolve_run
+from predict.train.metrics import write_metrics
+
+log = logging.getLogger(__name__)
+
+WORK = ".work"
+SERVED_NAME = "policy"
+STATE_PARTS = ("state", "policy", "checkpoints")
+"""What `publish` deletes from .work/ unless ``rl.keep_state``: the resumable state and the duplicates."""
+
+
+@dataclass(frozen=True)
+class RLJob:
+    run: str
+    seed: int
+    init: Path
+    """The run's starting checkpoint (its arm's SFT folder)."""
+    tasks: Path
+    """The rl split parquet."""
+    out_dir: Path
+    """results/rl/{run}/seed{seed}: step{N}/ checkpoints, metrics.parquet, .work/."""
+    base_url: str | None = None
+    """Roll out against this running endpoint instead of starting vLLM (no weight sync then: tests only)."""
+
+
+StepFn = Callable[[int, Any], dict[str, Any]]
+"""One step: (step, trainer) -> its metrics row (rollout and update columns); the driver adds the rest."""
+
+
+@dataclass
+class TrainingRun:
+    """One run of our trainer (``trainer`` = ``rl`` or ``rft``, also the metrics' ``backend``)."""
+
+    job: RLJob
+    config: Mapping[str, Any]
+    trainer: str
+    spec: RunSpec = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.spec = resolve_run(self.config, self.job.run)
+        if self.spec.trainer != self.trainer:
+            raise ValueError(f"run {self.job.run}: trainer {self.spec.trainer}, not {self.trainer} "
+                             f"(its stage is `predict {self.spec.trainer}`)")  # fmt: skip
+        self.rl: dict[str, Any] = dict(self.config["rl"])
+        self.steps = int(self.rl["steps"])
+        self.ckpt_steps = set(checkpoint_steps(self.rl))
+        self.work = self.job.out_dir / WORK
+        self.state_dir = self.work / "state"
+        self.step_key = f"{self.trainer}_step"  # in the saved state: steps done
+        self.resumable = False  # set by `start`
+
+    def start(self) -> bool:
+        """Whether ``.work`` holds state made from this run's inputs (resume it); else it is emptied (rule 3)."""
+        fp = run_fingerprint(self.config, self.trainer, spec=self.spec, init=self.job.init, tasks=self.job.tasks,
+                             seed=self.job.seed)  # fmt: skip
+        what = f"{self.trainer.upper()} {self.job.run} seed {self.job.seed}"
+        self.resumable = start_or_resume(self.work, fp, what=what)
+        return self.resumable
+
+    # -- the trainer ---------------------------------------------------------------------------------------------
+    def trainer_kwargs(self, **overrides: Any) -> dict[str, Any]:
+        rl = self.rl
+        return {
+            "lr": float(rl["lr"]),
+            "weight_decay": float(rl.get("weight_decay", 0.0)),
+            "grad_clip": float(rl.get("grad_clip", 1.0)),
+            "dtype": rl.get("dtype", "auto"),
+            "micro_batch_tokens": int(rl.get("micro_batch_tokens", 8192)),
+            "seed": self.job.seed,
+            **overrides,
+        }
+
+    def open_trainer(self, **overrides: Any) -> tuple[Any, int, list[dict[str, Any]]]:
+        """(trainer, steps done, metrics so far): resumed from ``.work/state`` when there is one."""
+        from predict.train.trainer import Trainer
+
+        if self.resumable and Trainer.read_state_info(self.state_dir) is not None:
+            trainer = Trainer.resume(self.state_dir)
+            extra = dict(getattr(trainer, "state_extra", {}) or {})
+            done, metrics = int(extra.get(self.step_key, 0)), list(extra.get("metrics", []))
+            log.info("resuming %s seed %d from step %d (%s)", self.job.run, self.job.seed, done, self.state_dir)
+            return trainer, done, metrics
+        return Trainer(self.job.init, **self.trainer_kwargs(**overrides)), 0, []
+
+    # -- serving and rollouts ------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def serve(self, model_dir: Path, *, worker_extension: bool = False, shared: Any | None = None) -> Iterator[Any]:
+        """The colocated vLLM server on `model_dir` (None with ``job.base_url``); weights reloadable in place
+        with `worker_extension`. `shared`: a running server (worker extension on) to load `model_dir` into."""
+        if shared is not None:
+            shared.reload_weights(model_dir, version="0")  # it holds the previous run's weights
+            yield shared
+            return
+        if self.job.base_url:
+            yield None
+            return
+        from predict.serve import VLLMServer
+
+        serving = self.config["serving"]
+        extra_args: list[str] = []
+        if worker_extension and serving["device"] == "gpu" and self.rl.get("server_gpu_memory_utilization"):
+            extra_args += ["--gpu-memory-utilization", str(self.rl["server_gpu_memory_utilization"])]
+        with VLLMServer(
+            model_dir,
+            python=serving.get("python"),
+            device=serving["device"],
+            served_model_name=SERVED_NAME,
+            max_model_len=serving.get("max_model_len", 4096),
+            startup_timeout_s=serving.get("startup_timeout_s", 300),
+            worker_extension=worker_extension,
+            extra_args=extra_args,
+            log_path=self.work / "vllm.log",
+        ) as server:
+            yield server
+
+    def rollout_settings(self, server: Any, checkpoint: str) -> Any:
+        """The training rollouts' settings against `server` (or ``job.base_url``)."""
+        from predict.env.rollout import RolloutSettings
+
+        return RolloutSettings.from_study_config(
+            self.spec.env(self.config),
+            arm=self.spec.arm,
+            seed=self.job.seed,
+            checkpoint=checkpoint,
+            base_url=self.job.base_url or server.base_url,
+            model=SERVED_NAME if server is not None else str(self.job.init),
+            variant=self.spec.variant,
+            client="train",
+            split="rl",
+            tokenizer_dir=str(self.job.init),
+            **({"max_tokens": int(self.rl["max_tokens"])} if self.rl.get("max_tokens") else {}),
+        )
+
+    # -- the steps -----------------------------------------------------------------------------------------------
+    def run_steps(
+        self,
+        trainer: Any,
+        done: int,
+        metrics: list[dict[str, Any]],
+        step_fn: StepFn,
+        *,
+        stop_after: int | None = None,
+    ) -> int | None:
+        """Steps done+1..steps; returns the last step when `stop_after` steps of this call ran first (a
+        simulated kill), else None."""
+        state_every = int(self.rl.get("state_every", 1))
+        for ran, step in enumerate(range(done + 1, self.steps + 1), start=1):
+            t_step = time.perf_counter()
+            row = {"run": self.job.run, "seed": self.job.seed, "step": step, "backend": self.trainer}
+            row |= step_fn(step, trainer)
+            t = time.perf_counter()
+            if step in self.ckpt_steps:
+                trainer.save_checkpoint(self.work / "checkpoints" / f"step{step}")
+            row["step_s"] = time.perf_counter() - t_step
+            row["finished_at"] = time.time()
+            metrics.append(row)
+            if step % state_every == 0 or step in self.ckpt_steps or step == self.steps:
+                trainer.save_state(self.state_dir, extra={self.step_key: step, "metrics": metrics, "run": self.job.run})
+            row["save_s"] = time.perf_counter() - t
+            write_metrics(metrics, self.work / "metrics.parquet")
+            log.info("%s seed %d step %d/%d: reward %s, loss %s, %.1f s", self.job.run, self.job.seed, step,
+                     self.steps, row.get("reward_mean"), row.get("loss"), row["step_s"])  # fmt: skip
+            if stop_after is not None and ran >= stop_after:
+                return step
+        return None
+
+    def publish(self, metrics: list[dict[str, Any]]) -> None:
+        """A finished run's outputs: each kept step's checkpoint linked to step<N>/, then metrics.parquet; then
+        the resumable state goes unless ``rl.keep_state``."""
+        for step in sorted(self.ckpt_steps):
+            src = self.work / "checkpoints" / f"step{step}"
+            if not src.is_dir():
+                raise FileNotFoundError(f"{src}: checkpoint of step {step} missing; delete {self.work} to rerun")
+            _link_tree(src, self.job.out_dir / f"step{step}")
+        write_metrics(metrics, self.job.out_dir / "metrics.parquet")
+        mark_finished(self.work)  # a later run of this job (--forcerun, outputs removed) starts fresh
+        if not self.rl.get("keep_state", False):
+            for part in STATE_PARTS:
+                shutil.rmtree(self.work / part, ignore_errors=True)
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """dst = src by hard links (copy where links fail), replacing dst atomically."""
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+    def link(s: str, d: str) -> None:
+        try:
+            os.link(s, d)
+        except OSError:
+            shutil.copy2(s, d)
+
+    shutil.copytree(src, tmp, copy_function=link)
+    if dst.exists():
+        shutil.rmtree(dst)
+    tmp.rename(dst)
+
+
+def load_tokenizer(model_dir: Path) -> Any:
+    from tokenizers import Tokenizer
+
+    path = Path(model_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{model_dir}: no tokenizer.json (the policy's tokenizer is needed for label spans)")
+    return Tokenizer.from_file(str(path))
