@@ -313,3 +313,19 @@ def test_unaligned_rollout_trains_nothing_like_the_local_trainer(algorithm_modul
     assert set(other.samples[0].advantages) == {0.0, group_advantages([1.0, 0.0])[1]}
     assert algo.counts["mismatched_rollouts"] == 1
     assert rollout_samples(record, 1.0, tok, SampleSettings(predictive=True, alpha=1.0)) == []
+
+
+def test_each_rollout_carries_its_class_counts_as_trace_metrics(algorithm_module: Any, tok: Any) -> None:
+    """What prime-rl's orchestrator logs per step (the mean of each trace metric), counted as the local trainer
+    counts (`predict.train.metrics.rollout_metrics`), for the converter to turn into the per-step schema."""
+    from predict.train.metrics import rollout_metrics
+
+    algo = algorithm_module.PredictAlgorithm(PredictAlgoConfig(alpha=1.0), None, tokenizer=tok)
+    win, record = make_rollout(tok, 1.0)
+    lose, _ = make_rollout(tok, 0.0)
+    run(algo, [win, lose])
+    local = rollout_metrics([{**record, "ok": True, "reward": 1.0, "final_pass": True}])
+    counts = {k: v for k, v in local.items() if k.startswith(("pred_", "verified_")) or k in ("n_patches", "n_revise")}
+    assert counts["n_patches"] == len(VERIFIED) and counts["verified_PASS"] == 2
+    assert {k: win.metrics[f"predict_{k}"] for k in counts} == counts
+    assert (win.metrics["predict_reward"], lose.metrics["predict_reward"]) == (1.0, 0.0)

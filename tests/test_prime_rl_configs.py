@@ -335,8 +335,10 @@ step.mkdir(parents=True)
 (step / "STABLE").touch()
 out = Path(table["output_dir"])
 (out / "run_default").mkdir(parents=True, exist_ok=True)
-(out / "metrics.jsonl").write_text('{{"step": 1, "time": 0, "loss/mean": 0.5, "lr": 1e-5}}\n{{"step": 2, "loss/m')
-(out / "run_default" / "metrics.jsonl").write_text('{{"step": 1, "time": 0, "reward": {{"mean": 0.25}}}}\n')
+(out / "metrics.jsonl").write_text('{{"step": 1, "time": 0, "loss/mean": 0.5, "optim/lr": 1e-5}}\n{{"step": 2, "loss/m')
+(out / "run_default" / "metrics.jsonl").write_text(
+    '{{"step": 1, "time": 0, "progress/rollouts": 4, "train": {{"agg": {{"all": {{"a": {{"reward": {{"mean": 0.25}}}}}}}}}}}}\n'
+)
 """
 
 
@@ -397,12 +399,17 @@ def test_cli_renders_launches_and_collects(tmp_path: Path, monkeypatch: pytest.M
     assert (run_dir / f"step{steps}" / "STABLE").exists()
     assert json.loads((run_dir / "checkpoints.json").read_text())["steps"] == [steps]
     # prime-rl's metrics.jsonl (trainer + orchestrator) as one long parquet; the torn last line is skipped
-    metrics = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    metrics = pq.read_table(run_dir / "prime-rl-metrics.parquet").to_pylist()
     assert sorted((m["source"], m["step"], m["metric"], m["value"]) for m in metrics) == [
-        ("orchestrator", 1, "reward/mean", 0.25),
+        ("orchestrator", 1, "progress/rollouts", 4),
+        ("orchestrator", 1, "train/agg/all/a/reward/mean", 0.25),
         ("trainer", 1, "loss/mean", 0.5),
-        ("trainer", 1, "lr", 1e-5),
+        ("trainer", 1, "optim/lr", 1e-5),
     ]
+    # ... and in the per-step schema every trainer writes (run and seed from the run folder)
+    (row,) = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    assert (row["run"], row["seed"], row["step"], row["backend"]) == ("A", 42, 1, "prime_rl")
+    assert (row["reward_mean"], row["loss"], row["lr"], row["n_rollouts"]) == (0.25, 0.5, 1e-5, 4)
     assert (tmp_path / "sft" / "A" / "metrics.parquet").exists()
     # a bad run name is one clear error line (exit 2), not a traceback
     bad = ["prime-rl-config", "rl", "--config", local, "--run", "Z", "--seed", "1", "--tasks-file", "x", "--model", "m"]
