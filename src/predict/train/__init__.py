@@ -16,5 +16,8 @@
 * `rl`      - `predict rl`: the local RL backend (rollouts against a running vLLM, one `Trainer` step, in-place
   weight sync), resumable; runs = arms + ablations.
 * `rft`     - `predict rft`: rejection-sampling fine-tuning (keep the verified-reward-1 rollouts, train on them).
+* `driver`  - what every run of our trainer does around its steps (RL and RFT): serving, resume, checkpoints,
+  publishing, the metrics log, deleting the state once published.
+* `metrics` - the one per-step metrics schema every trainer writes (local RL, RFT, prime-rl via its converter), pure.
 * `prime_rl/` - the cluster backend: prime-rl configs, `PredictAlgorithm` and its metrics.
 """
