@@ -141,11 +141,14 @@ def test_report_and_training_outcomes_from_both_backends(tmp_path: Path) -> None
     reactive = write_metrics(local_rows("A", 42, arm="A"), tmp_path / "rl" / "A" / "seed42" / "metrics.parquet")
     cluster = tmp_path / "rl" / "B" / "seed43" / "metrics.parquet"
     write_rl_metrics(prime_rl_output(tmp_path), cluster, tmp_path / "raw.parquet", run="B", seed=43)
+    rft = [{**r, "run": "rft_B", "backend": "rft"} for r in local_rows("rft_B", 42)]  # the SFT policy's rollouts
+    rft_path = write_metrics(rft, tmp_path / "rl" / "rft_B" / "seed42" / "metrics.parquet")
     outcomes = tmp_path / "stats" / "training_outcomes.parquet"
-    paths = [str(p) for p in (local, reactive, cluster)]
+    paths = [str(p) for p in (local, reactive, cluster, rft_path)]
     assert main(["training-outcomes", "--rl-metrics", *paths, "--out", str(outcomes)]) == 0
     rows = pq.read_table(outcomes).to_pylist()
-    assert {(r["run"], r["seed"]) for r in rows} == {("B", 42), ("B", 43)}  # the reactive arm predicts nothing
+    # the reactive arm predicts nothing; RFT's sampled rollouts are not RL steps
+    assert {(r["run"], r["seed"]) for r in rows} == {("B", 42), ("B", 43)}
     for seed in (42, 43):
         mine = {r["cls"]: r for r in rows if r["seed"] == seed}
         # steps of 3, 4, 5 rollouts (SCRIPTS): 4 + 6 + 8 patches; predicted PASS 3 + 4 + 4, verified PASS 2 + 3 + 3

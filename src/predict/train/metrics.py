@@ -174,9 +174,11 @@ TRAINING_OUTCOME_SCHEMA = pa.schema(
 def training_outcomes(runs: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
     """The training-outcome table: for each (run, seed) whose steps logged any prediction, over all its steps,
     each class's count and share of verified outcomes and of predictions (MALFORMED as a prediction row).
-    A run with no prediction (the reactive arm, RFT) has no rows."""
+    A run with no prediction (the reactive arm) has no rows; RFT's rows are left out (its rollouts are the SFT
+    policy's, sampled once, not RL steps)."""
     out: list[dict[str, Any]] = []
-    for (run, seed), rows in sorted(runs.items()):
+    for (run, seed), all_rows in sorted(runs.items()):
+        rows = [r for r in all_rows if r.get("backend") != "rft"]
         pred = {c: sum(int(r.get(f"pred_{c}") or 0) for r in rows) for c in PRED_CLASSES}
         verified = {c: sum(int(r.get(f"verified_{c}") or 0) for r in rows) for c in OUTCOMES}
         n_pred, n_ver = sum(pred.values()), sum(verified.values())
