@@ -329,3 +329,12 @@ def test_each_rollout_carries_its_class_counts_as_trace_metrics(algorithm_module
     assert counts["n_patches"] == len(VERIFIED) and counts["verified_PASS"] == 2
     assert {k: win.metrics[f"predict_{k}"] for k in counts} == counts
     assert (win.metrics["predict_reward"], lose.metrics["predict_reward"]) == (1.0, 0.0)
+
+
+def test_arm_a_rollouts_carry_their_counts_too(algorithm_module: Any, tok: Any) -> None:
+    """Arm A (grpo_std) logs the same per-rollout counts: patches and verified outcomes, no predictions."""
+    algo = algorithm_module.GRPOStdAlgorithm(PredictAlgoConfig(alpha=0.0), None)
+    win, _ = make_rollout(tok, 1.0)
+    lose, _ = make_rollout(tok, 0.0)
+    run(algo, [win, lose])
+    assert win.metrics["predict_n_patches"] == len(VERIFIED) and win.metrics["predict_reward"] == 1.0

@@ -443,7 +443,8 @@ for step in range(start, last + 1):
         sys.exit(1)
     trainer.write(json.dumps({{"step": step, "time": 0, "loss/mean": attempt * 10 + step}}) + "\n")
     trainer.write(json.dumps({{"step": step, "time": 0, "lr": 1e-5}}) + "\n")
-    orch.write(json.dumps({{"step": step, "time": 0, "reward": {{"mean": attempt + step / 10}}}}) + "\n")
+    orch.write(json.dumps({{"step": step, "time": 0, "progress/rollouts": 4,
+                            "train/agg/all/a/reward/mean": attempt + step / 10}}) + "\n")
     if step % 2 == 0:
         (out / "checkpoints" / f"step_{{step}}").mkdir(parents=True, exist_ok=True)
 w = out / "weights" / f"step_{{table['max_steps']}}"
@@ -483,12 +484,16 @@ def test_a_retried_rl_job_resumes_and_keeps_the_last_attempt_of_each_step(
     with pytest.raises(PrimeRLSetupError, match="exit 1"):
         main(train)  # attempt 1 dies: the job fails and SLURM retries it
     assert main(train) == 0
-    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    rows = pq.read_table(run_dir / "prime-rl-metrics.parquet").to_pylist()  # prime-rl's own, as a long table
     losses = {r["step"]: r["value"] for r in rows if r["metric"] == "loss/mean"}
     assert sorted(r["step"] for r in rows if r["metric"] == "loss/mean") == [1, 2, 3, 4, 5, 6]  # each step once
     assert losses == {1: 11, 2: 12, 3: 13, 4: 14, 5: 25, 6: 26}  # the retry resumed after checkpoint 4
-    rewards = sorted((r["step"], r["value"]) for r in rows if r["source"] == "orchestrator")
+    rewards = sorted((r["step"], r["value"]) for r in rows if r["metric"] == "train/agg/all/a/reward/mean")
     assert rewards == [(1, 1.1), (2, 1.2), (3, 1.3), (4, 1.4), (5, 2.5), (6, 2.6)]
+    steps = pq.read_table(run_dir / "metrics.parquet").to_pylist()  # the per-step schema: each step once too
+    assert [(r["step"], r["loss"], r["reward_mean"]) for r in steps] == [
+        (s, losses[s], reward) for s, reward in rewards
+    ]
     superseded = (run_dir / "prime-rl" / "metrics.superseded.jsonl").read_text()
     assert superseded == '{"step": 5, "loss/me\n'  # the torn line, kept
     assert json.loads((run_dir / "checkpoints.json").read_text())["steps"] == [6]

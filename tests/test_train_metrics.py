@@ -123,10 +123,10 @@ def test_prime_rl_metrics_convert_to_the_same_counts_as_the_local_trainer(tmp_pa
     assert {r["source"] for r in long} == {"orchestrator", "trainer"} and any(r["value"] == 999 for r in long)
 
 
-def test_a_reactive_prime_rl_run_has_curves_and_no_class_counts(tmp_path: Path) -> None:
+def test_a_prime_rl_run_without_trace_metrics_still_has_curves(tmp_path: Path) -> None:
     out = prime_rl_output(tmp_path, retried=None)
     lines = [json.loads(x) for x in (out / "run_default" / "metrics.jsonl").read_text().splitlines()[:-1]]
-    lines = [{k: v for k, v in x.items() if "/metrics/" not in k} for x in lines]  # prime-rl's grpo logs none
+    lines = [{k: v for k, v in x.items() if "/metrics/" not in k} for x in lines]  # e.g. prime-rl's own grpo
     (out / "run_default" / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     from predict.train.prime_rl.configs import metrics_table
 

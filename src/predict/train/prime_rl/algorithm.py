@@ -25,7 +25,7 @@ What it does to a rollout (the rules of the study's loss, `predict.train.loss`, 
   included. Such a rollout keeps only its CE samples and no advantage stream (``advantages = None``), which the
   filter skips; its RL samples are dropped, as the filter would have done. A rollout without CE samples is left
   to the filter.
-* metrics (``score_rollout``): each rollout's patches, predictions and verified outcomes by class, REVISE
+* metrics (``score_rollout``, both arms: `GRPOStdAlgorithm` does it): each rollout's patches, predictions and verified outcomes by class, REVISE
   decisions, reward, final pass and budget exhaustion (`predict.train.metrics.rollout_trace_metrics`, counted as
   the local trainer counts them) are recorded as trace metrics ``predict_<name>``; prime-rl's orchestrator logs
   their per-step means to ``metrics.jsonl``, which `predict.train.prime_rl.configs.schema_rows` turns into the
@@ -166,6 +166,11 @@ class GRPOStdAlgorithm(GRPOAlgorithm):
         if self.length_penalty is not None:
             raise ValueError("grpo_std: length_penalty is not part of the study's design (the local trainer has none)")
 
+    async def score_rollout(self, rollout: Any) -> None:
+        await super().score_rollout(rollout)
+        # the per-step metrics of both arms: this rollout's counts, as the local trainer counts them (module doc)
+        rollout.record_metrics(rollout_trace_metrics(rollout.info, getattr(rollout, "reward", None)))
+
     async def score_group(self, group: list[Any]) -> None:
         for rollout, advantage in zip(group, group_advantages([r.reward for r in group]), strict=True):
             rollout.assign_advantages(float(advantage))
@@ -192,7 +197,6 @@ class PredictAlgorithm(GRPOStdAlgorithm):
     async def score_rollout(self, rollout: Any) -> None:
         await super().score_rollout(rollout)
         self.counts["rollouts"] += 1
-        rollout.record_metrics(rollout_trace_metrics(rollout.info, getattr(rollout, "reward", None)))
         try:
             nodes, paths, masks = rollout_layout(rollout)
             targets = prediction_targets(rollout.info, nodes, paths, masks)

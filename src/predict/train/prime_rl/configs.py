@@ -474,7 +474,7 @@ def schema_rows(long: pa.Table, run: str, seed: int) -> list[dict[str, Any]]:
       other rollouts reach `PredictAlgorithm.score_rollout` and carry its ``predict_<name>`` trace metrics, whose
       logged per-step mean times their number gives the step's counts (``pred_<CLASS>``, ``verified_<CLASS>``,
       ``n_patches``, ...), and whose means are the rates (``reward_mean``, ``pass_rate``, ``budget_exhausted_rate``).
-    * A reactive run trains with prime-rl's ``grpo`` (no ``predict_`` metrics): ``reward_mean`` is the logged mean
+    * A run logged without ``predict_`` metrics (an algorithm that records none): ``reward_mean`` is the logged mean
       reward, and ``pass_rate`` equals it (the reward is the final pass, 0 or 1); no class counts.
     * ``loss`` = the trainer's ``loss/mean``, ``grad_norm``, ``lr`` = ``optim/*``; ``n_input_tokens``,
       ``n_output_tokens`` = ``progress/*_tokens``; ``step_s`` = the orchestrator's ``time/step``."""
