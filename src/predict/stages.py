@@ -90,6 +90,8 @@ STAGES: dict[str, Stage] = {
               _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap"))),
         Stage("power", ("power",), "stats.smk", "stats.py", "stats/power.parquet",
               ("power", "data.sizes")),
+        Stage("training-outcomes", ("training_outcomes",), "report.smk", "train/metrics.py",
+              "stats/training_outcomes.parquet", ()),
         Stage("report", ("report",), "report.smk", "report/build.py", "report/index.html",
               ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power", "data.sizes.test")),
         # The learning-signal run (issue 17): its own traces, SFT and RL runs on a handful of sft tasks.
@@ -101,7 +103,7 @@ STAGES: dict[str, Stage] = {
               "train/prime_rl/configs.py", "sft/{arm}/prime-rl.toml, rl/{run}/seed{seed}/prime-rl.toml",
               _reads(RUN_MATRIX, ROLLOUT, ("prime_rl", "rl", "sft", "model", "seeds", "results_dir"))),
         Stage("prime-rl-train", ("prime_rl_sft", "prime_rl_rl"), "prime_rl.smk", "train/prime_rl/cluster.py",
-              "checkpoints/{arm}/sft/, rl/{run}/seed{seed}/step{N}/, metrics.parquet", ()),
+              "checkpoints/{arm}/sft/, rl/{run}/seed{seed}/step{N}/, metrics.parquet, prime-rl-metrics.parquet", ()),
     ]
 }
 
