@@ -281,7 +281,7 @@ def test_an_evaluation_resumes_only_rows_of_the_same_checkpoint_and_settings(
     """Issue 15: a killed evaluation's persisted rows are reused by the unchanged rerun and dropped when the
     evaluation settings changed (old code kept them under the new settings)."""
     from predict.env.records import RECORD_SCHEMA
-    from predict.io import ResumableParquet
+    from predict.fingerprint import resumable_rows
     from predict.rollouts import job_fingerprint
 
     kw = dict(run="B", checkpoint="base", split="val", seed=42, tasks_path=task_file, model="scripted",
@@ -292,7 +292,7 @@ def test_an_evaluation_resumes_only_rows_of_the_same_checkpoint_and_settings(
 
     def killed_with_one_row() -> None:
         fp = job_fingerprint(evaluation_job(study, **kw, out=out), study)
-        ResumableParquet(out, RECORD_SCHEMA, key=("task_id", "sample"), fingerprint=fp).append(
+        resumable_rows(out, RECORD_SCHEMA, ("task_id", "sample"), fp).append(
             [{**row, "trace_id": "persisted"}]
         )
 

@@ -12,7 +12,8 @@ import pytest
 from predict.config import load_config
 from predict.data import MBPP_SCHEMA
 from predict.env.records import RECORD_SCHEMA
-from predict.io import ResumableParquet, read_rows, write_rows
+from predict.fingerprint import resumable_rows
+from predict.io import read_rows, write_rows
 from predict.rollouts import RolloutJob, SplitGuardError, job_fingerprint, run_job, select_tasks
 
 from .conftest import REPO
@@ -83,7 +84,7 @@ def test_interrupted_stage_resumes_without_redoing_rollouts(study, tasks_file: P
     persisted = read_rows(tmp_path / "first.parquet")[0]
     # A crashed run of the same job had persisted task 127 (marked so we can tell it was not re-run) and nothing else.
     job = _job(tasks_file, out, endpoint, n_tasks=3)
-    ResumableParquet(out, RECORD_SCHEMA, key=("task_id", "sample"), fingerprint=job_fingerprint(job, study)).append(
+    resumable_rows(out, RECORD_SCHEMA, ("task_id", "sample"), job_fingerprint(job, study)).append(
         [{**persisted, "trace_id": "persisted"}]
     )
     n_requests = len(endpoint.requests)
@@ -108,7 +109,7 @@ def test_persisted_rollouts_of_other_inputs_are_redone(
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"sft v1")
     job = _job(tasks_file, out, endpoint, n_tasks=2, model=str(tmp_path / "ckpt"))
-    killed = ResumableParquet(out, RECORD_SCHEMA, key=("task_id", "sample"), fingerprint=job_fingerprint(job, study))
+    killed = resumable_rows(out, RECORD_SCHEMA, ("task_id", "sample"), job_fingerprint(job, study))
     killed.append([{**persisted, "trace_id": "persisted"}])
     if change == "model":
         (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"sft v2")  # retrained at the same path

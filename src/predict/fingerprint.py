@@ -35,6 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
+from predict.io import ResumableParquet, write_json
+
 log = logging.getLogger(__name__)
 
 FINGERPRINT_FILE = "fingerprint.json"
@@ -214,8 +218,6 @@ def read_fingerprint(folder: str | Path) -> tuple[Fingerprint, bool] | None:
 
 
 def write_fingerprint(folder: str | Path, fp: Fingerprint, *, finished: bool = False) -> Path:
-    from predict.io import write_json  # noqa: PLC0415
-
     return write_json({**fp.to_dict(), "digest": fp.digest, "finished": finished}, Path(folder) / FINGERPRINT_FILE)
 
 
@@ -251,6 +253,13 @@ def start_or_resume(folder: str | Path, fp: Fingerprint, *, what: str, clear: bo
                 shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     write_fingerprint(folder, fp)
     return False
+
+
+def resumable_rows(out: str | Path, schema: pa.Schema, key: Sequence[str], fp: Fingerprint) -> ResumableParquet:
+    """An output's persisted rows (`predict.io.ResumableParquet`), after dropping any persisted under another
+    fingerprint: rows of other inputs or settings are redone, never resumed."""
+    start_or_resume(ResumableParquet.partial_dir_of(out), fp, what=str(out))
+    return ResumableParquet(out, schema, key)
 
 
 def mark_finished(folder: str | Path) -> None:

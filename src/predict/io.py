@@ -65,20 +65,23 @@ class ResumableParquet:
     Finished rows go to `<out>.partial/part-NNNNN.parquet` (each part written atomically); a rerun
     reads them back, skips their keys, and `finish()` concatenates everything into `<out>` and removes
     the folder. Snakemake deletes a failed job's declared output, never this undeclared folder.
-    With a ``fingerprint`` (`predict.fingerprint`), rows persisted under another fingerprint (other inputs or
-    settings) are dropped, never resumed: the folder keeps ``fingerprint.json`` beside its parts.
+    Which rows may be resumed is the caller's to settle first (`predict.fingerprint.start_or_resume` on
+    `partial_dir_of(out)` empties a folder persisted under other inputs or settings; it keeps ``fingerprint.json``
+    beside the parts). This module stays below `predict.fingerprint`, which writes through it.
     """
 
-    def __init__(self, out: str | Path, schema: pa.Schema, key: Sequence[str], fingerprint: Any = None) -> None:
+    def __init__(self, out: str | Path, schema: pa.Schema, key: Sequence[str]) -> None:
         self.out = Path(out)
         self.schema = schema
         self.key = tuple(key)
-        self.partial_dir = self.out.with_name(self.out.name + ".partial")
-        if fingerprint is not None:
-            from predict.fingerprint import start_or_resume  # noqa: PLC0415
-
-            start_or_resume(self.partial_dir, fingerprint, what=str(self.out))
+        self.partial_dir = self.partial_dir_of(self.out)
         self._rows = [r for part in self._parts() for r in self._read_part(part)]
+
+    @staticmethod
+    def partial_dir_of(out: str | Path) -> Path:
+        """The folder an output's rows are persisted in until `finish()`."""
+        out = Path(out)
+        return out.with_name(out.name + ".partial")
 
     def _parts(self) -> list[Path]:
         return sorted(self.partial_dir.glob("part-*.parquet")) if self.partial_dir.exists() else []

@@ -173,14 +173,20 @@ class PendingOutput:
         return self.summary
 
 
+def _resumable_rows(job: RolloutJob, study_config: Mapping[str, Any]) -> ResumableParquet:
+    """The job's persisted rows, after dropping any persisted under another fingerprint (other inputs or settings)."""
+    from predict.env.records import RECORD_SCHEMA
+    from predict.fingerprint import resumable_rows
+
+    return resumable_rows(job.out, RECORD_SCHEMA, ("task_id", "sample"), job_fingerprint(job, study_config))
+
+
 def remaining_rollouts(job: RolloutJob, study_config: Mapping[str, Any]) -> int:
     """How many of the job's rollouts are not persisted yet (0: publishing needs no server); rows persisted under
     another fingerprint do not count (they are dropped)."""
-    from predict.env.records import RECORD_SCHEMA
 
     tasks = select_tasks(load_split(job.tasks_path), job.n_tasks, job.samples)
-    done = ResumableParquet(job.out, RECORD_SCHEMA, key=("task_id", "sample"),
-                            fingerprint=job_fingerprint(job, study_config)).done()
+    done = _resumable_rows(job, study_config).done()
     return sum((t["task_id"], t["sample"]) not in done for t in tasks)
 
 
@@ -191,15 +197,13 @@ def run_job(job: RolloutJob, study_config: Mapping[str, Any]) -> dict[str, Any]:
 
 def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
     """Run (or resume) one rollout job's rollouts, persisting each as it finishes; publish with `.publish()`."""
-    from predict.env.records import RECORD_SCHEMA
     from predict.env.rollout import RolloutSettings, run_rollouts_sync
     from predict.serve import VLLMServer
 
     guard_test_split(job)
     isolation = sandbox_isolation(study_config)
     tasks = select_tasks(load_split(job.tasks_path), job.n_tasks, job.samples)
-    sink = ResumableParquet(job.out, RECORD_SCHEMA, key=("task_id", "sample"),
-                            fingerprint=job_fingerprint(job, study_config))
+    sink = _resumable_rows(job, study_config)
     done = sink.done()
     todo = [t for t in tasks if (t["task_id"], t["sample"]) not in done]
     log.info("%d rollouts, %d already persisted, %d to run", len(tasks), len(tasks) - len(todo), len(todo))
