@@ -327,9 +327,9 @@ def run_signal(config: Mapping[str, Any], out_dir: str | Path, settings: SignalS
     settings = settings or SignalSettings()
     out = Path(out_dir)
     t0 = time.perf_counter()
-    # Subnormal floats (AdamW's second moments of rarely seen rows decay into them) make x86 CPU arithmetic many
-    # times slower: Arm B's SFT steps had crept from ~1.5 s to ~10 s by step 45 without this, stayed ~1.5 s with it
-    # (one run each on the shared box). Values below 1e-38 flushed to zero change nothing that matters.
+    # A guard, not a measured speed-up: subnormal floats (AdamW's second moments of rarely seen rows can decay into
+    # them) are many times slower on x86 CPUs; flushing values below 1e-38 to zero changes nothing that matters.
+    # (SFT step times on the shared 2-core box varied 1.5-10 s with the other jobs' load, with and without it.)
     torch.set_flush_denormal(True)
     data = config["data"]
     rows = load_mbpp(data["mbpp_path"], hf_fallback=data.get("hf_fallback", False), sha256=data.get("mbpp_sha256"))
