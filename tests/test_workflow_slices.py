@@ -8,10 +8,13 @@ config/local.yaml and checks exactly which rules the dry-run plans, and that the
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -19,7 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 LOCAL = yaml.safe_load((REPO / "config" / "local.yaml").read_text())
 DOWNSTREAM_OF_EVALUATIONS = {"stats", "ablation", "extension", "power", "report", "all"}
-# The test campaign (part of `all`) reads the val statistics' selection and metrics: it follows a rerun of stats.
+# The test campaign (part of `all`): it reruns when the frozen design or its checkpoints change (and the ledger then
+# stops the run), never because the val statistics were rewritten.
 TEST_CAMPAIGN = {"evaluate_test", "test_stats"}
 
 
@@ -32,30 +36,61 @@ def snakemake(workdir: Path, config: Path, *args: str) -> str:
     return out.stdout + out.stderr
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    workdir = tmp_path_factory.mktemp("finished-run")
-    config = workdir / "local.yaml"
-    config.write_text(yaml.safe_dump(LOCAL))
-    summary = snakemake(workdir, config, "-n", "--summary", "all")
-    for line in summary.splitlines():
-        path = line.split("\t")[0]
-        if not path.startswith("results/"):
-            continue
-        target = workdir / path
-        if target.suffix:  # a file (parquet, json, html); the checkpoints and the tiny model are folders
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.touch()
-        else:
-            target.mkdir(parents=True, exist_ok=True)
-    snakemake(workdir, config, "--touch", "-F", "all")
-    assert "Nothing to be done" in snakemake(workdir, config, "-n", "all")
+def fake_finished_run(workdir: Path, config: dict) -> Path:
+    """Create every output of `all` under this config (empty files), then `--touch -F` it: a finished run, test
+    campaign included. With `evaluation.selection.mode: best_val` the campaign's jobs are known only from the val
+    statistics (the `stats` checkpoint), so those two tables get real rows (the highest step evaluated on val is the
+    selection) and the design is finished first."""
+    path = workdir / "local.yaml"
+    path.write_text(yaml.safe_dump(config))
+
+    def create_outputs(target: str) -> list[str]:
+        paths = [line.split("\t")[0] for line in snakemake(workdir, path, "-n", "--summary", target).splitlines()]
+        paths = [p for p in paths if p.startswith("results/")]
+        for p in paths:
+            out = workdir / p
+            if out.suffix:  # a file (parquet, json, html); the checkpoints and the tiny model are folders
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.touch()
+            else:
+                out.mkdir(parents=True, exist_ok=True)
+        return paths
+
+    if config["evaluation"]["selection"]["mode"] == "best_val":
+        val = [p.split("/")[2:4] + [int(p.split("seed")[-1].split(".")[0])]
+               for p in create_outputs("design") if re.fullmatch(r"results/eval/.+/val/seed\d+\.parquet", p)]  # fmt: skip
+        metrics = [{"run": r, "checkpoint": c, "split": "val", "seed": s} for r, c, s in val]
+        step = {c: int(c[4:]) if c.startswith("step") else -1 for _, c, _ in val}
+        chosen = {}
+        for r, c, s in val:
+            if (r, s) not in chosen or step[c] > step[chosen[r, s]]:
+                chosen[r, s] = c
+        selection = [{"run": r, "seed": s, "checkpoint": c} for (r, s), c in chosen.items()]
+        pq.write_table(pa.Table.from_pylist(metrics), workdir / "results" / "stats" / "metrics.parquet")
+        pq.write_table(pa.Table.from_pylist(selection), workdir / "results" / "stats" / "selection.parquet")
+        snakemake(workdir, path, "--touch", "-F", "design")  # now the stats checkpoint's campaign can be read
+    assert any("/test/seed" in p for p in create_outputs("all"))  # the test campaign is part of the finished run
+    snakemake(workdir, path, "--touch", "-F", "all")
+    assert "Nothing to be done" in snakemake(workdir, path, "-n", "all")
     return workdir
 
 
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fake_finished_run(tmp_path_factory.mktemp("finished-run"), LOCAL)
+
+
+@pytest.fixture(scope="module")
+def finished_best_val_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    config = yaml.safe_load(yaml.safe_dump(LOCAL))
+    config["evaluation"]["selection"] = {"mode": "best_val"}
+    return fake_finished_run(tmp_path_factory.mktemp("finished-best-val-run"), config)
+
+
 def plan(workdir: Path, edit: dict) -> tuple[dict[str, int], str]:
-    """The jobs a dry-run of `all` plans after this edit of the local config ({dotted.key: value}), and its log."""
-    config = yaml.safe_load((REPO / "config" / "local.yaml").read_text())
+    """The jobs a dry-run of `all` plans after this edit of the finished run's config ({dotted.key: value}), and
+    its log."""
+    config = yaml.safe_load((workdir / "local.yaml").read_text())
     for key, value in edit.items():
         *parents, last = key.split(".")
         node = config
@@ -71,8 +106,8 @@ def plan(workdir: Path, edit: dict) -> tuple[dict[str, int], str]:
             if not line.strip() or line.startswith("total"):
                 break
             rule, count = line.split()
-            # one evaluation rule per run (evaluate_<run>, evaluate_test_<run>): counted as one kind of job
-            rule = re.sub(r"^(evaluate_test|evaluate)_\w+$", r"\1", rule)
+            # one evaluation rule per run (evaluate_<run>, evaluate_test_<run>; best_val: evaluate_test) is one kind
+            rule = re.sub(r"^(evaluate_test|evaluate)(_\w+)?$", r"\1", rule)
             jobs[rule] = jobs.get(rule, 0) + int(count)
     return jobs, log
 
@@ -86,21 +121,48 @@ def param_reasons(log: str) -> list[str]:
     return [line for line in log.splitlines() if "Params have changed" in line]
 
 
-def test_power_reruns_only_power_and_the_report(finished_run: Path) -> None:
-    jobs, log = plan(finished_run, {"power.target": 0.9})
-    assert set(jobs) == {"power", "report", "all"}
+@pytest.mark.parametrize("run", ["finished_run", "finished_best_val_run"])
+def test_power_reruns_only_power_and_the_report(run: str, request: pytest.FixtureRequest) -> None:
+    jobs, log = plan(request.getfixturevalue(run), {"power.target": 0.9})
+    assert set(jobs) == {"power", "report", "all"} and "evaluate_test" not in log
     # the reason names the changed key, not the config (it used to be two copies of it as JSON, ~6 KB)
     reasons = param_reasons(log)
     assert reasons and all("power#" in r for r in reasons)
     assert all(len(r) < 300 for r in reasons)
 
 
-def test_bootstrap_reruns_the_statistics_and_no_evaluation(finished_run: Path) -> None:
-    jobs, log = plan(finished_run, {"evaluation.bootstrap.resamples": 5000})
-    # power reads stats' pairs.parquet (the observed discordance), so it follows stats; so does the test campaign
-    assert set(jobs) == {"stats", "ablation", "extension", "power", "report", "all"} | TEST_CAMPAIGN
+@pytest.mark.parametrize("run", ["finished_run", "finished_best_val_run"])
+def test_bootstrap_reruns_the_statistics_and_never_the_frozen_test_campaign(
+    run: str, request: pytest.FixtureRequest
+) -> None:
+    # The bootstrap is not part of the frozen design: the test evaluations (which the ledger would refuse to repeat)
+    # stay, their statistics and the report follow. power reads stats' pairs.parquet (the observed discordance).
+    # best_val: a dry-run does not see past the stats checkpoint; the next test checks the plan after it.
+    jobs, log = plan(request.getfixturevalue(run), {"evaluation.bootstrap.resamples": 5000})
+    assert set(jobs) == {"stats", "ablation", "extension", "power", "test_stats", "report", "all"}, jobs
+    assert "evaluate_test" not in log
     assert jobs["ablation"] == len(LOCAL["ablations"]) and jobs["extension"] == len(LOCAL["extensions"])
     assert all("evaluation.bootstrap" in r for r in param_reasons(log))
+
+
+@pytest.mark.parametrize("run", ["finished_run", "finished_best_val_run"])
+def test_rewritten_val_statistics_never_replan_the_test_campaign(
+    run: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # `stats` rewrote its tables with other bytes and the same selection (a fix of `predict stats` rerun with
+    # -R stats, another pyarrow): the test evaluations stay (the ledger would refuse them); what reads the tables
+    # follows. best_val: the campaign's jobs are read from these very tables (the stats checkpoint).
+    workdir = tmp_path / "run"
+    shutil.copytree(request.getfixturevalue(run), workdir, symlinks=True)
+    for name in ("metrics", "selection"):
+        path = workdir / "results" / "stats" / f"{name}.parquet"
+        if path.stat().st_size:
+            table = pq.read_table(path)
+            pq.write_table(table.append_column("rewritten", pa.array([True] * table.num_rows)), path)
+        else:
+            path.write_bytes(b"rewritten")
+    jobs, log = plan(workdir, {})
+    assert set(jobs) == {"test_stats", "report", "all"} and "evaluate_test" not in log, jobs
 
 
 def test_rl_lr_reruns_rl_its_evaluations_and_the_tables_only(finished_run: Path) -> None:
@@ -144,3 +206,34 @@ def test_snakemake_report_holds_the_study_report_and_its_tables(finished_run: Pa
     marked = {"index.html", "metrics.parquet", "pairs.parquet", "power.parquet", "selection.parquet",
               *(f"{a}.parquet" for a in LOCAL["ablations"]), *(f"{e}.parquet" for e in LOCAL["extensions"])}  # fmt: skip
     assert marked <= names, marked - names
+
+
+def test_a_design_edit_after_the_campaign_stops_at_the_ledger_and_keeps_the_test_evaluations(
+    finished_best_val_run: Path, tmp_path: Path
+) -> None:
+    from predict.evaluate import TestLedger, campaign_from_stats
+    from predict.stages import config_slice
+
+    workdir = tmp_path / "run"
+    shutil.copytree(finished_best_val_run, workdir, symlinks=True)
+    config = yaml.safe_load((workdir / "local.yaml").read_text())
+    stats = workdir / "results" / "stats"
+    frozen = config_slice(config, "evaluate-test")  # what the campaign's stage reads; the ledger hashes it
+    campaign = campaign_from_stats(frozen, stats / "metrics.parquet", stats / "selection.parquet")
+    TestLedger(workdir / "results" / "test" / "ledger.jsonl").admit(frozen, campaign, *campaign[0])
+    run, checkpoint, seed = campaign[0]
+    evaluation = workdir / "results" / "eval" / run / checkpoint / "test" / f"seed{seed}.parquet"
+    evaluation.write_bytes(b"the frozen test evaluation")
+    config["prime_rl"]["seq_len"] = 1024  # part of the frozen design
+    edited = workdir / "edited.yaml"
+    edited.write_text(yaml.safe_dump(config))
+    out = subprocess.run(
+        [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", str(edited), "--cores", "1",
+         str(evaluation.relative_to(workdir))],
+        cwd=workdir, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode != 0 and "evaluate_test" in out.stdout + out.stderr
+    logs = "".join(p.read_text() for p in (workdir / "logs").rglob("*.log") if "evaluate_test" in str(p))
+    assert "the test campaign was frozen" in logs and "prime_rl.seq_len" in logs, logs[-3000:]
+    # Snakemake deletes a job's outputs before running it: the refused rerun must not take the frozen file with it
+    assert evaluation.read_bytes() == b"the frozen test evaluation"
