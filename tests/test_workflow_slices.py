@@ -167,7 +167,8 @@ def test_rewritten_val_statistics_never_replan_the_test_campaign(
 
 def test_rl_lr_reruns_rl_its_evaluations_and_the_tables_only(finished_run: Path) -> None:
     jobs, log = plan(finished_run, {"rl.lr": 5.0e-4})
-    assert set(jobs) == {"rl", "rft", "evaluate"} | DOWNSTREAM_OF_EVALUATIONS | TEST_CAMPAIGN
+    # training_outcomes: the class shares over the RL runs' steps, read from the metrics the new runs rewrite
+    assert set(jobs) == {"rl", "rft", "evaluate", "training_outcomes"} | DOWNSTREAM_OF_EVALUATIONS | TEST_CAMPAIGN
     # every RL run of the study, and the evaluations of their RL checkpoints only: not the SFT ones
     assert jobs["rl"] + jobs["rft"] == len(LOCAL["arms"]) + len(LOCAL["ablations"]) + len(LOCAL["extensions"])
     # one job per run and seed evaluates all its checkpoints on one server (SFT included, a weight reload): every
