@@ -73,14 +73,20 @@ def load_config(path: str | Path, schema_path: Path = SCHEMA_PATH) -> dict[str, 
     return config
 
 
-def config_from_json(text: str, source: str = "--config-json") -> dict[str, Any]:
-    """A config passed inline as JSON (how Snakemake hands its merged config to a stage), validated."""
+def _json_object(text: str, source: str) -> dict[str, Any]:
+    """A JSON object (a config or a slice of one), or a ConfigError naming its source."""
     try:
         config = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{source}: not valid JSON: {e}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: expected an object at the top level")
+    return config
+
+
+def config_from_json(text: str, source: str = "--config-json") -> dict[str, Any]:
+    """A config passed inline as JSON (how Snakemake hands its merged config to a stage), validated."""
+    config = _json_object(text, source)
     validate_config(config, source=source)
     return config
 
@@ -91,11 +97,6 @@ def load_config_slice(path: str | Path) -> dict[str, Any]:
         text = Path(path).read_text()
     except FileNotFoundError:
         raise ConfigError(f"{path}: config slice not found") from None
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON: {e}") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{path}: expected an object at the top level")
+    config = _json_object(text, str(path))
     validate_config(config, source=str(path), partial=True)
     return config
