@@ -132,6 +132,18 @@ def test_campaign_records_hash_and_list_then_refuses_a_second_evaluation(study, 
         _campaign(study, task_file, tmp_path, "step100", base_url=endpoint.base_url)
 
 
+def test_campaign_runs_on_the_stages_own_config_view(study, task_file: Path, endpoint, tmp_path: Path) -> None:
+    """`predict evaluate` hands the campaign its slice as a StageConfig view (nested views inside): the rollout job's
+    fingerprint and ledger entry must take it as they take a plain dict (CI's local `all` crashed here)."""
+    from predict.stages import stage_config
+
+    view = stage_config(study, "evaluate-test")
+    summaries = _campaign(view, task_file, tmp_path, "sft", base_url=endpoint.base_url)
+    assert [(s["checkpoint"], s["ran"]) for s in summaries] == [("sft", 1)]
+    done = [json.loads(line) for line in (tmp_path / "test" / "ledger.jsonl").read_text().splitlines()][-1]
+    assert done["status"] == "done" and done["evaluation"]["selection"]["mode"] == study["evaluation"]["selection"]["mode"]
+
+
 def test_campaign_refuses_a_checkpoint_outside_its_list(study, task_file: Path, endpoint, tmp_path: Path) -> None:
     _campaign(study, task_file, tmp_path, "step100", base_url=endpoint.base_url)
     ledger = tmp_path / "test" / "ledger.jsonl"

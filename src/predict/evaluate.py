@@ -79,7 +79,9 @@ def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
 
 
 def evaluation_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    return {**EVALUATION_DEFAULTS, **dict(config.get("evaluation") or {})}
+    """The evaluation section over its defaults, as plain data: it goes into rollout jobs and ledger entries, which
+    are copied and serialised (a stage's config view is a dict subclass that dataclasses.asdict cannot rebuild)."""
+    return json.loads(json.dumps({**EVALUATION_DEFAULTS, **dict(config.get("evaluation") or {})}))
 
 
 def run_identity(config: Mapping[str, Any], run: str) -> tuple[str, str]:

@@ -16,7 +16,7 @@ import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -141,9 +141,9 @@ def job_fingerprint(job: RolloutJob, study_config: Mapping[str, Any]) -> Any:
     the tasks' content, the seed and the job's own settings; a `.partial` folder resumes only under the same."""
     from predict.fingerprint import RESUME_KEYS, fingerprint  # noqa: PLC0415
 
-    settings = {k: v for k, v in asdict(job).items() if k not in ("tasks_path", "out", "model", "base_url",
-                                                                  "test_ledger", "ledger_extra", "seed",
-                                                                  "served_model")}
+    # Field by field, not asdict: asdict rebuilds every mapping it meets, and a config view cannot be rebuilt so.
+    settings = {f.name: getattr(job, f.name) for f in fields(job) if f.name not in (
+        "tasks_path", "out", "model", "base_url", "test_ledger", "ledger_extra", "seed", "served_model")}
     return fingerprint(study_config, RESUME_KEYS["rollout"], inputs={"model": job.model, "tasks": job.tasks_path},
                        seed=job.seed, extra={"job": settings})  # fmt: skip
 
