@@ -768,9 +768,9 @@ def embedded_default_note(config: Mapping[str, Any]) -> str:
     return ('<p class="note"><b>This is the embedded default:</b> a randomly initialised tiny Qwen3 that never '
             "solves an MBPP task, so every pass@1, reward, advantage and RL loss on this page is 0 by construction "
             "and the comparisons are between zeros. It shows the pipeline runs end to end, not that training works. "
-            "The evidence that training moves a model is the learning-signal run (<code>predict signal</code>, "
-            "README &ldquo;The learning signal&rdquo;): GRPO raises a partly trained tiny model's reward and the "
-            "CE-only samples teach Arm B the verified label.</p>")
+            "Whether training moves a model is checked by the learning-signal run (<code>predict signal</code>, "
+            "README &ldquo;The learning signal&rdquo;, where its measured status is): a tiny model fine-tuned to "
+            "solve a few tasks sometimes, then GRPO and Arm B's CE-only samples through the study's code.</p>")
 
 
 def build_report(
