@@ -24,6 +24,7 @@ from predict.evaluate import (
 )
 from predict.io import read_rows, write_rows
 from predict.rollouts import SplitGuardError
+from predict.serve import VLLMServer
 from predict.stats import SELECTION_SCHEMA
 
 from .conftest import REPO
@@ -197,6 +198,7 @@ class FakeServer:
     """predict.serve.VLLMServer's surface, serving the scripted endpoint; records starts and reloads."""
 
     log: list[tuple[str, str]] = []
+    from_serving = classmethod(VLLMServer.from_serving.__func__)  # the real constructor from the serving section
 
     def __init__(self, model, *, served_model_name=None, worker_extension=False, **kw: Any) -> None:
         assert worker_extension and served_model_name == "policy"

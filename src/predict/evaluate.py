@@ -281,15 +281,8 @@ class CheckpointServer:
             self.reloads += 1
             return self.server.base_url
         self.close()
-        self.server = VLLMServer(
-            model,
-            python=self.serving.get("python"),
-            device=self.serving["device"],
-            served_model_name=SERVED_NAME,
-            max_model_len=self.serving.get("max_model_len", 4096),
-            startup_timeout_s=self.serving.get("startup_timeout_s", 300),
-            worker_extension=True,
-            log_path=self.log_path,
+        self.server = VLLMServer.from_serving(
+            model, self.serving, served_model_name=SERVED_NAME, worker_extension=True, log_path=self.log_path
         ).start()
         self.starts += 1
         return self.server.base_url

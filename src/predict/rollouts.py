@@ -227,12 +227,9 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
         server = (
             nullcontext(None)
             if job.base_url
-            else VLLMServer(
+            else VLLMServer.from_serving(
                 job.model,
-                python=serving.get("python"),
-                device=serving["device"],
-                max_model_len=serving.get("max_model_len", 4096),
-                startup_timeout_s=serving.get("startup_timeout_s", 300),
+                serving,
                 log_path=job.out.with_name(job.out.stem + ".vllm.log"),
             )
         )

@@ -280,6 +280,15 @@ class VLLMServer:
         stop_grace_s: how long the supervisor lets vLLM shut down before SIGKILL on parent death.
     """
 
+    @classmethod
+    def from_serving(cls, model: Path | str, serving: Mapping[str, Any], **kw: Any) -> VLLMServer:
+        """A server for `model` as the config's `serving` section sets it up (interpreter, device, context length,
+        start-up timeout); `kw` adds or overrides the rest (served name, worker extension, log, extra args)."""
+        settings = {"python": serving.get("python"), "device": serving["device"],
+                    "max_model_len": serving.get("max_model_len", 4096),
+                    "startup_timeout_s": serving.get("startup_timeout_s", 300)}  # fmt: skip
+        return cls(model, **{**settings, **kw})
+
     def __init__(
         self,
         model: Path | str,

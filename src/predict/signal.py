@@ -348,10 +348,8 @@ def run_signal(config: Mapping[str, Any], out_dir: str | Path, settings: SignalS
 
     serving = config["serving"]
     runs = signal_runs(settings)
-    with VLLMServer(out / "sft" / "A", python=serving.get("python"), device=serving["device"],
-                    served_model_name=SERVED_NAME, max_model_len=serving.get("max_model_len", 4096),
-                    startup_timeout_s=serving.get("startup_timeout_s", 300), worker_extension=True,
-                    log_path=out / "vllm.log") as server:  # fmt: skip
+    with VLLMServer.from_serving(out / "sft" / "A", serving, served_model_name=SERVED_NAME, worker_extension=True,
+                                 log_path=out / "vllm.log") as server:  # fmt: skip
         for r in runs:
             job = RLJob(run=r.run, seed=r.seed, init=out / "sft" / r.arm, tasks=tasks, out_dir=out / "rl" / r.name)
             run_rl(job, run_config(config, settings, r.lr), server=server)

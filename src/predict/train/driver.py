@@ -138,13 +138,10 @@ class TrainingRun:
         extra_args: list[str] = []
         if worker_extension and serving["device"] == "gpu" and self.rl.get("server_gpu_memory_utilization"):
             extra_args += ["--gpu-memory-utilization", str(self.rl["server_gpu_memory_utilization"])]
-        with VLLMServer(
+        with VLLMServer.from_serving(
             model_dir,
-            python=serving.get("python"),
-            device=serving["device"],
+            serving,
             served_model_name=SERVED_NAME,
-            max_model_len=serving.get("max_model_len", 4096),
-            startup_timeout_s=serving.get("startup_timeout_s", 300),
             worker_extension=worker_extension,
             extra_args=extra_args,
             log_path=self.work / "vllm.log",
