@@ -46,6 +46,21 @@ def test_the_view_is_a_plain_dict_for_json_pickle_and_copies() -> None:
             clone["evaluation"]["temperature"]
 
 
+def test_dataclasses_asdict_copies_a_view_to_plain_data() -> None:
+    """asdict rebuilds a dict as type(d)(pairs): the view must come out as plain data, not crash (it crashed the
+    test campaign inside a rollout job once)."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Holder:
+        evaluation: dict
+
+    config = stage_config(load_config(REPO / "config" / "local.yaml"), "stats")
+    copied = dataclasses.asdict(Holder(config["evaluation"]))["evaluation"]
+    assert copied == dict(config["evaluation"]) and type(copied) is dict
+    assert type(copied["bootstrap"]) is dict
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_every_listed_key_exists_in_the_schema(path: Path) -> None:
     schema = yaml.safe_load((REPO / "config" / "schema.yaml").read_text())

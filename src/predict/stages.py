@@ -132,6 +132,13 @@ class StageConfig(dict):
     """A stage's view of its config slice: a plain dict (JSON, pickling and ``{**c}`` work), but a key outside the
     stage's table entry raises SliceError instead of reading as missing."""
 
+    def __new__(cls, stage: Any, *args: Any, **kwargs: Any) -> Any:
+        # dataclasses.asdict (and anything else that rebuilds a dict as type(d)(pairs)) gets plain data: a copy
+        # made for pickling or hashing has already been read through the view's key check.
+        if not isinstance(stage, str):
+            return dict(stage)
+        return super().__new__(cls)
+
     def __init__(self, stage: str, data: Mapping[str, Any], prefix: str = "", reads: tuple[str, ...] | None = None):
         self._stage, self._prefix = stage, prefix
         self._reads = STAGES[stage].reads if reads is None else reads
