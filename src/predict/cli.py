@@ -235,23 +235,26 @@ def _bootstrap(config: dict) -> dict:
     return {"resamples": 10_000, "seed": 0, "ci": 0.95, **(config.get("evaluation", {}).get("bootstrap") or {})}
 
 
-def _cmd_stats(args: argparse.Namespace) -> int:
+def _extension(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """An extension run as the statistics read it: its run spec (with its arm as base_arm) and its counterpart."""
     from dataclasses import asdict
 
+    from predict.runs import extension_counterpart, resolve_run
+
+    spec = resolve_run(config, name)
+    return {"spec": {**asdict(spec), "base_arm": spec.arm}, "counterpart": extension_counterpart(config, name)}
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
     from predict.io import write_table
-    from predict.runs import extension_counterpart, resolve_run
     from predict.stats import study_stats
 
     config = _config(args)
     ev = config.get("evaluation") or {}
     selection = ev.get("selection") or {"mode": "fixed", "step": 100}
-    extensions = {}
-    for name in config.get("extensions") or {}:
-        spec = resolve_run(config, name)
-        extensions[name] = {"spec": {**asdict(spec), "base_arm": spec.arm},
-                            "counterpart": extension_counterpart(config, name)}
+    extensions = {name: _extension(config, name) for name in config.get("extensions") or {}}
     if args.selection and not Path(args.selection).exists():
         raise ConfigError(f"--selection {args.selection}: file not found (the val statistics' selection.parquet)")
     tables = study_stats(
@@ -290,40 +293,40 @@ def _selection(config: dict, eval_paths: list[str]) -> Any:
     return select_checkpoints(metrics, selection_cfg["mode"], selection_cfg.get("step"))
 
 
+def _run_table_spec(config: Mapping[str, Any], section: str, name: str) -> Mapping[str, Any]:
+    """The config entry of one ablation or extension run (`section`), which must exist."""
+    runs = config.get(section) or {}
+    if name not in runs:
+        raise ConfigError(f"{section}: no {section[:-1]} {name!r} (have {', '.join(runs) or 'none'})")
+    return runs[name] or {}
+
+
 def _cmd_ablations(args: argparse.Namespace) -> int:
-    from predict.io import write_table
     from predict.stats import ablation_table
 
     config = _config(args)
-    ablations = config.get("ablations") or {}
-    if args.ablation not in ablations:
-        raise ConfigError(f"ablations: no ablation {args.ablation!r} (have {', '.join(ablations) or 'none'})")
-    selection = _selection(config, args.eval)
-    table = ablation_table(args.ablation, args.eval, selection,
-                           base_arm=(ablations[args.ablation] or {}).get("base_arm", "B"), **_bootstrap(config))
-    write_table(table, args.out)
-    console.print(f"{args.ablation}: {table.num_rows} seed row(s) -> {args.out}")
-    return 0
+    spec = _run_table_spec(config, "ablations", args.ablation)
+    table = ablation_table(args.ablation, args.eval, _selection(config, args.eval),
+                           base_arm=spec.get("base_arm", "B"), **_bootstrap(config))
+    return _write_run_table(table, args.ablation, args.out)
 
 
 def _cmd_extensions(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
-    from predict.io import write_table
-    from predict.runs import extension_counterpart, resolve_run
     from predict.stats import extension_table
 
     config = _config(args)
-    extensions = config.get("extensions") or {}
-    if args.extension not in extensions:
-        raise ConfigError(f"extensions: no extension {args.extension!r} (have {', '.join(extensions) or 'none'})")
-    selection = _selection(config, args.eval)
-    spec = resolve_run(config, args.extension)
-    table = extension_table(args.extension, args.eval, selection, spec={**asdict(spec), "base_arm": spec.arm},
-                            counterpart=extension_counterpart(config, args.extension),
+    _run_table_spec(config, "extensions", args.extension)
+    table = extension_table(args.extension, args.eval, _selection(config, args.eval),
+                            **_extension(config, args.extension),
                             default_test_cost=int(config["env"].get("test_cost", 1)), **_bootstrap(config))
-    write_table(table, args.out)
-    console.print(f"{args.extension}: {table.num_rows} seed row(s) -> {args.out}")
+    return _write_run_table(table, args.extension, args.out)
+
+
+def _write_run_table(table: Any, name: str, out: str) -> int:
+    from predict.io import write_table
+
+    write_table(table, out)
+    console.print(f"{name}: {table.num_rows} seed row(s) -> {out}")
     return 0
 
 
@@ -417,27 +420,25 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_rl(args: argparse.Namespace) -> int:
+def _cmd_train_run(args: argparse.Namespace) -> int:
+    """`predict rl` and `predict rft`: one run and seed with the local trainer the run's config names."""
     from predict.runs import resolve_run
-    from predict.train.rl import RLJob, run_rl
+    from predict.train.driver import RLJob
+    from predict.train.rft import run_rft
+    from predict.train.rl import run_rl
 
     config = _config(args)
     if "rl" not in config:
-        raise ConfigError("config: no rl section")
-    if (trainer := resolve_run(config, args.run).trainer) != "rl":
+        raise ConfigError("config: no rl section" + (" (RFT takes its steps and checkpoints from it)"
+                                                     if args.stage == "rft" else ""))
+    if (trainer := resolve_run(config, args.run).trainer) != args.stage:
         raise ConfigError(f"run {args.run}: trainer {trainer}; run it with `predict {trainer}`")
-    job = RLJob(
-        run=args.run,
-        seed=args.seed,
-        init=Path(args.init),
-        tasks=Path(args.tasks_file),
-        out_dir=Path(args.out_dir),
-        base_url=args.base_url,
-    )
+    job = RLJob(run=args.run, seed=args.seed, init=Path(args.init), tasks=Path(args.tasks_file),
+                out_dir=Path(args.out_dir), base_url=args.base_url)
     if not job.init.is_dir():
         raise FileNotFoundError(f"--init {job.init}: not a checkpoint folder")
-    summary = run_rl(job, config)
-    _print_summary(f"RL: {job.run}, seed {job.seed}", summary)
+    summary = (run_rl if args.stage == "rl" else run_rft)(job, config)
+    _print_summary(f"{args.stage.upper()}: {job.run}, seed {job.seed}", summary)
     return 0
 
 
@@ -504,25 +505,6 @@ def _cmd_prime_rl_train(args: argparse.Namespace) -> int:
     n = configs.write_metrics(output_dir, metrics)
     mark_finished(output_dir)  # collected: a later run of this job trains again (predict.fingerprint)
     console.print(f"metrics: {n} values -> {metrics}")
-    return 0
-
-
-def _cmd_rft(args: argparse.Namespace) -> int:
-    from predict.runs import resolve_run
-    from predict.train.driver import RLJob
-    from predict.train.rft import run_rft
-
-    config = _config(args)
-    if "rl" not in config:
-        raise ConfigError("config: no rl section (RFT takes its steps and checkpoints from it)")
-    if (trainer := resolve_run(config, args.run).trainer) != "rft":
-        raise ConfigError(f"run {args.run}: trainer {trainer}; run it with `predict {trainer}`")
-    job = RLJob(run=args.run, seed=args.seed, init=Path(args.init), tasks=Path(args.tasks_file),
-                out_dir=Path(args.out_dir), base_url=args.base_url)
-    if not job.init.is_dir():
-        raise FileNotFoundError(f"--init {job.init}: not a checkpoint folder")
-    summary = run_rft(job, config)
-    _print_summary(f"RFT: {job.run}, seed {job.seed}", summary)
     return 0
 
 
@@ -690,23 +672,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rl-metrics", nargs="*", default=[], help="results/rl/{run}/seed{seed}/metrics.parquet")
     p.add_argument("--tasks-file", default=None, help="the example's split parquet, for the task text")
     p.add_argument("--out", required=True)
-    p = stage("rl", _cmd_rl, "RL (GRPO) of one run and seed on the rl split: step checkpoints + metrics (resumes)")
-    config_source(p)
-    p.add_argument("--run", required=True, help="an arm (A, B) or an ablation (alpha0, forced_keep, ...)")
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--init", required=True, help="starting checkpoint: the run's arm's SFT folder")
-    p.add_argument("--tasks-file", required=True, help="the rl split parquet")
-    p.add_argument("--out-dir", required=True, help="results/rl/<run>/seed<seed>")
-    p.add_argument("--base-url", default=None, help="roll out against this endpoint (no weight sync; tests)")
-
-    p = stage("rft", _cmd_rft, "rejection-sampling fine-tuning of one RFT extension run and seed (resumes)")
-    config_source(p)
-    p.add_argument("--run", required=True, help="an extension with trainer rft (rft_A, rft_B)")
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--init", required=True, help="the run's arm's SFT folder (sampled from, fine-tuned)")
-    p.add_argument("--tasks-file", required=True, help="the rl split parquet")
-    p.add_argument("--out-dir", required=True, help="results/rl/<run>/seed<seed>")
-    p.add_argument("--base-url", default=None, help="roll out against this endpoint (tests)")
+    for name, summary, run_help, init_help in (
+        ("rl", "RL (GRPO) of one run and seed on the rl split: step checkpoints + metrics (resumes)",
+         "an arm (A, B) or an ablation (alpha0, forced_keep, ...)", "starting checkpoint: the run's arm's SFT folder"),
+        ("rft", "rejection-sampling fine-tuning of one RFT extension run and seed (resumes)",
+         "an extension with trainer rft (rft_A, rft_B)", "the run's arm's SFT folder (sampled from, fine-tuned)"),
+    ):
+        p = stage(name, _cmd_train_run, summary)
+        config_source(p)
+        p.add_argument("--run", required=True, help=run_help)
+        p.add_argument("--seed", type=int, required=True)
+        p.add_argument("--init", required=True, help=init_help)
+        p.add_argument("--tasks-file", required=True, help="the rl split parquet")
+        p.add_argument("--out-dir", required=True, help="results/rl/<run>/seed<seed>")
+        p.add_argument("--base-url", default=None, help="roll out against this endpoint (no weight sync; tests)")
 
     p = stage("sft", _cmd_sft, "supervised fine-tuning on rendered traces -> an HF checkpoint (resumes after a kill)")
     config_source(p)
