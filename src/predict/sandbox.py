@@ -136,8 +136,6 @@ if TYPE_CHECKING:
 __all__ = ["IsolationError", "Verdict", "Verifier", "check_isolation", "check_once", "isolation_report",
            "isolation_status", "label_original", "required_layers"]
 
-OutcomeLabels = Literal["structured", "original"]
-
 CAPTURE_BYTES = 64 * 1024  # stdout/stderr tails kept per check
 FSIZE_BYTES = 16 * 1024 * 1024  # largest file a solution may write
 TMPFS_OPTIONS = b"size=64m,nr_inodes=4096,mode=1777"
@@ -816,17 +814,6 @@ def _prepare_signal_filter() -> None:
         buf = ctypes.create_string_buffer(prog, len(prog))
         fprog = _SockFprog(len(prog) // 8, ctypes.addressof(buf))
         _FILTER = (memoryview(buf).cast("B"), own, group, ctypes.byref(fprog), (buf, fprog))  # last: keep them alive
-
-
-def _signal_filter(pid: int) -> bytes:
-    """The classic-BPF program (struct sock_filter[]) that _install_signal_filter installs in a child with this pid."""
-    _prepare_signal_filter()
-    assert _FILTER is not None
-    view, own, group, _, _ = _FILTER
-    for offsets, value in ((own, pid & 0xFFFFFFFF), (group, -pid & 0xFFFFFFFF)):
-        for o in offsets:
-            view[o:o + 4] = value.to_bytes(4, "little")
-    return view.tobytes()
 
 
 def _signal_filter_template() -> tuple[bytes, tuple[int, ...], tuple[int, ...]]:
