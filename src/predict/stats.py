@@ -905,8 +905,6 @@ POWER_SCHEMA = pa.schema([
     ("n_tasks", pa.int64()), ("design", pa.string()), ("significance", pa.float64()), ("power", pa.float64()),
     ("powered", pa.bool_()), ("study_design", pa.bool_()),
 ])
-POWER_DESIGNS = {"test": "the test: one seed pairing on the test tasks", "val": "val selection: one seed pairing",
-                 "grid": "grid"}
 
 
 def power_table(

@@ -17,7 +17,7 @@ import ast
 import hashlib
 import random
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from predict.outcomes import Outcome
@@ -393,7 +393,3 @@ def candidates(
                     out.append(mutant)
                     taken += 1
     return out
-
-
-def operator_names(ops: Iterable[Operator] = OPERATORS) -> list[str]:
-    return [op.name for op in ops]
