@@ -265,18 +265,15 @@ def revise_split(metrics: list[dict[str, Any]] | None, selection: list[dict[str,
 
 def revise_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The REVISE split, REVISE on passing vs failing patches and budget exhaustion, every rate with its n."""
-    def g(m: Mapping[str, Any], key: str) -> Any:
-        return m.get(key)
-
     out = [{
         "who": _who(m["run"], m["checkpoint"], m["seed"]),
-        "never": pct(g(m, "never_revised_n_pass"), m["never_revised_n"]),
-        "ever": pct(g(m, "ever_revised_n_pass"), m["ever_revised_n"]),
+        "never": pct(m.get("never_revised_n_pass"), m["never_revised_n"]),
+        "ever": pct(m.get("ever_revised_n_pass"), m["ever_revised_n"]),
         "split": f"{m['never_revised_n']} / {m['ever_revised_n']}",
-        "rev_pass": pct(g(m, "n_revised_pass_patches"), m["n_pass_patches"]),
-        "rev_fail": pct(g(m, "n_revised_fail_patches"), m["n_fail_patches"]),
-        "budget_rev": pct(g(m, "n_budget_exhausted_revise"), m["ever_revised_n"]),
-        "budget_keep": pct(g(m, "n_budget_exhausted_keep"), g(m, "n_keep_only")),
+        "rev_pass": pct(m.get("n_revised_pass_patches"), m["n_pass_patches"]),
+        "rev_fail": pct(m.get("n_revised_fail_patches"), m["n_fail_patches"]),
+        "budget_rev": pct(m.get("n_budget_exhausted_revise"), m["ever_revised_n"]),
+        "budget_keep": pct(m.get("n_budget_exhausted_keep"), m.get("n_keep_only")),
     } for m in rows]
     return table(out, ["who", "split", "never", "ever", "rev_pass", "rev_fail", "budget_rev", "budget_keep"], {
         "who": "run / checkpoint / seed", "split": "rollouts never / ever revised",
@@ -347,8 +344,7 @@ def _freq_chart(pairs: Sequence[tuple[str, float, float]], title: str) -> str:
     return figure(fig, title)
 
 
-def frequencies(classes: list[dict[str, Any]] | None, selection: list[dict[str, Any]] | None,
-                rl: Mapping[str, list[dict[str, Any]]]) -> str:
+def frequencies(classes: list[dict[str, Any]] | None, selection: list[dict[str, Any]] | None) -> str:
     if not classes:
         out = empty("No predictions recorded in evaluation yet: no class frequencies.")
     else:
@@ -557,6 +553,11 @@ def _selected(metrics: Sequence[Mapping[str, Any]]) -> set[tuple[str, str, int]]
     return {(m["run"], m["checkpoint"], m["seed"]) for m in metrics if m.get("selected")}
 
 
+def _selection(metrics: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The test's selected checkpoints in the shape of the val selection table (what the val sections read)."""
+    return [{"run": m["run"], "checkpoint": m["checkpoint"], "seed": m["seed"]} for m in metrics if m.get("selected")]
+
+
 def test_headline(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
     metrics, pairs = test.get("metrics") or [], test.get("pairs") or []
     if not metrics:
@@ -619,20 +620,16 @@ def test_revise(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
     predictive = [m for m in metrics if "predictive" in (m.get("protocol") or "") and m["n_scored"]]
     if not predictive:
         return empty("No predictive-protocol evaluation on test.")
-    selection = [{"run": m["run"], "checkpoint": m["checkpoint"], "seed": m["seed"]} for m in predictive
-                 if m.get("selected")]
-    return revise_split(predictive, selection)
+    return revise_split(predictive, _selection(predictive))
 
 
 def test_confusion(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
     metrics = test.get("metrics") or []
     if not metrics:
         return empty(NO_TEST)
-    selection = [{"run": m["run"], "checkpoint": m["checkpoint"], "seed": m["seed"]} for m in metrics
-                 if m.get("selected")]
-    chosen = {(s["run"], s["checkpoint"], s["seed"]) for s in selection}
+    chosen = _selected(metrics)
     out = confusion_section([c for c in test.get("confusion") or []
-                             if (c["run"], c["checkpoint"], c["seed"]) in chosen], selection, per_seed=True)
+                             if (c["run"], c["checkpoint"], c["seed"]) in chosen], _selection(metrics), per_seed=True)
     classes = [c for c in test.get("classes") or [] if (c["run"], c["checkpoint"], c["seed"]) in chosen]
     out += "<h3>Class shares of the patches: verified vs predicted</h3>" + class_share_table(classes)
     shares = [r for r in test.get("prediction_shares") or [] if r["n_predicted_reference"] or r["n_predicted_selected"]]
@@ -819,7 +816,7 @@ def build_report(
         "mechanism": mechanism_table(metrics) if metrics else empty("No evaluations yet."),
         "revise-split": revise_split(metrics, selection),
         "confusion": confusion_section(stat("confusion"), selection),
-        "frequencies": frequencies(stat("classes"), selection, rl),
+        "frequencies": frequencies(stat("classes"), selection),
         "ablations": ablations_section({Path(p).stem: _read(Path(p)) for p in ablations}),
         "extensions": extensions_section({Path(p).stem: _read(Path(p)) for p in extensions}),
         "power": power_section(_read(power), config),
