@@ -127,17 +127,7 @@ class ResumableParquet:
 
 def write_json(obj: Any, path: str | Path) -> Path:
     """Write JSON atomically, keys sorted so the file is byte-stable."""
-    path = Path(path)
-    fd, tmp = _atomic_target(path)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    return write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", path)
 
 
 def write_text(text: str, path: str | Path) -> Path:

@@ -233,10 +233,9 @@ def slice_file(config: Mapping[str, Any], stage: str, folder: str | Path) -> str
     text = _canonical(config_slice(config, stage))
     path = Path(folder, f"{stage}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json")
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{id(text)}")
-        tmp.write_text(text + "\n")
-        tmp.replace(path)
+        from predict.io import write_text
+
+        write_text(text + "\n", path)
     return str(path)
 
 

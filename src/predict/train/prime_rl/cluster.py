@@ -245,6 +245,8 @@ def last_attempt_records(attempts: Sequence[Sequence[str]]) -> tuple[list[str], 
 def drop_superseded_metrics(output_dir: str | Path) -> dict[str, int]:
     """Rewrite each metrics.jsonl with only the last attempt's records of each step (atomically; the dropped lines
     are appended to ``<name>.superseded.jsonl``); returns the dropped count per file. Then one attempt remains."""
+    from predict.io import write_json, write_text
+
     output_dir = Path(output_dir)
     path = output_dir / ATTEMPTS
     marks: dict[str, list[int]] = json.loads(path.read_text()) if path.exists() else {}
@@ -262,12 +264,8 @@ def drop_superseded_metrics(output_dir: str | Path) -> dict[str, int]:
         if dropped:
             with open(f.with_suffix(".superseded.jsonl"), "a") as out:
                 out.writelines(line + "\n" for line in dropped)
-            tmp = f.with_name(f".{f.name}.tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, f)
+            write_text("".join(line + "\n" for line in kept), f)
         marks[name] = [0]  # one attempt now
     if marks:
-        from predict.io import write_json
-
         write_json(marks, path)
     return dropped_counts

@@ -43,7 +43,6 @@ Rules the rendered ``rl`` config follows (each tested in tests/test_prime_rl_con
 from __future__ import annotations
 
 import json
-import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -374,12 +373,9 @@ def write_toml(table: Mapping[str, Any], path: str | Path) -> Path:
     """Write a TOML file atomically; it reads back to the same table."""
     import tomli_w
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(tomli_w.dumps(dict(table)))
-    os.replace(tmp, path)
-    return path
+    from predict.io import write_text
+
+    return write_text(tomli_w.dumps(dict(table)), path)
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
