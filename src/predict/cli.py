@@ -529,21 +529,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="stage", required=True, metavar="<stage>")
 
-    def config_source(p: argparse.ArgumentParser) -> None:
-        source = p.add_mutually_exclusive_group(required=True)
-        source.add_argument("--config", help="study config file")
-        source.add_argument("--config-json", help="the same, inline")
-        source.add_argument("--config-slice", help="this stage's slice of the config (JSON; what Snakemake passes)")
-
-    def stage(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+    def stage(name: str, func: Callable[[argparse.Namespace], int], help: str, config: bool = True
+              ) -> argparse.ArgumentParser:
+        """A stage's subcommand; ``config``: it reads the study config (from one of three sources)."""
         p = sub.add_parser(name, help=help, description=help)
         p.set_defaults(func=func)
+        if config:
+            source = p.add_mutually_exclusive_group(required=True)
+            source.add_argument("--config", help="study config file")
+            source.add_argument("--config-json", help="the same, inline")
+            source.add_argument("--config-slice", help="this stage's slice of the config (JSON; what Snakemake passes)")
         return p
 
-    p = stage("check-config", _cmd_check_config, "validate config files against config/schema.yaml")
+    p = stage("check-config", _cmd_check_config, "validate config files against config/schema.yaml", config=False)
     p.add_argument("configs", nargs="+")
 
-    p = stage("split", _cmd_split, "read MBPP, split it with a seed, write {sft,rl,val,test}.parquet + manifest.json")
+    p = stage("split", _cmd_split, "read MBPP, split it with a seed, write {sft,rl,val,test}.parquet + manifest.json",
+              config=False)
     p.add_argument("--mbpp", required=True, help="MBPP jsonl or parquet")
     p.add_argument("--hf-fallback", action="store_true", help="load HF mbpp/full if --mbpp does not exist")
     p.add_argument("--mbpp-sha256", default=None, help="the file must have this sha256 (config data.mbpp_sha256)")
@@ -553,7 +555,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test", type=int, required=True)
     p.add_argument("--out-dir", required=True)
 
-    p = stage("verify-gold", _cmd_verify_gold, "run the gold solutions through the sandbox: the verifier report")
+    p = stage("verify-gold", _cmd_verify_gold, "run the gold solutions through the sandbox: the verifier report",
+              config=False)
     p.add_argument("--data-dir", required=True)
     p.add_argument("--splits", nargs="+", required=True, choices=["sft", "rl", "val"])
     p.add_argument("--timeout-s", type=float, default=3.0)
@@ -566,7 +569,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="per-task parquet")
     p.add_argument("--summary-out", required=True, help="counts by split and class, parquet")
 
-    p = stage("build-tiny-model", _cmd_build_tiny_model, "build a random tiny Qwen3 with the real tokenizer")
+    p = stage("build-tiny-model", _cmd_build_tiny_model, "build a random tiny Qwen3 with the real tokenizer",
+              config=False)
     p.add_argument("--out-dir", required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hidden-size", type=int, default=64)
@@ -574,16 +578,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tie-word-embeddings", action="store_true", help="smaller, but see tiny_model.py on reloads")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
 
-    p = stage("serve", _cmd_serve, "serve a checkpoint with vLLM on 127.0.0.1 until interrupted")
+    p = stage("serve", _cmd_serve, "serve a checkpoint with vLLM on 127.0.0.1 until interrupted", config=False)
     p.add_argument("serve_args", nargs=argparse.REMAINDER, help="see `predict serve -- --help`")
 
     p = stage("check-serving", _cmd_check_serving, "check that serving.python imports vLLM (before any serving job)")
-    config_source(p)
     p.add_argument("--timeout-s", type=float, default=300.0, help="how long the import may take")
     p.add_argument("--out", default=None, help="write what was checked here (json)")
 
     p = stage("rollout", _cmd_rollout, "roll a checkpoint out over a split's tasks into parquet (resumes)")
-    config_source(p)
     p.add_argument("--tasks-file", required=True, help="split parquet from `predict split`")
     p.add_argument("--split", required=True, choices=["sft", "rl", "val", "test"])
     p.add_argument("--model", required=True, help="checkpoint folder or HF id")
@@ -608,13 +610,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
 
     p = stage("traces", _cmd_traces, "synthesize both arms' SFT traces (gold + verified mutants) into parquet")
-    config_source(p)
     p.add_argument("--tasks-file", required=True, help="the sft split parquet from `predict split`")
     p.add_argument("--out-dir", required=True, help="writes {arm}.parquet for every arm and tasks.parquet")
 
     p = stage("evaluate", _cmd_evaluate,
               "greedy pass@1 of a run/seed's checkpoints on a split, one vLLM server (evaluation settings)")
-    config_source(p)
     p.add_argument("--run", required=True, help="an arm (A, B) or an ablation (alpha0, forced_keep, ...)")
     p.add_argument("--split", required=True, choices=["val", "test"])
     p.add_argument("--seed", type=int, required=True)
@@ -629,7 +629,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-metrics", default=None, help="test only: metrics.parquet from `predict stats` on val")
 
     p = stage("stats", _cmd_stats, "pass@1, paired tests, mechanism metrics and selection from evaluations")
-    config_source(p)
     p.add_argument("--eval", nargs="+", required=True, help=".../{run}/{checkpoint}/{split}/seed{seed}.parquet")
     p.add_argument("--out-dir", required=True,
                    help="writes predict.stats.STATS_TABLES (val) or TEST_STATS_TABLES (test) as {name}.parquet")
@@ -637,30 +636,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="test evaluations only: the val statistics' selection.parquet (the checkpoints compared)")
 
     p = stage("ablations", _cmd_ablations, "one ablation's table: a row per seed vs its base arm")
-    config_source(p)
     p.add_argument("--ablation", required=True)
     p.add_argument("--eval", nargs="+", required=True, help="val evaluations of the ablation, its base arm and A")
     p.add_argument("--out", required=True)
 
     p = stage("extensions", _cmd_extensions, "one extension's table: a row per seed vs Arm A and Arm B + mechanism")
-    config_source(p)
     p.add_argument("--extension", required=True)
     p.add_argument("--eval", nargs="+", required=True, help="val evaluations of the extension, A, B, counterpart")
     p.add_argument("--out", required=True)
 
     p = stage("power", _cmd_power,
               "exact power of one seed pairing (exact McNemar) per difference, discordance and number of tasks")
-    config_source(p)
     p.add_argument("--pairs", default=None, help="pairs.parquet: adds the observed A vs B discordance rates")
     p.add_argument("--out", required=True)
 
     p = stage("training-outcomes", _cmd_training_outcomes,
-              "per predictive run and seed, over all RL steps: verified vs predicted class counts and shares")
+              "per predictive run and seed, over all RL steps: verified vs predicted class counts and shares",
+              config=False)
     p.add_argument("--rl-metrics", nargs="*", default=[], help="results/rl/{run}/seed{seed}/metrics.parquet")
     p.add_argument("--out", required=True, help="results/stats/training_outcomes.parquet")
 
     p = stage("report", _cmd_report, "the study report: one self-contained HTML page from parquet")
-    config_source(p)
     p.add_argument("--stats-dir", required=True, help="the val statistics (results/stats/)")
     p.add_argument("--test-stats", default=None,
                    help="the test statistics (results/test/stats/): the report then opens with the test")
@@ -679,7 +675,6 @@ def build_parser() -> argparse.ArgumentParser:
          "an extension with trainer rft (rft_A, rft_B)", "the run's arm's SFT folder (sampled from, fine-tuned)"),
     ):
         p = stage(name, _cmd_train_run, summary)
-        config_source(p)
         p.add_argument("--run", required=True, help=run_help)
         p.add_argument("--seed", type=int, required=True)
         p.add_argument("--init", required=True, help=init_help)
@@ -688,7 +683,6 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--base-url", default=None, help="roll out against this endpoint (no weight sync; tests)")
 
     p = stage("sft", _cmd_sft, "supervised fine-tuning on rendered traces -> an HF checkpoint (resumes after a kill)")
-    config_source(p)
     p.add_argument("--arm", required=True)
     p.add_argument("--traces", required=True, help="traces parquet with a messages column")
     p.add_argument("--base-model", required=True, help="checkpoint folder or HF id to start from")
@@ -697,7 +691,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", required=True, help="resumable trainer state (removed when done)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N steps (smoke tests)")
     p = stage("signal", _cmd_signal, "the learning-signal run: RL visibly raises reward, CE teaches the label")
-    config_source(p)
     p.add_argument("--out-dir", required=True, help="curves.parquet, verdicts.parquet, signal.png and the runs")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="Arm A seeds (default 1 2)")
     p.add_argument("--rl-steps", type=int, default=None)
@@ -707,7 +700,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=None, help="steps averaged at each end of the reward curve")
     p.add_argument("--target-trace-prob", type=float, default=None, help="SFT stops at this exact-trace probability")
 
-    p = stage("prime-rl-setup", _cmd_prime_rl_setup, "clone prime-rl at the pinned commit, register PredictAlgorithm, uv sync")
+    p = stage("prime-rl-setup", _cmd_prime_rl_setup,
+              "clone prime-rl at the pinned commit, register PredictAlgorithm, uv sync", config=False)
     p.add_argument("--repo", required=True, help="URL or local clone of prime-rl")
     p.add_argument("--commit", required=True, help="40-hex commit (config prime_rl.commit)")
     p.add_argument("--dir", required=True, help="where the checkout and its .venv live")
@@ -718,7 +712,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = stage("prime-rl-config", _cmd_prime_rl_config, "render a prime-rl rl/sft TOML (and the SFT dataset)")
     p.add_argument("kind", choices=["rl", "sft"])
-    config_source(p)
     p.add_argument("--model", required=True, help="start checkpoint: folder or HF id")
     p.add_argument("--output-dir", required=True, help="prime-rl's output_dir")
     p.add_argument("--out", required=True, help="the TOML to write")
@@ -729,7 +722,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--traces", help="sft: results/sft/traces/{arm}.parquet (column messages)")
     p.add_argument("--dataset-dir", help="sft: where to write the messages dataset")
 
-    p = stage("prime-rl-train", _cmd_prime_rl_train, "run prime-rl rl/sft on a rendered TOML, collect checkpoints")
+    p = stage("prime-rl-train", _cmd_prime_rl_train, "run prime-rl rl/sft on a rendered TOML, collect checkpoints",
+              config=False)
     p.add_argument("kind", choices=["rl", "sft"])
     p.add_argument("--toml", required=True)
     p.add_argument("--dir", required=True, help="the prime-rl checkout (prime-rl-setup --dir)")

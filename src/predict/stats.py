@@ -472,9 +472,7 @@ CLASS_SCHEMA = pa.schema([*ID_FIELDS, ("cls", pa.string()), ("n_predicted", pa.i
 
 
 def _table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema | None = None) -> pa.Table:
-    if schema is not None:
-        return pa.Table.from_pylist([dict(r) for r in rows], schema=schema)
-    return pa.Table.from_pylist([dict(r) for r in rows])
+    return pa.Table.from_pylist([dict(r) for r in rows], schema=schema)  # no schema: inferred from the rows
 
 
 def load_evaluations(sources: Iterable[str | Path | Evaluation]) -> dict[Key, Evaluation]:
