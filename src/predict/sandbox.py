@@ -1334,7 +1334,7 @@ def required_layers(require: str | Sequence[str] = "auto", *, root: bool | None 
     return tuple(dict.fromkeys(require))
 
 
-def _why_inactive(layer: str, layers: dict[str, bool], reasons: dict[str, str]) -> str:
+def _why_inactive(layer: str, reasons: dict[str, str]) -> str:
     if layer in reasons:
         return reasons[layer]
     if layer == "user_namespace" and os.geteuid() == 0:
@@ -1358,7 +1358,7 @@ def check_isolation(status: tuple[dict[str, bool], dict[str, str]], require: str
     missing = [n for n in required if not layers.get(n)]
     record = {
         "active": [n for n in LAYERS if layers.get(n)],
-        "inactive": {n: _why_inactive(n, layers, reasons) for n in LAYERS if not layers.get(n)},
+        "inactive": {n: _why_inactive(n, reasons) for n in LAYERS if not layers.get(n)},
         "required": list(required),
         "missing": missing,
         "accept_weaker": bool(accept_weaker),
@@ -1641,28 +1641,10 @@ class Verifier:
 
     def check(self, solution: str, test_list: Sequence[str], test_setup_code: str = "") -> Verdict:
         """Run one check on the next free server (blocks while all are busy)."""
-        if self._closed:
-            raise RuntimeError("Verifier is closed")
-        req = _Request(solution, tuple(test_list), test_setup_code or "", self.timeout_s, self.memory_mb)
-        server = self._idle.get()
         try:
-            try:
-                raw = server.request(req)
-            except _ServerDied:  # killed from outside, or crashed: retry once on a fresh server
-                if self._closed:
-                    raise
-                server = self._replace(server)
-                raw = server.request(req)
-        except _ServerDied as e:
-            if not self._closed:
-                server = self._replace(server)
+            return self.check_many([(solution, test_list, test_setup_code)])[0]
+        except _ServerDied as e:  # the pool was closed under the check (close() from another thread)
             return Verdict(Outcome.OTHER, str(e)[:DETAIL_CHARS], None, 0.0, "", "")
-        finally:
-            self._idle.put(server)
-        channel = raw.parse()
-        if channel.layers:
-            self._last_layers, self._last_reasons = channel.layers, channel.reasons or {}
-        return _to_verdict(raw, self.timeout_s, self.outcome_labels, channel)
 
     def check_many(self, items: Iterable[tuple[str, Sequence[str], str]], *, progress: bool = False) -> list[Verdict]:
         """Check ``(solution, test_list, test_setup_code)`` items ``workers`` at a time; results in input order.
