@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +48,8 @@ def _cmd_split(args: argparse.Namespace) -> int:
         source=str(source) if source.exists() else "hf:mbpp/full",
         source_sha256=file_sha256(source) if source.exists() else None,
     )
-    table = Table("split", "tasks", "content sha256", title=f"MBPP split (seed {args.seed})")
-    for name, entry in manifest["splits"].items():
-        table.add_row(name, str(entry["count"]), entry["content_sha256"][:16])
-    console.print(table)
+    _print_table(f"MBPP split (seed {args.seed})", ("split", "tasks", "content sha256"),
+                 [(name, entry["count"], entry["content_sha256"][:16]) for name, entry in manifest["splits"].items()])
     return 0
 
 
@@ -73,11 +71,8 @@ def _cmd_verify_gold(args: argparse.Namespace) -> int:
     write_gold_report(rows, args.out, args.summary_out, isolation)
     if isolation["missing"]:
         log.warning("weaker sandbox isolation accepted: %s not active", ", ".join(isolation["missing"]))
-    table = Table("split", "outcome", "gold solutions", title="Verifier report: gold solutions by class")
-    for entry in summarize(rows):
-        if entry["count"]:
-            table.add_row(entry["split"], entry["outcome"], str(entry["count"]))
-    console.print(table)
+    _print_table("Verifier report: gold solutions by class", ("split", "outcome", "gold solutions"),
+                 [(e["split"], e["outcome"], e["count"]) for e in summarize(rows) if e["count"]])
     for r in rows:
         if r["outcome"] != "PASS":
             log.warning("gold solution of task %s (%s) is %s: %s", r["task_id"], r["split"], r["outcome"], r["detail"])
@@ -166,21 +161,25 @@ def _cmd_traces(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     summary = run_stage(load_split(args.tasks_file), config, args.out_dir)
     for arm, mix in summary["arms"].items():
-        table = Table("role", "verified class", "traces", title=f"SFT traces, arm {arm}: the mix")
-        for entry in mix:
-            table.add_row(entry["role"], entry["verified_class"], str(entry["count"]))
-        console.print(table)
+        _print_table(f"SFT traces, arm {arm}: the mix", ("role", "verified class", "traces"),
+                     [(e["role"], e["verified_class"], e["count"]) for e in mix])
     tasks = ", ".join(f"{role} {n}" for role, n in sorted(summary["tasks"].items()))
     console.print(f"sft tasks: {tasks}; {summary['n_checks']} sandbox checks in {time.perf_counter() - started:.1f} s")
     return 0
 
 
+def _print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """A table on stderr: each cell as str() shows it, None as an empty cell."""
+    table = Table(*columns, title=title)
+    for row in rows:
+        table.add_row(*(None if cell is None else str(cell) for cell in row))
+    console.print(table)
+
+
 def _print_summary(title: str, summary: dict[str, Any], float_format: str = ".3f") -> None:
     """A stage's summary as a two-column table on stderr."""
-    table = Table("measure", "value", title=title)
-    for key, value in summary.items():
-        table.add_row(key, format(value, float_format) if isinstance(value, float) else str(value))
-    console.print(table)
+    _print_table(title, ("measure", "value"), [(key, format(value, float_format) if isinstance(value, float)
+                                               else str(value)) for key, value in summary.items()])
 
 
 # The arguments through which a stage writes (a scratch folder outside results_dir claims nothing).
@@ -272,11 +271,9 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     out = Path(args.out_dir)
     for name, table in tables.items():
         write_table(table, out / f"{name}.parquet")
-    summary = Table("run", "checkpoint", "split", "seed", "pass@1", "n", title="greedy pass@1")
-    for m in tables["metrics"].to_pylist():
-        summary.add_row(m["run"], m["checkpoint"], m["split"], str(m["seed"]), f"{m['pass_at_1']:.3f}",
-                        f"{m['n_pass']}/{m['n_scored']}")
-    console.print(summary)
+    _print_table("greedy pass@1", ("run", "checkpoint", "split", "seed", "pass@1", "n"),
+                 [(m["run"], m["checkpoint"], m["split"], m["seed"], f"{m['pass_at_1']:.3f}",
+                   f"{m['n_pass']}/{m['n_scored']}") for m in tables["metrics"].to_pylist()])
     return 0
 
 
