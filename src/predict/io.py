@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,21 @@ def _umask() -> int:
     return mask
 
 
-def _atomic_target(path: Path) -> tuple[int, Path]:
+@contextmanager
+def _replacing(path: Path) -> Iterator[tuple[int, Path]]:
+    """A temporary file beside ``path`` (its open descriptor and its path) that replaces ``path`` when the block
+    ends, and is removed if the block fails."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     # mkstemp makes the file 0600; the output gets the mode any other new file would (0666 minus the umask), so
     # results and reports can be shared like the rest of the folder.
     os.fchmod(fd, 0o666 & ~_umask())
-    return fd, Path(tmp)
+    try:
+        yield fd, Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_table(table: pa.Table, path: str | Path, metadata: Mapping[str, str] | None = None) -> Path:
@@ -37,14 +46,9 @@ def write_table(table: pa.Table, path: str | Path, metadata: Mapping[str, str] |
     path = Path(path)
     if metadata:
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
-    fd, tmp = _atomic_target(path)
-    os.close(fd)
-    try:
+    with _replacing(path) as (fd, tmp):
+        os.close(fd)
         pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return path
 
 
@@ -133,12 +137,6 @@ def write_json(obj: Any, path: str | Path) -> Path:
 def write_text(text: str, path: str | Path) -> Path:
     """Write a text file (e.g. the HTML report) atomically."""
     path = Path(path)
-    fd, tmp = _atomic_target(path)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with _replacing(path) as (fd, _), os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
     return path
