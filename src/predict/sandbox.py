@@ -1671,32 +1671,21 @@ class Verifier:
 
         def start(server: _Server, i: int, retried: bool) -> None:
             s, t, setup = items[i]
-            req = _Request(s, tuple(t), setup or "", self.timeout_s, self.memory_mb)
-            while True:
-                try:
-                    server.send(req)
-                except _ServerDied as e:
-                    if self._closed:
-                        raise
-                    server = self._swap(server, held)
-                    if retried:
-                        finish(i, Verdict(Outcome.OTHER, str(e)[:DETAIL_CHARS], None, 0.0, "", ""))
-                        todo_or_idle(server)
-                        return
-                    retried = True
-                    continue
-                busy[server.out_fd] = (server, i, time.monotonic() + self.timeout_s + 30.0, retried)
-                poller.register(server.out_fd, select.POLLIN)
+            try:
+                server.send(_Request(s, tuple(t), setup or "", self.timeout_s, self.memory_mb))
+            except _ServerDied as e:
+                lost(server, i, retried, e)
                 return
+            busy[server.out_fd] = (server, i, time.monotonic() + self.timeout_s + 30.0, retried)
+            poller.register(server.out_fd, select.POLLIN)
 
         def finish(i: int, verdict: Verdict) -> None:
             results[i] = verdict
             if bar is not None:
                 bar.update(1)
 
-        def fail(fd: int, e: _ServerDied) -> None:
-            server, i, _, retried = busy.pop(fd)
-            poller.unregister(fd)
+        def lost(server: _Server, i: int, retried: bool, e: _ServerDied) -> None:
+            """The server died with item i on it: a fresh server takes its place and retries the item once."""
             if self._closed:
                 raise e
             server = self._swap(server, held)
@@ -1705,6 +1694,11 @@ class Verifier:
                 todo_or_idle(server)
             else:
                 start(server, i, True)
+
+        def fail(fd: int, e: _ServerDied) -> None:
+            server, i, _, retried = busy.pop(fd)
+            poller.unregister(fd)
+            lost(server, i, retried, e)
 
         idle: list[_Server] = []
 
