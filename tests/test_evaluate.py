@@ -220,6 +220,7 @@ def test_one_server_per_run_and_seed_reloaded_between_checkpoints(study, task_fi
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     import predict.serve
 
+    study = {**study, "serving": {**study["serving"], "shared": None}}  # a server of this job's own: counted here
     with ScriptedEndpoint({"multiply": [SOLVE, "FINAL: done"]}) as ep:
         FakeServer.base_url = ep.base_url
         FakeServer.log = []

@@ -81,8 +81,8 @@ def test_cpu_command_and_env(model_dir: Path, tmp_path: Path, monkeypatch: pytes
     assert cmd[cmd.index("--middleware") + 1] == GENERATE_COMPAT_MIDDLEWARE
     assert cmd[-2:] == ["--seed", "7"]  # extra args last, so they can override ours
     launch = srv.launch_command()  # the stdlib supervisor, run by the same interpreter, wraps it
-    assert launch[:2] == ["/opt/vllm/bin/python", "-c"] and launch[3:5] == [str(os.getpid()), "5"]
-    assert launch[5:] == cmd
+    assert launch[:2] == ["/opt/vllm/bin/python", "-c"] and launch[3:7] == [str(os.getpid()), "5", "", "0"]
+    assert launch[7:] == cmd  # no idle stop: not a shared server
     env = srv.environment()
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"

@@ -40,6 +40,8 @@ import pyarrow.parquet as pq
 
 from predict.rollouts import RolloutJob, SplitGuardError, ledger_lock, remaining_rollouts, roll_out, run_job
 from predict.runs import resolve_run, study_runs
+from predict.serve import SERVED_NAME  # every checkpoint is served under it
+from predict.stages import UNTRACKED
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +49,9 @@ EVALUATION_DEFAULTS: dict[str, Any] = {"temperature": 0.0, "max_tokens": 512, "s
 
 
 # Config keys (dotted) that shape no evaluation: names, where results go, the report's wording, the power grid, SLURM
-# sizes and the statistics' bootstrap. Changing them is not a new design, so the test campaign's hash leaves them out.
-NOT_RESULT_SHAPING = ("run_name", "results_dir", "report", "power", "cluster", "evaluation.bootstrap")
-SERVED_NAME = "policy"  # the name a run's evaluation server serves each of its checkpoints under
+# sizes, the statistics' bootstrap, and how jobs are served (stages.UNTRACKED: one shared server or one per job).
+# Changing them is not a new design, so the test campaign's hash leaves them out.
+NOT_RESULT_SHAPING = ("run_name", "results_dir", "report", "power", "cluster", "evaluation.bootstrap", *UNTRACKED)
 
 
 def design_config(config: Mapping[str, Any]) -> dict[str, Any]:

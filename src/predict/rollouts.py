@@ -198,7 +198,7 @@ def run_job(job: RolloutJob, study_config: Mapping[str, Any]) -> dict[str, Any]:
 def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
     """Run (or resume) one rollout job's rollouts, persisting each as it finishes; publish with `.publish()`."""
     from predict.env.rollout import RolloutSettings, run_rollouts_sync
-    from predict.serve import VLLMServer
+    from predict.serve import SERVED_NAME, VLLMServer
 
     guard_test_split(job)
     isolation = sandbox_isolation(study_config)
@@ -230,6 +230,7 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
             else VLLMServer.from_serving(
                 job.model,
                 serving,
+                served_model_name=SERVED_NAME,  # records name one model whichever server ran (and one can be shared)
                 log_path=job.out.with_name(job.out.stem + ".vllm.log"),
             )
         )

@@ -34,7 +34,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import fcntl
+import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -44,21 +47,30 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
 __all__ = [
     "GENERATE_COMPAT_MIDDLEWARE",
+    "SERVED_NAME",
     "WORKER_EXT_CLS",
+    "SharedServer",
     "VLLMServer",
     "VLLMServerError",
     "default_cache_dir",
     "default_python",
     "group_pids",
     "serve_main",
+    "stop_shared_server",
 ]
+
+log = logging.getLogger(__name__)
+
+#: The name every pipeline server serves its checkpoint under (rollouts, evaluation, training): one name, so a
+#: server shared between jobs (`SharedServer`) answers each of them, and records never depend on which server ran.
+SERVED_NAME = "policy"
 
 #: Module name under which vllm_worker_ext.py is copied for the server's interpreter (see _worker_ext_dir).
 _WORKER_EXT_MODULE = "predict_vllm_worker_ext"
@@ -68,14 +80,31 @@ GENERATE_COMPAT_MIDDLEWARE = f"{_WORKER_EXT_MODULE}.GenerateTokenCompat"
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 _PR_SET_PDEATHSIG = 1
 
-# Group leader between us and vLLM: python -c _SUPERVISOR <our pid or 0> <grace s> <vLLM command...>.
+# Group leader between us and vLLM:
+#   python -c _SUPERVISOR <our pid or 0> <grace s> <lease lock file or ""> <idle s> <vLLM command...>
 # Runs under the *server's* interpreter, so stdlib only.  On SIGTERM/SIGHUP/SIGINT (ours, or PDEATHSIG)
 # or when its parent changes (we died), it TERMs vLLM, waits up to <grace> s, then SIGKILLs the whole
 # process group, itself included.  If vLLM exits on its own it TERMs the stragglers and exits with its code.
+# A shared server (parent 0, a lock file) instead stops once it has been idle: the lock file's mtime (the last
+# lease's start or end) is older than <idle s> and no lease holds the lock (it takes the lock itself, so no job
+# can lease a server that is going down), or the lock file is gone (nobody can find the server any more).
 _SUPERVISOR = """\
-import os, signal, subprocess, sys, time
-parent, grace, cmd = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+import fcntl, os, signal, subprocess, sys, time
+parent, grace, lock, idle_s, cmd = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], float(sys.argv[4]), sys.argv[5:]
 child = None
+def idle():
+    try:
+        if time.time() - os.stat(lock).st_mtime < idle_s:
+            return False
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until this process dies
+        return True
+    except OSError:
+        os.close(fd)
+        return False
 def down(signum=None, frame=None):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if child is not None:
@@ -96,6 +125,8 @@ while True:
         break
     except subprocess.TimeoutExpired:
         if parent and os.getppid() != parent:
+            down()
+        if lock and idle():
             down()
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 try:
@@ -278,15 +309,23 @@ class VLLMServer:
             PR_SET_PDEATHSIG (only when :meth:`start` runs on the main thread, because it fires when
             the *creating thread* exits) plus a parent-pid check every 0.5 s (any thread).
         stop_grace_s: how long the supervisor lets vLLM shut down before SIGKILL on parent death.
+        idle_lock, idle_s: a server shared between jobs (:class:`SharedServer`) stops itself once ``idle_lock``
+            (the lease's lock file) is unlocked and untouched for ``idle_s`` seconds.
     """
 
     @classmethod
-    def from_serving(cls, model: Path | str, serving: Mapping[str, Any], **kw: Any) -> VLLMServer:
+    def from_serving(cls, model: Path | str, serving: Mapping[str, Any], **kw: Any) -> VLLMServer | SharedServer:
         """A server for `model` as the config's `serving` section sets it up (interpreter, device, context length,
-        start-up timeout); `kw` adds or overrides the rest (served name, worker extension, log, extra args)."""
+        start-up timeout); `kw` adds or overrides the rest (served name, worker extension, log, extra args).
+        With ``serving.shared`` it is a lease on the one server the run's jobs share (`SharedServer`), used the
+        same way (``with ... as srv``, or ``start()``/``stop()``)."""
         settings = {"python": serving.get("python"), "device": serving["device"],
                     "max_model_len": serving.get("max_model_len", 4096),
                     "startup_timeout_s": serving.get("startup_timeout_s", 300)}  # fmt: skip
+        shared = serving.get("shared")
+        if shared is not None:
+            return SharedServer(model, idle_s=float(shared.get("idle_s", SharedServer.DEFAULT_IDLE_S)),
+                                **{**settings, **kw})  # fmt: skip
         return cls(model, **{**settings, **kw})
 
     def __init__(
@@ -311,6 +350,8 @@ class VLLMServer:
         cache_dir: Path | None = None,
         kill_on_parent_death: bool = True,
         stop_grace_s: float = 5.0,
+        idle_lock: Path | None = None,
+        idle_s: float = 0.0,
     ) -> None:
         if device not in ("cpu", "gpu"):
             raise ValueError(f"device must be 'cpu' or 'gpu', not {device!r}")
@@ -335,6 +376,7 @@ class VLLMServer:
         self.log_path: Path | None = self._log_path_arg
         self.kill_on_parent_death = kill_on_parent_death
         self.stop_grace_s = stop_grace_s
+        self.idle_lock, self.idle_s = idle_lock, idle_s
         self._proc: Any = None  # subprocess.Popen[bytes]
         self.models_info: dict[str, Any] | None = None  # the /v1/models answer once healthy
         self.startup_s: float | None = None
@@ -376,7 +418,8 @@ class VLLMServer:
     def launch_command(self) -> list[str]:
         """What is actually spawned: the supervisor, which runs :meth:`command`."""
         parent = os.getpid() if self.kill_on_parent_death else 0
-        return [self.python, "-c", _SUPERVISOR, str(parent), f"{self.stop_grace_s:g}", *self.command()]
+        idle = [str(self.idle_lock), f"{self.idle_s:g}"] if self.idle_lock is not None else ["", "0"]
+        return [self.python, "-c", _SUPERVISOR, str(parent), f"{self.stop_grace_s:g}", *idle, *self.command()]
 
     def command(self) -> list[str]:
         """The vLLM server command line (run by the supervisor)."""
@@ -439,8 +482,9 @@ class VLLMServer:
         elif looks_local:
             raise FileNotFoundError(f"model path does not exist: {p}")
 
-    def start(self) -> VLLMServer:
-        """Spawn the server and wait until healthy.  On any failure nothing is left running."""
+    def start(self, on_spawn: Callable[[VLLMServer], None] | None = None) -> VLLMServer:
+        """Spawn the server and wait until healthy.  On any failure nothing is left running.  `on_spawn` is called
+        once the process exists, before it is healthy (a shared server records itself there)."""
         if self._proc is not None:
             raise VLLMServerError(f"server already started (pid {self._proc.pid})")
         self._check_inputs()
@@ -450,6 +494,8 @@ class VLLMServer:
             t0 = time.perf_counter()
             self._spawn()
             try:
+                if on_spawn is not None:
+                    on_spawn(self)
                 self.wait_healthy()
             except _PortInUse:
                 self._teardown()
@@ -619,12 +665,351 @@ class VLLMServer:
         return list((res or {}).get("results", []))
 
 
+# --- one server shared by the jobs of a run (config serving.shared) ---------------------------------------------
+
+# What a server keeps from the checkpoint it started on and an in-place weight reload does not replace: the model's
+# config (architecture, dtype) and generation config (vLLM's sampling defaults), minus names and versions, and the
+# tokenizer files (the chat template included). A checkpoint that differs in any of them gets a fresh server.
+_CONFIG_NAMES = ("_name_or_path", "transformers_version")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                    "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")  # fmt: skip
+
+
+def _model_config(path: Path, cache_dir: Path) -> dict[str, Any]:
+    """config.json as transformers reads it, names left out. Why not the file as written: one model is written in
+    two layouts (the tiny base: ``rope_theta``, ``torch_dtype``; a checkpoint our trainer saves: ``rope_parameters``,
+    ``dtype``, ``layer_types``), which must share a server. Cached per file content (``<cache>/configs/``), so
+    transformers (~2 s to import) is imported once per layout, not once per job. A config transformers cannot read
+    is compared as written."""
+    raw = (path / "config.json").read_bytes()
+    cached = cache_dir / "configs" / f"{hashlib.sha256(raw).hexdigest()}.json"
+    try:
+        return json.loads(cached.read_text())
+    except (OSError, json.JSONDecodeError):
+        pass
+    try:
+        from transformers import AutoConfig  # noqa: PLC0415 (the pipeline env has it; imported only on a miss)
+
+        data = AutoConfig.from_pretrained(str(path)).to_dict()
+    except Exception:  # noqa: BLE001 - not a config transformers knows: the file itself is the identity
+        data = json.loads(raw)
+    data = {k: v for k, v in data.items() if k not in _CONFIG_NAMES}
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True, default=str))
+    tmp.replace(cached)
+    return json.loads(cached.read_text())  # as JSON has it, so equal to what a later lookup returns
+
+
+def _model_identity(model: Path | str, cache_dir: Path) -> dict[str, Any]:
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        return {"hub_id": str(model)}  # no folder to reload from: another id is another server
+    identity: dict[str, Any] = {}
+    if (path / "config.json").is_file():
+        identity["config.json"] = _model_config(path, cache_dir)
+    if (path / "generation_config.json").is_file():
+        data = json.loads((path / "generation_config.json").read_text())
+        identity["generation_config.json"] = {k: v for k, v in data.items() if k not in _CONFIG_NAMES}
+    for name in _TOKENIZER_FILES:
+        if (path / name).is_file():
+            identity[name] = hashlib.sha256((path / name).read_bytes()).hexdigest()
+    return identity
+
+
+def _process_start(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot, /proc/<pid>/stat field 22), None when it is gone or a
+    zombie: with the pid it names one process, so a recycled pid is never taken for our server."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def _stop_group(pgid: int, timeout_s: float = 15.0) -> None:
+    """SIGTERM a server's process group (its supervisor stops vLLM), then SIGKILL what is left."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while group_pids(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while group_pids(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+class SharedServer:
+    """A lease on the one vLLM server that every job of a local run shares (config ``serving.shared``).
+
+    Rules it keeps:
+
+    * One holder at a time: the lease is an exclusive ``flock`` on ``<state_dir>/lease.lock``, held from
+      :meth:`start` to :meth:`stop` (a waiting job logs who holds it). The kernel drops it when a holder dies, so a
+      killed job never wedges the next one.
+    * ``<state_dir>/server.json`` records the server (pid = process group, its start time, port, log, and the key it
+      was started with). A lease reuses it only when that process is alive, was started with the same key
+      (`key`: interpreter, device, context length, served name, flags, environment, the worker extension's code, and
+      the model's `_model_identity`) and answers ``/health`` with our served name; it then loads the requested
+      checkpoint's weights in place (`VLLMServer.reload_weights`: pause, reload, prefix cache reset, resume), every
+      time, since a rerun may have rewritten a checkpoint under the same path. Otherwise the old server is stopped
+      (the reason logged) and a new one started, detached from the job (no parent-death kill), and recorded as soon
+      as it exists, so a holder killed during the start leaves a server the next lease can find and stop.
+    * A server never outlives idleness: its supervisor stops it once the lock is free and untouched for ``idle_s``
+      (a lease touches it when it starts and ends); the workflow's onsuccess/onerror stop it at once
+      (`stop_shared_server`, also ``predict serve --stop-shared``).
+    * Outputs never depend on the server being fresh or reused: every pipeline server serves under `SERVED_NAME`,
+      and a reload gives bit-identical weights (tests/test_shared_server.py compares the rows).
+    """
+
+    DEFAULT_IDLE_S = 600.0
+    LOCK, STATE, HOLDER = "lease.lock", "server.json", "holder.json"
+
+    def __init__(self, model: Path | str, *, idle_s: float = DEFAULT_IDLE_S, state_dir: Path | None = None,
+                 log_path: Path | None = None, **server_kw: Any) -> None:  # fmt: skip
+        server_kw.setdefault("served_model_name", SERVED_NAME)
+        self.model = model
+        self.job_log = Path(log_path) if log_path is not None else None  # the job's own note of what it was served
+        self.idle_s = idle_s
+        cache_dir = Path(server_kw.get("cache_dir") or default_cache_dir())
+        self.state_dir = Path(state_dir) if state_dir is not None else cache_dir / "serving"
+        server_kw.update(worker_extension=True, kill_on_parent_death=False, port=None)
+        # The server a lease starts, or a handle on the one it found (same settings, its port and log).
+        self.server = VLLMServer(model, idle_lock=self.state_dir / self.LOCK, idle_s=idle_s, **server_kw)
+        self._lock_fd: int | None = None
+        self.started = False  # this lease started the server (else it reused one)
+        self.startup_s: float | None = None
+        self.reload_s: float | None = None
+
+    # -- what a client needs (as VLLMServer) --------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def root_url(self) -> str:
+        return self.server.root_url
+
+    @property
+    def model_name(self) -> str:
+        return self.server.model_name
+
+    @property
+    def models_info(self) -> dict[str, Any] | None:
+        return self.server.models_info
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.server.log_path
+
+    @property
+    def pid(self) -> int | None:
+        state = self._read_state()
+        return int(state["pid"]) if state else None
+
+    @property
+    def running(self) -> bool:
+        state = self._read_state()
+        return bool(state) and _process_start(int(state["pid"])) == state["start_time"]
+
+    def reload_weights(self, weights_dir: Path | str, *, version: str | None = None) -> list[str]:
+        return self.server.reload_weights(weights_dir, version=version)
+
+    # -- the key ------------------------------------------------------------------------------------------------
+    def key(self) -> dict[str, Any]:
+        """Everything a started server cannot change: two leases with equal keys may share it."""
+        s = self.server
+        ext = Path(__file__).with_name("vllm_worker_ext.py").read_bytes()
+        key = {"python": os.path.abspath(shutil.which(s.python) or s.python), "device": s.device,
+                "max_model_len": s.max_model_len, "served_model_name": s.served_model_name,
+                "enable_scale_out": s.enable_scale_out, "generate_token_compat": s.generate_token_compat,
+                "enforce_eager": s.enforce_eager, "kv_cache_gib": s.kv_cache_gib, "offline": s.offline,
+                "extra_args": s.extra_args, "env": s.env, "cpus": _cpu_list(), "cache_dir": str(s.cache_dir),
+                "worker_extension": hashlib.sha256(ext).hexdigest(),
+                "model": _model_identity(s.model, self.state_dir)}  # fmt: skip
+        return json.loads(json.dumps(key))  # as server.json holds it, so the two compare equal
+
+    # -- the lease ----------------------------------------------------------------------------------------------
+    def _read_state(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.state_dir / self.STATE).read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def _write(self, name: str, data: Mapping[str, Any]) -> None:
+        tmp = self.state_dir / f".{name}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(data, indent=1, default=str))
+        tmp.replace(self.state_dir / name)
+
+    def _note(self, text: str) -> None:
+        log.info("%s", text)
+        if self.job_log is not None:
+            self.job_log.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.job_log, "a") as f:
+                f.write(f"# {time.strftime('%F %T')} {text}\n")
+
+    def _acquire(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.state_dir / self.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        waited = False
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if not waited:
+                        try:
+                            holder = json.loads((self.state_dir / self.HOLDER).read_text())
+                        except (OSError, json.JSONDecodeError):
+                            holder = {}
+                        log.info("waiting for the shared vLLM server (%s), leased by %s", self.state_dir, holder)
+                        waited = True
+                    time.sleep(0.2)  # a poll, not a blocking flock: Ctrl-C still works while waiting
+        except BaseException:
+            os.close(fd)
+            raise
+        self._lock_fd = fd
+        os.utime(self.state_dir / self.LOCK)  # the idle clock restarts
+        self._write(self.HOLDER, {"pid": os.getpid(), "since": time.strftime("%FT%T%z"), "model": str(self.model)})
+
+    def _release(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.utime(self.state_dir / self.LOCK)  # idle from now
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+    def _reusable(self, state: Mapping[str, Any] | None, key: Mapping[str, Any]) -> str:
+        """'' when the recorded server can serve this lease, else why not."""
+        if not state:
+            return "no server recorded"
+        if _process_start(int(state["pid"])) != state.get("start_time"):
+            return f"server pid {state['pid']} is gone"
+        if state.get("key") != key:
+            old = state.get("key") or {}
+            differ = sorted(k for k in {*old, *key} if old.get(k) != key.get(k))
+            return f"server pid {state['pid']} was started with another {', '.join(differ)}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{state['port']}/health", timeout=5) as r:
+                healthy = r.status == 200
+            with urllib.request.urlopen(f"http://127.0.0.1:{state['port']}/v1/models", timeout=10) as r:
+                models = json.loads(r.read())
+        except (urllib.error.URLError, OSError, json.JSONDecodeError) as e:
+            return f"server pid {state['pid']} does not answer ({e})"
+        if not healthy or key["served_model_name"] not in [m.get("id") for m in models.get("data", [])]:
+            return f"server pid {state['pid']} is not healthy or serves another name"
+        self.server.models_info = models
+        return ""
+
+    def start(self) -> SharedServer:
+        """Take the lease (waiting for the holder), then reuse the recorded server with `model`'s weights loaded in
+        place, or start one. On failure the lease is released and no half-started server is left."""
+        if self._lock_fd is not None:
+            raise VLLMServerError(f"{self!r}: the lease is already held")
+        self._acquire()
+        try:
+            key = self.key()
+            state = self._read_state()
+            why = self._reusable(state, key)
+            if not why:
+                assert state is not None
+                self.server.port, self.server.log_path = int(state["port"]), Path(state["log"])
+                t0 = time.perf_counter()
+                try:
+                    if Path(self.model).expanduser().is_dir():
+                        self.server.reload_weights(self.model, version=str(self.model))
+                except (VLLMServerError, OSError) as e:  # a server that cannot reload is replaced, not reused
+                    why = f"server pid {state['pid']} failed to load the weights in place ({e})"
+                else:
+                    self.reload_s = time.perf_counter() - t0
+                    self._write(self.STATE, {**state, "model": str(self.model), "leases": int(state.get("leases", 1)) + 1})
+                    self._note(f"shared vLLM server pid {state['pid']} at {self.base_url} (log {state['log']}): "
+                               f"reused, weights of {self.model} loaded in place in {self.reload_s:.2f} s")  # fmt: skip
+                    return self
+            if state and _process_start(int(state["pid"])) == state.get("start_time"):
+                self._note(f"stopping the shared vLLM server: {why}")
+                _stop_group(int(state["pid"]))
+            self._start_new(key)
+            self._note(f"shared vLLM server pid {self.server.pid} at {self.base_url} (log {self.log_path}): started "
+                       f"on {self.model} in {self.startup_s:.1f} s ({why})")  # fmt: skip
+            return self
+        except BaseException:
+            self._release()
+            raise
+
+    def _start_new(self, key: Mapping[str, Any]) -> None:
+        def record(server: VLLMServer) -> None:
+            assert server.pid is not None and server.log_path is not None
+            self._write(self.STATE, {"pid": server.pid, "start_time": _process_start(server.pid), "port": server.port,
+                                     "log": str(server.log_path), "key": key, "model": str(self.model),
+                                     "started": time.strftime("%FT%T%z"), "leases": 1})  # fmt: skip
+
+        self.server.port = _free_port()
+        self.server.start(on_spawn=record)  # its log: a fresh one in the cache's logs/
+        self.started, self.startup_s = True, self.server.startup_s
+        with _LIVE_LOCK:  # it outlives this job: never stopped by our atexit or signal handlers
+            _LIVE.discard(self.server)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Release the lease; the server keeps running for the next lease (or until idle)."""
+        self._release()
+
+    def __enter__(self) -> SharedServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"SharedServer(model={str(self.model)!r}, state_dir={str(self.state_dir)!r}, url={self.base_url!r})"
+
+
+def stop_shared_server(cache_dir: Path | None = None, *, wait_s: float = 60.0) -> str:
+    """Stop the shared server of this checkout's cache (`SharedServer`) once no lease holds it (waiting up to
+    `wait_s`, then stopping it anyway); returns what was done, for the caller's log."""
+    state_dir = Path(cache_dir or default_cache_dir()) / "serving"
+    if not (state_dir / SharedServer.STATE).is_file():
+        return "no shared vLLM server recorded"
+    fd = os.open(state_dir / SharedServer.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    log.warning("the shared vLLM server is still leased after %.0f s; stopping it anyway", wait_s)
+                    break
+                time.sleep(0.2)
+        try:
+            state = json.loads((state_dir / SharedServer.STATE).read_text())
+        except (OSError, json.JSONDecodeError):
+            return "no shared vLLM server recorded"
+        (state_dir / SharedServer.STATE).unlink(missing_ok=True)
+        pid = int(state["pid"])
+        if _process_start(pid) != state.get("start_time"):
+            return f"shared vLLM server pid {pid} had already stopped"
+        _stop_group(pid)
+        return f"stopped the shared vLLM server pid {pid} ({state.get('leases', 1)} lease(s))"
+    finally:
+        os.close(fd)
+
+
 def serve_main(argv: Sequence[str] | None = None) -> int:
     """Run a server in the foreground until Ctrl-C/SIGTERM (for the ``predict`` CLI to wire)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="predict serve", description="Serve a checkpoint with vLLM on 127.0.0.1.")
-    ap.add_argument("model")
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--stop-shared", action="store_true",
+                    help="stop the server the jobs of a local run share (config serving.shared) and exit")  # fmt: skip
     ap.add_argument("--python", default=None, help="interpreter with vLLM (config serving.python)")
     ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     ap.add_argument("--port", type=int, default=None)
@@ -634,6 +1019,11 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--worker-extension", action="store_true")
     ap.add_argument("extra", nargs="*", help="extra vLLM arguments (after --)")
     a = ap.parse_args(argv)
+    if a.stop_shared:
+        print(stop_shared_server(), flush=True)
+        return 0
+    if a.model is None:
+        ap.error("a model folder (or --stop-shared) is required")
     srv = VLLMServer(
         a.model,
         python=a.python,

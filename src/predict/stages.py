@@ -11,6 +11,9 @@ Rules this module keeps:
   param per entry (``slice_params``: ``rl.lr=0.0001`` or ``rl#1a2b3c4d``), so an edit reruns only the stages that
   read it and Snakemake's "Params have changed" reason names the changed entry, not the whole config.
 * Rules files read config values for their flags through ``stage_config`` too, so every read is in the table.
+* A key in ``UNTRACKED`` says how a job runs, not what it computes (``serving.shared``: one server for the run's
+  jobs, or one per job): it is in the slices of the stages that read it, but not in their tracked params, so
+  changing it reruns nothing (the test campaign's design hash leaves it out too: `predict.evaluate`).
 * The README's stage table is rendered from here (``readme_table``) and a test keeps the two equal.
 """
 
@@ -37,6 +40,9 @@ DESIGN = ("data", "verifier", "model", "sft", "serving", "env", "traces", "arms"
           "ablations", "extensions", "rft", "rl", *(f"evaluation.{k}" for k in (
               "temperature", "max_tokens", "samples", "tasks", "checkpoints", "extension_checkpoints", "reference",
               "test_checkpoints", "selection")))
+
+# Keys a stage reads that shape no result (see the rules above).
+UNTRACKED = ("serving.shared",)
 
 
 @dataclass(frozen=True)
@@ -215,12 +221,31 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def _untracked_left_out(value: Any, path: str) -> Any:
+    """`value` (the config at `path`) without the UNTRACKED keys below it."""
+    below = [key.removeprefix(path + ".") for key in UNTRACKED if key.startswith(path + ".")]
+    if not below or not isinstance(value, Mapping):
+        return value
+    value = json.loads(json.dumps(value))
+    for dotted in below:
+        *parents, leaf = dotted.split(".")
+        node = value
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return value
+
+
 def slice_params(config: Mapping[str, Any], stage: str) -> dict[str, str]:
     """One short, tracked Snakemake param per table entry: ``key=value`` for a short value, ``key#hash`` for a
     section. A changed entry changes only its own param, so the rerun reason names it."""
     params = {}
     for path in STAGES[stage].reads:
+        if path in UNTRACKED:
+            continue
         found, value = _pick(config, path)
+        value = _untracked_left_out(value, path) if found else value
         text = _canonical(value) if found else "unset"
         shown = f"{path}={text}" if len(text) <= 40 else f"{path}#{hashlib.sha256(text.encode()).hexdigest()[:12]}"
         params["config_" + path.replace(".", "_")] = shown

@@ -106,6 +106,16 @@ TRAIN_RESOURCES = GPU_RESOURCES(
     on_cpu={"mem_mb": 8000, "runtime": 120},
     device="cpu" if config.get("sft", {}).get("device", "cpu") == "cpu" else "gpu",
 )
+# serving.shared (the embedded default): the serving jobs of a run lease ONE vLLM server, each loading its
+# checkpoint's weights in place (src/predict/serve.py: SharedServer); it stops by itself after serving.shared.idle_s
+# without a lease, and at once when the run ends (serving.smk's onsuccess/onerror call this).
+def STOP_SHARED_SERVER():
+    if CONFIG("rollout")["serving"].get("shared") is not None:
+        from predict.serve import stop_shared_server
+
+        logger.info(stop_shared_server())
+
+
 # Written by the check_serving rule once serving.python was seen to import vLLM. Serving rules take it as
 # `ancient(SERVING_CHECK)`: it must exist before they are submitted, but re-checking never reruns them.
 SERVING_CHECK = R("serving", "check.json")

@@ -18,3 +18,14 @@ rule check_serving:
         "../../envs/pipeline.yaml"
     shell:
         "predict check-serving --config-slice {params.config:q} --out {output:q} > {log:q} 2>&1"
+
+
+
+# serving.shared (the embedded default): the serving jobs of a run lease ONE vLLM server (STOP_SHARED_SERVER in
+# common.smk); when the run ends, either way, it stops at once. (Dry-runs run neither hook.)
+onsuccess:
+    STOP_SHARED_SERVER()
+
+
+onerror:
+    STOP_SHARED_SERVER()

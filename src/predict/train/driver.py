@@ -37,12 +37,12 @@ from typing import Any
 
 from predict.fingerprint import mark_finished, run_fingerprint, start_or_resume
 from predict.runs import RunSpec, checkpoint_steps, resolve_run
+from predict.serve import SERVED_NAME
 from predict.train.metrics import write_metrics
 
 log = logging.getLogger(__name__)
 
 WORK = ".work"
-SERVED_NAME = "policy"
 STATE_PARTS = ("state", "policy", "checkpoints")
 """What `publish` deletes from .work/ unless ``rl.keep_state``: the resumable state and the duplicates."""
 
