@@ -84,22 +84,26 @@ def test_reload_weights_in_place_serves_the_new_weights(tmp_path: Path) -> None:
 def test_rl_steps_through_the_real_server_with_weight_sync(tmp_path: Path, mbpp_rows: list[dict]) -> None:
     import verifiers.v1.runtimes.subprocess as vf_subprocess
 
+    import predict.serve
     from predict.data import MBPP_SCHEMA
     from predict.io import write_rows
     from predict.train.rl import RLJob, run_rl
 
+    tiny = Path(cached_tiny_qwen3(default_cache_dir() / "models", seed=0))
     mp = pytest.MonkeyPatch()
     mp.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
+    mp.setattr(predict.serve, "default_cache_dir", lambda: tmp_path / "cache")  # the shared server's state: ours
     try:
-        tiny = Path(cached_tiny_qwen3(default_cache_dir() / "models", seed=0))
         rows = [{k: r[k] for k in MBPP_SCHEMA.names} for r in mbpp_rows if r["task_id"] in (2, 11)]
         tasks = write_rows(rows, MBPP_SCHEMA, tmp_path / "rl.parquet")
         config: dict[str, Any] = load_config(REPO / "config" / "local.yaml")
         config["serving"]["python"] = VLLM_PY
         config["rl"] = {**config["rl"], "steps": 2, "tasks_per_step": 1, "group_size": 2, "max_tokens": 16}
         job = RLJob(run="B", seed=42, init=tiny, tasks=tasks, out_dir=tmp_path / "B" / "seed42")
-        summary = run_rl(job, config)
+        summary = run_rl(job, config)  # through a lease on the shared server (serving.shared), synced through it
+        assert json.loads((tmp_path / "cache" / "serving" / "server.json").read_text())["leases"] == 1
     finally:
+        predict.serve.stop_shared_server(tmp_path / "cache")
         mp.undo()
     assert summary["complete"]
     rows = pq.read_table(job.out_dir / "metrics.parquet").to_pylist()
