@@ -238,3 +238,10 @@ def test_a_design_edit_after_the_campaign_stops_at_the_ledger_and_keeps_the_test
     assert "the test campaign was frozen" in logs and "prime_rl.seq_len" in logs, logs[-3000:]
     # Snakemake deletes a job's outputs before running it: the refused rerun must not take the frozen file with it
     assert evaluation.read_bytes() == b"the frozen test evaluation"
+
+
+@pytest.mark.parametrize("shared", [None, {"idle_s": 5}], ids=["off", "shorter-idle"])
+def test_how_jobs_are_served_reruns_nothing(finished_run: Path, shared: dict | None) -> None:
+    # serving.shared: one server leased by the run's jobs or one per job; it changes no result (stages.UNTRACKED)
+    jobs, log = plan(finished_run, {"serving.shared": shared})
+    assert jobs == {} and "Nothing to be done" in log, jobs
