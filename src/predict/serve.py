@@ -19,6 +19,9 @@ Guarantees:
   at once, or its parent pid changing, checked twice a second) and takes the whole group down.  Why
   a supervisor: PDEATHSIG on the API server alone is not enough; vLLM's EngineCore and
   multiprocessing resource tracker were seen surviving it as orphans holding the KV cache.
+* the exception, by design: the server a local run's jobs share (:class:`SharedServer`, config
+  ``serving.shared``) outlives the job that started it; its supervisor stops it once no job has leased it for
+  ``idle_s`` seconds, and the workflow stops it when the run ends (:func:`stop_shared_server`).
 
 CPU defaults are the fastest start measured on the 2-core CPU machines (vLLM's CPU build): ``--enforce-eager``
 (torch.compile start-up costs ~60-80 s and recompiles for every new checkpoint path),
