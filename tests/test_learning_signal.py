@@ -19,7 +19,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from predict.signal import SignalSettings, end_rise, verdicts
+from predict.config import load_config
+from predict.env.protocol import ProtocolConfig
+from predict.signal import SignalSettings, at_budget, end_rise, run_config, verdicts
 
 from .conftest import REPO
 
@@ -65,6 +67,27 @@ def test_verdicts_need_every_seed_to_rise_and_the_control_to_stay_flat() -> None
         "B-alpha0", "B", 1e-3, [0.2] * 4, labels=[-1.0, -0.9, -0.9, -0.9, -0.9]
     )
     assert not by_check(verdicts(same, s))["label log-prob rise, alpha 1 minus alpha 0"]["holds"]
+
+
+def test_traces_and_rollouts_of_the_signal_run_share_its_budget() -> None:
+    """The signal run's smaller budget reaches both the SFT traces' system prompt and the RL rollouts' protocol;
+    a trace that the budget would cut short is refused rather than trained on."""
+    config = load_config(REPO / "config" / "local.yaml")
+    study = ProtocolConfig.from_env(config["env"], "reactive").system_prompt()
+    row = {"task_id": 7, "role": "direct", "n_tool_calls": 3,
+           "messages": [{"role": "system", "content": study}, {"role": "user", "content": "task"}]}  # fmt: skip
+    (swapped,) = at_budget([row], config, "A", 4)
+    assert swapped["messages"][0]["content"] == ProtocolConfig.resolve("reactive", budget=4).system_prompt()
+    assert swapped["messages"][0]["content"] != study and swapped["messages"][1:] == row["messages"][1:]
+    assert row["messages"][0]["content"] == study  # the input rows are left as they were
+    with pytest.raises(ValueError, match="task 7 .* uses 3 calls"):
+        at_budget([row], config, "A", 3)
+    with pytest.raises(ValueError, match="not the protocol's"):
+        at_budget([row], config, "B", 6)  # an Arm A prompt is not Arm B's
+    settings = SignalSettings(budget_a=4, budget_b=6)
+    assert run_config(config, settings, 1e-4, "A")["env"]["budget"] == 4
+    assert run_config(config, settings, 1e-4, "B")["env"]["budget"] == 6
+    assert config["env"]["budget"] == 8  # the study's config is not touched
 
 
 @pytest.mark.slow

@@ -77,6 +77,12 @@ class SignalSettings:
     rl_lr: float = 2.0e-4
     """Measured (README): 2e-4 raises every gold trace's probability every step; 6e-4 and up overshoot."""
     max_tokens: int = 64
+    budget_a: int = 4
+    """Arm A's tool-call budget (the study's is 8): a direct solve uses 3 calls, so one spare. Every call after a
+    slip is noise the reward does not depend on; at 8 such calls were most of a rollout's tokens and drowned the
+    few decisive ones (the patch) in the GRPO gradient (README)."""
+    budget_b: int = 6
+    """Arm B's budget: its recovery traces use 5 calls (read, faulty patch, REVISE, patch, test) before FINAL."""
     seeds: tuple[int, ...] = (1, 2)
     k: int = 3
     """Steps averaged at each end of the reward curve."""
@@ -112,6 +118,32 @@ def pick_traces(traces_dir: Path, tokenizer: Any, n_tasks: int, n_recovery: int)
     b_direct = [r for r in b_rows if r["task_id"] in ids]
     recovery = sorted((r for r in b_rows if r["role"] == "recovery"), key=length)[:n_recovery]
     return {"A": direct, "B": b_direct + recovery}
+
+
+def budget_of(settings: SignalSettings, arm: str) -> int:
+    return settings.budget_a if arm == "A" else settings.budget_b
+
+
+def at_budget(rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any], arm: str, budget: int) -> list[dict]:
+    """The trace rows as the traces stage would render them at `budget`: only the system prompt names the budget,
+    so it is swapped for the protocol's prompt at `budget`; a trace that would not fit (the episode ends after the
+    call that spends the last unit, before FINAL) is an error, never a silent mismatch."""
+    from predict.env.protocol import ProtocolConfig
+
+    protocol = config["arms"][arm]["protocol"]
+    old = ProtocolConfig.from_env(config["env"], protocol).system_prompt()
+    new = ProtocolConfig.from_env({**config["env"], "budget": budget}, protocol).system_prompt()
+    out = []
+    for row in rows:
+        messages = [dict(m) for m in row["messages"]]
+        if messages[0]["role"] != "system" or messages[0]["content"] != old:
+            raise ValueError(f"trace of task {row['task_id']} (arm {arm}): its system prompt is not the protocol's")
+        if row["n_tool_calls"] >= budget:
+            raise ValueError(f"trace of task {row['task_id']} (arm {arm}) uses {row['n_tool_calls']} calls: a "
+                             f"budget of {budget} ends it before FINAL")  # fmt: skip
+        messages[0]["content"] = new
+        out.append({**row, "messages": messages})
+    return out
 
 
 def trace_probs(trainer: Any, samples: Sequence[Any]) -> list[float]:
@@ -173,8 +205,9 @@ def signal_runs(settings: SignalSettings) -> list[SignalRun]:
     return runs
 
 
-def run_config(config: Mapping[str, Any], settings: SignalSettings, lr: float) -> dict[str, Any]:
-    """The study config with the signal run's RL design: every task every step, a checkpoint every step."""
+def run_config(config: Mapping[str, Any], settings: SignalSettings, lr: float, arm: str) -> dict[str, Any]:
+    """The study config with the signal run's RL design: every task every step, a checkpoint every step, the
+    arm's budget."""
     cfg = copy.deepcopy(dict(config))
     cfg["rl"] = {
         **cfg["rl"],
@@ -188,7 +221,8 @@ def run_config(config: Mapping[str, Any], settings: SignalSettings, lr: float) -
         "skip_zero_advantage": False,
     }
     # Every rollout of a step in flight at once: vLLM-CPU's throughput grows ~10x from 1 to 16 concurrent requests.
-    cfg["env"] = {**cfg["env"], "concurrency": settings.n_tasks * settings.group_size}
+    cfg["env"] = {**cfg["env"], "concurrency": settings.n_tasks * settings.group_size,
+                  "budget": budget_of(settings, arm)}  # fmt: skip
     cfg["arms"] = {**cfg["arms"], "B": {**cfg["arms"]["B"], "alpha": 1.0}}
     cfg["ablations"] = {**(cfg.get("ablations") or {}), "alpha0": {"base_arm": "B", "alpha": 0.0}}
     return cfg
@@ -341,6 +375,7 @@ def run_signal(config: Mapping[str, Any], out_dir: str | Path, settings: SignalS
                                   num_layers=settings.num_layers))  # fmt: skip
     tokenizer = load_tokenizer(base)
     chosen = pick_traces(out / "traces", tokenizer, settings.n_tasks, settings.n_recovery)
+    chosen = {arm: at_budget(rows, config, arm, budget_of(settings, arm)) for arm, rows in chosen.items()}
     task_ids = sorted(r["task_id"] for r in chosen["A"])
     tasks = write_rows([{k: r[k] for k in MBPP_SCHEMA.names} for r in sft_split if r["task_id"] in task_ids],
                        MBPP_SCHEMA, out / "tasks.parquet")  # fmt: skip
@@ -352,7 +387,7 @@ def run_signal(config: Mapping[str, Any], out_dir: str | Path, settings: SignalS
                                  log_path=out / "vllm.log") as server:  # fmt: skip
         for r in runs:
             job = RLJob(run=r.run, seed=r.seed, init=out / "sft" / r.arm, tasks=tasks, out_dir=out / "rl" / r.name)
-            run_rl(job, run_config(config, settings, r.lr), server=server)
+            run_rl(job, run_config(config, settings, r.lr, r.arm), server=server)
 
     points = label_points([out / "rl" / r.name for r in runs if r.arm == "B"], tokenizer)
     curves: list[dict[str, Any]] = []
