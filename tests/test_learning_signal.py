@@ -21,7 +21,8 @@ import pytest
 
 from predict.config import load_config
 from predict.env.protocol import ProtocolConfig
-from predict.signal import SignalSettings, at_budget, end_rise, run_config, verdicts
+from predict.signal import SignalSettings, at_budget, end_rise, fork_traces, run_config, verdicts
+from predict.traces.render import READ, STUB_FIND, TEST, patch_line
 
 from .conftest import REPO
 
@@ -83,11 +84,34 @@ def test_traces_and_rollouts_of_the_signal_run_share_its_budget() -> None:
     with pytest.raises(ValueError, match="task 7 .* uses 3 calls"):
         at_budget([row], config, "A", 3)
     with pytest.raises(ValueError, match="not the protocol's"):
-        at_budget([row], config, "B", 6)  # an Arm A prompt is not Arm B's
-    settings = SignalSettings(budget_a=4, budget_b=6)
-    assert run_config(config, settings, 1e-4, "A")["env"]["budget"] == 4
-    assert run_config(config, settings, 1e-4, "B")["env"]["budget"] == 6
+        at_budget([row], config, "B", 4)  # an Arm A prompt is not Arm B's
+    assert run_config(config, SignalSettings(budget=4), 1e-4)["env"]["budget"] == 4
     assert config["env"]["budget"] == 8  # the study's config is not touched
+
+
+def test_the_start_point_forks_each_task_between_its_gold_and_its_faulty_patch() -> None:
+    def say(role: str, text: str) -> dict[str, str]:
+        return {"role": role, "content": text}
+
+    head = [say("system", "SYS"), say("user", "TASK 5"), say("assistant", READ), say("user", "stub")]
+    fixed = [say("user", "applied"), say("assistant", TEST), say("user", "passed")]
+    direct = {"task_id": 1, "role": "direct", "n_tool_calls": 3,
+              "messages": [*head[:1], say("user", "TASK 1"), *head[2:], say("assistant", patch_line(STUB_FIND, "g1")),
+                           *fixed, say("assistant", "FINAL: one")]}  # fmt: skip
+    faulty, gold = patch_line(STUB_FIND, "bad5"), patch_line(STUB_FIND, "good5")
+    recovery = {"task_id": 5, "role": "recovery", "faulty_message": 4, "gold_code": "good5", "faulty_code": "bad5",
+                "messages": [*head, say("assistant", faulty), say("user", "applied"), say("assistant", TEST),
+                             say("user", "failed"), say("assistant", "CALL apply_patch {}"), *fixed,
+                             say("assistant", "FINAL: five")]}  # fmt: skip
+    g, f = fork_traces([direct, recovery], [5])
+    assert (g["role"], f["role"]) == ("direct", "faulty")
+    assert g["messages"] == [*head, say("assistant", gold), *fixed, say("assistant", "FINAL: five")]
+    assert f["messages"] == [*head, say("assistant", faulty)] and f["n_tool_calls"] == 2
+    with pytest.raises(ValueError, match="task 1: no recovery trace"):
+        fork_traces([direct, recovery], [1])
+    broken = {**recovery, "faulty_code": "other"}
+    with pytest.raises(ValueError, match="task 5: turn 4 is not the faulty patch"):
+        fork_traces([direct, broken], [5])
 
 
 @pytest.mark.slow
@@ -119,6 +143,6 @@ def test_training_raises_reward_and_teaches_the_label(tmp_path: Path) -> None:
         "reward rise, A-lr0",
         "label log-prob rise, alpha 1 minus alpha 0",
     }
-    for s in result["sft"].values():  # the start point solves sometimes, not always
-        assert settings.target_trace_prob <= s["trace_prob"] < 0.9
+    for s in result["sft"].values():  # the start point follows its script, and the gold one only sometimes
+        assert s["path_prob"] >= settings.target_path_prob and 0.05 < s["trace_prob"] < 0.6
     assert (tmp_path / "signal" / "signal.png").stat().st_size > 0

