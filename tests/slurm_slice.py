@@ -56,21 +56,26 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
 
 
 def dag_resources(args: list[str]) -> dict[str, list[dict[str, str]]]:
-    """rule -> the resources of each of its jobs, from a dry-run's job listing (all jobs, as if nothing existed)."""
+    """rule -> the resources (and threads) of each of its jobs, from a dry-run's job listing (all jobs, as if nothing existed)."""
     out = run([*SNAKEMAKE, *args, "-n", "--forceall"])  # every job, whatever exists already
     if out.returncode != 0:
         raise SystemExit(f"dry-run failed: {' '.join(args)}\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
     rules: dict[str, list[dict[str, str]]] = {}
     rule = None
+    threads = "1"  # a job of one thread has no threads line
     for line in (out.stdout + out.stderr).splitlines():
         m = re.match(r"^(?:local)?rule (\w+):$", line)
         if m:
-            rule = m.group(1)
+            rule, threads = m.group(1), "1"
+            continue
+        m = re.match(r"^\s+threads: (\d+)$", line)
+        if m:
+            threads = m.group(1)
             continue
         m = re.match(r"^\s+resources: (.*)$", line)
         if m and rule:
             res = dict(kv.split("=", 1) for kv in m.group(1).split(", ") if "=" in kv)
-            rules.setdefault(rule, []).append(res)
+            rules.setdefault(rule, []).append({**res, "threads": threads})
             rule = None
     return rules
 

@@ -257,3 +257,32 @@ def test_sft_state_from_other_traces_or_settings_is_not_resumed(tiny: Path, tmp_
         assert killed_then_rerun(cfg) == [2, 3], "unchanged inputs resume from the saved state"
     finally:
         Trainer.step = real_step
+
+
+def test_sft_trains_on_the_threads_it_was_given(tiny: Path, tmp_path: Path) -> None:
+    """The rule's threads: reach torch (`--threads`): with torch's default every job used every core, and the two
+    arms' SFT jobs oversubscribed the embedded default's 2 cores."""
+    import torch
+
+    import predict.train.sft as sft
+    from predict.train.trainer import Trainer
+
+    traces = tmp_path / "A.parquet"
+    _write_traces(traces, 2)
+    cfg = SFTConfig(lr=3e-3, epochs=1, batch_tokens=600, device="cpu", micro_batch_tokens=600)
+    seen: list[int] = []
+    real_step, before = Trainer.step, torch.get_num_threads()
+
+    def step(self, samples, **kw):
+        seen.append(torch.get_num_threads())
+        return real_step(self, samples, **kw)
+
+    Trainer.step = step
+    try:
+        torch.set_num_threads(2)
+        sft.run_sft(traces=traces, base_model=tiny, out_dir=tmp_path / "ckpt", metrics_out=tmp_path / "m.parquet",
+                    state_dir=tmp_path / "state", cfg=cfg, arm="A", progress=False, max_steps=1, threads=1)  # fmt: skip
+    finally:
+        Trainer.step = real_step
+        torch.set_num_threads(before)
+    assert seen == [1]

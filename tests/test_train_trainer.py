@@ -84,7 +84,12 @@ def test_packed_chunked_logprobs_equal_per_sequence_full_logits(tiny: Path) -> N
     assert weighted[0][:5] == [0.0] * 5 and weighted[0][5:] == pytest.approx(got[0][5:], abs=1e-6)
 
 
-def test_chunked_loss_gradient_equals_full_loss_gradient() -> None:
+@pytest.mark.parametrize("tile_elements", [None, 8 * 7])
+def test_chunked_loss_gradient_equals_full_loss_gradient(tile_elements: int | None, monkeypatch) -> None:
+    """Chunks of 8 tokens; on the CPU each chunk's logits in vocabulary tiles: one tile, or tiles of 7 rows (the
+    last one of 1) so the tile maxima, sums and the targets' one-hot part cross tile boundaries."""
+    if tile_elements is not None:
+        monkeypatch.setattr("predict.train.trainer._TILE_ELEMENTS", tile_elements)
     torch.manual_seed(0)
     n, h, v = 37, 8, 50
     hidden = torch.randn(n, h, dtype=torch.float64, requires_grad=True)

@@ -412,6 +412,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         arm=args.arm,
         enable_thinking=config["model"].get("enable_thinking", True),
         max_steps=args.max_steps if args.max_steps is not None else config["sft"].get("max_steps"),
+        threads=args.threads,
     )
     _print_summary(f"SFT arm {args.arm}: {args.out_dir}", summary, float_format=".4g")
     return 0
@@ -687,6 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-out", required=True, help="per-step loss log (parquet)")
     p.add_argument("--state-dir", required=True, help="resumable trainer state (removed when done)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N steps (smoke tests)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (the rule's threads:); default all")
     p = stage("signal", _cmd_signal, "the learning-signal run: RL visibly raises reward, CE teaches the label")
     p.add_argument("--out-dir", required=True, help="curves.parquet, verdicts.parquet, signal.png and the runs")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="Arm A seeds (default 1 2)")

@@ -106,6 +106,10 @@ TRAIN_RESOURCES = GPU_RESOURCES(
     on_cpu={"mem_mb": 8000, "runtime": 120},
     device="cpu" if config.get("sft", {}).get("device", "cpu") == "cpu" else "gpu",
 )
+# CPU threads of an SFT job (`predict sft --threads`, torch's intra-op threads): the job's cpus_per_task on a GPU
+# node; one on the CPU, where both arms' SFT jobs train side by side (the embedded default's 2 cores) and torch's
+# default of every core per job oversubscribed them.
+TRAIN_THREADS = TRAIN_RESOURCES.get("cpus_per_task", 1)
 # serving.shared (the embedded default): the serving jobs of a run lease ONE vLLM server, each loading its
 # checkpoint's weights in place (src/predict/serve.py: SharedServer); it stops by itself after serving.shared.idle_s
 # without a lease, and at once when the run ends (serving.smk's onsuccess/onerror call this).

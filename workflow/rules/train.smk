@@ -14,6 +14,7 @@ rule train_sft:
         base=lambda w: base_model_path(),
         state=lambda w: R("sft", w.arm, "state"),
         **SLICE("sft"),
+    threads: TRAIN_THREADS
     resources:
         **TRAIN_RESOURCES,
     log:
@@ -25,4 +26,4 @@ rule train_sft:
     shell:
         "predict sft --config-slice {params.config:q} --arm {wildcards.arm} --traces {input.traces:q}"
         " --base-model {params.base:q} --out-dir {output.checkpoint:q} --metrics-out {output.metrics:q}"
-        " --state-dir {params.state:q} > {log:q} 2>&1"
+        " --state-dir {params.state:q} --threads {threads} > {log:q} 2>&1"

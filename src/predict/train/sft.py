@@ -228,9 +228,19 @@ def run_sft(
     enable_thinking: bool = True,
     max_steps: int | None = None,
     progress: bool = True,
+    threads: int | None = None,
 ) -> dict[str, Any]:
-    """Train, resuming from ``state_dir`` when it holds a saved state; write the checkpoint and metrics."""
+    """Train, resuming from ``state_dir`` when it holds a saved state; write the checkpoint and metrics.
+
+    ``threads``: torch's intra-op threads, the cores the job was given (the rule's ``threads:``); torch's default
+    (every core of the machine) oversubscribes the cores when both arms train side by side.
+    """
+    import torch
+
     from predict.train.trainer import Trainer
+
+    if threads:
+        torch.set_num_threads(threads)
 
     tokenizer = load_tokenizer(base_model)
     samples = render_traces(traces, tokenizer, enable_thinking=enable_thinking)
