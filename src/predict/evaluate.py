@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from predict.rollouts import RolloutJob, SplitGuardError, ledger_lock, remaining_rollouts, roll_out, run_job
 from predict.runs import resolve_run, study_runs
 from predict.serve import SERVED_NAME  # every checkpoint is served under it
-from predict.stages import UNTRACKED
+from predict.stages import UNTRACKED, without_keys
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +56,7 @@ NOT_RESULT_SHAPING = ("run_name", "results_dir", "report", "power", "cluster", "
 
 def design_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The config without `NOT_RESULT_SHAPING`: what a frozen design is."""
-    design = json.loads(json.dumps(config))
-    for dotted in NOT_RESULT_SHAPING:
-        *parents, leaf = dotted.split(".")
-        node = design
-        for key in parents:
-            node = node.get(key) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(leaf, None)
-    return design
+    return without_keys(config, NOT_RESULT_SHAPING)
 
 
 def config_hash(config: Mapping[str, Any]) -> str:

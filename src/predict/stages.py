@@ -221,20 +221,25 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def without_keys(config: Any, dotted: Iterable[str]) -> Any:
+    """A plain-JSON copy of `config` without the `dotted` keys (``a.b.c``); keys it does not set are skipped."""
+    config = json.loads(json.dumps(config))
+    for key in dotted:
+        *parents, leaf = key.split(".")
+        node = config
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return config
+
+
 def _untracked_left_out(value: Any, path: str) -> Any:
     """`value` (the config at `path`) without the UNTRACKED keys below it."""
     below = [key.removeprefix(path + ".") for key in UNTRACKED if key.startswith(path + ".")]
     if not below or not isinstance(value, Mapping):
         return value
-    value = json.loads(json.dumps(value))
-    for dotted in below:
-        *parents, leaf = dotted.split(".")
-        node = value
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(leaf, None)
-    return value
+    return without_keys(value, below)
 
 
 def slice_params(config: Mapping[str, Any], stage: str) -> dict[str, str]:
