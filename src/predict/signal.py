@@ -16,19 +16,22 @@ Rules it follows:
   running server in place). Nothing here re-implements a step; the only help `run_rl` gets is a shared server
   (one vLLM start-up for all runs instead of one per run).
 * **Start point.** A tiny Qwen3 (`SignalSettings.hidden_size`) is fine-tuned on ``n_tasks`` sft recovery tasks
-  (those with the shortest traces), each twice: its gold trace as a direct trace and its recovery trace's prefix up
-  to the faulty patch (`fork_traces`, the prefix ``faulty_repeats`` times), in the arm's format, at the signal
-  run's small ``budget``. It stops when the probability of sampling exactly the gold trace or the faulty prefix
-  at temperature 1 (exp of the summed assistant-token log-probs) reaches ``target_path_prob``: a model that
-  writes the faulty patch more often than the gold one, rarely anything else, and so solves its tasks sometimes
-  but not always. (A start point fine-tuned on gold traces alone failed by
-  rare slips spread over every token; GRPO did not raise its reward in 8 steps at any lr: README.)
+  (those with the shortest traces), each as two prefixes that end at the fork (`fork_traces`): up to its gold
+  patch and up to its recovery trace's faulty patch (the faulty one ``faulty_repeats`` times), in the arm's format,
+  at the signal run's ``budget`` of 2 calls (read_file, apply_patch: the episode ends at the patch and is graded).
+  It stops when the probability of sampling exactly the gold or the faulty prefix at temperature 1 (exp of the
+  summed assistant-token log-probs) reaches ``target_path_prob``: a model that writes the faulty patch more often
+  than the gold one, rarely anything else, and so solves its tasks sometimes but not always. Arm B's start point
+  goes on from Arm A's (same tasks and patches; it learns the predictive prompt and the prediction turn). (A start
+  point fine-tuned on whole gold traces failed by rare slips spread over every token; GRPO did not raise its
+  reward in 8 steps at any lr: README.)
 * **A sanity run, not the study's design.** RL trains on the very tasks SFT saw (the study's rl split is disjoint
   from sft); every table and the figure say so.
 * **Arm A:** GRPO for ``rl_steps`` steps, once per seed, and once with lr 0 (the control). The signal is the mean
   reward of the last ``k`` steps minus that of the first ``k``; it must reach ``reward_margin`` for every seed and
   must not for the control.
-* **Arm B:** the same RL from the Arm B start point with alpha 1 (run ``B``) and alpha 0 (ablation ``alpha0``); its
+* **Arm B:** ``label_steps`` of the same RL from the Arm B start point with alpha 1 (run ``B``) and alpha 0
+  (ablation ``alpha0``); its
   faulty patches' verified classes are the non-PASS labels (SFT never shows a prediction after one). The label
   log-prob is log p(verified label | the call's prefix) summed over the label tokens, at every prediction
   point both runs recorded (one fixed set, so both curves start from the same value), under the SFT weights
@@ -36,6 +39,10 @@ Rules it follows:
   alpha 1 than with alpha 0.
 * Verdicts are margins, never exact values; the numbers are in ``curves.parquet`` (a row per run and step) and
   ``verdicts.parquet`` (a row per check), the figure in ``signal.png``.
+* **Cheap enough for CI** (about 4-5 minutes on 2 cores with the defaults): every rollout costs vLLM-CPU about the
+  same (its sampler over Qwen3's 151,936-token vocabulary is half of the engine's time), so the defaults spend
+  rollouts where the verdicts need them: 2 tasks x 16 rollouts a step (a task's group sees both patches), 5 steps
+  for Arm A, 2 for Arm B (its label check needs no more), and episodes that end at the patch.
 """
 
 from __future__ import annotations
@@ -66,29 +73,34 @@ SANITY_NOTE = (
 class SignalSettings:
     """Everything the signal run chooses (the CI defaults; each a CLI flag of `predict signal`)."""
 
-    n_tasks: int = 4
-    """sft tasks trained on (those with the shortest direct traces)."""
+    n_tasks: int = 2
+    """sft recovery tasks trained on (those with the shortest Arm A recovery traces)."""
     hidden_size: int = 64
     num_layers: int = 2
     sft_lr: float = 1.0e-2
     sft_max_steps: int = 150
     faulty_repeats: int = 2
-    """Each faulty prefix is in the SFT batch this many times, the gold trace once: the start point writes the
-    faulty patch about twice as often as the gold one (a start reward near 1/3, room to rise)."""
+    """Each faulty prefix is in the SFT batch this many times, the gold one once: the start point writes the
+    faulty patch about twice as often as the gold one (a start reward near 1/4, room to rise)."""
     target_path_prob: float = 0.85
-    """SFT stops when the model samples the gold trace or the faulty prefix exactly (T=1) with this probability
-    (mean over tasks): the rest are slips spread over many tokens, which GRPO barely moves."""
-    rl_steps: int = 12
-    """8 steps left the reward rise below the margin in one seed of two; 12 cleared it in three of three (README)."""
-    group_size: int = 8
-    rl_lr: float = 3.0e-4
-    """Measured (README): at 5e-4 the fork settles in about 2 steps (too fast for a first-k/last-k rise to show)."""
+    """SFT stops when the model samples the gold or the faulty prefix exactly (T=1) with this probability (mean
+    over tasks): the rest are slips spread over many tokens, which GRPO barely moves."""
+    rl_steps: int = 5
+    """Arm A's RL steps (each run)."""
+    label_steps: int = 2
+    """Arm B's RL steps (each run): the label log-prob's rise with alpha 1 shows from the first step."""
+    group_size: int = 16
+    """Arm A's rollouts per task and step."""
+    label_group_size: int = 8
+    """Arm B's rollouts per task and step: its check needs prediction points, not a precise reward."""
+    rl_lr: float = 5.0e-4
     max_tokens: int = 64
-    budget: int = 4
-    """Tool-call budget of both arms (the study's is 8): a direct solve uses 3 calls, so one spare. Every call
-    after a slip is noise the reward does not depend on; at 8 such calls were most of a rollout's tokens."""
+    budget: int = 2
+    """Tool-call budget of both arms (the study's is 8): read_file and apply_patch, then the episode ends (after
+    Arm B's prediction) and solution.py is graded. Every token a rollout samples is part of the choice the reward
+    hangs on; at 8, calls after a slip were most of a rollout's tokens and noise to the reward."""
     seeds: tuple[int, ...] = (1, 2)
-    k: int = 3
+    k: int = 2
     """Steps averaged at each end of the reward curve."""
     reward_margin: float = 0.15
     label_margin: float = 0.1
@@ -106,21 +118,26 @@ def _assistant_tokens(sample: Any) -> int:
 
 
 def fork_traces(rows: Sequence[Mapping[str, Any]], task_ids: Sequence[int]) -> list[dict]:
-    """One arm's SFT rows of the signal run: for each recovery task in `task_ids`, its gold trace as a direct trace
-    (role ``direct``) and the prefix of its recovery trace up to and including the faulty patch (role ``faulty``).
+    """One arm's SFT rows of the signal run: for each recovery task in `task_ids`, two prefixes that end at the
+    fork: the task's gold patch (role ``gold``) and its recovery trace's faulty patch (role ``faulty``), each after
+    the same system prompt, task, read_file and its result. In the predictive format the gold prefix goes on through
+    the patch's result and its prediction (PASS, KEEP); the faulty one ends at the patch, so SFT never shows a
+    prediction after a faulty patch and Arm B's label check starts from labels the model does not know.
 
-    Trained on both, the model writes the gold patch or the faulty one about equally often and everything else
-    nearly surely: the reward hangs on one learnable choice with a large gradient (p near 0.5), where a start point
-    fine-tuned on gold traces alone fails by rare slips spread over every token and the whole vocabulary, which
-    GRPO's advantage barely moves. The faulty patches' verified classes also give Arm B's predictions real non-PASS
-    labels. The gold trace is the arm's direct trace: the recovery trace's task prompt and FINAL around a direct
-    trace's fixed turns (patch applied, [prediction, patch kept,] test, tests passed); every piece is checked."""
+    Trained on both, the model writes the gold patch or the faulty one and nearly surely nothing else: the reward
+    hangs on one learnable choice with a large gradient, where a start point fine-tuned on whole gold traces failed
+    by rare slips spread over every token, which GRPO's advantage barely moves. At the signal run's budget of 2 the
+    episode ends right after the patch (and its prediction) and solution.py is graded as it is, so every rollout
+    token is part of the choice. The fixed turns come from the arm's first direct trace; every piece is checked."""
+    from predict.env.protocol import parse_prediction
     from predict.traces.render import STUB_FIND, patch_line
 
     template = next((r for r in rows if r["role"] == "direct"), None)
     if template is None:
         raise ValueError("no direct trace to take the fixed turns from")
     t = template["messages"]
+    # The predictive format answers the applied patch with a prediction turn; the reactive one goes on to the test.
+    after_patch = t[5:7] if t[6]["role"] == "assistant" and parse_prediction(t[6]["content"]).valid else []
     by_task = {r["task_id"]: r for r in rows if r["role"] == "recovery"}
     out: list[dict] = []
     for task_id in task_ids:
@@ -131,12 +148,12 @@ def fork_traces(rows: Sequence[Mapping[str, Any]], task_ids: Sequence[int]) -> l
         where = f"recovery trace of task {task_id}"
         if fm != 4 or [x["content"] for x in (m[0], m[2], m[3])] != [x["content"] for x in (t[0], t[2], t[3])]:
             raise ValueError(f"{where}: not system, task, read_file, its result, faulty patch")
-        if m[fm]["content"] != patch_line(STUB_FIND, row["faulty_code"]) or not m[-1]["content"].startswith("FINAL"):
-            raise ValueError(f"{where}: turn {fm} is not the faulty patch or it does not end in FINAL")
-        gold = [*m[:fm], {"role": "assistant", "content": patch_line(STUB_FIND, row["gold_code"])}, *t[5:-1], m[-1]]
-        base = {"task_id": task_id, "gold_code": row["gold_code"], "faulty_code": row["faulty_code"]}
-        out.append({**base, "role": "direct", "messages": gold, "n_tool_calls": template["n_tool_calls"]})
-        out.append({**base, "role": "faulty", "messages": m[: fm + 1], "n_tool_calls": 2})
+        if m[fm]["content"] != patch_line(STUB_FIND, row["faulty_code"]):
+            raise ValueError(f"{where}: turn {fm} is not the faulty patch")
+        gold = [*m[:fm], {"role": "assistant", "content": patch_line(STUB_FIND, row["gold_code"])}, *after_patch]
+        base = {"task_id": task_id, "gold_code": row["gold_code"], "faulty_code": row["faulty_code"], "n_tool_calls": 2}
+        out.append({**base, "role": "gold", "messages": gold})
+        out.append({**base, "role": "faulty", "messages": m[: fm + 1]})
     return out
 
 
@@ -159,8 +176,9 @@ def pick_tasks(traces_dir: Path, tokenizer: Any, n_tasks: int) -> dict[str, list
 
 def at_budget(rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any], arm: str, budget: int) -> list[dict]:
     """The trace rows as the traces stage would render them at `budget`: only the system prompt names the budget,
-    so it is swapped for the protocol's prompt at `budget`; a trace that would not fit (the episode ends after the
-    call that spends the last unit, before FINAL) is an error, never a silent mismatch."""
+    so it is swapped for the protocol's prompt at `budget`. A trace that would not fit is an error, never a silent
+    mismatch: the episode ends after the call that spends the last unit, so a trace that ends in FINAL needs a
+    spare call and one that ends at its last call (a prefix) needs no more calls than the budget."""
     from predict.env.protocol import ProtocolConfig
 
     protocol = config["arms"][arm]["protocol"]
@@ -171,9 +189,11 @@ def at_budget(rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any], arm:
         messages = [dict(m) for m in row["messages"]]
         if messages[0]["role"] != "system" or messages[0]["content"] != old:
             raise ValueError(f"trace of task {row['task_id']} (arm {arm}): its system prompt is not the protocol's")
-        if row["n_tool_calls"] >= budget:
+        ends_final = messages[-1]["role"] == "assistant" and messages[-1]["content"].startswith("FINAL")
+        if row["n_tool_calls"] > budget - ends_final:
+            end = "before FINAL" if ends_final else "before its last call"
             raise ValueError(f"trace of task {row['task_id']} (arm {arm}) uses {row['n_tool_calls']} calls: a "
-                             f"budget of {budget} ends it before FINAL")  # fmt: skip
+                             f"budget of {budget} ends it {end}")  # fmt: skip
         messages[0]["content"] = new
         out.append({**row, "messages": messages})
     return out
@@ -197,7 +217,7 @@ def sft_start_point(
     tokenizer = load_tokenizer(base)
     rendered = [(r["role"], render_messages(r["messages"], tokenizer, task_id=r["task_id"])) for r in rows]
     samples = [s for role, s in rendered for _ in range(settings.faulty_repeats if role == "faulty" else 1)]
-    gold = [s for role, s in rendered if role == "direct"]
+    gold = [s for role, s in rendered if role == "gold"]
     faulty = [s for role, s in rendered if role == "faulty"]
     trainer = Trainer(base, lr=settings.sft_lr, dtype="float32", device="cpu", micro_batch_tokens=8192, seed=0)
     curve: list[dict[str, Any]] = []
@@ -234,34 +254,38 @@ class SignalRun:
     seed: int
     lr: float
     alpha: float | None
+    steps: int
+    group_size: int
 
 
 def signal_runs(settings: SignalSettings) -> list[SignalRun]:
     first = settings.seeds[0]
-    runs = [SignalRun(f"A-seed{s}", "A", "A", s, settings.rl_lr, None) for s in settings.seeds]
-    runs.append(SignalRun("A-lr0", "A", "A", first, 0.0, None))
-    runs.append(SignalRun("B-alpha1", "B", "B", first, settings.rl_lr, 1.0))
-    runs.append(SignalRun("B-alpha0", "alpha0", "B", first, settings.rl_lr, 0.0))
+    a = (settings.rl_steps, settings.group_size)
+    b = (settings.label_steps, settings.label_group_size)
+    runs = [SignalRun(f"A-seed{s}", "A", "A", s, settings.rl_lr, None, *a) for s in settings.seeds]
+    runs.append(SignalRun("A-lr0", "A", "A", first, 0.0, None, *a))
+    runs.append(SignalRun("B-alpha1", "B", "B", first, settings.rl_lr, 1.0, *b))
+    runs.append(SignalRun("B-alpha0", "alpha0", "B", first, settings.rl_lr, 0.0, *b))
     return runs
 
 
-def run_config(config: Mapping[str, Any], settings: SignalSettings, lr: float) -> dict[str, Any]:
-    """The study config with the signal run's RL design: every task every step, a checkpoint every step, the
-    signal run's budget."""
+def run_config(config: Mapping[str, Any], settings: SignalSettings, run: SignalRun) -> dict[str, Any]:
+    """The study config with the signal run's RL design for `run`: every task every step, a checkpoint every step,
+    the signal run's budget."""
     cfg = copy.deepcopy(dict(config))
     cfg["rl"] = {
         **cfg["rl"],
-        "steps": settings.rl_steps,
-        "group_size": settings.group_size,
+        "steps": run.steps,
+        "group_size": run.group_size,
         "tasks_per_step": settings.n_tasks,
         "checkpoint_every": 1,
-        "state_every": settings.rl_steps,
-        "lr": lr,
+        "state_every": run.steps,
+        "lr": run.lr,
         "max_tokens": settings.max_tokens,
         "skip_zero_advantage": False,
     }
     # Every rollout of a step in flight at once: vLLM-CPU's throughput grows ~10x from 1 to 16 concurrent requests.
-    cfg["env"] = {**cfg["env"], "concurrency": settings.n_tasks * settings.group_size,
+    cfg["env"] = {**cfg["env"], "concurrency": settings.n_tasks * run.group_size,
                   "budget": settings.budget}  # fmt: skip
     cfg["arms"] = {**cfg["arms"], "B": {**cfg["arms"]["B"], "alpha": 1.0}}
     cfg["ablations"] = {**(cfg.get("ablations") or {}), "alpha0": {"base_arm": "B", "alpha": 0.0}}
@@ -419,7 +443,10 @@ def run_signal(config: Mapping[str, Any], out_dir: str | Path, settings: SignalS
     task_ids = sorted({r["task_id"] for r in chosen["A"]})
     tasks = write_rows([{k: r[k] for k in MBPP_SCHEMA.names} for r in sft_split if r["task_id"] in task_ids],
                        MBPP_SCHEMA, out / "tasks.parquet")  # fmt: skip
-    sft = {arm: sft_start_point(chosen[arm], base, out / "sft" / arm, settings, arm=arm) for arm in ("A", "B")}
+    # Arm B's start point goes on from Arm A's: the same tasks and patches, so it only has the predictive format's
+    # prompt and prediction turn to learn (about half the SFT steps of a start from the base model: README).
+    sft = {"A": sft_start_point(chosen["A"], base, out / "sft" / "A", settings, arm="A")}
+    sft["B"] = sft_start_point(chosen["B"], out / "sft" / "A", out / "sft" / "B", settings, arm="B")
 
     serving = config["serving"]
     runs = signal_runs(settings)
@@ -427,18 +454,18 @@ def run_signal(config: Mapping[str, Any], out_dir: str | Path, settings: SignalS
                                  log_path=out / "vllm.log") as server:  # fmt: skip
         for r in runs:
             job = RLJob(run=r.run, seed=r.seed, init=out / "sft" / r.arm, tasks=tasks, out_dir=out / "rl" / r.name)
-            run_rl(job, run_config(config, settings, r.lr), server=server)
+            run_rl(job, run_config(config, settings, r), server=server)
 
     points = label_points([out / "rl" / r.name for r in runs if r.arm == "B"], tokenizer)
     curves: list[dict[str, Any]] = []
     for r in runs:
         run_dir = out / "rl" / r.name
         metrics = {m["step"]: m for m in pq.read_table(run_dir / "metrics.parquet").to_pylist()}
-        lp: list[float | None] = [None] * (settings.rl_steps + 1)
+        lp: list[float | None] = [None] * (r.steps + 1)
         if r.arm == "B":
-            ckpts = [out / "sft" / "B", *(run_dir / f"step{s}" for s in range(1, settings.rl_steps + 1))]
+            ckpts = [out / "sft" / "B", *(run_dir / f"step{s}" for s in range(1, r.steps + 1))]
             lp = label_logprob_curve(ckpts, points)
-        for step in range(settings.rl_steps + 1):
+        for step in range(r.steps + 1):
             m = metrics.get(step, {})
             curves.append({
                 "name": r.name, "run": r.run, "arm": r.arm, "seed": r.seed, "lr": r.lr, "alpha": r.alpha,
@@ -469,18 +496,19 @@ def print_curves(result: Mapping[str, Any], console: Any) -> None:
     steps = sorted({r["step"] for r in curves})
     cell = {(r["name"], r["step"]): r for r in curves}
 
-    def fmt(v: float | None, spec: str) -> str:
+    def fmt(name: str, step: int, column: str, spec: str) -> str:
+        v = cell.get((name, step), {}).get(column)  # Arm B's runs are shorter than Arm A's
         return "-" if v is None else format(v, spec)
 
     table = Table("run", *(str(s) for s in steps if s >= 1), title="mean reward per RL step (T=1; n per step in "
                   "curves.parquet)")  # fmt: skip
     for name in names:
-        table.add_row(name, *(fmt(cell[name, s]["reward_mean"], ".2f") for s in steps if s >= 1))
+        table.add_row(name, *(fmt(name, s, "reward_mean", ".2f") for s in steps if s >= 1))
     console.print(table)
     table = Table("run", *(str(s) for s in steps), title="Arm B: log p(verified label) after N steps (0 = SFT)")
     for name in names:
         if cell[name, 0]["arm"] == "B":
-            table.add_row(name, *(fmt(cell[name, s]["label_logprob"], ".3f") for s in steps))
+            table.add_row(name, *(fmt(name, s, "label_logprob", ".3f") for s in steps))
     console.print(table)
     table = Table("check", "first", "last", "rise", "margin", "expected", "holds", title="verdicts")
     for c in result["verdicts"]:
