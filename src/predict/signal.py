@@ -388,6 +388,7 @@ def plot(curves: Sequence[Mapping[str, Any]], path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (ax_r, ax_l) = plt.subplots(1, 2, figsize=(11, 4))
     names = list(dict.fromkeys(r["name"] for r in curves))
@@ -401,6 +402,7 @@ def plot(curves: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax_r.set(xlabel="RL step", ylabel="mean reward (T=1)", title="reward per step", ylim=(-0.05, 1.05))
     ax_l.set(xlabel="RL step (0 = SFT start)", ylabel="log p(verified label)", title="Arm B label log-prob")
     for ax in (ax_r, ax_l):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     fig.suptitle("learning signal (" + SANITY_NOTE.split(":")[0] + ": RL on the SFT tasks)", fontsize=10)
