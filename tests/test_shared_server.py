@@ -333,3 +333,20 @@ def test_real_reused_server_gives_the_rows_of_a_fresh_one(
     differ = {k for f, r in zip(fresh, reused, strict=True) for k in f if f[k] != r[k]}
     assert differ == set(), f"fresh and reused rows differ in {sorted(differ)}"
     assert reused == fresh
+
+
+def test_predict_serve_stop_shared_works_as_the_readme_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`predict serve --stop-shared` (README, after a Ctrl-C of Snakemake) reaches serve_main's own parser; the outer
+    parser once refused every option that came first ("unrecognized arguments"). Other stages still refuse
+    options they do not know."""
+    import predict.serve
+    from predict.cli import main
+
+    monkeypatch.setattr(predict.serve, "default_cache_dir", lambda: tmp_path)  # never this checkout's server
+    assert main(["serve", "--stop-shared"]) == 0
+    assert "no shared vLLM server recorded" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:
+        main(["check-serving", "--config", "config/local.yaml", "--stop-shared"])
+    assert refused.value.code == 2 and "unrecognized arguments: --stop-shared" in capsys.readouterr().err

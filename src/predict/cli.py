@@ -743,7 +743,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(words)
+    if args.stage == "serve":
+        # serve_main parses everything after the word itself: argparse's REMAINDER refuses a leading --option
+        # (`predict serve --stop-shared` failed with "unrecognized arguments").
+        args.serve_args = words[words.index("serve") + 1 :]
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(message)s",
