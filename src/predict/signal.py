@@ -71,7 +71,8 @@ SANITY_NOTE = (
 
 @dataclass(frozen=True)
 class SignalSettings:
-    """Everything the signal run chooses (the CI defaults; each a CLI flag of `predict signal`)."""
+    """Everything the signal run chooses (the CI defaults; `predict signal` has flags for the run's shape: seeds,
+    steps, lr, group size, tasks, k, the SFT target)."""
 
     n_tasks: int = 2
     """sft recovery tasks trained on (those with the shortest Arm A recovery traces)."""
@@ -81,7 +82,8 @@ class SignalSettings:
     sft_max_steps: int = 150
     faulty_repeats: int = 2
     """Each faulty prefix is in the SFT batch this many times, the gold one once: the start point writes the
-    faulty patch about twice as often as the gold one (a start reward near 1/4, room to rise)."""
+    faulty patch about three times as often as the gold one (measured 0.66 vs 0.20; a start reward near 1/5, room
+    to rise)."""
     target_path_prob: float = 0.85
     """SFT stops when the model samples the gold or the faulty prefix exactly (T=1) with this probability (mean
     over tasks): the rest are slips spread over many tokens, which GRPO barely moves."""
@@ -179,7 +181,7 @@ def at_budget(rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any], arm:
     so it is swapped for the protocol's prompt at `budget`. A trace that would not fit is an error, never a silent
     mismatch: the episode ends after the call that spends the last unit, so a trace that ends in FINAL needs a
     spare call and one that ends at its last call (a prefix) needs no more calls than the budget."""
-    from predict.env.protocol import ProtocolConfig
+    from predict.env.protocol import ProtocolConfig, parse_action
 
     protocol = config["arms"][arm]["protocol"]
     old = ProtocolConfig.from_env(config["env"], protocol).system_prompt()
@@ -189,7 +191,8 @@ def at_budget(rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any], arm:
         messages = [dict(m) for m in row["messages"]]
         if messages[0]["role"] != "system" or messages[0]["content"] != old:
             raise ValueError(f"trace of task {row['task_id']} (arm {arm}): its system prompt is not the protocol's")
-        ends_final = messages[-1]["role"] == "assistant" and messages[-1]["content"].startswith("FINAL")
+        last = messages[-1]
+        ends_final = last["role"] == "assistant" and parse_action(last["content"]).kind == "final"
         if row["n_tool_calls"] > budget - ends_final:
             end = "before FINAL" if ends_final else "before its last call"
             raise ValueError(f"trace of task {row['task_id']} (arm {arm}) uses {row['n_tool_calls']} calls: a "
