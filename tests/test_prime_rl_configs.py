@@ -420,6 +420,33 @@ def test_cli_renders_launches_and_collects(tmp_path: Path, monkeypatch: pytest.M
     assert main(as_is) == 2 and not (tmp_path / "y.toml").exists()
 
 
+def test_a_published_rl_run_asked_for_again_trains_afresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`predict prime-rl-train rl` marks prime-rl's output_dir finished once it has published the run's steps and
+    metrics (predict.fingerprint rule 4, as the sft path does): run again (--forcerun), it trains afresh instead of
+    resuming the published run from the checkpoints prime-rl left in it."""
+    from predict.cli import main
+    from predict.fingerprint import read_fingerprint
+
+    bin_dir, checkout = tmp_path / "bin", tmp_path / "prime-rl"
+    bin_dir.mkdir()
+    checkout.mkdir()
+    (bin_dir / "uv").write_text(FAKE_UV.format(python=sys.executable))
+    (bin_dir / "uv").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    run_dir = tmp_path / "rl" / "A" / "seed42"
+    args = ["prime-rl-config", "rl", "--config", prime_rl_local_config(tmp_path), "--run", "A", "--seed", "42"]
+    args += ["--tasks-file", "rl.parquet", "--model", "m/m", "--output-dir", str(run_dir / "prime-rl")]
+    assert main([*args, "--out", str(run_dir / "prime-rl.toml")]) == 0
+    train = ["prime-rl-train", "rl", "--toml", str(run_dir / "prime-rl.toml"), "--dir", str(checkout)]
+    train += ["--run-dir", str(run_dir), "--checkpoints-out", str(run_dir / "checkpoints.json")]
+    assert main(train) == 0
+    assert read_fingerprint(run_dir / "prime-rl")[1], "published, but not marked finished"
+    resumable = run_dir / "prime-rl" / "checkpoints" / "step_2"  # what prime-rl would resume the run from
+    resumable.mkdir(parents=True)
+    assert main(train) == 0  # forced again: the finished output_dir is emptied, not resumed
+    assert not resumable.exists()
+
+
 RETRYING_UV = r"""#!{python}
 # `uv run ... rl @ <toml>` as prime-rl behaves across a SLURM retry: metrics.jsonl files are appended to (two trainer
 # records per step), a full checkpoint every 2 steps; attempt 1 dies during step 4 (a torn line), attempt 2 resumes

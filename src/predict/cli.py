@@ -493,16 +493,15 @@ def _cmd_prime_rl_train(args: argparse.Namespace) -> int:
         raw = Path(args.raw_metrics_out or run_dir / "prime-rl-metrics.parquet")
         n = configs.write_rl_metrics(output_dir, metrics, raw, run=run, seed=seed)
         console.print(f"metrics: {n} steps -> {metrics} (prime-rl's own: {raw})")
-        return 0
     else:
         if args.checkpoint is None:
             raise ValueError("prime-rl-train sft needs --checkpoint")
         step = configs.collect_sft_checkpoint(output_dir, args.checkpoint)
         console.print(f"SFT checkpoint (step {step}): {args.checkpoint}")
         metrics = Path(args.metrics_out or Path(args.toml).parent / "metrics.parquet")
-    n = configs.write_metrics(output_dir, metrics)
+        n = configs.write_metrics(output_dir, metrics)
+        console.print(f"metrics: {n} values -> {metrics}")
     mark_finished(output_dir)  # collected: a later run of this job trains again (predict.fingerprint)
-    console.print(f"metrics: {n} values -> {metrics}")
     return 0
 
 
