@@ -290,40 +290,24 @@ def _selection(config: dict, eval_paths: list[str]) -> Any:
     return select_checkpoints(metrics, selection_cfg["mode"], selection_cfg.get("step"))
 
 
-def _run_table_spec(config: Mapping[str, Any], section: str, name: str) -> Mapping[str, Any]:
-    """The config entry of one ablation or extension run (`section`), which must exist."""
+def _cmd_run_table(args: argparse.Namespace) -> int:
+    """`predict ablations` and `predict extensions`: one ablation's or extension's table, a row per seed."""
+    from predict.io import write_table
+    from predict.stats import ablation_table, extension_table
+
+    config = _config(args)
+    section, name = args.stage, args.ablation if args.stage == "ablations" else args.extension
     runs = config.get(section) or {}
     if name not in runs:
         raise ConfigError(f"{section}: no {section[:-1]} {name!r} (have {', '.join(runs) or 'none'})")
-    return runs[name] or {}
-
-
-def _cmd_ablations(args: argparse.Namespace) -> int:
-    from predict.stats import ablation_table
-
-    config = _config(args)
-    spec = _run_table_spec(config, "ablations", args.ablation)
-    table = ablation_table(args.ablation, args.eval, _selection(config, args.eval),
-                           base_arm=spec.get("base_arm", "B"), **_bootstrap(config))
-    return _write_run_table(table, args.ablation, args.out)
-
-
-def _cmd_extensions(args: argparse.Namespace) -> int:
-    from predict.stats import extension_table
-
-    config = _config(args)
-    _run_table_spec(config, "extensions", args.extension)
-    table = extension_table(args.extension, args.eval, _selection(config, args.eval),
-                            **_extension(config, args.extension),
-                            default_test_cost=int(config["env"].get("test_cost", 1)), **_bootstrap(config))
-    return _write_run_table(table, args.extension, args.out)
-
-
-def _write_run_table(table: Any, name: str, out: str) -> int:
-    from predict.io import write_table
-
-    write_table(table, out)
-    console.print(f"{name}: {table.num_rows} seed row(s) -> {out}")
+    if section == "ablations":
+        table = ablation_table(name, args.eval, _selection(config, args.eval),
+                               base_arm=(runs[name] or {}).get("base_arm", "B"), **_bootstrap(config))
+    else:
+        table = extension_table(name, args.eval, _selection(config, args.eval), **_extension(config, name),
+                                default_test_cost=int(config["env"].get("test_cost", 1)), **_bootstrap(config))
+    write_table(table, args.out)
+    console.print(f"{name}: {table.num_rows} seed row(s) -> {args.out}")
     return 0
 
 
@@ -633,12 +617,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--selection", default=None,
                    help="test evaluations only: the val statistics' selection.parquet (the checkpoints compared)")
 
-    p = stage("ablations", _cmd_ablations, "one ablation's table: a row per seed vs its base arm")
+    p = stage("ablations", _cmd_run_table, "one ablation's table: a row per seed vs its base arm")
     p.add_argument("--ablation", required=True)
     p.add_argument("--eval", nargs="+", required=True, help="val evaluations of the ablation, its base arm and A")
     p.add_argument("--out", required=True)
 
-    p = stage("extensions", _cmd_extensions, "one extension's table: a row per seed vs Arm A and Arm B + mechanism")
+    p = stage("extensions", _cmd_run_table, "one extension's table: a row per seed vs Arm A and Arm B + mechanism")
     p.add_argument("--extension", required=True)
     p.add_argument("--eval", nargs="+", required=True, help="val evaluations of the extension, A, B, counterpart")
     p.add_argument("--out", required=True)
