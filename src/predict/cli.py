@@ -372,20 +372,13 @@ def _cmd_training_outcomes(args: argparse.Namespace) -> int:
     write_table(pa.Table.from_pylist(rows, schema=TRAINING_OUTCOME_SCHEMA), args.out)
     console.print(f"training outcomes: {len({(r['run'], r['seed']) for r in rows})} predictive run(s) -> {args.out}")
     return 0
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
     from predict.train.sft import SFTConfig, run_sft
 
     config = _config(args)
-    if "sft" not in config:
-        raise ConfigError(f"{args.config or 'config'}: no sft section")
-    cfg = SFTConfig.from_config(config["sft"])
+    cfg = SFTConfig.from_config(config["sft"])  # no sft section: MissingKey names the stage and the key
     summary = run_sft(
         traces=Path(args.traces),
         base_model=args.base_model,
@@ -506,6 +499,13 @@ def _cmd_signal(args: argparse.Namespace) -> int:
     return 0
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="predict", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -578,15 +578,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=1, help="rollouts per task")
     p.add_argument("--protocol", choices=["reactive", "predictive"], default=None, help="default: the arm's")
     p.add_argument("--variant", choices=list(VARIANTS), default="none", help="protocol variant (Arm B's)")
-    p.add_argument(
-        "--test-cost", type=positive_int, default=None, help="budget calls per python_test (default: env.test_cost)"
-    )
-    p.add_argument(
-        "--max-chained-revisions",
-        type=positive_int,
-        default=None,
-        help="edit_on_revise: replacement patches in a row (default: env.max_chained_revisions)",
-    )
+    p.add_argument("--test-cost", type=positive_int, default=None,
+                   help="budget calls per python_test (default: env.test_cost)")
+    p.add_argument("--max-chained-revisions", type=positive_int, default=None,
+                   help="edit_on_revise: replacement patches in a row (default: env.max_chained_revisions)")
     p.add_argument("--client", choices=["eval", "train"], default="eval", help="train = record token ids")
     p.add_argument("--base-url", default=None, help="use this running endpoint instead of starting vLLM")
     p.add_argument("--out", required=True)
