@@ -55,54 +55,6 @@ def tokenizer_dir() -> Path:
     return path
 
 
-def _qwen3_config(
-    *,
-    vocab_size: int,
-    hidden_size: int,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    intermediate_size: int,
-    max_position_embeddings: int,
-    tie_word_embeddings: bool,
-    dtype: Dtype,
-) -> dict:
-    """config.json in the layout of the released Qwen3 checkpoints."""
-    return {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "bos_token_id": _ENDOFTEXT_ID,
-        "eos_token_id": _IM_END_ID,
-        "head_dim": head_dim,
-        "hidden_act": "silu",
-        "hidden_size": hidden_size,
-        "initializer_range": 0.02,
-        "intermediate_size": intermediate_size,
-        "max_position_embeddings": max_position_embeddings,
-        "max_window_layers": num_layers,
-        "num_attention_heads": num_heads,
-        "num_hidden_layers": num_layers,
-        "num_key_value_heads": num_kv_heads,
-        "rms_norm_eps": 1e-6,
-        "rope_scaling": None,
-        "rope_theta": 1000000.0,
-        "sliding_window": None,
-        "use_sliding_window": False,
-        "tie_word_embeddings": tie_word_embeddings,
-        # transformers<5 reads torch_dtype, >=5 reads dtype; both name the stored dtype.
-        "torch_dtype": dtype,
-        "dtype": dtype,
-        # Without it transformers>=5 treats a local tokenizer as a possibly-broken Mistral one and warns
-        # "incorrect regex pattern" on every load; the value is the release the Qwen3 checkpoints name.
-        "transformers_version": "4.51.0",
-        "use_cache": True,
-        "vocab_size": vocab_size,
-    }
-
-
 def _tensor_shapes(cfg: dict) -> dict[str, tuple[tuple[int, ...], str]]:
     """Parameter name -> (shape, init kind) exactly as HF / vLLM Qwen3 expect them."""
     h, hd = cfg["hidden_size"], cfg["head_dim"]
@@ -190,18 +142,38 @@ def build_tiny_qwen3(
         raise ValueError(f"dtype must be 'bfloat16' or 'float32', not {dtype!r}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = _qwen3_config(
-        vocab_size=QWEN3_VOCAB_SIZE,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings,
-        dtype=dtype,
-    )
+    cfg = {  # config.json in the layout of the released Qwen3 checkpoints
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": _ENDOFTEXT_ID,
+        "eos_token_id": _IM_END_ID,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "hidden_size": hidden_size,
+        "initializer_range": 0.02,
+        "intermediate_size": intermediate_size,
+        "max_position_embeddings": max_position_embeddings,
+        "max_window_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_hidden_layers": num_layers,
+        "num_key_value_heads": num_kv_heads,
+        "rms_norm_eps": 1e-6,
+        "rope_scaling": None,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "use_sliding_window": False,
+        "tie_word_embeddings": tie_word_embeddings,
+        # transformers<5 reads torch_dtype, >=5 reads dtype; both name the stored dtype.
+        "torch_dtype": dtype,
+        "dtype": dtype,
+        # Without it transformers>=5 treats a local tokenizer as a possibly-broken Mistral one and warns
+        # "incorrect regex pattern" on every load; the value is the release the Qwen3 checkpoints name.
+        "transformers_version": "4.51.0",
+        "use_cache": True,
+        "vocab_size": QWEN3_VOCAB_SIZE,
+    }
     tensors = {
         name: _init_tensor(name, shape, kind, seed, init_std) for name, (shape, kind) in _tensor_shapes(cfg).items()
     }
