@@ -26,12 +26,6 @@ def _key_path(error: jsonschema.ValidationError) -> str:
     return ".".join(str(p) for p in error.absolute_path) or "<top level>"
 
 
-def _message(error: jsonschema.ValidationError) -> str:
-    # "Additional properties are not allowed ('stf' was unexpected)" names the bad key itself;
-    # for every other error the key path says where the bad value sits.
-    return f"{_key_path(error)}: {error.message}"
-
-
 def load_schema(schema_path: Path = SCHEMA_PATH) -> dict[str, Any]:
     with open(schema_path) as f:
         return yaml.safe_load(f)
@@ -54,7 +48,9 @@ def validate_config(
     errors = sorted(validator.iter_errors(dict(config)), key=lambda e: (len(e.absolute_path), _key_path(e)))
     if errors:
         more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-        raise ConfigError(f"{source}: {_message(errors[0])}{more}")
+        # "Additional properties are not allowed ('stf' was unexpected)" names the bad key itself;
+        # for every other error the key path says where the bad value sits.
+        raise ConfigError(f"{source}: {_key_path(errors[0])}: {errors[0].message}{more}")
 
 
 def load_config(path: str | Path, schema_path: Path = SCHEMA_PATH) -> dict[str, Any]:

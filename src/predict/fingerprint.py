@@ -31,7 +31,7 @@ import logging
 import os
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -307,7 +307,5 @@ def run_fingerprint(
 ) -> Fingerprint:
     """An RL or RFT run's fingerprint: the stage's config slice, its resolved run (`predict.runs.RunSpec`), the
     init checkpoint's and the task split's content, the seed."""
-    from dataclasses import asdict  # noqa: PLC0415
-
     return fingerprint(config, RESUME_KEYS[stage], inputs={"init": init, "tasks": tasks}, seed=seed,
                        extra={"run": asdict(spec)})  # fmt: skip
