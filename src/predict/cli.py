@@ -127,8 +127,7 @@ def with_env(config: Mapping[str, Any], **values: Any) -> Mapping[str, Any]:
 def _cmd_rollout(args: argparse.Namespace) -> int:
     from predict.rollouts import RolloutJob, run_job
 
-    config = _config(args)
-    config = with_env(config, test_cost=args.test_cost, max_chained_revisions=args.max_chained_revisions)
+    config = with_env(_config(args), test_cost=args.test_cost, max_chained_revisions=args.max_chained_revisions)
     job = RolloutJob(
         tasks_path=Path(args.tasks_file),
         split=args.split,
