@@ -317,14 +317,11 @@ class ProtocolConfig:
             raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
         if self.variant != "none" and self.protocol != "predictive":
             raise ValueError(f"variant {self.variant!r} needs the predictive protocol")
-        if self.budget < 1:
-            raise ValueError(f"budget must be >= 1, got {self.budget}")
         if self.max_model_calls is not None and self.max_model_calls < 1:
             raise ValueError(f"max_model_calls must be >= 1, got {self.max_model_calls}")
-        if self.test_cost < 1:
-            raise ValueError(f"test_cost must be >= 1, got {self.test_cost}")
-        if self.max_chained_revisions < 1:
-            raise ValueError(f"max_chained_revisions must be >= 1, got {self.max_chained_revisions}")
+        for name in ("budget", "test_cost", "max_chained_revisions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.variant == "edit_on_revise" and not self.revise_costs_call:
             raise ValueError(
                 "variant 'edit_on_revise' needs revise_costs_call=True (a refunded REVISE plus a free "

@@ -49,42 +49,13 @@ from predict.env.protocol import Step
 from predict.io import write_rows
 from predict.outcomes import Outcome
 
-STEP_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
-    ("index", pa.int32()),
-    ("action", pa.string()),
-    ("reply", pa.string()),
-    ("status", pa.string()),
-    ("result", pa.string()),
-    ("result_sent", pa.bool_()),
-    ("tool", pa.string()),
-    ("action_line", pa.string()),
-    ("args", pa.string()),
-    ("error", pa.string()),
-    ("counted", pa.bool_()),
-    ("cost", pa.int32()),
-    ("calls_used", pa.int32()),
-    ("find", pa.string()),
-    ("replace", pa.string()),
-    ("applied", pa.bool_()),
-    ("patched_code", pa.string()),
-    ("edited_from", pa.int32()),
-    ("revision_depth", pa.int32()),
-    ("edit_error", pa.string()),
-    ("prediction", pa.string()),
-    ("decision_sampled", pa.string()),
-    ("decision", pa.string()),
-    ("forced", pa.bool_()),
-    ("reverted", pa.bool_()),
-    ("prediction_step", pa.int32()),
-    ("patch_step", pa.int32()),
-    ("outcome", pa.string()),
-    ("outcome_seen", pa.bool_()),
-    ("outcome_step", pa.int32()),
-    ("outcome_detail", pa.string()),
-    ("summary", pa.string()),
+# The struct of one step is `protocol.Step`'s fields in order (its annotations are strings here: int, str, bool,
+# each maybe "| None"), so the two can never differ.
+_ARROW_TYPES: dict[str, pa.DataType] = {"int": pa.int32(), "str": pa.string(), "bool": pa.bool_()}
+STEP_FIELDS: tuple[tuple[str, pa.DataType], ...] = tuple(
+    (f.name, _ARROW_TYPES[str(f.type).removesuffix(" | None")]) for f in dataclasses.fields(Step)
 )
 STEP_TYPE = pa.struct(list(STEP_FIELDS))
-assert {f.name for f in dataclasses.fields(Step)} == {name for name, _ in STEP_FIELDS}, "Step and STEP_FIELDS differ"
 
 TOKEN_NODE_TYPE = pa.struct(
     [
@@ -153,6 +124,14 @@ RECORD_SCHEMA = pa.schema(
     ]
 )
 RECORD_COLUMNS: tuple[str, ...] = tuple(RECORD_SCHEMA.names)
+
+
+# `Episode.summary` counts and flags copied into the record (0 / False when the program left no summary)
+_SUMMARY_COUNTS: tuple[str, ...] = (
+    "calls_used", "n_patches", "n_tests", "n_test_calls", "n_tests_refused", "n_errors", "n_predictions",
+    "n_malformed_predictions", "n_forced", "n_revised", "n_edit_revisions", "n_edit_errors", "max_revision_depth",
+)
+_SUMMARY_FLAGS: tuple[str, ...] = ("budget_exhausted", "ever_revised", "ever_edited")
 
 
 def rollout_key(arm: str, seed: int, checkpoint: str, task_id: int, sample: int = 0) -> str:
@@ -235,23 +214,9 @@ def build_record(
         "test_cost": config.get("test_cost", meta.get("test_cost", 1)),
         "max_chained_revisions": config.get("max_chained_revisions", meta.get("max_chained_revisions", 2)),
         "steps": steps,
-        "calls_used": summary.get("calls_used", 0),
-        "budget_exhausted": bool(summary.get("budget_exhausted", False)),
+        **{k: summary.get(k, 0) for k in _SUMMARY_COUNTS},
+        **{k: bool(summary.get(k, False)) for k in _SUMMARY_FLAGS},
         "n_model_calls": summary.get("n_model_calls", len(steps)),
-        "n_patches": summary.get("n_patches", 0),
-        "n_tests": summary.get("n_tests", 0),
-        "n_test_calls": summary.get("n_test_calls", 0),
-        "n_tests_refused": summary.get("n_tests_refused", 0),
-        "n_errors": summary.get("n_errors", 0),
-        "n_predictions": summary.get("n_predictions", 0),
-        "n_malformed_predictions": summary.get("n_malformed_predictions", 0),
-        "n_forced": summary.get("n_forced", 0),
-        "ever_revised": bool(summary.get("ever_revised", False)),
-        "n_revised": summary.get("n_revised", 0),
-        "ever_edited": bool(summary.get("ever_edited", False)),
-        "n_edit_revisions": summary.get("n_edit_revisions", 0),
-        "n_edit_errors": summary.get("n_edit_errors", 0),
-        "max_revision_depth": summary.get("max_revision_depth", 0),
         "first_patch_outcome": first,
         "recovered": recovered,
         "final_outcome": final_outcome,
