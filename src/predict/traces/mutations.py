@@ -283,12 +283,10 @@ def syntax_break(tree: ast.Module) -> list[Site]:
     lines = source.split("\n")
     sites = []
     for i, line in enumerate(lines):
-        if line.rstrip().endswith(":"):
-            edited = lines[:i] + [line.rstrip()[:-1]] + lines[i + 1 :]
-            sites.append(Site(f"missing ':' at line {i + 1}", lambda e=edited: "\n".join(e)))
-        elif line.rstrip().endswith(")") and line.count("(") == line.count(")"):
-            edited = lines[:i] + [line.rstrip()[:-1]] + lines[i + 1 :]
-            sites.append(Site(f"missing ')' at line {i + 1}", lambda e=edited: "\n".join(e)))
+        end = line.rstrip()
+        if end.endswith(":") or (end.endswith(")") and line.count("(") == line.count(")")):
+            edited = lines[:i] + [end[:-1]] + lines[i + 1 :]
+            sites.append(Site(f"missing '{end[-1]}' at line {i + 1}", lambda e=edited: "\n".join(e)))
     return sites
 
 

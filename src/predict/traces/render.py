@@ -111,41 +111,29 @@ def repair_edit(current: str, target: str) -> tuple[str, str]:
             raise TraceError("no unique find text (current and target are identical?)")
 
 
-def summary_text(trace: Trace) -> str:
-    return f"solution.py defines {trace.function} and passes the tests."
-
-
 def replies(trace: Trace, config: ProtocolConfig, recovery_style: str = "revise") -> list[str]:
     """The assistant replies of `trace` under `config`'s protocol."""
     if recovery_style not in RECOVERY_STYLES:
         raise TraceError(f"recovery_style must be one of {RECOVERY_STYLES}, got {recovery_style!r}")
     keep = [prediction_line(Outcome.PASS.value, "KEEP")] if config.predictive else []
     to_gold = [patch_line(STUB_FIND, trace.gold), *keep]
+    final = final_line(f"solution.py defines {trace.function} and passes the tests.")
     if trace.role == "direct":
-        return [READ, *to_gold, TEST, final_line(summary_text(trace))]
+        return [READ, *to_gold, TEST, final]
     assert trace.faulty is not None and trace.verified_class is not None
     to_faulty = patch_line(STUB_FIND, trace.faulty)
     if config.predictive and recovery_style == "revise":
         revise = prediction_line(trace.verified_class, "REVISE")
-        return [READ, to_faulty, revise, *to_gold, TEST, final_line(summary_text(trace))]
+        return [READ, to_faulty, revise, *to_gold, TEST, final]
     find, replace = repair_edit(solution_text(trace.faulty), solution_text(trace.gold))
-    return [READ, to_faulty, *keep, TEST, patch_line(find, replace), *keep, TEST, final_line(summary_text(trace))]
-
-
-@dataclass
-class Rendered:
-    messages: list[dict[str, str]]
-    episode: Episode
-
-    @property
-    def n_tool_calls(self) -> int:
-        return self.episode.calls_used
+    return [READ, to_faulty, *keep, TEST, patch_line(find, replace), *keep, TEST, final]
 
 
 def render(
     trace: Trace, config: ProtocolConfig, run_tests: Callable[[str], Any], recovery_style: str = "revise"
-) -> Rendered:
-    """Step an `Episode` through the trace's replies; the messages are what the model sees and says."""
+) -> tuple[list[dict[str, str]], Episode]:
+    """Step an `Episode` through the trace's replies; the messages are what the model sees and says (returned with
+    the finished episode)."""
     episode = Episode(config, run_tests)
     messages = [{"role": "system", "content": config.system_prompt()}, {"role": "user", "content": trace.prompt}]
     for reply in replies(trace, config, recovery_style):
@@ -156,7 +144,7 @@ def render(
         if result is not None:
             messages.append({"role": "user", "content": result})
     check(trace, episode, recovery_style)
-    return Rendered(messages, episode)
+    return messages, episode
 
 
 def check(trace: Trace, episode: Episode, recovery_style: str = "revise") -> None:

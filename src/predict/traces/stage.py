@@ -311,10 +311,10 @@ def render_arm(
     """One arm's parquet rows (in task_id order)."""
     rows = []
     for trace in synthesis.traces:
-        rendered = render(trace, config, synthesis.run_tests(trace.task_id), recovery_style)
+        messages, episode = render(trace, config, synthesis.run_tests(trace.task_id), recovery_style)
         faulty = None
         if trace.role == "recovery":
-            faulty = next(i for i, m in enumerate(rendered.messages) if m["role"] == "assistant"
+            faulty = next(i for i, m in enumerate(messages) if m["role"] == "assistant"
                           and "apply_patch" in m["content"])
         rows.append({
             "task_id": trace.task_id,
@@ -326,9 +326,9 @@ def render_arm(
             "verified_class": trace.verified_class,
             "recovery_style": recovery_style,
             "seed": seed,
-            "messages": rendered.messages,
-            "n_messages": len(rendered.messages),
-            "n_tool_calls": rendered.n_tool_calls,
+            "messages": messages,
+            "n_messages": len(messages),
+            "n_tool_calls": episode.calls_used,
             "faulty_message": faulty,
             "gold_code": trace.gold,
             "faulty_code": trace.faulty,
