@@ -19,10 +19,9 @@ from typing import Any
 
 import verifiers.v1 as vf
 
-from predict.env.protocol import RESULT_FILE, TASK_FILE, ProtocolConfig
+from predict.env.protocol import RESULT_FILE, RESULT_MAX_BYTES, ProtocolConfig
 
 HARNESS_ID = "predict_local_agent"
-RESULT_MAX_BYTES = 64 << 20
 sys.modules.setdefault(HARNESS_ID, sys.modules[__name__])
 
 
@@ -66,8 +65,6 @@ class LocalAgentHarness(vf.Harness[LocalAgentHarnessConfig]):
             f"--model={ctx.model}",
             f"--prompt={prompt or ''}",
             f"--protocol-config={json.dumps(c.protocol.to_dict())}",
-            f"--task-file={TASK_FILE}",
-            f"--result-file={RESULT_FILE}",
             f"--timeout-s={c.timeout_s}",
             f"--memory-mb={c.memory_mb}",
             f"--outcome-labels={c.outcome_labels}",

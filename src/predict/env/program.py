@@ -60,8 +60,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="{}",
         help="the episode's resolved ProtocolConfig as a JSON object (default: its defaults)",
     )
-    ap.add_argument("--task-file", default=TASK_FILE)
-    ap.add_argument("--result-file", default=RESULT_FILE)
     ap.add_argument("--timeout-s", type=float, default=3.0, help="sandbox limit per test run")
     ap.add_argument("--memory-mb", type=int, default=1024)
     ap.add_argument("--outcome-labels", default="structured")
@@ -163,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     api_key = os.environ.pop("OPENAI_API_KEY", "")
     config = ProtocolConfig(**json.loads(args.protocol_config))
     solution_path = Path(SOLUTION_FILE)
-    task = json.loads(Path(args.task_file).read_text())
+    task = json.loads(Path(TASK_FILE).read_text())
     episode = Episode(
         config,
         sandbox_runner(task, args.timeout_s, args.memory_mb, args.outcome_labels),
@@ -204,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         solution_path.write_text(episode.solution)
         write_json_atomic(
-            Path(args.result_file),
+            Path(RESULT_FILE),
             {
                 "config": config.to_dict(),
                 "task_id": task.get("task_id"),

@@ -108,6 +108,7 @@ RunTests = Callable[[str], Any]
 # Runtime layout: the files the task, harness and program share inside the rollout's workdir.
 TASK_FILE = ".predict/task.json"  # {"task_id", "test_list", "test_setup_code"}: written by the task's setup
 RESULT_FILE = ".predict/result.json"  # the program's episode result, copied into trace.info
+RESULT_MAX_BYTES = 64 << 20  # the most of RESULT_FILE the harness and the task read back
 DETAIL_CHARS = 500  # sandbox detail kept per verified outcome
 
 # ---------------------------------------------------------------------------------------------------------------

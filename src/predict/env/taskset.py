@@ -25,10 +25,8 @@ from typing import Any
 import verifiers.v1 as vf
 from pydantic import Field
 
-from predict.env.protocol import RESULT_FILE, SOLUTION_FILE, STUB, TASK_FILE, task_prompt
+from predict.env.protocol import RESULT_FILE, RESULT_MAX_BYTES, SOLUTION_FILE, STUB, TASK_FILE, task_prompt
 from predict.outcomes import Outcome
-
-RESULT_MAX_BYTES = 64 << 20
 
 
 class MbppTaskData(vf.TaskData):
