@@ -18,7 +18,7 @@ import importlib.util
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -134,9 +134,6 @@ class RolloutSettings:
             "split": self.split,
         }
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def build_agent_config(settings: RolloutSettings) -> Any:
     """The verifiers AgentConfig for these settings (local runtime, our harness, no remote anything)."""
@@ -147,9 +144,8 @@ def build_agent_config(settings: RolloutSettings) -> Any:
     from predict.env.harness import LocalAgentHarnessConfig
 
     config = settings.protocol_config
-    python = settings.python or sys.executable
     harness = LocalAgentHarnessConfig(
-        python=python,
+        python=settings.python or sys.executable,
         protocol=config,
         timeout_s=settings.timeout_s,
         memory_mb=settings.memory_mb,
