@@ -133,10 +133,6 @@ def read_result(text: str) -> str:
     return f"status: success\n{text}"
 
 
-def tests_failed_result(outcome: Outcome | str) -> str:
-    return RESULT_TESTS_FAILED.format(outcome=Outcome(outcome).value)
-
-
 def error_result(message: str) -> str:
     return f"status: error\n{message}"
 
@@ -770,7 +766,7 @@ class Episode:
         if outcome is Outcome.PASS:
             step.status, step.result = "success", RESULT_TESTS_PASSED
         else:
-            step.status, step.result = "failed", tests_failed_result(outcome)
+            step.status, step.result = "failed", RESULT_TESTS_FAILED.format(outcome=outcome.value)
         if self._untested is not None:  # tested in view: exactly that patch's state
             self._untested.outcome, self._untested.outcome_seen = outcome.value, True
             self._untested.outcome_step, self._untested.outcome_detail = step.index, step.outcome_detail
