@@ -55,6 +55,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
+from predict.io import write_text
+
 __all__ = [
     "GENERATE_COMPAT_MIDDLEWARE",
     "SERVED_NAME",
@@ -62,6 +64,7 @@ __all__ = [
     "SharedServer",
     "VLLMServer",
     "VLLMServerError",
+    "base_environment",
     "default_cache_dir",
     "default_python",
     "group_pids",
@@ -166,6 +169,15 @@ def default_python(device: Literal["cpu", "gpu"] = "cpu") -> str:
     return sys.executable
 
 
+def base_environment() -> dict[str, str]:
+    """Our environment as any process of the vLLM env gets it (the server, `predict.serving_check`'s probe): our
+    interpreter's PYTHONPATH/PYTHONHOME/VIRTUAL_ENV must not leak into the other venv; no usage statistics."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env["VLLM_NO_USAGE_STATS"] = "1"
+    env["DO_NOT_TRACK"] = "1"
+    return env
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -216,16 +228,11 @@ def _worker_ext_dir(cache_dir: Path) -> Path:
     ``predict/__init__.py`` inside the vLLM env, which must never start depending on our pipeline's
     packages (verifiers, openai<3).  The copy is rewritten only when its content changed.
     """
-    src = Path(__file__).with_name("vllm_worker_ext.py")
-    d = cache_dir / "vllm_worker_ext"
-    d.mkdir(parents=True, exist_ok=True)
-    dst = d / f"{_WORKER_EXT_MODULE}.py"
-    text = src.read_text()
+    dst = cache_dir / "vllm_worker_ext" / f"{_WORKER_EXT_MODULE}.py"
+    text = Path(__file__).with_name("vllm_worker_ext.py").read_text()
     if not dst.exists() or dst.read_text() != text:
-        tmp = d / f".{dst.name}.{os.getpid()}.tmp"
-        tmp.write_text(text)
-        tmp.replace(dst)  # atomic: a concurrently starting server never imports half a file
-    return d
+        write_text(text, dst)  # atomic: a concurrently starting server never imports half a file
+    return dst.parent
 
 
 # --- process-wide cleanup -------------------------------------------------------------------------
@@ -444,16 +451,13 @@ class VLLMServer:
 
     def environment(self, *, prepare: bool = False) -> dict[str, str]:
         """The server's environment.  ``prepare=True`` also writes the worker-extension copy."""
-        # Our own interpreter's PYTHONPATH/PYTHONHOME/VIRTUAL_ENV must not leak into the other venv.
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+        env = base_environment()
         bin_dir = Path(self.python).parent
         env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"  # tools vLLM may spawn from its venv
         if (bin_dir.parent / "pyvenv.cfg").is_file():
             env["VIRTUAL_ENV"] = str(bin_dir.parent)
         env["PYTHONUNBUFFERED"] = "1"  # log lines appear as they happen (start-up diagnosis)
         env["VLLM_CACHE_ROOT"] = str(self.cache_dir / "vllm")
-        env["VLLM_NO_USAGE_STATS"] = "1"
-        env["DO_NOT_TRACK"] = "1"
         if self.offline:
             env["HF_HUB_OFFLINE"] = "1"
             env["TRANSFORMERS_OFFLINE"] = "1"
@@ -501,13 +505,13 @@ class VLLMServer:
                     on_spawn(self)
                 self.wait_healthy()
             except _PortInUse:
-                self._teardown()
+                self.stop()
                 if attempt + 1 == attempts:
                     raise
                 self.port = _free_port()  # someone took our free port between pick and bind
                 continue
             except BaseException:  # includes KeyboardInterrupt: never leave a half-started server
-                self._teardown()
+                self.stop()
                 raise
             self.startup_s = time.perf_counter() - t0
             return self
@@ -603,28 +607,14 @@ class VLLMServer:
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM the process group, wait up to ``timeout_s``, SIGKILL the group; idempotent."""
-        self._teardown(timeout_s)
-
-    def _teardown(self, timeout_s: float = 15.0) -> None:
         proc = self._proc
         if proc is None:
             return
-        pgid = proc.pid  # start_new_session: the leader's pid is the group id
         try:
-            if self._leader_exit_code() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGTERM)
-                deadline = time.monotonic() + timeout_s
-                while self._leader_exit_code() is None and time.monotonic() < deadline:
-                    time.sleep(0.05)
-            # The leader is dead but unreaped (zombie), so pgid cannot have been reused: SIGKILL
-            # whatever is left in the group (children of the engine, or everything on timeout).
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
+            # start_new_session: the leader's pid is the group id. The leader is reaped only once the group is dead
+            # (a zombie until then), so the group id cannot be reused while we signal it.
+            _stop_group(proc.pid, timeout_s)
             proc.wait()
-            deadline = time.monotonic() + 5.0
-            while group_pids(pgid) and time.monotonic() < deadline:  # orphans are reaped by init
-                time.sleep(0.05)
         finally:
             self._proc = None
             with _LIVE_LOCK:
@@ -697,10 +687,7 @@ def _model_config(path: Path, cache_dir: Path) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - not a config transformers knows: the file itself is the identity
         data = json.loads(raw)
     data = {k: v for k, v in data.items() if k not in _CONFIG_NAMES}
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True, default=str))
-    tmp.replace(cached)
+    write_text(json.dumps(data, sort_keys=True, default=str), cached)
     return json.loads(cached.read_text())  # as JSON has it, so equal to what a later lookup returns
 
 
@@ -732,7 +719,8 @@ def _process_start(pid: int) -> int | None:
 
 
 def _stop_group(pgid: int, timeout_s: float = 15.0) -> None:
-    """SIGTERM a server's process group (its supervisor stops vLLM), then SIGKILL what is left."""
+    """SIGTERM a server's process group (its supervisor stops vLLM), wait up to `timeout_s` for it to go, then
+    SIGKILL what is left (children of the engine, or everything on timeout) and wait for init to reap the orphans."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
@@ -843,9 +831,7 @@ class SharedServer:
             return None
 
     def _write(self, name: str, data: Mapping[str, Any]) -> None:
-        tmp = self.state_dir / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(data, indent=1, default=str))
-        tmp.replace(self.state_dir / name)
+        write_text(json.dumps(data, indent=1, default=str), self.state_dir / name)
 
     def _note(self, text: str) -> None:
         log.info("%s", text)
@@ -1020,25 +1006,14 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--log-path", type=Path, default=None)
     ap.add_argument("--worker-extension", action="store_true")
-    ap.add_argument("extra", nargs="*", help="extra vLLM arguments (after --)")
-    a = ap.parse_args(argv)
-    if a.stop_shared:
+    ap.add_argument("extra_args", nargs="*", metavar="extra", help="extra vLLM arguments (after --)")
+    kw = vars(ap.parse_args(argv))  # every option but --stop-shared is a VLLMServer argument of the same name
+    if kw.pop("stop_shared"):
         print(stop_shared_server(), flush=True)
         return 0
-    if a.model is None:
+    if kw["model"] is None:
         ap.error("a model folder (or --stop-shared) is required")
-    srv = VLLMServer(
-        a.model,
-        python=a.python,
-        device=a.device,
-        port=a.port,
-        served_model_name=a.served_model_name,
-        max_model_len=a.max_model_len,
-        log_path=a.log_path,
-        worker_extension=a.worker_extension,
-        extra_args=a.extra,
-    )
-    with srv:
+    with VLLMServer(**kw) as srv:
         print(
             f"serving {srv.model_name} at {srv.base_url} (pid {srv.pid}, log {srv.log_path}, "
             f"healthy in {srv.startup_s:.1f} s)",

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from predict.config import ConfigError
-from predict.serve import default_python
+from predict.serve import base_environment, default_python
 
 __all__ = ["ServingPythonError", "check_serving_python", "resolve_serving_python"]
 
@@ -66,14 +66,6 @@ def resolve_serving_python(value: str | None, device: Literal["cpu", "gpu"] = "g
     return str(Path(found).absolute())
 
 
-def _server_env() -> dict[str, str]:
-    # As VLLMServer.environment(): our PYTHONPATH/PYTHONHOME/VIRTUAL_ENV must not leak into the other env.
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env["VLLM_NO_USAGE_STATS"] = "1"
-    env["DO_NOT_TRACK"] = "1"
-    return env
-
-
 def check_serving_python(
     value: str | None, device: Literal["cpu", "gpu"] = "gpu", timeout_s: float = 300.0
 ) -> dict[str, Any]:
@@ -89,7 +81,7 @@ def check_serving_python(
             capture_output=True,
             text=True,
             timeout=timeout_s,
-            env=_server_env(),
+            env=base_environment(),
             stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
