@@ -151,13 +151,10 @@ class _PortInUse(VLLMServerError):
     pass
 
 
-def _in_repo() -> bool:
-    return (_REPO_ROOT / "pyproject.toml").is_file() and (_REPO_ROOT / "src" / "predict").is_dir()
-
-
 def default_cache_dir() -> Path:
     """``<repo>/.cache`` (git-ignored) in a source checkout, else ``~/.cache/predict``."""
-    return _REPO_ROOT / ".cache" if _in_repo() else Path.home() / ".cache" / "predict"
+    in_repo = (_REPO_ROOT / "pyproject.toml").is_file() and (_REPO_ROOT / "src" / "predict").is_dir()
+    return _REPO_ROOT / ".cache" if in_repo else Path.home() / ".cache" / "predict"
 
 
 def default_python(device: Literal["cpu", "gpu"] = "cpu") -> str:
@@ -193,18 +190,21 @@ def _cpu_list() -> str:
     return ",".join(str(c) for c in cpus)
 
 
+def _stat_fields(pid: int | str) -> list[str]:
+    """/proc/<pid>/stat's fields after "(comm)": state ppid pgrp ... (field 3 on); [] when the process is gone.
+    comm may contain spaces/parens, so the split is at the last ")"."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return []
+    return stat[stat.rfind(")") + 2 :].split()
+
+
 def group_pids(pgid: int) -> list[int]:
     """Pids of live (non-zombie) processes in process group ``pgid`` (Linux /proc scan)."""
     out: list[int] = []
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        # Fields after "(comm)": state ppid pgrp ...; comm may contain spaces/parens, so split at the last ")".
-        fields = stat[stat.rfind(")") + 2 :].split()
+        fields = _stat_fields(entry.name) if entry.name.isdigit() else []
         if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
             out.append(int(entry.name))
     return out
@@ -576,7 +576,7 @@ class VLLMServer:
         cls = _PortInUse if "address already in use" in tail.lower() else VLLMServerError
         return cls(f"{msg}\n--- last lines of {self.log_path} ---\n{tail}")
 
-    def wait_healthy(self, timeout_s: float | None = None) -> dict[str, Any]:
+    def wait_healthy(self) -> dict[str, Any]:
         """Block until ``/health`` is 200 and ``/v1/models`` lists our model; returns the models answer.
 
         Raises :class:`VLLMServerError` (with the log tail) if the process exits or time runs out.
@@ -584,7 +584,7 @@ class VLLMServer:
         """
         if self._proc is None:
             raise VLLMServerError("server not started")
-        deadline = time.monotonic() + (self.startup_timeout_s if timeout_s is None else timeout_s)
+        deadline = time.monotonic() + self.startup_timeout_s
         while True:
             code = self._leader_exit_code()
             if code is not None:
@@ -710,12 +710,8 @@ def _model_identity(model: Path | str, cache_dir: Path) -> dict[str, Any]:
 def _process_start(pid: int) -> int | None:
     """The process's start time (clock ticks since boot, /proc/<pid>/stat field 22), None when it is gone or a
     zombie: with the pid it names one process, so a recycled pid is never taken for our server."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return None if fields[0] == "Z" else int(fields[19])
+    fields = _stat_fields(pid)
+    return None if not fields or fields[0] == "Z" else int(fields[19])
 
 
 def _stop_group(pgid: int, timeout_s: float = 15.0) -> None:
