@@ -221,6 +221,14 @@ def _tail(path: Path, lines: int = 40, max_bytes: int = 65536) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
+def _read_json(path: Path) -> Any:
+    """The JSON in `path`; None when it is missing or not JSON (half-written by a job that died, or never written)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 def _worker_ext_dir(cache_dir: Path) -> Path:
     """A directory holding only ``predict_vllm_worker_ext.py``, for the server's PYTHONPATH.
 
@@ -676,10 +684,9 @@ def _model_config(path: Path, cache_dir: Path) -> dict[str, Any]:
     is compared as written."""
     raw = (path / "config.json").read_bytes()
     cached = cache_dir / "configs" / f"{hashlib.sha256(raw).hexdigest()}.json"
-    try:
-        return json.loads(cached.read_text())
-    except (OSError, json.JSONDecodeError):
-        pass
+    known = _read_json(cached)
+    if known is not None:
+        return known
     try:
         from transformers import AutoConfig  # noqa: PLC0415 (the pipeline env has it; imported only on a miss)
 
@@ -777,16 +784,8 @@ class SharedServer:
         return self.server.base_url
 
     @property
-    def root_url(self) -> str:
-        return self.server.root_url
-
-    @property
     def model_name(self) -> str:
         return self.server.model_name
-
-    @property
-    def models_info(self) -> dict[str, Any] | None:
-        return self.server.models_info
 
     @property
     def log_path(self) -> Path | None:
@@ -796,11 +795,6 @@ class SharedServer:
     def pid(self) -> int | None:
         state = self._read_state()
         return int(state["pid"]) if state else None
-
-    @property
-    def running(self) -> bool:
-        state = self._read_state()
-        return bool(state) and _process_start(int(state["pid"])) == state["start_time"]
 
     def reload_weights(self, weights_dir: Path | str, *, version: str | None = None) -> list[str]:
         return self.server.reload_weights(weights_dir, version=version)
@@ -821,10 +815,7 @@ class SharedServer:
 
     # -- the lease ----------------------------------------------------------------------------------------------
     def _read_state(self) -> dict[str, Any] | None:
-        try:
-            return json.loads((self.state_dir / self.STATE).read_text())
-        except (OSError, json.JSONDecodeError):
-            return None
+        return _read_json(self.state_dir / self.STATE)
 
     def _write(self, name: str, data: Mapping[str, Any]) -> None:
         write_text(json.dumps(data, indent=1, default=str), self.state_dir / name)
@@ -847,10 +838,7 @@ class SharedServer:
                     break
                 except BlockingIOError:
                     if not waited:
-                        try:
-                            holder = json.loads((self.state_dir / self.HOLDER).read_text())
-                        except (OSError, json.JSONDecodeError):
-                            holder = {}
+                        holder = _read_json(self.state_dir / self.HOLDER) or {}
                         log.info("waiting for the shared vLLM server (%s), leased by %s", self.state_dir, holder)
                         waited = True
                     time.sleep(0.2)  # a poll, not a blocking flock: Ctrl-C still works while waiting
@@ -889,7 +877,6 @@ class SharedServer:
             return f"server pid {state['pid']} does not answer ({e})"
         if not healthy or key["served_model_name"] not in [m.get("id") for m in models.get("data", [])]:
             return f"server pid {state['pid']} is not healthy or serves another name"
-        self.server.models_info = models
         return ""
 
     def start(self) -> SharedServer:
@@ -973,9 +960,8 @@ def stop_shared_server(cache_dir: Path | None = None, *, wait_s: float = 60.0) -
                     log.warning("the shared vLLM server is still leased after %.0f s; stopping it anyway", wait_s)
                     break
                 time.sleep(0.2)
-        try:
-            state = json.loads((state_dir / SharedServer.STATE).read_text())
-        except (OSError, json.JSONDecodeError):
+        state = _read_json(state_dir / SharedServer.STATE)
+        if state is None:
             return "no shared vLLM server recorded"
         (state_dir / SharedServer.STATE).unlink(missing_ok=True)
         pid = int(state["pid"])
