@@ -209,7 +209,6 @@ def evaluation_job(
     """The rollout job of one greedy evaluation (see the module docstring). On test it needs the ledger and the
     val selection (recorded with each evaluation); whether the campaign admits it is `TestLedger.admit`'s call."""
     spec = resolve_run(config, run)
-    arm, variant = spec.arm, spec.variant
     config = spec.env(config)  # the run's test_cost reaches the rollouts (extension expensive_tests_*)
     ev = evaluation_settings(config)
     ledger_extra = None
@@ -225,11 +224,11 @@ def evaluation_job(
         out=out,
         model=model,
         checkpoint=checkpoint,
-        arm=arm,
+        arm=spec.arm,
         seed=seed,
         n_tasks=ev["tasks"],
         samples=int(ev["samples"]),
-        variant=variant,
+        variant=spec.variant,
         client="eval",
         base_url=base_url,
         test_ledger=test_ledger,

@@ -184,7 +184,6 @@ def _resumable_rows(job: RolloutJob, study_config: Mapping[str, Any]) -> Resumab
 def remaining_rollouts(job: RolloutJob, study_config: Mapping[str, Any]) -> int:
     """How many of the job's rollouts are not persisted yet (0: publishing needs no server); rows persisted under
     another fingerprint do not count (they are dropped)."""
-
     tasks = select_tasks(load_split(job.tasks_path), job.n_tasks, job.samples)
     done = _resumable_rows(job, study_config).done()
     return sum((t["task_id"], t["sample"]) not in done for t in tasks)

@@ -45,6 +45,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -526,8 +527,6 @@ class VLLMServer:
         raise AssertionError("unreachable")
 
     def _spawn(self) -> None:
-        import subprocess
-
         if self._log_path_arg is None:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             self.log_path = self.cache_dir / "logs" / f"vllm-{stamp}-{self.port}.log"
