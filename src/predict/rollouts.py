@@ -15,7 +15,6 @@ import logging
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -222,13 +221,12 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
 
     timing: dict[str, float] = {}
     if todo:
-        serving = study_config["serving"]
         server = (
-            nullcontext(None)
+            contextlib.nullcontext(None)
             if job.base_url
             else VLLMServer.from_serving(
                 job.model,
-                serving,
+                study_config["serving"],
                 served_model_name=SERVED_NAME,  # records name one model whichever server ran (and one can be shared)
                 log_path=job.out.with_name(job.out.stem + ".vllm.log"),
             )
