@@ -220,21 +220,9 @@ def ce_sample(
     _, spans = token_char_spans(tail, tokenizer)
     cs, ce = len(lead), len(lead) + 1 + len(verified_label)
     on = [a < ce and b > cs for a, b in spans]
-    n_prefix = len(prefix_ids)
     token_ids = [int(t) for t in prefix_ids] + tail
-    mask = [False] * n_prefix + on
-    return TrainSample(
-        token_ids=token_ids,
-        mask=mask,
-        logprobs=[0.0] * len(token_ids),
-        advantages=[0.0] * len(token_ids),
-        rl_weights=[0.0] * len(token_ids),
-        ce_weights=[float(alpha) if m else 0.0 for m in mask],
-        kind="ce",
-        task_id=task_id,
-        rollout_key=rollout_key,
-        source=source,
-    )
+    ce_weights = [0.0] * len(prefix_ids) + [float(alpha) if m else 0.0 for m in on]
+    return TrainSample.ce_only(token_ids, ce_weights, "ce", task_id=task_id, rollout_key=rollout_key, source=source)
 
 
 def prediction_ce_sample(

@@ -122,6 +122,32 @@ def group_advantages(rewards: Sequence[float | None], eps: float = 1e-6) -> list
     return [None if r is None else (float(r) - mean) / (std + eps) for r in rewards]
 
 
+def _record_calls(record: Mapping[str, Any]) -> list[Call]:
+    tokens = record.get("tokens")
+    if not tokens:
+        raise ValueError(f"rollout {record.get('rollout_key')}: no token graph (roll out with the train client)")
+    return rollout_calls(tokens)
+
+
+def _merged_sequences(
+    calls: Sequence[Call], counts: SampleCounts, zero_rl: Mapping[int, set[int]] | None = None
+) -> list[tuple[list[int], list[int], list[bool], list[float]]]:
+    """(token ids, member calls, mask, sampling logprobs) of each merged sequence (`merge_calls`): the mask is True
+    on the members' sampled tokens except those `zero_rl` lists (call index -> sampled-token indices); the logprobs
+    are kept on every sampled token."""
+    out = []
+    for full, members in merge_calls(calls):
+        mask, logprobs = [False] * len(full), [0.0] * len(full)
+        for ci in members:
+            for k, (pos, lp) in enumerate(zip(calls[ci].positions, calls[ci].logprobs, strict=True)):
+                logprobs[pos] = lp
+                if k not in (zero_rl or {}).get(ci, ()):
+                    mask[pos] = True
+        counts.merged_calls += len(members) - 1
+        out.append((list(full), members, mask, logprobs))
+    return out
+
+
 @dataclass
 class SampleCounts:
     """What sample building did with a batch of rollouts (for the step metrics)."""
@@ -151,10 +177,7 @@ def rollout_samples(
     """The RL samples (+ Arm B's CE samples) of one rollout with its advantage (see the rules above)."""
     counts = counts if counts is not None else SampleCounts()
     key, task_id = record.get("rollout_key"), record.get("task_id")
-    tokens = record.get("tokens")
-    if not tokens:
-        raise ValueError(f"rollout {key}: no token graph (roll out with the train client)")
-    calls = rollout_calls(tokens)
+    calls = _record_calls(record)
     steps = list(record.get("steps") or [])
     if len(calls) != len(steps):
         counts.unaligned += 1
@@ -195,25 +218,16 @@ def rollout_samples(
     if settings.skip_zero_advantage and advantage == 0.0:
         counts.zero_advantage_skipped += 1
         return ce
-    rl: list[TrainSample] = []
-    for full, members in merge_calls(calls):
+    rl = []
+    for full, members, mask, logprobs in _merged_sequences(calls, counts, zero_rl):
         n = len(full)
-        mask, logprobs, adv, rl_w = [False] * n, [0.0] * n, [0.0] * n, [0.0] * n
-        for ci in members:
-            call = calls[ci]
-            for k, (pos, lp) in enumerate(zip(call.positions, call.logprobs, strict=True)):
-                logprobs[pos] = lp
-                if k in zero_rl.get(ci, ()):
-                    continue
-                mask[pos], adv[pos], rl_w[pos] = True, float(advantage), 1.0
-        counts.merged_calls += len(members) - 1
         rl.append(
             TrainSample(
-                token_ids=list(full),
+                token_ids=full,
                 mask=mask,
                 logprobs=logprobs,
-                advantages=adv,
-                rl_weights=rl_w,
+                advantages=[float(advantage) if m else 0.0 for m in mask],
+                rl_weights=[1.0 if m else 0.0 for m in mask],
                 ce_weights=[0.0] * n,
                 kind="rl",
                 task_id=task_id,
@@ -264,31 +278,10 @@ def rft_samples(record: Mapping[str, Any], counts: SampleCounts | None = None) -
         return []
     if float(record["reward"]) != 1.0:
         return []
-    tokens = record.get("tokens")
-    if not tokens:
-        raise ValueError(f"rollout {key}: no token graph (roll out with the train client)")
-    calls = rollout_calls(tokens)
+    calls = _record_calls(record)
     counts.calls += len(calls)
-    out: list[TrainSample] = []
-    for full, members in merge_calls(calls):
-        n = len(full)
-        mask, logprobs, ce_w = [False] * n, [0.0] * n, [0.0] * n
-        for ci in members:
-            for pos, lp in zip(calls[ci].positions, calls[ci].logprobs, strict=True):
-                mask[pos], logprobs[pos], ce_w[pos] = True, lp, 1.0
-        counts.merged_calls += len(members) - 1
-        out.append(
-            TrainSample(
-                token_ids=list(full),
-                mask=mask,
-                logprobs=logprobs,
-                advantages=[0.0] * n,
-                rl_weights=[0.0] * n,
-                ce_weights=ce_w,
-                kind="sft",
-                task_id=task_id,
-                rollout_key=key,
-                source="rft calls " + ",".join(str(calls[ci].node) for ci in members),
-            )
-        )
-    return out
+    return [
+        TrainSample.ce_only(full, [1.0 if m else 0.0 for m in mask], "sft", logprobs=logprobs, task_id=task_id,
+                            rollout_key=key, source="rft calls " + ",".join(str(calls[ci].node) for ci in members))
+        for full, members, mask, logprobs in _merged_sequences(calls, counts)
+    ]  # fmt: skip

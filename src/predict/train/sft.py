@@ -116,18 +116,7 @@ def render_messages(
         content = tokenizer.encode(m["content"], add_special_tokens=False) + [im_end]
         ids += content
         weights += [1.0] * len(content)
-    n = len(ids)
-    return TrainSample(
-        token_ids=ids,
-        mask=[w > 0 for w in weights],
-        logprobs=[0.0] * n,
-        advantages=[0.0] * n,
-        rl_weights=[0.0] * n,
-        ce_weights=weights,
-        kind="sft",
-        task_id=task_id,
-        source=source,
-    )
+    return TrainSample.ce_only(ids, weights, "sft", task_id=task_id, source=source)
 
 
 def load_tokenizer(model_dir: str | Path | None = None) -> Any:
@@ -188,19 +177,13 @@ class SFTConfig:
 
 def plan_steps(lengths: Sequence[int], cfg: SFTConfig) -> list[tuple[int, list[int]]]:
     """(epoch, sample indices) of every optimizer step: a seeded shuffle per epoch, steps of <= batch_tokens."""
+    from predict.train.trainer import pack_micro_batches
+
     steps: list[tuple[int, list[int]]] = []
     for epoch in range(cfg.epochs):
         order = np.random.default_rng([cfg.seed, epoch]).permutation(len(lengths)).tolist()
-        cur: list[int] = []
-        used = 0
-        for i in order:
-            if cur and used + lengths[i] > cfg.batch_tokens:
-                steps.append((epoch, cur))
-                cur, used = [], 0
-            cur.append(i)
-            used += lengths[i]
-        if cur:
-            steps.append((epoch, cur))
+        batches = pack_micro_batches([lengths[i] for i in order], cfg.batch_tokens)
+        steps += [(epoch, [order[j] for j in batch]) for batch in batches]
     return steps
 
 

@@ -72,6 +72,15 @@ class TrainSample:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def ce_only(cls, token_ids: list[int], ce_weights: list[float], kind: str, *, logprobs: list[float] | None = None,
+                **provenance: Any) -> TrainSample:
+        """A sample trained by cross-entropy alone (SFT, RFT, Arm B's CE samples): mask = ce weight > 0, no rl
+        weight, no advantage; `logprobs` (default 0.0) only for reference."""
+        n = len(token_ids)
+        return cls(token_ids=token_ids, mask=[w > 0 for w in ce_weights], logprobs=logprobs or [0.0] * n,
+                   advantages=[0.0] * n, rl_weights=[0.0] * n, ce_weights=ce_weights, kind=kind, **provenance)  # fmt: skip
+
 
 SAMPLE_SCHEMA = pa.schema(
     [
