@@ -54,31 +54,33 @@ def _step_kahan(
     p.copy_(new_p)
 
 
-class _Kernel:
-    """`_step_kahan`, compiled once on CUDA; eager on CPU or when compiling fails."""
+class CompiledOrEager:
+    """`fn` compiled once by torch.compile (with `options`) on CUDA; `eager` (default `fn`, the same arithmetic) on
+    the CPU, and for good once compiling fails (any compiler error is logged, never raised)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fn: Any, what: str, *, eager: Any = None, **options: Any) -> None:
+        self.fn, self.what, self.eager, self.options = fn, what, eager or fn, options
         self.compiled: Any = None
         self.failed = False
 
-    def __call__(self, *args: torch.Tensor) -> None:
+    def __call__(self, *args: torch.Tensor) -> Any:
         if not args[0].is_cuda or self.failed:
-            return _step_kahan(*args)
+            return self.eager(*args)
         if self.compiled is None:
-            # emulate_precision_casts: inductor otherwise keeps ``(pf + y).to(bf16).float()`` in float32 inside the
-            # fused kernel, and the compensation then records nothing (seen on CPU: c off by a whole update).
-            self.compiled = torch.compile(
-                _step_kahan, dynamic=True, fullgraph=True, options={"emulate_precision_casts": True}
-            )
+            self.compiled = torch.compile(self.fn, **self.options)
         try:
             return self.compiled(*args)
-        except Exception as e:  # noqa: BLE001 - any compiler failure: eager for good (same arithmetic)
-            _log.warning("torch.compile of the Kahan AdamW step failed (%s); using eager", e)
+        except Exception as e:  # noqa: BLE001 - any compiler failure: eager for good
+            _log.warning("torch.compile of %s failed (%s); using eager", self.what, e)
             self.failed = True
-            return _step_kahan(*args)
+            return self.eager(*args)
 
 
-_KERNEL = _Kernel()
+# emulate_precision_casts: inductor otherwise keeps ``(pf + y).to(bf16).float()`` in float32 inside the fused kernel,
+# and the compensation then records nothing (seen on CPU: c off by a whole update).
+_KERNEL = CompiledOrEager(
+    _step_kahan, "the Kahan AdamW step", dynamic=True, fullgraph=True, options={"emulate_precision_casts": True}
+)
 
 
 class KahanAdamW(torch.optim.Optimizer):

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from predict.train.loss import LossConfig, predict_loss
-from predict.train.optim import KahanAdamW
+from predict.train.optim import CompiledOrEager, KahanAdamW
 from predict.train.train_sample import TrainSample
 
 __all__ = ["ATTN_IMPLEMENTATION", "ChunkedLMLoss", "Trainer", "pack_micro_batches", "packed_attention"]
@@ -67,15 +67,10 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # --------------------------------------------------------------------------------------------------------------
 # Packed attention: documents of one row never see each other.
 # --------------------------------------------------------------------------------------------------------------
-def _varlen_fn() -> Any:
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn
-
-
-_VARLEN = _varlen_fn()
+try:
+    from torch.nn.attention.varlen import varlen_attn as _VARLEN
+except ImportError:
+    _VARLEN = None
 _VARLEN_PARAMS = set(inspect.signature(_VARLEN).parameters) if _VARLEN is not None else set()
 
 
@@ -181,38 +176,14 @@ def _grad_logits_inplace(
     return logits.scatter_add_(1, targets[:, None], g[:, None])
 
 
-class _Fused:
-    """The elementwise part of the chunked loss, compiled into one pass over the logits on CUDA (eager elsewhere,
-    or when compiling fails)."""
-
-    def __init__(self) -> None:
-        self.compiled: dict[str, Any] | None = None
-
-    def __call__(self, name: str, *args: torch.Tensor) -> Any:
-        eager = {"lse_target": _lse_target, "grad_logits": _grad_logits_inplace}[name]
-        if not args[0].is_cuda or self.compiled == {}:
-            return eager(*args)
-        if self.compiled is None:
-            self.compiled = {
-                "lse_target": torch.compile(_lse_target, dynamic=True),
-                "grad_logits": torch.compile(_grad_logits, dynamic=True),
-            }
-        try:
-            return self.compiled[name](*args)
-        except Exception as e:  # noqa: BLE001 - any compiler failure: fall back to eager for good
-            import logging
-
-            logging.getLogger(__name__).warning("torch.compile of the chunked loss failed (%s); using eager", e)
-            self.compiled = {}
-            return eager(*args)
-
-
-_FUSED = _Fused()
+# The elementwise part of the chunked loss, compiled into one pass over the logits on CUDA.
+_LSE_TARGET = CompiledOrEager(_lse_target, "the chunked loss", dynamic=True)
+_GRAD_LOGITS = CompiledOrEager(_grad_logits, "the chunked loss", eager=_grad_logits_inplace, dynamic=True)
 
 
 def _chunk_logprobs(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
     logits = h @ weight.T
-    lse, lp = _FUSED("lse_target", logits, targets)
+    lse, lp = _LSE_TARGET(logits, targets)
     return logits, lse, lp
 
 
@@ -331,7 +302,7 @@ class ChunkedLMLoss(torch.autograd.Function):
                 tiles.backward(g.to(h.dtype), grad_h[s : s + chunk], grad_w)
                 continue
             # d lp / d logits = onehot - softmax
-            dl = _FUSED("grad_logits", logits, lse, g.to(lse.dtype), tgt).to(weight.dtype)
+            dl = _GRAD_LOGITS(logits, lse, g.to(lse.dtype), tgt).to(weight.dtype)
             del logits
             grad_h[s : s + chunk] = dl @ weight
             if grad_w is not None:
@@ -665,9 +636,8 @@ class Trainer:
         cfg = json.loads(cfg_path.read_text())
         cfg.pop("_attn_implementation_autoset", None)
         cfg.pop("attn_implementation", None)
-        for key in ("dtype", "torch_dtype"):
-            if key in cfg:
-                cfg[key] = dtype
+        if "torch_dtype" in cfg:
+            cfg["torch_dtype"] = dtype
         cfg["dtype"] = dtype
         cfg["use_cache"] = True
         cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
