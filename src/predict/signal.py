@@ -115,10 +115,6 @@ class SignalSettings:
 # ---------------------------------------------------------------------------------------------------------------
 # Data: the handful of tasks and their traces
 # ---------------------------------------------------------------------------------------------------------------
-def _assistant_tokens(sample: Any) -> int:
-    return sum(w > 0 for w in sample.ce_weights)
-
-
 def fork_traces(rows: Sequence[Mapping[str, Any]], task_ids: Sequence[int]) -> list[dict]:
     """One arm's SFT rows of the signal run: for each recovery task in `task_ids`, two prefixes that end at the
     fork: the task's gold patch (role ``gold``) and its recovery trace's faulty patch (role ``faulty``), each after
@@ -165,7 +161,7 @@ def pick_tasks(traces_dir: Path, tokenizer: Any, n_tasks: int) -> dict[str, list
     from predict.train.sft import render_messages
 
     def length(row: Mapping[str, Any]) -> tuple[int, int]:
-        return _assistant_tokens(render_messages(row["messages"], tokenizer)), int(row["task_id"])
+        return render_messages(row["messages"], tokenizer).n_ce_tokens, int(row["task_id"])
 
     a_rows = pq.read_table(traces_dir / "A.parquet").to_pylist()
     b_rows = pq.read_table(traces_dir / "B.parquet").to_pylist()
@@ -240,8 +236,7 @@ def sft_start_point(
             f"target {settings.target_path_prob} (raise sft_max_steps or sft_lr)"
         )
     trainer.save_checkpoint(out_dir)
-    prob = curve[-1]["trace_prob"]
-    return {"arm": arm, "steps": len(curve), "trace_prob": prob, "path_prob": path, "curve": curve}
+    return {"arm": arm, "steps": len(curve), "trace_prob": curve[-1]["trace_prob"], "path_prob": path, "curve": curve}
 
 
 # ---------------------------------------------------------------------------------------------------------------

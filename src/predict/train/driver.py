@@ -96,18 +96,6 @@ class TrainingRun:
         return self.resumable
 
     # -- the trainer ---------------------------------------------------------------------------------------------
-    def trainer_kwargs(self, **overrides: Any) -> dict[str, Any]:
-        rl = self.rl
-        return {
-            "lr": float(rl["lr"]),
-            "weight_decay": float(rl.get("weight_decay", 0.0)),
-            "grad_clip": float(rl.get("grad_clip", 1.0)),
-            "dtype": rl.get("dtype", "auto"),
-            "micro_batch_tokens": int(rl.get("micro_batch_tokens", 8192)),
-            "seed": self.job.seed,
-            **overrides,
-        }
-
     def open_trainer(self, **overrides: Any) -> tuple[Any, int, list[dict[str, Any]]]:
         """(trainer, steps done, metrics so far): resumed from ``.work/state`` when there is one."""
         from predict.train.trainer import Trainer
@@ -118,7 +106,16 @@ class TrainingRun:
             done, metrics = int(extra.get(self.step_key, 0)), list(extra.get("metrics", []))
             log.info("resuming %s seed %d from step %d (%s)", self.job.run, self.job.seed, done, self.state_dir)
             return trainer, done, metrics
-        return Trainer(self.job.init, **self.trainer_kwargs(**overrides)), 0, []
+        rl = self.rl
+        kwargs = {
+            "lr": float(rl["lr"]),
+            "weight_decay": float(rl.get("weight_decay", 0.0)),
+            "grad_clip": float(rl.get("grad_clip", 1.0)),
+            "dtype": rl.get("dtype", "auto"),
+            "micro_batch_tokens": int(rl.get("micro_batch_tokens", 8192)),
+            "seed": self.job.seed,
+        }
+        return Trainer(self.job.init, **(kwargs | overrides)), 0, []
 
     # -- serving and rollouts ------------------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -29,11 +29,6 @@ class LossConfig:
     kl_coef: float = 0.0
 
 
-def token_counts(batch: Mapping[str, torch.Tensor]) -> tuple[int, int]:
-    """(N_rl, N_ce) of a batch: the tokens with rl / ce weight > 0."""
-    return int((batch["rl_weights"] > 0).sum()), int((batch["ce_weights"] > 0).sum())
-
-
 def predict_loss(
     new_logprobs: torch.Tensor,
     batch: Mapping[str, torch.Tensor],
@@ -51,7 +46,7 @@ def predict_loss(
     import torch
 
     rl_w, ce_w = batch["rl_weights"], batch["ce_weights"]
-    own_rl, own_ce = token_counts(batch)
+    own_rl, own_ce = int((rl_w > 0).sum()), int((ce_w > 0).sum())  # this batch's N_rl, N_ce
     n_rl = max(own_rl if n_rl is None else n_rl, 1)
     n_ce = max(own_ce if n_ce is None else n_ce, 1)
     rl_on = rl_w > 0

@@ -93,8 +93,9 @@ def write_metrics(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
 # ---------------------------------------------------------------------------------------------------------------
 # From rollout records (our trainers; prime-rl's PredictAlgorithm counts one rollout with `patch_counts`)
 # ---------------------------------------------------------------------------------------------------------------
-def _share(hits: int, n: int) -> float | None:
-    return hits / n if n else None
+def share(hits: int | None, n: int | None) -> float | None:
+    """hits / n; None when either is unknown or n is 0."""
+    return hits / n if hits is not None and n else None
 
 
 def patch_counts(steps: Iterable[Mapping[str, Any]]) -> dict[str, int]:
@@ -129,12 +130,12 @@ def rollout_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "n_rollouts": len(records),
         "n_failed": len(records) - len(scored),
         "reward_mean": sum(float(r["reward"]) for r in scored) / len(scored) if scored else None,
-        "pass_rate": _share(sum(bool(r.get("final_pass")) for r in scored), len(scored)),
+        "pass_rate": share(sum(bool(r.get("final_pass")) for r in scored), len(scored)),
         "n_budget_exhausted": n_exhausted,
-        "budget_exhausted_rate": _share(n_exhausted, len(scored)),
+        "budget_exhausted_rate": share(n_exhausted, len(scored)),
         **{k: totals.get(k, 0) for k in ("n_patches", "n_predictions", "n_revise")},
-        "revise_rate": _share(totals.get("n_revise", 0), totals.get("n_predictions", 0)),
-        "prediction_accuracy": _share(correct, totals.get("n_predictions", 0)),
+        "revise_rate": share(totals.get("n_revise", 0), totals.get("n_predictions", 0)),
+        "prediction_accuracy": share(correct, totals.get("n_predictions", 0)),
         **{k: v for k, v in totals.items() if k.startswith(("pred_", "verified_"))},
         **{k: sum(t for t in ts if t is not None) if any(t is not None for t in ts) else None
            for k, ts in zip(("n_input_tokens", "n_output_tokens"), tokens, strict=True)},
@@ -187,8 +188,8 @@ def training_outcomes(runs: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]
         for c in PRED_CLASSES:
             v = verified.get(c)
             out.append({"run": run, "seed": int(seed), "cls": c, "n_verified": v,
-                        "verified_share": None if v is None else _share(v, n_ver), "n_predicted": pred[c],
-                        "predicted_share": _share(pred[c], n_pred), "n_verified_total": n_ver,
+                        "verified_share": share(v, n_ver), "n_predicted": pred[c],
+                        "predicted_share": share(pred[c], n_pred), "n_verified_total": n_ver,
                         "n_predicted_total": n_pred, "n_steps": len(rows)})  # fmt: skip
     return out
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from predict.config import REPO_ROOT
+from predict.train.prime_rl.configs import METRIC_SOURCES, read_toml
 
 log = logging.getLogger(__name__)
 PATCH = REPO_ROOT / "workflow" / "prime-rl" / "predict-algorithm.patch"
@@ -181,7 +182,6 @@ def launch(kind: str, toml: str | Path, dest: str | Path, *, uv: str = "uv", ext
     ``output_dir`` (prime-rl's checkpoints, weights and metrics) is kept only when it was made from the same TOML and
     inputs; otherwise it is emptied first, so a new run never resumes, collects or reports an older one's steps."""
     from predict.fingerprint import start_or_resume  # noqa: PLC0415
-    from predict.train.prime_rl.configs import read_toml
 
     if kind not in ("rl", "sft"):
         raise ValueError(f"kind must be rl or sft, got {kind!r}")
@@ -196,7 +196,7 @@ def launch(kind: str, toml: str | Path, dest: str | Path, *, uv: str = "uv", ext
 # ---------------------------------------------------------------------------------------------------------------
 # Attempts: a retried job appends to prime-rl's metrics.jsonl files; keep the last attempt's records of each step
 # ---------------------------------------------------------------------------------------------------------------
-METRICS_FILES = ("metrics.jsonl", "run_default/metrics.jsonl")  # trainer, orchestrator (configs.METRIC_SOURCES)
+METRICS_FILES = tuple(METRIC_SOURCES.values())  # prime-rl's trainer's and orchestrator's
 ATTEMPTS = "predict-attempts.json"
 """In output_dir: per metrics file, the byte offset where each attempt started."""
 

@@ -54,6 +54,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from predict.runs import resolve_run
+from predict.train.metrics import share
+from predict.train.metrics import write_metrics as write_schema
 
 TASKSET_ID = "predict_mbpp"
 HARNESS_ID = "predict_local_agent"
@@ -500,8 +502,8 @@ def schema_rows(long: pa.Table, run: str, seed: int) -> list[dict[str, Any]]:
             row |= {"reward_mean": means.get("reward"), "pass_rate": means.get("pass"),
                     "budget_exhausted_rate": means.get("budget_exhausted"),
                     "n_budget_exhausted": round(means.get("budget_exhausted", 0.0) * n_scored),
-                    "revise_rate": _ratio(counts.get("n_revise"), counts.get("n_predictions")),
-                    "prediction_accuracy": _ratio(counts.get("n_correct"), counts.get("n_predictions"))}  # fmt: skip
+                    "revise_rate": share(counts.get("n_revise"), counts.get("n_predictions")),
+                    "prediction_accuracy": share(counts.get("n_correct"), counts.get("n_predictions"))}  # fmt: skip
         else:
             row |= {"reward_mean": reward, "pass_rate": reward}
         rows.append(row)
@@ -512,15 +514,10 @@ def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
-def _ratio(hits: int | None, n: int | None) -> float | None:
-    return hits / n if hits is not None and n else None
-
-
 def write_rl_metrics(output_dir: str | Path, out: str | Path, raw_out: str | Path, *, run: str, seed: int) -> int:
     """An RL run's metrics: the per-step schema to `out` and prime-rl's raw long table to `raw_out`; returns the
     number of steps."""
     from predict.io import write_table
-    from predict.train.metrics import write_metrics as write_schema
 
     long = metrics_table(output_dir)
     write_table(long, raw_out)
