@@ -108,9 +108,6 @@ class SignalSettings:
     label_margin: float = 0.1
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Data: the handful of tasks and their traces
@@ -474,7 +471,7 @@ def run_signal(config: Mapping[str, Any], out_dir: str | Path, settings: SignalS
                 "note": SANITY_NOTE,
             })  # fmt: skip
     checks = verdicts(curves, settings)
-    meta = {"settings": settings.to_dict(), "tasks": task_ids, "note": SANITY_NOTE,
+    meta = {"settings": asdict(settings), "tasks": task_ids, "note": SANITY_NOTE,
             "sft": {a: {k: v for k, v in s.items() if k != "curve"} for a, s in sft.items()}}  # fmt: skip
     import json
 

@@ -28,6 +28,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from predict.train.driver import SERVED_NAME, RLJob, TrainingRun, load_tokenizer
@@ -101,7 +102,7 @@ def run_rl(
         t = time.perf_counter()
         samples, counts, _ = build_samples(records, tokenizer, settings)
         row["samples_s"] = time.perf_counter() - t
-        row |= {k: v for k, v in counts.to_dict().items() if k in SAMPLE_COUNTS}
+        row |= {k: v for k, v in asdict(counts).items() if k in SAMPLE_COUNTS}
         row["n_ce_samples"] = sum(s.kind == "ce" for s in samples)
 
         t = time.perf_counter()

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from predict.train.labels import ce_sample, decision_token_span, find_label, prediction_points
@@ -162,9 +162,6 @@ class SampleCounts:
     ce_samples: int = 0
     merged_calls: int = 0
     calls: int = 0
-
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
 
 
 def rollout_samples(

@@ -271,22 +271,10 @@ def run_sft(
             k = trainer.step_count
             epoch, idx = steps[k]
             m = trainer.step([samples[i] for i in idx], lr=lr_at(k, total, cfg))
-            rows.append(
-                {
-                    "arm": arm,
-                    "step": trainer.step_count,
-                    "epoch": epoch,
-                    "loss": m["loss"],
-                    "ce_loss": m["ce_loss"],
-                    "lr": m["lr"],
-                    "grad_norm": m["grad_norm"],
-                    "n_samples": int(m["n_samples"]),
-                    "n_tokens": int(m["n_tokens"]),
-                    "n_ce_tokens": int(m["n_ce_tokens"]),
-                    "time_s": m["time_s"],
-                    "tokens_per_s": m["n_tokens"] / max(m["time_s"], 1e-9),
-                }
-            )
+            row = {"arm": arm, "step": trainer.step_count, "epoch": epoch}
+            row |= {k: m[k] for k in ("loss", "ce_loss", "lr", "grad_norm", "time_s")}
+            row |= {k: int(m[k]) for k in ("n_samples", "n_tokens", "n_ce_tokens")}
+            rows.append(row | {"tokens_per_s": m["n_tokens"] / max(m["time_s"], 1e-9)})
             bar.update(task, completed=trainer.step_count, description=f"SFT arm {arm} loss {m['loss']:.3f}")
             if not bar.console.is_terminal:  # a log file: one line per step instead of a bar
                 r = rows[-1]

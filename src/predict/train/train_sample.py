@@ -69,9 +69,6 @@ class TrainSample:
     def n_ce_tokens(self) -> int:
         return sum(w > 0 for w in self.ce_weights)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
     def ce_only(cls, token_ids: list[int], ce_weights: list[float], kind: str, *, logprobs: list[float] | None = None,
                 **provenance: Any) -> TrainSample:
@@ -100,7 +97,7 @@ assert [f.name for f in fields(TrainSample)] == SAMPLE_SCHEMA.names, "TrainSampl
 
 
 def write_samples(samples: Iterable[TrainSample], path: str | Path) -> Path:
-    return write_rows((s.to_dict() for s in samples), SAMPLE_SCHEMA, path)
+    return write_rows((asdict(s) for s in samples), SAMPLE_SCHEMA, path)
 
 
 def sample_from_row(row: Mapping[str, Any]) -> TrainSample:
