@@ -303,6 +303,24 @@ def test_mask_decision_also_takes_the_decision_out_of_rl(algorithm_module: Any, 
     assert [s.token_ids for s in a.samples[1:]] == [s.token_ids for s in b.samples[1:]]
 
 
+def test_a_reply_without_a_prediction_pair_keeps_its_decision_in_rl_like_the_local_trainer(
+    algorithm_module: Any, tok: Any
+) -> None:
+    """labels.py: no PREDICTION pair means no label, and the reply keeps its full RL credit, even under
+    mask_decision with a DECISION tag in it (the local trainer's `rollout_samples` masks nothing there)."""
+    from predict.train.labels import PredictionPoint
+    from predict.train.prime_rl.points import Completion, PredictionTarget
+
+    prompt, reply = enc(tok, "<|im_start|>assistant\n"), enc(tok, "PASS <DECISION>KEEP</DECISION>")
+    sample = TrainingSample(token_ids=prompt + reply, mask=[False] * len(prompt) + [True] * len(reply),
+                            logprobs=[0.0] * (len(prompt) + len(reply)), temperatures=[], env_name="predict_mbpp")
+    point = PredictionPoint(call=1, patch_step=0, predicted="MALFORMED", verified="PASS", seen=False)
+    target = PredictionTarget(point, Completion(sample=0, call=1, start=len(prompt), end=len(sample.token_ids)))
+    ce, counts = algorithm_module.weight_predictions([sample], [target], tokenizer=tok, alpha=1.0, mask_decision=True)
+    assert ce == [] and counts["rl_masked_tokens"] == 0
+    assert sample.rl_weights is None or all(sample.rl_weights[len(prompt) :])
+
+
 def test_unaligned_rollout_trains_nothing_like_the_local_trainer(algorithm_module: Any, tok: Any) -> None:
     algo = algorithm_module.PredictAlgorithm(PredictAlgoConfig(), None, tokenizer=tok)
     cut, record = make_rollout(tok, 1.0, steps_cut=1)

@@ -6,6 +6,7 @@ prime-rl plugin) imports this one module. Final signatures:
     label_token_span(completion_ids, tokenizer) -> (start, end) | None
     decision_token_span(completion_ids, tokenizer) -> (start, end) | None
     find_label(completion_ids, tokenizer) -> LabelSpan | None
+    tokens_out_of_rl(completion_ids, tokenizer, *, mask_decision) -> (LabelSpan | None, set of token indices)
     ce_sample(prefix_ids, verified_label, alpha, tokenizer, *, lead="", task_id=None, rollout_key=None,
               source=None) -> TrainSample
     prediction_ce_sample(prompt_ids, completion_ids, verified_label, alpha, tokenizer, *, task_id=None,
@@ -196,6 +197,21 @@ def decision_token_span(completion_ids: Sequence[int], tokenizer: Any) -> tuple[
     return None if span is None else (span.start, span.end)
 
 
+def tokens_out_of_rl(
+    completion_ids: Sequence[int], tokenizer: Any, *, mask_decision: bool
+) -> tuple[LabelSpan | None, set[int]]:
+    """A prediction reply's label and the indices of its tokens that get rl weight 0, for every backend: the label
+    tokens, plus the DECISION value tokens under ``mask_decision``. Without a label none (the reply keeps its full
+    RL credit: the rules above)."""
+    label = find_label(completion_ids, tokenizer)
+    if label is None:
+        return None, set()
+    off = set(range(label.start, label.end))
+    if mask_decision and (span := decision_token_span(completion_ids, tokenizer)) is not None:
+        off.update(range(*span))
+    return label, off
+
+
 def ce_sample(
     prefix_ids: Sequence[int],
     verified_label: str,
@@ -265,4 +281,5 @@ __all__ = [
     "label_token_span",
     "prediction_ce_sample",
     "token_char_spans",
+    "tokens_out_of_rl",
 ]

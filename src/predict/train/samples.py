@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from predict.train.labels import ce_sample, decision_token_span, find_label, prediction_points
+from predict.train.labels import ce_sample, prediction_points, tokens_out_of_rl
 from predict.train.train_sample import TrainSample
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -24,7 +24,7 @@ from predict.train.train_sample import TrainSample
 #   one sample (the first maximal sequence that contains it).
 # * GRPO: one advantage per rollout, (reward - group mean) / (group std + 1e-6) over the rollouts of one task in the
 #   step (population std). Rollouts without a reward (infrastructure failures) get no samples.
-# * Arm B: a prediction call's sampled label tokens (`labels.label_token_span`) get rl weight 0 (mask False: they
+# * Arm B: a prediction call's sampled label tokens (`labels.tokens_out_of_rl`) get rl weight 0 (mask False: they
 #   carry no loss in the RL sample); with `mask_decision` the DECISION value tokens too. Each prediction point with
 #   a verified outcome (seen or shadow) and alpha > 0 adds a CE-only sample (`labels.ce_sample`): the call's exact
 #   prefix up to the first label token, then the verified label and the closing tag, ce weight alpha on the label.
@@ -186,16 +186,11 @@ def rollout_samples(
         for point in prediction_points(steps):
             i = point.call
             counts.prediction_points += 1
-            completion = calls[i].completion_ids
-            label = find_label(completion, tokenizer)
+            label, zero_rl[i] = tokens_out_of_rl(calls[i].completion_ids, tokenizer, mask_decision=settings.mask_decision)
             if label is None:
                 counts.malformed_no_label += 1
                 continue
-            off = set(range(label.start, label.end))
-            counts.masked_labels += bool(off)
-            if settings.mask_decision and (span := decision_token_span(completion, tokenizer)) is not None:
-                off.update(range(*span))
-            zero_rl[i] = off
+            counts.masked_labels += 1
             if settings.alpha > 0 and point.verified is not None:
                 prefix = calls[i].full_ids[: calls[i].positions[label.start]]
                 ce.append(

@@ -14,7 +14,7 @@ What it does to a rollout (the rules of the study's loss, `predict.train.loss`, 
 
 * arrival (``score_rollout``): locate every prediction reply in the rollout's samples (`points.prediction_targets`:
   the program's steps in ``trace.info["agent_result"]`` <-> the trace's sampled nodes). On each, the sampled label
-  tokens (`predict.train.labels.label_token_span`) get rl weight 0 (and the DECISION value tokens too under
+  tokens (`predict.train.labels.tokens_out_of_rl`) get rl weight 0 (and the DECISION value tokens too under
   ``mask_decision``); every other sampled token keeps rl weight 1. Where the patch's verified class is known and
   alpha > 0, a CE-only sample is appended to ``rollout.samples``: `predict.train.labels.prediction_ce_sample`
   (the call's prompt + the completion up to the label, then the verified label), on the wire with mask all False,
@@ -52,7 +52,7 @@ from prime_rl.orchestrator.algo.grpo import GRPOAlgorithm
 from prime_rl.orchestrator.trajectories import iter_trainable_branches
 from prime_rl.transport import TrainingSample
 
-from predict.train.labels import decision_token_span, label_token_span, prediction_ce_sample
+from predict.train.labels import prediction_ce_sample, tokens_out_of_rl
 from predict.train.metrics import rollout_trace_metrics
 from predict.train.prime_rl.points import PointsMismatch, PredictionTarget, prediction_targets
 from predict.train.samples import group_advantages
@@ -96,17 +96,12 @@ def weight_predictions(
         sample = samples[c.sample]
         completion_ids = list(sample.token_ids[c.start : c.end])
         counts["prediction_points"] += 1
-        spans = [label_token_span(completion_ids, tokenizer)]
-        if mask_decision:
-            spans.append(decision_token_span(completion_ids, tokenizer))
-        for span in spans:
-            if span is None:
-                continue
-            if sample.rl_weights is None:
-                sample.rl_weights = [1.0 if m else 0.0 for m in sample.mask]
-            for i in range(c.start + span[0], c.start + span[1]):
-                sample.rl_weights[i] = 0.0
-                counts["rl_masked_tokens"] += 1
+        _, off = tokens_out_of_rl(completion_ids, tokenizer, mask_decision=mask_decision)
+        if off and sample.rl_weights is None:
+            sample.rl_weights = [1.0 if m else 0.0 for m in sample.mask]
+        for i in off:
+            sample.rl_weights[c.start + i] = 0.0
+        counts["rl_masked_tokens"] += len(off)
         verified = target.point.verified
         if verified is None:
             counts["unverified_points"] += 1
