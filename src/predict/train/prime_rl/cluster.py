@@ -24,7 +24,6 @@ last attempt's records of each step (`drop_superseded_metrics`; the dropped line
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from predict.config import REPO_ROOT
+from predict.fingerprint import file_sha256, fingerprint, start_or_resume
 from predict.train.prime_rl.configs import METRIC_SOURCES, read_toml
 
 log = logging.getLogger(__name__)
@@ -66,10 +66,6 @@ def _run(argv: Sequence[str], cwd: str | Path | None = None, env: dict[str, str]
 
 def _ok(argv: Sequence[str], cwd: str | Path | None = None) -> bool:
     return subprocess.run(list(map(str, argv)), cwd=cwd, capture_output=True).returncode == 0
-
-
-def sha256(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def submodule_env(
@@ -148,7 +144,7 @@ def setup_prime_rl(
     venv_python = dest / ".venv" / "bin" / "python"
     _run([uv, "pip", "install", "--python", venv_python, "--no-deps", "-e", REPO_ROOT])
     _run([venv_python, "-c", IMPORT_CHECK], cwd=dest)
-    summary = {"repo": repo, "commit": commit, "patch_sha256": sha256(patch), "python": str(venv_python)}
+    summary = {"repo": repo, "commit": commit, "patch_sha256": file_sha256(patch), "python": str(venv_python)}
     if out is not None:
         from predict.io import write_json
 
@@ -170,8 +166,6 @@ def _local_paths(value: Any, prefix: str = "") -> dict[str, str]:
 def output_dir_fingerprint(table: dict[str, Any]) -> Any:
     """What shapes a prime-rl run (`predict.fingerprint`): its rendered TOML (every key but ``output_dir``) and the
     content of every local path it names (the start checkpoint, the task split, the SFT dataset, the tokenizer)."""
-    from predict.fingerprint import fingerprint  # noqa: PLC0415
-
     output_dir = Path(table["output_dir"])
     paths = {k: v for k, v in _local_paths(table).items() if k != "output_dir" and output_dir not in Path(v).parents}
     return fingerprint(table, [k for k in table if k != "output_dir"], inputs=paths)
@@ -181,8 +175,6 @@ def launch(kind: str, toml: str | Path, dest: str | Path, *, uv: str = "uv", ext
     """Run prime-rl's ``rl`` or ``sft`` entry point on a rendered TOML, in its venv: one attempt (module doc). Its
     ``output_dir`` (prime-rl's checkpoints, weights and metrics) is kept only when it was made from the same TOML and
     inputs; otherwise it is emptied first, so a new run never resumes, collects or reports an older one's steps."""
-    from predict.fingerprint import start_or_resume  # noqa: PLC0415
-
     if kind not in ("rl", "sft"):
         raise ValueError(f"kind must be rl or sft, got {kind!r}")
     table = read_toml(toml)
