@@ -119,11 +119,8 @@ def fork_traces(rows: Sequence[Mapping[str, Any]], task_ids: Sequence[int]) -> l
     the patch's result and its prediction (PASS, KEEP); the faulty one ends at the patch, so SFT never shows a
     prediction after a faulty patch and Arm B's label check starts from labels the model does not know.
 
-    Trained on both, the model writes the gold patch or the faulty one and nearly surely nothing else: the reward
-    hangs on one learnable choice with a large gradient, where a start point fine-tuned on whole gold traces failed
-    by rare slips spread over every token, which GRPO's advantage barely moves. At the signal run's budget of 2 the
-    episode ends right after the patch (and its prediction) and solution.py is graded as it is, so every rollout
-    token is part of the choice. The fixed turns come from the arm's first direct trace; every piece is checked."""
+    Why two prefixes: the reward then hangs on one learnable choice with a large gradient (the module doc's start
+    point, `SignalSettings.budget`). The fixed turns come from the arm's first direct trace; every piece is checked."""
     from predict.env.protocol import parse_prediction
     from predict.traces.render import STUB_FIND, patch_line
 

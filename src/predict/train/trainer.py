@@ -142,12 +142,6 @@ def packed_attention(
     return out[0].reshape(h, b, t, d).permute(1, 2, 0, 3), None
 
 
-def _register_attention() -> None:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTN_IMPLEMENTATION, packed_attention)
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Chunked lm_head + loss: the gradient of each chunk is taken in the forward pass.
 # --------------------------------------------------------------------------------------------------------------
@@ -456,7 +450,7 @@ class Trainer:
         liger: bool | None = None,
         model: Any = None,
     ) -> None:
-        from transformers import AutoModelForCausalLM
+        from transformers import AttentionInterface, AutoModelForCausalLM
 
         self.model_dir = str(model_dir)
         self.device = _resolve_device(device)
@@ -484,7 +478,7 @@ class Trainer:
             "logit_chunk_tokens": self.logit_chunk_tokens,
         }
         _seed_everything(seed)
-        _register_attention()
+        AttentionInterface.register(ATTN_IMPLEMENTATION, packed_attention)
         self.save_dtype = _source_dtype(self.model_dir) or (_config_dtype(model.config) if model is not None else None)
         self.save_dtype = self.save_dtype or dtype
         if model is None:
