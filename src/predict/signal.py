@@ -48,6 +48,7 @@ Rules it follows:
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
 import time
@@ -470,8 +471,6 @@ def run_signal(config: Mapping[str, Any], out_dir: str | Path, settings: SignalS
     checks = verdicts(curves, settings)
     meta = {"settings": asdict(settings), "tasks": task_ids, "note": SANITY_NOTE,
             "sft": {a: {k: v for k, v in s.items() if k != "curve"} for a, s in sft.items()}}  # fmt: skip
-    import json
-
     write_table(pa.Table.from_pylist(curves, schema=CURVE_SCHEMA), out / "curves.parquet",
                 metadata={"predict.signal": json.dumps(meta)})  # fmt: skip
     write_table(pa.Table.from_pylist(checks, schema=VERDICT_SCHEMA), out / "verdicts.parquet")
