@@ -220,7 +220,7 @@ class _TiledLogits:
         tile_max = torch.empty(len(self.starts), n, dtype=h.dtype)
         tile_sum = torch.empty_like(tile_max)
         for j, a in enumerate(self.starts):
-            x = self._tile(j, a)
+            x = self._tile(a)
             torch.mm(weight[a : a + x.shape[0]], h.T, out=x)
             torch.amax(x, 0, out=tile_max[j])
             torch.sum(x.sub_(tile_max[j]).exp_(), 0, out=tile_sum[j])
@@ -228,7 +228,7 @@ class _TiledLogits:
         self.lse = torch.logsumexp(tile_max + tile_sum.log(), 0)
         self.lp = (h * weight[targets]).sum(1) - self.lse
 
-    def _tile(self, j: int, a: int) -> torch.Tensor:
+    def _tile(self, a: int) -> torch.Tensor:
         n = self.h.shape[0]
         rows = min(self.rows, self.weight.shape[0] - a)
         at = n * a if self.keep else 0
@@ -240,7 +240,7 @@ class _TiledLogits:
         scale = (self.tile_max - self.lse).exp_().mul_(-g)
         grad_h.copy_(g[:, None] * weight[targets])
         for j, a in enumerate(self.starts):
-            x = self._tile(j, a).mul_(scale[j])
+            x = self._tile(a).mul_(scale[j])
             w = weight[a : a + x.shape[0]]
             grad_h.addmm_(x.T, w)
             if grad_w is not None:
