@@ -65,6 +65,7 @@ How each figure of the study comes out of the tables (`results/stats/*.parquet`,
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import re
@@ -215,13 +216,9 @@ def read_evaluation(path: str | Path) -> Evaluation:
     return ev
 
 
-def is_scored(row: Mapping[str, Any]) -> bool:
-    """A rollout with a verdict; the others are infrastructure failures, left out of every figure."""
-    return bool(row.get("ok", True)) and row.get("final_pass") is not None
-
-
 def scored_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [r for r in rows if is_scored(r)]
+    """The rollouts with a verdict; the others are infrastructure failures, left out of every figure."""
+    return [r for r in rows if bool(r.get("ok", True)) and r.get("final_pass") is not None]
 
 
 def per_task(row: Mapping[str, Any], metric: str) -> bool:
@@ -926,16 +923,14 @@ def power_table(
         sizes[study_tasks] = "test"
     rows = []
     for source, rates in discordances.items():
-        for d in rates:
-            for delta in deltas:
-                for n in sorted(sizes):
-                    power = exact_power(delta, d, n, significance)
-                    rows.append({
-                        "delta": float(delta), "discordance": float(d), "discordance_source": source,
-                        "n_tasks": n, "design": sizes[n], "significance": float(significance), "power": power,
-                        "powered": bool(power >= target) if not math.isnan(power) else False,
-                        "study_design": sizes[n] == "test",
-                    })
+        for d, delta, n in itertools.product(rates, deltas, sorted(sizes)):
+            power = exact_power(delta, d, n, significance)
+            rows.append({
+                "delta": float(delta), "discordance": float(d), "discordance_source": source,
+                "n_tasks": n, "design": sizes[n], "significance": float(significance), "power": power,
+                "powered": bool(power >= target) if not math.isnan(power) else False,
+                "study_design": sizes[n] == "test",
+            })
     return _table(rows, POWER_SCHEMA)
 
 
