@@ -237,11 +237,11 @@ def paired_table(pairs: Sequence[Mapping[str, Any]], kind: bool = True) -> str:
                               "only": "tasks scored on one side only"})
 
 
-def revise_split(metrics: list[dict[str, Any]] | None, selection: list[dict[str, Any]] | None) -> str:
+def revise_split(metrics: list[dict[str, Any]] | None, chosen: set[tuple[str, str, int]]) -> str:
+    """`chosen`, here and below: the (run, checkpoint, seed) of the selected checkpoints."""
     all_rows = [m for m in metrics or [] if "predictive" in (m.get("protocol") or "") and m["n_scored"]]
     if not all_rows:
         return empty("No predictive-protocol evaluations yet.")
-    chosen = {(s["run"], s["checkpoint"], s["seed"]) for s in selection or []}
     rows = [m for m in all_rows if (m["run"], m["checkpoint"], m["seed"]) in chosen] or all_rows  # the figure
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(rows)), 3.4))
@@ -282,7 +282,7 @@ def revise_table(rows: Sequence[Mapping[str, Any]]) -> str:
         "budget_rev": "budget exhausted, ever revised", "budget_keep": "budget exhausted, never revised"})
 
 
-def confusion_section(confusion: list[dict[str, Any]] | None, selection: list[dict[str, Any]] | None,
+def confusion_section(confusion: list[dict[str, Any]] | None, chosen: set[tuple[str, str, int]],
                       per_seed: bool = False) -> str:
     if not confusion:
         return empty("No predictions recorded yet (no predictive-protocol patches).")
@@ -293,7 +293,6 @@ def confusion_section(confusion: list[dict[str, Any]] | None, selection: list[di
         groups.setdefault((c["run"], c["checkpoint"], c["split"], c["seed"]), {})[c["verified"], c["predicted"]] = c[
             "count"]
     # one matrix per run: its selected checkpoint (else its first), first seed
-    chosen = {(s["run"], s["checkpoint"], s["seed"]) for s in selection or []}
     keys = []
     for run in sorted({k[0] for k in groups}, key=lambda r: (r != "B", r)):
         mine = sorted((k for k in groups if k[0] == run), key=lambda k: ((k[0], k[1], k[3]) not in chosen, k[3], k))
@@ -344,11 +343,10 @@ def _freq_chart(pairs: Sequence[tuple[str, float, float]], title: str) -> str:
     return figure(fig, title)
 
 
-def frequencies(classes: list[dict[str, Any]] | None, selection: list[dict[str, Any]] | None) -> str:
+def frequencies(classes: list[dict[str, Any]] | None, chosen: set[tuple[str, str, int]]) -> str:
     if not classes:
         out = empty("No predictions recorded in evaluation yet: no class frequencies.")
     else:
-        chosen = {(s["run"], s["checkpoint"], s["seed"]) for s in selection or []}
         shown = [c for c in classes if (c["run"], c["checkpoint"], c["seed"]) in chosen] or classes
         shown = [c for c in shown if c["n_predicted"] or c["n_verified"]]
         key = min({(c["run"] != "B", c["run"], c["checkpoint"], c["split"], c["seed"]) for c in shown})
@@ -550,18 +548,12 @@ NO_TEST = "The frozen test has not been run yet: no test statistics (results/tes
 
 
 def _selected(metrics: Sequence[Mapping[str, Any]]) -> set[tuple[str, str, int]]:
+    """The test's selected checkpoints, as the val sections take them (`chosen`)."""
     return {(m["run"], m["checkpoint"], m["seed"]) for m in metrics if m.get("selected")}
 
 
-def _selection(metrics: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The test's selected checkpoints in the shape of the val selection table (what the val sections read)."""
-    return [{"run": m["run"], "checkpoint": m["checkpoint"], "seed": m["seed"]} for m in metrics if m.get("selected")]
-
-
 def test_headline(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
-    metrics, pairs = test.get("metrics") or [], test.get("pairs") or []
-    if not metrics:
-        return empty(NO_TEST)
+    metrics, pairs = test["metrics"], test.get("pairs") or []
     selected = _selected(metrics)
     rl = [p for p in pairs if p["kind"] == "vs_reference" and p["metric"] == "final_pass"]
     rl.sort(key=lambda p: ((p["run_a"], p["checkpoint_a"], p["seed_a"]) not in selected, p["run_a"], p["seed_a"]))
@@ -614,22 +606,16 @@ def test_first_patch(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
 
 
 def test_revise(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
-    metrics = test.get("metrics") or []
-    if not metrics:
-        return empty(NO_TEST)
-    predictive = [m for m in metrics if "predictive" in (m.get("protocol") or "") and m["n_scored"]]
+    predictive = [m for m in test["metrics"] if "predictive" in (m.get("protocol") or "") and m["n_scored"]]
     if not predictive:
         return empty("No predictive-protocol evaluation on test.")
-    return revise_split(predictive, _selection(predictive))
+    return revise_split(predictive, _selected(predictive))
 
 
 def test_confusion(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
-    metrics = test.get("metrics") or []
-    if not metrics:
-        return empty(NO_TEST)
-    chosen = _selected(metrics)
+    chosen = _selected(test["metrics"])
     out = confusion_section([c for c in test.get("confusion") or []
-                             if (c["run"], c["checkpoint"], c["seed"]) in chosen], _selection(metrics), per_seed=True)
+                             if (c["run"], c["checkpoint"], c["seed"]) in chosen], chosen, per_seed=True)
     classes = [c for c in test.get("classes") or [] if (c["run"], c["checkpoint"], c["seed"]) in chosen]
     out += "<h3>Class shares of the patches: verified vs predicted</h3>" + class_share_table(classes)
     shares = [r for r in test.get("prediction_shares") or [] if r["n_predicted_reference"] or r["n_predicted_selected"]]
@@ -665,8 +651,6 @@ def class_share_table(classes: Sequence[Mapping[str, Any]]) -> str:
 
 
 def test_ablations(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
-    if not test.get("metrics"):
-        return empty(NO_TEST)
     ablations, extensions = test.get("ablations") or [], test.get("extensions") or []
     out = ("<h3>Ablations vs Arm B</h3>" + ablation_rows(ablations)) if ablations else empty(
         "No ablation was evaluated on test.")
@@ -792,6 +776,7 @@ def build_report(
         return _read(stats_dir / f"{name}.parquet")
 
     metrics, pairs, selection = stat("metrics"), stat("pairs"), stat("selection")
+    chosen = {(s["run"], s["checkpoint"], s["seed"]) for s in selection or []}
     from predict.stats import TEST_STATS_TABLES
 
     test = {name: _read(test_stats_dir / f"{name}.parquet") for name in TEST_STATS_TABLES} if test_stats_dir else {}
@@ -804,20 +789,18 @@ def build_report(
                                                 *(config.get("extensions") or {})]
                 for seed in config["seeds"]]
     task_rows = {r["task_id"]: r for r in (_read(tasks) or [])} if tasks else {}
-    body = {
-        "test-headline": test_headline(test),
-        "test-first-patch": test_first_patch(test),
-        "test-revise": test_revise(test),
-        "test-confusion": test_confusion(test),
-        "test-ablations": test_ablations(test),
+    test_parts = {"test-headline": test_headline, "test-first-patch": test_first_patch, "test-revise": test_revise,
+                  "test-confusion": test_confusion, "test-ablations": test_ablations}
+    body = {sid: part(test) if test.get("metrics") else empty(NO_TEST) for sid, part in test_parts.items()}
+    body |= {
         "headline": headline(metrics, pairs),
         "pairs": pairs_section(pairs),
         "selection": table(selection, ["run", "seed", "mode", "step", "checkpoint", "val_pass_at_1", "fallback"],
                            {"fallback": "base stand-in"}) if selection else empty("No selection yet."),
         "mechanism": mechanism_table(metrics) if metrics else empty("No evaluations yet."),
-        "revise-split": revise_split(metrics, selection),
-        "confusion": confusion_section(stat("confusion"), selection),
-        "frequencies": frequencies(stat("classes"), selection),
+        "revise-split": revise_split(metrics, chosen),
+        "confusion": confusion_section(stat("confusion"), chosen),
+        "frequencies": frequencies(stat("classes"), chosen),
         "ablations": ablations_section({Path(p).stem: _read(Path(p)) for p in ablations}),
         "extensions": extensions_section({Path(p).stem: _read(Path(p)) for p in extensions}),
         "power": power_section(_read(power), config),
