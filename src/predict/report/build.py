@@ -176,11 +176,6 @@ def _who(run: str, checkpoint: str, seed: Any) -> str:
     return f"{run} / {checkpoint} / seed {seed}"
 
 
-def val_note(n_val: int | None) -> str:
-    return (f'<p class="note"><b>Selection only</b> (val, n={n_val if n_val is not None else "?"} tasks): these '
-            "numbers choose checkpoints; the study's figures are the test's.</p>")
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Sections
 # ---------------------------------------------------------------------------------------------------------------
@@ -218,15 +213,19 @@ METRIC_WORDS = {"final_pass": "pass@1", "first_patch_pass": "first patch PASS"}
 KIND_WORDS = {"vs_reference": "vs own SFT", "A_vs_B": "Arm A vs Arm B", "ablation_vs_base": "ablation vs Arm B"}
 
 
+def _pair_cells(p: Mapping[str, Any]) -> dict[str, str]:
+    """The cells of a paired comparison every table shows: difference [CI], discordant counts, p, Holm p."""
+    return {"diff": points(p["diff"], p["ci_low"], p["ci_high"]), "disc": f"{p['n10']} / {p['n01']}",
+            "p": pval(p["mcnemar_p"]), "holm": pval(p.get("mcnemar_p_holm"))}
+
+
 def paired_table(pairs: Sequence[Mapping[str, Any]], kind: bool = True) -> str:
     """Paired comparisons, one merged cell per side, rate, CI and discordant pair: fits the page."""
     rows = [{
         "kind": KIND_WORDS.get(p["kind"], p["kind"]), "metric": METRIC_WORDS.get(p.get("metric"), p.get("metric")),
         "first": _who(p["run_a"], p["checkpoint_a"], p["seed_a"]),
         "second": _who(p["run_b"], p["checkpoint_b"], p["seed_b"]),
-        "rate_a": pct(p.get("n_pass_a"), p["n"]), "rate_b": pct(p.get("n_pass_b"), p["n"]),
-        "diff": points(p["diff"], p["ci_low"], p["ci_high"]), "disc": f"{p['n10']} / {p['n01']}",
-        "p": pval(p["mcnemar_p"]), "holm": pval(p.get("mcnemar_p_holm")),
+        "rate_a": pct(p.get("n_pass_a"), p["n"]), "rate_b": pct(p.get("n_pass_b"), p["n"]), **_pair_cells(p),
         "only": f"{p.get('n_only_a') or 0} / {p.get('n_only_b') or 0}",
     } for p in pairs]
     cols = [*(["kind"] if kind else []), "metric", "first", "second", "rate_a", "rate_b", "diff", "disc", "p", "holm",
@@ -345,17 +344,15 @@ def _freq_chart(pairs: Sequence[tuple[str, float, float]], title: str) -> str:
 
 def frequencies(classes: list[dict[str, Any]] | None, chosen: set[tuple[str, str, int]]) -> str:
     if not classes:
-        out = empty("No predictions recorded in evaluation yet: no class frequencies.")
-    else:
-        shown = [c for c in classes if (c["run"], c["checkpoint"], c["seed"]) in chosen] or classes
-        shown = [c for c in shown if c["n_predicted"] or c["n_verified"]]
-        key = min({(c["run"] != "B", c["run"], c["checkpoint"], c["split"], c["seed"]) for c in shown})
-        first = [c for c in shown if (c["run"], c["checkpoint"], c["split"], c["seed"]) == key[1:]]
-        out = _freq_chart([(c["cls"], c["predicted_freq"], c["verified_freq"]) for c in first],
-                          f"evaluation {key[1]}/{key[2]}/{key[3]}/s{key[4]}: real vs predicted class frequency")
-        out += class_share_table(shown)
-        out += '<p class="note">Selected checkpoints; classes neither predicted nor verified are left out.</p>'
-    return out
+        return empty("No predictions recorded in evaluation yet: no class frequencies.")
+    shown = [c for c in classes if (c["run"], c["checkpoint"], c["seed"]) in chosen] or classes
+    shown = [c for c in shown if c["n_predicted"] or c["n_verified"]]
+    key = min({(c["run"] != "B", c["run"], c["checkpoint"], c["split"], c["seed"]) for c in shown})
+    first = [c for c in shown if (c["run"], c["checkpoint"], c["split"], c["seed"]) == key[1:]]
+    return (_freq_chart([(c["cls"], c["predicted_freq"], c["verified_freq"]) for c in first],
+                        f"evaluation {key[1]}/{key[2]}/{key[3]}/s{key[4]}: real vs predicted class frequency")
+            + class_share_table(shown)
+            + '<p class="note">Selected checkpoints; classes neither predicted nor verified are left out.</p>')
 
 
 def ablations_section(tables: Mapping[str, list[dict[str, Any]] | None]) -> str:
@@ -560,18 +557,14 @@ def test_headline(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
     rows = [{"arm": p["run_a"], "seed": p["seed_a"], "sft": pct(p["n_pass_b"], p["n"]),
              "rl": pct(p["n_pass_a"], p["n"]),
              "ckpt": p["checkpoint_a"] + (" (selected)" if (p["run_a"], p["checkpoint_a"], p["seed_a"]) in selected
-                                          else ""),
-             "diff": points(p["diff"], p["ci_low"], p["ci_high"]), "disc": f"{p['n10']} / {p['n01']}",
-             "p": pval(p["mcnemar_p"]), "holm": pval(p.get("mcnemar_p_holm"))} for p in rl]
+                                          else ""), **_pair_cells(p)} for p in rl]
     out = "<h3>RL vs its own SFT, per arm and seed</h3>" + table(rows, list(rows[0]) if rows else [], {
         "arm": "arm", "seed": "seed", "sft": "SFT pass@1", "rl": "RL pass@1", "ckpt": "RL checkpoint",
         "diff": "RL - SFT [95% CI]", "disc": "tasks only RL / only SFT passes", "p": "exact McNemar p",
         "holm": "Holm-adjusted p"}) if rows else empty("No RL vs SFT comparison on test.")
     ab = [p for p in pairs if p["kind"] == "A_vs_B"]
     rows = [{"a": f"seed {p['seed_a']} ({p['checkpoint_a']})", "b": f"seed {p['seed_b']} ({p['checkpoint_b']})",
-             "pa": pct(p["n_pass_a"], p["n"]), "pb": pct(p["n_pass_b"], p["n"]),
-             "diff": points(p["diff"], p["ci_low"], p["ci_high"]), "disc": f"{p['n10']} / {p['n01']}",
-             "p": pval(p["mcnemar_p"]), "holm": pval(p.get("mcnemar_p_holm"))} for p in ab]
+             "pa": pct(p["n_pass_a"], p["n"]), "pb": pct(p["n_pass_b"], p["n"]), **_pair_cells(p)} for p in ab]
     out += "<h3>Arm A vs Arm B, every seed pairing of the selected checkpoints</h3>" + (table(rows, list(rows[0]) if rows else [], {
         "a": "Arm A", "b": "Arm B", "pa": "Arm A pass@1", "pb": "Arm B pass@1", "diff": "A - B [95% CI]",
         "disc": "tasks only A / only B passes", "p": "exact McNemar p",
@@ -738,10 +731,6 @@ def mechanism_table(metrics: Sequence[Mapping[str, Any]]) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # The page
 # ---------------------------------------------------------------------------------------------------------------
-def _rl_name(path: Path) -> str:
-    return f"{path.parent.parent.name}/{path.parent.name}"  # results/rl/{run}/seed{seed}/metrics.parquet
-
-
 def embedded_default_note(config: Mapping[str, Any]) -> str:
     """The header's warning on the embedded default: its numbers are zero by construction, and why."""
     if str(config["model"]["base"]) != "tiny":
@@ -780,11 +769,13 @@ def build_report(
     from predict.stats import TEST_STATS_TABLES
 
     test = {name: _read(test_stats_dir / f"{name}.parquet") for name in TEST_STATS_TABLES} if test_stats_dir else {}
-    val_n = max((m["n"] for m in metrics or [] if m["split"] == "val"), default=None)
-    note = val_note(val_n)
+    val_n = max((m["n"] for m in metrics or [] if m["split"] == "val"), default="?")  # "?": no val evaluation yet
+    note = (f'<p class="note"><b>Selection only</b> (val, n={val_n} tasks): these numbers choose checkpoints; the '
+            "study's figures are the test's.</p>")
     from predict.train.metrics import read_metrics
 
-    rl = {_rl_name(p): read_metrics(p) if Path(p).exists() else [] for p in rl_metrics}
+    # results/rl/{run}/seed{seed}/metrics.parquet -> "{run}/seed{seed}"
+    rl = {f"{p.parent.parent.name}/{p.parent.name}": read_metrics(p) if Path(p).exists() else [] for p in rl_metrics}
     expected = [f"{run}/seed{seed}" for run in [*config["arms"], *(config.get("ablations") or {}),
                                                 *(config.get("extensions") or {})]
                 for seed in config["seeds"]]
@@ -795,8 +786,8 @@ def build_report(
     body |= {
         "headline": headline(metrics, pairs),
         "pairs": pairs_section(pairs),
-        "selection": table(selection, ["run", "seed", "mode", "step", "checkpoint", "val_pass_at_1", "fallback"],
-                           {"fallback": "base stand-in"}) if selection else empty("No selection yet."),
+        "selection": table(selection, ["run", "seed", "mode", "step", "checkpoint", "val_pass_at_1", "fallback"])
+                     if selection else empty("No selection yet."),
         "mechanism": mechanism_table(metrics) if metrics else empty("No evaluations yet."),
         "revise-split": revise_split(metrics, chosen),
         "confusion": confusion_section(stat("confusion"), chosen),
@@ -812,7 +803,7 @@ def build_report(
     val_ids = {sid for sid, _ in VAL_SECTIONS}
     sections = "".join(
         f'<section id="{sid}"><h2>{html.escape(title)}'
-        + (f' <span class="selonly">(selection only, n={val_n if val_n is not None else "?"})</span>'
+        + (f' <span class="selonly">(selection only, n={val_n})</span>'
            if sid in val_ids else "") + f"</h2>{note if sid in val_ids else ''}{body[sid]}</section>"
         for sid, title in SECTIONS)
     page = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>PREDICT report: '
