@@ -86,21 +86,14 @@ def _fmt(value: Any) -> str:
     return html.escape(str(value))
 
 
-# Column labels in words: a parquet field name never reaches the page.
+# Column labels in words, for the columns several tables share (each table labels its own columns): a parquet
+# field name never reaches the page.
 LABELS: dict[str, str] = {
-    "run": "run", "checkpoint": "checkpoint", "split": "split", "seed": "seed", "kind": "comparison kind",
-    "n_scored": "rollouts scored", "n_infra": "infrastructure failures", "pass_at_1": "pass@1",
-    "p_vs_reference": "McNemar p vs own SFT", "p_vs_B": "McNemar p vs Arm B (same seed)",
-    "first_patch_pass": "first patch PASS", "recovery_rate": "recovered after a failing first patch",
-    "revise_rate": "REVISE rate (patches)", "budget_exhausted": "budget exhausted",
-    "budget_exhausted_revise": "budget exhausted, ever revised", "budget_exhausted_keep": "budget exhausted, never revised",
-    "malformed_prediction_rate": "malformed predictions", "mode": "mode", "step": "step",
-    "val_pass_at_1": "val pass@1", "fallback": "base stand-in", "cls": "class", "n_verified": "patches verified as",
-    "n_predicted": "patches predicted as", "verified_freq": "verified share", "predicted_freq": "predicted share",
-    "precision": "precision", "recall": "recall", "ablation": "ablation", "extension": "extension",
-    "mechanism": "mechanism", "focus_metric": "metric it tests", "focus_ablation": "metric, ablation",
-    "focus_base": "metric, Arm B", "focus_ext": "metric, extension", "focus_other": "metric, compared with",
-    "selection_fallback": "base stand-in",
+    "run": "run", "checkpoint": "checkpoint", "split": "split", "seed": "seed", "who": "run / checkpoint / seed",
+    "n_infra": "infrastructure failures", "pass_at_1": "pass@1", "p_vs_reference": "McNemar p vs own SFT",
+    "p_vs_B": "McNemar p vs Arm B (same seed)", "mode": "mode", "step": "step", "val_pass_at_1": "val pass@1",
+    "fallback": "base stand-in", "selection_fallback": "base stand-in", "cls": "class", "ablation": "ablation",
+    "extension": "extension",
 }
 
 
@@ -275,8 +268,7 @@ def revise_table(rows: Sequence[Mapping[str, Any]]) -> str:
         "budget_keep": pct(m.get("n_budget_exhausted_keep"), m.get("n_keep_only")),
     } for m in rows]
     return table(out, ["who", "split", "never", "ever", "rev_pass", "rev_fail", "budget_rev", "budget_keep"], {
-        "who": "run / checkpoint / seed", "split": "rollouts never / ever revised",
-        "never": "pass@1, never revised", "ever": "pass@1, ever revised",
+        "split": "rollouts never / ever revised", "never": "pass@1, never revised", "ever": "pass@1, ever revised",
         "rev_pass": "REVISE on patches that pass", "rev_fail": "REVISE on patches that fail",
         "budget_rev": "budget exhausted, ever revised", "budget_keep": "budget exhausted, never revised"})
 
@@ -618,7 +610,7 @@ def test_confusion(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
              "ver": pct(r["n_verified_selected"], r["n_patches_selected"])} for r in shares]
     if rows:
         out += ("<h3>Predictions of the SFT checkpoint vs the selected checkpoint</h3>" + table(rows, list(rows[0]), {
-            "who": "run / seed", "cls": "class", "ref": "predicted share, SFT", "sel": "predicted share, selected",
+            "who": "run / seed", "ref": "predicted share, SFT", "sel": "predicted share, selected",
             "ver": "verified share, selected"}))
     return out
 
@@ -638,9 +630,8 @@ def class_share_table(classes: Sequence[Mapping[str, Any]]) -> str:
              "recall": pct(None if _nan(c["recall"]) else round(c["recall"] * c["n_verified"]), c["n_verified"])}
             for c in classes]
     return table(rows, list(rows[0]), {
-        "who": "run / checkpoint / seed", "cls": "class", "verified": "verified share", "predicted": "predicted share",
-        "precision": "precision (correct of predicted)", "recall": "recall (found of verified)"}) if rows else empty(
-        "No predictions at the selected checkpoints.")
+        "verified": "verified share", "predicted": "predicted share", "precision": "precision (correct of predicted)",
+        "recall": "recall (found of verified)"}) if rows else empty("No predictions at the selected checkpoints.")
 
 
 def test_ablations(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
@@ -664,7 +655,7 @@ def training_outcomes_section(rows: list[dict[str, Any]] | None) -> str:
         out.append(f"<p><b>{html.escape(run)}, seed {seed}</b>: {head['n_verified_total']:,} verified outcomes and "
                    f"{head['n_predicted_total']:,} predictions over {head['n_steps']} RL steps.</p>")
         out.append(table(mine, ["cls", "n_verified", "verified_share", "n_predicted", "predicted_share"],
-                         {"cls": "class", "n_verified": "verified (n)", "verified_share": "share of verified",
+                         {"n_verified": "verified (n)", "verified_share": "share of verified",
                           "n_predicted": "predicted (n)", "predicted_share": "share of predictions"}))
     first = [r for r in rows if (r["run"], r["seed"]) == min((r["run"], r["seed"]) for r in rows)]
     chart = _freq_chart([(r["cls"], r["predicted_share"] or 0.0, r["verified_share"] or 0.0) for r in first],
@@ -722,10 +713,10 @@ def mechanism_table(metrics: Sequence[Mapping[str, Any]]) -> str:
              "budget_keep": pct(m.get("n_budget_exhausted_keep"), m.get("n_keep_only")),
              "malformed": _share(m["malformed_prediction_rate"])} for m in metrics]
     return table(rows, list(rows[0]) if rows else [], {
-        "who": "run / checkpoint / seed", "first": "first patch PASS (of all tasks)",
-        "recovery": "recovered (of failing first patches)", "revise": "REVISE (of decided patches)",
-        "budget": "budget exhausted", "budget_rev": "budget exhausted, ever revised",
-        "budget_keep": "budget exhausted, never revised", "malformed": "malformed predictions"})
+        "first": "first patch PASS (of all tasks)", "recovery": "recovered (of failing first patches)",
+        "revise": "REVISE (of decided patches)", "budget": "budget exhausted",
+        "budget_rev": "budget exhausted, ever revised", "budget_keep": "budget exhausted, never revised",
+        "malformed": "malformed predictions"})
 
 
 # ---------------------------------------------------------------------------------------------------------------
