@@ -49,8 +49,8 @@ NAV = {"test-headline": "Test: headline", "test-first-patch": "Test: first patch
        "test-revise": "Test: REVISE", "test-confusion": "Test: confusion, shares", "test-ablations": "Test: ablations",
        "headline": "Val: pass@1", "pairs": "Val: paired tests", "selection": "Selection", "mechanism": "Val: mechanism",
        "revise-split": "Val: REVISE", "confusion": "Val: confusion", "frequencies": "Val: class shares",
-       "ablations": "Val: ablations", "extensions": "Val: extensions", "power": "Power", "training": "Training", "training-outcomes": "Training outcomes",
-       "rollout": "Rollout"}
+       "ablations": "Val: ablations", "extensions": "Val: extensions", "training": "Training",
+       "training-outcomes": "Training outcomes", "rollout": "Rollout"}  # else the title up to its colon
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1200px;color:#1b1b1b;
@@ -470,23 +470,19 @@ def power_section(power: list[dict[str, Any]] | None, config: Mapping[str, Any])
                 "source": r["discordance_source"], "power": _fmt(r["power"]),
                 "powered": "powered" if r["powered"] else "not powered"}
                for r in sorted(design, key=lambda r: (r["design"] != "test", r["delta"], r["discordance"]))]
-    need: dict[tuple, dict[str, Any]] = {}  # the fewest tasks reaching the target, per delta x discordance
+    curves: dict[tuple, list[dict[str, Any]]] = {}  # (delta, discordance, source) -> its rows, fewest tasks first
     for r in sorted(power, key=lambda r: r["n_tasks"]):
-        k = (r["delta"], r["discordance"], r["discordance_source"])
-        if r["powered"] and k not in need:
-            need[k] = r
+        curves.setdefault((r["delta"], r["discordance"], r["discordance_source"]), []).append(r)
+    need = {k: next((r for r in rows if r["powered"]), None) for k, rows in curves.items()}  # fewest powered
     grid = [{"delta": f"{100 * k[0]:.0f} pts", "d": f"{k[1]:.2f}", "source": k[2],
-             "n": need[k]["n_tasks"] if k in need else "none on the grid",
-             "power": _fmt(need[k]["power"]) if k in need else "–"}
-            for k in sorted({(r["delta"], r["discordance"], r["discordance_source"]) for r in power})]
+             "n": need[k]["n_tasks"] if need[k] else "none on the grid",
+             "power": _fmt(need[k]["power"]) if need[k] else "–"} for k in sorted(curves)]
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.4))
-    curves = sorted({(r["delta"], r["discordance"], r["discordance_source"]) for r in power})
-    for delta, disc, source in curves:
-        pts = sorted((r["n_tasks"], r["power"]) for r in power
-                     if (r["delta"], r["discordance"], r["discordance_source"]) == (delta, disc, source))
-        if pts and disc in {min(c[1] for c in curves), max(c[1] for c in curves)}:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3,
+    drawn = {min(k[1] for k in curves), max(k[1] for k in curves)}  # the lowest and the highest discordance
+    for (delta, disc, _), rows in sorted(curves.items()):
+        if disc in drawn:
+            ax.plot([r["n_tasks"] for r in rows], [r["power"] for r in rows], marker="o", ms=3,
                     label=f"delta {delta:.2f}, discordance {disc:.2f}")
     ax.axhline(target, color="grey", ls="--", lw=0.8)
     ax.axvline(test_n, color="black", ls=":", lw=0.8)
