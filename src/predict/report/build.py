@@ -135,10 +135,6 @@ def _plt() -> Any:
     return plt
 
 
-def _label(r: Mapping[str, Any]) -> str:
-    return f"{r['run']}/{r['checkpoint']}/s{r['seed']}"
-
-
 def _nan(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
@@ -193,15 +189,6 @@ def headline(metrics: list[dict[str, Any]] | None, pairs: list[dict[str, Any]] |
         "untrained stand-in where no trained checkpoint exists yet.</p>")
 
 
-def pairs_section(pairs: list[dict[str, Any]] | None) -> str:
-    if not pairs:
-        return empty("No paired comparisons (needs two runs or checkpoints on the same tasks).")
-    return paired_table(pairs) + (
-        '<p class="note">Each row: first vs second on the tasks both scored (n); difference = first - second in '
-        "percentage points with its 95% paired-bootstrap CI; discordant: tasks only the first passes / only the "
-        "second passes; Holm: adjusted within the row's family (kind, metric, checkpoint).</p>")
-
-
 METRIC_WORDS = {"final_pass": "pass@1", "first_patch_pass": "first patch PASS"}
 KIND_WORDS = {"vs_reference": "vs own SFT", "A_vs_B": "Arm A vs Arm B", "ablation_vs_base": "ablation vs Arm B"}
 
@@ -212,8 +199,10 @@ def _pair_cells(p: Mapping[str, Any]) -> dict[str, str]:
             "p": pval(p["mcnemar_p"]), "holm": pval(p.get("mcnemar_p_holm"))}
 
 
-def paired_table(pairs: Sequence[Mapping[str, Any]], kind: bool = True) -> str:
+def pairs_section(pairs: list[dict[str, Any]] | None) -> str:
     """Paired comparisons, one merged cell per side, rate, CI and discordant pair: fits the page."""
+    if not pairs:
+        return empty("No paired comparisons (needs two runs or checkpoints on the same tasks).")
     rows = [{
         "kind": KIND_WORDS.get(p["kind"], p["kind"]), "metric": METRIC_WORDS.get(p.get("metric"), p.get("metric")),
         "first": _who(p["run_a"], p["checkpoint_a"], p["seed_a"]),
@@ -221,12 +210,13 @@ def paired_table(pairs: Sequence[Mapping[str, Any]], kind: bool = True) -> str:
         "rate_a": pct(p.get("n_pass_a"), p["n"]), "rate_b": pct(p.get("n_pass_b"), p["n"]), **_pair_cells(p),
         "only": f"{p.get('n_only_a') or 0} / {p.get('n_only_b') or 0}",
     } for p in pairs]
-    cols = [*(["kind"] if kind else []), "metric", "first", "second", "rate_a", "rate_b", "diff", "disc", "p", "holm",
-            "only"]
-    return table(rows, cols, {"kind": "comparison", "first": "first", "second": "second", "rate_a": "first: rate",
-                              "rate_b": "second: rate", "diff": "difference [95% CI]",
-                              "disc": "discordant (first / second wins)", "p": "McNemar p", "holm": "Holm-adjusted p",
-                              "only": "tasks scored on one side only"})
+    return table(rows, list(rows[0]), {
+        "kind": "comparison", "rate_a": "first: rate", "rate_b": "second: rate", "diff": "difference [95% CI]",
+        "disc": "discordant (first / second wins)", "p": "McNemar p", "holm": "Holm-adjusted p",
+        "only": "tasks scored on one side only"}) + (
+        '<p class="note">Each row: first vs second on the tasks both scored (n); difference = first - second in '
+        "percentage points with its 95% paired-bootstrap CI; discordant: tasks only the first passes / only the "
+        "second passes; Holm: adjusted within the row's family (kind, metric, checkpoint).</p>")
 
 
 def revise_split(metrics: list[dict[str, Any]] | None, chosen: set[tuple[str, str, int]]) -> str:
@@ -246,7 +236,7 @@ def revise_split(metrics: list[dict[str, Any]] | None, chosen: set[tuple[str, st
         ax.text(x - 0.2, 0.02, f"n={r['never_revised_n']}", ha="center", fontsize=7, color="white", rotation=90,
                 va="bottom")
         ax.text(x + 0.2, 0.02, f"n={r['ever_revised_n']}", ha="center", fontsize=7, rotation=90, va="bottom")
-    ax.set_xticks(list(xs), [_label(r) for r in rows], rotation=30, ha="right", fontsize=8)
+    ax.set_xticks(list(xs), [f"{r['run']}/{r['checkpoint']}/s{r['seed']}" for r in rows], rotation=30, ha="right", fontsize=8)
     ax.set_ylim(0, 1)
     ax.set_ylabel("pass@1")
     ax.set_title("pass@1 of never- vs ever-revised rollouts")
