@@ -236,7 +236,8 @@ def revise_split(metrics: list[dict[str, Any]] | None, chosen: set[tuple[str, st
         ax.text(x - 0.2, 0.02, f"n={r['never_revised_n']}", ha="center", fontsize=7, color="white", rotation=90,
                 va="bottom")
         ax.text(x + 0.2, 0.02, f"n={r['ever_revised_n']}", ha="center", fontsize=7, rotation=90, va="bottom")
-    ax.set_xticks(list(xs), [f"{r['run']}/{r['checkpoint']}/s{r['seed']}" for r in rows], rotation=30, ha="right", fontsize=8)
+    ax.set_xticks(list(xs), [f"{r['run']}/{r['checkpoint']}/s{r['seed']}" for r in rows], rotation=30, ha="right",
+                  fontsize=8)
     ax.set_ylim(0, 1)
     ax.set_ylabel("pass@1")
     ax.set_title("pass@1 of never- vs ever-revised rollouts")
@@ -536,17 +537,18 @@ def test_headline(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
              "rl": pct(p["n_pass_a"], p["n"]),
              "ckpt": p["checkpoint_a"] + (" (selected)" if (p["run_a"], p["checkpoint_a"], p["seed_a"]) in selected
                                           else ""), **_pair_cells(p)} for p in rl]
-    out = "<h3>RL vs its own SFT, per arm and seed</h3>" + table(rows, list(rows[0]) if rows else [], {
-        "arm": "arm", "seed": "seed", "sft": "SFT pass@1", "rl": "RL pass@1", "ckpt": "RL checkpoint",
-        "diff": "RL - SFT [95% CI]", "disc": "tasks only RL / only SFT passes", "p": "exact McNemar p",
-        "holm": "Holm-adjusted p"}) if rows else empty("No RL vs SFT comparison on test.")
+    out = "<h3>RL vs its own SFT, per arm and seed</h3>" + table(rows, list(rows[0]), {
+        "sft": "SFT pass@1", "rl": "RL pass@1", "ckpt": "RL checkpoint", "diff": "RL - SFT [95% CI]",
+        "disc": "tasks only RL / only SFT passes", "p": "exact McNemar p", "holm": "Holm-adjusted p"}) if rows else empty(
+        "No RL vs SFT comparison on test.")
     ab = [p for p in pairs if p["kind"] == "A_vs_B"]
     rows = [{"a": f"seed {p['seed_a']} ({p['checkpoint_a']})", "b": f"seed {p['seed_b']} ({p['checkpoint_b']})",
              "pa": pct(p["n_pass_a"], p["n"]), "pb": pct(p["n_pass_b"], p["n"]), **_pair_cells(p)} for p in ab]
-    out += "<h3>Arm A vs Arm B, every seed pairing of the selected checkpoints</h3>" + (table(rows, list(rows[0]) if rows else [], {
+    out += "<h3>Arm A vs Arm B, every seed pairing of the selected checkpoints</h3>"
+    out += table(rows, list(rows[0]), {
         "a": "Arm A", "b": "Arm B", "pa": "Arm A pass@1", "pb": "Arm B pass@1", "diff": "A - B [95% CI]",
-        "disc": "tasks only A / only B passes", "p": "exact McNemar p",
-        "holm": "Holm-adjusted p (the A vs B family)"}) if rows else empty("No A vs B pairing on test."))
+        "disc": "tasks only A / only B passes", "p": "exact McNemar p", "holm": "Holm-adjusted p (the A vs B family)",
+    }) if rows else empty("No A vs B pairing on test.")
     infra = sum(m["n_infra"] for m in metrics)
     return out + (f'<p class="note">Greedy pass@1 on the test tasks both sides scored; 95% CI: paired bootstrap. '
                   f"Checkpoints: the val selection. Infrastructure failures left out: {infra}.</p>")
@@ -698,7 +700,7 @@ def mechanism_table(metrics: Sequence[Mapping[str, Any]]) -> str:
              "budget_rev": pct(m.get("n_budget_exhausted_revise"), m["ever_revised_n"]),
              "budget_keep": pct(m.get("n_budget_exhausted_keep"), m.get("n_keep_only")),
              "malformed": _share(m["malformed_prediction_rate"])} for m in metrics]
-    return table(rows, list(rows[0]) if rows else [], {
+    return table(rows, list(rows[0]), {
         "first": "first patch PASS (of all tasks)", "recovery": "recovered (of failing first patches)",
         "revise": "REVISE (of decided patches)", "budget": "budget exhausted",
         "budget_rev": "budget exhausted, ever revised", "budget_keep": "budget exhausted, never revised",
