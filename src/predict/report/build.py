@@ -539,8 +539,8 @@ def test_headline(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
                                           else ""), **_pair_cells(p)} for p in rl]
     out = "<h3>RL vs its own SFT, per arm and seed</h3>" + table(rows, list(rows[0]), {
         "sft": "SFT pass@1", "rl": "RL pass@1", "ckpt": "RL checkpoint", "diff": "RL - SFT [95% CI]",
-        "disc": "tasks only RL / only SFT passes", "p": "exact McNemar p", "holm": "Holm-adjusted p"}) if rows else empty(
-        "No RL vs SFT comparison on test.")
+        "disc": "tasks only RL / only SFT passes", "p": "exact McNemar p", "holm": "Holm-adjusted p",
+    }) if rows else empty("No RL vs SFT comparison on test.")
     ab = [p for p in pairs if p["kind"] == "A_vs_B"]
     rows = [{"a": f"seed {p['seed_a']} ({p['checkpoint_a']})", "b": f"seed {p['seed_b']} ({p['checkpoint_b']})",
              "pa": pct(p["n_pass_a"], p["n"]), "pb": pct(p["n_pass_b"], p["n"]), **_pair_cells(p)} for p in ab]
@@ -562,11 +562,10 @@ def test_first_patch(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
              if p["kind"] == "vs_reference" and p["metric"] == "first_patch_pass"}
     rows = []
     for r in recovery:
-        f = first.get((r["run"], r["checkpoint_a"], r["seed"]))
+        f = first.get((r["run"], r["checkpoint_a"], r["seed"])) or {}  # none: "–" (pct and pval take None)
         rows.append({"who": f"{r['run']} / seed {r['seed']}: {r['checkpoint_b']} → {r['checkpoint_a']}",
-                     "fp_sft": pct(f["n_pass_b"], f["n"]) if f else "–", "fp_rl": pct(f["n_pass_a"], f["n"]) if f else "–",
-                     "fp_p": pval(f["mcnemar_p"]) if f else "–",
-                     "rec_sft": pct(r["n_recovered_b"], r["n_recovery_b"]),
+                     "fp_sft": pct(f.get("n_pass_b"), f.get("n")), "fp_rl": pct(f.get("n_pass_a"), f.get("n")),
+                     "fp_p": pval(f.get("mcnemar_p")), "rec_sft": pct(r["n_recovered_b"], r["n_recovery_b"]),
                      "rec_rl": pct(r["n_recovered_a"], r["n_recovery_a"]), "rec_p": pval(r["fisher_p"])})
     return table(rows, ["who", "fp_sft", "fp_rl", "fp_p", "rec_sft", "rec_rl", "rec_p"], {
         "who": "arm / seed: SFT → RL", "fp_sft": "first patch PASS, SFT", "fp_rl": "first patch PASS, RL",
@@ -663,13 +662,12 @@ def rollout_section(rows: list[dict[str, Any]] | None, tasks: Mapping[int, Mappi
     row = max(rows, key=lambda r: (bool(r.get("n_predictions")), bool(r.get("ever_revised")), bool(r.get("final_pass")),
                                    bool(r.get("n_patches")), -r["task_id"]))
     task = tasks.get(row["task_id"]) or {}
-    passed = row.get("final_pass")
     out = [f"<p><b>task {row['task_id']}</b> &middot; run arm {html.escape(str(row['arm']))} "
            f"({html.escape(str(row['protocol']))}, variant {html.escape(str(row['variant']))}) &middot; checkpoint "
            f"{html.escape(str(row['checkpoint']))} &middot; seed {row['seed']} &middot; split "
            f"{html.escape(str(row['split']))} &middot; final "
-           f"{_tag(str(row.get('final_outcome')), 'pass' if passed else 'fail')} stop {html.escape(str(row['stop_reason']))}"
-           f" &middot; calls {row['calls_used']}/{row['budget']}</p>"]
+           f"{_tag(str(row.get('final_outcome')), 'pass' if row.get('final_pass') else 'fail')} stop "
+           f"{html.escape(str(row['stop_reason']))} &middot; calls {row['calls_used']}/{row['budget']}</p>"]
     if task:
         out.append(f"<pre>{html.escape(str(task.get('text', '')))}\n\n"
                    f"{html.escape(chr(10).join(task.get('test_list') or []))}</pre>")
