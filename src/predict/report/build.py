@@ -361,16 +361,15 @@ def ablation_rows(rows: Sequence[Mapping[str, Any]]) -> str:
             "p": pval(r["mcnemar_p"]), "focus": f"{r['focus_metric']}: {_fmt(r['focus_ablation'])} vs "
                                                 f"{_fmt(r['focus_base'])}",
             "selection_fallback": r["selection_fallback"]} for r in rows]
-    return table(out, ["ablation", "seed", "checkpoints", "n", "pass_ablation", "pass_base", "pass_A", "diff", "p",
-                       "focus", "selection_fallback"], wrap=("checkpoints", "focus"), labels={
-                 "checkpoints": "checkpoints (selected)", "n": "tasks compared", "pass_ablation": "pass@1, ablation",
-                  "pass_base": "pass@1, Arm B", "pass_A": "pass@1, Arm A", "diff": "ablation - Arm B [95% CI]",
-                  "p": "McNemar p", "focus": "metric it tests: ablation vs Arm B"})
+    return table(out, list(out[0]), wrap=("checkpoints", "focus"), labels={
+        "checkpoints": "checkpoints (selected)", "n": "tasks compared", "pass_ablation": "pass@1, ablation",
+        "pass_base": "pass@1, Arm B", "pass_A": "pass@1, Arm A", "diff": "ablation - Arm B [95% CI]",
+        "p": "McNemar p", "focus": "metric it tests: ablation vs Arm B"})
 
 
 def extension_rows(rows: Sequence[Mapping[str, Any]]) -> str:
-    out = [{"extension": r["extension"], "mechanism": r.get("mechanism"), "seed": r["seed"],
-            "checkpoint": r["checkpoint"], "pass_ext": _share(r["pass_ext"]),
+    out = [{"extension": r["extension"], "seed": r["seed"], "checkpoint": r["checkpoint"],
+            "pass_ext": _share(r["pass_ext"]),
             **{f"vs_{arm}": f"{_share(r.get(f'pass_vs_{arm}'), r.get(f'n_vs_{arm}'))}: "
                             f"{points(r.get(f'diff_vs_{arm}'), r.get(f'ci_low_vs_{arm}'), r.get(f'ci_high_vs_{arm}'))}"
                for arm in ("A", "B")},
