@@ -503,7 +503,7 @@ def training(rl: Mapping[str, list[dict[str, Any]]], expected: Sequence[str]) ->
     if not metrics:
         return empty("The RL metrics have no reward, loss or rate logged yet.") + note
     plt = _plt()
-    fig, axes = plt.subplots(1, max(1, len(metrics)), figsize=(3.6 * max(1, len(metrics)), 3), squeeze=False)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.6 * len(metrics), 3), squeeze=False)
     for ax, col in zip(axes[0], metrics, strict=False):
         for name, rows in sorted(present.items()):
             pts = sorted((r["step"], r[col]) for r in rows if r.get(col) is not None)
