@@ -8,9 +8,8 @@ its section) and one evaluation file to render a rollout from. Figures are matpl
 disk with no other file. Every section is a ``<section id=...>`` listed in `SECTIONS`, present even when its data
 is not there yet (it then says what is missing).
 
-RL metrics columns the report reads (any subset): ``step`` (required), ``reward``, ``pass_rate``, ``loss``,
-``revise_rate``, ``budget_exhausted`` (training curves), and ``pred_freq_<CLASS>`` (or ``prediction_freq_<CLASS>``)
-next to ``verified_freq_<CLASS>`` (training-time predicted vs real class frequency, at the last step).
+RL metrics columns the report reads (any subset): ``step`` (required) and those `build.CURVES` names (training
+curves). Training-time predicted vs verified class shares come from ``training_outcomes.parquet``.
 
 Checking the page by eye: ``chromium --headless --no-sandbox --disable-gpu --user-data-dir=$(mktemp -d)
 --screenshot=shot.png --window-size=1280,9000 file://$PWD/results/report/index.html``; tests/test_report.py does

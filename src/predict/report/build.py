@@ -772,7 +772,7 @@ def build_report(
         "extensions": extensions_section({Path(p).stem: _read(Path(p)) for p in extensions}),
         "power": power_section(_read(power), config),
         "training": training(rl, expected),
-        "training-outcomes": training_outcomes_section(_read(training_outcomes) if training_outcomes else None),
+        "training-outcomes": training_outcomes_section(_read(training_outcomes)),
         "rollout": rollout_section(_read(example), task_rows),
     }
     nav = "".join(f'<a href="#{sid}">{html.escape(NAV.get(sid, title.split(":")[0]))}</a>' for sid, title in SECTIONS)
