@@ -219,11 +219,12 @@ def pairs_section(pairs: list[dict[str, Any]] | None) -> str:
         "second passes; Holm: adjusted within the row's family (kind, metric, checkpoint).</p>")
 
 
-def revise_split(metrics: list[dict[str, Any]] | None, chosen: set[tuple[str, str, int]]) -> str:
+def revise_split(metrics: list[dict[str, Any]] | None, chosen: set[tuple[str, str, int]],
+                 none: str = "No predictive-protocol evaluations yet.") -> str:
     """`chosen`, here and below: the (run, checkpoint, seed) of the selected checkpoints."""
     all_rows = [m for m in metrics or [] if "predictive" in (m.get("protocol") or "") and m["n_scored"]]
     if not all_rows:
-        return empty("No predictive-protocol evaluations yet.")
+        return empty(none)
     rows = [m for m in all_rows if (m["run"], m["checkpoint"], m["seed"]) in chosen] or all_rows  # the figure
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(rows)), 3.4))
@@ -577,10 +578,7 @@ def test_first_patch(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
 
 
 def test_revise(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
-    predictive = [m for m in test["metrics"] if "predictive" in (m.get("protocol") or "") and m["n_scored"]]
-    if not predictive:
-        return empty("No predictive-protocol evaluation on test.")
-    return revise_split(predictive, _selected(predictive))
+    return revise_split(test["metrics"], _selected(test["metrics"]), "No predictive-protocol evaluation on test.")
 
 
 def test_confusion(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
