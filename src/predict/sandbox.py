@@ -124,7 +124,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, NoReturn
 
@@ -173,14 +173,7 @@ class Verdict:
     stderr: str  # capped tail; a Python-style traceback on errors
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "outcome": self.outcome.value,
-            "detail": self.detail,
-            "failed_test": self.failed_test,
-            "duration_s": self.duration_s,
-            "stdout": self.stdout,
-            "stderr": self.stderr,
-        }
+        return {**asdict(self), "outcome": self.outcome.value}
 
 
 def label_original(returncode: int | None, stderr: str, timed_out: bool) -> Outcome:

@@ -20,8 +20,6 @@ OUTPUT_CHARS = 2000
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--task-file", default=TASK_FILE)
-    ap.add_argument("--solution", default=SOLUTION_FILE)
     ap.add_argument("--timeout-s", type=float, default=3.0)
     ap.add_argument("--memory-mb", type=int, default=1024)
     ap.add_argument("--outcome-labels", default="structured")
@@ -29,29 +27,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from predict.sandbox import check_once  # noqa: PLC0415
 
-    task = json.loads(Path(args.task_file).read_text())
-    path = Path(args.solution)
+    task = json.loads(Path(TASK_FILE).read_text())
+    path = Path(SOLUTION_FILE)
     solution = path.read_text() if path.exists() else ""
     verdict = check_once(
         solution,
-        list(task["test_list"]),
+        task["test_list"],
         task.get("test_setup_code") or "",
         timeout_s=args.timeout_s,
         memory_mb=args.memory_mb,
         outcome_labels=args.outcome_labels,
-    )
-    print(
-        json.dumps(
-            {
-                "outcome": str(verdict.outcome),
-                "detail": verdict.detail,
-                "failed_test": verdict.failed_test,
-                "duration_s": verdict.duration_s,
-                "stdout": verdict.stdout[-OUTPUT_CHARS:],
-                "stderr": verdict.stderr[-OUTPUT_CHARS:],
-            }
-        )
-    )
+    ).to_dict()
+    for stream in ("stdout", "stderr"):
+        verdict[stream] = verdict[stream][-OUTPUT_CHARS:]
+    print(json.dumps(verdict))
     return 0
 
 
