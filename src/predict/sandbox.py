@@ -103,10 +103,9 @@ On errors the child writes the Python-style traceback ``python`` would print to 
 
 from __future__ import annotations
 
-# Only what the fork server and its children need is imported here: everything this module imports at the top is
-# in every fork server, and a bigger server makes every fork slower. Client-side modules (subprocess, threading,
-# queue, tempfile) are imported where they are used: `threading` alone registers an after-fork hook that costs each
-# forked child ~0.3 ms (tests/test_sandbox_adversarial.py checks that the server stays free of it).
+# Everything imported at the top is in every fork server, so only what the server and its children need (see "Cost
+# per check" above); client-side modules (subprocess, threading, queue, tempfile) are imported where they are used,
+# and tests/test_sandbox_adversarial.py checks that the server stays free of `threading`.
 import builtins
 import ctypes
 import fcntl
@@ -555,9 +554,7 @@ def _switched_off(layer: str) -> bool:
 def _enter_server_namespaces() -> None:
     """Fork server as root: enter private network and mount namespaces once; every child inherits them for free.
 
-    Creating namespaces and tearing them down costs ~1 ms per fork. The server only talks over pipes, so it needs no
-    network; its private tmpfs (/tmp, /var/tmp, ...) are wiped after every check (see _Scratch), so checks
-    still cannot see each other's files, and nothing reaches the host.
+    Creating namespaces and tearing them down costs ~1 ms per fork; why sharing them is safe: the module docstring.
     """
     libc = _load_libc()
     if os.geteuid() != 0 or not libc:
@@ -572,11 +569,8 @@ def _enter_server_namespaces() -> None:
 
 
 def _mount_private_tmp(libc: Any) -> bool:
-    """Make every mount private to this (already new!) mount namespace and put fresh tmpfs over the scratch dirs.
-
-    Python directories the tmpfs would hide (a checkout and its venv under /tmp) are held open first and bound back
-    at their old paths, read-only, so isolation does not depend on where the repository or its venv live.
-    """
+    """Make every mount private to this (already new!) mount namespace and put fresh tmpfs over the scratch dirs,
+    binding the Python directories under them back read-only (the module docstring's "mount namespace")."""
     if _switched_off("private_tmp"):
         return False
     if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
@@ -679,11 +673,7 @@ def _blocking_ancestor(path: str) -> str | None:
 
 
 def _reexpose_python(libc: Any) -> None:
-    """Let nobody import the stdlib even when Python lives under a private dir (pyenv in /root, mode 700).
-
-    Inside our private mount namespace: cover the blocking dir (e.g. /root) with an empty tmpfs (which also hides
-    root's home from solutions), then bind-mount just the Python directories back at their old paths, read-only.
-    """
+    """The module docstring's "hidden home": let nobody import the stdlib when Python lives under a private dir."""
     by_blocker: dict[str, list[str]] = {}
     for d in _python_dirs()[1]:
         if any(d == t or d.startswith(t + os.sep) for t in _SCRATCH_DIRS):
@@ -773,12 +763,8 @@ def _litter(d: str) -> bool:
 _LAYER_NAMES = ("setsid", "rlimits", "pdeathsig", "mount_namespace", "private_tmp", "net_namespace", "user_namespace",
                 "dropped_privileges", "signal_filter", "env_scrubbed", "audit_hook")
 
-# signal_filter: a seccomp filter that lets the child signal only itself (its pid, its process group, 0) and refuses
-# pidfd_send_signal (a pidfd can come from opening /proc/<pid>), ptrace and process_vm_*: the kernel layer that keeps
-# an unprivileged child (same uid as its fork server, only mapped to root in its own user namespace) from killing the
-# server; the audit hook cannot, as no audit event covers pidfds.
-# Per architecture: (AUDIT_ARCH, self-targeted calls {nr: arg index of the target}, always refused calls, the number
-# of seccomp(2) itself).
+# signal_filter (the module docstring says what it refuses and why), per architecture: (AUDIT_ARCH, self-targeted
+# calls {nr: arg index of the target}, always refused calls, the number of seccomp(2) itself).
 _SECCOMP_ARCH = {
     "x86_64": (0xC000003E, {62: 0, 200: 0, 234: 0, 129: 0, 297: 0, 434: 0}, (424, 101, 310, 311), 317),
     "aarch64": (0xC00000B7, {129: 0, 130: 0, 131: 0, 138: 0, 240: 0, 434: 0}, (424, 117, 270, 271), 277),
