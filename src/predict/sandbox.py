@@ -109,6 +109,7 @@ from __future__ import annotations
 import builtins
 import ctypes
 import fcntl
+import functools
 import gc
 import io
 import json
@@ -504,7 +505,6 @@ _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE =
 _MS_NOEXEC, _MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 0x8, 0x400, 0x800, 0x200000
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4
 _SIGKILL = int(signal.SIGKILL)
-_libc: Any = None
 _INHERITED_NS: set[str] = set()  # namespaces this process (a fork server) already entered for all its children
 # World-writable places that get a private tmpfs. /run/lock (/var/lock) is one on Debian-like hosts: without it a
 # check running as nobody could leave files there (through dir_fd, which the audit hook cannot follow) on the host.
@@ -524,19 +524,17 @@ _UNPIN: frozenset[int] | None = None  # a pinned fork server's original CPUs: it
 _PAGE_SIZE = resource.getpagesize()
 
 
+@functools.cache
 def _load_libc() -> Any:
-    global _libc
-    if _libc is None:
-        try:
-            _libc = ctypes.CDLL(None, use_errno=True)  # the interpreter already links libc: no ldconfig lookup
-            for name in ("prctl", "unshare", "mount", "syscall"):  # CDLL caches each function on first use: do it
-                # before forking
-                getattr(_libc, name)
-        except (OSError, AttributeError) as e:
-            _libc = False
-            for layer in ("mount_namespace", "net_namespace", "user_namespace", "private_tmp", "pdeathsig"):
-                _REASONS[layer] = f"libc could not be loaded through ctypes: {e}"
-    return _libc
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)  # the interpreter already links libc: no ldconfig lookup
+        for name in ("prctl", "unshare", "mount", "syscall"):  # CDLL caches each function on first use: before forking
+            getattr(libc, name)
+        return libc
+    except (OSError, AttributeError) as e:
+        for layer in ("mount_namespace", "net_namespace", "user_namespace", "private_tmp", "pdeathsig"):
+            _REASONS[layer] = f"libc could not be loaded through ctypes: {e}"
+        return False
 
 
 def _errno() -> str:
@@ -636,27 +634,22 @@ def _bind_back(libc: Any, path: str, fd: int, layer: str) -> bool:
     return True
 
 
-_PYTHON_DIRS: tuple[tuple[str, ...], tuple[str, ...]] | None = None
-
-
+@functools.cache
 def _python_dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(essential, all): real paths of the dirs imports read from, outermost only. Cached; computed before forking.
 
     Essential dirs are the interpreter's prefixes, stdlib and site-packages; "all" adds the other sys.path entries.
     """
-    global _PYTHON_DIRS
-    if _PYTHON_DIRS is None:
-        import sysconfig
+    import sysconfig
 
-        keys = ("stdlib", "platstdlib", "purelib", "platlib")
-        essential = {sys.prefix, sys.base_prefix, sys.exec_prefix, *(sysconfig.get_paths()[k] for k in keys)}
+    keys = ("stdlib", "platstdlib", "purelib", "platlib")
+    essential = {sys.prefix, sys.base_prefix, sys.exec_prefix, *(sysconfig.get_paths()[k] for k in keys)}
 
-        def outermost(paths: Iterable[str]) -> tuple[str, ...]:
-            real = {os.path.realpath(p) for p in paths if p and os.path.isdir(p)} - {os.sep}
-            return tuple(sorted(d for d in real if not any(d.startswith(o + os.sep) for o in real)))
+    def outermost(paths: Iterable[str]) -> tuple[str, ...]:
+        real = {os.path.realpath(p) for p in paths if p and os.path.isdir(p)} - {os.sep}
+        return tuple(sorted(d for d in real if not any(d.startswith(o + os.sep) for o in real)))
 
-        _PYTHON_DIRS = outermost(essential), outermost([*essential, *sys.path])
-    return _PYTHON_DIRS
+    return outermost(essential), outermost([*essential, *sys.path])
 
 
 def _blocking_ancestor(path: str) -> str | None:
@@ -982,15 +975,10 @@ def _reset_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)  # don't run handlers a check_once caller installed
 
 
-_NOFILE: int | None = None
-
-
+@functools.cache
 def _nofile() -> int:
     """The soft RLIMIT_NOFILE, cached before forking: every fd below it is closed in the child."""
-    global _NOFILE
-    if _NOFILE is None:
-        _NOFILE = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return _NOFILE
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def _child(req: _Request, out_w: int, err_w: int, ver_w: int, nonce: str, host_dir: str, nofile: int) -> NoReturn:
