@@ -1566,7 +1566,7 @@ class Verifier:
     """A pool of pre-warmed fork servers; thread-safe; a context manager.
 
     Each check forks a fresh, isolated child from one of ``workers`` servers; a server that dies (it should not:
-    children run as nobody and cannot signal it) is replaced and that check is reported as OTHER.
+    children run as nobody and cannot signal it) is replaced and the check retried once, then reported as OTHER.
 
     With ``pin_cpus`` (the default) and 2 or more workers, but no more than usable CPUs, server i runs on the i-th
     usable CPU and each of its children starts there: server and child mostly stay on one CPU (no cross-CPU wake-ups,
@@ -1655,10 +1655,10 @@ class Verifier:
             """The server died with item i on it: a fresh server takes its place and retries the item once."""
             if self._closed:
                 raise e
-            server = self._swap(server, held)
+            server = self._replace(server, held)
             if retried:
                 finish(i, Verdict(Outcome.OTHER, str(e)[:DETAIL_CHARS], None, 0.0, "", ""))
-                todo_or_idle(server)
+                start_next(server)
             else:
                 start(server, i, True)
 
@@ -1667,13 +1667,9 @@ class Verifier:
             poller.unregister(fd)
             lost(server, i, retried, e)
 
-        idle: list[_Server] = []
-
-        def todo_or_idle(server: _Server) -> None:
-            if todo:
+        def start_next(server: _Server) -> None:
+            if todo:  # else the server waits in `held` until the end (todo never grows again)
                 start(server, todo.pop(), False)
-            else:
-                idle.append(server)
 
         try:
             while todo or busy:
@@ -1684,8 +1680,6 @@ class Verifier:
                         break
                     held.append(server)
                     start(server, todo.pop(), False)
-                while todo and idle:
-                    start(idle.pop(), todo.pop(), False)
                 if not busy:
                     continue
                 timeout = max(0.0, min(d for _, _, d, _ in busy.values()) - time.monotonic())
@@ -1711,19 +1705,13 @@ class Verifier:
                     if channel.layers:
                         self._last_layers, self._last_reasons = channel.layers, channel.reasons or {}
                     finish(i, _to_verdict(raw, self.timeout_s, self.outcome_labels, channel))
-                    todo_or_idle(server)
+                    start_next(server)
         finally:
             for server in held:
                 self._idle.put(server)
             if bar is not None:
                 bar.close()
         return results  # type: ignore[return-value]  # every slot is filled once the loop ends
-
-    def _swap(self, dead: _Server, held: list[_Server]) -> _Server:
-        """check_many's _replace: the fresh server takes the dead one's place among those it holds."""
-        fresh = self._replace(dead)
-        held[held.index(dead)] = fresh
-        return fresh
 
     def isolation_report(self) -> dict[str, bool]:
         """The layers the most recent child of this pool reported (probes one if none ran yet)."""
@@ -1740,7 +1728,8 @@ class Verifier:
                 self._idle.put(server)
         return {**self._last_layers, "audit_hook": bool(self._last_layers)}, dict(self._last_reasons)
 
-    def _replace(self, dead: _Server) -> _Server:
+    def _replace(self, dead: _Server, held: list[_Server]) -> _Server:
+        """A fresh server takes the dead one's place in the pool and among those check_many ``held``."""
         with self._lock:
             try:
                 dead.proc.kill()
@@ -1750,7 +1739,8 @@ class Verifier:
             fresh = _Server(dead.cpu)
             fresh.wait_ready()
             self._servers[self._servers.index(dead)] = fresh
-            return fresh
+        held[held.index(dead)] = fresh
+        return fresh
 
     def close(self) -> None:
         """Stop every server (and with them any running child); idempotent."""
