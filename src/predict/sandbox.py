@@ -207,6 +207,8 @@ class _Request(NamedTuple):
     probe: bool = False  # isolation_report(): set up, report the layers, run nothing
 
 
+_PROBE = _Request("", (), "", 5.0, 256, probe=True)
+
 # The fork-server protocol is a header line of numbers followed by raw UTF-8 payloads whose lengths the header gives,
 # in both directions; no JSON, so a server builds and parses as few objects (and so dirties as few copy-on-write
 # pages) per check as possible, and passes the child's output through without decoding it.
@@ -275,7 +277,37 @@ class _Raw:
                    out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), duration_s)
 
     def parse(self) -> _Channel:
-        return _parse_verdict_channel(self.channel, self.nonce)
+        """Read the child's messages: ``<nonce> L <hex: one flag byte per _LAYER_NAMES entry>`` (before user code; a
+        ``<nonce> W <hex: "layer<TAB>reason" lines>`` before it says why missing layers are missing),
+        ``<nonce> T <i>`` (test i starts) and ``<nonce> V <outcome> <test> <hex detail>``; anything without the nonce
+        is ignored."""
+        verdicts: list[tuple[str, int, str]] = []
+        layers: dict[str, bool] = {}
+        reasons: dict[str, str] = {}
+        last_test = -1
+        for line in self.channel.splitlines():
+            parts = line.split(" ", 2)
+            if len(parts) != 3 or parts[0] != self.nonce:  # without the nonce it is not ours: ignore it
+                continue
+            try:
+                if parts[1] == "T":
+                    last_test = int(parts[2])
+                elif parts[1] == "L" and not layers:
+                    flags = bytes.fromhex(parts[2])
+                    if len(flags) == len(_LAYER_NAMES):
+                        layers = {k: bool(v) for k, v in zip(_LAYER_NAMES, flags, strict=True)}
+                elif parts[1] == "W" and not layers and not reasons:
+                    for entry in bytes.fromhex(parts[2]).decode("utf-8", "replace").splitlines():
+                        key, _, why = entry.partition("\t")
+                        if key in _LAYER_NAMES:
+                            reasons[key] = why
+                elif parts[1] == "V":
+                    outcome, test, detail = parts[2].split(" ", 2)
+                    detail = bytes.fromhex(detail).decode("utf-8", "replace")
+                    verdicts.append((Outcome(outcome).value, int(test), detail))
+            except (ValueError, AttributeError):
+                continue
+        return _Channel(verdicts[0] if len(verdicts) == 1 else None, len(verdicts) > 1, layers, last_test, reasons)
 
 
 @dataclass(frozen=True)
@@ -286,7 +318,7 @@ class _Channel:
     tampered: bool  # several verdict messages with the right nonce
     layers: dict[str, bool]  # the isolation report the child sent before running user code
     last_test: int  # the test running when the child stopped talking (-1: none started)
-    reasons: dict[str, str] | None = None  # why inactive layers are inactive, when the child knew
+    reasons: dict[str, str]  # why inactive layers are inactive, when the child knew
 
 
 def _cpu_limit(timeout_s: float) -> int:
@@ -452,41 +484,6 @@ def _drain(fd: int, cap: int) -> bytes:
         chunks.append(data)
         size += len(data)
     return b"".join(chunks)
-
-
-def _parse_verdict_channel(data: str, nonce: str) -> _Channel:
-    """Read the child's messages: ``<nonce> L <hex: one flag byte per _LAYER_NAMES entry>`` (before user code; a
-    ``<nonce> W <hex: "layer<TAB>reason" lines>`` before it says why missing layers are missing),
-    ``<nonce> T <i>`` (test i starts) and ``<nonce> V <outcome> <test> <hex detail>``; anything without the nonce is
-    ignored."""
-    verdicts: list[tuple[str, int, str]] = []
-    layers: dict[str, bool] = {}
-    reasons: dict[str, str] = {}
-    last_test = -1
-    for line in data.splitlines():
-        parts = line.split(" ", 2)
-        if len(parts) != 3 or parts[0] != nonce:  # without the nonce it is not ours: ignore it
-            continue
-        try:
-            if parts[1] == "T":
-                last_test = int(parts[2])
-            elif parts[1] == "L" and not layers:
-                flags = bytes.fromhex(parts[2])
-                if len(flags) == len(_LAYER_NAMES):
-                    layers = {k: bool(v) for k, v in zip(_LAYER_NAMES, flags, strict=True)}
-            elif parts[1] == "W" and not layers and not reasons:
-                for entry in bytes.fromhex(parts[2]).decode("utf-8", "replace").splitlines():
-                    key, _, why = entry.partition("\t")
-                    if key in _LAYER_NAMES:
-                        reasons[key] = why
-            elif parts[1] == "V":
-                outcome, test, detail = parts[2].split(" ", 2)
-                verdicts.append((Outcome(outcome).value, int(test), bytes.fromhex(detail).decode("utf-8", "replace")))
-        except (ValueError, AttributeError):
-            continue
-    if len(verdicts) > 1:
-        return _Channel(None, True, layers, last_test, reasons)
-    return _Channel(verdicts[0] if verdicts else None, False, layers, last_test, reasons)
 
 
 def _rmtree_quiet(path: str) -> None:
@@ -1266,9 +1263,9 @@ def isolation_status() -> tuple[dict[str, bool], dict[str, str]]:
     """isolation_report() and, for each inactive layer, why (as the child saw it, or why it does not apply)."""
     global _REPORT, _REPORT_REASONS
     if _REPORT is None:
-        channel = _execute(_Request("", (), "", 5.0, 256, probe=True)).parse()
+        channel = _execute(_PROBE).parse()
         _REPORT = {**channel.layers, "audit_hook": bool(channel.layers)}  # installed right after the layers are sent
-        _REPORT_REASONS = dict(channel.reasons or {})
+        _REPORT_REASONS = channel.reasons
     return dict(_REPORT), dict(_REPORT_REASONS)
 
 
@@ -1703,7 +1700,7 @@ class Verifier:
                     poller.unregister(fd)
                     channel = raw.parse()
                     if channel.layers:
-                        self._last_layers, self._last_reasons = channel.layers, channel.reasons or {}
+                        self._last_layers, self._last_reasons = channel.layers, channel.reasons
                     finish(i, _to_verdict(raw, self.timeout_s, self.outcome_labels, channel))
                     start_next(server)
         finally:
@@ -1722,8 +1719,8 @@ class Verifier:
         if not self._last_layers:
             server = self._idle.get()
             try:
-                channel = server.request(_Request("", (), "", 5.0, 256, probe=True)).parse()
-                self._last_layers, self._last_reasons = channel.layers, channel.reasons or {}
+                channel = server.request(_PROBE).parse()
+                self._last_layers, self._last_reasons = channel.layers, channel.reasons
             finally:
                 self._idle.put(server)
         return {**self._last_layers, "audit_hook": bool(self._last_layers)}, dict(self._last_reasons)
