@@ -377,12 +377,12 @@ class _Tail:
 
 def _execute(req: _Request) -> _Raw:
     """Fork one child for ``req`` and supervise it to the end. Never raises for anything the child does."""
+    return _Raw.from_evidence(*_run(req))
+
+
+def _run(req: _Request) -> tuple[str, _Evidence]:
+    """_execute without the decoding: the check's nonce and what a fork server sends back as is."""
     nonce = os.urandom(16).hex()  # what secrets.token_hex(16) does, without importing secrets (hmac, hashlib, ...)
-    return _Raw.from_evidence(nonce, _run(req, nonce))
-
-
-def _run(req: _Request, nonce: str) -> _Evidence:
-    """_execute without the decoding: what a fork server sends back as is."""
     _load_libc()  # once per process, before forking, so children don't pay for these
     _python_dirs()
     _prepare_signal_filter()
@@ -410,7 +410,7 @@ def _run(req: _Request, nonce: str) -> _Evidence:
             exit_(70)
     os.close(out_w), os.close(err_w), os.close(ver_w)
     try:
-        return _supervise(req, pid, start, out_r, err_r, ver_r)
+        return nonce, _supervise(req, pid, start, out_r, err_r, ver_r)
     finally:
         scratch.cleanup()
 
@@ -1391,8 +1391,7 @@ def serve(cpu: int | None = None) -> None:
             req = _read_request(reader)
             if req is None:
                 break
-            nonce = os.urandom(16).hex()
-            reply = _reply_bytes(nonce, _run(req, nonce))
+            reply = _reply_bytes(*_run(req))
         except Exception as e:  # noqa: BLE001 - a server bug becomes OTHER on the client side, not a hang
             reply = f"E {type(e).__name__}: {e}".replace("\n", " ").encode("utf-8", "replace") + b"\n"
         _write_all(proto_out, reply)
