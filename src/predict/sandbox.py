@@ -994,11 +994,8 @@ def _child(req: _Request, out_w: int, err_w: int, ver_w: int, nonce: str, host_d
     os.closerange(_VERDICT_FD + 1, nofile)  # close_range(2): one syscall
     if _UNPIN is not None:  # start on the server's CPU, but let a long check move away from a busy one
         os.sched_setaffinity(0, _UNPIN)
-    if not _SERVER_PREPARED:  # Python-level streams on fds 0/1/2 (a fork server checked its own once)
-        # A check_once caller may have replaced sys.stdout (pytest capture, say).
-        sys.stdin = sys.__stdin__ = _std_stream(sys.__stdin__, 0, "r")
-        sys.stdout = sys.__stdout__ = _std_stream(sys.__stdout__, 1, "w")
-        sys.stderr = sys.__stderr__ = _std_stream(sys.__stderr__, 2, "w")
+    if not _SERVER_PREPARED:  # a fork server checked its own streams once
+        _std_streams()
     try:
         sandbox, layers = _isolate(host_dir, req.memory_mb, req.timeout_s)
     except BaseException as e:  # noqa: BLE001 - report and leave without a verdict: that is OTHER
@@ -1007,15 +1004,20 @@ def _child(req: _Request, out_w: int, err_w: int, ver_w: int, nonce: str, host_d
     _harness(req, nonce, sandbox, layers)
 
 
-def _std_stream(current: Any, fd: int, mode: str) -> Any:
-    """Reuse the interpreter's own stream for ``fd`` when it is intact (the fork server's case), else make one."""
-    try:
-        if type(current) is io.TextIOWrapper and current.fileno() == fd and not current.closed:
-            return current
-    except (OSError, ValueError):
-        pass
-    return io.TextIOWrapper(io.FileIO(fd, mode, closefd=False), encoding="utf-8", errors="backslashreplace",
-                            line_buffering=fd == 2)
+def _std_streams() -> None:
+    """Python-level std streams on fds 0/1/2: the interpreter's own where intact (the fork server's case), else new
+    ones (a check_once caller may have replaced sys.stdout: pytest capture, say)."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        stream = getattr(sys, f"__{name}__")
+        try:
+            intact = type(stream) is io.TextIOWrapper and stream.fileno() == fd and not stream.closed
+        except (OSError, ValueError):
+            intact = False
+        if not intact:
+            stream = io.TextIOWrapper(io.FileIO(fd, mode, closefd=False), encoding="utf-8", errors="backslashreplace",
+                                      line_buffering=fd == 2)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
 
 
 _AUDIT_DENIED = frozenset({
@@ -1412,9 +1414,7 @@ def _prepare_server() -> None:
     _reset_signals()
     os.environ.clear()
     os.environ.update(_child_env(_SANDBOX_IN_TMPFS))  # children outside a private tmpfs fix HOME themselves
-    sys.stdin = sys.__stdin__ = _std_stream(sys.__stdin__, 0, "r")  # fd 0 is /dev/null, 1 and 2 become pipes
-    sys.stdout = sys.__stdout__ = _std_stream(sys.__stdout__, 1, "w")
-    sys.stderr = sys.__stderr__ = _std_stream(sys.__stderr__, 2, "w")
+    _std_streams()  # fd 0 is /dev/null, 1 and 2 become pipes
     if "mnt" in _INHERITED_NS:
         _SANDBOX_REALPATH = os.path.realpath(_SANDBOX_IN_TMPFS)
     libc = _load_libc()
