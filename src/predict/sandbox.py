@@ -445,10 +445,9 @@ def _supervise(req: _Request, pid: int, start: float, out_r: int, err_r: int, ve
                 if not data:
                     poller.unregister(fd)
                     open_pipes -= 1
-                elif fd in tails:
-                    tails[fd].add(data)
                 else:
-                    tails[fd] = _Tail(CAPTURE_BYTES)
+                    if fd not in tails:
+                        tails[fd] = _Tail(CAPTURE_BYTES)
                     tails[fd].add(data)
             if pidfd is None and not exited and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
                 exited = True
@@ -824,8 +823,6 @@ def _install_signal_filter(libc: Any) -> bool:
     if _SECCOMP_ARCH is None:
         _REASONS["signal_filter"] = f"no seccomp syscall table for {os.uname().machine}"
         return False
-    if _FILTER is None:
-        _prepare_signal_filter()  # check_once from a process that never forked a check before
     view, own, group, arg, _ = _FILTER  # type: ignore[misc]
     pid = os.getpid()
     mine, group_of_mine = (pid & 0xFFFFFFFF).to_bytes(4, "little"), (-pid & 0xFFFFFFFF).to_bytes(4, "little")
