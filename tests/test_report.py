@@ -117,6 +117,31 @@ def test_extension_tables_sit_beside_the_ablations_in_the_report(built: dict[str
     assert html.index('<section id="ablations">') < html.index('<section id="extensions">')
 
 
+def _cells(html: str, section: str) -> dict[str, list[str]]:
+    """A section's cells by column label (every table of the section; a label seen twice collects both)."""
+    body = html.split(f'<section id="{section}">')[1].split("</section>")[0]
+    out: dict[str, list[str]] = {}
+    for tb in re.findall(r"<table>(.*?)</table>", body, re.S):
+        heads = [re.sub(r"<[^>]+>", "", h) for h in re.findall(r"<th[^>]*>(.*?)</th>", tb)]
+        for row in re.findall(r"<tr>(.*?)</tr>", tb.split("<tbody>")[1]):
+            for head, cell in zip(heads, re.findall(r"<td[^>]*>(.*?)</td>", row), strict=True):
+                out.setdefault(head, []).append(cell)
+    return out
+
+
+def test_every_rate_on_the_val_pages_carries_its_n(built: dict[str, Path]) -> None:
+    """The guide: each rate with its n. A share shown alone ("50.0%", "0.600") cannot be weighed."""
+    html = built["html"].read_text()
+    for section in ("selection", "mechanism", "extensions"):
+        for head, cells in _cells(html, section).items():
+            for cell in cells:
+                assert not re.search(r"\d%(?!\s*\()", cell), f"{section}: {head!r} shows a rate without its n: {cell}"
+    assert all(re.fullmatch(r"[\d.]+% \(\d+/\d+\)", c) for c in _cells(html, "selection")["val pass@1"])
+    ext = _cells(html, "extensions")
+    for head in ("REVISE precision", "pass, never revised", "PASS predicted", "PASS verified", "pass@1, RL run"):
+        assert any(re.fullmatch(r"[\d.]+% \(n=\d+\)", c) for c in ext[head]), (head, ext[head])
+
+
 def test_power_table_answers_was_the_study_powered(built: dict[str, Path]) -> None:
     rows = pq.read_table(built["stats"] / "power.parquet").to_pylist()
     assert {r["delta"] for r in rows} == {0.02, 0.03, 0.05}

@@ -292,6 +292,7 @@ def mechanism_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "n_keep_only": len(never_p),
         "n_budget_exhausted_keep": sum(bool(r.get("budget_exhausted")) for r in never_p),
         "budget_exhausted_keep": _rate(sum(bool(r.get("budget_exhausted")) for r in never_p), len(never_p)),
+        "n_malformed_predictions": sum(s.get("prediction") == MALFORMED for s in decided),
         "malformed_prediction_rate": _rate(sum(s.get("prediction") == MALFORMED for s in decided), len(decided)),
     }
 
@@ -428,7 +429,8 @@ def select_checkpoints(metrics: Sequence[Mapping[str, Any]], mode: str, step: in
                                       f"(have {', '.join(m['checkpoint'] for _, m in steps)})")
             chosen, fallback = mine[-1], True
         out.append({"run": run, "seed": seed, "mode": mode, "step": step, "checkpoint": chosen["checkpoint"],
-                    "val_pass_at_1": chosen["pass_at_1"], "fallback": fallback})
+                    "val_pass_at_1": chosen["pass_at_1"], "val_n_pass": chosen.get("n_pass"),
+                    "val_n_scored": chosen.get("n_scored"), "fallback": fallback})
     return out
 
 
@@ -460,7 +462,8 @@ SHARES_SCHEMA = pa.schema([
 ID_FIELDS = [("run", pa.string()), ("checkpoint", pa.string()), ("split", pa.string()), ("seed", pa.int64())]
 SELECTION_SCHEMA = pa.schema([
     ("run", pa.string()), ("seed", pa.int64()), ("mode", pa.string()), ("step", pa.int64()),
-    ("checkpoint", pa.string()), ("val_pass_at_1", pa.float64()), ("fallback", pa.bool_()),
+    ("checkpoint", pa.string()), ("val_pass_at_1", pa.float64()), ("val_n_pass", pa.int64()),
+    ("val_n_scored", pa.int64()), ("fallback", pa.bool_()),
 ])
 CONFUSION_SCHEMA = pa.schema([*ID_FIELDS, ("verified", pa.string()), ("predicted", pa.string()), ("count", pa.int64())])
 CLASS_SCHEMA = pa.schema([*ID_FIELDS, ("cls", pa.string()), ("n_predicted", pa.int64()), ("n_verified", pa.int64()),
@@ -716,7 +719,7 @@ EXTENSION_FOCUS: dict[str, tuple[str, str]] = {
 
 EXTENSION_SCHEMA = pa.schema([
     ("extension", pa.string()), ("split", pa.string()), ("seed", pa.int64()), ("checkpoint", pa.string()), ("base_arm", pa.string()),
-    ("mechanism", pa.string()), ("test_cost", pa.int64()), ("pass_ext", pa.float64()),
+    ("mechanism", pa.string()), ("test_cost", pa.int64()), ("pass_ext", pa.float64()), ("n_ext", pa.int64()),
     *[(f"{k}_vs_{arm}", t) for arm in ("A", "B") for k, t in (
         ("checkpoint", pa.string()), ("n", pa.int64()), ("pass", pa.float64()), ("diff", pa.float64()),
         ("n10", pa.int64()), ("n01", pa.int64()), ("mcnemar_p", pa.float64()), ("ci_low", pa.float64()),
@@ -725,9 +728,9 @@ EXTENSION_SCHEMA = pa.schema([
     ("calls_saved_per_solved", pa.float64()), ("revise_precision", pa.float64()), ("n_revised_patches", pa.int64()),
     ("edited_revise_pass", pa.float64()), ("n_edited", pa.int64()), ("never_revised_pass", pa.float64()),
     ("n_never_revised", pa.int64()),
-    ("pred_freq_pass", pa.float64()), ("verified_freq_pass", pa.float64()),
-    ("pred_freq_pass_B", pa.float64()), ("verified_freq_pass_B", pa.float64()),
-    ("pass_rl", pa.float64()), ("rft_minus_rl", pa.float64()),
+    ("pred_freq_pass", pa.float64()), ("verified_freq_pass", pa.float64()), ("n_predicted_patches", pa.int64()),
+    ("pred_freq_pass_B", pa.float64()), ("verified_freq_pass_B", pa.float64()), ("n_predicted_patches_B", pa.int64()),
+    ("pass_rl", pa.float64()), ("n_rl", pa.int64()), ("rft_minus_rl", pa.float64()),
     ("focus_metric", pa.string()), ("focus_ext", pa.float64()), ("focus_other", pa.float64()),
     ("selection_fallback", pa.bool_()),
 ])
@@ -768,10 +771,11 @@ def edit_split(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "never_revised_pass": _rate(sum(never), len(never)), "n_never_revised": len(never)}
 
 
-def pass_frequencies(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float]:
-    """(share of predicted patches predicted PASS, share of them verified PASS)."""
-    row = next((c for c in class_metrics(confusion(rows)) if c["cls"] == PASS), None)
-    return (row["predicted_freq"], row["verified_freq"]) if row else (math.nan, math.nan)
+def pass_frequencies(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float, int]:
+    """(share of predicted patches predicted PASS, share of them verified PASS, number of those patches)."""
+    counts = confusion(rows)
+    row = next((c for c in class_metrics(counts) if c["cls"] == PASS), None)
+    return (row["predicted_freq"], row["verified_freq"], sum(counts.values())) if row else (math.nan, math.nan, 0)
 
 
 def extension_table(
@@ -809,7 +813,7 @@ def extension_table(
         row: dict[str, Any] = {"extension": extension, "split": split, "seed": seed_, "checkpoint": ext.checkpoint,
                                "base_arm": base_arm, "mechanism": mechanism,
                                "test_cost": int(spec.get("test_cost", default_test_cost)),
-                               "pass_ext": m_ext["pass_at_1"], "counterpart": other}
+                               "pass_ext": m_ext["pass_at_1"], "n_ext": m_ext["n_scored"], "counterpart": other}
         fallback = bool(sel["fallback"])
 
         def selected(run: str, seed_: int = seed_) -> Evaluation | None:
@@ -830,12 +834,13 @@ def extension_table(
         row["calls_saved_per_solved"] = row["calls_per_solved_other"] - row["calls_per_solved"]
         row["revise_precision"], row["n_revised_patches"] = revise_precision(ext.rows)
         row |= edit_split(ext.rows)
-        row["pred_freq_pass"], row["verified_freq_pass"] = pass_frequencies(ext.rows)
+        row["pred_freq_pass"], row["verified_freq_pass"], row["n_predicted_patches"] = pass_frequencies(ext.rows)
         arm_b = selected("B")
-        row["pred_freq_pass_B"], row["verified_freq_pass_B"] = pass_frequencies(arm_b.rows) if arm_b else (
-            math.nan, math.nan)
+        row["pred_freq_pass_B"], row["verified_freq_pass_B"], row["n_predicted_patches_B"] = (
+            pass_frequencies(arm_b.rows) if arm_b else (math.nan, math.nan, 0))
         rl = selected(base_arm)
-        row["pass_rl"] = mechanism_metrics(rl.rows)["pass_at_1"] if rl else math.nan
+        m_rl = mechanism_metrics(rl.rows) if rl else {"pass_at_1": math.nan, "n_scored": 0}
+        row["pass_rl"], row["n_rl"] = m_rl["pass_at_1"], m_rl["n_scored"]
         row["rft_minus_rl"] = row["pass_ext"] - row["pass_rl"]
         focus = EXTENSION_FOCUS.get(mechanism, ("pass_at_1", ""))[0]
         pick = {"calls_saved_per_solved": ("calls_per_solved", "calls_per_solved_other"),

@@ -370,7 +370,7 @@ def ablation_rows(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def extension_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     out = [{"extension": r["extension"], "seed": r["seed"], "checkpoint": r["checkpoint"],
-            "pass_ext": _share(r["pass_ext"]),
+            "pass_ext": _share(r["pass_ext"], r.get("n_ext")),
             **{f"vs_{arm}": f"{_share(r.get(f'pass_vs_{arm}'), r.get(f'n_vs_{arm}'))}: "
                             f"{points(r.get(f'diff_vs_{arm}'), r.get(f'ci_low_vs_{arm}'), r.get(f'ci_high_vs_{arm}'))}"
                for arm in ("A", "B")},
@@ -408,14 +408,17 @@ def extensions_section(tables: Mapping[str, list[dict[str, Any]] | None]) -> str
     if not rows:
         return empty("No extension tables yet.")
     out = extension_rows(rows)
-    mech = ["extension", "seed", "calls_per_solved", "calls_per_solved_other", "calls_saved_per_solved",
-            "revise_precision", "edited_revise_pass", "n_edited", "never_revised_pass", "pred_freq_pass",
-            "verified_freq_pass", "pass_rl", "rft_minus_rl"]
-    out += table(rows, mech, {
+    # every rate with its n (a share of what the n counts); calls per solved task are means, RFT - RL a difference
+    rates = {"revise_precision": "n_revised_patches", "edited_revise_pass": "n_edited",
+             "never_revised_pass": "n_never_revised", "pred_freq_pass": "n_predicted_patches",
+             "verified_freq_pass": "n_predicted_patches", "pass_rl": "n_rl"}
+    mech = [{**r, **{k: _share(r.get(k), r.get(n)) for k, n in rates.items()},
+             "rft_minus_rl": points(r.get("rft_minus_rl"))} for r in rows]
+    out += table(mech, ["extension", "seed", "calls_per_solved", "calls_per_solved_other", "calls_saved_per_solved",
+                        *rates, "rft_minus_rl"], {
         "calls_per_solved": "calls per solved task", "calls_per_solved_other": "calls per solved task, counterpart",
         "calls_saved_per_solved": "calls saved per solved task", "revise_precision": "REVISE precision",
-        "n_revised_patches": "REVISEd patches", "edited_revise_pass": "pass, edited REVISE",
-        "n_edited": "rollouts with an edited REVISE", "never_revised_pass": "pass, never revised",
+        "edited_revise_pass": "pass, edited REVISE", "never_revised_pass": "pass, never revised",
         "pred_freq_pass": "PASS predicted", "verified_freq_pass": "PASS verified", "pass_rl": "pass@1, RL run",
         "rft_minus_rl": "RFT - RL"})
     plt = _plt()
@@ -694,7 +697,7 @@ def mechanism_table(metrics: Sequence[Mapping[str, Any]]) -> str:
              "budget": pct(m.get("n_budget_exhausted"), m["n_scored"]),
              "budget_rev": pct(m.get("n_budget_exhausted_revise"), m["ever_revised_n"]),
              "budget_keep": pct(m.get("n_budget_exhausted_keep"), m.get("n_keep_only")),
-             "malformed": _share(m["malformed_prediction_rate"])} for m in metrics]
+             "malformed": pct(m.get("n_malformed_predictions"), m.get("n_decided_patches"))} for m in metrics]
     return table(rows, list(rows[0]), {
         "first": "first patch PASS (of all tasks)", "recovery": "recovered (of failing first patches)",
         "revise": "REVISE (of decided patches)", "budget": "budget exhausted",
@@ -760,7 +763,8 @@ def build_report(
     body |= {
         "headline": headline(metrics, pairs),
         "pairs": pairs_section(pairs),
-        "selection": table(selection, ["run", "seed", "mode", "step", "checkpoint", "val_pass_at_1", "fallback"])
+        "selection": table([{**s, "val_pass_at_1": pct(s.get("val_n_pass"), s.get("val_n_scored"))} for s in selection],
+                           ["run", "seed", "mode", "step", "checkpoint", "val_pass_at_1", "fallback"])
                      if selection else empty("No selection yet."),
         "mechanism": mechanism_table(metrics) if metrics else empty("No evaluations yet."),
         "revise-split": revise_split(metrics, chosen),
