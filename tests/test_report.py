@@ -211,6 +211,12 @@ def test_the_test_sections_show_ablations_and_extensions_and_say_when_the_test_h
     without = build_report(config, stats_dir=tmp_path / "none", ablations=[], power=tmp_path / "none.parquet",
                            out=tmp_path / "val-only.html").read_text()
     assert without.count("The frozen test has not been run yet") == 5
+    # test statistics without a single RL-vs-SFT pair: the test has run, its first-patch table has nothing to show
+    (tmp_path / "test" / "pairs.parquet").unlink()
+    no_pairs = build_report(config, stats_dir=tmp_path / "none", ablations=[], power=tmp_path / "none.parquet",
+                            out=tmp_path / "no-pairs.html", test_stats_dir=tmp_path / "test").read_text()
+    first = no_pairs.split('<section id="test-first-patch">')[1].split("</section>")[0]
+    assert "has not been run" not in first and "No RL-vs-SFT pair" in first
 
 
 def test_the_embedded_default_says_its_numbers_are_zero_and_points_to_the_signal_run(tmp_path: Path) -> None:

@@ -559,8 +559,8 @@ def test_headline(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
 
 def test_first_patch(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
     pairs, recovery = test.get("pairs") or [], test.get("recovery") or []
-    if not pairs:
-        return empty(NO_TEST)
+    if not pairs:  # the test ran (build_report checked), but no RL checkpoint was paired with its SFT on it
+        return empty("No RL-vs-SFT pair was evaluated on test: no first-patch or recovery comparison.")
     first = {(p["run_a"], p["checkpoint_a"], p["seed_a"]): p for p in pairs
              if p["kind"] == "vs_reference" and p["metric"] == "first_patch_pass"}
     rows = []
