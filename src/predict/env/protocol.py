@@ -40,33 +40,30 @@ Rules (the environment's, documented here and in the system prompts):
 * Edit on REVISE (``variant: edit_on_revise``, cap ``max_chained_revisions``, default 2): an effective REVISE
   (sampled, forced by a non-PASS prediction, or by a malformed line) must be followed in the same reply by a
   replacement patch: the first action line after the prediction line (anywhere in the reply when no prediction
-  line parsed), ``CALL apply_patch {"find", "replace"}``. The REVISEd patch is shadowed and reverted as
-  always, then the replacement is applied to the reverted solution at no call (the REVISEd patch's call stays
-  spent; REVISE is never refunded here: ``revise_costs_call=False`` is refused), answered with ``patch reverted``
-  and `REPLACEMENT_APPLIED` (its place in the chain, e.g. ``chained revision 1 of 2``), and the next reply must be
-  the replacement's own prediction, under the same rules. A REVISE of the ``max_chained_revisions``-th
-  replacement in a row only reverts it: a replacement in that reply is not applied (`ERRORS["revision_cap"]`,
-  nothing but the revert happens; without one the answer is the plain `RESULT_PATCH_REVERTED`). Below the cap, a
-  REVISE reply without a usable replacement (none, another action, or one that fails like a tool call's patch
-  would: malformed JSON, missing arguments, bad path, missing/ambiguous find text) reverts the patch, applies
-  nothing and is answered ``status: error`` naming why (`ERRORS["replacement_missing"]`,
-  ``["replacement_not_patch"]``, ``["replacement_failed"]``); it costs no call either (a prediction reply never
-  does). Nothing is discarded silently: every REVISE reply's answer says what was applied: ``status: success``
-  (``status: error`` when the prediction was malformed or a replacement was missing, failed or refused), then ``patch reverted`` (the
-  malformed-prediction message instead, when malformed), then the replacement's line, if any. Shadow labels stay as
-  they are: the REVISEd patch's hidden outcome is recorded before the revert; the replacement is a patch like any
-  other (tested in view or shadowed). A pending replacement prediction is asked for even after the budget-ending
-  call, like any patch's. Records: the step of a REVISE reply that applied a replacement is the replacement's
-  patch step too (``applied``, ``edited_from`` = the REVISEd patch's step, ``revision_depth`` = its place in the
-  chain; its prediction fields are the replacement's, filled in by the replacement's own prediction; its own
-  prediction is on the REVISEd patch, ``steps[patch_step]``, like every prediction's). ``edit_error`` holds why a
-  replacement was not applied.
+  line parsed), ``CALL apply_patch {"find", "replace"}``. The REVISEd patch is shadowed and reverted as always,
+  then the replacement is applied to the reverted solution at no call (the REVISEd patch's call stays spent;
+  REVISE is never refunded here: ``revise_costs_call=False`` is refused), answered with ``patch reverted`` and
+  `REPLACEMENT_APPLIED` (its place in the chain, e.g. ``chained revision 1 of 2``), and the next reply must be the
+  replacement's own prediction, under the same rules. A REVISE of the ``max_chained_revisions``-th replacement in
+  a row only reverts it: a replacement in that reply is not applied (`ERRORS["revision_cap"]`; without one the
+  answer is the plain `RESULT_PATCH_REVERTED`). Below the cap, a REVISE reply without a usable replacement (none,
+  another action, or one that fails like a tool call's patch would: malformed JSON, missing arguments, bad path,
+  missing/ambiguous find text) reverts the patch, applies nothing and is answered ``status: error`` naming why
+  (`ERRORS["replacement_missing"]`, ``["replacement_not_patch"]``, ``["replacement_failed"]``); it costs no call
+  either (a prediction reply never does). Nothing is discarded silently: every REVISE reply's answer says what was
+  applied: ``status: success`` (``status: error`` when the prediction was malformed or a replacement was missing,
+  failed or refused), then ``patch reverted`` (the malformed-prediction message instead, when malformed), then the
+  replacement's line, if any. The REVISEd patch's hidden outcome is recorded before the revert; the replacement is
+  a patch like any other (tested in view or shadowed; its prediction is asked for even after the budget-ending
+  call). Records: the step of a REVISE reply that applied a replacement is the replacement's patch step too
+  (``edited_from`` = the REVISEd patch's step, ``revision_depth`` = its place in the chain; its prediction fields
+  are the replacement's, its own prediction is on ``steps[patch_step]``). ``edit_error`` holds why a replacement
+  was not applied.
 * Shadow execution: every successful patch gets a verified outcome. A patch is "tested in view" when a
   python_test runs on exactly its solution state before anything changes that state (read_file and failed
   patches change nothing) and its result reaches the model (not the budget-ending call); then the test's outcome
-  is the patch's, with ``outcome_seen=True``. Otherwise (a later
-  patch, a REVISE, or the end of the episode comes first) the patched code is run hidden, before any revert, and
-  its outcome is recorded with ``outcome_seen=False``.
+  is the patch's, with ``outcome_seen=True``. Otherwise (a later patch, a REVISE, or the end of the episode comes
+  first) the patched code is run hidden, before any revert, and its outcome is recorded with ``outcome_seen=False``.
 * Test results are memoised per solution text within an episode, so re-testing unchanged code is consistent and
   free.
 * If the episode is cut off (model error, model-call cap) while a prediction is pending, the patch stays applied
@@ -710,19 +707,18 @@ class Episode:
         args, problem = _call_args(tool, action.args_text)
         if args is not None:
             step.args = json.dumps(args, ensure_ascii=False)
+        if problem is None:
+            assert args is not None
+            if tool == "apply_patch":
+                problem = self._patch(step, args)
+            else:
+                problem = _path_problem(args["file_path" if tool == "read_file" else "project_path"])
         if problem is not None:
             return self._error(step, problem[0], **problem[1])
-        assert args is not None
-        if tool == "read_file":
-            return self._read_file(step, args["file_path"])
-        if tool == "apply_patch":
-            return self._apply_patch(step, args)
-        return self._python_test(step, args["project_path"])
-
-    def _read_file(self, step: Step, raw_path: str) -> Step:
-        if (problem := _path_problem(raw_path)) is not None:
-            return self._error(step, problem[0], **problem[1])
-        step.status, step.result = "success", read_result(self.solution)
+        if tool == "python_test":
+            return self._python_test(step)
+        step.status = "success"
+        step.result = read_result(self.solution) if tool == "read_file" else RESULT_PATCH_APPLIED
         return step
 
     def _patch(self, step: Step, args: dict[str, Any]) -> Problem | None:
@@ -748,15 +744,7 @@ class Episode:
             self._awaiting_prediction = step
         return None
 
-    def _apply_patch(self, step: Step, args: dict[str, Any]) -> Step:
-        if (problem := self._patch(step, args)) is not None:
-            return self._error(step, problem[0], **problem[1])
-        step.status, step.result = "success", RESULT_PATCH_APPLIED
-        return step
-
-    def _python_test(self, step: Step, raw_path: str) -> Step:
-        if (problem := _path_problem(raw_path)) is not None:
-            return self._error(step, problem[0], **problem[1])
+    def _python_test(self, step: Step) -> Step:
         cost, left = self.config.test_cost, self.config.budget - (self.calls_used - step.cost)
         if left < cost:  # refused: the reply keeps its one call, nothing runs
             return self._error(step, "test_unaffordable", cost=cost, left=left)
