@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from predict.env.program import sandbox_runner
 from predict.env.protocol import SOLUTION_FILE, TASK_FILE
 
 OUTPUT_CHARS = 2000
@@ -25,19 +26,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--outcome-labels", default="structured")
     args = ap.parse_args(argv)
 
-    from predict.sandbox import check_once  # noqa: PLC0415
-
     task = json.loads(Path(TASK_FILE).read_text())
+    run_tests = sandbox_runner(task, args.timeout_s, args.memory_mb, args.outcome_labels)
     path = Path(SOLUTION_FILE)
-    solution = path.read_text() if path.exists() else ""
-    verdict = check_once(
-        solution,
-        task["test_list"],
-        task.get("test_setup_code") or "",
-        timeout_s=args.timeout_s,
-        memory_mb=args.memory_mb,
-        outcome_labels=args.outcome_labels,
-    ).to_dict()
+    verdict = run_tests(path.read_text() if path.exists() else "").to_dict()
     for stream in ("stdout", "stderr"):
         verdict[stream] = verdict[stream][-OUTPUT_CHARS:]
     print(json.dumps(verdict))

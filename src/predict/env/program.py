@@ -133,7 +133,7 @@ class ChatClient:
 
 
 def sandbox_runner(task: dict[str, Any], timeout_s: float, memory_mb: int, outcome_labels: str) -> Any:
-    """run_tests for the episode: the task's setup code + asserts against a solution, in the sandbox."""
+    """run_tests for the episode and for grading (`check`): the task's setup code + asserts, in the sandbox."""
     from predict.sandbox import check_once  # noqa: PLC0415 - the sandbox is only needed once the loop runs
 
     test_list, setup = list(task["test_list"]), task.get("test_setup_code") or ""
