@@ -161,11 +161,6 @@ def _tokens(trace: Any) -> list[dict[str, Any]] | None:
     ]
 
 
-def _trace_error(trace: Any) -> str | None:
-    errors = [f"{e.type}: {e.message}" for e in getattr(trace, "errors", None) or []]
-    return "\n".join(errors)[-4000:] or None
-
-
 def build_record(
     *,
     meta: Mapping[str, Any],
@@ -249,7 +244,7 @@ def trace_to_record(trace: Any, meta: Mapping[str, Any], task: Mapping[str, Any]
         final_verdict=trace.info.get("final_verdict"),
         reward=float(trace.reward) if scored else None,
         ok=bool(trace.ok),
-        error=_trace_error(trace),
+        error="\n".join(f"{e.type}: {e.message}" for e in getattr(trace, "errors", None) or []) or None,
         wall_s=wall_s,
         trace_id=trace.id,
         n_input_tokens=trace.num_input_tokens,
