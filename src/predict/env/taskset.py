@@ -153,6 +153,3 @@ def seeded_order(rows: Sequence[Mapping[str, Any]], seed: int) -> list[Mapping[s
     perm = list(range(len(ordered)))
     random.Random(f"{seed}:0").shuffle(perm)
     return [ordered[i] for i in perm]
-
-
-__all__ = ["seeded_order", "MbppTaskset", "MbppTasksetConfig", "MbppTask", "MbppTaskData", "MbppTaskConfig", "task_from_row"]
