@@ -4,7 +4,7 @@ Each operator is a function ``op(tree) -> list[Site]`` over a freshly parsed ``a
 it can mutate, in ``ast.walk`` order (so the list depends on the code only). A site's ``make()`` mutates that tree
 in place and returns the mutant's source (``ast.unparse``; `syntax_break` edits the unparsed text, since a syntax
 error has no tree). `mutate(code, operator, site)` parses the code afresh for every mutant, so sites never see each
-other's edits, and `candidates(code, operators, seed)` lists mutants in a seeded order: same code + seed, same
+other's edits, and `candidates(code, target, seed)` lists mutants in a seeded order: same code + seed, same
 mutants in the same order.
 
 What class a mutant produces is never assumed: `Operator.reaches` only says which classes it is *tried* for, and the
@@ -17,7 +17,7 @@ import ast
 import hashlib
 import random
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from predict.outcomes import Outcome
@@ -36,7 +36,6 @@ class Site:
 @dataclass(frozen=True)
 class Mutant:
     operator: str
-    site: int
     description: str
     code: str
 
@@ -346,7 +345,7 @@ def mutate(code: str, operator: str, site: int, *, normalized: str | None = None
     mutant = found[site].make()
     if mutant == (normalized if normalized is not None else normalize(code)):
         return None
-    return Mutant(operator, site, found[site].description, mutant)
+    return Mutant(operator, found[site].description, mutant)
 
 
 def _rng(code: str, seed: int, salt: str) -> random.Random:
@@ -361,7 +360,6 @@ def candidates(
     *,
     limit: int = 12,
     fallbacks: int = 2,
-    operators: Sequence[Operator] = OPERATORS,
 ) -> list[Mutant]:
     """Mutants of `code` to try for class `target`, in a seeded order: up to `limit` from the natural operators,
     then up to `fallbacks` from the fallback operators. Within each group the operators take turns (in a seeded
@@ -373,7 +371,7 @@ def candidates(
     out: list[Mutant] = []
     seen: set[str] = set()
     for fallback, cap in ((False, limit), (True, fallbacks)):
-        ops = [op for op in operators if target in op.reaches and op.fallback == fallback]
+        ops = [op for op in OPERATORS if target in op.reaches and op.fallback == fallback]
         rng.shuffle(ops)
         queues = []
         for op in ops:
