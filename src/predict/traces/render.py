@@ -147,7 +147,7 @@ def render(
     return messages, episode
 
 
-def check(trace: Trace, episode: Episode, recovery_style: str = "revise") -> None:
+def check(trace: Trace, episode: Episode, recovery_style: str) -> None:
     """The rendered episode is what the trace says: FINAL on gold, no errors, every result sent, and each patch's
     verified outcome as intended (faulty: the verified class; gold: PASS); Arm B's predictions as documented."""
     where = f"task {trace.task_id} ({trace.role}, {episode.config.protocol})"

@@ -23,6 +23,7 @@ Rules:
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import logging
 import random
@@ -136,8 +137,6 @@ def trace_order(task_ids: Sequence[int], seed: int) -> list[int]:
 
 def function_name(code: str, tests: Sequence[str]) -> str:
     """The function the tests call (the first top-level def they mention; else the first def)."""
-    import ast  # noqa: PLC0415
-
     names = [n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)]
     for name in names:
         if any(f"{name}(" in t for t in tests):
