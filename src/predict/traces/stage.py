@@ -191,8 +191,7 @@ def synthesize(
     by_id = {int(t["task_id"]): t for t in tasks}
     slow_s = SLOW_FRACTION * timeout_s
     fate: dict[int, dict[str, Any]] = {
-        t: {"task_id": t, "role": "unused", "reason": None, "gold_outcome": None, "target_class": None,
-            "operator": None, "verified_class": None, "candidates_tried": 0}
+        t: {**dict.fromkeys(TASKS_SCHEMA.names), "task_id": t, "role": "unused", "candidates_tried": 0}
         for t in sorted(by_id)
     }
     synthesis = Synthesis([], [])
@@ -246,7 +245,7 @@ def synthesize(
     counts = mix_counts(mix, n_recovery)
     targets = [c for c, k in counts.items() for _ in range(k)]
     random.Random(seed).shuffle(targets)
-    queue, pointer, attempts, done = list(targets), 0, [], []
+    queue, pointer, attempts, recovery = list(targets), 0, [], {}
     found_bar = progress.add_task("verified mutants", total=len(targets)) if progress else None
     while True:
         while queue and pointer < len(order):
@@ -276,13 +275,13 @@ def synthesize(
                 a.found = mutant
                 synthesis.outcomes[(a.task_id, solution_text(mutant.code))] = v.outcome
                 attempts.remove(a)
-                done.append(a)
+                recovery[a.task_id] = a
                 if progress is not None and found_bar is not None:
                     progress.advance(found_bar)
     if queue:
-        log.warning("only %d of %d recovery traces: no verified mutant for %s", len(done), n_recovery, Counter(queue))
+        log.warning("only %d of %d recovery traces: no verified mutant for %s",
+                    len(recovery), n_recovery, Counter(queue))
 
-    recovery = {a.task_id: a for a in done}
     direct = [t for t in order if t not in recovery][:n_direct]
     if len(direct) < n_direct:
         log.warning("only %d of %d direct traces: %d usable tasks", len(direct), n_direct, len(usable))
