@@ -187,10 +187,6 @@ def build_agent_config(settings: RolloutSettings) -> Any:
     )
 
 
-def _task_meta(row: Mapping[str, Any], settings: RolloutSettings) -> dict[str, Any]:
-    return {"task_id": row["task_id"], "sample": row.get("sample") or 0, "split": row.get("split") or settings.split}
-
-
 async def run_rollouts(
     tasks: Sequence[Mapping[str, Any]],
     settings: RolloutSettings,
@@ -213,21 +209,22 @@ async def run_rollouts(
         outcome_labels=settings.outcome_labels,
     )
     meta = settings.meta()
-    rows = [dict(r) for r in tasks]
-    vf_tasks = [task_from_row(r, task_config, settings.split).with_data(idx=i) for i, r in enumerate(rows)]
-    records: list[dict[str, Any] | None] = [None] * len(rows)
+    vf_tasks = [task_from_row(r, task_config, settings.split).with_data(idx=i) for i, r in enumerate(tasks)]
+    records: list[dict[str, Any] | None] = [None] * len(vf_tasks)
     gate = asyncio.Semaphore(settings.concurrency)
 
     async def one(i: int, agent: vf.Agent) -> None:
+        data = vf_tasks[i].data
+        task = {"task_id": data.task_id, "sample": data.sample, "split": data.split}
         async with gate:
             t0 = time.time()
             try:
                 trace = await agent.run(vf_tasks[i])
-                record = trace_to_record(trace, meta, _task_meta(rows[i], settings), time.time() - t0)
+                record = trace_to_record(trace, meta, task, time.time() - t0)
             except Exception as e:  # noqa: BLE001 - one broken rollout must not lose the batch
                 record = build_record(
                     meta=meta,
-                    task=_task_meta(rows[i], settings),
+                    task=task,
                     agent_result=None,
                     final_verdict=None,
                     reward=None,
@@ -241,7 +238,7 @@ async def run_rollouts(
 
     async with vf.make_agent(agent_config) as agent:  # one interception server for the whole batch
         async with asyncio.TaskGroup() as group:
-            for i in range(len(rows)):
+            for i in range(len(vf_tasks)):
                 group.create_task(one(i, agent))
     return [r for r in records if r is not None]
 
