@@ -320,6 +320,10 @@ class _Channel:
     last_test: int  # the test running when the child stopped talking (-1: none started)
     reasons: dict[str, str]  # why inactive layers are inactive, when the child knew
 
+    def status(self) -> tuple[dict[str, bool], dict[str, str]]:
+        """(layers, reasons) as isolation_status() gives them: the audit hook goes in right after the layers go out."""
+        return {**self.layers, "audit_hook": bool(self.layers)}, dict(self.reasons)
+
 
 def _cpu_limit(timeout_s: float) -> int:
     return int(math.ceil(timeout_s)) + 1
@@ -375,13 +379,9 @@ class _Tail:
         return bytes(self.buf[-self.cap :])  # decoded (UTF-8, errors replaced) by whoever makes the _Raw
 
 
-def _execute(req: _Request) -> _Raw:
-    """Fork one child for ``req`` and supervise it to the end. Never raises for anything the child does."""
-    return _Raw.from_evidence(*_run(req))
-
-
 def _run(req: _Request) -> tuple[str, _Evidence]:
-    """_execute without the decoding: the check's nonce and what a fork server sends back as is."""
+    """Fork one child for ``req`` and supervise it to the end; never raises for anything the child does. Returns the
+    check's nonce and the evidence undecoded (what a fork server sends back as is; _Raw.from_evidence decodes it)."""
     nonce = os.urandom(16).hex()  # what secrets.token_hex(16) does, without importing secrets (hmac, hashlib, ...)
     _load_libc()  # once per process, before forking, so children don't pay for these
     _python_dirs()
@@ -1246,11 +1246,10 @@ def check_once(solution: str, test_list: Sequence[str], test_setup_code: str = "
     """
     _check_labels(outcome_labels)
     req = _Request(solution, tuple(test_list), test_setup_code or "", float(timeout_s), int(memory_mb))
-    return _to_verdict(_execute(req), req.timeout_s, outcome_labels)
+    return _to_verdict(_Raw.from_evidence(*_run(req)), req.timeout_s, outcome_labels)
 
 
-_REPORT: dict[str, bool] | None = None
-_REPORT_REASONS: dict[str, str] = {}
+_PROBED: _Channel | None = None  # what a child forked from this process reported (probed once)
 
 
 def isolation_report() -> dict[str, bool]:
@@ -1260,12 +1259,10 @@ def isolation_report() -> dict[str, bool]:
 
 def isolation_status() -> tuple[dict[str, bool], dict[str, str]]:
     """isolation_report() and, for each inactive layer, why (as the child saw it, or why it does not apply)."""
-    global _REPORT, _REPORT_REASONS
-    if _REPORT is None:
-        channel = _execute(_PROBE).parse()
-        _REPORT = {**channel.layers, "audit_hook": bool(channel.layers)}  # installed right after the layers are sent
-        _REPORT_REASONS = channel.reasons
-    return dict(_REPORT), dict(_REPORT_REASONS)
+    global _PROBED
+    if _PROBED is None:
+        _PROBED = _Raw.from_evidence(*_run(_PROBE)).parse()
+    return _PROBED.status()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -1586,8 +1583,7 @@ class Verifier:
         self._servers: list[_Server] = []  # every live server, for close()
         self._idle: queue.Queue[_Server] = queue.Queue()
         self._closed = False
-        self._last_layers: dict[str, bool] = {}
-        self._last_reasons: dict[str, str] = {}
+        self._last: _Channel | None = None  # the most recent child's report of its layers (and why some are off)
         self._finalizer = weakref.finalize(self, _close_servers, self._servers)
         try:
             for cpu in self._cpus:  # start them all, then wait: startups overlap
@@ -1696,7 +1692,7 @@ class Verifier:
                     poller.unregister(fd)
                     channel = raw.parse()
                     if channel.layers:
-                        self._last_layers, self._last_reasons = channel.layers, channel.reasons
+                        self._last = channel
                     finish(i, _to_verdict(raw, self.timeout_s, self.outcome_labels, channel))
                     start_next(server)
         finally:
@@ -1712,14 +1708,13 @@ class Verifier:
 
     def isolation_status(self) -> tuple[dict[str, bool], dict[str, str]]:
         """isolation_report() and why each inactive layer is inactive (see check_isolation)."""
-        if not self._last_layers:
+        if self._last is None or not self._last.layers:
             server = self._idle.get()
             try:
-                channel = server.request(_PROBE).parse()
-                self._last_layers, self._last_reasons = channel.layers, channel.reasons
+                self._last = server.request(_PROBE).parse()
             finally:
                 self._idle.put(server)
-        return {**self._last_layers, "audit_hook": bool(self._last_layers)}, dict(self._last_reasons)
+        return self._last.status()
 
     def _replace(self, dead: _Server, held: list[_Server]) -> _Server:
         """A fresh server takes the dead one's place in the pool and among those check_many ``held``."""
