@@ -277,7 +277,7 @@ class _Raw:
                    out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), duration_s)
 
     def parse(self) -> _Channel:
-        """Read the child's messages: ``<nonce> L <hex: one flag byte per _LAYER_NAMES entry>`` (before user code; a
+        """Read the child's messages: ``<nonce> L <hex: one flag byte per LAYERS entry>`` (before user code; a
         ``<nonce> W <hex: "layer<TAB>reason" lines>`` before it says why missing layers are missing),
         ``<nonce> T <i>`` (test i starts) and ``<nonce> V <outcome> <test> <hex detail>``; anything without the nonce
         is ignored."""
@@ -294,12 +294,12 @@ class _Raw:
                     last_test = int(parts[2])
                 elif parts[1] == "L" and not layers:
                     flags = bytes.fromhex(parts[2])
-                    if len(flags) == len(_LAYER_NAMES):
-                        layers = {k: bool(v) for k, v in zip(_LAYER_NAMES, flags, strict=True)}
+                    if len(flags) == len(LAYERS):
+                        layers = {k: bool(v) for k, v in zip(LAYERS, flags, strict=True)}
                 elif parts[1] == "W" and not layers and not reasons:
                     for entry in bytes.fromhex(parts[2]).decode("utf-8", "replace").splitlines():
                         key, _, why = entry.partition("\t")
-                        if key in _LAYER_NAMES:
+                        if key in LAYERS:
                             reasons[key] = why
                 elif parts[1] == "V":
                     outcome, test, detail = parts[2].split(" ", 2)
@@ -749,8 +749,8 @@ def _litter(d: str) -> bool:
     return any(n not in keep for n in names) if keep else bool(names)
 
 
-_LAYER_NAMES = ("setsid", "rlimits", "pdeathsig", "mount_namespace", "private_tmp", "net_namespace", "user_namespace",
-                "dropped_privileges", "signal_filter", "env_scrubbed", "audit_hook")
+LAYERS: tuple[str, ...] = ("setsid", "rlimits", "pdeathsig", "mount_namespace", "private_tmp", "net_namespace",
+                           "user_namespace", "dropped_privileges", "signal_filter", "env_scrubbed", "audit_hook")
 
 # signal_filter (the module docstring says what it refuses and why), per architecture: (AUDIT_ARCH, self-targeted
 # calls {nr: arg index of the target}, always refused calls, the number of seccomp(2) itself).
@@ -844,7 +844,7 @@ def _install_signal_filter(libc: Any) -> bool:
 def _isolate(host_dir: str, memory_mb: int, timeout_s: float) -> tuple[str, dict[str, bool]]:
     """Apply every layer that this machine allows; return the sandbox dir and which layers are active."""
     libc = _load_libc()
-    layers = dict.fromkeys(_LAYER_NAMES, False)
+    layers = dict.fromkeys(LAYERS, False)
     os.setsid()
     layers["setsid"] = True
     root = os.geteuid() == 0
@@ -1186,7 +1186,7 @@ def _harness(req: _Request, nonce: str, sandbox: str, layers: dict[str, bool]) -
     if _REASONS and not all(layers.values()):  # why the missing layers are missing (rare: most checks skip this)
         why = "".join(f"{k}\t{v}\n" for k, v in _REASONS.items() if k in layers and not layers[k])
         send("W", why.encode("utf-8", "replace").hex())
-    send("L", bytes(layers.values()).hex())  # one flag byte per _LAYER_NAMES entry, in order
+    send("L", bytes(layers.values()).hex())  # one flag byte per LAYERS entry, in order
     if req.probe:
         finish("PASS", None, "probe", 0)
 
@@ -1269,7 +1269,6 @@ def isolation_status() -> tuple[dict[str, bool], dict[str, str]]:
 # Required layers: a layer that cannot be had is never silent
 # --------------------------------------------------------------------------------------------------------------
 
-LAYERS: tuple[str, ...] = _LAYER_NAMES
 # "auto": every layer a Linux machine gives a root verifier, or, when not root, the user-namespace set (no privilege
 # to drop: the child stays the invoking user, mapped to root in its own user namespace).
 ROOT_LAYERS: tuple[str, ...] = tuple(n for n in LAYERS if n != "user_namespace")
