@@ -281,7 +281,7 @@ class _Raw:
         ``<nonce> W <hex: "layer<TAB>reason" lines>`` before it says why missing layers are missing),
         ``<nonce> T <i>`` (test i starts) and ``<nonce> V <outcome> <test> <hex detail>``; anything without the nonce
         is ignored."""
-        verdicts: list[tuple[str, int, str]] = []
+        verdicts: list[tuple[Outcome, int | None, str]] = []
         layers: dict[str, bool] = {}
         reasons: dict[str, str] = {}
         last_test = -1
@@ -303,8 +303,9 @@ class _Raw:
                             reasons[key] = why
                 elif parts[1] == "V":
                     outcome, test, detail = parts[2].split(" ", 2)
+                    failed = int(test)
                     detail = bytes.fromhex(detail).decode("utf-8", "replace")
-                    verdicts.append((Outcome(outcome).value, int(test), detail))
+                    verdicts.append((Outcome(outcome), failed if failed >= 0 else None, detail))
             except (ValueError, AttributeError):
                 continue
         return _Channel(verdicts[0] if len(verdicts) == 1 else None, len(verdicts) > 1, layers, last_test, reasons)
@@ -314,7 +315,7 @@ class _Raw:
 class _Channel:
     """The verdict channel, read: only messages carrying the nonce count."""
 
-    verdict: tuple[str, int, str] | None  # (outcome, failed_test or -1, detail) from the harness
+    verdict: tuple[Outcome, int | None, str] | None  # (outcome, failed_test, detail) from the harness
     tampered: bool  # several verdict messages with the right nonce
     layers: dict[str, bool]  # the isolation report the child sent before running user code
     last_test: int  # the test running when the child stopped talking (-1: none started)
@@ -337,8 +338,7 @@ def _to_verdict(raw: _Raw, timeout_s: float, labels: str, channel: _Channel | No
     if ch.tampered:
         outcome, failed, detail = Outcome.OTHER, None, "several verdict messages: the verdict channel was tampered with"
     elif ch.verdict is not None:
-        outcome, failed, detail = Outcome(ch.verdict[0]), (ch.verdict[1] if ch.verdict[1] >= 0 else None), \
-            ch.verdict[2]
+        outcome, failed, detail = ch.verdict
     elif raw.timed_out:
         outcome, detail = Outcome.TIMEOUT, f"timed out after {timeout_s:g}s"
     elif sig == signal.SIGXCPU or (sig == signal.SIGKILL and raw.cpu_s >= raw.cpu_limit_s - 0.05):
