@@ -683,10 +683,6 @@ def _reexpose_python(libc: Any) -> None:
                 os.close(fd)
 
 
-def _python_reachable_by_nobody() -> bool:
-    return all(_blocking_ancestor(d) is None for d in _python_dirs()[0])
-
-
 class _Scratch:
     """The child's working directory, and the cleanup of everything it could write."""
 
@@ -906,18 +902,17 @@ def _isolate(host_dir: str, memory_mb: int, timeout_s: float) -> tuple[str, dict
     if not _SERVER_PREPARED:  # a fork server set these dispositions once for all its children (_prepare_server)
         _reset_signals()
     # Drop to nobody, unless that would leave Python unable to import (root, no mount namespace, Python in /root).
-    if root and _switched_off("dropped_privileges"):
-        pass
-    elif root and (layers["private_tmp"] or _python_reachable_by_nobody()):
-        os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
-        layers["dropped_privileges"] = os.geteuid() == NOBODY
-    elif root:
-        blocked = next(d for d in _python_dirs()[0] if _blocking_ancestor(d) is not None)
-        _REASONS.setdefault("dropped_privileges", f"nobody could not reach Python at {blocked} "
-                                                  f"({_blocking_ancestor(blocked)} is closed to others) and without a "
-                                                  "private tmp it cannot be bound back")
+    if root and not _switched_off("dropped_privileges"):
+        if layers["private_tmp"] or all(_blocking_ancestor(d) is None for d in _python_dirs()[0]):
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            layers["dropped_privileges"] = os.geteuid() == NOBODY
+        else:
+            blocked = next(d for d in _python_dirs()[0] if _blocking_ancestor(d) is not None)
+            _REASONS.setdefault("dropped_privileges", f"nobody could not reach Python at {blocked} "
+                                                      f"({_blocking_ancestor(blocked)} is closed to others) and "
+                                                      "without a private tmp it cannot be bound back")
     if libc:  # after setuid, which clears it; then make sure the supervisor did not already die
         ppid = os.getppid()
         layers["pdeathsig"] = not _switched_off("pdeathsig") and libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0) == 0
