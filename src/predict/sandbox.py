@@ -1398,7 +1398,7 @@ def _prepare_server() -> None:
     become exactly what a child must have; its std streams are checked to sit on fds 0/1/2; the sandbox dir's
     realpath, the libc functions and the fd limit are looked up.
     """
-    global _SERVER_PREPARED, _SANDBOX_REALPATH
+    global _SERVER_PREPARED, _SANDBOX_REALPATH, _NO_NEW_PRIVS
     _reset_signals()
     os.environ.clear()
     os.environ.update(_child_env(_SANDBOX_IN_TMPFS))  # children outside a private tmpfs fix HOME themselves
@@ -1409,7 +1409,6 @@ def _prepare_server() -> None:
     _python_dirs()
     _nofile()
     _prepare_signal_filter()
-    global _NO_NEW_PRIVS
     _NO_NEW_PRIVS = bool(libc) and libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
     _SERVER_PREPARED = True
 
@@ -1512,9 +1511,7 @@ class _Server:
     def _read_line(self, deadline: float) -> bytes:
         while (nl := self.buf.find(b"\n")) < 0:
             self._wait(deadline)
-        line = bytes(self.buf[:nl])
-        del self.buf[: nl + 1]
-        return line
+        return self._read_exact(nl + 1, deadline)[:-1]
 
     def _read_exact(self, n: int, deadline: float) -> bytes:
         while len(self.buf) < n:
