@@ -35,7 +35,7 @@ the config's ``verifier.isolation.require`` and raises IsolationError naming eac
   processes (the supervisor included) cannot be signalled, RLIMIT_NPROC applies. When not root, an unprivileged
   user namespace is tried instead: the child is mapped to root in it, gets its own mount and network namespaces and
   private tmp, but stays the invoking user to the kernel (so files that user owns outside /tmp are guarded by the
-  audit hook only). A layer that cannot be had is reported with its reason, and the stages refuse to run without it.
+  audit hook only).
 - signal filter (seccomp): the child may signal only itself (its pid, its process group); pidfd_send_signal (a pidfd
   can come from opening /proc/<pid>), ptrace and process_vm_* are refused. It is what keeps an unprivileged child,
   which has its fork server's uid, from killing the server (no audit event covers pidfds), and a nobody child from
@@ -103,9 +103,8 @@ On errors the child writes the Python-style traceback ``python`` would print to 
 
 from __future__ import annotations
 
-# Everything imported at the top is in every fork server, so only what the server and its children need (see "Cost
-# per check" above); client-side modules (subprocess, threading, queue, tempfile) are imported where they are used,
-# and tests/test_sandbox_adversarial.py checks that the server stays free of `threading`.
+# Only what fork servers and their children need (see "Cost per check" above): client-side modules (subprocess,
+# threading, queue, tempfile) are imported where they are used; test_fork_server_stays_lean checks the server.
 import builtins
 import ctypes
 import fcntl
@@ -209,9 +208,8 @@ class _Request(NamedTuple):
 
 _PROBE = _Request("", (), "", 5.0, 256, probe=True)
 
-# The fork-server protocol is a header line of numbers followed by raw UTF-8 payloads whose lengths the header gives,
-# in both directions; no JSON, so a server builds and parses as few objects (and so dirties as few copy-on-write
-# pages) per check as possible, and passes the child's output through without decoding it.
+# The fork-server protocol, both ways: a header line of numbers, then the raw UTF-8 payloads whose lengths it gives.
+# No JSON: a server builds and parses as few objects (dirtying as few pages) as it can, and never decodes output.
 #   request: "<timeout_s> <memory_mb> <probe 0|1> <len solution> <len setup> <len test 0> ...\n" payloads
 #   reply:   "<nonce> <returncode> <timed_out 0|1> <cpu_s> <cpu_limit_s> <duration_s> <len channel> <len stdout>
 #             <len stderr>\n" payloads   (or "E <message>\n" when the server itself failed; "ready\n" at start)
@@ -390,8 +388,7 @@ def _run(req: _Request) -> tuple[str, _Evidence]:
     scratch = _Scratch()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    # The verdict pipe is non-blocking at both ends: the supervisor reads it only once the child is gone (no wake-up
-    # per message), and a child that floods it gets EAGAIN (its verdict is lost: OTHER) instead of blocking.
+    # Non-blocking at both ends (the module docstring's "verdict channel"): no wake-up per message, EAGAIN for a flood.
     ver_r, ver_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     for stream in (sys.stdout, sys.stderr):  # don't let the child inherit (and re-emit) buffered parent output
         try:
@@ -1597,8 +1594,7 @@ class Verifier:
         """Check ``(solution, test_list, test_setup_code)`` items ``workers`` at a time; results in input order.
 
         One thread drives all the servers it can get (poll on their reply pipes): no worker threads, locks or futures
-        per check, so the client takes as little CPU as possible from the checks it waits for. A server that dies is
-        replaced and its check retried once, as in :meth:`check`.
+        per check, so the client takes as little CPU as possible from the checks it waits for.
         """
         import queue  # noqa: PLC0415
 
@@ -1740,8 +1736,7 @@ class Verifier:
 
 def _main(argv: Sequence[str]) -> int:
     if argv and argv[0] == "serve" and len(argv) in (1, 3) and argv[1:2] in ([], ["--cpu"]):
-        # Parsed by hand: argparse would pull gettext, locale and shutil (with zlib, bz2, lzma and their libraries)
-        # into the fork server, and every fork would copy their mappings.
+        # Parsed by hand: argparse (and the shutil, zlib, bz2, lzma it pulls in) would make every fork dearer.
         serve(int(argv[2]) if len(argv) == 3 else None)
         return 0
     import argparse  # noqa: PLC0415
