@@ -215,12 +215,9 @@ _PROBE = _Request("", (), "", 5.0, 256, probe=True)
 #             <len stderr>\n" payloads   (or "E <message>\n" when the server itself failed; "ready\n" at start)
 
 
-def _encode(text: str) -> bytes:
-    return text.encode("utf-8", "surrogatepass")  # round-trips any str, lone surrogates included
-
-
 def _request_bytes(req: _Request) -> bytes:
-    parts = [_encode(t) for t in (req.solution, req.setup, *req.tests)]
+    # surrogatepass round-trips any str, lone surrogates included
+    parts = [t.encode("utf-8", "surrogatepass") for t in (req.solution, req.setup, *req.tests)]
     head = f"{req.timeout_s!r} {req.memory_mb:d} {int(req.probe)} {' '.join(str(len(p)) for p in parts)}\n"
     return head.encode("ascii") + b"".join(parts)
 
@@ -1381,7 +1378,9 @@ def serve(cpu: int | None = None) -> None:
             reply = _reply_bytes(*_run(req))
         except Exception as e:  # noqa: BLE001 - a server bug becomes OTHER on the client side, not a hang
             reply = f"E {type(e).__name__}: {e}".replace("\n", " ").encode("utf-8", "replace") + b"\n"
-        _write_all(proto_out, reply)
+        view = memoryview(reply)
+        while view:
+            view = view[os.write(proto_out, view):]
         n += 1
         if n % 1000 == 0:  # _run freezes before each fork; now and then let cyclic garbage be collected
             gc.unfreeze()
@@ -1408,12 +1407,6 @@ def _prepare_server() -> None:
     _prepare_signal_filter()
     _NO_NEW_PRIVS = bool(libc) and libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
     _SERVER_PREPARED = True
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 class _ServerDied(Exception):
