@@ -703,8 +703,7 @@ class _Scratch:
             except OSError:
                 _rmtree_quiet(self.path)
             return
-        # Fast path, the usual case: the check left nothing behind. rmdir only removes an empty sandbox dir, and then
-        # the scratch tmpfs must be empty: one getdents per directory instead of a tree walk.
+        # The usual case, nothing left behind: rmdir only removes an empty sandbox dir, then one getdents per tmpfs.
         try:
             os.rmdir(self.path)
             if not any(_litter(d) for d in _PRIVATE_SCRATCH):
@@ -915,16 +914,14 @@ def _isolate(host_dir: str, memory_mb: int, timeout_s: float) -> tuple[str, dict
             os._exit(71)
         layers["signal_filter"] = not _switched_off("signal_filter") and _install_signal_filter(libc)
     os.chdir(sandbox)
-    if _SERVER_PREPARED:  # the server's environment is already _child_env(_SANDBOX_IN_TMPFS); only HOME may differ
-        if sandbox != _SANDBOX_IN_TMPFS:
-            os.environ["HOME"] = sandbox
-    else:
+    if not _SERVER_PREPARED:
         os.environ.clear()
         os.environ.update(_child_env(sandbox))
+    elif sandbox != _SANDBOX_IN_TMPFS:  # the server's environment is already _child_env(_SANDBOX_IN_TMPFS)
+        os.environ["HOME"] = sandbox
     layers["env_scrubbed"] = True
     # Address space last: the setup above must not be the thing that runs out of memory.
-    vm_bytes = _vm_size()
-    limit = vm_bytes + memory_mb * 1024 * 1024
+    limit = _vm_size() + memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     layers["rlimits"] = True
     return sandbox, layers
