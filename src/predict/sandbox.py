@@ -434,15 +434,13 @@ def _supervise(req: _Request, pid: int, start: float, out_r: int, err_r: int, ve
                     exited = True
                     poller.unregister(fd)
                     deadline = min(deadline, time.monotonic() + 0.5)  # pipes close with it (no grandchildren)
-                    continue
-                data = os.read(fd, 1 << 16)
-                if not data:
-                    poller.unregister(fd)
-                    open_pipes -= 1
-                else:
+                elif data := os.read(fd, 1 << 16):
                     if fd not in tails:
                         tails[fd] = _Tail(CAPTURE_BYTES)
                     tails[fd].add(data)
+                else:
+                    poller.unregister(fd)
+                    open_pipes -= 1
             if pidfd is None and not exited and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
                 exited = True
                 deadline = min(deadline, time.monotonic() + 0.5)
