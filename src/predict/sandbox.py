@@ -1550,7 +1550,7 @@ class Verifier:
         self.timeout_s, self.memory_mb, self.workers = float(timeout_s), int(memory_mb), int(workers)
         self.outcome_labels = outcome_labels
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        self._cpus: list[int | None] = cpus[: self.workers] if pin_cpus and 1 < self.workers <= len(cpus) \
+        pinned: list[int | None] = cpus[: self.workers] if pin_cpus and 1 < self.workers <= len(cpus) \
             else [None] * self.workers
         import queue  # noqa: PLC0415 - client side only: keep them out of the fork servers
         import threading  # noqa: PLC0415
@@ -1562,7 +1562,7 @@ class Verifier:
         self._last: _Channel | None = None  # the most recent child's report of its layers (and why some are off)
         self._finalizer = weakref.finalize(self, _close_servers, self._servers)
         try:
-            for cpu in self._cpus:  # start them all, then wait: startups overlap
+            for cpu in pinned:  # start them all, then wait: startups overlap
                 self._servers.append(_Server(cpu))
             for s in self._servers:
                 s.wait_ready()
