@@ -22,12 +22,11 @@ the config's ``verifier.isolation.require`` and raises IsolationError naming eac
   at start and all its children share it (the server only talks over pipes); check_once makes one per child.
 - mount namespace: ``/`` made rprivate and fresh size-capped tmpfs over the world-writable /tmp, /var/tmp, /dev/shm
   and /run/lock; cwd is a directory in that tmpfs, so nothing written to "/tmp" reaches the host. A fork server sets
-  this up once; after every check it removes the check's sandbox dir and wipes the tmpfs if anything is left in them
-  (an rmdir and one directory read each tell), and it makes a new sandbox dir for the next check, so checks never
-  see each other's files or each other's sandbox dir (mode, xattrs). check_once mounts per child. Python directories
-  under those dirs (a checkout and its venv in ``mktemp -d``) are held open, covered, and bound back read-only at
-  their own paths (the way to them root's, mode 755, and left alone by the cleanup), so where the repository is
-  installed changes nothing.
+  this up once; after every check it removes the check's sandbox dir and wipes the tmpfs if anything is left in them,
+  and it makes a new sandbox dir for the next check, so checks never see each other's files or each other's sandbox
+  dir (mode, xattrs). check_once mounts per child. Python directories under those dirs (a checkout and its venv in
+  ``mktemp -d``) are held open, covered, and bound back read-only at their own paths (the way to them root's, mode
+  755, and left alone by the cleanup), so where the repository is installed changes nothing.
 - hidden home: if Python lives under a directory nobody cannot enter (pyenv in /root, mode 700), that directory is
   covered by an empty tmpfs in the private mount namespace and only the Python directories are bind-mounted back,
   read-only, so the unprivileged child can import the stdlib and sees nothing else of root's home.
