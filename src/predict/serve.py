@@ -230,6 +230,16 @@ def _read_json(path: Path) -> Any:
         return None
 
 
+def _served_models(root_url: str) -> dict[str, Any] | None:
+    """The ``/v1/models`` answer once ``/health`` is 200, else None; raises OSError or JSONDecodeError while the
+    server does not answer."""
+    with urllib.request.urlopen(root_url + "/health", timeout=5) as r:
+        if r.status != 200:
+            return None
+    with urllib.request.urlopen(root_url + "/v1/models", timeout=10) as r:
+        return json.loads(r.read())
+
+
 def _worker_ext_dir(cache_dir: Path) -> Path:
     """A directory holding only ``predict_vllm_worker_ext.py``, for the server's PYTHONPATH.
 
@@ -597,17 +607,15 @@ class VLLMServer:
             if code is not None:
                 raise self._fail(f"vLLM server for {self.model} exited with code {code} before becoming healthy")
             try:
-                with urllib.request.urlopen(self.root_url + "/health", timeout=5) as r:
-                    healthy = r.status == 200
-                if healthy:
-                    models = self._http("GET", "/v1/models", timeout=10)
-                    ids = [m.get("id") for m in models.get("data", [])]
-                    if self.model_name not in ids:
-                        raise self._fail(f"server is up but serves {ids}, not {self.model_name!r}")
-                    self.models_info = models
-                    return models
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, json.JSONDecodeError):
-                pass  # not listening yet
+                models = _served_models(self.root_url)
+            except (OSError, json.JSONDecodeError):
+                models = None  # not listening yet
+            if models is not None:
+                ids = [m.get("id") for m in models.get("data", [])]
+                if self.model_name not in ids:
+                    raise self._fail(f"server is up but serves {ids}, not {self.model_name!r}")
+                self.models_info = models
+                return models
             if time.monotonic() > deadline:
                 raise self._fail(f"vLLM server for {self.model} not healthy after {self.startup_timeout_s:.0f} s")
             time.sleep(0.25)
@@ -868,13 +876,10 @@ class SharedServer:
             differ = sorted(k for k in {*old, *key} if old.get(k) != key.get(k))
             return f"server pid {state['pid']} was started with another {', '.join(differ)}"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{state['port']}/health", timeout=5) as r:
-                healthy = r.status == 200
-            with urllib.request.urlopen(f"http://127.0.0.1:{state['port']}/v1/models", timeout=10) as r:
-                models = json.loads(r.read())
-        except (urllib.error.URLError, OSError, json.JSONDecodeError) as e:
+            models = _served_models(f"http://127.0.0.1:{state['port']}")
+        except (OSError, json.JSONDecodeError) as e:
             return f"server pid {state['pid']} does not answer ({e})"
-        if not healthy or key["served_model_name"] not in [m.get("id") for m in models.get("data", [])]:
+        if models is None or key["served_model_name"] not in [m.get("id") for m in models.get("data", [])]:
             return f"server pid {state['pid']} is not healthy or serves another name"
         return ""
 
