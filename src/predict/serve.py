@@ -38,9 +38,11 @@ import atexit
 import contextlib
 import ctypes
 import fcntl
+import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -131,9 +133,7 @@ while True:
         rc = child.wait(timeout=0.5)
         break
     except subprocess.TimeoutExpired:
-        if parent and os.getppid() != parent:
-            down()
-        if lock and idle():
+        if (parent and os.getppid() != parent) or (lock and idle()):
             down()
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 try:
@@ -258,7 +258,6 @@ def _worker_ext_dir(cache_dir: Path) -> Path:
 
 _LIVE: set[VLLMServer] = set()
 _LIVE_LOCK = threading.RLock()  # re-entrant: the SIGTERM handler may run while the main thread holds it
-_HANDLERS_INSTALLED = False
 
 
 def _stop_all(timeout_s: float = 5.0) -> None:
@@ -276,11 +275,8 @@ def _on_fatal_signal(signum: int, frame: FrameType | None) -> None:
     os.kill(os.getpid(), signum)
 
 
+@functools.cache  # once per process
 def _install_cleanup_handlers() -> None:
-    global _HANDLERS_INSTALLED
-    if _HANDLERS_INSTALLED:
-        return
-    _HANDLERS_INSTALLED = True
     atexit.register(_stop_all)
     # SIGTERM/SIGHUP would otherwise kill us without running atexit.  Only replace the default
     # handler (never someone else's), and only from the main thread (signal.signal requires it).
@@ -441,9 +437,6 @@ class VLLMServer:
         # A local folder is passed absolute (the server may run with another cwd); a Hub id as is.
         return str(p.resolve()) if p.exists() else str(self.model)
 
-    def _needs_ext_module(self) -> bool:
-        return self.worker_extension or (self.enable_scale_out and self.generate_token_compat)
-
     def launch_command(self) -> list[str]:
         """What is actually spawned: the supervisor, which runs :meth:`command`."""
         parent = os.getpid() if self.kill_on_parent_death else 0
@@ -487,7 +480,7 @@ class VLLMServer:
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
         if self.worker_extension:
             env["VLLM_SERVER_DEV_MODE"] = "1"  # enables /collective_rpc and /reset_prefix_cache
-        if self._needs_ext_module():
+        if self.worker_extension or (self.enable_scale_out and self.generate_token_compat):
             ext_dir = _worker_ext_dir(self.cache_dir) if prepare else self.cache_dir / "vllm_worker_ext"
             env["PYTHONPATH"] = str(ext_dir)
         env.update(self.env)
@@ -515,8 +508,8 @@ class VLLMServer:
             raise VLLMServerError(f"server already started (pid {self._proc.pid})")
         self._check_inputs()
         _install_cleanup_handlers()
-        attempts = 3 if self._auto_port else 1
-        for attempt in range(attempts):
+        retries = 2 if self._auto_port else 0
+        while True:
             t0 = time.perf_counter()
             self._spawn()
             try:
@@ -525,8 +518,9 @@ class VLLMServer:
                 self.wait_healthy()
             except _PortInUse:
                 self.stop()
-                if attempt + 1 == attempts:
+                if not retries:
                     raise
+                retries -= 1
                 self.port = _free_port()  # someone took our free port between pick and bind
                 continue
             except BaseException:  # includes KeyboardInterrupt: never leave a half-started server
@@ -534,13 +528,10 @@ class VLLMServer:
                 raise
             self.startup_s = time.perf_counter() - t0
             return self
-        raise AssertionError("unreachable")
 
     def _spawn(self) -> None:
-        if self._log_path_arg is None:
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            self.log_path = self.cache_dir / "logs" / f"vllm-{stamp}-{self.port}.log"
-        assert self.log_path is not None
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.log_path = self._log_path_arg or self.cache_dir / "logs" / f"vllm-{stamp}-{self.port}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd, env = self.launch_command(), self.environment(prepare=True)
         preexec = None
@@ -594,11 +585,8 @@ class VLLMServer:
         return cls(f"{msg}\n--- last lines of {self.log_path} ---\n{tail}")
 
     def wait_healthy(self) -> dict[str, Any]:
-        """Block until ``/health`` is 200 and ``/v1/models`` lists our model; returns the models answer.
-
-        Raises :class:`VLLMServerError` (with the log tail) if the process exits or time runs out.
-        Does not stop the server itself (``start`` does that on failure).
-        """
+        """Block until ``/health`` is 200 and ``/v1/models`` lists our model; returns the models answer. Raises
+        :class:`VLLMServerError` (with the log tail) if the process exits or time runs out; ``start`` stops it then."""
         if self._proc is None:
             raise VLLMServerError("server not started")
         deadline = time.monotonic() + self.startup_timeout_s
@@ -626,9 +614,7 @@ class VLLMServer:
         if proc is None:
             return
         try:
-            # start_new_session: the leader's pid is the group id. The leader is reaped only once the group is dead
-            # (a zombie until then), so the group id cannot be reused while we signal it.
-            _stop_group(proc.pid, timeout_s)
+            _stop_group(proc.pid, timeout_s)  # start_new_session: the leader's pid is the group id
             proc.wait()
         finally:
             self._proc = None
@@ -647,12 +633,9 @@ class VLLMServer:
     # -- weight reload (needs worker_extension=True) -----------------------------------------------
 
     def reload_weights(self, weights_dir: Path | str, *, version: str | None = None) -> list[str]:
-        """Load ``weights_dir``'s safetensors into the running server in place (same architecture).
-
-        pause (drain in-flight requests) -> worker ``reload_from_path`` -> reset prefix cache (cached
-        KV blocks were computed with the old weights) -> resume; optionally tag ``version``.
-        Returns the workers' messages.
-        """
+        """Load ``weights_dir``'s safetensors into the running server in place (same architecture): pause (drain
+        in-flight requests) -> worker ``reload_from_path`` -> reset prefix cache (cached KV blocks were computed with
+        the old weights) -> resume; optionally tag ``version``. Returns the workers' messages."""
         if not self.worker_extension:
             raise VLLMServerError("reload_weights needs VLLMServer(..., worker_extension=True)")
         path = str(Path(weights_dir).expanduser().resolve())
@@ -700,9 +683,9 @@ def _model_config(path: Path, cache_dir: Path) -> dict[str, Any]:
         data = AutoConfig.from_pretrained(str(path)).to_dict()
     except Exception:  # noqa: BLE001 - not a config transformers knows: the file itself is the identity
         data = json.loads(raw)
-    data = {k: v for k, v in data.items() if k not in _CONFIG_NAMES}
-    write_text(json.dumps(data, sort_keys=True, default=str), cached)
-    return json.loads(cached.read_text())  # as JSON has it, so equal to what a later lookup returns
+    text = json.dumps({k: v for k, v in data.items() if k not in _CONFIG_NAMES}, sort_keys=True, default=str)
+    write_text(text, cached)
+    return json.loads(text)  # as JSON has it, so equal to what a later lookup returns
 
 
 def _model_identity(model: Path | str, cache_dir: Path) -> dict[str, Any]:
