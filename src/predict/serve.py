@@ -714,16 +714,26 @@ def _process_start(pid: int) -> int | None:
 def _stop_group(pgid: int, timeout_s: float = 15.0) -> None:
     """SIGTERM a server's process group (its supervisor stops vLLM), wait up to `timeout_s` for it to go, then
     SIGKILL what is left (children of the engine, or everything on timeout) and wait for init to reap the orphans."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while group_pids(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while group_pids(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + wait_s
+        while group_pids(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _flock(fd: int, wait_s: float = math.inf) -> bool:
+    """Lock `fd` exclusively, polling rather than blocking (Ctrl-C still works while waiting); False when it is still
+    locked after `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
 
 
 class SharedServer:
@@ -765,8 +775,6 @@ class SharedServer:
         self.server = VLLMServer(model, idle_lock=self.state_dir / self.LOCK, idle_s=idle_s, **server_kw)
         self._lock_fd: int | None = None
         self.started = False  # this lease started the server (else it reused one)
-        self.startup_s: float | None = None
-        self.reload_s: float | None = None
 
     # -- what a client needs (as VLLMServer) --------------------------------------------------------------------
     @property
@@ -820,18 +828,11 @@ class SharedServer:
     def _acquire(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.state_dir / self.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        waited = False
         try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if not waited:
-                        holder = _read_json(self.state_dir / self.HOLDER) or {}
-                        log.info("waiting for the shared vLLM server (%s), leased by %s", self.state_dir, holder)
-                        waited = True
-                    time.sleep(0.2)  # a poll, not a blocking flock: Ctrl-C still works while waiting
+            if not _flock(fd, wait_s=0):
+                holder = _read_json(self.state_dir / self.HOLDER) or {}
+                log.info("waiting for the shared vLLM server (%s), leased by %s", self.state_dir, holder)
+                _flock(fd)
         except BaseException:
             os.close(fd)
             raise
@@ -886,17 +887,17 @@ class SharedServer:
                 except (VLLMServerError, OSError) as e:  # a server that cannot reload is replaced, not reused
                     why = f"server pid {state['pid']} failed to load the weights in place ({e})"
                 else:
-                    self.reload_s = time.perf_counter() - t0
+                    reload_s = time.perf_counter() - t0
                     self._write(self.STATE, {**state, "model": str(self.model), "leases": int(state.get("leases", 1)) + 1})
                     self._note(f"shared vLLM server pid {state['pid']} at {self.base_url} (log {state['log']}): "
-                               f"reused, weights of {self.model} loaded in place in {self.reload_s:.2f} s")  # fmt: skip
+                               f"reused, weights of {self.model} loaded in place in {reload_s:.2f} s")  # fmt: skip
                     return self
             if state and _process_start(int(state["pid"])) == state.get("start_time"):
                 self._note(f"stopping the shared vLLM server: {why}")
                 _stop_group(int(state["pid"]))
             self._start_new(key)
             self._note(f"shared vLLM server pid {self.server.pid} at {self.base_url} (log {self.log_path}): started "
-                       f"on {self.model} in {self.startup_s:.1f} s ({why})")  # fmt: skip
+                       f"on {self.model} in {self.server.startup_s:.1f} s ({why})")  # fmt: skip
             return self
         except BaseException:
             self._release()
@@ -911,7 +912,7 @@ class SharedServer:
 
         self.server.port = _free_port()
         self.server.start(on_spawn=record)  # its log: a fresh one in the cache's logs/
-        self.started, self.startup_s = True, self.server.startup_s
+        self.started = True
         with _LIVE_LOCK:  # it outlives this job: never stopped by our atexit or signal handlers
             _LIVE.discard(self.server)
 
@@ -937,16 +938,8 @@ def stop_shared_server(cache_dir: Path | None = None, *, wait_s: float = 60.0) -
         return "no shared vLLM server recorded"
     fd = os.open(state_dir / SharedServer.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    log.warning("the shared vLLM server is still leased after %.0f s; stopping it anyway", wait_s)
-                    break
-                time.sleep(0.2)
+        if not _flock(fd, wait_s):
+            log.warning("the shared vLLM server is still leased after %.0f s; stopping it anyway", wait_s)
         state = _read_json(state_dir / SharedServer.STATE)
         if state is None:
             return "no shared vLLM server recorded"
