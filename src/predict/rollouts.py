@@ -71,21 +71,21 @@ def _git_commit() -> str | None:
 
 def guard_test_split(job: RolloutJob) -> None:
     """Refuse the test split unless this is its explicit evaluation, and refuse a second evaluation."""
-    touches_test = job.split == "test" or job.tasks_path.name == "test.parquet"
-    if not touches_test:
+    if job.split != "test" and job.tasks_path.name != "test.parquet":
         return
     if job.test_ledger is None:
         raise SplitGuardError(
             f"{job.tasks_path} is the test split, which is evaluated once: it belongs to the test campaign "
             "(snakemake test), not a rollout stage"
         )
+    run = job.run or job.arm
+    key = (run, job.checkpoint, job.seed)
     if job.test_ledger.exists():
         for line_number, line in enumerate(job.test_ledger.read_text().splitlines(), start=1):
             entry = json.loads(line)
             if "status" not in entry:  # the campaign's own entry (predict.evaluate.TestLedger), not an evaluation
                 continue
-            run = job.run or job.arm
-            same = (entry.get("run", entry["arm"]), entry["checkpoint"], entry["seed"]) == (run, job.checkpoint, job.seed)
+            same = (entry.get("run", entry["arm"]), entry["checkpoint"], entry["seed"]) == key
             if same and entry.get("status") == "done":
                 raise SplitGuardError(
                     f"{job.test_ledger}:{line_number}: run {run} checkpoint {job.checkpoint} seed {job.seed} "
@@ -172,20 +172,23 @@ class PendingOutput:
         return self.summary
 
 
-def _resumable_rows(job: RolloutJob, study_config: Mapping[str, Any]) -> ResumableParquet:
-    """The job's persisted rows, after dropping any persisted under another fingerprint (other inputs or settings)."""
+def _rollouts(
+    job: RolloutJob, study_config: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], ResumableParquet, list[dict[str, Any]]]:
+    """The job's rollouts, its persisted rows (after dropping any persisted under another fingerprint: other inputs
+    or settings) and the rollouts not persisted yet."""
     from predict.env.records import RECORD_SCHEMA
     from predict.fingerprint import resumable_rows
 
-    return resumable_rows(job.out, RECORD_SCHEMA, ("task_id", "sample"), job_fingerprint(job, study_config))
+    tasks = select_tasks(load_split(job.tasks_path), job.n_tasks, job.samples)
+    sink = resumable_rows(job.out, RECORD_SCHEMA, ("task_id", "sample"), job_fingerprint(job, study_config))
+    done = sink.done()
+    return tasks, sink, [t for t in tasks if (t["task_id"], t["sample"]) not in done]
 
 
 def remaining_rollouts(job: RolloutJob, study_config: Mapping[str, Any]) -> int:
-    """How many of the job's rollouts are not persisted yet (0: publishing needs no server); rows persisted under
-    another fingerprint do not count (they are dropped)."""
-    tasks = select_tasks(load_split(job.tasks_path), job.n_tasks, job.samples)
-    done = _resumable_rows(job, study_config).done()
-    return sum((t["task_id"], t["sample"]) not in done for t in tasks)
+    """How many of the job's rollouts are not persisted yet (0: publishing needs no server)."""
+    return len(_rollouts(job, study_config)[2])
 
 
 def run_job(job: RolloutJob, study_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -200,10 +203,7 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
 
     guard_test_split(job)
     isolation = sandbox_isolation(study_config)
-    tasks = select_tasks(load_split(job.tasks_path), job.n_tasks, job.samples)
-    sink = _resumable_rows(job, study_config)
-    done = sink.done()
-    todo = [t for t in tasks if (t["task_id"], t["sample"]) not in done]
+    tasks, sink, todo = _rollouts(job, study_config)
     log.info("%d rollouts, %d already persisted, %d to run", len(tasks), len(tasks) - len(todo), len(todo))
     ledger_entry = {
         "run": job.run or job.arm,
@@ -268,6 +268,6 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
         "failed_infra": sum(not r["ok"] for r in rows),
         **timing,
     }
-    if "rollouts_s" in timing and todo:
+    if todo:
         summary["rollouts_per_s"] = len(todo) / timing["rollouts_s"]
     return PendingOutput(job, sink, isolation, ledger_entry, summary)
