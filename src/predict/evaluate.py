@@ -154,16 +154,14 @@ class TestLedger:
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
-    def campaign(self) -> dict[str, Any] | None:
-        return next((e for e in self.entries() if e.get("event") == "campaign"), None)
-
     def admit(self, config: Mapping[str, Any], plan: Sequence[CampaignEntry], run: str, checkpoint: str,
               seed: int) -> None:
         """Record the campaign on its first evaluation; refuse this one if it is outside the campaign's list, was
         done before, or runs under another config hash."""
         entry, digest = (run, checkpoint, int(seed)), config_hash(config)
         with ledger_lock(self.path):
-            campaign = self.campaign()
+            entries = self.entries()
+            campaign = next((e for e in entries if e.get("event") == "campaign"), None)
             if campaign is None:
                 campaign = {"event": "campaign", "config_hash": digest, "design": design_config(config),
                             "plan": [list(e) for e in plan], "time": time.strftime("%FT%T%z")}  # fmt: skip
@@ -184,7 +182,7 @@ class TestLedger:
                     f"{self.path}: {run} {checkpoint} seed {seed} is not in the test campaign's list, fixed at "
                     f"{campaign['time']}: {', '.join(f'{r} {c} seed {s}' for r, c, s in planned)}"
                 )
-            for line_number, e in enumerate(self.entries(), start=1):
+            for line_number, e in enumerate(entries, start=1):
                 if e.get("status") == "done" and (e.get("run"), e.get("checkpoint"), e.get("seed")) == entry:
                     raise SplitGuardError(
                         f"{self.path}:{line_number}: {run} {checkpoint} seed {seed} was already evaluated on test "
