@@ -15,10 +15,7 @@ lm_head gets no checkpoint tensor of its own, so its packed copy keeps the OLD e
 ``process_weights_after_loading`` on it re-packs from the (already updated) shared weight.  For an
 untied checkpoint (the default of :mod:`predict.tiny_model`) the extra re-pack is harmless.
 
-Client side (see ``VLLMServer.reload_weights``), with ``VLLM_SERVER_DEV_MODE=1``:
-``POST /pause?mode=wait`` -> ``POST /collective_rpc {"method": "reload_from_path", "args": [DIR]}`` ->
-``POST /reset_prefix_cache`` (stale cached blocks would otherwise mix old and new weights) ->
-``POST /resume``.
+Client side: ``VLLMServer.reload_weights`` (``POST /collective_rpc {"method": "reload_from_path", ...}``).
 """
 
 from __future__ import annotations
