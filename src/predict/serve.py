@@ -311,8 +311,7 @@ class VLLMServer:
 
     Arguments:
         model: checkpoint folder (or a Hub id already in the local HF cache; the server runs offline).
-        python: interpreter with vLLM installed (config ``serving.python``); default
-            :func:`default_python`.
+        python: interpreter with vLLM installed (config ``serving.python``); default :func:`default_python`.
         device: "cpu" adds the vLLM-CPU fast-start flags/env; "gpu" adds none of them.
         port: fixed port, or None for a free one.
         served_model_name: the ``model`` name clients send; default the model string as given to vLLM.
@@ -791,7 +790,7 @@ class SharedServer:
 
     @property
     def pid(self) -> int | None:
-        state = self._read_state()
+        state = _read_json(self.state_dir / self.STATE)
         return int(state["pid"]) if state else None
 
     def reload_weights(self, weights_dir: Path | str, *, version: str | None = None) -> list[str]:
@@ -812,9 +811,6 @@ class SharedServer:
         return json.loads(json.dumps(key))  # as server.json holds it, so the two compare equal
 
     # -- the lease ----------------------------------------------------------------------------------------------
-    def _read_state(self) -> dict[str, Any] | None:
-        return _read_json(self.state_dir / self.STATE)
-
     def _write(self, name: str, data: Mapping[str, Any]) -> None:
         write_text(json.dumps(data, indent=1, default=str), self.state_dir / name)
 
@@ -875,7 +871,7 @@ class SharedServer:
         self._acquire()
         try:
             key = self.key()
-            state = self._read_state()
+            state = _read_json(self.state_dir / self.STATE)
             why = self._reusable(state, key)
             if not why:
                 assert state is not None
