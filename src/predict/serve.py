@@ -345,12 +345,11 @@ class VLLMServer:
         same way (``with ... as srv``, or ``start()``/``stop()``)."""
         settings = {"python": serving.get("python"), "device": serving["device"],
                     "max_model_len": serving.get("max_model_len", 4096),
-                    "startup_timeout_s": serving.get("startup_timeout_s", 300)}  # fmt: skip
+                    "startup_timeout_s": serving.get("startup_timeout_s", 300), **kw}  # fmt: skip
         shared = serving.get("shared")
         if shared is not None:
-            return SharedServer(model, idle_s=float(shared.get("idle_s", SharedServer.DEFAULT_IDLE_S)),
-                                **{**settings, **kw})  # fmt: skip
-        return cls(model, **{**settings, **kw})
+            return SharedServer(model, idle_s=float(shared.get("idle_s", SharedServer.DEFAULT_IDLE_S)), **settings)
+        return cls(model, **settings)
 
     def __init__(
         self,
