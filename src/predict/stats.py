@@ -20,11 +20,11 @@ output: parquet under `results/stats/` (val: `STATS_TABLES`), `results/test/stat
   [resamples, n] index matrix into the per-task difference vector, percentile CI. ``metric`` is ``final_pass``
   (pass@1) or ``first_patch_pass``. Holm-adjusted p-values (``mcnemar_p_holm``) within each ``family``: one kind,
   metric and split (and on val, one checkpoint).
-* Pairs (`PAIR_KINDS`): each arm's checkpoints vs its own reference checkpoint (SFT) per seed, on pass@1 and on
-  first-patch correctness; A vs B for every seed pairing (val: at every common checkpoint; test: the selected
-  checkpoints); each ablation vs its base arm (B) per seed (val: common checkpoints; test: selected ones).
-  Recovery, whose denominators differ between the two sides, is compared unpaired: Fisher's exact test on
-  (recovered, not recovered) x (first, second), both counts shown (``recovery`` table).
+* Pairs (``kind``): each arm's checkpoints vs its own reference checkpoint (SFT) per seed, on pass@1 and on
+  first-patch correctness (``vs_reference``); A vs B for every seed pairing (val: at every common checkpoint; test:
+  the selected checkpoints; ``A_vs_B``); each ablation vs its base arm (B) per seed (val: common checkpoints; test:
+  selected ones; ``ablation_vs_base``). Recovery, whose denominators differ between the two sides, is compared
+  unpaired: Fisher's exact test on (recovered, not recovered) x (first, second), both counts shown (``recovery`` table).
 * Extensions (`extension_table`, one file per extension run): the run at its selected checkpoint vs Arm A and vs
   Arm B at theirs, per seed (McNemar + bootstrap, as for ablations), plus its mechanism metric (`EXTENSION_FOCUS`):
   expensive tests: ``calls_saved_per_solved`` (mean ``calls_used`` of solved rollouts, the counterpart's - the
@@ -83,7 +83,6 @@ from predict.outcomes import OUTCOMES
 
 PASS = "PASS"
 MALFORMED = "MALFORMED"
-PAIR_KINDS: tuple[str, ...] = ("vs_reference", "A_vs_B", "ablation_vs_base")
 METRICS: tuple[str, ...] = ("final_pass", "first_patch_pass")  # what a paired comparison compares per task
 # The tables `predict stats` writes (one parquet each, `{name}.parquet`): the rules take their outputs from these.
 STATS_TABLES: tuple[str, ...] = ("metrics", "pairs", "recovery", "confusion", "classes", "prediction_shares",
@@ -230,10 +229,9 @@ def per_task(row: Mapping[str, Any], metric: str) -> bool:
     raise ValueError(f"metric {metric!r} is not one of {', '.join(METRICS)}")
 
 
-def patch_steps(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Every applied patch (one per patch, not per prediction step; edit-on-REVISE replacements included), with
-    its rollout's protocol."""
-    return [{**s, "protocol": r.get("protocol")} for r in rows for s in record_patch_steps(r.get("steps") or [])]
+def patch_steps(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Every applied patch (one per patch, not per prediction step; edit-on-REVISE replacements included)."""
+    return [s for r in rows for s in record_patch_steps(r.get("steps") or [])]
 
 
 def _rate(num: int, den: int) -> float:
@@ -933,7 +931,7 @@ def power_table(
             rows.append({
                 "delta": float(delta), "discordance": float(d), "discordance_source": source,
                 "n_tasks": n, "design": sizes[n], "significance": float(significance), "power": power,
-                "powered": bool(power >= target) if not math.isnan(power) else False,
+                "powered": power >= target,  # NaN (an impossible delta): not powered
                 "study_design": sizes[n] == "test",
             })
     return _table(rows, POWER_SCHEMA)
