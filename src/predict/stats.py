@@ -241,57 +241,58 @@ def _rate(num: int, den: int) -> float:
 def mechanism_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The mechanism columns of one evaluation (see the module docstring)."""
     scored = scored_rows(rows)
-    passed = [bool(r["final_pass"]) for r in scored]
-    with_patch = [r for r in scored if r.get("first_patch_outcome") is not None]
     first_pass = sum(per_task(r, "first_patch_pass") for r in scored)
     recovered = [bool(r["recovered"]) for r in scored if r.get("recovered") is not None]
     never = [r for r in scored if not r.get("ever_revised")]
     ever = [r for r in scored if r.get("ever_revised")]
+    never_p = [r for r in never if r.get("protocol") == "predictive"]  # KEEP-only rollouts of the predictive arm
+    n_pass, never_pass, ever_pass = (sum(bool(r["final_pass"]) for r in group) for group in (scored, never, ever))
+    exhausted, exhausted_ever, exhausted_keep = (sum(bool(r.get("budget_exhausted")) for r in group)
+                                                 for group in (scored, ever, never_p))
     patches = [s for s in patch_steps(scored) if s.get("outcome") is not None]
     decided = [s for s in patches if s.get("decision") is not None]
     pass_p = [s for s in decided if s["outcome"] == PASS]
     fail_p = [s for s in decided if s["outcome"] != PASS]
-    never_p = [r for r in never if r.get("protocol") == "predictive"]  # KEEP-only rollouts of the predictive arm
-    revised_pass = sum(s["decision"] == "REVISE" for s in pass_p)
-    revised_fail = sum(s["decision"] == "REVISE" for s in fail_p)
-    exhausted = [r for r in scored if r.get("budget_exhausted")]
+    revised, revised_pass, revised_fail = (sum(s["decision"] == "REVISE" for s in group)
+                                           for group in (decided, pass_p, fail_p))
+    malformed = sum(s.get("prediction") == MALFORMED for s in decided)
     return {
         "n": len(rows),
         "n_scored": len(scored),
         "n_infra": len(rows) - len(scored),
-        "n_pass": sum(passed),
-        "pass_at_1": _rate(sum(passed), len(scored)),
+        "n_pass": n_pass,
+        "pass_at_1": _rate(n_pass, len(scored)),
         "first_patch_pass": _rate(first_pass, len(scored)),  # no applied patch = a failure; of every task
         "n_first_patch_pass": first_pass,
-        "n_with_patch": len(with_patch),
+        "n_with_patch": sum(r.get("first_patch_outcome") is not None for r in scored),
         "recovery_rate": _rate(sum(recovered), len(recovered)),
         "n_recovered": sum(recovered),
         "n_recovery": len(recovered),
         "never_revised_n": len(never),
         "ever_revised_n": len(ever),
-        "never_revised_n_pass": sum(bool(r["final_pass"]) for r in never),
-        "ever_revised_n_pass": sum(bool(r["final_pass"]) for r in ever),
-        "never_revised_pass": _rate(sum(bool(r["final_pass"]) for r in never), len(never)),
-        "ever_revised_pass": _rate(sum(bool(r["final_pass"]) for r in ever), len(ever)),
+        "never_revised_n_pass": never_pass,
+        "ever_revised_n_pass": ever_pass,
+        "never_revised_pass": _rate(never_pass, len(never)),
+        "ever_revised_pass": _rate(ever_pass, len(ever)),
         "n_patches": len(patches),
         "n_decided_patches": len(decided),
-        "n_revised_patches": sum(s["decision"] == "REVISE" for s in decided),
+        "n_revised_patches": revised,
         "n_pass_patches": len(pass_p),
         "n_fail_patches": len(fail_p),
         "n_revised_pass_patches": revised_pass,
         "n_revised_fail_patches": revised_fail,
-        "revise_rate": _rate(sum(s["decision"] == "REVISE" for s in decided), len(decided)),
+        "revise_rate": _rate(revised, len(decided)),
         "revise_rate_pass_patches": _rate(revised_pass, len(pass_p)),
         "revise_rate_fail_patches": _rate(revised_fail, len(fail_p)),
-        "n_budget_exhausted": len(exhausted),
-        "budget_exhausted": _rate(len(exhausted), len(scored)),
-        "n_budget_exhausted_revise": sum(bool(r.get("budget_exhausted")) for r in ever),
-        "budget_exhausted_revise": _rate(sum(bool(r.get("budget_exhausted")) for r in ever), len(ever)),
+        "n_budget_exhausted": exhausted,
+        "budget_exhausted": _rate(exhausted, len(scored)),
+        "n_budget_exhausted_revise": exhausted_ever,
+        "budget_exhausted_revise": _rate(exhausted_ever, len(ever)),
         "n_keep_only": len(never_p),
-        "n_budget_exhausted_keep": sum(bool(r.get("budget_exhausted")) for r in never_p),
-        "budget_exhausted_keep": _rate(sum(bool(r.get("budget_exhausted")) for r in never_p), len(never_p)),
-        "n_malformed_predictions": sum(s.get("prediction") == MALFORMED for s in decided),
-        "malformed_prediction_rate": _rate(sum(s.get("prediction") == MALFORMED for s in decided), len(decided)),
+        "n_budget_exhausted_keep": exhausted_keep,
+        "budget_exhausted_keep": _rate(exhausted_keep, len(never_p)),
+        "n_malformed_predictions": malformed,
+        "malformed_prediction_rate": _rate(malformed, len(decided)),
     }
 
 
@@ -349,8 +350,7 @@ def compare(first: Evaluation, second: Evaluation, kind: str, resamples: int, se
     row.update(mcnemar_exact(va, vb))
     row["n_only_a"], row["n_only_b"] = only_a, only_b
     row["n_pass_a"], row["n_pass_b"] = int(va.sum()), int(vb.sum())
-    row["pass_a"] = float(va.mean()) if keys else math.nan
-    row["pass_b"] = float(vb.mean()) if keys else math.nan
+    row["pass_a"], row["pass_b"] = _rate(row["n_pass_a"], row["n"]), _rate(row["n_pass_b"], row["n"])
     row.update(paired_bootstrap(va, vb, resamples=resamples, seed=seed, ci=ci))
     row["discordance"] = _rate(row["n10"] + row["n01"], row["n"])
     return row
@@ -417,8 +417,7 @@ def select_checkpoints(metrics: Sequence[Mapping[str, Any]], mode: str, step: in
         if mode == "fixed":
             chosen = next((m for s, m in steps if s == step), None)
         elif mode == "best_val":
-            if steps:
-                chosen = max((m for _, m in steps), key=lambda m: (m["pass_at_1"], -step_of(m["checkpoint"])))
+            chosen = max(steps, key=lambda sm: (sm[1]["pass_at_1"], -sm[0]), default=(None, None))[1]
         else:
             raise ValueError(f"evaluation.selection.mode: {mode!r} is neither fixed nor best_val")
         if chosen is None:
