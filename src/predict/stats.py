@@ -694,10 +694,8 @@ def ablation_table(
             "selection_fallback": bool(sel["fallback"] or sel_base["fallback"]),
         }
         focus = ABLATION_FOCUS.get(ablation, ("pass_at_1", ""))[0]
-        pick = {"runtime_error_recall": ("runtime_error_recall_ablation", "runtime_error_recall_base"),
-                "pass_at_1": ("pass_ablation", "pass_base"),
-                "deficit_vs_A": ("deficit_vs_A_ablation", "deficit_vs_A_base")}[focus]
-        row.update({"focus_metric": focus, "focus_ablation": row[pick[0]], "focus_base": row[pick[1]]})
+        col = "pass" if focus == "pass_at_1" else focus  # the focus columns: {col}_ablation, {col}_base
+        row.update({"focus_metric": focus, "focus_ablation": row[f"{col}_ablation"], "focus_base": row[f"{col}_base"]})
         rows.append(row)
     return _table(rows, ABLATION_SCHEMA)
 
@@ -705,13 +703,13 @@ def ablation_table(
 # ---------------------------------------------------------------------------------------------------------------
 # Extensions (issue #11)
 # ---------------------------------------------------------------------------------------------------------------
-EXTENSION_FOCUS: dict[str, tuple[str, str]] = {
-    # mechanism -> (the metric it exists for, what it answers)
-    "test_cost": ("calls_saved_per_solved", "mean calls_used of solved rollouts, the counterpart arm's minus the "
-                  "run's at the same test cost; with REVISE precision (REVISEd patches whose outcome was not PASS)"),
-    "edit_on_revise": ("edited_revise_pass", "pass rate of rollouts with an edited REVISE vs never-revised ones"),
-    "mask_decision": ("pred_freq_pass", "how often PASS is predicted vs verified (does masking DECISION shift it?)"),
-    "rft": ("rft_minus_rl", "pass@1 of RFT minus the RL run of the same arm (does RL's gain need RL?)"),
+EXTENSION_FOCUS: dict[str, tuple[str, str, str]] = {
+    # mechanism -> (the metric it exists for (the module docstring says what each is), the run's column, the column
+    # it is compared with)
+    "test_cost": ("calls_saved_per_solved", "calls_per_solved", "calls_per_solved_other"),
+    "edit_on_revise": ("edited_revise_pass", "edited_revise_pass", "never_revised_pass"),
+    "mask_decision": ("pred_freq_pass", "pred_freq_pass", "verified_freq_pass"),  # does masking DECISION shift it?
+    "rft": ("rft_minus_rl", "pass_ext", "pass_rl"),  # does RL's gain need RL?
 }
 
 EXTENSION_SCHEMA = pa.schema([
@@ -839,14 +837,9 @@ def extension_table(
         m_rl = mechanism_metrics(rl.rows) if rl else {"pass_at_1": math.nan, "n_scored": 0}
         row["pass_rl"], row["n_rl"] = m_rl["pass_at_1"], m_rl["n_scored"]
         row["rft_minus_rl"] = row["pass_ext"] - row["pass_rl"]
-        focus = EXTENSION_FOCUS.get(mechanism, ("pass_at_1", ""))[0]
-        pick = {"calls_saved_per_solved": ("calls_per_solved", "calls_per_solved_other"),
-                "edited_revise_pass": ("edited_revise_pass", "never_revised_pass"),
-                "pred_freq_pass": ("pred_freq_pass", "verified_freq_pass"),
-                "rft_minus_rl": ("pass_ext", "pass_rl"),
-                "pass_at_1": ("pass_ext", f"pass_vs_{base_arm}")}[focus]
-        row |= {"focus_metric": focus, "focus_ext": row.get(pick[0], math.nan),
-                "focus_other": row.get(pick[1], math.nan), "selection_fallback": fallback}
+        focus, mine, theirs = EXTENSION_FOCUS.get(mechanism, ("pass_at_1", "pass_ext", f"pass_vs_{base_arm}"))
+        row |= {"focus_metric": focus, "focus_ext": row.get(mine, math.nan), "focus_other": row.get(theirs, math.nan),
+                "selection_fallback": fallback}
         rows.append(row)
     return _table(rows, EXTENSION_SCHEMA)
 
