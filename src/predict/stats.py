@@ -1,9 +1,9 @@
 """Statistics of the study: pass@1, paired tests, mechanism metrics, checkpoint selection, ablations, power.
 
-This is the `predict stats`, `predict ablations`, `predict extensions` and `predict power` stages. Input: greedy evaluation records
-(`results/eval/{run}/{checkpoint}/{split}/seed{seed}.parquet`, the per-trajectory schema of `env/records.py`);
-output: parquet under `results/stats/` (val: `STATS_TABLES`), `results/test/stats/` (the frozen test:
-`TEST_STATS_TABLES`), `results/ablations/` and `results/extensions/`. Rules:
+This is the `predict stats`, `predict ablations`, `predict extensions` and `predict power` stages. Input: greedy
+evaluation records (`results/eval/{run}/{checkpoint}/{split}/seed{seed}.parquet`, the per-trajectory schema of
+`env/records.py`); output: parquet under `results/stats/` (val: `STATS_TABLES`), `results/test/stats/` (the frozen
+test: `TEST_STATS_TABLES`), `results/ablations/` and `results/extensions/`. Rules:
 
 * One code path for both splits (`study_stats`): the split is a column of every table. Val evaluations make the
   checkpoint selection; test evaluations are read against the VAL selection (``selection=``, never re-selected on
@@ -146,8 +146,8 @@ def paired_bootstrap(
     seed: int = 0,
     ci: float = 0.95,
 ) -> dict[str, float]:
-    """Percentile CI of mean(first) - mean(second), resampling tasks with replacement, vectorised: one
-    [resamples, n] index matrix from a seeded Generator into the per-task difference vector."""
+    """Percentile CI of mean(first) - mean(second), resampling tasks with replacement (the module docstring's
+    bootstrap: one [resamples, n] index matrix from a seeded Generator)."""
     d = np.asarray(first, dtype=np.int8) - np.asarray(second, dtype=np.int8)
     n = d.size
     if n == 0:
@@ -632,10 +632,11 @@ ABLATION_FOCUS: dict[str, tuple[str, str]] = {
 }
 
 ABLATION_SCHEMA = pa.schema([
-    ("ablation", pa.string()), ("split", pa.string()), ("seed", pa.int64()), ("checkpoint", pa.string()), ("base_arm", pa.string()),
-    ("base_checkpoint", pa.string()), ("A_checkpoint", pa.string()), ("n", pa.int64()), ("n_only_ablation", pa.int64()),
-    ("n_only_base", pa.int64()), ("pass_ablation", pa.float64()), ("pass_base", pa.float64()), ("pass_A", pa.float64()), ("diff", pa.float64()), ("n10", pa.int64()), ("n01", pa.int64()),
-    ("mcnemar_p", pa.float64()), ("ci_low", pa.float64()), ("ci_high", pa.float64()),
+    ("ablation", pa.string()), ("split", pa.string()), ("seed", pa.int64()), ("checkpoint", pa.string()),
+    ("base_arm", pa.string()), ("base_checkpoint", pa.string()), ("A_checkpoint", pa.string()), ("n", pa.int64()),
+    ("n_only_ablation", pa.int64()), ("n_only_base", pa.int64()), ("pass_ablation", pa.float64()),
+    ("pass_base", pa.float64()), ("pass_A", pa.float64()), ("diff", pa.float64()), ("n10", pa.int64()),
+    ("n01", pa.int64()), ("mcnemar_p", pa.float64()), ("ci_low", pa.float64()), ("ci_high", pa.float64()),
     ("focus_metric", pa.string()), ("focus_ablation", pa.float64()), ("focus_base", pa.float64()),
     ("runtime_error_recall_ablation", pa.float64()), ("runtime_error_recall_base", pa.float64()),
     ("revise_rate_ablation", pa.float64()), ("revise_rate_base", pa.float64()),
@@ -713,8 +714,9 @@ EXTENSION_FOCUS: dict[str, tuple[str, str, str]] = {
 }
 
 EXTENSION_SCHEMA = pa.schema([
-    ("extension", pa.string()), ("split", pa.string()), ("seed", pa.int64()), ("checkpoint", pa.string()), ("base_arm", pa.string()),
-    ("mechanism", pa.string()), ("test_cost", pa.int64()), ("pass_ext", pa.float64()), ("n_ext", pa.int64()),
+    ("extension", pa.string()), ("split", pa.string()), ("seed", pa.int64()), ("checkpoint", pa.string()),
+    ("base_arm", pa.string()), ("mechanism", pa.string()), ("test_cost", pa.int64()), ("pass_ext", pa.float64()),
+    ("n_ext", pa.int64()),
     *[(f"{k}_vs_{arm}", t) for arm in ("A", "B") for k, t in (
         ("checkpoint", pa.string()), ("n", pa.int64()), ("pass", pa.float64()), ("diff", pa.float64()),
         ("n10", pa.int64()), ("n01", pa.int64()), ("mcnemar_p", pa.float64()), ("ci_low", pa.float64()),
@@ -876,9 +878,8 @@ def rejection_bound(discordant: np.ndarray, significance: float) -> np.ndarray:
 
 
 def exact_power(delta: float, discordance: float, n_tasks: int, significance: float) -> float:
-    """Power of a two-sided exact McNemar at `significance` on one pairing of `n_tasks` tasks, exactly: the
-    discordant count D ~ Binomial(n_tasks, discordance), the first arm's wins W ~ Binomial(D, (1 + delta /
-    discordance) / 2), power = sum_D P(D) * P(W <= k_D or W >= D - k_D) with k_D = `rejection_bound`."""
+    """The module docstring's power on one pairing of `n_tasks` tasks: sum_D P(D) * P(W <= k_D or W >= D - k_D)
+    with k_D = `rejection_bound`."""
     from scipy.stats import binom
 
     if delta > discordance:
@@ -907,10 +908,8 @@ def power_table(
     study_tasks: int | None = None,
     val_tasks: int | None = None,
 ) -> pa.Table:
-    """Exact power of the test the statistics run (one seed pairing, exact McNemar) per delta x discordance x
-    number of tasks; ``design`` names the study's own sizes (``test``: `study_tasks`, ``study_design`` true;
-    ``val``: `val_tasks`), so "was the study powered?" is one filter. No pooled multi-seed rows: no test pools
-    seeds."""
+    """`exact_power` per delta x discordance x number of tasks; ``design`` names the study's own sizes (``test``:
+    `study_tasks`, ``study_design`` true; ``val``: `val_tasks`), so "was the study powered?" is one filter."""
     sizes = {n: "grid" for n in tasks}
     if val_tasks:
         sizes[val_tasks] = "val"
