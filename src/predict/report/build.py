@@ -161,7 +161,13 @@ def points(diff: Any, low: Any = None, high: Any = None) -> str:
     return out if _nan(low) or _nan(high) else f"{out} [{100 * low:+.1f}, {100 * high:+.1f}]"
 
 
-def _who(run: str, checkpoint: str, seed: Any) -> str:
+def _key(row: Mapping[str, Any], side: str = "") -> tuple[str, str, int]:
+    """(run, checkpoint, seed) of a row, or of one side of a pair (`side` "_a", "_b")."""
+    return row[f"run{side}"], row[f"checkpoint{side}"], row[f"seed{side}"]
+
+
+def _who(row: Mapping[str, Any], side: str = "") -> str:
+    run, checkpoint, seed = _key(row, side)
     return f"{run} / {checkpoint} / seed {seed}"
 
 
@@ -174,12 +180,11 @@ def headline(metrics: list[dict[str, Any]] | None, pairs: list[dict[str, Any]] |
     p_of: dict[tuple, dict[str, Any]] = {}
     for p in pairs or []:
         if (p["seed_a"] == p["seed_b"] or p["kind"] != "A_vs_B") and p.get("metric", "final_pass") == "final_pass":
-            p_of.setdefault((p["kind"], p["run_a"], p["checkpoint_a"], p["seed_a"]), p)
+            p_of.setdefault((p["kind"], *_key(p, "_a")), p)
     rows = []
     for m in metrics:
-        vs_ref = p_of.get(("vs_reference", m["run"], m["checkpoint"], m["seed"]))
-        vs_b = p_of.get(("A_vs_B", m["run"], m["checkpoint"], m["seed"])) or p_of.get(
-            ("ablation_vs_base", m["run"], m["checkpoint"], m["seed"]))
+        vs_ref = p_of.get(("vs_reference", *_key(m)))
+        vs_b = p_of.get(("A_vs_B", *_key(m))) or p_of.get(("ablation_vs_base", *_key(m)))
         rows.append({**m, "pass_at_1": pct(m.get("n_pass"), m["n_scored"]),
                      "p_vs_reference": pval(vs_ref["mcnemar_p"]) if vs_ref else None,
                      "p_vs_B": pval(vs_b["mcnemar_p"]) if vs_b else None})
@@ -205,8 +210,8 @@ def pairs_section(pairs: list[dict[str, Any]] | None) -> str:
         return empty("No paired comparisons (needs two runs or checkpoints on the same tasks).")
     rows = [{
         "kind": KIND_WORDS.get(p["kind"], p["kind"]), "metric": METRIC_WORDS.get(p.get("metric"), p.get("metric")),
-        "first": _who(p["run_a"], p["checkpoint_a"], p["seed_a"]),
-        "second": _who(p["run_b"], p["checkpoint_b"], p["seed_b"]),
+        "first": _who(p, "_a"),
+        "second": _who(p, "_b"),
         "rate_a": pct(p.get("n_pass_a"), p["n"]), "rate_b": pct(p.get("n_pass_b"), p["n"]), **_pair_cells(p),
         "only": f"{p.get('n_only_a') or 0} / {p.get('n_only_b') or 0}",
     } for p in pairs]
@@ -225,7 +230,7 @@ def revise_split(metrics: list[dict[str, Any]] | None, chosen: set[tuple[str, st
     all_rows = [m for m in metrics or [] if "predictive" in (m.get("protocol") or "") and m["n_scored"]]
     if not all_rows:
         return empty(none)
-    rows = [m for m in all_rows if (m["run"], m["checkpoint"], m["seed"]) in chosen] or all_rows  # the figure
+    rows = [m for m in all_rows if _key(m) in chosen] or all_rows  # the figure
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(rows)), 3.4))
     xs = range(len(rows))
@@ -250,7 +255,7 @@ def revise_split(metrics: list[dict[str, Any]] | None, chosen: set[tuple[str, st
 def revise_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The REVISE split, REVISE on passing vs failing patches and budget exhaustion, every rate with its n."""
     out = [{
-        "who": _who(m["run"], m["checkpoint"], m["seed"]),
+        "who": _who(m),
         "never": pct(m.get("never_revised_n_pass"), m["never_revised_n"]),
         "ever": pct(m.get("ever_revised_n_pass"), m["ever_revised_n"]),
         "split": f"{m['never_revised_n']} / {m['ever_revised_n']}",
@@ -329,7 +334,7 @@ def _freq_chart(pairs: Sequence[tuple[str, float, float]], title: str) -> str:
 def frequencies(classes: list[dict[str, Any]] | None, chosen: set[tuple[str, str, int]]) -> str:
     if not classes:
         return empty("No predictions recorded in evaluation yet: no class frequencies.")
-    shown = [c for c in classes if (c["run"], c["checkpoint"], c["seed"]) in chosen] or classes
+    shown = [c for c in classes if _key(c) in chosen] or classes
     shown = [c for c in shown if c["n_predicted"] or c["n_verified"]]
     key = min({(c["run"] != "B", c["run"], c["checkpoint"], c["split"], c["seed"]) for c in shown})
     first = [c for c in shown if (c["run"], c["checkpoint"], c["split"], c["seed"]) == key[1:]]
@@ -528,18 +533,18 @@ NO_TEST = "The frozen test has not been run yet: no test statistics (results/tes
 
 def _selected(metrics: Sequence[Mapping[str, Any]]) -> set[tuple[str, str, int]]:
     """The test's selected checkpoints, as the val sections take them (`chosen`)."""
-    return {(m["run"], m["checkpoint"], m["seed"]) for m in metrics if m.get("selected")}
+    return {_key(m) for m in metrics if m.get("selected")}
 
 
 def test_headline(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
     metrics, pairs = test["metrics"], test.get("pairs") or []
     selected = _selected(metrics)
     rl = [p for p in pairs if p["kind"] == "vs_reference" and p["metric"] == "final_pass"]
-    rl.sort(key=lambda p: ((p["run_a"], p["checkpoint_a"], p["seed_a"]) not in selected, p["run_a"], p["seed_a"]))
+    rl.sort(key=lambda p: (_key(p, "_a") not in selected, p["run_a"], p["seed_a"]))
     rows = [{"arm": p["run_a"], "seed": p["seed_a"], "sft": pct(p["n_pass_b"], p["n"]),
              "rl": pct(p["n_pass_a"], p["n"]),
-             "ckpt": p["checkpoint_a"] + (" (selected)" if (p["run_a"], p["checkpoint_a"], p["seed_a"]) in selected
-                                          else ""), **_pair_cells(p)} for p in rl]
+             "ckpt": p["checkpoint_a"] + (" (selected)" if _key(p, "_a") in selected else ""), **_pair_cells(p)}
+            for p in rl]
     out = "<h3>RL vs its own SFT, per arm and seed</h3>" + table(rows, list(rows[0]), {
         "sft": "SFT pass@1", "rl": "RL pass@1", "ckpt": "RL checkpoint", "diff": "RL - SFT [95% CI]",
         "disc": "tasks only RL / only SFT passes", "p": "exact McNemar p", "holm": "Holm-adjusted p",
@@ -561,7 +566,7 @@ def test_first_patch(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
     pairs, recovery = test.get("pairs") or [], test.get("recovery") or []
     if not pairs:  # the test ran (build_report checked), but no RL checkpoint was paired with its SFT on it
         return empty("No RL-vs-SFT pair was evaluated on test: no first-patch or recovery comparison.")
-    first = {(p["run_a"], p["checkpoint_a"], p["seed_a"]): p for p in pairs
+    first = {_key(p, "_a"): p for p in pairs
              if p["kind"] == "vs_reference" and p["metric"] == "first_patch_pass"}
     rows = []
     for r in recovery:
@@ -586,9 +591,8 @@ def test_revise(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
 
 def test_confusion(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
     chosen = _selected(test["metrics"])
-    out = confusion_section([c for c in test.get("confusion") or []
-                             if (c["run"], c["checkpoint"], c["seed"]) in chosen], chosen, per_seed=True)
-    classes = [c for c in test.get("classes") or [] if (c["run"], c["checkpoint"], c["seed"]) in chosen]
+    out = confusion_section([c for c in test.get("confusion") or [] if _key(c) in chosen], chosen, per_seed=True)
+    classes = [c for c in test.get("classes") or [] if _key(c) in chosen]
     out += "<h3>Class shares of the patches: verified vs predicted</h3>" + class_share_table(classes)
     shares = [r for r in test.get("prediction_shares") or [] if r["n_predicted_reference"] or r["n_predicted_selected"]]
     rows = [{"who": f"{r['run']} / seed {r['seed']}", "cls": r["cls"],
@@ -607,11 +611,9 @@ def class_share_table(classes: Sequence[Mapping[str, Any]]) -> str:
     classes = [c for c in classes if c["n_predicted"] or c["n_verified"]]
     totals: dict[tuple, int] = {}
     for c in classes:
-        k = (c["run"], c["checkpoint"], c["seed"])
-        totals[k] = totals.get(k, 0) + c["n_predicted"]
-    rows = [{"who": _who(c["run"], c["checkpoint"], c["seed"]), "cls": c["cls"],
-             "verified": pct(c["n_verified"], totals[c["run"], c["checkpoint"], c["seed"]]),
-             "predicted": pct(c["n_predicted"], totals[c["run"], c["checkpoint"], c["seed"]]),
+        totals[_key(c)] = totals.get(_key(c), 0) + c["n_predicted"]
+    rows = [{"who": _who(c), "cls": c["cls"], "verified": pct(c["n_verified"], totals[_key(c)]),
+             "predicted": pct(c["n_predicted"], totals[_key(c)]),
              "precision": pct(None if _nan(c["precision"]) else round(c["precision"] * c["n_predicted"]),
                               c["n_predicted"]),
              "recall": pct(None if _nan(c["recall"]) else round(c["recall"] * c["n_verified"]), c["n_verified"])}
@@ -690,7 +692,7 @@ def rollout_section(rows: list[dict[str, Any]] | None, tasks: Mapping[int, Mappi
 
 
 def mechanism_table(metrics: Sequence[Mapping[str, Any]]) -> str:
-    rows = [{"who": _who(m["run"], m["checkpoint"], m["seed"]), "split": m["split"],
+    rows = [{"who": _who(m), "split": m["split"],
              "first": pct(m.get("n_first_patch_pass"), m["n_scored"]),
              "recovery": pct(m.get("n_recovered"), m.get("n_recovery")),
              "revise": pct(m.get("n_revised_patches"), m.get("n_decided_patches")),
