@@ -637,16 +637,18 @@ def training_outcomes_section(rows: list[dict[str, Any]] | None) -> str:
     of predictions (results/stats/training_outcomes.parquet)."""
     if not rows:
         return empty("No RL steps of a predictive run with predictions logged yet (training_outcomes.parquet).")
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["run"], r["seed"]), []).append(r)
     out = []
-    for run, seed in sorted({(r["run"], r["seed"]) for r in rows}):
-        mine = [r for r in rows if (r["run"], r["seed"]) == (run, seed)]
+    for (run, seed), mine in sorted(groups.items()):
         head = mine[0]
         out.append(f"<p><b>{html.escape(run)}, seed {seed}</b>: {head['n_verified_total']:,} verified outcomes and "
                    f"{head['n_predicted_total']:,} predictions over {head['n_steps']} RL steps.</p>")
         out.append(table(mine, ["cls", "n_verified", "verified_share", "n_predicted", "predicted_share"],
                          {"n_verified": "verified (n)", "verified_share": "share of verified",
                           "n_predicted": "predicted (n)", "predicted_share": "share of predictions"}))
-    first = [r for r in rows if (r["run"], r["seed"]) == min((r["run"], r["seed"]) for r in rows)]
+    first = groups[min(groups)]
     chart = _freq_chart([(r["cls"], r["predicted_share"] or 0.0, r["verified_share"] or 0.0) for r in first],
                         f"training {first[0]['run']}/s{first[0]['seed']}, all steps: real vs predicted class share")
     return chart + "".join(out) + '<p class="note">Every applied patch of every RL rollout (edit-on-REVISE ' \
@@ -739,25 +741,22 @@ def build_report(
 ) -> Path:
     """Write the self-contained report page; returns its path."""
     from predict.io import write_text
+    from predict.runs import study_runs
+    from predict.stats import TEST_STATS_TABLES
+    from predict.train.metrics import read_metrics
 
     def stat(name: str) -> list[dict[str, Any]] | None:
         return _read(stats_dir / f"{name}.parquet")
 
     metrics, pairs, selection = stat("metrics"), stat("pairs"), stat("selection")
-    chosen = {(s["run"], s["checkpoint"], s["seed"]) for s in selection or []}
-    from predict.stats import TEST_STATS_TABLES
-
+    chosen = {_key(s) for s in selection or []}
     test = {name: _read(test_stats_dir / f"{name}.parquet") for name in TEST_STATS_TABLES} if test_stats_dir else {}
     val_n = max((m["n"] for m in metrics or [] if m["split"] == "val"), default="?")  # "?": no val evaluation yet
     note = (f'<p class="note"><b>Selection only</b> (val, n={val_n} tasks): these numbers choose checkpoints; the '
             "study's figures are the test's.</p>")
-    from predict.train.metrics import read_metrics
-
     # results/rl/{run}/seed{seed}/metrics.parquet -> "{run}/seed{seed}"
     rl = {f"{p.parent.parent.name}/{p.parent.name}": read_metrics(p) if Path(p).exists() else [] for p in rl_metrics}
-    expected = [f"{run}/seed{seed}" for run in [*config["arms"], *(config.get("ablations") or {}),
-                                                *(config.get("extensions") or {})]
-                for seed in config["seeds"]]
+    expected = [f"{run}/seed{seed}" for run in study_runs(config) for seed in config["seeds"]]
     task_rows = {r["task_id"]: r for r in (_read(tasks) or [])} if tasks else {}
     test_parts = {"test-headline": test_headline, "test-first-patch": test_first_patch, "test-revise": test_revise,
                   "test-confusion": test_confusion, "test-ablations": test_ablations}
