@@ -87,13 +87,11 @@ def _fmt(value: Any) -> str:
 
 
 # Column labels in words, for the columns several tables share (each table labels its own columns): a parquet
-# field name never reaches the page.
+# field name never reaches the page (one that is a word already, "run", "seed", "mode", is its own label).
 LABELS: dict[str, str] = {
-    "run": "run", "checkpoint": "checkpoint", "split": "split", "seed": "seed", "who": "run / checkpoint / seed",
-    "n_infra": "infrastructure failures", "pass_at_1": "pass@1", "p_vs_reference": "McNemar p vs own SFT",
-    "p_vs_B": "McNemar p vs Arm B (same seed)", "mode": "mode", "step": "step", "val_pass_at_1": "val pass@1",
-    "fallback": "base stand-in", "selection_fallback": "base stand-in", "cls": "class", "ablation": "ablation",
-    "extension": "extension",
+    "who": "run / checkpoint / seed", "n_infra": "infrastructure failures", "pass_at_1": "pass@1",
+    "p_vs_reference": "McNemar p vs own SFT", "p_vs_B": "McNemar p vs Arm B (same seed)", "val_pass_at_1": "val pass@1",
+    "fallback": "base stand-in", "selection_fallback": "base stand-in", "cls": "class",
 }
 
 
