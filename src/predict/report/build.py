@@ -387,20 +387,15 @@ def extension_rows(rows: Sequence[Mapping[str, Any]]) -> str:
                   "focus": "mechanism metric: extension vs compared with"})
 
 
-EXTENSION_NOTES = {
-    "test_cost": "calls per solved task: the run's vs its counterpart's at the same test cost (saved = other - run); "
-                 "REVISE precision = REVISEd patches whose verified outcome was not PASS",
-    "edit_on_revise": "pass rate of rollouts with an edited REVISE vs never-revised ones",
-    "mask_decision": "how often PASS is predicted vs verified (DECISION tokens out of RL credit)",
-    "rft": "pass@1 of rejection-sampling fine-tuning vs the RL run of the same arm",
-}
-
-
-FOCUS_TITLES = {
-    "test_cost": "calls per solved task, run vs other arm",
-    "edit_on_revise": "pass, edited REVISE vs never revised",
-    "mask_decision": "PASS predicted vs verified",
-    "rft": "pass@1, RFT vs RL",
+EXTENSION_TEXT = {  # mechanism -> (the title of its panel, its note under the figure)
+    "test_cost": ("calls per solved task, run vs other arm", "calls per solved task: the run's vs its counterpart's "
+                  "at the same test cost (saved = other - run); REVISE precision = REVISEd patches whose verified "
+                  "outcome was not PASS"),
+    "edit_on_revise": ("pass, edited REVISE vs never revised",
+                       "pass rate of rollouts with an edited REVISE vs never-revised ones"),
+    "mask_decision": ("PASS predicted vs verified",
+                      "how often PASS is predicted vs verified (DECISION tokens out of RL credit)"),
+    "rft": ("pass@1, RFT vs RL", "pass@1 of rejection-sampling fine-tuning vs the RL run of the same arm"),
 }
 
 
@@ -437,12 +432,13 @@ def extensions_section(tables: Mapping[str, list[dict[str, Any]] | None]) -> str
         ax.bar([x - 0.2 for x in xs], [num(r.get("focus_ext")) for r in mine], 0.4, label="extension")
         ax.bar([x + 0.2 for x in xs], [num(r.get("focus_other")) for r in mine], 0.4, label="compared with")
         ax.set_xticks(xs, [f"{r['extension']}/s{r['seed']}" for r in mine], rotation=30, ha="right", fontsize=7)
-        ax.set_title(f"{mechanism}: {FOCUS_TITLES.get(mechanism, mine[0].get('focus_metric'))}", fontsize=8)
+        title = EXTENSION_TEXT[mechanism][0] if mechanism in EXTENSION_TEXT else mine[0].get("focus_metric")
+        ax.set_title(f"{mechanism}: {title}", fontsize=8)
         ax.tick_params(axis="y", labelsize=7)
     axes[0][-1].legend(fontsize=6, loc="lower right")
     fig.tight_layout()
     out += figure(fig, "extensions: mechanism metric vs its comparison")
-    notes = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in EXTENSION_NOTES.items()
+    notes = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, (_, v) in EXTENSION_TEXT.items()
                     if any(r.get("mechanism") == k for r in rows))
     return out + f'<ul class="note">{notes}</ul>'
 
