@@ -774,11 +774,9 @@ def build_report(
     }
     nav = "".join(f'<a href="#{sid}">{html.escape(NAV.get(sid, title.split(":")[0]))}</a>' for sid, title in SECTIONS)
     val_ids = {sid for sid, _ in VAL_SECTIONS}
-    sections = "".join(
-        f'<section id="{sid}"><h2>{html.escape(title)}'
-        + (f' <span class="selonly">(selection only, n={val_n})</span>'
-           if sid in val_ids else "") + f"</h2>{note if sid in val_ids else ''}{body[sid]}</section>"
-        for sid, title in SECTIONS)
+    selonly = f' <span class="selonly">(selection only, n={val_n})</span>'
+    sections = "".join(f'<section id="{sid}"><h2>{html.escape(title)}{selonly if sid in val_ids else ""}</h2>'
+                       f"{note if sid in val_ids else ''}{body[sid]}</section>" for sid, title in SECTIONS)
     page = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>PREDICT report: '
             f'{html.escape(config["run_name"])}</title><style>{CSS}</style></head><body>'
             f"<h1>Reactive vs. Predictive Post-Training for Coding Agents</h1>"
