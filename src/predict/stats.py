@@ -752,22 +752,6 @@ def calls_per_solved(rows: Sequence[Mapping[str, Any]]) -> float:
     return _rate(sum(solved), len(solved))
 
 
-def revise_precision(rows: Sequence[Mapping[str, Any]]) -> tuple[float, int]:
-    """(share of REVISEd patches whose verified outcome was not PASS, number of REVISEd patches with an outcome)."""
-    revised = [s for s in patch_steps(scored_rows(rows))
-               if s.get("decision") == "REVISE" and s.get("outcome") is not None]
-    return _rate(sum(s["outcome"] != PASS for s in revised), len(revised)), len(revised)
-
-
-def edit_split(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Pass rate of rollouts with an edited REVISE (``ever_edited``) vs never-revised ones."""
-    scored = scored_rows(rows)
-    edited = [bool(r["final_pass"]) for r in scored if r.get("ever_edited")]
-    never = [bool(r["final_pass"]) for r in scored if not r.get("ever_revised")]
-    return {"edited_revise_pass": _rate(sum(edited), len(edited)), "n_edited": len(edited),
-            "never_revised_pass": _rate(sum(never), len(never)), "n_never_revised": len(never)}
-
-
 def pass_frequencies(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float, int]:
     """(share of predicted patches predicted PASS, share of them verified PASS, number of those patches)."""
     counts = confusion(rows)
@@ -829,8 +813,12 @@ def extension_table(
         row["calls_per_solved"] = calls_per_solved(ext.rows)
         row["calls_per_solved_other"] = calls_per_solved(counter.rows) if counter else math.nan
         row["calls_saved_per_solved"] = row["calls_per_solved_other"] - row["calls_per_solved"]
-        row["revise_precision"], row["n_revised_patches"] = revise_precision(ext.rows)
-        row |= edit_split(ext.rows)
+        # REVISE precision: REVISEd patches (with an outcome) whose outcome was not PASS
+        row["revise_precision"] = _rate(m_ext["n_revised_fail_patches"], m_ext["n_revised_patches"])
+        row["n_revised_patches"] = m_ext["n_revised_patches"]
+        edited = [bool(r["final_pass"]) for r in scored_rows(ext.rows) if r.get("ever_edited")]
+        row |= {"edited_revise_pass": _rate(sum(edited), len(edited)), "n_edited": len(edited),
+                "never_revised_pass": m_ext["never_revised_pass"], "n_never_revised": m_ext["never_revised_n"]}
         row["pred_freq_pass"], row["verified_freq_pass"], row["n_predicted_patches"] = pass_frequencies(ext.rows)
         arm_b = selected("B")
         row["pred_freq_pass_B"], row["verified_freq_pass_B"], row["n_predicted_patches_B"] = (
