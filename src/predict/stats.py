@@ -334,8 +334,7 @@ def class_metrics(counts: Mapping[tuple[str, str], int]) -> list[dict[str, Any]]
 # ---------------------------------------------------------------------------------------------------------------
 def compare(first: Evaluation, second: Evaluation, kind: str, resamples: int, seed: int, ci: float,
             metric: str = "final_pass") -> dict[str, Any]:
-    """One paired comparison row: first vs second on the tasks both scored (a task scored on one side only is
-    counted in ``n_only_a``/``n_only_b`` and logged)."""
+    """One paired comparison row: first vs second on the tasks both scored (the module docstring's pairs)."""
     a, b = first.scored(metric), second.scored(metric)
     keys = sorted(set(a) & set(b))
     only_a, only_b = len(set(a) - set(b)), len(set(b) - set(a))
@@ -496,8 +495,7 @@ def add_holm(pairs: list[dict[str, Any]], selected: Mapping[tuple[str, int], str
 
 
 def recovery_row(first: Evaluation, second: Evaluation) -> dict[str, Any]:
-    """Recovery of first vs second (RL vs its SFT): Fisher's exact on each side's own denominator (the
-    trajectories whose first patch failed), with both counts."""
+    """Recovery of first vs second (RL vs its SFT), unpaired: Fisher's exact, with both counts."""
     ma, mb = mechanism_metrics(first.rows), mechanism_metrics(second.rows)
     return {"run": first.run, "split": first.split, "seed": first.seed,
             "checkpoint_a": first.checkpoint, "n_recovered_a": ma["n_recovered"], "n_recovery_a": ma["n_recovery"],
