@@ -378,17 +378,14 @@ def pair_plan(
         ckpt = (selected or {}).get((run, seed))
         return evals.get((run, ckpt, split, seed)) if ckpt else None
 
-    if "A" in arms and "B" in arms:
-        for run, ckpt, split, seed in keys:
-            if run != "A":
-                continue
-            if selected is None:
-                for _, ckpt_b, split_b, seed_b in [k for k in keys if k[0] == "B" and k[1:3] == (ckpt, split)]:
-                    plan.append(("A_vs_B", evals[run, ckpt, split, seed], evals["B", ckpt_b, split_b, seed_b]))
-            elif ckpt == selected.get((run, seed)):
-                for seed_b in sorted({k[3] for k in keys if k[0] == "B" and k[2] == split}):
-                    if (b := chosen("B", split, seed_b)) is not None:
-                        plan.append(("A_vs_B", evals[run, ckpt, split, seed], b))
+    for run, ckpt, split, seed in [k for k in keys if k[0] == "A" and {"A", "B"} <= set(arms)]:
+        first = evals[run, ckpt, split, seed]
+        if selected is None:
+            plan += [("A_vs_B", first, evals[k]) for k in keys if k[0] == "B" and k[1:3] == (ckpt, split)]
+        elif ckpt == selected.get((run, seed)):
+            for seed_b in sorted({k[3] for k in keys if k[0] == "B" and k[2] == split}):
+                if (b := chosen("B", split, seed_b)) is not None:
+                    plan.append(("A_vs_B", first, b))
     for run, ckpt, split, seed in keys:
         if run in ablations:
             base = str(ablations[run].get("base_arm", "B"))
