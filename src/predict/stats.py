@@ -69,6 +69,7 @@ import itertools
 import logging
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -299,12 +300,8 @@ def mechanism_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def confusion(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], int]:
     """(verified, predicted) -> patches, over applied patches with both a prediction and a verified outcome, of the
     scored rollouts only (the same rows as every mechanism metric)."""
-    counts: dict[tuple[str, str], int] = {}
-    for s in patch_steps(scored_rows(rows)):
-        if s.get("prediction") is not None and s.get("outcome") is not None:
-            key = (s["outcome"], s["prediction"])
-            counts[key] = counts.get(key, 0) + 1
-    return counts
+    return dict(Counter((s["outcome"], s["prediction"]) for s in patch_steps(scored_rows(rows))
+                        if s.get("prediction") is not None and s.get("outcome") is not None))
 
 
 def class_metrics(counts: Mapping[tuple[str, str], int]) -> list[dict[str, Any]]:
