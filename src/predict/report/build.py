@@ -560,8 +560,7 @@ def test_first_patch(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
     pairs, recovery = test.get("pairs") or [], test.get("recovery") or []
     if not pairs:  # the test ran (build_report checked), but no RL checkpoint was paired with its SFT on it
         return empty("No RL-vs-SFT pair was evaluated on test: no first-patch or recovery comparison.")
-    first = {_key(p, "_a"): p for p in pairs
-             if p["kind"] == "vs_reference" and p["metric"] == "first_patch_pass"}
+    first = {_key(p, "_a"): p for p in pairs if p["kind"] == "vs_reference" and p["metric"] == "first_patch_pass"}
     rows = []
     for r in recovery:
         f = first.get((r["run"], r["checkpoint_a"], r["seed"])) or {}  # none: "–" (pct and pval take None)
