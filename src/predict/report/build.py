@@ -74,14 +74,16 @@ def _read(path: Path | None) -> list[dict[str, Any]] | None:
     return pq.read_table(path).to_pylist() if path is not None and Path(path).exists() else None
 
 
+def _nan(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def _fmt(value: Any) -> str:
-    if value is None:
+    if _nan(value):
         return "–"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
-        if math.isnan(value):
-            return "–"
         return f"{value:.3g}" if abs(value) < 1e-3 and value else f"{value:.3f}"
     return html.escape(str(value))
 
@@ -131,10 +133,6 @@ def _plt() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def _nan(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def pct(k: Any, n: Any) -> str:
