@@ -230,14 +230,12 @@ def revise_split(metrics: list[dict[str, Any]] | None, chosen: set[tuple[str, st
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(rows)), 3.4))
     xs = range(len(rows))
-    never = [0 if math.isnan(r["never_revised_pass"]) else r["never_revised_pass"] for r in rows]
-    ever = [0 if math.isnan(r["ever_revised_pass"]) else r["ever_revised_pass"] for r in rows]
-    ax.bar([x - 0.2 for x in xs], never, 0.4, label="never revised", color="#4c72b0")
-    ax.bar([x + 0.2 for x in xs], ever, 0.4, label="ever revised", color="#dd8452")
-    for x, r in zip(xs, rows, strict=True):
-        ax.text(x - 0.2, 0.02, f"n={r['never_revised_n']}", ha="center", fontsize=7, color="white", rotation=90,
-                va="bottom")
-        ax.text(x + 0.2, 0.02, f"n={r['ever_revised_n']}", ha="center", fontsize=7, rotation=90, va="bottom")
+    for dx, group, color, text_color in ((-0.2, "never", "#4c72b0", "white"), (0.2, "ever", "#dd8452", None)):
+        rates = [0 if math.isnan(r[f"{group}_revised_pass"]) else r[f"{group}_revised_pass"] for r in rows]
+        ax.bar([x + dx for x in xs], rates, 0.4, label=f"{group} revised", color=color)
+        for x, r in zip(xs, rows, strict=True):
+            ax.text(x + dx, 0.02, f"n={r[f'{group}_revised_n']}", ha="center", fontsize=7, color=text_color,
+                    rotation=90, va="bottom")
     ax.set_xticks(list(xs), [f"{r['run']}/{r['checkpoint']}/s{r['seed']}" for r in rows], rotation=30, ha="right",
                   fontsize=8)
     ax.set_ylim(0, 1)
