@@ -421,12 +421,9 @@ def extensions_section(tables: Mapping[str, list[dict[str, Any]] | None]) -> str
     for ax, mechanism in zip(axes[0], mechanisms, strict=True):  # one panel per mechanism: its own scale
         mine = [r for r in rows if (r.get("mechanism") or "none") == mechanism]
         xs = list(range(len(mine)))
-
-        def num(v: Any) -> float:
-            return float(v) if v is not None else math.nan
-
-        ax.bar([x - 0.2 for x in xs], [num(r.get("focus_ext")) for r in mine], 0.4, label="extension")
-        ax.bar([x + 0.2 for x in xs], [num(r.get("focus_other")) for r in mine], 0.4, label="compared with")
+        for dx, col, label in ((-0.2, "focus_ext", "extension"), (0.2, "focus_other", "compared with")):
+            heights = [math.nan if r.get(col) is None else float(r[col]) for r in mine]
+            ax.bar([x + dx for x in xs], heights, 0.4, label=label)
         ax.set_xticks(xs, [f"{r['extension']}/s{r['seed']}" for r in mine], rotation=30, ha="right", fontsize=7)
         title = EXTENSION_TEXT[mechanism][0] if mechanism in EXTENSION_TEXT else mine[0].get("focus_metric")
         ax.set_title(f"{mechanism}: {title}", fontsize=8)
