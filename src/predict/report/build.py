@@ -290,6 +290,8 @@ def confusion_section(confusion: list[dict[str, Any]] | None, chosen: set[tuple[
         ax.axis("off")
     classes = list(OUTCOMES)
     predicted = classes + (["MALFORMED"] if any(p == "MALFORMED" for k in keys for _, p in groups[k]) else [])
+    short = [c.replace("_", " ").replace("ASSERTION FAILURE", "ASSERT").replace("RUNTIME ERROR", "RUNTIME")
+             .replace("SYNTAX ERROR", "SYNTAX") for c in predicted]
     for ax, key in zip(axes.flat, keys, strict=False):
         counts = groups[key]
         grid = [[counts.get((t, p), 0) for p in predicted] for t in classes]
@@ -299,8 +301,6 @@ def confusion_section(confusion: list[dict[str, Any]] | None, chosen: set[tuple[
                 if v:
                     ax.text(j, i, str(v), ha="center", va="center", fontsize=8,
                             color="white" if v > max(map(max, grid)) / 2 else "black")
-        short = [c.replace("_", " ").replace("ASSERTION FAILURE", "ASSERT").replace("RUNTIME ERROR", "RUNTIME")
-                 .replace("SYNTAX ERROR", "SYNTAX") for c in predicted]
         ax.set_xticks(range(len(predicted)), short, rotation=45, ha="right", fontsize=7)
         ax.set_yticks(range(len(classes)), short[: len(classes)], fontsize=7)
         ax.set_xlabel("predicted")
