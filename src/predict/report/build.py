@@ -272,15 +272,13 @@ def confusion_section(confusion: list[dict[str, Any]] | None, chosen: set[tuple[
 
     groups: dict[tuple, dict[tuple[str, str], int]] = {}
     for c in confusion:
-        groups.setdefault((c["run"], c["checkpoint"], c["split"], c["seed"]), {})[c["verified"], c["predicted"]] = c[
-            "count"]
-    # one matrix per run: its selected checkpoint (else its first), first seed
+        key = (c["run"], c["checkpoint"], c["split"], c["seed"])
+        groups.setdefault(key, {})[c["verified"], c["predicted"]] = c["count"]
+    # one matrix per run: its selected checkpoint (else its first), first seed; per_seed: every selected seed's
     keys = []
     for run in sorted({k[0] for k in groups}, key=lambda r: (r != "B", r)):
         mine = sorted((k for k in groups if k[0] == run), key=lambda k: ((k[0], k[1], k[3]) not in chosen, k[3], k))
-        keys += [k for k in mine if (k[0], k[1], k[3]) in chosen] if per_seed else []
-        if not per_seed or not any(k[0] == run for k in keys):
-            keys.append(mine[0])
+        keys += ([k for k in mine if (k[0], k[1], k[3]) in chosen] if per_seed else []) or mine[:1]
     keys = keys[:6]
     plt = _plt()
     ncols = min(3, len(keys))
