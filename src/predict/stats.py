@@ -405,7 +405,7 @@ def select_checkpoints(metrics: Sequence[Mapping[str, Any]], mode: str, step: in
     out = []
     for run, seed in sorted({(m["run"], m["seed"]) for m in val}):
         mine = [m for m in val if (m["run"], m["seed"]) == (run, seed)]
-        steps = sorted((step_of(m["checkpoint"]), m) for m in mine if step_of(m["checkpoint"]) is not None)
+        steps = sorted((s, m) for m in mine if (s := step_of(m["checkpoint"])) is not None)
         chosen, fallback = None, False
         if mode == "fixed":
             chosen = next((m for s, m in steps if s == step), None)
@@ -805,7 +805,6 @@ def extension_table(
         row["calls_per_solved"] = calls_per_solved(ext.rows)
         row["calls_per_solved_other"] = calls_per_solved(counter.rows) if counter else math.nan
         row["calls_saved_per_solved"] = row["calls_per_solved_other"] - row["calls_per_solved"]
-        # REVISE precision: REVISEd patches (with an outcome) whose outcome was not PASS
         row["revise_precision"] = _rate(m_ext["n_revised_fail_patches"], m_ext["n_revised_patches"])
         row["n_revised_patches"] = m_ext["n_revised_patches"]
         edited = [bool(r["final_pass"]) for r in scored_rows(ext.rows) if r.get("ever_edited")]
