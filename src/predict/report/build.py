@@ -272,8 +272,8 @@ def confusion_section(confusion: list[dict[str, Any]] | None, chosen: set[tuple[
 
     groups: dict[tuple, dict[tuple[str, str], int]] = {}
     for c in confusion:
-        key = (c["run"], c["checkpoint"], c["split"], c["seed"])
-        groups.setdefault(key, {})[c["verified"], c["predicted"]] = c["count"]
+        ident = (c["run"], c["checkpoint"], c["split"], c["seed"])
+        groups.setdefault(ident, {})[c["verified"], c["predicted"]] = c["count"]
     # one matrix per run: its selected checkpoint (else its first), first seed; per_seed: every selected seed's
     keys = []
     for run in sorted({k[0] for k in groups}, key=lambda r: (r != "B", r)):
