@@ -94,6 +94,7 @@ LABELS: dict[str, str] = {
     "who": "run / checkpoint / seed", "n_infra": "infrastructure failures", "pass_at_1": "pass@1",
     "p_vs_reference": "McNemar p vs own SFT", "p_vs_B": "McNemar p vs Arm B (same seed)", "val_pass_at_1": "val pass@1",
     "fallback": "base stand-in", "selection_fallback": "base stand-in", "cls": "class",
+    "budget_rev": "budget exhausted, ever revised", "budget_keep": "budget exhausted, never revised",
 }
 
 
@@ -260,8 +261,7 @@ def revise_table(rows: Sequence[Mapping[str, Any]]) -> str:
     } for m in rows]
     return table(out, ["who", "split", "never", "ever", "rev_pass", "rev_fail", "budget_rev", "budget_keep"], {
         "split": "rollouts never / ever revised", "never": "pass@1, never revised", "ever": "pass@1, ever revised",
-        "rev_pass": "REVISE on patches that pass", "rev_fail": "REVISE on patches that fail",
-        "budget_rev": "budget exhausted, ever revised", "budget_keep": "budget exhausted, never revised"})
+        "rev_pass": "REVISE on patches that pass", "rev_fail": "REVISE on patches that fail"})
 
 
 def confusion_section(confusion: list[dict[str, Any]] | None, chosen: set[tuple[str, str, int]],
@@ -688,9 +688,7 @@ def mechanism_table(metrics: Sequence[Mapping[str, Any]]) -> str:
              "malformed": pct(m.get("n_malformed_predictions"), m.get("n_decided_patches"))} for m in metrics]
     return table(rows, list(rows[0]), {
         "first": "first patch PASS (of all tasks)", "recovery": "recovered (of failing first patches)",
-        "revise": "REVISE (of decided patches)", "budget": "budget exhausted",
-        "budget_rev": "budget exhausted, ever revised", "budget_keep": "budget exhausted, never revised",
-        "malformed": "malformed predictions"})
+        "revise": "REVISE (of decided patches)", "budget": "budget exhausted", "malformed": "malformed predictions"})
 
 
 # ---------------------------------------------------------------------------------------------------------------
