@@ -564,9 +564,8 @@ def study_stats(
     metrics, conf, classes = [], [], []
     for key, ev in sorted(evals.items()):
         ident = dict(zip(("run", "checkpoint", "split", "seed"), key, strict=True))
-        protocols = {r.get("protocol") for r in ev.rows}
-        metrics.append({**ident, "protocol": ",".join(sorted(p for p in protocols if p)),
-                        **mechanism_metrics(ev.rows)})
+        protocols = ",".join(sorted(filter(None, {r.get("protocol") for r in ev.rows})))
+        metrics.append({**ident, "protocol": protocols, **mechanism_metrics(ev.rows)})
         counts = confusion(ev.rows)
         conf += [{**ident, "verified": t, "predicted": p, "count": c} for (t, p), c in sorted(counts.items())]
         if counts:
