@@ -278,7 +278,8 @@ def confusion_section(confusion: list[dict[str, Any]] | None, chosen: set[tuple[
     keys = []
     for run in sorted({k[0] for k in groups}, key=lambda r: (r != "B", r)):
         mine = sorted((k for k in groups if k[0] == run), key=lambda k: ((k[0], k[1], k[3]) not in chosen, k[3], k))
-        keys += ([k for k in mine if (k[0], k[1], k[3]) in chosen] if per_seed else []) or mine[:1]
+        picked = [k for k in mine if (k[0], k[1], k[3]) in chosen] if per_seed else []
+        keys += picked or mine[:1]
     keys = keys[:6]
     plt = _plt()
     ncols = min(3, len(keys))
