@@ -652,6 +652,10 @@ def ablation_table(
     and the metric the ablation exists for (`ABLATION_FOCUS`); Arm A's pass@1 at Arm A's own selected checkpoint."""
     evals = load_evaluations(paths)
     chosen = {(s["run"], s["seed"]): s for s in selection}
+
+    def rte(ev: Evaluation) -> float:
+        return next((c["recall"] for c in class_metrics(confusion(ev.rows)) if c["cls"] == "RUNTIME_ERROR"), math.nan)
+
     rows = []
     for seed_ in sorted({k[3] for k in evals if k[0] == ablation}):
         sel, sel_base = chosen.get((ablation, seed_)), chosen.get((base_arm, seed_))
@@ -668,11 +672,6 @@ def ablation_table(
         pair = compare(abl, base, "ablation_vs_base", resamples, seed, ci)
         m_abl, m_base = mechanism_metrics(abl.rows), mechanism_metrics(base.rows)
         pass_a = mechanism_metrics(arm_a.rows)["pass_at_1"] if arm_a else math.nan
-
-        def rte(ev: Evaluation) -> float:
-            return next((c["recall"] for c in class_metrics(confusion(ev.rows)) if c["cls"] == "RUNTIME_ERROR"),
-                        math.nan)
-
         row = {
             "ablation": ablation, "split": split, "seed": seed_, "checkpoint": abl.checkpoint, "base_arm": base_arm,
             "base_checkpoint": base.checkpoint, "A_checkpoint": arm_a.checkpoint if arm_a else None, "n": pair["n"],
