@@ -771,6 +771,11 @@ def extension_table(
     base_arm = str(spec.get("base_arm") or spec.get("arm") or "B")
     mechanism = extension_mechanism(spec, default_test_cost)
     other = counterpart or ("A" if base_arm == "B" else "B")
+
+    def selected(run: str, seed_: int) -> Evaluation | None:
+        s = chosen.get((run, seed_))
+        return evals.get((run, s["checkpoint"], split, seed_)) if s else None
+
     rows = []
     for seed_ in sorted({k[3] for k in evals if k[0] == extension}):
         sel = chosen.get((extension, seed_))
@@ -786,20 +791,15 @@ def extension_table(
                                "test_cost": int(spec.get("test_cost", default_test_cost)),
                                "pass_ext": m_ext["pass_at_1"], "n_ext": m_ext["n_scored"], "counterpart": other}
         fallback = bool(sel["fallback"])
-
-        def selected(run: str, seed_: int = seed_) -> Evaluation | None:
-            s = chosen.get((run, seed_))
-            return evals.get((run, s["checkpoint"], split, seed_)) if s else None
-
         for arm in ("A", "B"):
-            ev = selected(arm)
+            ev = selected(arm, seed_)
             if ev is None:
                 continue
             fallback |= bool(chosen[arm, seed_]["fallback"])
             pair = compare(ext, ev, f"extension_vs_{arm}", resamples, seed, ci)
             row |= {f"checkpoint_vs_{arm}": ev.checkpoint, f"n_vs_{arm}": pair["n"], f"pass_vs_{arm}": pair["pass_b"],
                     **{f"{k}_vs_{arm}": pair[k] for k in ("diff", "n10", "n01", "mcnemar_p", "ci_low", "ci_high")}}
-        counter = selected(other)
+        counter = selected(other, seed_)
         row["calls_per_solved"] = calls_per_solved(ext.rows)
         row["calls_per_solved_other"] = calls_per_solved(counter.rows) if counter else math.nan
         row["calls_saved_per_solved"] = row["calls_per_solved_other"] - row["calls_per_solved"]
@@ -809,10 +809,10 @@ def extension_table(
         row |= {"edited_revise_pass": _rate(sum(edited), len(edited)), "n_edited": len(edited),
                 "never_revised_pass": m_ext["never_revised_pass"], "n_never_revised": m_ext["never_revised_n"]}
         row["pred_freq_pass"], row["verified_freq_pass"], row["n_predicted_patches"] = pass_frequencies(ext.rows)
-        arm_b = selected("B")
+        arm_b = selected("B", seed_)
         row["pred_freq_pass_B"], row["verified_freq_pass_B"], row["n_predicted_patches_B"] = (
             pass_frequencies(arm_b.rows) if arm_b else (math.nan, math.nan, 0))
-        rl = selected(base_arm)
+        rl = selected(base_arm, seed_)
         m_rl = mechanism_metrics(rl.rows) if rl else {"pass_at_1": math.nan, "n_scored": 0}
         row["pass_rl"], row["n_rl"] = m_rl["pass_at_1"], m_rl["n_scored"]
         row["rft_minus_rl"] = row["pass_ext"] - row["pass_rl"]
