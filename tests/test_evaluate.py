@@ -317,3 +317,35 @@ def test_an_evaluation_resumes_only_rows_of_the_same_checkpoint_and_settings(
     killed_with_one_row()
     study["evaluation"]["max_tokens"] = 99
     assert evaluate(study, **kw, out=out)["ran"] == 1 and read_rows(out)[0]["trace_id"] != "persisted"
+
+
+def _ledger_lines(path: Path, *lines: str) -> Path:
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_the_ledger_is_read_by_its_file_lines_and_a_torn_line_stops_both_readers(study, tmp_path: Path) -> None:
+    """Both readers of the test ledger (the rollout guard, the campaign) skip blank lines, name the file line of an
+    earlier evaluation, and stop on a line that is not an entry (a torn write) instead of crashing in json."""
+    from predict.evaluate import TestLedger
+    from predict.rollouts import RolloutJob, guard_test_split
+
+    plan = [("B", "sft", 42)]
+    ledger = tmp_path / "ledger.jsonl"
+    TestLedger(ledger).admit(study, plan, "B", "sft", 42)  # line 1: the campaign
+    campaign = ledger.read_text().strip()
+    done = json.dumps({"run": "B", "arm": "B", "checkpoint": "sft", "seed": 42, "status": "done", "time": "t0"})
+    job = RolloutJob(tasks_path=tmp_path / "test.parquet", split="test", out=tmp_path / "o.parquet", model="m",
+                     checkpoint="sft", arm="B", seed=42, test_ledger=ledger)
+    _ledger_lines(ledger, campaign, "", done)
+    with pytest.raises(SplitGuardError, match=rf"{re.escape(str(ledger))}:3: run B checkpoint sft seed 42 was already"):
+        guard_test_split(job)
+    with pytest.raises(SplitGuardError, match=rf"{re.escape(str(ledger))}:3: B sft seed 42 was already evaluated"):
+        TestLedger(ledger).admit(study, plan, "B", "sft", 42)
+    _ledger_lines(ledger, campaign, done[:25])
+    for read in (lambda: guard_test_split(job), lambda: TestLedger(ledger).admit(study, plan, "B", "sft", 42)):
+        with pytest.raises(SplitGuardError, match=rf"{re.escape(str(ledger))}:2: not a ledger entry \(not JSON"):
+            read()
+    _ledger_lines(ledger, campaign, "[1, 2]")
+    with pytest.raises(SplitGuardError, match=r":2: not a ledger entry \(a JSON list, not an object\)"):
+        guard_test_split(job)

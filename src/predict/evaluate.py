@@ -38,7 +38,15 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from predict.rollouts import RolloutJob, SplitGuardError, ledger_lock, remaining_rollouts, roll_out, run_job
+from predict.rollouts import (
+    RolloutJob,
+    SplitGuardError,
+    ledger_lock,
+    read_ledger,
+    remaining_rollouts,
+    roll_out,
+    run_job,
+)
 from predict.runs import resolve_run, study_runs
 from predict.serve import SERVED_NAME  # every checkpoint is served under it
 from predict.stages import UNTRACKED, without_keys
@@ -150,9 +158,7 @@ class TestLedger:
         self.path = Path(path)
 
     def entries(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return [e for _, e in read_ledger(self.path)]
 
     def admit(self, config: Mapping[str, Any], plan: Sequence[CampaignEntry], run: str, checkpoint: str,
               seed: int) -> None:
@@ -160,8 +166,8 @@ class TestLedger:
         done before, or runs under another config hash."""
         entry, digest = (run, checkpoint, int(seed)), config_hash(config)
         with ledger_lock(self.path):
-            entries = self.entries()
-            campaign = next((e for e in entries if e.get("event") == "campaign"), None)
+            entries = read_ledger(self.path)
+            campaign = next((e for _, e in entries if e.get("event") == "campaign"), None)
             if campaign is None:
                 campaign = {"event": "campaign", "config_hash": digest, "design": design_config(config),
                             "plan": [list(e) for e in plan], "time": time.strftime("%FT%T%z")}  # fmt: skip
@@ -182,7 +188,7 @@ class TestLedger:
                     f"{self.path}: {run} {checkpoint} seed {seed} is not in the test campaign's list, fixed at "
                     f"{campaign['time']}: {', '.join(f'{r} {c} seed {s}' for r, c, s in planned)}"
                 )
-            for line_number, e in enumerate(entries, start=1):
+            for line_number, e in entries:
                 if e.get("status") == "done" and (e.get("run"), e.get("checkpoint"), e.get("seed")) == entry:
                     raise SplitGuardError(
                         f"{self.path}:{line_number}: {run} {checkpoint} seed {seed} was already evaluated on test "

@@ -80,17 +80,42 @@ def guard_test_split(job: RolloutJob) -> None:
         )
     run = job.run or job.arm
     key = (run, job.checkpoint, job.seed)
-    if job.test_ledger.exists():
-        for line_number, line in enumerate(job.test_ledger.read_text().splitlines(), start=1):
+    if not job.test_ledger.exists():
+        return
+    with ledger_lock(job.test_ledger):  # a campaign's other jobs may be appending right now
+        entries = read_ledger(job.test_ledger)
+    for line_number, entry in entries:
+        if "status" not in entry:  # the campaign's own entry (predict.evaluate.TestLedger), not an evaluation
+            continue
+        same = (entry.get("run", entry["arm"]), entry["checkpoint"], entry["seed"]) == key
+        if same and entry.get("status") == "done":
+            raise SplitGuardError(
+                f"{job.test_ledger}:{line_number}: run {run} checkpoint {job.checkpoint} seed {job.seed} "
+                f"was already evaluated on test at {entry['time']}; the test split is touched once"
+            )
+
+
+def read_ledger(ledger: Path) -> list[tuple[int, dict[str, Any]]]:
+    """The test ledger's entries with their line numbers in the file (blank lines skipped): the one reader of it, for
+    the rollout guard and the campaign (`predict.evaluate.TestLedger`). A line that is not a JSON object (a torn
+    write, a hand edit) stops the run naming the file and line: the ledger is what keeps the test split touched
+    once, so it is never read past."""
+    if not ledger.exists():
+        return []
+    entries = []
+    for line_number, line in enumerate(ledger.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
             entry = json.loads(line)
-            if "status" not in entry:  # the campaign's own entry (predict.evaluate.TestLedger), not an evaluation
-                continue
-            same = (entry.get("run", entry["arm"]), entry["checkpoint"], entry["seed"]) == key
-            if same and entry.get("status") == "done":
-                raise SplitGuardError(
-                    f"{job.test_ledger}:{line_number}: run {run} checkpoint {job.checkpoint} seed {job.seed} "
-                    f"was already evaluated on test at {entry['time']}; the test split is touched once"
-                )
+            why = None if isinstance(entry, dict) else f"a JSON {type(entry).__name__}, not an object"
+        except json.JSONDecodeError as e:
+            why = f"not JSON: {e.msg}"
+        if why is not None:
+            raise SplitGuardError(f"{ledger}:{line_number}: not a ledger entry ({why}); repair or restore the "
+                                  "ledger, never delete it")
+        entries.append((line_number, entry))
+    return entries
 
 
 @contextlib.contextmanager
