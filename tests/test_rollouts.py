@@ -144,3 +144,15 @@ def test_test_split_needs_its_explicit_target_and_is_evaluated_once(
         run_job(_job(test_file, tmp_path / "again.parquet", endpoint, split="test", test_ledger=ledger), study)
     # another arm's checkpoint is a different evaluation
     run_job(_job(test_file, tmp_path / "b.parquet", endpoint, split="test", arm="B", test_ledger=ledger), study)
+
+
+def test_a_git_that_hangs_leaves_the_commit_unrecorded_instead_of_failing_the_rollout(monkeypatch) -> None:
+    import subprocess
+
+    from predict import rollouts
+
+    def hang(*args, **kwargs):
+        raise subprocess.TimeoutExpired(args[0], kwargs.get("timeout", 10))
+
+    monkeypatch.setattr(rollouts.subprocess, "run", hang)
+    assert rollouts._git_commit() is None

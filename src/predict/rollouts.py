@@ -65,7 +65,7 @@ def _git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         return out.stdout.strip() or None
-    except OSError:
+    except (OSError, subprocess.SubprocessError):  # no git, or a git that hangs (a slow shared filesystem)
         return None
 
 
