@@ -71,7 +71,7 @@ STAGES: dict[str, Stage] = {
         Stage("check-serving", ("check_serving",), "serving.smk", "serving_check.py", "serving/check.json",
               ("serving.python", "serving.device")),
         Stage("rollout", ("rollout",), "rollouts.smk", "rollouts.py", "rollouts/{arm}/{checkpoint}/{split}/seed{seed}.parquet",
-              _reads(ROLLOUT)),
+              ROLLOUT),
         Stage("traces", ("sft_traces",), "traces.smk", "traces/stage.py", "sft/traces/{arm}.parquet, tasks.parquet",
               ("traces", "arms", "env", "verifier", "model.enable_thinking")),
         Stage("sft", ("train_sft",), "train.smk", "train/sft.py", "checkpoints/{arm}/sft/, sft/{arm}/metrics.parquet",
@@ -126,12 +126,9 @@ class MissingKey(ConfigError, KeyError):
         return str(self.args[0])
 
 
-def _covered(path: str, reads: Iterable[str]) -> str:
-    """'all' when the table gives this key and everything below it, 'part' when only keys below it, '' when none."""
-    for entry in reads:
-        if path == entry or path.startswith(entry + "."):
-            return "all"
-    return "part" if any(entry.startswith(path + ".") for entry in reads) else ""
+def _covered(path: str, reads: Iterable[str]) -> bool:
+    """Whether the table gives this key (itself or a section above it) or keys below it."""
+    return any(path == entry or path.startswith(entry + ".") or entry.startswith(path + ".") for entry in reads)
 
 
 class StageConfig(dict):
@@ -156,7 +153,7 @@ class StageConfig(dict):
         return f"{self._prefix}.{key}" if self._prefix else str(key)
 
     def _check(self, key: Any) -> None:
-        if _covered(self._prefix, self._reads) != "all" and not _covered(self._path(key), self._reads):
+        if not _covered(self._path(key), self._reads):
             raise SliceError(
                 f"stage {self._stage!r} read config key {self._path(key)!r}, which its entry in the stage table "
                 f"(src/predict/stages.py) does not list: add it there (it reads {', '.join(self._reads) or 'nothing'})"
@@ -167,9 +164,7 @@ class StageConfig(dict):
         raise MissingKey(f"stage {self._stage!r}: its config sets no {self._path(key)!r}")
 
     def get(self, key: Any, default: Any = None) -> Any:
-        if key in self:
-            return self[key]
-        return default
+        return self[key] if key in self else default
 
     def __contains__(self, key: object) -> bool:
         if dict.__contains__(self, key):
@@ -234,14 +229,6 @@ def without_keys(config: Any, dotted: Iterable[str]) -> Any:
     return config
 
 
-def _untracked_left_out(value: Any, path: str) -> Any:
-    """`value` (the config at `path`) without the UNTRACKED keys below it."""
-    below = [key.removeprefix(path + ".") for key in UNTRACKED if key.startswith(path + ".")]
-    if not below or not isinstance(value, Mapping):
-        return value
-    return without_keys(value, below)
-
-
 def slice_params(config: Mapping[str, Any], stage: str) -> dict[str, str]:
     """One short, tracked Snakemake param per table entry: ``key=value`` for a short value, ``key#hash`` for a
     section. A changed entry changes only its own param, so the rerun reason names it."""
@@ -250,7 +237,9 @@ def slice_params(config: Mapping[str, Any], stage: str) -> dict[str, str]:
         if path in UNTRACKED:
             continue
         found, value = _pick(config, path)
-        value = _untracked_left_out(value, path) if found else value
+        untracked_below = [key.removeprefix(path + ".") for key in UNTRACKED if key.startswith(path + ".")]
+        if untracked_below and isinstance(value, Mapping):
+            value = without_keys(value, untracked_below)
         text = _canonical(value) if found else "unset"
         shown = f"{path}={text}" if len(text) <= 40 else f"{path}#{hashlib.sha256(text.encode()).hexdigest()[:12]}"
         params["config_" + path.replace(".", "_")] = shown
