@@ -237,10 +237,10 @@ def state_matches(folder: str | Path, fp: Fingerprint) -> bool:
     return mismatch(folder, fp) is None
 
 
-def start_or_resume(folder: str | Path, fp: Fingerprint, *, what: str, clear: bool = True) -> bool:
+def start_or_resume(folder: str | Path, fp: Fingerprint, *, what: str) -> bool:
     """True when ``folder`` holds state made under ``fp`` (resume it). Otherwise log one line saying why, empty the
-    folder (``clear``), store ``fp`` in it and return False (start fresh). A folder with nothing in it but perhaps
-    its fingerprint is simply (re)started."""
+    folder, store ``fp`` in it and return False (start fresh). A folder with nothing in it but perhaps its
+    fingerprint is simply (re)started."""
     folder = Path(folder)
     contents = [p for p in folder.iterdir() if p.name != FINGERPRINT_FILE] if folder.is_dir() else []
     if contents:
@@ -248,9 +248,8 @@ def start_or_resume(folder: str | Path, fp: Fingerprint, *, what: str, clear: bo
         if why is None:
             return True
         log.warning("%s: not resuming the state in %s: %s; starting fresh", what, folder, why)
-        if clear:
-            for p in contents:
-                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        for p in contents:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     write_fingerprint(folder, fp)
     return False
 
