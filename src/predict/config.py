@@ -26,11 +26,6 @@ def _key_path(error: jsonschema.ValidationError) -> str:
     return ".".join(str(p) for p in error.absolute_path) or "<top level>"
 
 
-def load_schema(schema_path: Path = SCHEMA_PATH) -> dict[str, Any]:
-    with open(schema_path) as f:
-        return yaml.safe_load(f)
-
-
 def _without_required(schema: Any) -> Any:
     """The schema with every `required` dropped: a stage's slice holds only some keys, each still checked."""
     if isinstance(schema, dict):
@@ -38,12 +33,11 @@ def _without_required(schema: Any) -> Any:
     return [_without_required(v) for v in schema] if isinstance(schema, list) else schema
 
 
-def validate_config(
-    config: Mapping[str, Any], source: str = "config", schema_path: Path = SCHEMA_PATH, partial: bool = False
-) -> None:
+def validate_config(config: Mapping[str, Any], source: str = "config", partial: bool = False) -> None:
     """Raise ConfigError naming the source file and the first offending key (the shallowest, for stability).
     partial: a slice of a config (predict.stages), whose keys are checked but none is required."""
-    schema = load_schema(schema_path)
+    with open(SCHEMA_PATH) as f:
+        schema = yaml.safe_load(f)
     validator = jsonschema.Draft202012Validator(_without_required(schema) if partial else schema)
     errors = sorted(validator.iter_errors(dict(config)), key=lambda e: (len(e.absolute_path), _key_path(e)))
     if errors:
@@ -53,7 +47,7 @@ def validate_config(
         raise ConfigError(f"{source}: {_key_path(errors[0])}: {errors[0].message}{more}")
 
 
-def load_config(path: str | Path, schema_path: Path = SCHEMA_PATH) -> dict[str, Any]:
+def load_config(path: str | Path) -> dict[str, Any]:
     """Read a YAML config and validate it; the result is a plain dict."""
     path = Path(path)
     try:
@@ -65,26 +59,25 @@ def load_config(path: str | Path, schema_path: Path = SCHEMA_PATH) -> dict[str, 
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(config).__name__}")
-    validate_config(config, source=str(path), schema_path=schema_path)
+    validate_config(config, source=str(path))
     return config
 
 
-def _json_object(text: str, source: str) -> dict[str, Any]:
-    """A JSON object (a config or a slice of one), or a ConfigError naming its source."""
+def _json_config(text: str, source: str, partial: bool = False) -> dict[str, Any]:
+    """A JSON object (a config or a slice of one), validated, or a ConfigError naming its source."""
     try:
         config = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{source}: not valid JSON: {e}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: expected an object at the top level")
+    validate_config(config, source=source, partial=partial)
     return config
 
 
-def config_from_json(text: str, source: str = "--config-json") -> dict[str, Any]:
+def config_from_json(text: str) -> dict[str, Any]:
     """A config passed inline as JSON (how Snakemake hands its merged config to a stage), validated."""
-    config = _json_object(text, source)
-    validate_config(config, source=source)
-    return config
+    return _json_config(text, "--config-json")
 
 
 def load_config_slice(path: str | Path) -> dict[str, Any]:
@@ -93,6 +86,4 @@ def load_config_slice(path: str | Path) -> dict[str, Any]:
         text = Path(path).read_text()
     except FileNotFoundError:
         raise ConfigError(f"{path}: config slice not found") from None
-    config = _json_object(text, str(path))
-    validate_config(config, source=str(path), partial=True)
-    return config
+    return _json_config(text, str(path), partial=True)
