@@ -96,16 +96,6 @@ def _load_hf() -> list[dict[str, Any]]:
     return [dict(r) for name in sorted(dataset) for r in dataset[name]]
 
 
-def check_sha256(path: str | Path, expected: str) -> None:
-    """Fail with MBPPChecksumError unless the file's sha256 is ``expected`` (config ``data.mbpp_sha256``)."""
-    actual = file_sha256(Path(path))
-    if actual != expected.lower():
-        raise MBPPChecksumError(
-            f"{path}: sha256 is {actual}, expected {expected.lower()} (data.mbpp_sha256): the MBPP copy is damaged or "
-            "not the pinned file; restore it (git checkout -- resources/mbpp) or fix the config"
-        )
-
-
 def load_mbpp(path: str | Path, *, hf_fallback: bool = False, sha256: str | None = None) -> list[dict[str, Any]]:
     """Read and validate MBPP from jsonl or parquet; sorted by task_id. Fails on the first bad row.
 
@@ -114,8 +104,11 @@ def load_mbpp(path: str | Path, *, hf_fallback: bool = False, sha256: str | None
     """
     path = Path(path)
     if path.exists():
-        if sha256 is not None:
-            check_sha256(path, sha256)
+        if sha256 is not None and (actual := file_sha256(path)) != sha256.lower():
+            raise MBPPChecksumError(
+                f"{path}: sha256 is {actual}, expected {sha256.lower()} (data.mbpp_sha256): the MBPP copy is damaged "
+                "or not the pinned file; restore it (git checkout -- resources/mbpp) or fix the config"
+            )
         raw, source = _read_raw(path), str(path)
     elif hf_fallback:
         raw, source = _load_hf(), "hf:mbpp/full"
@@ -133,22 +126,15 @@ def load_mbpp(path: str | Path, *, hf_fallback: bool = False, sha256: str | None
     return sorted(rows, key=lambda r: r["task_id"])
 
 
-def split_order(task_ids: Iterable[int], seed: int) -> list[int]:
-    """Task ids in split order: by sha256 of "seed:task_id" (portable, version-independent)."""
-    return sorted(task_ids, key=lambda t: hashlib.sha256(f"{seed}:{t}".encode()).hexdigest())
-
-
 def split_tasks(rows: Sequence[Mapping[str, Any]], seed: int, sizes: Mapping[str, int]) -> dict[str, list[dict]]:
     """Cut the tasks into sft, rl, test (sizes given) and val (the remainder); each split sorted by task_id."""
     needed = sizes["sft"] + sizes["rl"] + sizes["test"]
     if needed > len(rows):
         raise ValueError(f"split sizes need {needed} tasks (sft+rl+test) but MBPP has only {len(rows)}")
     by_id = {r["task_id"]: dict(r) for r in rows}
-    order = split_order(by_id, seed)
-    cuts = {"sft": order[: sizes["sft"]]}
-    cuts["rl"] = order[sizes["sft"] : sizes["sft"] + sizes["rl"]]
-    cuts["test"] = order[sizes["sft"] + sizes["rl"] : needed]
-    cuts["val"] = order[needed:]
+    order = sorted(by_id, key=lambda t: hashlib.sha256(f"{seed}:{t}".encode()).hexdigest())
+    end_sft, end_rl = sizes["sft"], sizes["sft"] + sizes["rl"]
+    cuts = {"sft": order[:end_sft], "rl": order[end_sft:end_rl], "test": order[end_rl:needed], "val": order[needed:]}
     return {name: [by_id[t] for t in sorted(cuts[name])] for name in SPLITS}
 
 
