@@ -117,14 +117,12 @@ class ResumableParquet:
         """Write every persisted row, ordered by key, to the output and drop the partial folder."""
         rows = sorted(self._rows, key=lambda r: tuple(r[k] for k in self.key))
         write_rows(rows, self.schema, self.out, metadata)
-        for part in self._parts():
-            part.unlink()
-        # A part being written when an earlier run was killed (scancel, OOM) leaves its temporary file; its rows
-        # were never persisted (they ran again here), so it goes too.
-        for tmp in self.partial_dir.glob(".part-*.tmp") if self.partial_dir.exists() else []:
-            tmp.unlink()
-        (self.partial_dir / "fingerprint.json").unlink(missing_ok=True)
         if self.partial_dir.exists():
+            # A part being written when an earlier run was killed (scancel, OOM) leaves its temporary file; its rows
+            # were never persisted (they ran again here), so it goes too.
+            for path in [*self._parts(), *self.partial_dir.glob(".part-*.tmp")]:
+                path.unlink()
+            (self.partial_dir / "fingerprint.json").unlink(missing_ok=True)
             self.partial_dir.rmdir()
         return self.out
 
