@@ -124,14 +124,8 @@ def build_tiny_qwen3(
     seed: int = 0,
     hidden_size: int = 64,
     num_layers: int = 2,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    head_dim: int = 32,
-    intermediate_size: int = 256,
-    max_position_embeddings: int = 40960,
     tie_word_embeddings: bool = False,
     dtype: Dtype = "bfloat16",
-    init_std: float = 0.02,
 ) -> Path:
     """Write a random-init Qwen3 checkpoint (HF layout, real Qwen3 tokenizer) into ``out_dir``.
 
@@ -149,16 +143,16 @@ def build_tiny_qwen3(
         "attention_dropout": 0.0,
         "bos_token_id": _ENDOFTEXT_ID,
         "eos_token_id": _IM_END_ID,
-        "head_dim": head_dim,
+        "head_dim": 32,
         "hidden_act": "silu",
         "hidden_size": hidden_size,
-        "initializer_range": 0.02,
-        "intermediate_size": intermediate_size,
-        "max_position_embeddings": max_position_embeddings,
+        "initializer_range": 0.02,  # the std of every random tensor
+        "intermediate_size": 256,
+        "max_position_embeddings": 40960,
         "max_window_layers": num_layers,
-        "num_attention_heads": num_heads,
+        "num_attention_heads": 4,
         "num_hidden_layers": num_layers,
-        "num_key_value_heads": num_kv_heads,
+        "num_key_value_heads": 2,
         "rms_norm_eps": 1e-6,
         "rope_scaling": None,
         "rope_theta": 1000000.0,
@@ -174,9 +168,8 @@ def build_tiny_qwen3(
         "use_cache": True,
         "vocab_size": QWEN3_VOCAB_SIZE,
     }
-    tensors = {
-        name: _init_tensor(name, shape, kind, seed, init_std) for name, (shape, kind) in _tensor_shapes(cfg).items()
-    }
+    std = cfg["initializer_range"]
+    tensors = {name: _init_tensor(name, shape, kind, seed, std) for name, (shape, kind) in _tensor_shapes(cfg).items()}
     # Write to a temp name then rename, so a reader (e.g. a server reloading weights) never sees half a file.
     tmp = out_dir / "model.safetensors.tmp"
     _save_safetensors(tensors, tmp, dtype)
