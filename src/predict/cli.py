@@ -276,34 +276,32 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def _selection(config: dict, eval_paths: list[str]) -> Any:
+def _selection(config: dict, evals: Iterable[Any]) -> Any:
     """The checkpoint selection (config evaluation.selection) over these val evaluations."""
-    from predict.stats import mechanism_metrics, read_evaluation, select_checkpoints
+    from predict.stats import mechanism_metrics, select_checkpoints
 
     selection_cfg = (config.get("evaluation") or {}).get("selection") or {"mode": "fixed", "step": 100}
-    metrics = []
-    for path in eval_paths:
-        ev = read_evaluation(path)
-        metrics.append({"run": ev.run, "checkpoint": ev.checkpoint, "split": ev.split, "seed": ev.seed,
-                        **mechanism_metrics(ev.rows)})  # fmt: skip
+    metrics = [{"run": ev.run, "checkpoint": ev.checkpoint, "split": ev.split, "seed": ev.seed,
+                **mechanism_metrics(ev.rows)} for ev in evals]  # fmt: skip
     return select_checkpoints(metrics, selection_cfg["mode"], selection_cfg.get("step"))
 
 
 def _cmd_run_table(args: argparse.Namespace) -> int:
     """`predict ablations` and `predict extensions`: one ablation's or extension's table, a row per seed."""
     from predict.io import write_table
-    from predict.stats import ablation_table, extension_table
+    from predict.stats import ablation_table, extension_table, load_evaluations
 
     config = _config(args)
     section, name = args.stage, args.ablation if args.stage == "ablations" else args.extension
     runs = config.get(section) or {}
     if name not in runs:
         raise ConfigError(f"{section}: no {section[:-1]} {name!r} (have {', '.join(runs) or 'none'})")
+    evals = list(load_evaluations(args.eval).values())  # read once, for the selection and the table
     if section == "ablations":
-        table = ablation_table(name, args.eval, _selection(config, args.eval),
+        table = ablation_table(name, evals, _selection(config, evals),
                                base_arm=(runs[name] or {}).get("base_arm", "B"), **_bootstrap(config))
     else:
-        table = extension_table(name, args.eval, _selection(config, args.eval), **_extension(config, name),
+        table = extension_table(name, evals, _selection(config, evals), **_extension(config, name),
                                 default_test_cost=int(config["env"].get("test_cost", 1)), **_bootstrap(config))
     write_table(table, args.out)
     console.print(f"{name}: {table.num_rows} seed row(s) -> {args.out}")
@@ -320,14 +318,13 @@ def _cmd_power(args: argparse.Namespace) -> int:
     p = {"deltas": [0.02, 0.03, 0.05], "discordance": [0.2], "tasks": [500], "significance": 0.05, "target": 0.8,
          **(config.get("power") or {})}
     discordances = {"config": p["discordance"]}
-    val_tasks = config["data"]["sizes"].get("val")
+    sizes = config["data"]["sizes"]
+    val_tasks = sizes.get("val")
     if args.pairs:
         pairs = pq.read_table(args.pairs)
-        observed = observed_discordance(pairs)
-        if observed:
+        if observed := observed_discordance(pairs):
             discordances["observed A vs B"] = observed
         val_tasks = val_tasks or max((int(n) for n in pairs.column("n").to_pylist()), default=None)  # val's n
-    sizes = config["data"]["sizes"]
     table = power_table(deltas=p["deltas"], discordances=discordances, tasks=p["tasks"],
                         significance=p["significance"], target=p["target"], study_tasks=sizes["test"],
                         val_tasks=val_tasks)
