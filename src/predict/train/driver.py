@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -59,6 +60,18 @@ class RLJob:
     """results/rl/{run}/seed{seed}: step{N}/ checkpoints, metrics.parquet, .work/."""
     base_url: str | None = None
     """Roll out against this running endpoint instead of starting vLLM (no weight sync then: tests only)."""
+
+
+def epoch_order(n: int, seed: str, step: int, per_step: int) -> list[int]:
+    """Which of `n` items step `step` (1-based) takes, `per_step` a step: each epoch's own shuffle, seeded by
+    ``f"{seed}:{epoch}"``, so a resumed run takes exactly what it would have taken."""
+    out = []
+    for k in range((step - 1) * per_step, step * per_step):
+        epoch, i = divmod(k, n)
+        perm = list(range(n))
+        random.Random(f"{seed}:{epoch}").shuffle(perm)
+        out.append(perm[i])
+    return out
 
 
 StepFn = Callable[[int, Any], dict[str, Any]]
@@ -102,7 +115,7 @@ class TrainingRun:
 
         if self.resumable and Trainer.read_state_info(self.state_dir) is not None:
             trainer = Trainer.resume(self.state_dir)
-            extra = dict(getattr(trainer, "state_extra", {}) or {})
+            extra = trainer.state_extra
             done, metrics = int(extra.get(self.step_key, 0)), list(extra.get("metrics", []))
             log.info("resuming %s seed %d from step %d (%s)", self.job.run, self.job.seed, done, self.state_dir)
             return trainer, done, metrics

@@ -37,7 +37,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from predict.train.driver import RLJob, TrainingRun
+from predict.train.driver import RLJob, TrainingRun, epoch_order
 from predict.train.metrics import rollout_metrics
 
 log = logging.getLogger(__name__)
@@ -67,15 +67,7 @@ def rft_tasks(rows: Sequence[Mapping[str, Any]], seed: int, n_tasks: int | None,
 
 def step_batch(n_kept: int, seed: int, step: int, batch: int) -> list[int]:
     """Indices of the kept rollouts trained on at `step` (1-based): a per-epoch shuffle seeded by (seed, epoch)."""
-    if n_kept == 0:
-        return []
-    out = []
-    for k in range((step - 1) * batch, step * batch):
-        epoch, i = divmod(k, n_kept)
-        perm = list(range(n_kept))
-        random.Random(f"rft:{seed}:{epoch}").shuffle(perm)
-        out.append(perm[i])
-    return out
+    return epoch_order(n_kept, f"rft:{seed}", step, batch) if n_kept else []
 
 
 def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = None) -> dict[str, Any]:
@@ -84,7 +76,7 @@ def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = N
     from predict.env.records import RECORD_SCHEMA, read_records
     from predict.env.rollout import run_rollouts_sync
     from predict.io import ResumableParquet
-    from predict.train.samples import SampleCounts, rft_samples
+    from predict.train.samples import rft_samples
 
     run = TrainingRun(job, config, "rft")
     run.start()
@@ -106,8 +98,7 @@ def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = N
         sink.finish()
         sample_s = time.perf_counter() - t
     records = read_records(rollouts_path)
-    counts = SampleCounts()
-    kept = [s for s in (rft_samples(r, counts) for r in records) if s]
+    kept = [s for s in map(rft_samples, records) if s]
     sampled = rollout_metrics(records)
     scored = [r for r in records if r.get("ok", True) and r.get("reward") is not None]
     pass_rate = sum(float(r["reward"]) == 1.0 for r in scored) / len(scored) if scored else None

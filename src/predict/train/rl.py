@@ -25,13 +25,12 @@ the update's loss terms and token counts, sample building, the time split ``roll
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from predict.train.driver import SERVED_NAME, RLJob, TrainingRun, load_tokenizer
+from predict.train.driver import SERVED_NAME, RLJob, TrainingRun, epoch_order, load_tokenizer
 from predict.train.metrics import rollout_metrics
 
 __all__ = ["SERVED_NAME", "RLJob", "run_rl", "step_tasks"]
@@ -43,15 +42,9 @@ def step_tasks(rows: Sequence[Mapping[str, Any]], seed: int, step: int, per_step
     """The task rows of step `step` (1-based), each repeated `group` times with sample 0..group-1. Tasks are taken in
     a per-epoch shuffle seeded by (seed, epoch), so a resumed run sees exactly the tasks it would have seen."""
     ordered = sorted(rows, key=lambda r: r["task_id"])
-    n = len(ordered)
-    if n == 0:
+    if not ordered:
         raise ValueError("the rl split has no tasks")
-    chosen: list[dict] = []
-    for k in range((step - 1) * per_step, step * per_step):
-        epoch, i = divmod(k, n)
-        perm = list(range(n))
-        random.Random(f"{seed}:{epoch}").shuffle(perm)
-        chosen.append(dict(ordered[perm[i]]))
+    chosen = [dict(ordered[i]) for i in epoch_order(len(ordered), str(seed), step, per_step)]
     return [{**row, "sample": s} for row in chosen for s in range(group)]
 
 
