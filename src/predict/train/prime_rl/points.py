@@ -127,7 +127,7 @@ def prediction_targets(
     n_calls = len(sampled_calls(nodes))
     if n_calls != len(steps):
         raise PointsMismatch(f"{n_calls} sampled model calls but {len(steps)} program steps")
-    points = {p.call: p for p in prediction_points(info)}
+    points = {p.call: p for p in step_prediction_points(steps)}
     targets = []
     for k, (path, mask) in enumerate(zip(paths, masks, strict=True)):
         for completion in completions(nodes, path, mask, sample=k):
