@@ -20,7 +20,7 @@ followed by the verified label). The parquet schema is `SAMPLE_SCHEMA`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -100,9 +100,5 @@ def write_samples(samples: Iterable[TrainSample], path: str | Path) -> Path:
     return write_rows((asdict(s) for s in samples), SAMPLE_SCHEMA, path)
 
 
-def sample_from_row(row: Mapping[str, Any]) -> TrainSample:
-    return TrainSample(**{name: row[name] for name in SAMPLE_SCHEMA.names})
-
-
 def read_samples(path: str | Path) -> list[TrainSample]:
-    return [sample_from_row(r) for r in pq.read_table(path, schema=SAMPLE_SCHEMA).to_pylist()]
+    return [TrainSample(**row) for row in pq.read_table(path, schema=SAMPLE_SCHEMA).to_pylist()]
