@@ -29,13 +29,14 @@ killed run continues from its last saved state. Both write to a temp folder and 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
 import random
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -361,15 +362,15 @@ class _Packed:
 _STREAM_COLS = ("logprobs", "advantages", "rl_weights", "ce_weights")
 
 
-def _pack(samples: Sequence[TrainSample], device: torch.device, *, select: str) -> _Packed:
-    """One packed row. select: "weighted" (positions with rl or ce weight > 0) or "all" (every position >= 1)."""
+def _pack(samples: Sequence[TrainSample], device: torch.device, *, weighted_only: bool) -> _Packed:
+    """One packed row, selecting every position >= 1, or only those with an rl or ce weight > 0."""
     lens = np.array([len(s.token_ids) for s in samples], dtype=np.int64)
     cu = np.concatenate([[0], np.cumsum(lens)])
     ids = np.concatenate([np.asarray(s.token_ids, dtype=np.int64) for s in samples])
     pos = np.arange(len(ids), dtype=np.int64) - np.repeat(cu[:-1], lens)
     cols = {k: np.concatenate([np.asarray(getattr(s, k), dtype=np.float32) for s in samples]) for k in _STREAM_COLS}
     chosen = pos > 0
-    if select != "all":
+    if weighted_only:
         chosen &= (cols["rl_weights"] > 0) | (cols["ce_weights"] > 0)
     at = np.flatnonzero(chosen)
     doc = np.repeat(np.arange(len(samples)), lens)[at]
@@ -398,17 +399,15 @@ def _pack(samples: Sequence[TrainSample], device: torch.device, *, select: str) 
 # --------------------------------------------------------------------------------------------------------------
 # The trainer
 # --------------------------------------------------------------------------------------------------------------
-def _atomic_dir(final: Path) -> Path:
-    final = Path(final)
+@contextlib.contextmanager
+def _atomic_dir(final: Path) -> Iterator[Path]:
+    """A fresh folder to write into that then replaces ``final`` (a reader sees the old folder or the new one, never
+    half of one)."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    return tmp
-
-
-def _commit_dir(tmp: Path, final: Path) -> None:
-    """Replace ``final`` by ``tmp`` (a reader sees the old folder or the new one, never half of one)."""
+    yield tmp
     old = final.parent / f".{final.name}.old-{os.getpid()}"
     if final.exists():
         final.rename(old)
@@ -462,7 +461,6 @@ class Trainer:
         self.lr = lr
         self.grad_clip = grad_clip
         self.micro_batch_tokens = micro_batch_tokens
-        self.seed = seed
         self.loss_config = loss_config or LossConfig()
         self.logit_chunk_tokens = logit_chunk_tokens or (8192 if self.device.type == "cuda" else 1024)
         self.step_count = 0
@@ -539,7 +537,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         batches = pack_micro_batches([len(s.token_ids) for s in samples], self.micro_batch_tokens)
         for group in batches:
-            p = _pack([samples[i] for i in group], self.device, select="weighted")
+            p = _pack([samples[i] for i in group], self.device, weighted_only=True)
             if p.hidden_index.numel() == 0:
                 continue
             hidden = self._hidden(p).index_select(0, p.hidden_index)
@@ -599,9 +597,8 @@ class Trainer:
         was_training = self.model.training
         self.model.eval()
         out: list[list[float]] = [[0.0] * len(s.token_ids) for s in samples]
-        select = "weighted" if weighted_only else "all"
         for group in pack_micro_batches([len(s.token_ids) for s in samples], self.micro_batch_tokens):
-            p = _pack([samples[i] for i in group], self.device, select=select)
+            p = _pack([samples[i] for i in group], self.device, weighted_only=weighted_only)
             if p.hidden_index.numel() == 0:
                 continue
             hidden = self._hidden(p).index_select(0, p.hidden_index)
@@ -640,28 +637,26 @@ class Trainer:
     def save_checkpoint(self, out_dir: str | Path, *, dtype: str | None = None) -> Path:
         """HF folder (weights in the base checkpoint's dtype unless given + tokenizer), written atomically."""
         final = Path(out_dir)
-        tmp = _atomic_dir(final)
-        self._save_model(tmp, dtype or self.save_dtype)
-        tmp.chmod(0o755)
-        _commit_dir(tmp, final)
+        with _atomic_dir(final) as tmp:
+            self._save_model(tmp, dtype or self.save_dtype)
+            tmp.chmod(0o755)
         return final
 
     def save_state(self, out_dir: str | Path, extra: dict[str, Any] | None = None) -> Path:
         """Everything a resumed run needs: weights (training dtype), AdamW state, step, RNG; atomic."""
         final = Path(out_dir)
-        tmp = _atomic_dir(final)
-        self._save_model(tmp, self.dtype)
-        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(_rng_state(), tmp / "rng.pt")
-        info = {
-            "step": self.step_count,
-            "model_dir": self.model_dir,
-            "save_dtype": self.save_dtype,
-            "kwargs": self._init_kwargs,
-            "extra": extra or {},
-        }
-        (tmp / STATE_FILE).write_text(json.dumps(info, indent=2) + "\n")
-        _commit_dir(tmp, final)
+        with _atomic_dir(final) as tmp:
+            self._save_model(tmp, self.dtype)
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(_rng_state(), tmp / "rng.pt")
+            info = {
+                "step": self.step_count,
+                "model_dir": self.model_dir,
+                "save_dtype": self.save_dtype,
+                "kwargs": self._init_kwargs,
+                "extra": extra or {},
+            }
+            (tmp / STATE_FILE).write_text(json.dumps(info, indent=2) + "\n")
         return final
 
     @staticmethod
