@@ -329,9 +329,9 @@ def verdicts(curves: Sequence[Mapping[str, Any]], settings: SignalSettings) -> l
     by_run: dict[str, list[Mapping[str, Any]]] = {}
     for row in curves:
         by_run.setdefault(row["name"], []).append(row)
+    by_run = {name: sorted(rows, key=lambda r: r["step"]) for name, rows in by_run.items()}
     out: list[dict[str, Any]] = []
     for name, rows in by_run.items():
-        rows = sorted(rows, key=lambda r: r["step"])
         if rows[0]["arm"] != "A":
             continue
         first, last, rise = end_rise([r["reward_mean"] for r in rows if r["step"] >= 1], settings.k)
@@ -342,16 +342,13 @@ def verdicts(curves: Sequence[Mapping[str, Any]], settings: SignalSettings) -> l
             "expected": "below margin" if control else "at least margin",
             "holds": (rise < settings.reward_margin) if control else (rise >= settings.reward_margin),
         })  # fmt: skip
-    lp = {name: sorted(rows, key=lambda r: r["step"]) for name, rows in by_run.items() if rows[0]["arm"] == "B"}
+    lp = {name: [r["label_logprob"] for r in rows] for name, rows in by_run.items() if rows[0]["arm"] == "B"}
     if {"B-alpha1", "B-alpha0"} <= set(lp):
-        rises = {}
-        for name in ("B-alpha1", "B-alpha0"):
-            vals = [r["label_logprob"] for r in lp[name]]
-            rises[name] = (vals[0], vals[-1], vals[-1] - vals[0])
-        gap = rises["B-alpha1"][2] - rises["B-alpha0"][2]
+        one, zero = lp["B-alpha1"], lp["B-alpha0"]
+        gap = (one[-1] - one[0]) - (zero[-1] - zero[0])
         out.append({
             "check": "label log-prob rise, alpha 1 minus alpha 0",
-            "first": rises["B-alpha1"][0], "last": rises["B-alpha1"][1], "rise": gap, "margin": settings.label_margin,
+            "first": one[0], "last": one[-1], "rise": gap, "margin": settings.label_margin,
             "expected": "at least margin", "holds": gap >= settings.label_margin,
         })  # fmt: skip
     return out
