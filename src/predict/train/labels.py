@@ -1,16 +1,7 @@
 """Arm B's prediction labels at the token level: where the sampled label sits, and the CE-only sample.
 
 Pure functions over token ids and a tokenizer; no torch, no I/O, so every backend (the local RL trainer and the
-prime-rl plugin) imports this one module. Final signatures:
-
-    label_token_span(completion_ids, tokenizer) -> (start, end) | None
-    decision_token_span(completion_ids, tokenizer) -> (start, end) | None
-    find_label(completion_ids, tokenizer) -> LabelSpan | None
-    tokens_out_of_rl(completion_ids, tokenizer, *, mask_decision) -> (LabelSpan | None, set of token indices)
-    ce_sample(prefix_ids, verified_label, alpha, tokenizer, *, lead="", task_id=None, rollout_key=None,
-              source=None) -> TrainSample
-    prediction_ce_sample(prompt_ids, completion_ids, verified_label, alpha, tokenizer, *, task_id=None,
-                         rollout_key=None, source=None) -> TrainSample | None
+prime-rl plugin) imports this one module.
 
 `tokenizer` is anything with ``decode(ids)`` and ``encode(text)``: a ``transformers`` tokenizer (encoded with
 ``add_special_tokens=False``) or a ``tokenizers.Tokenizer`` (``encode(text).ids``). It must be the policy's own.
