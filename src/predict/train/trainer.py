@@ -102,17 +102,13 @@ def packed_attention(
         # Documents of one length (max_seqlen x count = all tokens): one batched causal SDPA call, the fastest
         # kernel for that shape (cuDNN / flash on CUDA).
         seq = int(max_seqlen)
-        q = query.transpose(1, 2).reshape(n_docs, seq, h, d).transpose(1, 2)
-        k = key.transpose(1, 2).reshape(n_docs, seq, hkv, d).transpose(1, 2)
-        v = value.transpose(1, 2).reshape(n_docs, seq, hkv, d).transpose(1, 2)
+        q, k, v = (x.transpose(1, 2).reshape(n_docs, seq, x.shape[1], d).transpose(1, 2) for x in (query, key, value))
         out = torch.nn.functional.scaled_dot_product_attention(
             q, k, v, is_causal=True, scale=scaling, enable_gqa=hkv != h
         )
         return out.transpose(1, 2).reshape(b, t, h, d), None
     if query.is_cuda and _VARLEN is not None:
-        q = query.transpose(1, 2).reshape(b * t, h, d)
-        k = key.transpose(1, 2).reshape(b * t, hkv, d)
-        v = value.transpose(1, 2).reshape(b * t, hkv, d)
+        q, k, v = (x.transpose(1, 2).reshape(b * t, x.shape[1], d) for x in (query, key, value))
         extra: dict[str, Any] = {"scale": scaling}
         if hkv != h:
             if "enable_gqa" in _VARLEN_PARAMS:
@@ -127,9 +123,7 @@ def packed_attention(
         return out.reshape(b, t, h, d), None
     # One causal SDPA call per document (CPU, or no varlen kernel), on 4-d [1, H, len, D] views: 3-d inputs fall
     # back to the math kernel on the CPU (a [len, len] mask built and reduced per call, 2.3x slower).
-    q = query.transpose(0, 1).reshape(1, h, b * t, d)
-    k = key.transpose(0, 1).reshape(1, hkv, b * t, d)
-    v = value.transpose(0, 1).reshape(1, hkv, b * t, d)
+    q, k, v = (x.transpose(0, 1).reshape(1, x.shape[1], b * t, d) for x in (query, key, value))
     bounds = cu_seqlens.tolist()
     out = torch.cat(
         [
@@ -303,15 +297,14 @@ class ChunkedLMLoss(torch.autograd.Function):
             if grad_w is not None:
                 grad_w.addmm_(dl.T, h)
         out_metrics["n_clipped"] = out_metrics.get("n_clipped", 0.0) + n_clipped
-        ctx.save_for_backward(grad_h, grad_w if grad_w is not None else torch.empty(0))
-        ctx.has_w = grad_w is not None
+        ctx.save_for_backward(grad_h, grad_w)  # grad_w None: the weight needs no gradient
         return total
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         grad_h, grad_w = ctx.saved_tensors
         g = grad_out.to(grad_h.dtype)
-        return grad_h * g, (grad_w * g if ctx.has_w else None), None, None, None, None, None, None, None
+        return grad_h * g, (grad_w * g if grad_w is not None else None), None, None, None, None, None, None, None
 
 
 @torch.no_grad()
