@@ -31,7 +31,7 @@ from dataclasses import asdict
 from typing import Any
 
 from predict.train.driver import SERVED_NAME, RLJob, TrainingRun, epoch_order, load_tokenizer
-from predict.train.metrics import rollout_metrics
+from predict.train.metrics import METRIC_COLUMNS, rollout_metrics
 
 __all__ = ["SERVED_NAME", "RLJob", "run_rl", "step_tasks"]
 
@@ -46,10 +46,6 @@ def step_tasks(rows: Sequence[Mapping[str, Any]], seed: int, step: int, per_step
         raise ValueError("the rl split has no tasks")
     chosen = [dict(ordered[i]) for i in epoch_order(len(ordered), str(seed), step, per_step)]
     return [{**row, "sample": s} for row in chosen for s in range(group)]
-
-
-SAMPLE_COUNTS = ("prediction_points", "masked_labels", "malformed_no_label", "unaligned", "no_reward",
-                 "zero_advantage_skipped", "merged_calls", "calls")  # fmt: skip
 
 
 def run_rl(
@@ -95,7 +91,7 @@ def run_rl(
         t = time.perf_counter()
         samples, counts, _ = build_samples(records, tokenizer, settings)
         row["samples_s"] = time.perf_counter() - t
-        row |= {k: v for k, v in asdict(counts).items() if k in SAMPLE_COUNTS}
+        row |= {k: v for k, v in asdict(counts).items() if k in METRIC_COLUMNS}  # the counts the schema declares
         row["n_ce_samples"] = sum(s.kind == "ce" for s in samples)
 
         t = time.perf_counter()
