@@ -528,9 +528,8 @@ def write_rl_metrics(output_dir: str | Path, out: str | Path, raw_out: str | Pat
 
 def finished_steps(output_dir: str | Path) -> list[int]:
     """Steps whose HF weights prime-rl finished writing (``weights/step_N/STABLE``)."""
-    weights = Path(output_dir) / "weights"
     steps = []
-    for d in weights.glob("step_*") if weights.is_dir() else []:
+    for d in (Path(output_dir) / "weights").glob("step_*"):
         suffix = d.name.removeprefix("step_")
         if suffix.isdigit() and (d / STABLE).exists():
             steps.append(int(suffix))
