@@ -440,10 +440,9 @@ def run_signal(config: Mapping[str, Any], out_dir: str | Path, settings: SignalS
     sft = {"A": sft_start_point(chosen["A"], base, out / "sft" / "A", settings, arm="A")}
     sft["B"] = sft_start_point(chosen["B"], out / "sft" / "A", out / "sft" / "B", settings, arm="B")
 
-    serving = config["serving"]
     runs = signal_runs(settings)
-    with VLLMServer.from_serving(out / "sft" / "A", serving, served_model_name=SERVED_NAME, worker_extension=True,
-                                 log_path=out / "vllm.log") as server:  # fmt: skip
+    with VLLMServer.from_serving(out / "sft" / "A", config["serving"], served_model_name=SERVED_NAME,
+                                 worker_extension=True, log_path=out / "vllm.log") as server:  # fmt: skip
         for r in runs:
             job = RLJob(run=r.run, seed=r.seed, init=out / "sft" / r.arm, tasks=tasks, out_dir=out / "rl" / r.name)
             run_rl(job, run_config(config, settings, r), server=server)
