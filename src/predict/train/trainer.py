@@ -158,7 +158,7 @@ def _grad_logits(logits: torch.Tensor, lse: torch.Tensor, g: torch.Tensor, targe
 def _grad_logits_inplace(
     logits: torch.Tensor, lse: torch.Tensor, g: torch.Tensor, targets: torch.Tensor
 ) -> torch.Tensor:
-    """`_grad_logits` reusing the logits buffer when it is already float32+ (eager; CPU)."""
+    """`_grad_logits` reusing the logits buffer when it is already float32+ (the eager path)."""
     if logits.dtype != lse.dtype:
         return _grad_logits(logits, lse, g, targets)
     logits.sub_(lse[:, None]).exp_().mul_(-g[:, None])
