@@ -206,8 +206,7 @@ def mark_attempt(output_dir: str | Path) -> dict[str, list[int]]:
         starts = marks.setdefault(name, [])
         if not starts or starts[-1] != size:
             starts.append(size)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    write_json(marks, path)
+    write_json(marks, path)  # makes output_dir if need be
     return marks
 
 
