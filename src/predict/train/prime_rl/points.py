@@ -16,7 +16,7 @@ How a prediction point is found:
   sample is the span of that node's tokens where the sample's mask is True.
 
 If the number of sampled nodes differs from the number of steps the mapping is ambiguous: `prediction_targets`
-raises `PointsMismatch` and the caller keeps plain GRPO for that rollout (and counts it).
+raises `PointsMismatch` and the caller trains nothing on that rollout (and counts it).
 """
 
 from __future__ import annotations
