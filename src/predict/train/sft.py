@@ -22,8 +22,7 @@ per-step metrics with it), so a killed run resumes from its last saved state, an
 same traces, base model and ``sft`` settings (``state_dir/fingerprint.json``, `predict.fingerprint`); at the end
 the HF checkpoint is written atomically, the metrics parquet next to it, and the state folder removed.
 
-Metrics parquet columns (`METRICS_SCHEMA`): arm, step, epoch, loss (= ce_loss for SFT), ce_loss, lr, grad_norm,
-n_samples, n_tokens, n_ce_tokens, time_s, tokens_per_s.
+Metrics parquet: `METRICS_SCHEMA`, a row per step (loss = ce_loss for SFT).
 """
 
 from __future__ import annotations
@@ -264,8 +263,7 @@ def run_sft(
         trainer.save_state(trainer_dir)
         write_rows(rows, METRICS_SCHEMA, state_dir / "metrics.parquet")
 
-    bar = _progress(progress)
-    with bar:
+    with _progress(progress) as bar:
         task = bar.add_task(f"SFT arm {arm}", total=total, completed=trainer.step_count)
         while trainer.step_count < total:
             k = trainer.step_count
