@@ -627,11 +627,11 @@ class Trainer:
         cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
         self._copy_tokenizer(dst)
 
-    def save_checkpoint(self, out_dir: str | Path, *, dtype: str | None = None) -> Path:
-        """HF folder (weights in the base checkpoint's dtype unless given + tokenizer), written atomically."""
+    def save_checkpoint(self, out_dir: str | Path) -> Path:
+        """HF folder (weights in the base checkpoint's dtype + tokenizer), written atomically."""
         final = Path(out_dir)
         with _atomic_dir(final) as tmp:
-            self._save_model(tmp, dtype or self.save_dtype)
+            self._save_model(tmp, self.save_dtype)
             tmp.chmod(0o755)
         return final
 

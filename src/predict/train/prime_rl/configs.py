@@ -239,9 +239,7 @@ def renderer_table(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": RENDERER, "enable_thinking": bool(cfg["model"].get("enable_thinking", True))}
 
 
-def env_source(
-    cfg: Mapping[str, Any], spec: Any, tasks: str | Path, split: str = "rl", seed: int | None = None
-) -> dict[str, Any]:
+def env_source(cfg: Mapping[str, Any], spec: Any, tasks: str | Path, seed: int) -> dict[str, Any]:
     """One ``[[orchestrator.train.source]]``: our taskset + harness, with the same protocol values as local
     rollouts (`RolloutSettings.from_study_config`); `seed` orders the taskset (prime-rl's epoch shuffle ignores it)."""
     from predict.env.rollout import RolloutSettings
@@ -261,7 +259,7 @@ def env_source(
             "taskset": {
                 "id": TASKSET_ID,
                 "path": _abs(tasks),
-                "split": split,
+                "split": "rl",
                 "order_seed": seed,
                 "task": dict(verifier),
             },
