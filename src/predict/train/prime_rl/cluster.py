@@ -171,7 +171,7 @@ def output_dir_fingerprint(table: dict[str, Any]) -> Any:
     return fingerprint(table, [k for k in table if k != "output_dir"], inputs=paths)
 
 
-def launch(kind: str, toml: str | Path, dest: str | Path, *, uv: str = "uv", extra_args: Sequence[str] = ()) -> None:
+def launch(kind: str, toml: str | Path, dest: str | Path, *, uv: str = "uv") -> None:
     """Run prime-rl's ``rl`` or ``sft`` entry point on a rendered TOML, in its venv: one attempt (module doc). Its
     ``output_dir`` (prime-rl's checkpoints, weights and metrics) is kept only when it was made from the same TOML and
     inputs; otherwise it is emptied first, so a new run never resumes, collects or reports an older one's steps."""
@@ -181,7 +181,7 @@ def launch(kind: str, toml: str | Path, dest: str | Path, *, uv: str = "uv", ext
     output_dir = Path(table["output_dir"])
     start_or_resume(output_dir, output_dir_fingerprint(table), what=f"prime-rl {kind} ({toml})")
     mark_attempt(output_dir)
-    _run([uv, "run", "--frozen", "--no-sync", kind, "@", Path(toml).absolute(), *extra_args], cwd=dest)
+    _run([uv, "run", "--frozen", "--no-sync", kind, "@", Path(toml).absolute()], cwd=dest)
     drop_superseded_metrics(output_dir)
 
 
