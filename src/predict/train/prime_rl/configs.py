@@ -83,7 +83,6 @@ class RLSettings:
     infer_gpus: int
     ckpt_interval: int | None
     max_off_policy_steps: int
-    mask_decision: bool
     eps_low: float
     eps_high: float
     kl_coef: float
@@ -126,7 +125,6 @@ def rl_settings(cfg: Mapping[str, Any]) -> RLSettings:
         infer_gpus=int(r.get("infer_gpus", 1)),
         ckpt_interval=shared.get("checkpoint_every"),
         max_off_policy_steps=int(r.get("max_off_policy_steps", 1)),
-        mask_decision=bool(shared.get("mask_decision", False)),
         # the local trainer's defaults (predict.train.loss.LossConfig, samples.SampleSettings, the trainer's dtype)
         eps_low=float(shared.get("eps_low", 0.2)),
         eps_high=float(shared.get("eps_high", 0.2)),
