@@ -53,9 +53,7 @@ def run_rl(
 ) -> dict[str, Any]:
     """Run (or resume) one RL run; returns a summary. `stop_after`: return after that many steps of *this call*
     (tests simulate a kill with it). `server`: a running `VLLMServer` (served as ``SERVED_NAME``, worker extension
-    on) to use instead of starting one; the run first loads its own starting weights into it, then syncs as usual,
-    so several runs can share one server one after another (`predict.signal` does: a start-up per run would cost
-    more than the runs)."""
+    on) to share instead of starting one (`predict.train.driver`, rule 2; as `predict.signal`'s runs do)."""
     from predict.data import load_split
     from predict.env.records import write_records
     from predict.env.rollout import run_rollouts_sync

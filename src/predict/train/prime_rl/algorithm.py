@@ -25,11 +25,10 @@ What it does to a rollout (the rules of the study's loss, `predict.train.loss`, 
   included. Such a rollout keeps only its CE samples and no advantage stream (``advantages = None``), which the
   filter skips; its RL samples are dropped, as the filter would have done. A rollout without CE samples is left
   to the filter.
-* metrics (``score_rollout``, both arms: `GRPOStdAlgorithm` does it): each rollout's patches, predictions and verified outcomes by class, REVISE
-  decisions, reward, final pass and budget exhaustion (`predict.train.metrics.rollout_trace_metrics`, counted as
-  the local trainer counts them) are recorded as trace metrics ``predict_<name>``; prime-rl's orchestrator logs
-  their per-step means to ``metrics.jsonl``, which `predict.train.prime_rl.configs.schema_rows` turns into the
-  per-step schema of `predict.train.metrics`.
+* metrics (``score_rollout``, both arms: `GRPOStdAlgorithm` does it): each rollout's counts, counted as the local
+  trainer counts them (`predict.train.metrics.rollout_trace_metrics`: patches, predictions and verified outcomes by
+  class, REVISE decisions, reward, final pass, budget exhaustion), recorded as trace metrics ``predict_<name>``
+  (their per-step means go to prime-rl's ``metrics.jsonl``: `predict.train.metrics.ROLLOUT_METRIC_PREFIX`).
 * A rollout whose model calls and program steps do not line up trains nothing (its prediction points cannot be
   located, so its label tokens cannot be kept out of RL): its samples are dropped, as the local trainer drops it
   (`predict.train.samples.rollout_samples`, "unaligned"); its reward still counts in the group baseline. Counted
