@@ -62,7 +62,7 @@ def rft_tasks(rows: Sequence[Mapping[str, Any]], seed: int, n_tasks: int | None,
         raise ValueError("the rl split has no tasks")
     if n_tasks is not None and n_tasks < len(ordered):
         ordered = sorted(random.Random(f"rft:{seed}").sample(ordered, n_tasks), key=lambda r: r["task_id"])
-    return [{**dict(row), "sample": s} for row in ordered for s in range(group)]
+    return [{**row, "sample": s} for row in ordered for s in range(group)]
 
 
 def step_batch(n_kept: int, seed: int, step: int, batch: int) -> list[int]:

@@ -549,8 +549,7 @@ def collect_rl_checkpoints(output_dir: str | Path, run_dir: str | Path, out_json
     list them in `out_json`. Re-running after a resume only adds the new steps."""
     from predict.io import write_json
 
-    moved = finished_steps(output_dir)
-    for step in moved:
+    for step in finished_steps(output_dir):
         _move(Path(output_dir) / "weights" / f"step_{step}", Path(run_dir) / f"step{step}")
     steps = sorted(int(d.name[4:]) for d in Path(run_dir).glob("step*") if d.name[4:].isdigit() and d.is_dir())
     if not steps:
