@@ -139,6 +139,16 @@ def test_study_stats_pairs_selection_and_ablation(tmp_path: Path) -> None:
     assert table[0]["deficit_vs_A_base"] == pytest.approx(0.2)
 
 
+def test_the_fallback_checkpoint_does_not_depend_on_the_order_evaluations_are_read_in() -> None:
+    """`predict stats` hands the selection sorted evaluations, `predict ablations`/`extensions` the files' order:
+    both must fall back to the same checkpoint for a run without step checkpoints."""
+    rows = [{"run": "C", "seed": 1, "split": "val", "checkpoint": c, "pass_at_1": p}
+            for c, p in (("sft", 0.3), ("base", 0.1))]
+    for metrics in (rows, rows[::-1]):
+        (chosen,) = select_checkpoints(metrics, "fixed", 100)
+        assert (chosen["checkpoint"], chosen["val_pass_at_1"], chosen["fallback"]) == ("sft", 0.3, True)
+
+
 def test_selection_best_val_and_base_fallback() -> None:
     metrics = [{"run": "B", "seed": 1, "split": "val", "checkpoint": c, "pass_at_1": p}
                for c, p in (("sft", 0.9), ("step50", 0.4), ("step100", 0.5), ("step150", 0.5))]

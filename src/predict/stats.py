@@ -36,8 +36,8 @@ test: `TEST_STATS_TABLES`), `results/ablations/` and `results/extensions/`. Rule
   (the deficit) at Arm A's OWN selected checkpoint.
 * Checkpoint selection reads only val: ``fixed`` takes ``step{N}``; ``best_val`` the step checkpoint with the
   highest val pass@1 (ties: the earlier step). A run with no step checkpoint falls back to its last evaluated
-  checkpoint by name (``sft`` over ``base``; ``fallback=True`` in the table): the base stand-in of a branch without
-  trained checkpoints.
+  checkpoint by name (``sft`` over ``base``, whatever order the evaluations come in; ``fallback=True`` in the
+  table): the base stand-in of a branch without trained checkpoints.
 * Power (`power_table`) matches the test that is run: ONE seed pairing (no test pools seeds) on n paired tasks,
   exact McNemar, two-sided, at level ``power.significance``. At discordance rate d (share of tasks where the two
   disagree) and pass@1 difference delta, the discordant count D ~ Binomial(n, d) and the first arm's wins among
@@ -405,7 +405,8 @@ def select_checkpoints(metrics: Sequence[Mapping[str, Any]], mode: str, step: in
     val = [m for m in metrics if m["split"] == "val"]
     out = []
     for run, seed in sorted({(m["run"], m["seed"]) for m in val}):
-        mine = [m for m in val if (m["run"], m["seed"]) == (run, seed)]
+        # by name, so the fallback below is the same whatever order the caller read the evaluations in
+        mine = sorted((m for m in val if (m["run"], m["seed"]) == (run, seed)), key=lambda m: m["checkpoint"])
         steps = sorted((s, m) for m in mine if (s := step_of(m["checkpoint"])) is not None)
         chosen, fallback = None, False
         if mode == "fixed":
