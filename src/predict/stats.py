@@ -376,7 +376,8 @@ def pair_plan(
         ckpt = (selected or {}).get((run, seed))
         return evals.get((run, ckpt, split, seed)) if ckpt else None
 
-    for run, ckpt, split, seed in [k for k in keys if k[0] == "A" and {"A", "B"} <= set(arms)]:
+    both_arms = "A" in arms and "B" in arms
+    for run, ckpt, split, seed in [k for k in keys if both_arms and k[0] == "A"]:
         first = evals[run, ckpt, split, seed]
         if selected is None:
             plan += [("A_vs_B", first, evals[k]) for k in keys if k[0] == "B" and k[1:3] == (ckpt, split)]
