@@ -176,3 +176,26 @@ def small_test_campaign(root: Path) -> tuple[list[Path], list[dict[str, Any]], d
                   "fallback": False} for r in passes]
     extensions = {"edit_on_revise": {"spec": {"base_arm": "B", "variant": "edit_on_revise", "test_cost": 1}}}
     return paths, selection, {"forced_keep": {"variant": "forced_keep"}}, extensions
+
+
+def record_campaign(ledger: Path, config: dict[str, Any], paths: Sequence[Path],
+                    selection: Sequence[dict[str, Any]]) -> str:
+    """The campaign ledger of these synthetic test files, written as the campaign writes it (predict.campaign):
+    admitted under `config`'s design, then each file recorded done with its sha256, since `predict stats` on test
+    reads only files its ledger knows. Returns the campaign id."""
+    from predict.campaign import TestLedger
+    from predict.data import MBPP_SCHEMA, load_mbpp
+    from predict.fingerprint import file_sha256
+    from predict.io import write_rows
+    from predict.stats import read_evaluation
+
+    repo = Path(__file__).resolve().parents[1]
+    tasks = write_rows(load_mbpp(repo / "resources" / "mbpp" / "mbpp.jsonl")[:3], MBPP_SCHEMA,
+                       ledger.with_name("synthetic-test-tasks.parquet"))
+    plan = [(ev.run, ev.checkpoint, ev.seed) for ev in map(read_evaluation, paths)]
+    admitted = TestLedger(ledger).admit(config, plan, [(*e, "synthetic") for e in plan], tasks_path=tasks,
+                                        selection=selection)
+    for (run, checkpoint, seed), admission, path in zip(plan, admitted, paths, strict=True):
+        TestLedger(ledger).record({"run": run, "checkpoint": checkpoint, "seed": seed, **admission.fields(),
+                                   "sha256": file_sha256(path)}, "done")
+    return admitted[0].campaign

@@ -11,19 +11,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from predict.campaign import SplitGuardError, campaign_from_stats, config_hash
 from predict.config import ConfigError, load_config
 from predict.data import MBPP_SCHEMA
-from predict.evaluate import (
-    CheckpointEval,
-    campaign_from_stats,
-    config_hash,
-    evaluate,
-    evaluate_checkpoints,
-    evaluation_job,
-    run_identity,
-)
+from predict.evaluate import CheckpointEval, evaluate, evaluate_checkpoints, evaluation_job, run_identity
 from predict.io import read_rows, write_rows
-from predict.rollouts import SplitGuardError
 from predict.serve import VLLMServer
 from predict.stats import SELECTION_SCHEMA
 
@@ -163,8 +155,8 @@ def test_a_second_campaign_under_a_changed_config_is_refused(study, task_file: P
     # ... what does is: even an entry never evaluated is refused, naming the ledger and the changed key
     changed = {**study, "evaluation": {**study["evaluation"], "max_tokens": 78}}
     ledger = tmp_path / "test" / "ledger.jsonl"
-    with pytest.raises(SplitGuardError, match=rf"{re.escape(str(ledger))}: the test campaign was frozen .* differs "
-                                              r"in evaluation\.max_tokens"):
+    with pytest.raises(SplitGuardError, match=rf"{re.escape(str(ledger))}: the test campaign on this split and base "
+                                              r"model .* was frozen .* differs in evaluation\.max_tokens"):
         _campaign(changed, task_file, tmp_path, "step100", base_url=endpoint.base_url)
     assert not (tmp_path / "eval" / "B" / "step100" / "test").exists()
 
@@ -284,6 +276,7 @@ def _val_to_test_stats(config, tasks, files, endpoint, tmp_path: Path, main) -> 
     test = sorted(str(p) for p in (tmp_path / "eval").glob("*/*/test/*.parquet"))
     assert len(test) == 4
     assert main(["stats", "--config-json", json.dumps(config), "--eval", *test, "--selection", str(selection),
+                 "--test-ledger", str(tmp_path / "test" / "ledger.jsonl"),
                  "--out-dir", str(tmp_path / "test" / "stats")]) == 0
     test_metrics = read_rows(tmp_path / "test" / "stats" / "metrics.parquet")
     assert {(m["run"], m["checkpoint"], m["split"], m["n_scored"]) for m in test_metrics} == {
@@ -324,28 +317,36 @@ def _ledger_lines(path: Path, *lines: str) -> Path:
     return path
 
 
-def test_the_ledger_is_read_by_its_file_lines_and_a_torn_line_stops_both_readers(study, tmp_path: Path) -> None:
+def test_the_ledger_is_read_by_its_file_lines_and_a_torn_line_stops_both_readers(study, task_file: Path,
+                                                                                  tmp_path: Path) -> None:
     """Both readers of the test ledger (the rollout guard, the campaign) skip blank lines, name the file line of an
     earlier evaluation, and stop on a line that is not an entry (a torn write) instead of crashing in json."""
-    from predict.evaluate import TestLedger
-    from predict.rollouts import RolloutJob, guard_test_split
+    from predict.campaign import TestLedger, guard_tasks
 
     plan = [("B", "sft", 42)]
     ledger = tmp_path / "ledger.jsonl"
-    TestLedger(ledger).admit(study, plan, "B", "sft", 42)  # line 1: the campaign
+
+    def admit() -> str:
+        return TestLedger(ledger).admit(study, plan, [("B", "sft", 42, "m")], tasks_path=task_file)[0].campaign
+
+    ident = admit()  # line 1: the campaign
     campaign = ledger.read_text().strip()
-    done = json.dumps({"run": "B", "arm": "B", "checkpoint": "sft", "seed": 42, "status": "done", "time": "t0"})
-    job = RolloutJob(tasks_path=tmp_path / "test.parquet", split="test", out=tmp_path / "o.parquet", model="m",
-                     checkpoint="sft", arm="B", seed=42, test_ledger=ledger)
+    done = json.dumps({"run": "B", "arm": "B", "checkpoint": "sft", "seed": 42, "status": "done", "time": "t0",
+                       "campaign": ident})
+
+    def guard() -> None:
+        guard_tasks(split="test", tasks_path=task_file, task_ids=[127], run="B", checkpoint="sft", seed=42,
+                    admission={"campaign": ident}, ledger=ledger)
+
     _ledger_lines(ledger, campaign, "", done)
     with pytest.raises(SplitGuardError, match=rf"{re.escape(str(ledger))}:3: run B checkpoint sft seed 42 was already"):
-        guard_test_split(job)
+        guard()
     with pytest.raises(SplitGuardError, match=rf"{re.escape(str(ledger))}:3: B sft seed 42 was already evaluated"):
-        TestLedger(ledger).admit(study, plan, "B", "sft", 42)
+        admit()
     _ledger_lines(ledger, campaign, done[:25])
-    for read in (lambda: guard_test_split(job), lambda: TestLedger(ledger).admit(study, plan, "B", "sft", 42)):
+    for read in (guard, admit):
         with pytest.raises(SplitGuardError, match=rf"{re.escape(str(ledger))}:2: not a ledger entry \(not JSON"):
             read()
     _ledger_lines(ledger, campaign, "[1, 2]")
     with pytest.raises(SplitGuardError, match=r":2: not a ledger entry \(a JSON list, not an object\)"):
-        guard_test_split(job)
+        guard()

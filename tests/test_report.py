@@ -21,6 +21,7 @@ from PIL import Image
 from predict.cli import main
 from predict.config import load_config
 from predict.report import SECTIONS
+from predict.report.build import TEST_SECTIONS
 from predict.train.metrics import rollout_metrics, write_metrics
 
 from .conftest import REPO
@@ -210,7 +211,7 @@ def test_the_test_sections_show_ablations_and_extensions_and_say_when_the_test_h
     assert "70.0% (7/10)" in head and "40.0% (4/10)" in head  # A vs B at the selected checkpoints
     without = build_report(config, stats_dir=tmp_path / "none", ablations=[], power=tmp_path / "none.parquet",
                            out=tmp_path / "val-only.html").read_text()
-    assert without.count("The frozen test has not been run yet") == 5
+    assert without.count("The frozen test has not been run yet") == len(TEST_SECTIONS)
     # test statistics without a single RL-vs-SFT pair: the test has run, its first-patch table has nothing to show
     (tmp_path / "test" / "pairs.parquet").unlink()
     no_pairs = build_report(config, stats_dir=tmp_path / "none", ablations=[], power=tmp_path / "none.parquet",

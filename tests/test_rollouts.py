@@ -125,25 +125,25 @@ def test_persisted_rollouts_of_other_inputs_are_redone(
     assert "persisted" not in {r["trace_id"] for r in rows}
 
 
-def test_test_split_needs_its_explicit_target_and_is_evaluated_once(
+def test_test_split_needs_its_campaigns_admission_and_a_missing_ledger_is_a_refusal(
     study, mbpp_rows: list[dict], endpoint, tmp_path: Path
 ) -> None:
+    """A rollout job on the test split runs only as an evaluation its campaign admitted (predict.campaign; the
+    campaign's own tests are tests/test_campaign.py). Issue 26: the old guard passed when the ledger file was missing,
+    so a job pointed at a fresh ledger path evaluated the test split outside any campaign."""
     test_file = write_rows([r for r in mbpp_rows if r["task_id"] == 127], MBPP_SCHEMA, tmp_path / "test.parquet")
     out = tmp_path / "test-eval.parquet"
     with pytest.raises(SplitGuardError, match="evaluated once"):
         run_job(_job(test_file, out, endpoint, split="test"), study)
-    assert not out.exists()
-
     ledger = tmp_path / "ledger.jsonl"
-    run_job(_job(test_file, out, endpoint, split="test", test_ledger=ledger), study)
-    entries = [json.loads(line) for line in ledger.read_text().splitlines()]
-    assert [e["status"] for e in entries] == ["started", "done"]
-    assert entries[-1]["pass_rate"] == 1.0 and entries[-1]["checkpoint"] == "base"
-
-    with pytest.raises(SplitGuardError, match="already evaluated"):
-        run_job(_job(test_file, tmp_path / "again.parquet", endpoint, split="test", test_ledger=ledger), study)
-    # another arm's checkpoint is a different evaluation
-    run_job(_job(test_file, tmp_path / "b.parquet", endpoint, split="test", arm="B", test_ledger=ledger), study)
+    with pytest.raises(SplitGuardError, match="a missing ledger is a refusal"):
+        run_job(_job(test_file, out, endpoint, split="test", test_ledger=ledger,
+                     ledger_extra={"campaign": "0123456789abcdef"}), study)
+    ledger.write_text(json.dumps({"event": "campaign", "campaign": "another", "plan": [["A", "base", 42]]}) + "\n")
+    with pytest.raises(SplitGuardError, match="has no admission in test campaign 0123456789abcdef"):
+        run_job(_job(test_file, out, endpoint, split="test", test_ledger=ledger,
+                     ledger_extra={"campaign": "0123456789abcdef"}), study)
+    assert not out.exists() and not endpoint.requests
 
 
 def test_a_git_that_hangs_leaves_the_commit_unrecorded_instead_of_failing_the_rollout(monkeypatch) -> None:

@@ -261,8 +261,8 @@ def test_stop_shared_server_waits_for_the_lease(tmp_path: Path, fake: dict[str, 
 
 def test_sharing_is_not_part_of_any_result() -> None:
     """Turning serving.shared on or off reruns no job and is not a new test design."""
+    from predict.campaign import config_hash
     from predict.config import REPO_ROOT, load_config
-    from predict.evaluate import config_hash
     from predict.stages import STAGES, slice_params
 
     config = load_config(REPO_ROOT / "config" / "local.yaml")

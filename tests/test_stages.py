@@ -75,7 +75,7 @@ def test_every_listed_key_exists_in_the_schema(path: Path) -> None:
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_the_test_campaign_slice_is_the_whole_frozen_design(path: Path) -> None:
-    from predict.evaluate import config_hash, design_config
+    from predict.campaign import config_hash, design_config
 
     config = load_config(path)
     sliced = config_slice(config, "evaluate-test")

@@ -131,18 +131,20 @@ def test_power_reruns_only_power_and_the_report(run: str, request: pytest.Fixtur
     assert all(len(r) < 300 for r in reasons)
 
 
-@pytest.mark.parametrize("run", ["finished_run", "finished_best_val_run"])
-def test_bootstrap_reruns_the_statistics_and_never_the_frozen_test_campaign(
-    run: str, request: pytest.FixtureRequest
-) -> None:
-    # The bootstrap is not part of the frozen design: the test evaluations (which the ledger would refuse to repeat)
-    # stay, their statistics and the report follow. power reads stats' pairs.parquet (the observed discordance).
-    # best_val: a dry-run does not see past the stats checkpoint; the next test checks the plan after it.
-    jobs, log = plan(request.getfixturevalue(run), {"evaluation.bootstrap.resamples": 5000})
+def test_bootstrap_is_frozen_with_the_test_campaign(finished_run: Path, tmp_path: Path) -> None:
+    # Issue 26: the bootstrap is part of the frozen design (the test's statistics cannot change their settings after
+    # the test). The val statistics rerun first (the stats checkpoint: a dry-run sees no further), then the test
+    # evaluations are replanned, and the ledger refuses them (tests/test_campaign.py). power reads pairs.parquet.
+    workdir = tmp_path / "run"
+    shutil.copytree(finished_run, workdir, symlinks=True)
+    edit = {"evaluation.bootstrap.resamples": 5000}
+    jobs, log = plan(workdir, edit)
     assert set(jobs) == {"stats", "ablation", "extension", "power", "test_stats", "report", "all"}, jobs
-    assert "evaluate_test" not in log
     assert jobs["ablation"] == len(LOCAL["ablations"]) and jobs["extension"] == len(LOCAL["extensions"])
     assert all("evaluation.bootstrap" in r for r in param_reasons(log))
+    snakemake(workdir, workdir / "edited.yaml", "--touch", "results/stats/selection.parquet")  # stats has rerun
+    jobs, log = plan(workdir, edit)
+    assert TEST_CAMPAIGN <= set(jobs) and any("evaluate_test" in line for line in log.splitlines()), jobs
 
 
 @pytest.mark.parametrize("run", ["finished_run", "finished_best_val_run"])
@@ -212,7 +214,9 @@ def test_snakemake_report_holds_the_study_report_and_its_tables(finished_run: Pa
 def test_a_design_edit_after_the_campaign_stops_at_the_ledger_and_keeps_the_test_evaluations(
     finished_best_val_run: Path, tmp_path: Path
 ) -> None:
-    from predict.evaluate import TestLedger, campaign_from_stats
+    from predict.campaign import TestLedger, campaign_from_stats, registry_ledger
+    from predict.data import MBPP_SCHEMA, load_mbpp
+    from predict.io import write_rows
     from predict.stages import config_slice
 
     workdir = tmp_path / "run"
@@ -221,8 +225,12 @@ def test_a_design_edit_after_the_campaign_stops_at_the_ledger_and_keeps_the_test
     stats = workdir / "results" / "stats"
     frozen = config_slice(config, "evaluate-test")  # what the campaign's stage reads; the ledger hashes it
     campaign = campaign_from_stats(frozen, stats / "metrics.parquet", stats / "selection.parquet")
-    TestLedger(workdir / "results" / "test" / "ledger.jsonl").admit(frozen, campaign, *campaign[0])
     run, checkpoint, seed = campaign[0]
+    # the campaign admitted under the frozen design, in the ledger the stages find (PREDICT_TEST_CAMPAIGNS here), on
+    # a test split with rows (the faked run's files are empty)
+    tasks = write_rows(load_mbpp(REPO / "resources" / "mbpp" / "mbpp.jsonl")[:2], MBPP_SCHEMA,
+                       workdir / "results" / "data" / "test.parquet")
+    TestLedger(registry_ledger()).admit(frozen, campaign, [(run, checkpoint, seed, "m")], tasks_path=tasks)
     evaluation = workdir / "results" / "eval" / run / checkpoint / "test" / f"seed{seed}.parquet"
     evaluation.write_bytes(b"the frozen test evaluation")
     config["prime_rl"]["seq_len"] = 1024  # part of the frozen design
@@ -235,7 +243,7 @@ def test_a_design_edit_after_the_campaign_stops_at_the_ledger_and_keeps_the_test
     )  # fmt: skip
     assert out.returncode != 0 and "evaluate_test" in out.stdout + out.stderr
     logs = "".join(p.read_text() for p in (workdir / "logs").rglob("*.log") if "evaluate_test" in str(p))
-    assert "the test campaign was frozen" in logs and "prime_rl.seq_len" in logs, logs[-3000:]
+    assert "the test campaign on this split" in logs and "prime_rl.seq_len" in logs, logs[-3000:]
     # Snakemake deletes a job's outputs before running it: the refused rerun must not take the frozen file with it
     assert evaluation.read_bytes() == b"the frozen test evaluation"
 

@@ -43,8 +43,9 @@ def test_forced_keep_target_builds_exactly_what_it_needs() -> None:
 def test_paper_all_ends_in_the_report_with_every_ablation() -> None:
     counts = job_counts("--profile", "slurm", "all")
     assert counts["report"] == 1 and counts["ablation"] == 3 and counts["stats"] == 1 and counts["power"] == 1
-    # one val job and one test job per run and seed: 11 runs x 2 seeds
-    assert evaluation_jobs(counts) == evaluation_jobs(counts, "test") == {run: 2 for run in RUNS}
+    # one val job and one test job per run and seed: 11 runs x 2 seeds; and each arm's SFT once on test (issue 26)
+    assert evaluation_jobs(counts) == {run: 2 for run in RUNS}
+    assert evaluation_jobs(counts, "test") == {**{run: 2 for run in RUNS}, "reference_A": 1, "reference_B": 1}
     assert counts["test_stats"] == 1
     # GRPO runs (arms, ablations, RL extensions) on prime-rl; the RFT extensions on our trainer
     assert counts["prime_rl_rl"] == 9 * 2 and counts["rft"] == 2 * 2 and counts["extension"] == 6
@@ -70,12 +71,15 @@ def test_paper_all_includes_every_extension_run_table_and_report_input() -> None
             assert f"results/eval/{run}/sft/val/seed{seed}.parquet" not in text, run
         assert f"results/extensions/{run}.parquet" in text, run
     assert "predict rft " in text and "--run rft_B" in text and "--extensions " in text
+    for arm in ("A", "B"):  # each arm's SFT is evaluated on test once, under the first seed, for every seed
+        assert f"results/eval/{arm}/sft/test/seed42.parquet" in text and f"eval/{arm}/sft/test/seed43" not in text
 
 
 def test_local_all_runs_every_extension_at_its_last_step_only() -> None:
     counts = job_counts("all")
     assert counts["rl"] == 9 and counts["rft"] == 2 and counts["extension"] == 6
-    assert evaluation_jobs(counts) == evaluation_jobs(counts, "test") == {run: 1 for run in RUNS}  # one seed
+    assert evaluation_jobs(counts) == {run: 1 for run in RUNS}  # one seed
+    assert evaluation_jobs(counts, "test") == {**{run: 1 for run in RUNS}, "reference_A": 1, "reference_B": 1}
 
 
 def test_expensive_tests_table_pulls_the_other_arm_at_the_same_cost() -> None:
@@ -88,17 +92,18 @@ def test_paper_test_target_is_the_campaign_at_the_selected_checkpoints() -> None
     for target in ("test", "all"):
         text = dry_run("--profile", "slurm", target)
         for seed in (42, 43):
-            for arm in ("A", "B"):  # the reference (SFT) and the selected step, one job
-                for checkpoint in ("sft", "step100"):
-                    assert f"--out results/eval/{arm}/{checkpoint}/test/seed{seed}.parquet" in text, (arm, checkpoint)
+            for arm in ("A", "B"):  # the selected step per seed; the reference (SFT) once, under the first seed
+                assert f"--out results/eval/{arm}/step100/test/seed{seed}.parquet" in text, arm
+                assert (f"--out results/eval/{arm}/sft/test/seed{seed}.parquet" in text) == (seed == 42), arm
             for run in ABLATIONS + EXTENSIONS:  # the selected step only
                 assert f"--out results/eval/{run}/step100/test/seed{seed}.parquet" in text, run
                 assert f"results/eval/{run}/sft/test/seed{seed}.parquet" not in text, run
             for run in RUNS:  # nothing but the selected step and the reference
                 assert f"results/eval/{run}/step50/test/seed{seed}.parquet" not in text, run
-        assert "--test-ledger results/test/ledger.jsonl" in text and "--selection results/stats/selection.parquet" in text
+        # the stages find the checkout's campaign ledger themselves: never one under results/, never a param
+        assert "--test-ledger" not in text and "--selection results/stats/selection.parquet" in text
         stats_job = next(line for line in text.splitlines() if "--out-dir results/test/stats" in line)
-        assert stats_job.count("/test/seed") == 2 * (2 * 2 + 9)  # every test evaluation, nothing of val
+        assert stats_job.count("/test/seed") == 2 * 2 + 2 + 2 * 9  # every test evaluation, nothing of val
         assert "/val/" not in stats_job.split("--selection")[0]
         assert ("results/report/index.html" in text) == (target == "all")
     counts = job_counts("--profile", "slurm", "test")

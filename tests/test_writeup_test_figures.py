@@ -17,7 +17,7 @@ from predict.config import load_config
 from predict.stats import STATS_TABLES, TEST_STATS_TABLES
 
 from .conftest import REPO
-from .synthetic import WRITEUP_TEST, write_writeup_evaluations
+from .synthetic import WRITEUP_TEST, record_campaign, write_writeup_evaluations
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +31,10 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     val, test = write_writeup_evaluations(root / "eval")
     stats, test_stats = root / "stats", root / "test" / "stats"
     assert main(["stats", "--config-json", config_json, "--eval", *map(str, val), "--out-dir", str(stats)]) == 0
+    ledger = record_campaign(root / "ledger.jsonl", config, test, pq.read_table(stats / "selection.parquet").to_pylist())
     assert main(["stats", "--config-json", config_json, "--eval", *map(str, test), "--out-dir", str(test_stats),
-                 "--selection", str(stats / "selection.parquet")]) == 0
+                 "--selection", str(stats / "selection.parquet"), "--test-ledger", str(root / "ledger.jsonl")]) == 0
+    assert ledger
     power = stats / "power.parquet"
     assert main(["power", "--config-json", config_json, "--pairs", str(stats / "pairs.parquet"),
                  "--out", str(power)]) == 0
@@ -92,7 +94,11 @@ def test_first_patch_recovery_and_the_revise_split_come_back(study: dict[str, Pa
 def test_the_report_opens_with_the_test_and_gives_the_figures_back(study: dict[str, Path]) -> None:
     html = study["html"].read_text()
     first_section = html.index("<section")
-    assert html.index('<section id="test-headline">') == first_section
+    # the campaign card, then the test's headline, before any val section
+    assert html.index('<section id="test-campaign">') == first_section
+    card = html.split('<section id="test-campaign">')[1].split("</section>")[0]
+    assert "design hash" in card and "1 campaign in this checkout" in card and "(this report)" in card
+    assert html.index('<section id="test-campaign">') < html.index('<section id="test-headline">')
     assert html.index('<section id="test-headline">') < html.index('<section id="headline">')
     head = html.split('<section id="test-headline">')[1].split("</section>")[0]
     for text in ("56.4% (282/500)", "52.0% (260/500)", "0.0003", "0.028", "0.033", "0.0017", "Holm"):

@@ -36,6 +36,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_split(args: argparse.Namespace) -> int:
+    from predict.campaign import register_split, registry_ledger
     from predict.data import file_sha256, load_mbpp, split_tasks, write_split
 
     source = Path(args.mbpp)
@@ -48,6 +49,8 @@ def _cmd_split(args: argparse.Namespace) -> int:
         source=str(source) if source.exists() else "hf:mbpp/full",
         source_sha256=file_sha256(source) if source.exists() else None,
     )
+    # The checkout's campaign registry learns the test task ids: no rollout outside the campaign may touch one.
+    register_split(registry_ledger(), splits["test"], manifest["splits"]["test"]["content_sha256"])
     _print_table(f"MBPP split (seed {args.seed})", ("split", "tasks", "content sha256"),
                  [(name, entry["count"], entry["content_sha256"][:16]) for name, entry in manifest["splits"].items()])
     return 0
@@ -222,6 +225,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         test_ledger=Path(args.test_ledger) if args.test_ledger else None,
         selection_path=Path(args.selection) if args.selection else None,
         val_metrics=Path(args.val_metrics) if args.val_metrics else None,
+        serving_check=Path(args.serving_check) if args.serving_check else None,
+        new_campaign=args.new_campaign or ((config.get("evaluation") or {}).get("new_campaign")
+                                           if args.split == "test" else None),
     )
     for summary in summaries:
         checkpoint = summary.pop("checkpoint")
@@ -246,15 +252,22 @@ def _extension(config: Mapping[str, Any], name: str) -> dict[str, Any]:
 def _cmd_stats(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
+    from predict.campaign import check_test_inputs, registry_ledger, selection_settings
     from predict.io import write_table
+    from predict.stages import STAGES
     from predict.stats import study_stats
 
     config = _config(args)
     ev = config.get("evaluation") or {}
-    selection = ev.get("selection") or {"mode": "fixed", "step": 100}
+    selection = selection_settings(config)
     extensions = {name: _extension(config, name) for name in config.get("extensions") or {}}
     if args.selection and not Path(args.selection).exists():
         raise ConfigError(f"--selection {args.selection}: file not found (the val statistics' selection.parquet)")
+    campaigns: list[dict] = []
+    if args.selection:  # test evaluations: only the campaign's files, under its selection and statistics settings
+        ledger = Path(args.test_ledger) if args.test_ledger else registry_ledger()
+        campaigns = check_test_inputs(ledger, args.eval, pq.read_table(args.selection).to_pylist(), config,
+                                      STAGES["stats"].reads)
     tables = study_stats(
         args.eval,
         arms=sorted(config["arms"]),
@@ -264,6 +277,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         selection_mode=selection["mode"],
         selection_step=selection.get("step"),
         selection=pq.read_table(args.selection).to_pylist() if args.selection else None,
+        campaigns=campaigns,
         default_test_cost=int(config["env"].get("test_cost", 1)),
         **_bootstrap(config),
     )
@@ -277,13 +291,14 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _selection(config: dict, evals: Iterable[Any]) -> Any:
-    """The checkpoint selection (config evaluation.selection) over these val evaluations."""
-    from predict.stats import mechanism_metrics, select_checkpoints
+    """The checkpoint selection (`predict.campaign.select`, config evaluation.selection) over these val evaluations:
+    the same function `predict stats` writes selection.parquet with. (Not that file: it needs every run's
+    evaluations, and one ablation's or extension's table builds only what it compares.)"""
+    from predict.campaign import select
+    from predict.stats import mechanism_metrics
 
-    selection_cfg = (config.get("evaluation") or {}).get("selection") or {"mode": "fixed", "step": 100}
-    metrics = [{"run": ev.run, "checkpoint": ev.checkpoint, "split": ev.split, "seed": ev.seed,
-                **mechanism_metrics(ev.rows)} for ev in evals]  # fmt: skip
-    return select_checkpoints(metrics, selection_cfg["mode"], selection_cfg.get("step"))
+    return select(config, [{"run": ev.run, "checkpoint": ev.checkpoint, "split": ev.split, "seed": ev.seed,
+                            **mechanism_metrics(ev.rows)} for ev in evals])  # fmt: skip
 
 
 def _cmd_run_table(args: argparse.Namespace) -> int:
@@ -325,9 +340,10 @@ def _cmd_power(args: argparse.Namespace) -> int:
         if observed := observed_discordance(pairs):
             discordances["observed A vs B"] = observed
         val_tasks = val_tasks or max((int(n) for n in pairs.column("n").to_pylist()), default=None)  # val's n
+    # The report Holm-adjusts A vs B over every seed pairing: that family's size.
     table = power_table(deltas=p["deltas"], discordances=discordances, tasks=p["tasks"],
                         significance=p["significance"], target=p["target"], study_tasks=sizes["test"],
-                        val_tasks=val_tasks)
+                        val_tasks=val_tasks, family_size=len(config["seeds"]) ** 2)
     write_table(table, args.out)
     console.print(f"power: {table.num_rows} rows -> {args.out}")
     return 0
@@ -597,9 +613,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", action="append", required=True, help="checkpoint folder or HF id (per --checkpoint)")
     p.add_argument("--out", action="append", required=True, help="its parquet (per --checkpoint)")
     p.add_argument("--base-url", default=None, help="use this running endpoint instead of starting vLLM")
-    p.add_argument("--test-ledger", default=None, help="test only: the campaign's ledger (results/test/ledger.jsonl)")
+    p.add_argument("--test-ledger", default=None,
+                   help="test only: the campaign ledger (default: the checkout's, .test-campaigns/ledger.jsonl)")
     p.add_argument("--selection", default=None, help="test only: selection.parquet from `predict stats` on val")
     p.add_argument("--val-metrics", default=None, help="test only: metrics.parquet from `predict stats` on val")
+    p.add_argument("--serving-check", default=None,
+                   help="test only: the check_serving record (results/serving/check.json): the vLLM version")
+    p.add_argument("--new-campaign", default=None, metavar="WHY",
+                   help="test only: declare a second campaign on this split and base model, and why (config "
+                        "evaluation.new_campaign); the report lists every campaign with its reason")
 
     p = stage("stats", _cmd_stats, "pass@1, paired tests, mechanism metrics and selection from evaluations")
     p.add_argument("--eval", nargs="+", required=True, help=".../{run}/{checkpoint}/{split}/seed{seed}.parquet")
@@ -607,6 +629,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="writes predict.stats.STATS_TABLES (val) or TEST_STATS_TABLES (test) as {name}.parquet")
     p.add_argument("--selection", default=None,
                    help="test evaluations only: the val statistics' selection.parquet (the checkpoints compared)")
+    p.add_argument("--test-ledger", default=None,
+                   help="test evaluations only: the campaign ledger they are held against (default: the checkout's)")
 
     p = stage("ablations", _cmd_run_table, "one ablation's table: a row per seed vs its base arm")
     p.add_argument("--ablation", required=True)

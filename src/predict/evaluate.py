@@ -14,70 +14,38 @@ Rules:
   the first checkpoint that has rollouts left, its weights reloaded in place for the next (an HF id, which has no
   folder to reload from, gets a fresh server). Outputs stay one parquet per checkpoint, all published at the end:
   Snakemake deletes a failed job's declared outputs, never the `.partial` folders a rerun resumes from.
-* Checkpoint selection (`predict.stats.select_checkpoints`) reads only val evaluations.
-* The test split is touched by the test campaign alone, once per frozen design (`TestLedger`,
-  ``results/test/ledger.jsonl``). Its first evaluation records the config hash (of what shapes results:
-  `config_hash` leaves out `NOT_RESULT_SHAPING`) and the full list of (run, checkpoint, seed) the campaign evaluates
-  (`campaign_plan`: per run and seed the checkpoint selection chose on val, for the arms also
-  ``evaluation.reference``, and ``evaluation.test_checkpoints`` where evaluated on val). Refused, each naming the
-  ledger and what differs: an evaluation outside that list, a second evaluation of an entry, any evaluation under
-  another config hash. An interrupted campaign resumes from its persisted rollouts; that is not a second evaluation.
+* On test, every checkpoint of the job is admitted by the campaign (`predict.campaign.TestLedger.admit`: the plan,
+  the design, the registry outside results_dir, the weights' hash) before any server starts; the campaign module's
+  docstring holds the rules. Selection (`predict.campaign.select`) reads only val evaluations.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
-from predict.rollouts import (
-    RolloutJob,
+from predict.campaign import (
     SplitGuardError,
-    ledger_lock,
-    read_ledger,
-    remaining_rollouts,
-    roll_out,
-    run_job,
+    TestLedger,
+    campaign_from_stats,
+    config_hash,
+    read_selection,
+    registry_ledger,
+    results_origin,
+    serving_dependencies,
 )
-from predict.runs import resolve_run, study_runs
+from predict.rollouts import RolloutJob, remaining_rollouts, roll_out, run_job
+from predict.runs import resolve_run
 from predict.serve import SERVED_NAME  # every checkpoint is served under it
-from predict.stages import UNTRACKED, without_keys
 
 log = logging.getLogger(__name__)
 
 EVALUATION_DEFAULTS: dict[str, Any] = {"temperature": 0.0, "max_tokens": 512, "samples": 1, "tasks": None}
-
-
-# Config keys (dotted) that shape no evaluation: names, where results go, the report's wording, the power grid, SLURM
-# sizes, the statistics' bootstrap, and how jobs are served (stages.UNTRACKED: one shared server or one per job).
-# Changing them is not a new design, so the test campaign's hash leaves them out.
-NOT_RESULT_SHAPING = ("run_name", "results_dir", "report", "power", "cluster", "evaluation.bootstrap", *UNTRACKED)
-
-
-def design_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The config without `NOT_RESULT_SHAPING`: what a frozen design is."""
-    return without_keys(config, NOT_RESULT_SHAPING)
-
-
-def config_hash(config: Mapping[str, Any]) -> str:
-    """sha256 of the design (`design_config`) as canonical JSON: what the test ledger records."""
-    return hashlib.sha256(json.dumps(design_config(config), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two configs (for a message that says what changed)."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [d for key in sorted(set(old) | set(new), key=str)
-                for d in config_differences(old.get(key), new.get(key), f"{prefix}{key}.")]  # fmt: skip
-    return [] if old == new else [prefix.rstrip(".") or "(whole config)"]
 
 
 def evaluation_settings(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -92,108 +60,12 @@ def run_identity(config: Mapping[str, Any], run: str) -> tuple[str, str]:
     return spec.arm, spec.variant
 
 
-def selected_checkpoint(selection_path: Path, run: str, seed: int) -> dict[str, Any]:
+def selected_checkpoint(selection: Sequence[Mapping[str, Any]], run: str, seed: int, where: Path) -> dict[str, Any]:
     """The selection row of run/seed from `predict stats`' selection.parquet."""
-    rows = [r for r in pq.read_table(selection_path).to_pylist() if (r["run"], r["seed"]) == (run, seed)]
+    rows = [r for r in selection if (r["run"], r["seed"]) == (run, seed)]
     if not rows:
-        raise SplitGuardError(f"{selection_path}: no checkpoint selection for run {run} seed {seed}")
+        raise SplitGuardError(f"{where}: no checkpoint selection for run {run} seed {seed}")
     return rows[0]
-
-
-# -- the test campaign: which (run, checkpoint, seed) it evaluates ----------------------------------------------------
-
-CampaignEntry = tuple[str, str, int]  # (run, checkpoint, seed)
-
-
-def campaign_checkpoints(config: Mapping[str, Any], run: str, val_checkpoints: Sequence[str], selected: str) -> list[str]:
-    """A run/seed's test checkpoints: for an arm its reference (the SFT), then the one selection chose on val, then
-    any of ``evaluation.test_checkpoints`` it was evaluated at on val (fixed in the config before the campaign)."""
-    ev = config.get("evaluation") or {}
-    reference = ev.get("reference", "sft")
-    wanted = [reference] if run in config["arms"] and reference else []
-    wanted += [selected, *(ev.get("test_checkpoints") or [])]
-    return [c for c in dict.fromkeys(wanted) if c == selected or c in val_checkpoints]
-
-
-def campaign_plan(config: Mapping[str, Any], val_checkpoints: Mapping[tuple[str, int], Sequence[str]],
-                  selected: Mapping[tuple[str, int], str]) -> list[CampaignEntry]:
-    """Every (run, checkpoint, seed) the campaign evaluates, in study order (`predict.runs.study_runs`)."""
-    order = {run: i for i, run in enumerate(study_runs(config))}
-    keys = sorted(selected, key=lambda rs: (order.get(rs[0], len(order)), rs[0], rs[1]))
-    return [(run, c, seed) for run, seed in keys
-            for c in campaign_checkpoints(config, run, val_checkpoints.get((run, seed), ()), selected[(run, seed)])]
-
-
-def planned_selection(config: Mapping[str, Any], val_checkpoints: Mapping[tuple[str, int], Sequence[str]]) -> dict:
-    """The checkpoint `evaluation.selection.mode: fixed` chooses, known before any evaluation (the workflow builds
-    the campaign's jobs from it): `predict.stats.select_checkpoints` itself, given the val checkpoints."""
-    from predict.stats import select_checkpoints  # noqa: PLC0415
-
-    selection = (config.get("evaluation") or {}).get("selection") or {"mode": "fixed", "step": 100}
-    if selection["mode"] != "fixed":
-        raise ValueError(f"evaluation.selection.mode {selection['mode']!r}: the choice is known only after val")
-    metrics = [{"run": run, "seed": seed, "checkpoint": c, "split": "val", "pass_at_1": math.nan}
-               for (run, seed), checkpoints in val_checkpoints.items() for c in checkpoints]  # fmt: skip
-    return {(r["run"], r["seed"]): r["checkpoint"] for r in select_checkpoints(metrics, "fixed", selection.get("step"))}
-
-
-def campaign_from_stats(config: Mapping[str, Any], val_metrics: Path, selection_path: Path) -> list[CampaignEntry]:
-    """The campaign plan from the val statistics: the checkpoints each run/seed was evaluated at (metrics.parquet)
-    and the one selection chose (selection.parquet)."""
-    val_checkpoints: dict[tuple[str, int], list[str]] = {}
-    for row in pq.read_table(val_metrics, columns=["run", "checkpoint", "split", "seed"]).to_pylist():
-        if row["split"] == "val":
-            val_checkpoints.setdefault((row["run"], int(row["seed"])), []).append(row["checkpoint"])
-    selected = {(r["run"], int(r["seed"])): r["checkpoint"] for r in pq.read_table(selection_path).to_pylist()}
-    return campaign_plan(config, val_checkpoints, selected)
-
-
-class TestLedger:
-    """``results/test/ledger.jsonl``: one campaign per frozen design (see the module docstring). Its first line is
-    the campaign (config hash, the design, the plan); then a ``started`` and a ``done`` line per evaluation."""
-
-    __test__ = False  # not a pytest class
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-
-    def entries(self) -> list[dict[str, Any]]:
-        return [e for _, e in read_ledger(self.path)]
-
-    def admit(self, config: Mapping[str, Any], plan: Sequence[CampaignEntry], run: str, checkpoint: str,
-              seed: int) -> None:
-        """Record the campaign on its first evaluation; refuse this one if it is outside the campaign's list, was
-        done before, or runs under another config hash."""
-        entry, digest = (run, checkpoint, int(seed)), config_hash(config)
-        with ledger_lock(self.path):
-            entries = read_ledger(self.path)
-            campaign = next((e for _, e in entries if e.get("event") == "campaign"), None)
-            if campaign is None:
-                campaign = {"event": "campaign", "config_hash": digest, "design": design_config(config),
-                            "plan": [list(e) for e in plan], "time": time.strftime("%FT%T%z")}  # fmt: skip
-                with open(self.path, "a") as f:
-                    f.write(json.dumps(campaign, sort_keys=True) + "\n")
-                log.info("%s: test campaign frozen: config hash %s, %d evaluations", self.path, digest[:12], len(plan))
-            if campaign["config_hash"] != digest:
-                changed = config_differences(campaign.get("design"), design_config(config))
-                raise SplitGuardError(
-                    f"{self.path}: the test campaign was frozen at {campaign['time']} under config hash "
-                    f"{campaign['config_hash'][:12]}; this evaluation ({run} {checkpoint} seed {seed}) runs under "
-                    f"{digest[:12]}, which differs in {', '.join(changed[:8]) or 'the design'}: the test split is "
-                    "touched once per frozen design"
-                )
-            planned = [tuple(e) for e in campaign["plan"]]
-            if entry not in planned:
-                raise SplitGuardError(
-                    f"{self.path}: {run} {checkpoint} seed {seed} is not in the test campaign's list, fixed at "
-                    f"{campaign['time']}: {', '.join(f'{r} {c} seed {s}' for r, c, s in planned)}"
-                )
-            for line_number, e in entries:
-                if e.get("status") == "done" and (e.get("run"), e.get("checkpoint"), e.get("seed")) == entry:
-                    raise SplitGuardError(
-                        f"{self.path}:{line_number}: {run} {checkpoint} seed {seed} was already evaluated on test "
-                        f"at {e['time']}; the test split is touched once per frozen design"
-                    )
 
 
 def evaluation_job(
@@ -208,19 +80,19 @@ def evaluation_job(
     out: Path,
     base_url: str | None = None,
     test_ledger: Path | None = None,
-    selection_path: Path | None = None,
+    selection: Sequence[Mapping[str, Any]] | None = None,
 ) -> RolloutJob:
-    """The rollout job of one greedy evaluation (see the module docstring). On test it needs the ledger and the
-    val selection (recorded with each evaluation); whether the campaign admits it is `TestLedger.admit`'s call."""
+    """The rollout job of one greedy evaluation (see the module docstring). On test it needs the ledger and the val
+    selection (recorded with each evaluation); the campaign's admission is added by `evaluate_checkpoints`."""
     spec = resolve_run(config, run)
     config = spec.env(config)  # the run's test_cost reaches the rollouts (extension expensive_tests_*)
     ev = evaluation_settings(config)
     ledger_extra = None
     if split == "test":
-        if test_ledger is None or selection_path is None:
+        if test_ledger is None or selection is None:
             raise SplitGuardError("the test split is evaluated once, by the test campaign (snakemake test), which "
                                   "passes the ledger and the checkpoint selection")
-        chosen = selected_checkpoint(selection_path, run, seed)
+        chosen = selected_checkpoint(selection, run, seed, test_ledger)
         ledger_extra = {"config_hash": config_hash(config), "selection": chosen, "evaluation": ev}
     return RolloutJob(
         tasks_path=tasks_path,
@@ -235,7 +107,7 @@ def evaluation_job(
         variant=spec.variant,
         client="eval",
         base_url=base_url,
-        test_ledger=test_ledger,
+        test_ledger=test_ledger if split == "test" else None,
         sampling={"temperature": ev["temperature"], "max_tokens": ev["max_tokens"]},
         run=run,
         ledger_extra=ledger_extra,
@@ -308,23 +180,35 @@ def evaluate_checkpoints(
     test_ledger: Path | None = None,
     selection_path: Path | None = None,
     val_metrics: Path | None = None,
+    serving_check: Path | None = None,
+    new_campaign: str | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate (or resume) a run/seed's checkpoints on a split with one server; one summary per checkpoint.
-    `base_url`: an endpoint already serving (tests); then no server is started and nothing is reloaded."""
+    `base_url`: an endpoint already serving (tests); then no server is started and nothing is reloaded. On test:
+    `test_ledger` (default the checkout's registry, `predict.campaign.registry_ledger`), the val statistics'
+    `selection_path` and `val_metrics`, the `check_serving` record (`serving_check`: the vLLM version the campaign
+    line records) and, for a declared second campaign on the split, `new_campaign` (its reason)."""
     if not checkpoints:
         raise ValueError(f"run {run} seed {seed}: no checkpoint to evaluate")
+    if split == "test":
+        test_ledger = test_ledger or registry_ledger()
+        if selection_path is None or val_metrics is None:
+            raise SplitGuardError("the test campaign needs the val statistics' selection.parquet (--selection) and "
+                                  "metrics.parquet (--val-metrics): they decide the campaign's list")
+    selection = read_selection(selection_path) if selection_path is not None else None
     jobs = [evaluation_job(config, run=run, checkpoint=c.checkpoint, split=split, seed=seed, tasks_path=tasks_path,
                            model=c.model, out=c.out, base_url=base_url, test_ledger=test_ledger,
-                           selection_path=selection_path) for c in checkpoints]  # fmt: skip
+                           selection=selection) for c in checkpoints]  # fmt: skip
     if split == "test":
-        if val_metrics is None:
-            raise SplitGuardError("the test campaign needs the val statistics' metrics.parquet (--val-metrics): the "
-                                  "checkpoints each run was evaluated at decide the campaign's list")
-        assert test_ledger is not None and selection_path is not None  # evaluation_job refused otherwise
-        plan = campaign_from_stats(config, val_metrics, selection_path)
-        ledger = TestLedger(test_ledger)
-        for job in jobs:  # every checkpoint admitted before any server starts
-            ledger.admit(config, plan, run, job.checkpoint, seed)
+        assert test_ledger is not None and selection_path is not None and val_metrics is not None
+        admissions = TestLedger(test_ledger).admit(  # every checkpoint admitted before any server starts
+            config, campaign_from_stats(config, val_metrics, selection_path),
+            [(run, job.checkpoint, seed, job.model) for job in jobs], tasks_path=tasks_path, selection=selection or (),
+            depends_on=serving_dependencies(config["serving"], serving_check), origin=results_origin(jobs[0].out),
+            new_campaign=new_campaign,
+        )
+        jobs = [replace(job, ledger_extra={**dict(job.ledger_extra or {}), **a.fields()})
+                for job, a in zip(jobs, admissions, strict=True)]  # fmt: skip
     study = resolve_run(config, run).env(config)
     pending = []
     with CheckpointServer(config["serving"], jobs[0].out.with_name(jobs[0].out.stem + ".vllm.log")) as server:

@@ -2,33 +2,30 @@
 
 This is the `predict rollout` stage. Finished rollouts are persisted one by one (`ResumableParquet`),
 so an interrupted run resumes where it stopped and never redoes a finished rollout. The test split is
-*touched once*: rolling out on it needs the test campaign (`snakemake test`, `predict.evaluate`), which passes a
-ledger; each evaluation is recorded there, and a second evaluation of the same run/checkpoint/seed is refused.
+*touched once*: a job whose tasks include a test task runs only as an evaluation its campaign admitted
+(`predict.campaign.guard_tasks`, by task id), and its ``started`` and ``done`` lines go to the campaign's ledger.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import logging
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from predict.campaign import SplitGuardError, TestLedger, guard_tasks
 from predict.data import load_split
 from predict.io import ResumableParquet
 
+__all__ = ["RolloutJob", "SplitGuardError", "roll_out", "run_job"]
+
 log = logging.getLogger(__name__)
-
-
-class SplitGuardError(RuntimeError):
-    """A rollout would touch the test split outside its one explicit evaluation."""
 
 
 @dataclass(frozen=True)
@@ -48,10 +45,10 @@ class RolloutJob:
     protocol: str | None = None  # None = the arm's protocol from the config
     client: str = "eval"
     base_url: str | None = None  # an already running endpoint; None = start vLLM here
-    test_ledger: Path | None = None  # required when split == "test"
+    test_ledger: Path | None = None  # the campaign's ledger: required when a task is a test task
     sampling: Mapping[str, Any] | None = None  # e.g. evaluation's greedy {temperature, max_tokens}; None = env's
     run: str | None = None  # the study run (arm or ablation) the test ledger keys on; None = the arm
-    ledger_extra: Mapping[str, Any] | None = None  # more ledger fields (config hash, the selection)
+    ledger_extra: Mapping[str, Any] | None = None  # the campaign's admission (campaign id, weights) and more fields
     served_model: str | None = None  # with base_url: the name that endpoint serves the model under; None = model
 
 
@@ -67,73 +64,6 @@ def _git_commit() -> str | None:
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):  # no git, or a git that hangs (a slow shared filesystem)
         return None
-
-
-def guard_test_split(job: RolloutJob) -> None:
-    """Refuse the test split unless this is its explicit evaluation, and refuse a second evaluation."""
-    if job.split != "test" and job.tasks_path.name != "test.parquet":
-        return
-    if job.test_ledger is None:
-        raise SplitGuardError(
-            f"{job.tasks_path} is the test split, which is evaluated once: it belongs to the test campaign "
-            "(snakemake test), not a rollout stage"
-        )
-    run = job.run or job.arm
-    key = (run, job.checkpoint, job.seed)
-    if not job.test_ledger.exists():
-        return
-    with ledger_lock(job.test_ledger):  # a campaign's other jobs may be appending right now
-        entries = read_ledger(job.test_ledger)
-    for line_number, entry in entries:
-        if "status" not in entry:  # the campaign's own entry (predict.evaluate.TestLedger), not an evaluation
-            continue
-        same = (entry.get("run", entry["arm"]), entry["checkpoint"], entry["seed"]) == key
-        if same and entry.get("status") == "done":
-            raise SplitGuardError(
-                f"{job.test_ledger}:{line_number}: run {run} checkpoint {job.checkpoint} seed {job.seed} "
-                f"was already evaluated on test at {entry['time']}; the test split is touched once"
-            )
-
-
-def read_ledger(ledger: Path) -> list[tuple[int, dict[str, Any]]]:
-    """The test ledger's entries with their line numbers in the file (blank lines skipped): the one reader of it, for
-    the rollout guard and the campaign (`predict.evaluate.TestLedger`). A line that is not a JSON object (a torn
-    write, a hand edit) stops the run naming the file and line: the ledger is what keeps the test split touched
-    once, so it is never read past."""
-    if not ledger.exists():
-        return []
-    entries = []
-    for line_number, line in enumerate(ledger.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-            why = None if isinstance(entry, dict) else f"a JSON {type(entry).__name__}, not an object"
-        except json.JSONDecodeError as e:
-            why = f"not JSON: {e.msg}"
-        if why is not None:
-            raise SplitGuardError(f"{ledger}:{line_number}: not a ledger entry ({why}); repair or restore the "
-                                  "ledger, never delete it")
-        entries.append((line_number, entry))
-    return entries
-
-
-@contextlib.contextmanager
-def ledger_lock(ledger: Path) -> Iterator[None]:
-    """The test ledger's lock (`<ledger>.lock`): a campaign's jobs may run at once (SLURM, a shared filesystem, where
-    appends from two machines can interleave), so every read-then-write and every append holds it."""
-    ledger.parent.mkdir(parents=True, exist_ok=True)
-    with open(ledger.with_name(ledger.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _ledger_append(ledger: Path, entry: Mapping[str, Any]) -> None:
-    with ledger_lock(ledger), open(ledger, "a") as f:
-        f.write(json.dumps(dict(entry), sort_keys=True) + "\n")
 
 
 def _progress() -> Progress:
@@ -187,13 +117,15 @@ class PendingOutput:
     summary: dict[str, Any]
 
     def publish(self) -> dict[str, Any]:
-        """Write `<out>`, drop the partial folder and record a finished test evaluation in the ledger."""
+        """Write `<out>`, drop the partial folder and record a finished test evaluation in the ledger, with the
+        published file's sha256 (the test statistics read only files the ledger knows)."""
+        from predict.fingerprint import file_sha256  # noqa: PLC0415
         from predict.sandbox import isolation_metadata  # noqa: PLC0415
 
         self.sink.finish(metadata=isolation_metadata(self.isolation))
         if self.job.test_ledger is not None:
-            _ledger_append(self.job.test_ledger,
-                           {**self.ledger_entry, **self.summary, "status": "done", "time": time.strftime("%FT%T%z")})
+            done = {**self.ledger_entry, **self.summary, "sha256": file_sha256(self.job.out)}
+            TestLedger(self.job.test_ledger).record(done, "done")
         return self.summary
 
 
@@ -226,9 +158,12 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
     from predict.env.rollout import RolloutSettings, run_rollouts_sync
     from predict.serve import SERVED_NAME, VLLMServer
 
-    guard_test_split(job)
-    isolation = sandbox_isolation(study_config)
     tasks, sink, todo = _rollouts(job, study_config)
+    admission = dict(job.ledger_extra or {}) if job.test_ledger is not None else None
+    guard_tasks(split=job.split, tasks_path=job.tasks_path, task_ids=[t["task_id"] for t in tasks],
+                run=job.run or job.arm, checkpoint=job.checkpoint, seed=job.seed,
+                admission=admission if admission and "campaign" in admission else None, ledger=job.test_ledger)
+    isolation = sandbox_isolation(study_config)
     log.info("%d rollouts, %d already persisted, %d to run", len(tasks), len(tasks) - len(todo), len(todo))
     ledger_entry = {
         "run": job.run or job.arm,
@@ -242,7 +177,7 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
         **dict(job.ledger_extra or {}),
     }
     if job.test_ledger is not None:
-        _ledger_append(job.test_ledger, {**ledger_entry, "status": "started", "time": time.strftime("%FT%T%z")})
+        TestLedger(job.test_ledger).record(ledger_entry, "started")
 
     timing: dict[str, float] = {}
     if todo:

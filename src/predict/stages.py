@@ -33,13 +33,14 @@ RUN_MATRIX = ("arms", "ablations", "extensions", "env.test_cost", "rl.mask_decis
 # What one rollout in the coding environment reads (predict.rollouts, env/rollout.py): the protocol, the sandbox, the
 # chat template, the server.
 ROLLOUT = ("arms", "env", "verifier", "model.enable_thinking", "serving")
-# The frozen design the test campaign's ledger hashes (predict.evaluate.design_config): every section of
-# config/schema.yaml but its NOT_RESULT_SHAPING keys (names, paths, power, cluster sizes, the bootstrap), so a power
-# or report edit never reruns the campaign (tests/test_stages.py: the slice's hash is the whole config's).
+# The frozen design the test campaign's ledger hashes (predict.campaign.design_config): every section of
+# config/schema.yaml but its NOT_RESULT_SHAPING keys (names, paths, power, cluster sizes), so a power or report edit
+# never reruns the campaign (tests/test_stages.py: the slice's hash is the whole config's). The bootstrap is in it:
+# the test's statistics settings are frozen with the campaign.
 DESIGN = ("data", "verifier", "model", "sft", "serving", "env", "traces", "arms", "backend", "prime_rl", "seeds",
           "ablations", "extensions", "rft", "rl", *(f"evaluation.{k}" for k in (
               "temperature", "max_tokens", "samples", "tasks", "checkpoints", "extension_checkpoints", "reference",
-              "test_checkpoints", "selection")))
+              "test_checkpoints", "selection", "bootstrap")))
 
 # Keys a stage reads that shape no result (see the rules above).
 UNTRACKED = ("serving.shared",)
@@ -84,9 +85,12 @@ STAGES: dict[str, Stage] = {
               "eval/{run}/{checkpoint}/val/seed{seed}.parquet",
               _reads(RUN_MATRIX, ROLLOUT, ("evaluation.temperature", "evaluation.max_tokens", "evaluation.samples",
                                            "evaluation.tasks"))),
-        # The test campaign (`predict evaluate --split test`) records the frozen design in the ledger.
-        Stage("evaluate-test", ("evaluate_test_{run}", "evaluate_test"), "evaluation.smk", "evaluate.py",
-              "eval/{run}/{checkpoint}/test/seed{seed}.parquet, test/ledger.jsonl", DESIGN),
+        # The test campaign (`predict evaluate --split test`) records the frozen design in the checkout's ledger,
+        # and a declared campaign's reason.
+        Stage("evaluate-test", ("evaluate_test_{run}", "evaluate_test_reference_{run}", "evaluate_test"),
+              "evaluation.smk", "evaluate.py",
+              "eval/{run}/{checkpoint}/test/seed{seed}.parquet, ../.test-campaigns/ledger.jsonl",
+              (*DESIGN, "evaluation.new_campaign")),
         Stage("stats", ("stats", "test_stats"), "stats.smk", "stats.py",
               "stats/*.parquet (STATS_TABLES), test/stats/*.parquet (TEST_STATS_TABLES)",
               _reads(RUN_MATRIX, ("evaluation.reference", "evaluation.selection", "evaluation.bootstrap"))),
@@ -95,7 +99,7 @@ STAGES: dict[str, Stage] = {
         Stage("extensions", ("extension",), "stats.smk", "stats.py", "extensions/{extension}.parquet",
               _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap"))),
         Stage("power", ("power",), "stats.smk", "stats.py", "stats/power.parquet",
-              ("power", "data.sizes")),
+              ("power", "data.sizes", "seeds")),
         Stage("training-outcomes", ("training_outcomes",), "report.smk", "train/metrics.py",
               "stats/training_outcomes.parquet", ()),
         Stage("report", ("report",), "report.smk", "report/build.py", "report/index.html",
@@ -181,7 +185,7 @@ class StageConfig(dict):
         return StageConfig(self._stage, copy.deepcopy(dict(self), memo), self._prefix, self._reads)
 
 
-def _pick(config: Mapping[str, Any], path: str) -> tuple[bool, Any]:
+def pick(config: Mapping[str, Any], path: str) -> tuple[bool, Any]:
     node: Any = config
     for part in path.split("."):
         if not isinstance(node, Mapping) or part not in node:
@@ -196,7 +200,7 @@ def config_slice(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
         raise ConfigError(f"no stage {stage!r} in the stage table (src/predict/stages.py)")
     out: dict[str, Any] = {}
     for path in STAGES[stage].reads:
-        found, value = _pick(config, path)
+        found, value = pick(config, path)
         if not found:
             continue
         *parents, last = path.split(".")
@@ -236,7 +240,7 @@ def slice_params(config: Mapping[str, Any], stage: str) -> dict[str, str]:
     for path in STAGES[stage].reads:
         if path in UNTRACKED:
             continue
-        found, value = _pick(config, path)
+        found, value = pick(config, path)
         untracked_below = [key.removeprefix(path + ".") for key in UNTRACKED if key.startswith(path + ".")]
         if untracked_below and isinstance(value, Mapping):
             value = without_keys(value, untracked_below)

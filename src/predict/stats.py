@@ -34,10 +34,10 @@ test: `TEST_STATS_TABLES`), `results/ablations/` and `results/extensions/`. Rule
   ``rft_minus_rl`` (pass@1 minus the same arm's RL run at its selected checkpoint).
 * Ablations (`ablation_table`): the ablation and its base arm at their own selected checkpoints; Arm A's pass@1
   (the deficit) at Arm A's OWN selected checkpoint.
-* Checkpoint selection reads only val: ``fixed`` takes ``step{N}``; ``best_val`` the step checkpoint with the
-  highest val pass@1 (ties: the earlier step). A run with no step checkpoint falls back to its last evaluated
-  checkpoint by name (``sft`` over ``base``, whatever order the evaluations come in; ``fallback=True`` in the
-  table): the base stand-in of a branch without trained checkpoints.
+* Checkpoint selection reads only val (`predict.campaign.select_checkpoints`, whose docstring has its rules): the
+  campaign module owns it, its settings' one default and the test campaign; the stats tables only use it.
+* On test an arm's reference (SFT) is evaluated once, under the first seed (`predict.campaign.evaluation_seed`), and
+  serves every seed's comparison with it.
 * Power (`power_table`) matches the test that is run: ONE seed pairing (no test pools seeds) on n paired tasks,
   exact McNemar, two-sided, at level ``power.significance``. At discordance rate d (share of tasks where the two
   disagree) and pass@1 difference delta, the discordant count D ~ Binomial(n, d) and the first arm's wins among
@@ -80,6 +80,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from predict.campaign import DEFAULT_SELECTION, StatsInputError, select_checkpoints
 from predict.env.records import patch_steps as record_patch_steps
 from predict.outcomes import OUTCOMES
 
@@ -89,14 +90,9 @@ METRICS: tuple[str, ...] = ("final_pass", "first_patch_pass")  # what a paired c
 # The tables `predict stats` writes (one parquet each, `{name}.parquet`): the rules take their outputs from these.
 STATS_TABLES: tuple[str, ...] = ("metrics", "pairs", "recovery", "confusion", "classes", "prediction_shares",
                                  "selection")
-TEST_STATS_TABLES: tuple[str, ...] = (*STATS_TABLES, "ablations", "extensions")
+TEST_STATS_TABLES: tuple[str, ...] = (*STATS_TABLES, "ablations", "extensions", "campaigns")
 EVAL_PATH = re.compile(r"(?P<run>[^/]+)/(?P<checkpoint>[^/]+)/(?P<split>[^/]+)/seed(?P<seed>-?\d+)\.parquet$")
-STEP = re.compile(r"^step(\d+)$")
 log = logging.getLogger("predict.stats")
-
-
-class StatsInputError(ValueError):
-    """An evaluation file is missing, misnamed or disagrees with its path."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -396,37 +392,6 @@ def pair_plan(
     return plan
 
 
-def step_of(checkpoint: str) -> int | None:
-    m = STEP.match(checkpoint)
-    return int(m.group(1)) if m else None
-
-
-def select_checkpoints(metrics: Sequence[Mapping[str, Any]], mode: str, step: int | None) -> list[dict[str, Any]]:
-    """Per run and seed, the checkpoint selection reads on val only (see the module docstring)."""
-    val = [m for m in metrics if m["split"] == "val"]
-    out = []
-    for run, seed in sorted({(m["run"], m["seed"]) for m in val}):
-        # by name, so the fallback below is the same whatever order the caller read the evaluations in
-        mine = sorted((m for m in val if (m["run"], m["seed"]) == (run, seed)), key=lambda m: m["checkpoint"])
-        steps = sorted((s, m) for m in mine if (s := step_of(m["checkpoint"])) is not None)
-        chosen, fallback = None, False
-        if mode == "fixed":
-            chosen = next((m for s, m in steps if s == step), None)
-        elif mode == "best_val":
-            chosen = max(steps, key=lambda sm: (sm[1]["pass_at_1"], -sm[0]), default=(None, None))[1]
-        else:
-            raise ValueError(f"evaluation.selection.mode: {mode!r} is neither fixed nor best_val")
-        if chosen is None:
-            if steps:
-                raise StatsInputError(f"run {run} seed {seed}: selection step{step} was not evaluated on val "
-                                      f"(have {', '.join(m['checkpoint'] for _, m in steps)})")
-            chosen, fallback = mine[-1], True
-        out.append({"run": run, "seed": seed, "mode": mode, "step": step, "checkpoint": chosen["checkpoint"],
-                    "val_pass_at_1": chosen["pass_at_1"], "val_n_pass": chosen.get("n_pass"),
-                    "val_n_scored": chosen.get("n_scored"), "fallback": fallback})
-    return out
-
-
 PAIR_SCHEMA = pa.schema([
     ("kind", pa.string()), ("metric", pa.string()), ("split", pa.string()), ("family", pa.string()),
     ("run_a", pa.string()), ("checkpoint_a", pa.string()), ("seed_a", pa.int64()),
@@ -535,6 +500,26 @@ def check_selection(evals: Mapping[Key, Evaluation], selection: Sequence[Mapping
                                   f"no {split} evaluation among the inputs (have {', '.join(have)})")
 
 
+CAMPAIGN_SCHEMA = pa.schema([
+    ("campaign", pa.string()), ("config_hash", pa.string()), ("time", pa.string()), ("base_model", pa.string()),
+    ("reason", pa.string()), ("results_dir", pa.string()), ("run_name", pa.string()), ("vllm_version", pa.string()),
+    ("device", pa.string()), ("serving", pa.string()), ("n_planned", pa.int64()), ("n_done", pa.int64()),
+    ("this", pa.bool_()),
+])
+
+
+def share_references(evals: dict[Key, Evaluation], arms: Sequence[str], reference: str | None) -> dict[Key, Evaluation]:
+    """Test: an arm's reference is evaluated once, under the first seed; it serves every seed of the arm (the same
+    Evaluation under each seed's key, so its rows and its seed stay those of its one file)."""
+    out = dict(evals)
+    for run in arms:
+        refs = sorted(k for k in evals if k[0] == run and k[1] == reference)
+        for _, _, split, seed in sorted({k for k in evals if k[0] == run}):
+            if refs and (run, reference, split, seed) not in out:
+                out[run, reference, split, seed] = evals[refs[0]]
+    return out
+
+
 def study_stats(
     paths: Sequence[str | Path | Evaluation],
     *,
@@ -542,9 +527,10 @@ def study_stats(
     ablations: Mapping[str, Mapping[str, Any]] | None = None,
     extensions: Mapping[str, Mapping[str, Any]] | None = None,
     reference: str | None = "sft",
-    selection_mode: str = "fixed",
-    selection_step: int | None = 100,
+    selection_mode: str = DEFAULT_SELECTION["mode"],
+    selection_step: int | None = DEFAULT_SELECTION["step"],
     selection: Sequence[Mapping[str, Any]] | None = None,
+    campaigns: Sequence[Mapping[str, Any]] = (),
     default_test_cost: int = 1,
     resamples: int = 10_000,
     seed: int = 0,
@@ -552,8 +538,9 @@ def study_stats(
 ) -> dict[str, pa.Table]:
     """Every statistics table from a set of evaluation files of ONE split, keyed and ordered as `STATS_TABLES`
     (val: the selection is made here) or `TEST_STATS_TABLES` (test: `selection` is the val selection, required;
-    the ablation and extension tables are made here too). `extensions`: name -> {"spec": ..., "counterpart": ...}
-    (see `extension_table`)."""
+    the ablation and extension tables are made here too, and `campaigns`, the ledger's campaigns on this split from
+    `predict.campaign.check_test_inputs`, becomes the campaigns table). `extensions`: name -> {"spec": ...,
+    "counterpart": ...} (see `extension_table`)."""
     evals = load_evaluations(paths)
     splits = sorted({k[2] for k in evals})
     if len(splits) > 1:
@@ -573,6 +560,8 @@ def study_stats(
         conf += [{**ident, "verified": t, "predicted": p, "count": c} for (t, p), c in sorted(counts.items())]
         if counts:
             classes += [{**ident, **c} for c in class_metrics(counts)]
+    if test:
+        evals = share_references(evals, arms, reference)
     if selection is None:
         selection = select_checkpoints(metrics, selection_mode, selection_step)
     else:
@@ -610,6 +599,7 @@ def study_stats(
             extension_table(name, list(evals.values()), selection, spec=ext["spec"], counterpart=ext.get("counterpart"),
                             default_test_cost=default_test_cost, split=split, resamples=resamples, seed=seed, ci=ci)
             for name, ext in (extensions or {}).items() if name in runs])
+        tables["campaigns"] = _table(campaigns, CAMPAIGN_SCHEMA)
     names = TEST_STATS_TABLES if test else STATS_TABLES
     assert tuple(tables) == names, (tuple(tables), names)  # the constants the rules read stay true
     return tables
@@ -874,7 +864,8 @@ def exact_power(delta: float, discordance: float, n_tasks: int, significance: fl
 POWER_SCHEMA = pa.schema([
     ("delta", pa.float64()), ("discordance", pa.float64()), ("discordance_source", pa.string()),
     ("n_tasks", pa.int64()), ("design", pa.string()), ("significance", pa.float64()), ("power", pa.float64()),
-    ("powered", pa.bool_()), ("study_design", pa.bool_()),
+    ("powered", pa.bool_()), ("study_design", pa.bool_()), ("family_size", pa.int64()),
+    ("holm_significance", pa.float64()), ("power_holm", pa.float64()), ("powered_holm", pa.bool_()),
 ])
 
 
@@ -887,9 +878,13 @@ def power_table(
     target: float = 0.8,
     study_tasks: int | None = None,
     val_tasks: int | None = None,
+    family_size: int = 1,
 ) -> pa.Table:
     """`exact_power` per delta x discordance x number of tasks; ``design`` names the study's own sizes (``test``:
-    `study_tasks`, ``study_design`` true; ``val``: `val_tasks`), so "was the study powered?" is one filter."""
+    `study_tasks`, ``study_design`` true; ``val``: `val_tasks`), so "was the study powered?" is one filter. Beside
+    the single test's power, ``power_holm`` is the power of one test of the family the report Holm-adjusts
+    (`family_size` tests: the A-vs-B family has one per seed pairing) at the family's first Holm level,
+    significance / family_size: the most lenient level any test of the family is held to."""
     sizes = {n: "grid" for n in tasks}
     if val_tasks:
         sizes[val_tasks] = "val"
@@ -899,11 +894,14 @@ def power_table(
     for source, rates in discordances.items():
         for d, delta, n in itertools.product(rates, deltas, sorted(sizes)):
             power = exact_power(delta, d, n, significance)
+            holm_level = significance / family_size
+            power_holm = power if family_size == 1 else exact_power(delta, d, n, holm_level)
             rows.append({
                 "delta": float(delta), "discordance": float(d), "discordance_source": source,
                 "n_tasks": n, "design": sizes[n], "significance": float(significance), "power": power,
                 "powered": power >= target,  # NaN (an impossible delta): not powered
-                "study_design": sizes[n] == "test",
+                "study_design": sizes[n] == "test", "family_size": int(family_size),
+                "holm_significance": float(holm_level), "power_holm": power_holm, "powered_holm": power_holm >= target,
             })
     return _table(rows, POWER_SCHEMA)
 

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from predict.config import ConfigError, validate_config
-from predict.evaluate import campaign_plan, planned_selection
+from predict.campaign import campaign_from_stats, campaign_plan, planned_selection, selection_settings
 from predict.runs import extension_counterpart, resolve_run, study_runs
 from predict.stages import slice_file, slice_params, stage_config
 
@@ -212,11 +212,12 @@ def EVALS(runs=None, split="val"):
     ]
 
 
-# The test campaign (src/predict/evaluate.py): per run and seed the checkpoint selection chose on val, for the arms
-# also evaluation.reference, and evaluation.test_checkpoints. With evaluation.selection.mode `fixed` the choice is
-# known now and each run/seed's test checkpoints are one job; with `best_val` it is known once the val statistics
-# exist: the `stats` checkpoint, then one job per test checkpoint.
-SELECTION_MODE = (EVALUATION.get("selection") or {}).get("mode", "fixed")
+# The test campaign (src/predict/campaign.py): per run and seed the checkpoint selection chose on val and
+# evaluation.test_checkpoints; for the arms also evaluation.reference, once, under the first seed. With
+# evaluation.selection.mode `fixed` the choice is known now: each run/seed's test checkpoints are one job, and each
+# arm's reference another; with `best_val` it is known once the val statistics exist: the `stats` checkpoint, then
+# one job per test checkpoint.
+SELECTION_MODE = selection_settings(CONFIG("evaluate-test"))["mode"]
 
 
 def VAL_CHECKPOINTS():
@@ -231,10 +232,18 @@ def PLANNED_CAMPAIGN():
     return campaign_plan(config, val_checkpoints, planned_selection(config, val_checkpoints))
 
 
+def TEST_REFERENCE(run):
+    """fixed selection: the arm's reference checkpoint where the campaign evaluates it (once, under the first seed),
+    else None."""
+    reference, first = EVALUATION.get("reference"), config["seeds"][0]
+    return reference if (run, reference, first) in PLANNED_CAMPAIGN() else None
+
+
 def CAMPAIGN_CHECKPOINTS(run):
-    """fixed selection: the checkpoints the campaign evaluates a run at on test (the same for every seed)."""
-    plan = PLANNED_CAMPAIGN()
-    per_seed = {seed: [c for r, c, s in plan if (r, s) == (run, seed)] for seed in config["seeds"]}
+    """fixed selection: the checkpoints the campaign evaluates a run at on test for every seed (the reference apart:
+    TEST_REFERENCE)."""
+    plan, reference = PLANNED_CAMPAIGN(), TEST_REFERENCE(run)
+    per_seed = {seed: [c for r, c, s in plan if (r, s) == (run, seed) and c != reference] for seed in config["seeds"]}
     first = per_seed[config["seeds"][0]]
     if any(checkpoints != first for checkpoints in per_seed.values()):
         raise WorkflowError(f"run {run}: the test campaign's checkpoints differ between seeds: {per_seed}")
@@ -246,8 +255,6 @@ def TEST_EVALS(wildcards=None):
     if SELECTION_MODE == "fixed":
         plan = PLANNED_CAMPAIGN()
     else:
-        from predict.evaluate import campaign_from_stats
-
         val_stats = checkpoints.stats.get().output
         plan = campaign_from_stats(config, Path(val_stats.metrics), Path(val_stats.selection))
     return [R("eval", run, checkpoint, "test", f"seed{seed}.parquet") for run, checkpoint, seed in plan]
@@ -273,14 +280,19 @@ def ROLLOUTS(split, checkpoint="base"):
     )
 
 
-def REPORT_EXAMPLE():
-    """The evaluation a rollout is rendered from: Arm B's first checkpoint of the first seed (else any)."""
-    runs = ["B"] if "B" in config["arms"] else EVAL_RUNS()[:1]
-    return EVALS(runs)[0]
+def REPORT_EXAMPLE(wildcards=None):
+    """The evaluation a rollout is rendered from: the test campaign's evaluation of Arm B (else the first run) at
+    its selected checkpoint, first seed (the writeup's example is a test task)."""
+    run = "B" if "B" in config["arms"] else EVAL_RUNS()[0]
+    reference = EVALUATION.get("reference")
+    evals = TEST_EVALS(wildcards)
+    mine = [p for p in evals if f"/eval/{run}/" in p and f"/{reference}/test/" not in p] or evals
+    return mine[0]
 
 
-# The evaluation jobs (workflow/rules/evaluation.smk): one per run, seed and split, all of its checkpoints.
-TEST_LEDGER = R("test", "ledger.jsonl")
+# The evaluation jobs (workflow/rules/evaluation.smk): one per run, seed and split, all of its checkpoints. The test
+# campaign's jobs find the checkout's one campaign ledger themselves (src/predict/campaign.py: registry_ledger): it
+# is no param, so where it lives (PREDICT_TEST_CAMPAIGNS in the tests) never replans a job.
 
 
 def evaluation_models(run, checkpoints):

@@ -1,10 +1,12 @@
+from types import SimpleNamespace
+
 # Greedy pass@1 evaluation (the `evaluation` config section), `predict evaluate`: per run and seed ONE job, one vLLM
 # server, every checkpoint of the run (weights reloaded in place between them), one parquet per checkpoint:
 #   val:  evaluate_<run>       -> results/eval/<run>/<checkpoint>/val/seed<seed>.parquet, EVAL_CHECKPOINTS
 #   test: evaluate_test_<run>  -> results/eval/<run>/<checkpoint>/test/seed<seed>.parquet, the test campaign
-# The test campaign (`snakemake test`) runs after selection on val; the stage asks results/test/ledger.jsonl first
-# (one campaign per frozen design). Which runs and checkpoints: EVAL_RUNS, RUN_CHECKPOINTS, CAMPAIGN_CHECKPOINTS
-# and TEST_EVALS in common.smk.
+# The test campaign (`snakemake test`) runs after selection on val; the stage asks the checkout's campaign ledger
+# first (.test-campaigns/ledger.jsonl: one campaign per test split, base model and frozen design). Which runs and
+# checkpoints: EVAL_RUNS, RUN_CHECKPOINTS, CAMPAIGN_CHECKPOINTS, TEST_REFERENCE and TEST_EVALS in common.smk.
 
 
 for _run in EVAL_RUNS():
@@ -36,14 +38,16 @@ for _run in EVAL_RUNS():
 
 
 # The test campaign, after selection on val. The stage refuses, naming the ledger: an evaluation outside the
-# campaign's list, a second evaluation, another config hash (src/predict/evaluate.py: TestLedger).
+# campaign's list, a second evaluation, other weights on resume, an undeclared second campaign on the split
+# (src/predict/campaign.py: TestLedger).
 # A test evaluation reruns only when the frozen design (its slice: params) or its checkpoints change, and the ledger
 # then stops the run. The val statistics are ancient() inputs: they must exist first, but `stats` rewriting them (a
-# bootstrap edit, no new design) must not replan evaluations the ledger refuses to repeat. Sound, since what a test
+# fix of `predict stats` rerun, another pyarrow: no new design) must not replan evaluations the ledger refuses to repeat. Sound, since what a test
 # evaluation takes from them is which checkpoint to evaluate, and that is its output's path (fixed: from the config;
 # best_val: TEST_EVALS reads the stats checkpoint, so another selection asks for other files, which the ledger refuses).
 # The outputs are update(): Snakemake deletes a job's old outputs before running it, and a test evaluation cannot be
 # redone, so a rerun the ledger refuses restores the frozen files instead of losing them.
+FIRST_SEED = SimpleNamespace(seed=config["seeds"][0])  # the wildcards of the reference's one job
 TEST_CAMPAIGN_INPUTS = {
     "tasks": R("data", "test.parquet"),
     "selection": ancient(R("stats", "selection.parquet")),
@@ -52,13 +56,43 @@ TEST_CAMPAIGN_INPUTS = {
 }
 TEST_CAMPAIGN_SHELL = (
     "predict evaluate --config-slice {params.config:q} --tasks-file {input.tasks:q} --split test --run {params.run}"
-    " --seed {wildcards.seed} {params.checkpoints} --selection {input.selection:q}"
-    " --val-metrics {input.val_metrics:q} --test-ledger {params.ledger:q} > {log:q} 2>&1"
+    " --seed {params.seed} {params.checkpoints} --selection {input.selection:q}"
+    " --val-metrics {input.val_metrics:q} --serving-check {input.serving:q}"
+    " > {log:q} 2>&1"
 )
 
 if SELECTION_MODE == "fixed":
-    # The selected step is known now: a run/seed's test checkpoints are one job, one server.
-    for _run in EVAL_RUNS():
+    # The selected step is known now: a run/seed's test checkpoints are one job, one server; an arm's reference is
+    # one job of its own, under the first seed (it serves every seed's RL-vs-SFT comparison).
+    for _run in [r for r in EVAL_RUNS() if TEST_REFERENCE(r)]:
+
+        rule:
+            name:
+                f"evaluate_test_reference_{_run}"
+            input:
+                **TEST_CAMPAIGN_INPUTS,
+                models=lambda w, run=_run: evaluation_models(run, [TEST_REFERENCE(run)])(FIRST_SEED),
+            output:
+                update(R("eval", _run, TEST_REFERENCE(_run), "test", f"seed{config['seeds'][0]}.parquet")),
+            params:
+                run=_run,
+                seed=config["seeds"][0],
+                checkpoints=lambda w, output, run=_run: evaluation_args(run, [TEST_REFERENCE(run)])(
+                    FIRST_SEED, output
+                ),
+                **SLICE("evaluate-test"),
+            resources:
+                **SERVING_RESOURCES,
+            log:
+                LOG("evaluate_test", _run, TEST_REFERENCE(_run)),
+            benchmark:
+                BENCH("evaluate_test", _run, TEST_REFERENCE(_run))
+            conda:
+                "../../envs/pipeline.yaml"
+            shell:
+                TEST_CAMPAIGN_SHELL
+
+    for _run in [r for r in EVAL_RUNS() if CAMPAIGN_CHECKPOINTS(r)]:
 
         rule:
             name:
@@ -73,9 +107,9 @@ if SELECTION_MODE == "fixed":
                 ],
             params:
                 run=_run,
+                seed=lambda w: w.seed,
                 checkpoints=evaluation_args(_run, CAMPAIGN_CHECKPOINTS(_run)),
                 **SLICE("evaluate-test"),
-                ledger=TEST_LEDGER,
             resources:
                 **SERVING_RESOURCES,
             log:
@@ -102,9 +136,9 @@ else:
             checkpoint=r"base|sft|step\d+",
         params:
             run=lambda w: w.run,
+            seed=lambda w: w.seed,
             checkpoints=lambda w, output: evaluation_args(w.run, [w.checkpoint])(w, output),
             **SLICE("evaluate-test"),
-            ledger=TEST_LEDGER,
         resources:
             **SERVING_RESOURCES,
         log:

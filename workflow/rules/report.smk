@@ -30,8 +30,8 @@ rule report:
         ablations=expand(R("ablations", "{ablation}.parquet"), ablation=list(ABLATIONS)),
         extensions=expand(R("extensions", "{extension}.parquet"), extension=list(EXTENSIONS)),
         power=rules.power.output,
-        example=REPORT_EXAMPLE(),
-        tasks=R("data", "val.parquet"),
+        example=REPORT_EXAMPLE,
+        tasks=R("data", "test.parquet"),
         rl_metrics=RL_METRICS(),
         # the test campaign's statistics: the report opens with the test
         test_stats=rules.test_stats.output,

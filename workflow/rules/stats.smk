@@ -34,7 +34,8 @@ checkpoint stats:
         "predict stats --config-slice {params.config:q} --eval {input:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
-# The test campaign's statistics: `snakemake test` (and the end of `all`).
+# The test campaign's statistics: `snakemake test` (and the end of `all`). The stage holds its inputs against the
+# checkout's campaign ledger: only files the campaign recorded done, its whole plan, selection and statistics settings.
 rule test_stats:
     input:
         evals=TEST_EVALS,

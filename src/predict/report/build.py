@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 TEST_SECTIONS: tuple[tuple[str, str], ...] = (
+    ("test-campaign", "The test campaign: what was frozen, where it ran, every campaign on this test split"),
     ("test-headline", "The frozen test: RL vs SFT per arm and seed, then Arm A vs Arm B"),
     ("test-first-patch", "Test: first-patch correctness and recovery, RL vs SFT"),
     ("test-revise", "Test: the REVISE split, REVISE on passing vs failing patches, budget exhaustion"),
@@ -45,7 +46,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("rollout", "One rollout, rendered"),
 )
 
-NAV = {"test-headline": "Test: headline", "test-first-patch": "Test: first patch, recovery",
+NAV = {"test-campaign": "Test: campaign", "test-headline": "Test: headline", "test-first-patch": "Test: first patch, recovery",
        "test-revise": "Test: REVISE", "test-confusion": "Test: confusion, shares", "test-ablations": "Test: ablations",
        "headline": "Val: pass@1", "pairs": "Val: paired tests", "selection": "Selection", "mechanism": "Val: mechanism",
        "revise-split": "Val: REVISE", "confusion": "Val: confusion", "frequencies": "Val: class shares",
@@ -449,11 +450,21 @@ def power_section(power: list[dict[str, Any]] | None, config: Mapping[str, Any])
         "pass@1 is higher by delta. Power is then computed exactly (a sum over the binomial number of discordant "
         "tasks, no simulation). Seeds are not pooled, because no pooled (stratified) test is run: two seeds "
         f"are two separate tests. Powered means power of at least {target}.</p>")
+    family = max((int(r.get("family_size") or 1) for r in power), default=1)
+    if family > 1:
+        assumptions += (
+            f"<p>The report Holm-adjusts Arm A vs Arm B over its family of {family} tests (one per seed pairing), so "
+            f"each of them is held to at most significance {significance}/{family} = {significance / family:.4g}, "
+            "the family's first Holm level. The column <i>power, Holm-adjusted</i> is the power of one test of that "
+            "family there: the power of the A vs B comparison as the report runs it. <i>power, one test</i> is the "
+            "unadjusted power (the RL-vs-SFT tests, one per arm and seed, are adjusted in families of their own).</p>")
     design = [r for r in power if r["design"] in ("test", "val")]
     verdict = [{"design": "test" if r["design"] == "test" else "val (selection only)", "n": r["n_tasks"],
                 "delta": f"{100 * r['delta']:.0f} pts", "d": f"{r['discordance']:.2f}",
                 "source": r["discordance_source"], "power": _fmt(r["power"]),
-                "powered": "powered" if r["powered"] else "not powered"}
+                "powered": "powered" if r["powered"] else "not powered",
+                "power_holm": _fmt(r.get("power_holm", r["power"])),
+                "powered_holm": "powered" if r.get("powered_holm", r["powered"]) else "not powered"}
                for r in sorted(design, key=lambda r: (r["design"] != "test", r["delta"], r["discordance"]))]
     curves: dict[tuple, list[dict[str, Any]]] = {}  # (delta, discordance, source) -> its rows, fewest tasks first
     for r in sorted(power, key=lambda r: r["n_tasks"]):
@@ -477,7 +488,10 @@ def power_section(power: list[dict[str, Any]] | None, config: Mapping[str, Any])
     ax.set_ylim(0, 1)
     ax.legend(fontsize=6, ncol=2)
     labels = {"design": "design", "n": "tasks", "delta": "difference to detect", "d": "discordance",
-              "source": "discordance from", "power": "power", "powered": "verdict"}
+              "source": "discordance from", "power": "power, one test", "powered": "verdict, one test"}
+    if family > 1:
+        labels |= {"power_holm": f"power, Holm-adjusted (A vs B, family of {family})",
+                   "powered_holm": "verdict, Holm-adjusted"}
     return (assumptions + table(verdict, list(labels), labels) + figure(fig, "power curves")
             + "<p>Fewest tasks on the grid reaching the target power, one seed pairing:</p>"
             + table(grid, ["delta", "d", "source", "n", "power"], {**labels, "n": "tasks needed"}))
@@ -548,6 +562,32 @@ def test_headline(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
                   f"Checkpoints: the val selection. Infrastructure failures left out: {infra}.</p>")
 
 
+def test_campaign(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
+    """The campaign card: this campaign's design hash, date and what its rows depend on, then every campaign the
+    ledger has seen on this test split, each with why it was declared."""
+    campaigns = test.get("campaigns") or []
+    this = next((c for c in campaigns if c["this"]), None)
+    if this is None:
+        return empty("The test statistics name no campaign (results/test/stats/campaigns.parquet is empty).")
+    card = (f"<p>Campaign <b>{html.escape(this['campaign'])}</b>, design hash <code>{this['config_hash'][:12]}</code>, "
+            f"frozen {html.escape(this['time'])} from <code>{html.escape(this['results_dir'])}</code> (run "
+            f"{html.escape(this['run_name'])}); base model {html.escape(this['base_model'])}; vLLM "
+            f"{html.escape(this['vllm_version'])} on {html.escape(this['device'])}; serving "
+            f"<code>{html.escape(this['serving'])}</code>; {this['n_done']} of {this['n_planned']} planned "
+            "evaluations done.</p>")
+    others = len(campaigns) - 1
+    card += (f'<p class="note">This test split has seen {len(campaigns)} campaign{"s" if len(campaigns) > 1 else ""} '
+             "in this checkout's ledger (.test-campaigns/ledger.jsonl)"
+             + (": every later one was declared with a reason, listed here." if others else ": this one only.")
+             + "</p>")
+    rows = [{"campaign": c["campaign"] + (" (this report)" if c["this"] else ""), "time": c["time"],
+             "hash": c["config_hash"][:12], "model": c["base_model"], "where": c["results_dir"],
+             "done": f"{c['n_done']}/{c['n_planned']}", "why": c["reason"] or "(the first)"} for c in campaigns]
+    return card + table(rows, list(rows[0]), {
+        "campaign": "campaign", "time": "frozen at", "hash": "design hash", "model": "base model",
+        "where": "results folder", "done": "evaluations done / planned", "why": "why it was declared"})
+
+
 def test_first_patch(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
     pairs, recovery = test.get("pairs") or [], test.get("recovery") or []
     if not pairs:  # the test ran (build_report checked), but no RL checkpoint was paired with its SFT on it
@@ -566,12 +606,16 @@ def test_first_patch(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
         "rec_p": "Fisher's exact p"}) + (
         '<p class="note">First patch: the first applied patch verified PASS; a rollout with no applied patch is a '
         "failure; denominator: every task, paired (McNemar). Recovery: passed in the end after a failing first "
-        "patch; denominator: the trajectories whose first patch failed, which differ between SFT and RL, so the "
-        "test is unpaired (Fisher's exact) and both counts are shown.</p>")
+        "patch; denominator: the trajectories whose first applied patch failed (a rollout that applied no patch is "
+        "in neither count), which differ between SFT and RL, so the test is unpaired (Fisher's exact) and both "
+        "counts are shown.</p>")
 
 
 def test_revise(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
-    return revise_split(test["metrics"], _selected(test["metrics"]), "No predictive-protocol evaluation on test.")
+    selected = _selected(test["metrics"])
+    chosen = [m for m in test["metrics"] if _key(m) in selected]
+    return (revise_split(test["metrics"], selected, "No predictive-protocol evaluation on test.")
+            + ("<h3>Mechanism metrics of the selected checkpoints</h3>" + mechanism_table(chosen) if chosen else ""))
 
 
 def test_confusion(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
@@ -683,13 +727,16 @@ def mechanism_table(metrics: Sequence[Mapping[str, Any]]) -> str:
              "first": pct(m.get("n_first_patch_pass"), m["n_scored"]),
              "recovery": pct(m.get("n_recovered"), m.get("n_recovery")),
              "revise": pct(m.get("n_revised_patches"), m.get("n_decided_patches")),
+             "precision": pct(m.get("n_revised_fail_patches"), m.get("n_revised_patches")),
              "budget": pct(m.get("n_budget_exhausted"), m["n_scored"]),
              "budget_rev": pct(m.get("n_budget_exhausted_revise"), m["ever_revised_n"]),
              "budget_keep": pct(m.get("n_budget_exhausted_keep"), m.get("n_keep_only")),
              "malformed": pct(m.get("n_malformed_predictions"), m.get("n_decided_patches"))} for m in metrics]
     return table(rows, list(rows[0]), {
         "first": "first patch PASS (of all tasks)", "recovery": "recovered (of failing first patches)",
-        "revise": "REVISE (of decided patches)", "budget": "budget exhausted", "malformed": "malformed predictions"})
+        "revise": "REVISE (of decided patches)",
+        "precision": "REVISE precision (REVISEd patches that would fail)", "budget": "budget exhausted",
+        "malformed": "malformed predictions"})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -741,7 +788,7 @@ def build_report(
     rl = {f"{p.parent.parent.name}/{p.parent.name}": read_metrics(p) if Path(p).exists() else [] for p in rl_metrics}
     expected = [f"{run}/seed{seed}" for run in study_runs(config) for seed in config["seeds"]]
     task_rows = {r["task_id"]: r for r in (_read(tasks) or [])} if tasks else {}
-    test_parts = {"test-headline": test_headline, "test-first-patch": test_first_patch, "test-revise": test_revise,
+    test_parts = {"test-campaign": test_campaign, "test-headline": test_headline, "test-first-patch": test_first_patch, "test-revise": test_revise,
                   "test-confusion": test_confusion, "test-ablations": test_ablations}
     body = {sid: part(test) if test.get("metrics") else empty(NO_TEST) for sid, part in test_parts.items()}
     body |= {

@@ -1,0 +1,264 @@
+"""The test campaign has no side door (issue 26, src/predict/campaign.py): one ledger per checkout whatever the
+results_dir or run_name, keyed on the test split and the base model; a second design on them only when declared;
+a resume only with the weights it started; test statistics only from the campaign's own files under its selection
+and statistics settings; test tasks guarded by id, not by file name; each arm's SFT evaluated on test once; the
+power of the test that is run at its Holm level."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from predict.campaign import (
+    DEFAULT_SELECTION,
+    SplitGuardError,
+    TestLedger,
+    campaign_plan,
+    check_test_inputs,
+    registry_ledger,
+    select,
+    test_task_ids,
+)
+from predict.config import load_config
+from predict.data import MBPP_SCHEMA
+from predict.evaluate import CheckpointEval, evaluate_checkpoints
+from predict.io import read_rows, write_rows
+from predict.stages import STAGES
+from predict.stats import SELECTION_SCHEMA, power_table, study_stats
+
+from .conftest import REPO
+from .scripted_endpoint import ScriptedEndpoint
+from .synthetic import record_campaign, small_test_campaign
+
+SOLVE = 'CALL apply_patch {"find": "# Write your function here.", "replace": "def multiply_int(x, y):\\n    return x * y"}'
+
+
+@pytest.fixture
+def study() -> dict[str, Any]:
+    return load_config(REPO / "config" / "local.yaml")
+
+
+@pytest.fixture
+def endpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    import verifiers.v1.runtimes.subprocess as vf_subprocess
+
+    monkeypatch.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
+    with ScriptedEndpoint({"multiply": [SOLVE, "FINAL: done"], "": ["FINAL: no patch"]}) as ep:
+        yield ep
+
+
+@pytest.fixture
+def test_split(tmp_path: Path, mbpp_rows: list[dict]) -> Path:
+    return write_rows([r for r in mbpp_rows if r["task_id"] in (127, 12)], MBPP_SCHEMA, tmp_path / "test.parquet")
+
+
+def _val_stats(folder: Path, runs: tuple[str, ...] = ("A",), seeds: tuple[int, ...] = (42,)) -> tuple[Path, Path]:
+    """The val statistics a campaign reads: each run evaluated at sft and step2 on val, step2 selected."""
+    folder.mkdir(parents=True, exist_ok=True)
+    selection = write_rows([{"run": r, "seed": s, "mode": "fixed", "step": 2, "checkpoint": "step2",
+                             "val_pass_at_1": 0.5, "fallback": False} for r in runs for s in seeds],
+                           SELECTION_SCHEMA, folder / "selection.parquet")  # fmt: skip
+    metrics = write_rows([{"run": r, "checkpoint": c, "split": "val", "seed": s}
+                          for r in runs for s in seeds for c in ("sft", "step2")],
+                         pa.schema([("run", pa.string()), ("checkpoint", pa.string()), ("split", pa.string()),
+                                    ("seed", pa.int64())]), folder / "metrics.parquet")  # fmt: skip
+    return selection, metrics
+
+
+def _campaign(config: dict, tasks: Path, results: Path, *checkpoints: str, run: str = "A", seed: int = 42,
+              model: str = "scripted", **kw: Any) -> list[dict]:
+    """One run/seed's test evaluations as the workflow's job runs them, into `results` (its own results_dir)."""
+    selection, metrics = _val_stats(results / "stats")
+    evals = [CheckpointEval(c, model, results / "eval" / run / c / "test" / f"seed{seed}.parquet") for c in checkpoints]
+    return evaluate_checkpoints(config, run=run, split="test", seed=seed, tasks_path=tasks, checkpoints=evals,
+                                selection_path=selection, val_metrics=metrics, **kw)
+
+
+def test_a_new_results_dir_or_run_name_is_no_new_campaign(study, test_split: Path, endpoint, tmp_path: Path) -> None:
+    """Old code: each results_dir had its own results/test/ledger.jsonl, so the same campaign ran again elsewhere."""
+    _campaign(study, test_split, tmp_path / "first", "sft", "step2", base_url=endpoint.base_url)
+    ledger = registry_ledger()  # the checkout's one ledger (the test's own here), outside every results_dir
+    assert not (tmp_path / "first" / "test").exists()
+    (campaign,) = TestLedger(ledger).campaigns()
+    assert campaign["results_dir"] == str((tmp_path / "first").resolve())
+    elsewhere = {**study, "run_name": "renamed", "results_dir": str(tmp_path / "second")}
+    with pytest.raises(SplitGuardError, match=rf"{re.escape(str(ledger))}:\d+: A step2 seed 42 was already evaluated"):
+        _campaign(elsewhere, test_split, tmp_path / "second", "step2", base_url=endpoint.base_url)
+    assert not (tmp_path / "second" / "eval").exists()
+
+
+def test_a_second_design_on_the_same_split_and_base_model_must_be_declared_and_is_listed(
+    study, test_split: Path, endpoint, tmp_path: Path
+) -> None:
+    _campaign(study, test_split, tmp_path / "first", "step2", base_url=endpoint.base_url)
+    ledger = registry_ledger()
+    changed = {**study, "evaluation": {**study["evaluation"], "max_tokens": 97}}
+    with pytest.raises(SplitGuardError, match=r"differs in evaluation\.max_tokens: .* must be declared: --new-campaign"):
+        _campaign(changed, test_split, tmp_path / "second", "step2", base_url=endpoint.base_url)
+    _campaign(changed, test_split, tmp_path / "second", "sft", "step2", base_url=endpoint.base_url,
+              new_campaign="longer answers")
+    first, second = TestLedger(ledger).campaigns()
+    assert (first["reason"], second["reason"]) == (None, "longer answers")
+    assert first["split_sha256"] == second["split_sha256"] and first["campaign"] != second["campaign"]
+    # the paper's base model on the same split is another key: no collision with the embedded default's tiny model
+    paper = {**study, "model": {**study["model"], "base": "Qwen/Qwen3-4B-Base"}}
+    _campaign(paper, test_split, tmp_path / "paper", "step2", base_url=endpoint.base_url)
+    assert [c["base_model"].split(":")[0] for c in TestLedger(ledger).campaigns()] == ["tiny", "tiny", "Qwen/Qwen3-4B-Base"]
+    # the second campaign's statistics list both campaigns on the split, each with why
+    files = sorted((tmp_path / "second" / "eval").glob("A/*/test/seed42.parquet"))
+    listed = check_test_inputs(ledger, files, read_rows(tmp_path / "second" / "stats" / "selection.parquet"),
+                               changed, STAGES["stats"].reads)
+    assert [(c["reason"], c["this"], c["base_model"].split(":")[0]) for c in listed] == [
+        ("", False, "tiny"), ("longer answers", True, "tiny"), ("", False, "Qwen/Qwen3-4B-Base")]
+
+
+def test_a_resume_with_other_weights_is_refused(study, test_split: Path, endpoint, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Old code: the started line recorded the model's path, so other weights under the same name resumed."""
+    import predict.env.rollout as rollout_engine
+
+    weights = tmp_path / "checkpoints" / "A" / "sft"
+    weights.mkdir(parents=True)
+    (weights / "model.safetensors").write_bytes(b"the weights that were tested")
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt("killed mid-campaign")
+
+    with monkeypatch.context() as m:
+        m.setattr(rollout_engine, "run_rollouts_sync", killed)
+        with pytest.raises(KeyboardInterrupt):
+            _campaign(study, test_split, tmp_path / "r", "sft", model=str(weights), base_url=endpoint.base_url)
+    (weights / "model.safetensors").write_bytes(b"other weights, same folder")
+    with pytest.raises(SplitGuardError, match=r"A sft seed 42 was started on test .* with other weights"):
+        _campaign(study, test_split, tmp_path / "r", "sft", model=str(weights), base_url=endpoint.base_url)
+    (weights / "model.safetensors").write_bytes(b"the weights that were tested")
+    (summary,) = _campaign(study, test_split, tmp_path / "r", "sft", model=str(weights), base_url=endpoint.base_url)
+    assert summary["rollouts"] == 2
+
+
+def test_the_campaign_line_records_what_its_rows_depend_on(study, test_split: Path, endpoint, tmp_path: Path) -> None:
+    check = tmp_path / "check.json"
+    check.write_text(json.dumps({"vllm_version": "0.32.0", "device": "cpu"}))
+    _campaign(study, test_split, tmp_path / "r", "step2", base_url=endpoint.base_url, serving_check=check)
+    (campaign,) = TestLedger(registry_ledger()).campaigns()
+    depends = campaign["depends_on"]
+    assert depends["vllm_version"] == "0.32.0" and depends["device"].startswith("cpu")
+    assert depends["serving"]["device"] == "cpu" and "python" not in depends["serving"]
+    assert campaign["task_ids"] == [12, 127] and campaign["selection"] == [{"run": "A", "seed": 42,
+                                                                           "checkpoint": "step2"}]
+
+
+@pytest.fixture
+def frozen(tmp_path: Path, study: dict) -> dict[str, Any]:
+    """A synthetic test campaign (tests/synthetic.py) recorded in a ledger as the campaign records one."""
+    paths, selection, ablations, _ = small_test_campaign(tmp_path / "eval")
+    config = {**study, "ablations": ablations, "extensions": {}}
+    ledger = tmp_path / "campaign" / "ledger.jsonl"
+    ledger.parent.mkdir()
+    record_campaign(ledger, config, paths, selection)
+    return {"paths": paths, "selection": selection, "config": config, "ledger": ledger}
+
+
+def test_test_statistics_read_only_the_frozen_campaign(frozen: dict[str, Any], tmp_path: Path) -> None:
+    """Old code: `predict stats` on test never read the ledger, so a changed selection, other bootstrap settings or
+    a file the campaign never wrote were all accepted."""
+    ledger, paths, selection, config = frozen["ledger"], frozen["paths"], frozen["selection"], frozen["config"]
+    reads = STAGES["stats"].reads
+    (this,) = check_test_inputs(ledger, paths, selection, config, reads)
+    assert this["this"] and this["n_done"] == this["n_planned"] == len(paths)
+    moved = [{**s, "checkpoint": "step50"} if s["run"] == "forced_keep" else s for s in selection]
+    with pytest.raises(SplitGuardError, match=r"selection differs from the frozen one for forced_keep seed 42 "
+                                              r"\(step100 -> step50\)"):
+        check_test_inputs(ledger, paths, moved, config, reads)
+    other = {**config, "evaluation": {**config["evaluation"], "bootstrap": {"resamples": 500, "seed": 0, "ci": 0.95}}}
+    with pytest.raises(SplitGuardError, match=r"statistics settings differ from the frozen design in "
+                                              r"evaluation\.bootstrap\.resamples"):
+        check_test_inputs(ledger, paths, selection, other, reads)
+    with pytest.raises(SplitGuardError, match=r"A step100 seed 42 are not among the inputs"):
+        check_test_inputs(ledger, [p for p in paths if "/A/step100/" not in str(p)], selection, config, reads)
+    table = pq.read_table(paths[0])
+    pq.write_table(table.slice(0, table.num_rows - 1), paths[0])  # a task dropped after the campaign
+    with pytest.raises(SplitGuardError, match=rf"{re.escape(str(paths[0]))}: not a test evaluation that .* records "
+                                              "as done"):
+        check_test_inputs(ledger, paths, selection, config, reads)
+
+
+def test_the_stats_stage_on_test_refuses_without_the_campaigns_ledger(frozen: dict[str, Any], tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    from predict.cli import main
+
+    selection = write_rows(frozen["selection"], SELECTION_SCHEMA, tmp_path / "selection.parquet")
+    args = ["stats", "--config-json", json.dumps(frozen["config"]), "--eval", *map(str, frozen["paths"]),
+            "--selection", str(selection), "--out-dir", str(tmp_path / "test-stats")]
+    assert main(args) == 2  # the checkout's ledger (this test's own) holds no campaign: one line, no traceback
+    assert "the test statistics read the campaign's ledger" in capsys.readouterr().err
+    assert main([*args, "--test-ledger", str(frozen["ledger"])]) == 0
+    (row,) = read_rows(tmp_path / "test-stats" / "campaigns.parquet")
+    assert row["this"] and row["n_done"] == len(frozen["paths"])
+
+
+def test_test_tasks_are_guarded_by_id_not_by_file_name(study, test_split: Path, endpoint, mbpp_rows: list[dict],
+                                                       tmp_path: Path) -> None:
+    """Old code: a renamed copy of the test split rolled out with --split val passed the name-based guard."""
+    from predict.cli import main
+    from predict.rollouts import RolloutJob, run_job
+
+    assert main(["split", "--mbpp", str(REPO / "resources" / "mbpp" / "mbpp.jsonl"), "--seed", "42", "--sft", "212",
+                 "--rl", "212", "--test", "500", "--out-dir", str(tmp_path / "data")]) == 0
+    test_ids = {r["task_id"] for r in read_rows(tmp_path / "data" / "test.parquet")}
+    assert test_task_ids(registry_ledger()) == test_ids and len(test_ids) == 500
+    disguised = write_rows(read_rows(tmp_path / "data" / "test.parquet")[:3], MBPP_SCHEMA, tmp_path / "val-copy.parquet")
+    job = RolloutJob(tasks_path=disguised, split="val", out=tmp_path / "o.parquet", model="scripted", checkpoint="base",
+                     arm="A", seed=42, base_url=endpoint.base_url)
+    with pytest.raises(SplitGuardError, match=r"val-copy\.parquet: 3 of its tasks are test tasks \(\d+, \d+, \d+;"):
+        run_job(job, study)
+    assert not endpoint.requests
+    val = tmp_path / "data" / "val.parquet"
+    assert run_job(RolloutJob(**{**job.__dict__, "tasks_path": val, "n_tasks": 1}), study)["rollouts"] == 1
+
+
+def test_each_arms_sft_is_evaluated_on_test_once_and_serves_every_seed(tmp_path: Path) -> None:
+    """Old code: the plan evaluated A's one SFT checkpoint on test once per RL seed."""
+    from .synthetic import PASS_KEEP, rollout, write_eval
+
+    config = {"arms": {"A": {"protocol": "reactive"}}, "ablations": {}, "extensions": {}, "seeds": [42, 43],
+              "evaluation": {"reference": "sft"}}
+    val = {("A", s): ["sft", "step2"] for s in (42, 43)}
+    assert campaign_plan(config, val, {("A", 42): "step2", ("A", 43): "step2"}) == [
+        ("A", "sft", 42), ("A", "step2", 42), ("A", "step2", 43)]
+    # and the test statistics pair seed 43's RL with the one SFT evaluation
+    paths = [write_eval(tmp_path, "A", c, s, [rollout(t, [PASS_KEEP], arm="A", seed=s, checkpoint=c, split="test")
+                                              for t in range(4)], split="test")
+             for c, s in (("sft", 42), ("step2", 42), ("step2", 43))]  # fmt: skip
+    selection = [{"run": "A", "seed": s, "mode": "fixed", "step": 2, "checkpoint": "step2", "val_pass_at_1": 0.5,
+                  "fallback": False} for s in (42, 43)]
+    tables = study_stats(paths, arms=["A"], selection=selection, resamples=100)
+    pairs = [p for p in tables["pairs"].to_pylist() if p["kind"] == "vs_reference" and p["metric"] == "final_pass"]
+    assert [(p["seed_a"], p["checkpoint_b"], p["seed_b"]) for p in pairs] == [(42, "sft", 42), (43, "sft", 42)]
+    assert [(m["checkpoint"], m["seed"]) for m in tables["metrics"].to_pylist()] == [("sft", 42), ("step2", 42),
+                                                                                      ("step2", 43)]
+
+
+def test_power_is_given_at_the_holm_level_of_the_family_the_report_adjusts() -> None:
+    """The issue's numbers: 5 points at discordance 0.2 on 500 tasks, 0.68 for one test, 0.47 at the first Holm level
+    of the 4 A-vs-B seed pairings (old code: one unadjusted power only)."""
+    (row,) = power_table(deltas=[0.05], discordances={"config": [0.2]}, tasks=[500], family_size=4).to_pylist()
+    assert round(row["power"], 2) == 0.68 and round(row["power_holm"], 2) == 0.47
+    assert row["holm_significance"] == 0.0125 and row["family_size"] == 4 and not row["powered_holm"]
+
+
+def test_selection_has_one_default_and_one_owner() -> None:
+    """The selection settings' default lives in predict.campaign only (it was written in cli.py twice, evaluate.py
+    and stats.py)."""
+    assert select({}, [{"run": "A", "seed": 1, "split": "val", "checkpoint": f"step{s}", "pass_at_1": 0.1}
+                       for s in (50, 100)])[0]["checkpoint"] == f"step{DEFAULT_SELECTION['step']}"
+    literal = re.compile(r"""["']mode["']\s*:\s*["']fixed["']\s*,\s*["']step["']\s*:\s*\d""")
+    holders = [p.relative_to(REPO).as_posix() for p in (REPO / "src" / "predict").rglob("*.py")
+               if literal.search(p.read_text())]
+    assert holders == ["src/predict/campaign.py"], holders
