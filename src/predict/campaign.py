@@ -186,7 +186,8 @@ def results_origin(out: Path) -> dict[str, Any]:
     config, so a rename reruns no test evaluation."""
     from predict.fingerprint import RUN_NAME_FILE  # noqa: PLC0415
 
-    results = Path(out).resolve().parents[4]
+    parents = Path(out).resolve().parents
+    results = parents[4] if len(parents) > 4 and parents[3].name == "eval" else parents[0]  # else: a file by hand
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         return {"results_dir": str(results), "run_name": json.loads((results / RUN_NAME_FILE).read_text())["run_name"]}
     return {"results_dir": str(results), "run_name": None}
