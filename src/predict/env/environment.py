@@ -64,9 +64,12 @@ class MbppEnv(vf.SingleAgentEnv, vf.Env[MbppEnvConfig]):
         """`n` rollouts of `task` (vf-eval ``-r n``), rollout i with sample ``sample * n + i``: distinct samples,
         keys and records for every rollout of every row (a row's own sample stays distinct from another row's)."""
         base = super().slots(task, n)
-        if not isinstance(task, MbppTask):
+        if n == 1 or not isinstance(task, MbppTask):
             return base
+        # a new task per rollout, not Task.with_data: prime-rl's pinned verifiers has no with_data
         return [
-            dataclasses.replace(slot, task=task.with_data(sample=task.data.sample * n + i))
+            dataclasses.replace(
+                slot, task=MbppTask(task.data.model_copy(update={"sample": task.data.sample * n + i}), task.config)
+            )
             for i, slot in enumerate(base)
         ]

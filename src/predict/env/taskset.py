@@ -61,7 +61,7 @@ class MbppTask(vf.Task[MbppTaskData, vf.State, MbppTaskConfig]):
     def hash(self) -> str:
         """The content hash without ``sample``: the repeats of one row are one task to vf-eval's resume, which
         matches saved rollouts to the selected tasks by hash (`MbppEnv.slots` sets the sample per rollout)."""
-        return super(MbppTask, self.with_data(sample=0)).hash
+        return super(MbppTask, MbppTask(self.data.model_copy(update={"sample": 0}), self.config)).hash
 
     async def setup(self, trace: vf.Trace, runtime: vf.Runtime) -> None:
         await runtime.write(SOLUTION_FILE, STUB.encode())
