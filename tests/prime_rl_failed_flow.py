@@ -164,6 +164,7 @@ async def flow(tmp: Path) -> dict[str, Any]:
     out["group_rewards_scored"] = seen
     out["shipped_from_failed"] = len(failed.samples)
     out["advantages"] = [sorted(set(r.advantages or [])) for r in group[:2]]
+    out["identity"] = [(r.info.get("sample"), r.info.get("rollout_key")) for r in group]
 
     # the step's metrics as prime-rl's orchestrator logs them (finalize_train_batch), then our reader and check
     metrics = batch.rollouts.metrics.to_wandb(prefix="train/agg", subset="all")

@@ -96,6 +96,9 @@ def test_a_failed_model_call_never_scores_on_prime_rl(tmp_path: Path) -> None:
     a = group_advantages([1.0, 0.0])
     assert out["advantages"] == [[0.0, a[0]], [a[1], 0.0]]
     assert out["error_metrics"] == {"train/agg/all/agent/error/ProviderError": 1.0}
+    # each scored rollout of the group has its own sample and key (the failed one never arrives: its trace id only)
+    (s0, k0), (s1, k1), failed_identity = out["identity"]
+    assert (s0, s1, failed_identity) == (0, 1, [None, None]) and k0 != k1
     assert out["schema_row"] == {"n_rollouts": 3, "n_failed": 1, "reward_mean": 0.5}
     # 1 of 3 failed: over a threshold of 0.25 (the message names the step and the key), within 0.5
     assert out["check"]["0.5"] == "ok"
