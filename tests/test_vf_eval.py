@@ -152,3 +152,10 @@ def test_each_rollout_of_a_task_has_its_own_sample_and_key(runs: dict[str, Any])
     for trace in runs["traces"]:
         hashes.setdefault(trace["task"]["data"]["task_id"], set()).add(trace["task"]["hash"])
     assert all(len(h) == 1 for h in hashes.values())
+
+
+def test_a_missing_split_says_what_to_pass() -> None:
+    from predict.env.taskset import MbppTaskset, MbppTasksetConfig
+
+    with pytest.raises(ValueError, match=r"--env\.taskset\.path results/data/val\.parquet"):
+        MbppTaskset(MbppTasksetConfig())
