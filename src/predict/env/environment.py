@@ -32,10 +32,11 @@ STUDY_CONFIG = REPO_ROOT / "config" / "local.yaml"
 
 
 def study_agent_config(path: str | Path = STUDY_CONFIG) -> vf.AgentConfig:
-    """The seat's defaults: Arm A of the study config at `path` as our rollouts run it (`agent_defaults` of
-    `RolloutSettings.from_study_config`), the turn cap raised to the largest of the study's runs (the seat does not
-    know which protocol the harness will be given). Only the fields this verifiers' AgentConfig has (prime-rl's
-    pinned verifiers has no ``network_notice``). The harness stays None: the taskset's own (`predict_mbpp`)."""
+    """The seat's defaults: the study config at `path` as our rollouts run it (`agent_defaults` of
+    `RolloutSettings.from_study_config` for each of the study's runs: runtime, sampling and timeouts are the same for
+    all), the turn cap the largest of the runs' (the seat does not know which protocol the harness will be given).
+    Only the fields this verifiers' AgentConfig has (prime-rl's pinned verifiers has no ``network_notice``). The
+    harness stays None: the taskset's own (`predict_mbpp`)."""
     config = load_config(path)
     per_run = [
         RolloutSettings.from_study_config(
@@ -43,11 +44,7 @@ def study_agent_config(path: str | Path = STUDY_CONFIG) -> vf.AgentConfig:
         )
         for spec in (resolve_run(config, run) for run in study_runs(config))
     ]
-    arm_a = RolloutSettings.from_study_config(config, arm="A", seed=0, checkpoint="", base_url="", model="")
-    fields = {
-        **agent_defaults(arm_a),
-        "max_turns": max(agent_defaults(s)["max_turns"] for s in per_run),
-    }
+    fields = {**agent_defaults(per_run[0]), "max_turns": max(agent_defaults(s)["max_turns"] for s in per_run)}
     return vf.AgentConfig(**{k: v for k, v in fields.items() if k in vf.AgentConfig.model_fields})
 
 

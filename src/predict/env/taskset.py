@@ -166,4 +166,3 @@ def seeded_order(rows: Sequence[Mapping[str, Any]], seed: int) -> list[Mapping[s
     perm = list(range(len(ordered)))
     random.Random(f"{seed}:0").shuffle(perm)
     return [ordered[i] for i in perm]
-
