@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from predict.config import REPO_ROOT, load_config
-from predict.train.prime_rl import configs
+from predict.train.prime_rl import cluster, configs
 from predict.train.prime_rl.cluster import run_watched
 from predict.train.prime_rl.configs import (
     MAX_FAILED_SHARE_VAR,
@@ -47,6 +47,9 @@ def test_the_check_names_the_first_step_over_the_threshold_and_leaves_prime_rls_
     with pytest.raises(FailedRolloutsError, match=r"^step 2: 5 of 16 rollouts failed .*max_failed_share 0.25"):
         check_failed_rollouts(tmp_path, 0.25)
     check_failed_rollouts(tmp_path, 1.0)
+    # a retried attempt is judged on its own records (it redoes the steps after its checkpoint)
+    metrics = tmp_path / "run_default" / "metrics.jsonl"
+    check_failed_rollouts(tmp_path, 0.25, start=metrics.stat().st_size)
     write_steps(tmp_path, step_line(1, 16, Cancelled=16))
     check_failed_rollouts(tmp_path, 0.0)  # nothing failed: every rollout was cancelled by the orchestrator
 
@@ -120,3 +123,29 @@ def test_the_threshold_must_be_a_share(paper: dict[str, Any]) -> None:
     bad = {**paper, "prime_rl": {**paper["prime_rl"], "rl": {**paper["prime_rl"]["rl"], "max_failed_share": 1.5}}}
     with pytest.raises(ConfigError, match=r"prime_rl\.rl\.max_failed_share"):
         validate_config(bad, "paper")
+
+
+FAKE_UV = """#!{python}
+import json, os, sys, time, tomllib
+table = tomllib.load(open(sys.argv[-1], "rb"))
+os.makedirs(os.path.join(table["output_dir"], "run_default"), exist_ok=True)
+with open(os.path.join(table["output_dir"], "run_default", "metrics.jsonl"), "a") as f:
+    f.write(json.dumps({{"step": 1, "progress/rollouts": 4, "train/agg/all/agent/error/ProviderError": {failed}}}) + "\\n")
+time.sleep({sleep})
+"""
+
+
+def test_launch_stops_an_rl_run_over_the_threshold_and_judges_a_retry_on_its_own_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cluster, "WATCH_POLL_S", 0.2)
+    toml = configs.write_toml(
+        {"output_dir": str(tmp_path / "o"), "env_vars": {MAX_FAILED_SHARE_VAR: "0.25"}}, tmp_path / "rl.toml"
+    )
+    uv = tmp_path / "uv"
+    uv.write_text(FAKE_UV.format(python=sys.executable, failed=3, sleep=60))
+    uv.chmod(0o755)
+    with pytest.raises(FailedRolloutsError, match="step 1: 3 of 4"):
+        cluster.launch("rl", toml, tmp_path, uv=str(uv))
+    uv.write_text(FAKE_UV.format(python=sys.executable, failed=1, sleep=0))  # the retry: step 1 again, 1 of 4
+    cluster.launch("rl", toml, tmp_path, uv=str(uv))

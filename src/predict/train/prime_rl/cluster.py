@@ -28,6 +28,7 @@ rollout from its group (the environment marks a failed model call as a failed ro
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -51,6 +52,10 @@ IMPORT_CHECK = (
     "import predict.train.prime_rl.loss; "
     "import predict_mbpp, predict_local_agent; print('predict algorithm, taskset and harness import')"
 )
+
+
+WATCH_POLL_S = 30.0
+"""How often `launch` checks a running ``rl`` run's logged steps for failed rollouts (seconds)."""
 
 
 class PrimeRLSetupError(RuntimeError):
@@ -221,12 +226,14 @@ def launch(kind: str, toml: str | Path, dest: str | Path, *, uv: str = "uv") -> 
     table = read_toml(toml)
     output_dir = Path(table["output_dir"])
     start_or_resume(output_dir, output_dir_fingerprint(table), what=f"prime-rl {kind} ({toml})")
-    mark_attempt(output_dir)
+    marks = mark_attempt(output_dir)
     argv = [uv, "run", "--frozen", "--no-sync", kind, "@", Path(toml).absolute()]
     share = (table.get("env_vars") or {}).get(MAX_FAILED_SHARE_VAR)
     if kind == "rl" and share is not None:
+        start = marks[METRIC_SOURCES["orchestrator"]][-1]  # an earlier attempt's steps are redone, not judged
         try:
-            run_watched(argv, lambda: check_failed_rollouts(output_dir, float(share)), cwd=dest)
+            check = functools.partial(check_failed_rollouts, output_dir, float(share), start)
+            run_watched(argv, check, cwd=dest, poll_s=WATCH_POLL_S)
         finally:
             drop_superseded_metrics(output_dir)
         return

@@ -496,14 +496,24 @@ def step_failures(step_metrics: Mapping[str, float]) -> dict[str, int]:
     return out
 
 
-def check_failed_rollouts(output_dir: str | Path, max_failed_share: float) -> None:
-    """Raise `FailedRolloutsError` for the first step prime-rl logged (its orchestrator's metrics.jsonl) in which
-    more than `max_failed_share` of the rollouts failed: the group baselines of such a step rest on a few rollouts,
-    and a failing server is no finding. Each failed rollout has been dropped and counted either way."""
+def check_failed_rollouts(output_dir: str | Path, max_failed_share: float, start: int = 0) -> None:
+    """Raise `FailedRolloutsError` for the first step prime-rl logged (its orchestrator's metrics.jsonl, from byte
+    `start`: where the current attempt's records begin) in which more than `max_failed_share` of the rollouts
+    failed: the group baselines of such a step rest on a few rollouts, and a failing server is no finding. Each
+    failed rollout has been dropped and counted either way. A torn last line (a write in progress) is skipped."""
+    path = Path(output_dir) / METRIC_SOURCES["orchestrator"]
     values: dict[int, dict[str, float]] = {}
-    for r in metrics_table(output_dir).to_pylist():
-        if r["source"] == "orchestrator" and r["step"] is not None:
-            values.setdefault(int(r["step"]), {})[r["metric"]] = r["value"]
+    if path.exists():
+        with open(path, "rb") as f:
+            f.seek(start)
+            for line in f.read().decode(errors="replace").splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                step = record.pop("step", None)
+                if step is not None:
+                    _flatten("", record, values.setdefault(int(step), {}))
     for step, m in sorted(values.items()):
         n_all = int(m.get("progress/rollouts") or 0)
         failures = step_failures(m)
