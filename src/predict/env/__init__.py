@@ -10,4 +10,5 @@ Modules (kept import-light: the agent program imports only `protocol` and `predi
 * `taskset`   - `MbppTaskset`/`MbppTask`: MBPP rows as tasks; setup, finalize, reward.
 * `records`   - one trace -> one per-trajectory row; parquet schema and writers (atomic, resumable).
 * `rollout`   - `RolloutSettings` and `run_rollouts`.
+* `environment` - `MbppEnv`: the study's seat defaults and per-rollout samples for vf-eval and prime-rl's env server.
 """

@@ -9,11 +9,14 @@ The protocol itself (parsing, budget, predictions, shadow executions, result str
 this file only talks HTTP, keeps solution.py on disk in step with the episode, and writes the result JSON
 (`protocol.RESULT_FILE`: config, steps, summary) that the task's finalize copies into ``trace.info``.
 
-Exit status: 0 whenever the episode ended and the result was written, including a ``stop_reason`` of
-``max_turns`` (verifiers refused the turn or the program's own model-call cap) and ``error`` for a deterministic
-4xx refusal of the model endpoint (e.g. an overlong prompt), so the rollout is still graded; 97 (verifiers'
-model-transport code) when the endpoint stayed unreachable or kept failing with 5xx, so verifiers records a
-retryable failure; 1 for a crash of the program itself.
+Exit status: 0 whenever the episode ended on its own terms and the result was written, including a
+``stop_reason`` of ``max_turns`` (verifiers refused the turn or the program's own model-call cap); 97 (verifiers'
+model-transport code) whenever a model call failed: a 4xx answer (a model name the server does not serve, an
+overlong prompt), a 5xx that outlived the retries, or an endpoint that stayed unreachable. The episode then ends
+with ``stop_reason`` ``error``, and the exit makes verifiers record the rollout as failed (the interception server's
+own error for that call, e.g. a ``ProviderError`` with the HTTP status): every client (vf-eval, prime-rl's
+orchestrator, `predict.env.rollout`) sees an errored rollout, never a graded one, so a call that never reached the
+policy cannot become a reward of 0. 1 for a crash of the program itself.
 """
 
 from __future__ import annotations
@@ -180,10 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             except TurnRefused as e:
                 episode.finish("max_turns", error=str(e))
                 break
-            except ModelRefused as e:
-                episode.finish("error", error=str(e))
-                break
-            except ModelUnavailable as e:
+            except (ModelRefused, ModelUnavailable) as e:
+                # a failed call is the infrastructure's, not the policy's: the rollout fails (module doc)
                 episode.finish("error", error=str(e))
                 exit_code = MODEL_TRANSPORT_ERROR_EXIT_CODE
                 break

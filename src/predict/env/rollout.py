@@ -143,10 +143,9 @@ def build_agent_config(settings: RolloutSettings) -> Any:
 
     from predict.env.harness import LocalAgentHarnessConfig
 
-    config = settings.protocol_config
     harness = LocalAgentHarnessConfig(
         python=settings.python or sys.executable,
-        protocol=config,
+        protocol=settings.protocol_config,
         timeout_s=settings.timeout_s,
         memory_mb=settings.memory_mb,
         outcome_labels=settings.outcome_labels,
@@ -166,25 +165,31 @@ def build_agent_config(settings: RolloutSettings) -> Any:
         client = vf.EvalClientConfig(base_url=settings.base_url, api_key_var=settings.api_key_var)
     else:
         raise ValueError(f"client must be 'eval' or 'train', got {settings.client!r}")
+    return vf.AgentConfig(harness=harness, model=settings.model, client=client, **agent_defaults(settings))
+
+
+def agent_defaults(settings: RolloutSettings) -> dict[str, Any]:
+    """The seat's settings that are the study's rather than the run's (runtime, sampling, turn cap, timeout,
+    retries, prompt): our rollouts' `build_agent_config`, and the seat defaults ``predict_mbpp`` declares for
+    clients we do not drive (`predict.env.taskset.study_agent_config`)."""
+    import verifiers.v1 as vf
+
     sampling = {
         "temperature": settings.temperature,
         "max_tokens": settings.max_tokens,
         "chat_template_kwargs": {"enable_thinking": settings.enable_thinking},
         **settings.extra_sampling,
     }
-    return vf.AgentConfig(
-        harness=harness,
-        runtime=vf.SubprocessConfig(),  # the default is a remote Prime sandbox
-        model=settings.model,
-        client=client,
-        sampling=vf.SamplingConfig(**{k: v for k, v in sampling.items() if v is not None}),
+    return {
+        "runtime": vf.SubprocessConfig(),  # the default is a remote Prime sandbox
+        "sampling": vf.SamplingConfig(**{k: v for k, v in sampling.items() if v is not None}),
         # max_turns counts model turns; keep it above the program's own cap, or the program's last calls get
         # HTTP 400 "rollout stopped: max_turns" instead of the protocol's own ending.
-        max_turns=config.model_call_cap + 2,
-        timeout=vf.configs.agent.TimeoutConfig(rollout=settings.rollout_timeout_s),
-        retries=vf.RetryConfig(max_retries=settings.retries),
-        network_notice=False,  # keep the system prompt exactly the protocol's
-    )
+        "max_turns": settings.protocol_config.model_call_cap + 2,
+        "timeout": vf.configs.agent.TimeoutConfig(rollout=settings.rollout_timeout_s),
+        "retries": vf.RetryConfig(max_retries=settings.retries),
+        "network_notice": False,  # keep the system prompt exactly the protocol's
+    }
 
 
 async def run_rollouts(

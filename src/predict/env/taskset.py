@@ -11,6 +11,9 @@ text plus its asserts); the gold ``code`` never enters the runtime.
 * the reward is 1.0 iff the final solution.py passes all the task's tests (setup code + test_list) in the
   sandbox, else 0.0; the verdict goes to ``trace.info["final_verdict"]``. The check runs as
   ``python -m predict.env.check`` in the runtime (see that module for why not in-process).
+
+The repeats of one row (``sample``) are one task to vf-eval's resume: `MbppTask.hash` leaves ``sample`` out
+(`predict.env.environment.MbppEnv` gives each rollout of ``-r n`` its own sample).
 """
 
 from __future__ import annotations
@@ -53,6 +56,12 @@ class MbppTask(vf.Task[MbppTaskData, vf.State, MbppTaskConfig]):
     def key(self) -> str:
         # Durable and unique even when a task is repeated (one key per sample).
         return f"mbpp-{self.data.task_id}-{self.data.sample}"
+
+    @property
+    def hash(self) -> str:
+        """The content hash without ``sample``: the repeats of one row are one task to vf-eval's resume, which
+        matches saved rollouts to the selected tasks by hash (`MbppEnv.slots` sets the sample per rollout)."""
+        return super(MbppTask, MbppTask(self.data.model_copy(update={"sample": 0}), self.config)).hash
 
     async def setup(self, trace: vf.Trace, runtime: vf.Runtime) -> None:
         await runtime.write(SOLUTION_FILE, STUB.encode())
@@ -122,7 +131,11 @@ class MbppTaskset(vf.Taskset[MbppTask, MbppTasksetConfig]):
     def __init__(self, config: MbppTasksetConfig | None = None, rows: Iterable[Mapping[str, Any]] | None = None):
         super().__init__(config or MbppTasksetConfig())
         if rows is None and self.config.path is None:
-            raise ValueError("MbppTaskset needs rows or config.path")
+            raise ValueError(
+                "MbppTaskset needs a split parquet from the data stage: pass --env.taskset.path "
+                "results/data/val.parquet to vf-eval (docs/vf-eval.md), path= in a prime-rl TOML's "
+                "[...env.taskset], or MbppTasksetConfig(path=...) / MbppTaskset.from_rows(rows) in Python"
+            )
         self._rows = list(rows) if rows is not None else None
 
     @classmethod

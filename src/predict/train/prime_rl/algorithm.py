@@ -29,6 +29,11 @@ What it does to a rollout (the rules of the study's loss, `predict.train.loss`, 
   trainer counts them (`predict.train.metrics.rollout_trace_metrics`: patches, predictions and verified outcomes by
   class, REVISE decisions, reward, final pass, budget exhaustion), recorded as trace metrics ``predict_<name>``
   (their per-step means go to prime-rl's ``metrics.jsonl``: `predict.train.metrics.ROLLOUT_METRIC_PREFIX`).
+* identity (``score_rollout``, both arms): prime-rl dispatches every rollout of a group with the same task data, so
+  all carry the task's one ``sample``; each gets its own at arrival, its index in the group
+  (``trace.info["sample"]``), and a key unique in the run (``trace.info["rollout_key"]``: task key, group id,
+  sample), as vf-eval's ``-r`` rollouts and our own samples have. A failed rollout never arrives (prime-rl's train
+  sink drops it first) and keeps its trace id only.
 * A rollout whose model calls and program steps do not line up trains nothing (its prediction points cannot be
   located, so its label tokens cannot be kept out of RL): its samples are dropped, as the local trainer drops it
   (`predict.train.samples.rollout_samples`, "unaligned"); its reward still counts in the group baseline. Counted
@@ -159,15 +164,29 @@ class GRPOStdAlgorithm(GRPOAlgorithm):
         super().__init__(config, policy_pool)
         if self.length_penalty is not None:
             raise ValueError("grpo_std: length_penalty is not part of the study's design (the local trainer has none)")
+        self.arrivals: dict[Any, int] = {}
+        """group id -> rollouts of that group scored so far (the next one's sample); dropped with the group."""
 
     async def score_rollout(self, rollout: Any) -> None:
         await super().score_rollout(rollout)
+        self.stamp_identity(rollout)
         # the per-step metrics of both arms: this rollout's counts, as the local trainer counts them (module doc)
         rollout.record_metrics(rollout_trace_metrics(rollout.info, getattr(rollout, "reward", None)))
+
+    def stamp_identity(self, rollout: Any) -> None:
+        """The rollout's own sample (its arrival index in its group) and key, in ``trace.info`` (module doc)."""
+        group = getattr(rollout, "group_id", None)
+        sample = self.arrivals.get(group, 0)
+        self.arrivals[group] = sample + 1
+        task_key = getattr(getattr(rollout, "task", None), "key", None)
+        rollout.info["sample"] = sample
+        rollout.info["rollout_key"] = f"{task_key}|{group}|{sample}"
 
     async def score_group(self, group: list[Any]) -> None:
         for rollout, advantage in zip(group, group_advantages([r.reward for r in group]), strict=True):
             rollout.assign_advantages(float(advantage))
+        if group:
+            self.arrivals.pop(getattr(group[0], "group_id", None), None)
 
 
 class PredictAlgorithm(GRPOStdAlgorithm):

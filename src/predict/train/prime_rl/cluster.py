@@ -20,22 +20,28 @@ finished checkpoints (`configs.collect_rl_checkpoints` / `collect_sft_checkpoint
 (``ckpt.resume_step = -1``), so a SLURM retry is a second attempt in the same output_dir: `launch` records where
 each attempt starts in prime-rl's metrics.jsonl files (`mark_attempt`) and, once the run finishes, keeps only the
 last attempt's records of each step (`drop_superseded_metrics`; the dropped lines go to ``*.superseded.jsonl``).
+An ``rl`` run is watched while it runs (`run_watched`): once a logged step has more failed rollouts than the TOML's
+``env_vars.PREDICT_MAX_FAILED_SHARE`` (``prime_rl.rl.max_failed_share``) allows, `configs.check_failed_rollouts`
+raises, the run's processes are stopped and the job fails naming the step; below it prime-rl drops each failed
+rollout from its group (the environment marks a failed model call as a failed rollout, `predict.env.program`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import re
+import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from predict.config import REPO_ROOT
 from predict.fingerprint import file_sha256, fingerprint, start_or_resume
-from predict.train.prime_rl.configs import METRIC_SOURCES, read_toml
+from predict.train.prime_rl.configs import MAX_FAILED_SHARE_VAR, METRIC_SOURCES, check_failed_rollouts, read_toml
 
 log = logging.getLogger(__name__)
 PATCH = REPO_ROOT / "workflow" / "prime-rl" / "predict-algorithm.patch"
@@ -46,6 +52,10 @@ IMPORT_CHECK = (
     "import predict.train.prime_rl.loss; "
     "import predict_mbpp, predict_local_agent; print('predict algorithm, taskset and harness import')"
 )
+
+
+WATCH_POLL_S = 30.0
+"""How often `launch` checks a running ``rl`` run's logged steps for failed rollouts (seconds)."""
 
 
 class PrimeRLSetupError(RuntimeError):
@@ -62,6 +72,42 @@ def _run(argv: Sequence[str], cwd: str | Path | None = None, env: dict[str, str]
     result = subprocess.run(list(map(str, argv)), cwd=cwd, env=env)
     if result.returncode != 0:
         raise PrimeRLSetupError(f"exit {result.returncode}: {' '.join(map(str, argv))}")
+
+
+def run_watched(argv: Sequence[str], check: Callable[[], None], *, cwd: str | Path | None = None,
+                poll_s: float = 30.0, stop_s: float = 60.0) -> None:
+    """`_run`, calling `check` every `poll_s` seconds while the command runs and once after it exits. When `check`
+    raises (or this process is interrupted) the command's process group (it runs in its own session: prime-rl
+    starts inference, orchestrator and trainer under it) gets SIGTERM, SIGKILL after `stop_s`, and the error
+    propagates."""
+    log.info("$ %s", " ".join(map(str, argv)))
+    proc = subprocess.Popen(list(map(str, argv)), cwd=cwd, start_new_session=True)
+    try:
+        while True:
+            try:
+                proc.wait(timeout=poll_s)
+                break
+            except subprocess.TimeoutExpired:
+                check()
+        check()
+    except BaseException:
+        _stop_group(proc, stop_s)
+        raise
+    if proc.returncode != 0:
+        raise PrimeRLSetupError(f"exit {proc.returncode}: {' '.join(map(str, argv))}")
+
+
+def _stop_group(proc: subprocess.Popen, stop_s: float) -> None:
+    for sig, wait_s in ((signal.SIGTERM, stop_s), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _ok(argv: Sequence[str], cwd: str | Path | None = None) -> bool:
@@ -180,8 +226,18 @@ def launch(kind: str, toml: str | Path, dest: str | Path, *, uv: str = "uv") -> 
     table = read_toml(toml)
     output_dir = Path(table["output_dir"])
     start_or_resume(output_dir, output_dir_fingerprint(table), what=f"prime-rl {kind} ({toml})")
-    mark_attempt(output_dir)
-    _run([uv, "run", "--frozen", "--no-sync", kind, "@", Path(toml).absolute()], cwd=dest)
+    marks = mark_attempt(output_dir)
+    argv = [uv, "run", "--frozen", "--no-sync", kind, "@", Path(toml).absolute()]
+    share = (table.get("env_vars") or {}).get(MAX_FAILED_SHARE_VAR)
+    if kind == "rl" and share is not None:
+        start = marks[METRIC_SOURCES["orchestrator"]][-1]  # an earlier attempt's steps are redone, not judged
+        try:
+            check = functools.partial(check_failed_rollouts, output_dir, float(share), start)
+            run_watched(argv, check, cwd=dest, poll_s=WATCH_POLL_S)
+        finally:
+            drop_superseded_metrics(output_dir)
+        return
+    _run(argv, cwd=dest)
     drop_superseded_metrics(output_dir)
 
 

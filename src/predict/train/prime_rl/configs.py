@@ -88,6 +88,8 @@ class RLSettings:
     kl_coef: float
     skip_zero_advantage: bool
     dtype: str
+    max_failed_share: float
+    """``prime_rl.rl.max_failed_share``: the most share of a step's rollouts that may fail (`check_failed_rollouts`)."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ def rl_settings(cfg: Mapping[str, Any]) -> RLSettings:
         kl_coef=float(shared.get("kl_coef", 0.0)),
         skip_zero_advantage=bool(shared.get("skip_zero_advantage", False)),
         dtype=str(shared.get("dtype", "bfloat16")),
+        max_failed_share=float(_section(cfg, "prime_rl", "rl", "max_failed_share")),
     )
 
 
@@ -237,9 +240,19 @@ def renderer_table(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": RENDERER, "enable_thinking": bool(cfg["model"].get("enable_thinking", True))}
 
 
-def env_source(cfg: Mapping[str, Any], spec: Any, tasks: str | Path, seed: int) -> dict[str, Any]:
+def train_sampling(cfg: Mapping[str, Any], s: RLSettings) -> dict[str, Any]:
+    """The RL rollouts' sampling: ``env.temperature``, and ``rl.max_tokens`` (else ``env.max_tokens``) per call."""
+    env = _section(cfg, "env")
+    return {"temperature": float(env.get("temperature", 1.0)), "max_tokens": int(s.max_tokens or env.get("max_tokens", 512))}
+
+
+def env_source(
+    cfg: Mapping[str, Any], spec: Any, tasks: str | Path, seed: int, sampling: Mapping[str, Any]
+) -> dict[str, Any]:
     """One ``[[orchestrator.train.source]]``: our taskset + harness, with the same protocol values as local
-    rollouts (`RolloutSettings.from_study_config`); `seed` orders the taskset (prime-rl's epoch shuffle ignores it)."""
+    rollouts (`RolloutSettings.from_study_config`); `seed` orders the taskset (prime-rl's epoch shuffle ignores it).
+    The seat's `sampling` is rendered too: `predict_mbpp`'s env declares the embedded default's sampling as the
+    seat's default (`predict.env.environment`), and a seat's values win over the orchestrator's."""
     from predict.env.rollout import RolloutSettings
 
     settings = RolloutSettings.from_study_config(
@@ -264,6 +277,10 @@ def env_source(cfg: Mapping[str, Any], spec: Any, tasks: str | Path, seed: int) 
             "agent": {
                 # verifiers counts model turns; keep it above the program's own cap (as predict.env.rollout does).
                 "max_turns": protocol.model_call_cap + 2,
+                "sampling": {
+                    **sampling,
+                    "chat_template_kwargs": {"enable_thinking": settings.enable_thinking},  # as local rollouts
+                },
                 "timeout": {"rollout": settings.rollout_timeout_s},
                 "harness": {
                     "id": HARNESS_ID,
@@ -284,7 +301,7 @@ def rl_config(
     s = rl_settings(cfg)
     check_rl_design(s)
     attn = attn_setting(cfg)
-    env = _section(cfg, "env")
+    sampling = train_sampling(cfg, s)
     if not spec.predictive:
         algo: dict[str, Any] = {"type": "grpo_std"}
     else:
@@ -312,11 +329,8 @@ def rl_config(
             "post_batch_filters": filters_table(s),
             "renderer": renderer_table(cfg),
             "train": {
-                "sampling": {
-                    "temperature": float(env.get("temperature", 1.0)),
-                    "max_completion_tokens": int(s.max_tokens or env.get("max_tokens", 512)),
-                },
-                "source": [env_source(cfg, spec, tasks, seed=int(seed))],
+                "sampling": {"temperature": sampling["temperature"], "max_completion_tokens": sampling["max_tokens"]},
+                "source": [env_source(cfg, spec, tasks, seed=int(seed), sampling=sampling)],
             },
         },
         "trainer": {
@@ -325,6 +339,8 @@ def rl_config(
             "optim": {"type": "adamw", "lr": s.lr, "weight_decay": s.weight_decay, "max_norm": s.max_norm},
         },
         "inference": {"seed": int(seed)},
+        # read back by predict.train.prime_rl.cluster.launch, which stops a run whose step has too many failures
+        "env_vars": {MAX_FAILED_SHARE_VAR: str(s.max_failed_share)},
     }
     return _drop_none(table)
 
@@ -458,6 +474,55 @@ def write_metrics(output_dir: str | Path, out: str | Path) -> int:
 _ROLLOUT_METRIC = re.compile(r"^train/agg/all/[^/]+/metrics/predict_(?P<name>[^/]+)/mean$")
 _REWARD = re.compile(r"^train/agg/all/[^/]+/reward/mean$")
 _ERRORS = re.compile(r"^train/agg/all/[^/]+/error/[^/]+$")
+
+MAX_FAILED_SHARE_VAR = "PREDICT_MAX_FAILED_SHARE"
+"""The rendered TOML's ``env_vars`` entry carrying ``prime_rl.rl.max_failed_share`` to `launch` (prime-rl's
+configs take no key of ours; every prime-rl process also sees it, and ignores it)."""
+CANCELLED = "Cancelled"
+"""prime-rl's error type for a rollout its orchestrator cancelled itself (off-policy): no failure of the rollout."""
+
+
+class FailedRolloutsError(RuntimeError):
+    """Too many of one RL step's rollouts failed (names the step, the counts by error type and the config key)."""
+
+
+def step_failures(step_metrics: Mapping[str, float]) -> dict[str, int]:
+    """One orchestrator step's failed rollouts by error type: prime-rl's per-step counts
+    (``train/agg/all/<agent>/error/<type>``: its train sink dropped each from its group), its own cancels aside."""
+    out: dict[str, int] = {}
+    for key, value in step_metrics.items():
+        if _ERRORS.match(key) and (kind := key.rsplit("/", 1)[1]) != CANCELLED:
+            out[kind] = out.get(kind, 0) + int(value)
+    return out
+
+
+def check_failed_rollouts(output_dir: str | Path, max_failed_share: float, start: int = 0) -> None:
+    """Raise `FailedRolloutsError` for the first step prime-rl logged (its orchestrator's metrics.jsonl, from byte
+    `start`: where the current attempt's records begin) in which more than `max_failed_share` of the rollouts
+    failed: the group baselines of such a step rest on a few rollouts, and a failing server is no finding. Each
+    failed rollout has been dropped and counted either way. A torn last line (a write in progress) is skipped."""
+    path = Path(output_dir) / METRIC_SOURCES["orchestrator"]
+    values: dict[int, dict[str, float]] = {}
+    if path.exists():
+        with open(path, "rb") as f:
+            f.seek(start)
+            for line in f.read().decode(errors="replace").splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                step = record.pop("step", None)
+                if step is not None:
+                    _flatten("", record, values.setdefault(int(step), {}))
+    for step, m in sorted(values.items()):
+        n_all = int(m.get("progress/rollouts") or 0)
+        failures = step_failures(m)
+        if n_all and sum(failures.values()) / n_all > max_failed_share:
+            raise FailedRolloutsError(
+                f"step {step}: {sum(failures.values())} of {n_all} rollouts failed ({failures}), more than "
+                f"prime_rl.rl.max_failed_share {max_failed_share:g}; the run is stopped (each failure is in "
+                f"{Path(output_dir) / METRIC_SOURCES['orchestrator']} and prime-rl's rollout files)"
+            )
 
 
 def schema_rows(long: pa.Table, run: str, seed: int) -> list[dict[str, Any]]:

@@ -1,0 +1,151 @@
+"""Failed rollouts on prime-rl, without prime-rl: the threshold check over prime-rl's per-step metrics, the watched
+launch that stops a run at such a step, and the rendered TOML that carries the threshold and the seat's sampling.
+(tests/test_prime_rl_integration.py runs a failed model call through prime-rl's own sink and metrics.)"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from predict.config import REPO_ROOT, load_config
+from predict.train.prime_rl import cluster, configs
+from predict.train.prime_rl.cluster import run_watched
+from predict.train.prime_rl.configs import (
+    MAX_FAILED_SHARE_VAR,
+    FailedRolloutsError,
+    PrimeRLConfigError,
+    check_failed_rollouts,
+)
+
+AGG = "train/agg/all/agent"
+
+
+def step_line(step: int, rollouts: int, **errors: int) -> str:
+    """One orchestrator metrics.jsonl record, keyed as prime-rl's orchestrator logs a step."""
+    return json.dumps(
+        {"step": step, "progress/rollouts": rollouts, **{f"{AGG}/error/{k}": v for k, v in errors.items()}}
+    )
+
+
+def write_steps(output_dir: Path, *lines: str) -> None:
+    (output_dir / "run_default").mkdir(parents=True, exist_ok=True)
+    (output_dir / "run_default" / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+
+
+def test_the_check_names_the_first_step_over_the_threshold_and_leaves_prime_rls_cancels_out(tmp_path: Path) -> None:
+    write_steps(
+        tmp_path,
+        step_line(1, 16, ProviderError=2, Cancelled=9),  # 2/16: within 0.25 (the cancels are prime-rl's own)
+        step_line(2, 16, ProviderError=3, HarnessError=2),  # 5/16 > 0.25
+        step_line(3, 16, ProviderError=16),
+    )
+    with pytest.raises(FailedRolloutsError, match=r"^step 2: 5 of 16 rollouts failed .*max_failed_share 0.25"):
+        check_failed_rollouts(tmp_path, 0.25)
+    check_failed_rollouts(tmp_path, 1.0)
+    # a retried attempt is judged on its own records (it redoes the steps after its checkpoint)
+    metrics = tmp_path / "run_default" / "metrics.jsonl"
+    check_failed_rollouts(tmp_path, 0.25, start=metrics.stat().st_size)
+    write_steps(tmp_path, step_line(1, 16, Cancelled=16))
+    check_failed_rollouts(tmp_path, 0.0)  # nothing failed: every rollout was cancelled by the orchestrator
+
+
+FAKE_RUN = """
+import json, os, subprocess, sys, time
+out = sys.argv[1]
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+open(os.path.join(out, "pids"), "w").write(f"{os.getpid()} {child.pid}")
+os.makedirs(os.path.join(out, "run_default"), exist_ok=True)
+with open(os.path.join(out, "run_default", "metrics.jsonl"), "a") as f:
+    f.write(json.dumps({"step": 1, "progress/rollouts": 4, "train/agg/all/agent/error/ProviderError": 3}) + "\\n")
+time.sleep(120)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "State:\tZ" in state  # stopped, waiting for its (new) parent to reap it
+
+
+def test_a_watched_run_is_stopped_at_a_step_with_too_many_failures(tmp_path: Path) -> None:
+    script = tmp_path / "fake_rl.py"
+    script.write_text(FAKE_RUN)
+    t0 = time.time()
+    with pytest.raises(FailedRolloutsError, match="step 1: 3 of 4 rollouts failed"):
+        run_watched(
+            [sys.executable, script, tmp_path], lambda: check_failed_rollouts(tmp_path, 0.25), poll_s=0.2, stop_s=5
+        )
+    assert time.time() - t0 < 30  # stopped, not waited out
+    deadline = time.time() + 10
+    pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+    while not all(_gone(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(p) for p in pids), pids  # the run and the processes it started
+
+
+def test_a_watched_run_that_stays_within_the_threshold_finishes(tmp_path: Path) -> None:
+    write_steps(tmp_path, step_line(1, 4, ProviderError=1))
+    run_watched([sys.executable, "-c", "import time; time.sleep(0.5)"], lambda: check_failed_rollouts(tmp_path, 0.25),
+                poll_s=0.1)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def paper() -> dict[str, Any]:
+    return load_config(REPO_ROOT / "config" / "config.yaml")
+
+
+def test_the_rl_toml_carries_the_threshold_and_the_seats_sampling(paper: dict[str, Any], tmp_path: Path) -> None:
+    table = configs.rl_config(paper, "B", 42, model="/m", tasks=tmp_path / "rl.parquet", output_dir=tmp_path / "o")
+    assert table["env_vars"] == {MAX_FAILED_SHARE_VAR: str(paper["prime_rl"]["rl"]["max_failed_share"])}
+    seat = table["orchestrator"]["train"]["source"][0]["env"]["agent"]["sampling"]
+    orchestrator = table["orchestrator"]["train"]["sampling"]
+    assert (seat["temperature"], seat["max_tokens"]) == (
+        orchestrator["temperature"],
+        orchestrator["max_completion_tokens"],
+    )
+    assert seat["chat_template_kwargs"] == {"enable_thinking": paper["model"]["enable_thinking"]}
+    missing = {**paper, "prime_rl": {**paper["prime_rl"], "rl": {**paper["prime_rl"]["rl"]}}}
+    del missing["prime_rl"]["rl"]["max_failed_share"]
+    with pytest.raises(PrimeRLConfigError, match=r"prime_rl\.rl\.max_failed_share: missing"):
+        configs.rl_config(missing, "B", 42, model="/m", tasks=tmp_path / "rl.parquet", output_dir=tmp_path / "o")
+
+
+def test_the_threshold_must_be_a_share(paper: dict[str, Any]) -> None:
+    from predict.config import ConfigError, validate_config
+
+    bad = {**paper, "prime_rl": {**paper["prime_rl"], "rl": {**paper["prime_rl"]["rl"], "max_failed_share": 1.5}}}
+    with pytest.raises(ConfigError, match=r"prime_rl\.rl\.max_failed_share"):
+        validate_config(bad, "paper")
+
+
+FAKE_UV = """#!{python}
+import json, os, sys, time, tomllib
+table = tomllib.load(open(sys.argv[-1], "rb"))
+os.makedirs(os.path.join(table["output_dir"], "run_default"), exist_ok=True)
+with open(os.path.join(table["output_dir"], "run_default", "metrics.jsonl"), "a") as f:
+    f.write(json.dumps({{"step": 1, "progress/rollouts": 4, "train/agg/all/agent/error/ProviderError": {failed}}}) + "\\n")
+time.sleep({sleep})
+"""
+
+
+def test_launch_stops_an_rl_run_over_the_threshold_and_judges_a_retry_on_its_own_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cluster, "WATCH_POLL_S", 0.2)
+    toml = configs.write_toml(
+        {"output_dir": str(tmp_path / "o"), "env_vars": {MAX_FAILED_SHARE_VAR: "0.25"}}, tmp_path / "rl.toml"
+    )
+    uv = tmp_path / "uv"
+    uv.write_text(FAKE_UV.format(python=sys.executable, failed=3, sleep=60))
+    uv.chmod(0o755)
+    with pytest.raises(FailedRolloutsError, match="step 1: 3 of 4"):
+        cluster.launch("rl", toml, tmp_path, uv=str(uv))
+    uv.write_text(FAKE_UV.format(python=sys.executable, failed=1, sleep=0))  # the retry: step 1 again, 1 of 4
+    cluster.launch("rl", toml, tmp_path, uv=str(uv))
