@@ -63,7 +63,7 @@ STEP = re.compile(r"^step(\d+)$")
 # Config keys (dotted) that shape no evaluation: names, where results go, the report's wording, the power grid, SLURM
 # sizes, how jobs are served (stages.UNTRACKED: one shared server or one per job), and a declared campaign's reason.
 # Changing them is not a new design, so the campaign's hash leaves them out.
-NOT_RESULT_SHAPING = ("run_name", "results_dir", "report", "power", "cluster", "evaluation.new_campaign", *UNTRACKED)
+NOT_RESULT_SHAPING = ("run_name", "results_dir", "report", "power", "cluster", *UNTRACKED)
 
 REGISTRY_ENV = "PREDICT_TEST_CAMPAIGNS"
 _CHECKOUT = Path(__file__).resolve().parents[2]

@@ -42,8 +42,9 @@ DESIGN = ("data", "verifier", "model", "sft", "serving", "env", "traces", "arms"
               "temperature", "max_tokens", "samples", "tasks", "checkpoints", "extension_checkpoints", "reference",
               "test_checkpoints", "selection", "bootstrap")))
 
-# Keys a stage reads that shape no result (see the rules above).
-UNTRACKED = ("serving.shared",)
+# Keys a stage reads that shape no result (see the rules above): how jobs are served, and a declared test campaign's
+# reason (predict.campaign: declaring it, or leaving it out once the campaign is recorded, must replan nothing).
+UNTRACKED = ("serving.shared", "evaluation.new_campaign")
 
 
 @dataclass(frozen=True)
