@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from predict.vllm_worker_ext import HandoffError, check_manifest, checkpoint_shapes, open_buffers, tensor_views
+from predict.vllm_worker_ext import (
+    HandoffError,
+    check_manifest,
+    checkpoint_shapes,
+    close_mappings,
+    open_buffers,
+    tensor_views,
+)
 from predict.weight_sync import WeightHandoff, resolve_mode
 
 torch = pytest.importorskip("torch")
@@ -41,8 +48,7 @@ def test_handoff_holds_exactly_the_checkpoint(trained: tuple) -> None:
         for name, t in saved.items():
             assert got[name].dtype == t.dtype and torch.equal(got[name], t), name
         del buffers, got
-        for mm in keep:
-            mm.close()
+        close_mappings(keep)
         path = Path(manifest["buffers"][0]["shm"])
         assert path.parent == Path("/dev/shm") and path.exists()
     assert not path.exists()  # close() unlinks the shared-memory file

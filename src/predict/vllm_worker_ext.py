@@ -122,6 +122,15 @@ def open_buffers(torch: Any, manifest: Mapping[str, Any], device_index: int | No
     return buffers, keep
 
 
+def close_mappings(keep: list[mmap.mmap]) -> None:
+    """Close what `open_buffers` kept open; one a tensor view still holds closes when the view is collected."""
+    for mm in keep:
+        try:
+            mm.close()
+        except BufferError:
+            pass
+
+
 class RLWorkerExt:
     """Mixed into vLLM's worker class; ``self`` is the worker (has ``model_runner``, ``reload_weights``)."""
 
@@ -157,11 +166,7 @@ class RLWorkerExt:
             msg = self.refresh_tied_lm_head()
         finally:
             del buffers
-            for mm in keep:
-                try:
-                    mm.close()
-                except BufferError:  # a view still alive: the mapping closes when it is collected
-                    pass
+            close_mappings(keep)
         return f"{msg}; {len(manifest['tensors'])} tensors from memory, {time.perf_counter() - t:.3f}s in worker"
 
 

@@ -4,17 +4,19 @@ Rules it follows:
 
 1. **One config key** picks the path, ``rl.weight_sync`` (`resolve_mode`): ``folder`` (write the HF folder, the
    server reloads it), ``memory`` (hand the weights over without files), ``auto`` (the default: ``memory``, the
-   fastest path on both devices). On the CPU ``memory`` is a POSIX shared-memory file in ``/dev/shm``; on a GPU it
-   is CUDA IPC handles to flat staging buffers of at most ``bucket_bytes`` each (verl's and OpenRLHF's colocated
-   path), which the server's worker maps and copies from: no host copy, no serialisation.
+   fastest path on both devices). On the CPU ``memory`` is one POSIX shared-memory file in ``/dev/shm`` the tensors
+   are copied into; on a GPU it is a CUDA IPC handle per tensor (vLLM's own ``ipc`` weight-transfer engine does the
+   same, unpacked): the server's worker maps the trainer's tensors and copies from them, device to device, with no
+   staging copy when the training dtype is the checkpoint's, no host copy and no serialisation.
 2. **What is handed over is what a checkpoint would hold**: the model's state dict in the checkpoint's dtype, a
    tensor that shares storage with an earlier one (a tied lm_head) left out as ``save_pretrained`` does, so a
    handoff and a folder reload of the same weights serve the same tokens.
 3. **The manifest** (names, dtypes, shapes, buffer and byte offset of each tensor; each buffer's size and where it
    lives) is what the worker checks whole before it loads anything (`predict.vllm_worker_ext.check_manifest`).
    Offsets are 64-byte aligned, so every view is aligned for its dtype.
-4. The buffers are the sender's: reused from step to step while the sizes stay, freed by `close` (the shared-memory
-   file is unlinked). A handoff lives only until the next; nothing in it is needed to resume a run (the trainer
+4. The buffers are the sender's: the shared-memory file is reused from step to step while its size stays and is
+   unlinked by `close`; the GPU tensors handed over are kept alive until the next `write` (the receiver has copied
+   them by then: a handoff is synchronous). A handoff lives only until the next; nothing in it is needed to resume a run (the trainer
    state is), so a kill between a handoff and a step's end loses nothing.
 """
 
@@ -32,7 +34,6 @@ from typing import Any
 MODES = ("auto", "memory", "folder")
 DEFAULT_MODE = "auto"
 ALIGN = 64
-DEFAULT_BUCKET_BYTES = 1 << 30  # 1 GiB: ~8 buckets for Qwen3-4B in bf16; verl's default bucket is of this order
 SHM_DIR = Path("/dev/shm")
 
 
@@ -56,52 +57,49 @@ def handoff_state(model: Any, dtype: Any) -> dict[str, Any]:
     return state
 
 
-def _layout(state: Mapping[str, Any], bucket_bytes: int | None) -> tuple[list[dict[str, Any]], list[int]]:
-    """Each tensor's buffer and offset, and each buffer's size: buckets of at most `bucket_bytes` (one if None)."""
+def _layout(state: Mapping[str, Any]) -> tuple[list[dict[str, Any]], int]:
+    """Each tensor's offset in one buffer, and the buffer's size."""
     tensors: list[dict[str, Any]] = []
-    sizes = [0]
+    size = 0
     for name, t in state.items():
-        n = t.numel() * t.element_size()
-        if bucket_bytes is not None and sizes[-1] and sizes[-1] + n > bucket_bytes:
-            sizes.append(0)
-        tensors.append({"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                        "buffer": len(sizes) - 1, "offset": sizes[-1]})  # fmt: skip
-        sizes[-1] += math.ceil(n / ALIGN) * ALIGN
-    return tensors, sizes
+        tensors.append({"name": name, "dtype": _dtype_name(t), "shape": list(t.shape), "buffer": 0, "offset": size})
+        size += math.ceil(t.numel() * t.element_size() / ALIGN) * ALIGN
+    return tensors, size
+
+
+def _dtype_name(t: Any) -> str:
+    return str(t.dtype).removeprefix("torch.")
 
 
 class WeightHandoff:
     """Buffers of the trainer process that the server's worker reads the weights from (rules 3 and 4)."""
 
-    def __init__(self, tag: str = "policy", *, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+    def __init__(self, tag: str = "policy") -> None:
         self.tag = f"predict-weights-{os.getpid()}-{tag}"
-        self.bucket_bytes = bucket_bytes
         self._shm: mmap.mmap | None = None
         self._shm_path: Path | None = None
         self._gpu: list[Any] = []
 
     def write(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        """Copy `state` (tensors all on the CPU or all on one GPU) into the buffers; returns the manifest."""
+        """Hand over `state` (tensors all on the CPU or all on GPUs): returns the manifest the worker reads."""
         import torch
 
         devices = {t.device.type for t in state.values()}
         if len(devices) != 1:
-            raise ValueError(f"a weight handoff needs its tensors on one device, not {sorted(devices)}")
+            raise ValueError(f"a weight handoff needs its tensors on one kind of device, not {sorted(devices)}")
         if devices == {"cuda"}:
-            tensors, sizes = _layout(state, self.bucket_bytes)
-            buffers = self._gpu_buffers(torch, sizes, next(iter(state.values())).device)
-            meta = [{"cuda_ipc": _ipc_handle(b), "nbytes": n} for b, n in zip(buffers, sizes, strict=True)]
-        else:
-            tensors, sizes = _layout(state, None)
-            buffers = [self._shm_buffer(torch, sizes[0])]
-            meta = [{"shm": str(self._shm_path), "nbytes": sizes[0]}]
+            self._gpu = [t.contiguous().view(-1).view(torch.uint8) for t in state.values()]  # kept alive (rule 4)
+            torch.cuda.current_stream().synchronize()  # the receiver reads them on its own stream
+            tensors = [{"name": name, "dtype": _dtype_name(t), "shape": list(t.shape), "buffer": i, "offset": 0}
+                       for i, (name, t) in enumerate(state.items())]  # fmt: skip
+            meta = [{"cuda_ipc": _ipc_handle(b), "nbytes": b.numel()} for b in self._gpu]
+            return {"tensors": tensors, "buffers": meta}
+        tensors, size = _layout(state)
+        buffer = self._shm_buffer(torch, size)
         for spec, t in zip(tensors, state.values(), strict=True):
             n = t.numel() * t.element_size()
-            flat = buffers[spec["buffer"]][spec["offset"] : spec["offset"] + n]
-            flat.view(t.dtype).view(t.shape).copy_(t)
-        if devices == {"cuda"}:
-            torch.cuda.current_stream().synchronize()  # the receiver reads on its own stream
-        return {"tensors": tensors, "buffers": meta}
+            buffer[spec["offset"] : spec["offset"] + n].view(t.dtype).view(t.shape).copy_(t)
+        return {"tensors": tensors, "buffers": [{"shm": str(self._shm_path), "nbytes": size}]}
 
     def _shm_buffer(self, torch: Any, nbytes: int) -> Any:
         if self._shm is None or len(self._shm) != nbytes:
@@ -114,11 +112,6 @@ class WeightHandoff:
             finally:
                 os.close(fd)
         return torch.frombuffer(memoryview(self._shm), dtype=torch.uint8)
-
-    def _gpu_buffers(self, torch: Any, sizes: list[int], device: Any) -> list[Any]:
-        if [b.numel() for b in self._gpu] != sizes:
-            self._gpu = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
-        return self._gpu
 
     def close(self) -> None:
         """Free the buffers (the shared-memory file is unlinked; a reader's open mapping stays valid)."""
