@@ -22,7 +22,10 @@ lm_head gets no checkpoint tensor of its own, so its packed copy keeps the OLD e
 ``process_weights_after_loading`` on it re-packs from the (already updated) shared weight.  For an
 untied checkpoint (the default of :mod:`predict.tiny_model`) the extra re-pack is harmless.
 
-Client side: ``VLLMServer.reload_weights`` (``POST /collective_rpc {"method": "reload_from_path", ...}``).
+Client side: ``VLLMServer.reload_weights`` (``POST /collective_rpc {"method": "reload_from_path", ...}``) and
+``VLLMServer.push_weights`` (``{"method": "load_from_memory", "args": [manifest]}``). A CUDA IPC handle travels
+pickled (torch's own ``rebuild_cuda_tensor`` arguments, as vLLM's ipc engine ships them over HTTP): the endpoint
+exists only on a dev-mode server bound to 127.0.0.1, the trainer's own.
 """
 
 from __future__ import annotations
@@ -40,10 +43,8 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMappi
 from pathlib import Path
 from typing import Any
 
-# Bytes per element of the dtypes a handoff may carry, by torch name and by safetensors name.
+# Bytes per element of the dtypes a handoff may carry (torch's names).
 ITEM_SIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "int64": 8, "int32": 4, "uint8": 1}
-SAFETENSORS_DTYPE = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64", "I64": "int64",
-                     "I32": "int32", "U8": "uint8"}  # fmt: skip
 
 
 class HandoffError(ValueError):
