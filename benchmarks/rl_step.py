@@ -4,7 +4,7 @@ GPU (one H200; vLLM cannot be installed there, so rollouts are generated with tr
 
     python benchmarks/rl_step.py --device cuda [--steps 3] [--tasks 8] [--group 4] [--new-tokens 256] [--out f.json]
 
-CPU (the local tiny model): ``python benchmarks/rl_step.py --device cpu --model results/models/tiny``.
+CPU (the local tiny model): ``python benchmarks/rl_step.py --device cpu --model results/models/tiny [--vllm]``.
 
 What one step does (the same pieces as `predict.train.rl`, except the generator):
 
@@ -18,8 +18,14 @@ What one step does (the same pieces as `predict.train.rl`, except the generator)
   the verified label random, so GRPO advantages are non-zero.
 * samples: `predict.train.samples.build_samples` (Arm B, alpha 1): calls merge into one sequence per rollout.
 * update: one `Trainer.step` (packed varlen micro-batches, chunked lm_head loss: the SFT issue's fused path).
-* sync: what the local backend does, ``save_checkpoint`` (HF safetensors, bf16) + load into the inference copy
-  (vLLM's ``reload_from_path`` reads the same files); ``sync_mem_s`` is the in-memory GPU copy for reference.
+* sync, both paths of ``rl.weight_sync`` side by side each step (the step time is given for each):
+  ``sync_folder_s``: ``save_checkpoint`` (HF safetensors) + load into the inference copy (vLLM's
+  ``reload_from_path`` reads the same files); ``sync_memory_s``: the in-memory handoff of `predict.weight_sync`
+  (CUDA IPC handles on a GPU, shared memory on the CPU) into a *receiver process* that holds a same-shaped model and
+  copies the tensors in after the worker extension's own check (`predict.vllm_worker_ext`: the same code vLLM's
+  worker runs), the stand-in for vLLM where it cannot be installed. With ``--vllm`` (CPU) both paths go into a real
+  vLLM-CPU server instead (``VLLMServer.reload_weights`` / ``push_weights``). ``sync_mem_s`` is the device copy in
+  one process, the floor (it also keeps the inference copy current).
 
 MFU of the update = model FLOPs / update time / 989 TFLOP/s (H200 dense bf16), with model FLOPs = 6 * N_body * all
 tokens + 6 * V * h * weighted tokens (the lm_head runs only on positions with a weight) + causal attention
@@ -30,6 +36,12 @@ Seen on one H200 (2026-11-30; torch 2.11, transformers 5.17, liger 0.8.5; 8 task
 tokens per update; mean of 3 steps after 1 warm-up): rollout 14.4 s (51%), samples 0.01 s, update 2.28 s (8%, MFU
 50%), sync 11.6 s (41%: save 8 GB of safetensors + load; the in-memory GPU copy takes 6 ms), step 28.3 s; peak
 117 GiB (policy + inference copy + AdamW + generation logits).
+
+Seen on one H200 (2026-12-02, same software; ``--micro-batch-tokens 8192`` to leave room for the receiver's 8 GiB;
+``benchmarks/rl_step_h200.json``): sync folder 13.55 s (41.1% of a 33.0 s step) vs in memory 0.083 s (0.4% of a
+19.5 s step; the receiver's copy 0.059 s; the floor, one process, 0.009 s); rollout 16.5 s, update 2.94 s (MFU 34.5%).
+CPU with a real vLLM-CPU server (``--vllm``, tiny model, 2 loaded cores; ``benchmarks/rl_step_cpu_vllm.json``):
+folder 1.12 s, memory 1.08 s, within the noise. docs/weight-sync.md has both.
 """
 
 from __future__ import annotations
@@ -142,6 +154,87 @@ def rollouts(torch: Any, gen: Any, tok: Any, tasks: list[dict], group: int, args
     return records
 
 
+def receiver_main(conn: Any, model: str | None, cfg: dict, dtype: str, device: str) -> None:
+    """The receiver process: a same-shaped model that copies each handoff in (what vLLM's worker would do)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from predict.vllm_worker_ext import check_manifest, close_mappings, open_buffers, tensor_views
+    from predict.weight_sync import handoff_state
+
+    with torch.device(device):
+        if model is not None:
+            net = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).to(device)
+        else:
+            net = AutoModelForCausalLM.from_config(Qwen3Config(**cfg), dtype=getattr(torch, dtype))
+    params = net.state_dict()
+    expected = {k: list(v.shape) for k, v in handoff_state(net, getattr(torch, dtype)).items()}
+    conn.send("ready")
+    while (manifest := conn.recv()) is not None:
+        t = time.perf_counter()
+        check_manifest(manifest, expected)
+        buffers, keep = open_buffers(torch, manifest, 0 if device == "cuda" else None)
+        with torch.no_grad():
+            for name, tensor in tensor_views(torch, manifest, buffers):
+                params[name].copy_(tensor)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        del buffers, tensor
+        close_mappings(keep)
+        conn.send(time.perf_counter() - t)
+
+
+class Receiver:
+    """The in-memory path's other end: a receiver process (default) or, with ``--vllm``, a real vLLM-CPU server
+    (which then takes the folder path too)."""
+
+    def __init__(self, args: argparse.Namespace, cfg: dict, dtype: str, sync_dir: Path) -> None:
+        from predict.weight_sync import WeightHandoff
+
+        self.handoff = WeightHandoff("bench")
+        self.server, self.proc = None, None
+        if args.vllm:
+            import shutil
+
+            from predict.serve import VLLMServer, default_python
+
+            served = sync_dir / "served"
+            shutil.copytree(args.model, served)
+            self.server = VLLMServer(served, python=default_python("cpu"), served_model_name="policy",
+                                     worker_extension=True, log_path=sync_dir / "vllm.log").start()  # fmt: skip
+            return
+        import torch.multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        model = str(args.model) if args.model is not None else None
+        self.proc = ctx.Process(target=receiver_main, args=(child, model, cfg, dtype, args.device), daemon=True)
+        self.proc.start()
+        if self.conn.recv() != "ready":
+            raise SystemExit("receiver process did not start")
+
+    def folder(self, trainer: Any, folder: Path) -> None:
+        trainer.save_checkpoint(folder)
+        self.server.reload_weights(folder)
+
+    def memory(self, trainer: Any) -> float:
+        """Hand the weights over; returns the receiver's own share of the time (0 for vLLM: not reported)."""
+        manifest = self.handoff.write(trainer.handoff_state())
+        if self.server is not None:
+            self.server.push_weights(manifest)
+            return 0.0
+        self.conn.send(manifest)
+        return float(self.conn.recv())
+
+    def close(self) -> None:
+        self.handoff.close()
+        if self.server is not None:
+            self.server.stop()
+        if self.proc is not None:
+            self.conn.send(None)
+            self.proc.join(60)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -156,6 +249,7 @@ def main() -> int:
     ap.add_argument("--pred-tokens", type=int, default=24)
     ap.add_argument("--micro-batch-tokens", type=int, default=16384)
     ap.add_argument("--layers", type=int, default=None, help="GPU: fewer layers (smoke test)")
+    ap.add_argument("--vllm", action="store_true", help="CPU: sync into a real vLLM-CPU server (needs --model)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -190,6 +284,11 @@ def main() -> int:
     setup_s = time.perf_counter() - t0
     tasks = load_tasks(args.tasks_file, args.tasks)
     sync_dir = Path(tempfile.mkdtemp(prefix="rl-bench-"))
+    if args.vllm and (args.device != "cpu" or args.model is None):
+        raise SystemExit("--vllm needs --device cpu and --model (vLLM-CPU serves the tiny model)")
+    t = time.perf_counter()
+    receiver = Receiver(args, cfg, "bfloat16" if args.device == "cuda" else "float32", sync_dir)
+    receiver_start_s = time.perf_counter() - t
     sync = lambda: torch.cuda.synchronize() if args.device == "cuda" else None  # noqa: E731
     rows = []
     for step in range(args.warmup + args.steps):
@@ -205,6 +304,7 @@ def main() -> int:
         row |= {"n_samples": len(samples), "merged_calls": counts.merged_calls, "ce_samples": counts.ce_samples}
         sync()
         if args.device == "cuda":
+            torch.cuda.empty_cache()  # generation's cached blocks: the receiver process needs that memory
             torch.cuda.reset_peak_memory_stats()
         t = time.perf_counter()
         m = trainer.step(samples)
@@ -215,37 +315,56 @@ def main() -> int:
         if args.device == "cuda":
             row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         t = time.perf_counter()
-        trainer.save_checkpoint(sync_dir / "policy")
-        state = {}
-        for f in sorted((sync_dir / "policy").glob("*.safetensors")):
-            state |= load_file(str(f), device=args.device)
-        missing, unexpected = gen.load_state_dict(state, strict=False)
-        if args.device == "cuda" and "lm_head.weight" in missing and cfg.get("tie_word_embeddings"):
-            missing = [k for k in missing if k != "lm_head.weight"]
-        assert not unexpected and not missing, (missing, unexpected)
+        if receiver.server is not None:
+            receiver.folder(trainer, sync_dir / "policy")
+        else:
+            trainer.save_checkpoint(sync_dir / "policy")
+            state = {}
+            for f in sorted((sync_dir / "policy").glob("*.safetensors")):
+                state |= load_file(str(f), device=args.device)
+            missing, unexpected = gen.load_state_dict(state, strict=False)
+            if "lm_head.weight" in missing and gen.config.tie_word_embeddings:
+                missing = [k for k in missing if k != "lm_head.weight"]
+            assert not unexpected and not missing, (missing, unexpected)
         sync()
-        row["sync_s"] = time.perf_counter() - t
+        row["sync_folder_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        row["receiver_copy_s"] = receiver.memory(trainer)
+        sync()
+        row["sync_memory_s"] = time.perf_counter() - t
         t = time.perf_counter()
         with torch.no_grad():
             for p_gen, p_pol in zip(gen.parameters(), trainer.model.parameters(), strict=True):
                 p_gen.copy_(p_pol)
         sync()
         row["sync_mem_s"] = time.perf_counter() - t
-        row["step_s"] = row["rollout_s"] + row["samples_s"] + row["update_s"] + row["sync_s"]
+        base = row["rollout_s"] + row["samples_s"] + row["update_s"]
+        row["step_folder_s"], row["step_memory_s"] = base + row["sync_folder_s"], base + row["sync_memory_s"]
         rows.append(row)
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
 
+    receiver.close()
     timed = [r for r in rows if not r["warmup"]]
-    mean = {k: sum(r[k] for r in timed) / len(timed) for k in ("rollout_s", "samples_s", "update_s", "sync_s", "sync_mem_s", "step_s", "update_mfu")}  # fmt: skip
+    keys = ("rollout_s", "samples_s", "update_s", "sync_folder_s", "sync_memory_s", "receiver_copy_s", "sync_mem_s",
+            "step_folder_s", "step_memory_s", "update_mfu")  # fmt: skip
+    mean = {k: sum(r[k] for r in timed) / len(timed) for k in keys}
+    where = "a vLLM-CPU server" if args.vllm else f"a receiver process on {args.device}"
     print(f"\nRL step on {args.device} ({'4B-shaped' if args.model is None else args.model}), {args.tasks}x{args.group} "
-          f"rollouts, {args.new_tokens}+{args.pred_tokens} new tokens, setup {setup_s:.1f} s; mean of {len(timed)} steps:")  # fmt: skip
-    for k in ("rollout_s", "samples_s", "update_s", "sync_s"):
-        print(f"  {k:<10} {mean[k]:8.2f} s  {mean[k] / mean['step_s']:6.1%}")
-    print(f"  {'step_s':<10} {mean['step_s']:8.2f} s")
-    print(f"  update MFU {mean['update_mfu']:.1%}; in-memory weight copy {mean['sync_mem_s']:.3f} s")
+          f"rollouts, {args.new_tokens}+{args.pred_tokens} new tokens, setup {setup_s:.1f} s, receiver start "
+          f"{receiver_start_s:.1f} s; weights synced into {where}; mean of {len(timed)} steps:")  # fmt: skip
+    print(f"  {'':<14} {'folder':>18} {'memory':>18}")
+    for k in ("rollout_s", "samples_s", "update_s"):
+        print(f"  {k:<14} {mean[k]:8.3f} s {mean[k] / mean['step_folder_s']:6.1%}   "
+              f"{mean[k]:8.3f} s {mean[k] / mean['step_memory_s']:6.1%}")  # fmt: skip
+    print(f"  {'sync_s':<14} {mean['sync_folder_s']:8.3f} s {mean['sync_folder_s'] / mean['step_folder_s']:6.1%}   "
+          f"{mean['sync_memory_s']:8.3f} s {mean['sync_memory_s'] / mean['step_memory_s']:6.1%}")  # fmt: skip
+    print(f"  {'step_s':<14} {mean['step_folder_s']:8.3f} s {'':6}   {mean['step_memory_s']:8.3f} s")
+    print(f"  update MFU {mean['update_mfu']:.1%}; receiver's copy {mean['receiver_copy_s']:.4f} s; "
+          f"device copy in one process {mean['sync_mem_s']:.4f} s")  # fmt: skip
     if args.out:
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "setup_s": setup_s,
-                                        "rows": rows, "mean": mean}, indent=2))  # fmt: skip
+        args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "args": {k: str(v) for k, v in vars(args).items()},
+                                        "setup_s": setup_s, "receiver_start_s": receiver_start_s, "rows": rows,
+                                        "mean": mean}, indent=2))  # fmt: skip
     return 0
 
 

@@ -30,7 +30,7 @@ from tests.scripted_endpoint import ScriptedEndpoint
 
 from .conftest import REPO
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 ADD = (
     'CALL apply_patch {"find": "# Write your function here.", "replace": "def multiply_int(x, y):\\n    return x * y"}'
@@ -186,3 +186,75 @@ def test_state_from_another_lr_or_sft_checkpoint_is_not_resumed(
     assert (resumed["resumed_from"], resumed["ran"]) == (1, 1), "a killed run with unchanged inputs resumes"
     forced = run_rl(job, study(steps=2, lr=5e-4))
     assert (forced["resumed_from"], forced["ran"]) == (0, 2), "a finished run asked for again trains again"
+
+
+class Killed(BaseException):
+    """Stands in for a SIGKILL: nothing in the run catches it."""
+
+
+def weights_digest(tensors: dict[str, Any]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode() + tensors[name].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+class RecordingServer:
+    """A running server as `run_rl(server=...)` takes one: rollouts go to the scripted endpoint; each weight update
+    (folder reload or in-memory handoff) is read as the worker extension reads it and recorded by its digest.
+    `kill_after`: the handoff version after which the 'process' dies (the handoff has landed, the step not ended)."""
+
+    def __init__(self, base_url: str, kill_after: str | None = None) -> None:
+        self.base_url, self.kill_after, self.updates, self.served = base_url, kill_after, [], None
+
+    def reload_weights(self, weights_dir: Path, *, version: str | None = None) -> list[str]:
+        from safetensors.torch import load_file
+
+        self.served = Path(weights_dir)
+        state = {k: v for f in sorted(self.served.glob("*.safetensors")) for k, v in load_file(f).items()}
+        self.updates.append(("folder", version, weights_digest(state)))
+        return []
+
+    def push_weights(self, manifest: dict[str, Any], *, version: str | None = None) -> list[str]:
+        from predict.vllm_worker_ext import (
+            check_manifest,
+            checkpoint_shapes,
+            close_mappings,
+            open_buffers,
+            tensor_views,
+        )
+
+        check_manifest(manifest, checkpoint_shapes(self.served))
+        buffers, keep = open_buffers(torch, manifest)
+        self.updates.append(("memory", version, weights_digest(dict(tensor_views(torch, manifest, buffers)))))
+        del buffers
+        close_mappings(keep)
+        if version == self.kill_after:
+            raise Killed(f"killed after handoff {version}")
+        return []
+
+
+def test_a_kill_after_an_in_memory_handoff_resumes_from_the_saved_state(
+    tiny: Path, tasks: Path, endpoint: Any, tmp_path: Path
+) -> None:
+    """The local backend with weight_sync memory: killed after step 2's handoff reached the server and before its
+    state was saved; the resumed run serves the last saved state (step 1's weights), not the lost update's."""
+    config = study(steps=2, tasks_per_step=1, weight_sync="memory")
+    job = RLJob(run="B", seed=44, init=tiny, tasks=tasks, out_dir=tmp_path / "B" / "seed44")
+    first = RecordingServer(endpoint.base_url, kill_after="2")
+    with pytest.raises(Killed):
+        run_rl(job, config, server=first)
+    assert [(how, v) for how, v, _ in first.updates] == [("folder", "0"), ("memory", "1"), ("memory", "2")]
+    step1, lost = first.updates[1][2], first.updates[2][2]
+    assert len({first.updates[0][2], step1, lost}) == 3  # each update changed the weights
+
+    again = RecordingServer(endpoint.base_url)
+    summary = run_rl(job, config, server=again)
+    assert summary["complete"] and summary["resumed_from"] == 1
+    assert again.updates[0] == ("folder", "0", step1)  # the server is reloaded from the saved state of step 1
+    assert [(how, v) for how, v, _ in again.updates[1:]] == [("memory", "2")]
+    rows = pq.read_table(job.out_dir / "metrics.parquet").to_pylist()
+    assert [r["step"] for r in rows] == [1, 2] and all(r["sync_s"] > 0 for r in rows)
+    assert all((job.out_dir / f"step{n}" / "model.safetensors").is_file() for n in (1, 2))  # checkpoint_every 1

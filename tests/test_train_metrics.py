@@ -14,6 +14,7 @@ rollouts carrying it, errored traces as ``.../<agent>/error/<type>`` counts on `
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,10 @@ from .test_env_extensions import ADD_PATCH, GOOD, STUB_LINE, TEST
 from .test_env_protocol import FakeTests, predict
 
 AGENT = "predict_local_agent"
+LOCAL_TIMES = {"rollout_s": 2.0, "samples_s": 0.1, "update_s": 1.0, "sync_s": 0.5, "step_s": 4.0}
+"""The time split `predict rl` logs per step (seconds)."""
+PRIME_RL_TIMES = {"time/step": 3.5, "time/broadcast_weights": 0.25, "time/forward_backward": 1.5}
+"""prime-rl's timings of a step: the orchestrator's time/step, the trainer's broadcast and forward-backward."""
 SCRIPTS = [[PASS_KEEP], [FAIL_REVISE, PASS_KEEP], [FAIL_KEEP], [PASS_REVISE, FAIL_KEEP], [FAIL_REVISE, FAIL_REVISE]]
 
 
@@ -50,7 +55,7 @@ def step_records(step: int, arm: str = "B") -> list[dict[str, Any]]:
 def local_rows(run: str, seed: int, steps: int = 3, arm: str = "B") -> list[dict[str, Any]]:
     """What `predict rl` logs for its rollouts: the driver's row identity plus `rollout_metrics` of each step."""
     return [{"run": run, "seed": seed, "step": s, "backend": "rl", **rollout_metrics(step_records(s, arm)),
-             "loss": 1.0 / s, "updated": True} for s in range(1, steps + 1)]  # fmt: skip
+             "loss": 1.0 / s, "updated": True, **LOCAL_TIMES} for s in range(1, steps + 1)]  # fmt: skip
 
 
 def prime_rl_output(tmp: Path, steps: int = 3, retried: int | None = 2) -> Path:
@@ -66,7 +71,7 @@ def prime_rl_output(tmp: Path, steps: int = 3, retried: int | None = 2) -> Path:
                        for r in records]  # fmt: skip
         line: dict[str, Any] = {"step": step, "time": 1000.0 + step, "progress/rollouts": len(records) + 1,
                                 "progress/input_tokens": 100 * step, "progress/output_tokens": 10 * step,
-                                "time/step": 3.5, f"train/agg/all/{AGENT}/error/Cancelled": 1.0,
+                                "time/step": PRIME_RL_TIMES["time/step"], f"train/agg/all/{AGENT}/error/Cancelled": 1.0,
                                 f"train/agg/all/{AGENT}/reward/mean": 0.4}  # fmt: skip
         for name in per_rollout[0]:
             values = [m[name] for m in per_rollout]
@@ -76,7 +81,10 @@ def prime_rl_output(tmp: Path, steps: int = 3, retried: int | None = 2) -> Path:
             line[f"train/agg/effective/{AGENT}/metrics/{name}/mean"] = values[0]  # another subset: not read
         orch.append(line)
         trainer += [{"step": step, "time": 1.0, "loss/mean": 0.5 / step, "entropy/all/mean": 2.0},
-                    {"step": step, "time": 1.0, "optim/lr": 1e-6, "optim/grad_norm": 0.3, "optim/zero_grad_ratio": 0}]
+                    {"step": step, "time": 1.0, "optim/lr": 1e-6, "optim/grad_norm": 0.3, "optim/zero_grad_ratio": 0},
+                    {"step": step, "time": 1.0, "time/step": 9.0, "time/wait_for_batch": 0.1, "time/load_data": 0.1,
+                     "time/broadcast_weights": PRIME_RL_TIMES["time/broadcast_weights"], "time/save_ckpt": 0.0,
+                     "time/forward_backward": PRIME_RL_TIMES["time/forward_backward"]}]  # train.py's time_metrics
     if retried is not None:  # a retried attempt re-logs a step: first a stale value, then the one that counts
         orch.insert(retried - 1, {**orch[retried - 1], "progress/rollouts": 999})
     (out / "run_default" / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in orch) + '{"step": 9, "ti')
@@ -119,6 +127,8 @@ def test_prime_rl_metrics_convert_to_the_same_counts_as_the_local_trainer(tmp_pa
             assert mine[rate] == pytest.approx(theirs[rate]), rate
         assert mine["n_rollouts"] == theirs["n_rollouts"] + 1 and mine["n_failed"] == 1  # the retried step: last
     assert (rows[0]["loss"], rows[0]["grad_norm"], rows[0]["lr"], rows[0]["n_input_tokens"]) == (0.5, 0.3, 1e-6, 100)
+    # prime-rl's timings in the local trainer's columns: the orchestrator's step (not the trainer's), its broadcast
+    assert all((r["step_s"], r["sync_s"], r["update_s"], r["rollout_s"]) == (3.5, 0.25, 1.5, None) for r in rows)
     long = pq.read_table(raw).to_pylist()  # prime-rl's own, every line kept (the torn last one skipped)
     assert {r["source"] for r in long} == {"orchestrator", "trainer"} and any(r["value"] == 999 for r in long)
 
@@ -167,3 +177,10 @@ def test_report_and_training_outcomes_from_both_backends(tmp_path: Path) -> None
     share = page.split('id="training-outcomes"')[1].split("</section>")[0]
     assert "B, seed 42</b>: 18 verified outcomes and 18 predictions over 3 RL steps" in share
     assert "B, seed 43</b>: 18 verified outcomes" in share and "share of predictions" in share and "<img" in share
+    # where each run's step time goes: the local backend's three parts + the rest; prime-rl's (no rollout part)
+    assert 'alt="step time split"' in training
+    body = training.split("<tbody>")[1].split("</tbody>")[0]
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in body.split("</tr>")[:-1]]
+    assert [c[0] for c in cells] == ["A/seed42", "B/seed42", "B/seed43", "rft_B/seed42"]
+    assert cells[1][1:] == ["2.000", "1.000", "0.500", "0.500", "4.000"]  # rollout, update, sync, other, step
+    assert cells[2][1:] == ["–", "1.500", "0.250", "1.750", "3.500"]

@@ -634,13 +634,22 @@ class VLLMServer:
         """Load ``weights_dir``'s safetensors into the running server in place (same architecture): pause (drain
         in-flight requests) -> worker ``reload_from_path`` -> reset prefix cache (cached KV blocks were computed with
         the old weights) -> resume; optionally tag ``version``. Returns the workers' messages."""
-        if not self.worker_extension:
-            raise VLLMServerError("reload_weights needs VLLMServer(..., worker_extension=True)")
         path = str(Path(weights_dir).expanduser().resolve())
+        return self._worker_update("reload_from_path", path, version=version, what=f"weight reload from {path}")
+
+    def push_weights(self, manifest: Mapping[str, Any], *, version: str | None = None) -> list[str]:
+        """Load an in-memory handoff (`predict.weight_sync.WeightHandoff.write`'s manifest) into the running server
+        in place, as `reload_weights` does a folder. A handoff that does not fit the served model is refused before
+        any weight changes (`VLLMServerError` naming the tensor); the previous weights keep serving."""
+        return self._worker_update("load_from_memory", dict(manifest), version=version, what="in-memory weight sync")
+
+    def _worker_update(self, method: str, arg: Any, *, version: str | None, what: str) -> list[str]:
+        if not self.worker_extension:
+            raise VLLMServerError(f"{what} needs VLLMServer(..., worker_extension=True)")
         try:
             self._http("POST", "/pause?mode=wait", timeout=300)
             try:
-                res = self._http("POST", "/collective_rpc", {"method": "reload_from_path", "args": [path]}, timeout=600)
+                res = self._http("POST", "/collective_rpc", {"method": method, "args": [arg]}, timeout=600)
                 reset = self._http("POST", "/reset_prefix_cache", timeout=60)
                 if isinstance(reset, dict) and reset.get("success") is False:
                     raise VLLMServerError(f"reset_prefix_cache failed: {reset}")
@@ -650,7 +659,9 @@ class VLLMServer:
                 self._http("POST", "/update_weight_version", {"new_version": version}, timeout=60)
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace")[:2000]
-            raise self._fail(f"weight reload from {path} failed: HTTP {e.code} {detail}") from e
+            if "weight handoff refused" in detail:  # the worker checked it and loaded nothing: the server is fine
+                raise VLLMServerError(f"{what} refused by the server: {detail}") from e
+            raise self._fail(f"{what} failed: HTTP {e.code} {detail}") from e
         return list((res or {}).get("results", []))
 
 
@@ -794,6 +805,9 @@ class SharedServer:
 
     def reload_weights(self, weights_dir: Path | str, *, version: str | None = None) -> list[str]:
         return self.server.reload_weights(weights_dir, version=version)
+
+    def push_weights(self, manifest: Mapping[str, Any], *, version: str | None = None) -> list[str]:
+        return self.server.push_weights(manifest, version=version)
 
     # -- the key ------------------------------------------------------------------------------------------------
     def key(self) -> dict[str, Any]:

@@ -2,10 +2,17 @@
 
 :mod:`predict.serve` copies this file, as the standalone module ``predict_vllm_worker_ext``, onto the
 server's PYTHONPATH.  Therefore it must import nothing from ``predict`` (the vLLM env has neither
-``predict`` nor ``verifiers``) and only the stdlib.
+``predict`` nor ``verifiers``) and at module level only the stdlib (torch, the server's own, is imported
+inside the methods that need it).
 
 * :class:`RLWorkerExt` (``--worker-extension-cls predict_vllm_worker_ext.RLWorkerExt``): reload a
-  checkpoint's weights in place, no server restart.
+  checkpoint's weights in place, no server restart: from a folder (``reload_from_path``) or from memory
+  (``load_from_memory``: a handoff made by `predict.weight_sync`, a POSIX shared-memory file on the CPU or
+  CUDA IPC handles on a GPU, described by a manifest of names, dtypes, shapes and byte offsets).
+* Handoff rule: a manifest is checked whole *before* any weight is touched (`check_manifest`): every tensor of
+  the served checkpoint (the folder the weights last came from: its safetensors headers) must be there with its
+  shape, nothing else, and each must lie inside its buffer; a wrong-shaped or partial handoff is refused with a
+  message naming the tensor, and the previous weights keep serving.
 * :class:`GenerateTokenCompat` (``--middleware predict_vllm_worker_ext.GenerateTokenCompat``): makes
   ``/inference/v1/generate`` answers readable by the verifiers 0.4 train client (see its docstring).
 
@@ -15,15 +22,114 @@ lm_head gets no checkpoint tensor of its own, so its packed copy keeps the OLD e
 ``process_weights_after_loading`` on it re-packs from the (already updated) shared weight.  For an
 untied checkpoint (the default of :mod:`predict.tiny_model`) the extra re-pack is harmless.
 
-Client side: ``VLLMServer.reload_weights`` (``POST /collective_rpc {"method": "reload_from_path", ...}``).
+Client side: ``VLLMServer.reload_weights`` (``POST /collective_rpc {"method": "reload_from_path", ...}``) and
+``VLLMServer.push_weights`` (``{"method": "load_from_memory", "args": [manifest]}``). A CUDA IPC handle travels
+pickled (torch's own ``rebuild_cuda_tensor`` arguments, as vLLM's ipc engine ships them over HTTP): the endpoint
+exists only on a dev-mode server bound to 127.0.0.1, the trainer's own.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import math
+import mmap
+import os
+import pickle
+import struct
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+import warnings
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
+from pathlib import Path
 from typing import Any
+
+# Bytes per element of the dtypes a handoff may carry (torch's names).
+ITEM_SIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "int64": 8, "int32": 4, "uint8": 1}
+
+
+class HandoffError(ValueError):
+    """A weight handoff that does not fit the served model; nothing was loaded."""
+
+
+def checkpoint_shapes(folder: str | Path) -> dict[str, list[int]]:
+    """{tensor name: shape} of a safetensors checkpoint folder, from the files' headers (no weights read)."""
+    shapes: dict[str, list[int]] = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        shapes |= {k: list(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    return shapes
+
+
+def check_manifest(manifest: Mapping[str, Any], expected: Mapping[str, list[int]]) -> None:
+    """Raise `HandoffError` naming the first tensor that is missing, unknown, wrong-shaped or outside its buffer."""
+    tensors = manifest.get("tensors") or []
+    sizes = [int(b["nbytes"]) for b in manifest.get("buffers") or []]
+    seen = set()
+    for t in tensors:
+        name = t["name"]
+        if name not in expected:
+            raise HandoffError(f"weight handoff refused: tensor {name!r} is not in the served model")
+        if list(t["shape"]) != list(expected[name]):
+            raise HandoffError(f"weight handoff refused: tensor {name!r} has shape {list(t['shape'])}, "
+                               f"the served model's is {list(expected[name])}")  # fmt: skip
+        if t["dtype"] not in ITEM_SIZE:
+            raise HandoffError(f"weight handoff refused: tensor {name!r} has dtype {t['dtype']!r}")
+        end = int(t["offset"]) + math.prod(t["shape"]) * ITEM_SIZE[t["dtype"]]
+        if not 0 <= int(t["buffer"]) < len(sizes) or end > sizes[int(t["buffer"])]:
+            raise HandoffError(f"weight handoff refused: tensor {name!r} ends at byte {end}, past its buffer")
+        seen.add(name)
+    missing = sorted(set(expected) - seen)
+    if missing:
+        raise HandoffError(f"weight handoff refused: partial, tensor {missing[0]!r} is missing "
+                           f"({len(missing)} of {len(expected)} missing)")  # fmt: skip
+
+
+def tensor_views(torch: Any, manifest: Mapping[str, Any], buffers: list[Any]) -> Iterator[tuple[str, Any]]:
+    """(name, tensor) for each manifest tensor: views into `buffers` (flat uint8 tensors), no copy."""
+    for t in manifest["tensors"]:
+        n = math.prod(t["shape"]) * ITEM_SIZE[t["dtype"]]
+        flat = buffers[int(t["buffer"])][int(t["offset"]) : int(t["offset"]) + n]
+        yield t["name"], flat.view(getattr(torch, t["dtype"])).view(t["shape"])
+
+
+def open_buffers(torch: Any, manifest: Mapping[str, Any], device_index: int | None = None) -> tuple[list, list]:
+    """The handoff's buffers as flat uint8 tensors, and what must stay open while they are read (mmaps)."""
+    buffers, keep = [], []
+    for b in manifest["buffers"]:
+        if "shm" in b:
+            fd = os.open(b["shm"], os.O_RDONLY)
+            try:
+                if os.fstat(fd).st_size < int(b["nbytes"]):
+                    raise HandoffError(f"weight handoff refused: {b['shm']} holds {os.fstat(fd).st_size} bytes, "
+                                       f"the manifest says {b['nbytes']}")  # fmt: skip
+                mm = mmap.mmap(fd, int(b["nbytes"]), prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+            keep.append(mm)
+            with warnings.catch_warnings():  # read-only mapping: torch warns that its tensor could write; none does
+                warnings.simplefilter("ignore", UserWarning)
+                buffers.append(torch.frombuffer(memoryview(mm), dtype=torch.uint8))
+        elif "cuda_ipc" in b:
+            from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+            args = list(pickle.loads(base64.b64decode(b["cuda_ipc"])))
+            if device_index is not None:
+                args[6] = device_index  # rebuild on the receiver's device (verl and vLLM's ipc engine do the same)
+            buffers.append(rebuild_cuda_tensor(*args))
+        else:
+            raise HandoffError(f"weight handoff refused: buffer {b} is neither shm nor cuda_ipc")
+    return buffers, keep
+
+
+def close_mappings(keep: list[mmap.mmap]) -> None:
+    """Close what `open_buffers` kept open; one a tensor view still holds closes when the view is collected."""
+    for mm in keep:
+        try:
+            mm.close()
+        except BufferError:
+            pass
 
 
 class RLWorkerExt:
@@ -45,6 +151,24 @@ class RLWorkerExt:
         self.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]  # vLLM worker method
         msg = self.refresh_tied_lm_head()
         return f"{msg}; {time.perf_counter() - t:.3f}s in worker"
+
+    def load_from_memory(self, manifest: dict[str, Any]) -> str:
+        """Load a `predict.weight_sync` handoff in place; refused whole (`HandoffError`) when it does not fit."""
+        import torch
+
+        t = time.perf_counter()
+        served = self.model_runner.vllm_config.model_config.model  # the folder the weights last came from
+        check_manifest(manifest, checkpoint_shapes(served))
+        device = getattr(self.model_runner, "device", None)
+        index = device.index if getattr(device, "type", None) == "cuda" else None
+        buffers, keep = open_buffers(torch, manifest, index)
+        try:
+            self.reload_weights(weights_iterator=tensor_views(torch, manifest, buffers))  # type: ignore[attr-defined]
+            msg = self.refresh_tied_lm_head()
+        finally:
+            del buffers
+            close_mappings(keep)
+        return f"{msg}; {len(manifest['tensors'])} tensors from memory, {time.perf_counter() - t:.3f}s in worker"
 
 
 # --- ASGI middleware ------------------------------------------------------------------------------

@@ -522,7 +522,44 @@ def training(rl: Mapping[str, list[dict[str, Any]]], expected: Sequence[str]) ->
         ax.set_xlabel("step")
     axes[0][-1].legend(fontsize=6, loc="lower right")
     fig.tight_layout()
-    return figure(fig, "training curves") + note
+    return figure(fig, "training curves") + step_time(present) + note
+
+
+STEP_PARTS = {"rollout_s": "rollout", "update_s": "update", "sync_s": "weight sync"}
+"""The parts of an RL step's time (`predict.train.metrics`) the step-time bar stacks, with their labels."""
+
+
+def step_time(rl: Mapping[str, list[dict[str, Any]]]) -> str:
+    """Where a step's time goes, per run: the mean seconds of each part over the steps that logged it, stacked, with
+    the rest of ``step_s`` (samples, checkpoints, waits) as "other"; and the same numbers as a table. A part a
+    backend does not log (prime-rl rolls out beside the trainer: no ``rollout_s``) is left out of its bar."""
+    rows = []
+    for name, steps in sorted(rl.items()):
+        row: dict[str, Any] = {"run": name}
+        for col in [*STEP_PARTS, "step_s"]:
+            values = [r[col] for r in steps if r.get(col) is not None and not _nan(r[col])]
+            row[col] = sum(values) / len(values) if values else None
+        if any(row[c] is not None for c in STEP_PARTS):
+            known = sum(row[c] or 0.0 for c in STEP_PARTS)
+            row["other_s"] = max(row["step_s"] - known, 0.0) if row["step_s"] is not None else None
+            rows.append(row)
+    if not rows:
+        return ""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 0.45 * len(rows) + 1.0))
+    left = [0.0] * len(rows)
+    for col, label in [*STEP_PARTS.items(), ("other_s", "other")]:
+        widths = [r.get(col) or 0.0 for r in rows]
+        ax.barh([r["run"] for r in rows], widths, left=left, label=label)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.set_xlabel("seconds per step (mean)")
+    ax.invert_yaxis()
+    ax.legend(fontsize=7, ncol=4, loc="lower right")
+    fig.tight_layout()
+    labels = {"run": "run", "rollout_s": "rollout s", "update_s": "update s", "sync_s": "weight sync s",
+              "other_s": "other s", "step_s": "step s"}  # fmt: skip
+    cols = ["run", *STEP_PARTS, "other_s", "step_s"]
+    return figure(fig, "step time split") + table(rows, cols, labels)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -12,8 +12,14 @@ One run = one (run, seed): ``run`` is an arm (``A``, ``B``) or an ablation of th
 2. **samples**: `predict.train.samples.build_samples` (GRPO advantages per task group; Arm B: sampled labels out of
    RL credit, CE-only samples with weight alpha on the verified labels);
 3. **update**: one `Trainer.step` (the SFT trainer: packed micro-batches, chunked fused lm_head + `predict_loss`);
-4. **sync**: the new weights as an HF folder (``.work/policy``) loaded into the *running* server
-   (`VLLMServer.reload_weights`: pause, reload in place, reset the prefix cache, resume); no restart.
+4. **sync**: the new weights loaded into the *running* server in place (pause, load, reset the prefix cache,
+   resume; no restart), by the path ``rl.weight_sync`` picks (`predict.weight_sync.resolve_mode`): ``memory`` (the
+   default) hands them over without files (`VLLMServer.push_weights`: shared memory on the CPU, CUDA IPC on a
+   GPU); ``folder`` writes them as an HF folder (``.work/policy``) and the server reloads it
+   (`VLLMServer.reload_weights`). Either way the HF checkpoints are written only at ``rl.checkpoint_every`` steps
+   (`predict.train.driver`), and a run (re)starts by writing ``.work/policy`` from its saved state and serving
+   that, so a kill after a handoff and before the step's state is saved loses nothing: the resumed run's server
+   holds the last saved weights again.
 
 Around the steps (serving, resume, checkpoints, publishing, the metrics log, deleting the state once published)
 the run follows `predict.train.driver`; the rollouts are kept in ``.work/rollouts/step{N}.parquet``. Metrics: one
@@ -32,6 +38,7 @@ from typing import Any
 
 from predict.train.driver import SERVED_NAME, RLJob, TrainingRun, epoch_order, load_tokenizer
 from predict.train.metrics import METRIC_COLUMNS, rollout_metrics
+from predict.weight_sync import WeightHandoff, resolve_mode
 
 __all__ = ["SERVED_NAME", "RLJob", "run_rl", "step_tasks"]
 
@@ -76,6 +83,8 @@ def run_rl(
     tokenizer = load_tokenizer(job.init)
     rows = load_split(job.tasks)
     policy_dir = run.work / "policy"
+    in_memory = resolve_mode(rl.get("weight_sync")) == "memory"
+    handoff = WeightHandoff(f"{job.run}-seed{job.seed}")
 
     def step_fn(step: int, trainer: Any) -> dict[str, Any]:
         row: dict[str, Any] = {}
@@ -101,7 +110,9 @@ def run_rl(
         row["update_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
-        if samples and srv is not None:
+        if samples and srv is not None and in_memory:
+            srv.push_weights(handoff.write(trainer.handoff_state()), version=str(step))
+        elif samples and srv is not None:
             trainer.save_checkpoint(policy_dir)
             srv.reload_weights(policy_dir, version=str(step))
         row["sync_s"] = time.perf_counter() - t
@@ -111,7 +122,7 @@ def run_rl(
     stopped, srv = None, None  # srv: the server step_fn rolls out against, set by run.serve below
     if done < run.steps:
         trainer.save_checkpoint(policy_dir)
-        with run.serve(policy_dir, worker_extension=True, shared=server) as srv:
+        with handoff, run.serve(policy_dir, worker_extension=True, shared=server) as srv:
             stopped = run.run_steps(trainer, done, metrics, step_fn, stop_after=stop_after)
     if stopped is not None:
         return {"run": job.run, "seed": job.seed, "steps_done": stopped, "ran": stopped - done, "complete": False}

@@ -536,7 +536,9 @@ def schema_rows(long: pa.Table, run: str, seed: int) -> list[dict[str, Any]]:
     * A run logged without ``predict_`` metrics (an algorithm that records none): ``reward_mean`` is the logged mean
       reward, and ``pass_rate`` equals it (the reward is the final pass, 0 or 1); no class counts.
     * ``loss`` = the trainer's ``loss/mean``, ``grad_norm``, ``lr`` = ``optim/*``; ``n_input_tokens``,
-      ``n_output_tokens`` = ``progress/*_tokens``; ``step_s`` = the orchestrator's ``time/step``."""
+      ``n_output_tokens`` = ``progress/*_tokens``; the time split of the local trainer's columns: ``step_s`` = the
+      orchestrator's ``time/step``, ``sync_s`` = the trainer's ``time/broadcast_weights``, ``update_s`` = its
+      ``time/forward_backward``; no ``rollout_s`` (prime-rl rolls out beside the trainer, not inside its step)."""
     values: dict[tuple[str, int], dict[str, float]] = {}
     for r in long.to_pylist():
         if r["step"] is not None:
@@ -556,6 +558,7 @@ def schema_rows(long: pa.Table, run: str, seed: int) -> list[dict[str, Any]]:
             "n_failed": n_failed, "loss": trainer.get("loss/mean"), "grad_norm": trainer.get("optim/grad_norm"),
             "lr": trainer.get("optim/lr"), "n_input_tokens": _int(m.get("progress/input_tokens")),
             "n_output_tokens": _int(m.get("progress/output_tokens")), "step_s": m.get("time/step"),
+            "sync_s": trainer.get("time/broadcast_weights"), "update_s": trainer.get("time/forward_backward"),
         }  # fmt: skip
         if means:
             counts = {k: round(v * n_scored) for k, v in means.items() if k not in ("reward", "pass", "budget_exhausted")}

@@ -1,0 +1,89 @@
+"""The in-memory weight handoff without a server: what the trainer writes (`predict.weight_sync`) is what the worker
+extension reads and checks (`predict.vllm_worker_ext`), tensor for tensor the checkpoint folder's; a handoff that
+does not fit the served model is refused whole, naming the tensor. The real server: `test_rl_vllm.py`."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from predict.vllm_worker_ext import (
+    HandoffError,
+    check_manifest,
+    checkpoint_shapes,
+    close_mappings,
+    open_buffers,
+    tensor_views,
+)
+from predict.weight_sync import WeightHandoff, resolve_mode
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def trained(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path]:
+    """A trainer on the tiny model and the checkpoint folder it writes."""
+    from predict.train.trainer import Trainer
+
+    trainer = Trainer(tiny, lr=1e-3, dtype="float32", device="cpu")
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.add_(0.01)  # not the init weights: a handoff of the wrong model would show
+    return trainer, trainer.save_checkpoint(tmp_path_factory.mktemp("ckpt") / "policy")
+
+
+def test_handoff_holds_exactly_the_checkpoint(trained: tuple) -> None:
+    from safetensors.torch import load_file
+
+    trainer, folder = trained
+    saved = {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
+    with WeightHandoff("test") as handoff:
+        manifest = handoff.write(trainer.handoff_state())
+        check_manifest(manifest, checkpoint_shapes(folder))  # fits the folder's model: no error
+        buffers, keep = open_buffers(torch, manifest)
+        got = dict(tensor_views(torch, manifest, buffers))
+        assert got.keys() == saved.keys()
+        for name, t in saved.items():
+            assert got[name].dtype == t.dtype and torch.equal(got[name], t), name
+        del buffers, got
+        close_mappings(keep)
+        path = Path(manifest["buffers"][0]["shm"])
+        assert path.parent == Path("/dev/shm") and path.exists()
+    assert not path.exists()  # close() unlinks the shared-memory file
+
+
+def test_wrong_shaped_partial_or_unknown_handoffs_are_refused_naming_the_tensor(trained: tuple) -> None:
+    trainer, folder = trained
+    expected = checkpoint_shapes(folder)
+    with WeightHandoff("test-bad") as handoff:
+        good = handoff.write(trainer.handoff_state())
+    name = good["tensors"][3]["name"]
+
+    bad = copy.deepcopy(good)
+    bad["tensors"][3]["shape"] = [*bad["tensors"][3]["shape"][:-1], bad["tensors"][3]["shape"][-1] + 1]
+    with pytest.raises(HandoffError, match=f"tensor '{name}' has shape"):
+        check_manifest(bad, expected)
+
+    partial = copy.deepcopy(good)
+    del partial["tensors"][3]
+    with pytest.raises(HandoffError, match=f"partial, tensor '{name}' is missing"):
+        check_manifest(partial, expected)
+
+    unknown = copy.deepcopy(good)
+    unknown["tensors"][3]["name"] = "model.layers.99.mlp.up_proj.weight"
+    with pytest.raises(HandoffError, match="'model.layers.99.mlp.up_proj.weight' is not in the served model"):
+        check_manifest(unknown, expected)
+
+    short = copy.deepcopy(good)
+    short["buffers"][0]["nbytes"] = good["tensors"][-1]["offset"]  # the last tensor would read past the end
+    with pytest.raises(HandoffError, match=f"tensor '{good['tensors'][-1]['name']}' ends at byte"):
+        check_manifest(short, expected)
+
+
+def test_one_key_picks_the_path() -> None:
+    assert resolve_mode(None) == resolve_mode("auto") == resolve_mode("memory") == "memory"
+    assert resolve_mode("folder") == "folder"
+    with pytest.raises(ValueError, match="rl.weight_sync must be one of auto, memory, folder, not 'disk'"):
+        resolve_mode("disk")
