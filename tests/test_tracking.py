@@ -24,7 +24,7 @@ import pytest
 
 from predict.config import load_config
 from predict.train.rl import RLJob, run_rl
-from predict.train.tracking import TrackingError, TrackingSettings, column_tag, scalar_tags
+from predict.train.tracking import RunTracker, TrackingError, TrackingSettings, column_tag, scalar_tags
 from tests.test_rl_loop import _workdirs, endpoint, study, tasks  # noqa: F401  (fixtures)
 
 from .conftest import REPO
@@ -82,9 +82,8 @@ def test_event_files_hold_the_curves_at_their_steps_once(killed_and_resumed: dic
     assert scalars["pred_class/PASS"][0][1] == 4 and scalars["pred_class/ASSERTION_FAILURE"][0][1] == 2
 
 
-def test_tensorboard_shows_the_study_in_headless_chromium(killed_and_resumed: dict, tmp_path: Path) -> None:
-    if CHROMIUM is None:
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+def test_tensorboard_serves_the_study_and_renders_in_headless_chromium(killed_and_resumed: dict, tmp_path: Path) -> None:
+    """`tensorboard --logdir <root>` (the README's command) lists the run; the screenshot where Chromium is installed."""
     root = killed_and_resumed["root"] / "tensorboard"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -101,6 +100,10 @@ def test_tensorboard_shows_the_study_in_headless_chromium(killed_and_resumed: di
             except OSError:
                 time.sleep(0.5)
         assert "rl/B/seed42" in runs
+        tags = json.loads(urllib.request.urlopen(f"{url}/data/plugin/scalars/tags", timeout=10).read())
+        assert {"rollout/reward_mean", "loss/rl_loss", "pred_class/PASS"} <= set(tags["rl/B/seed42"])
+        if CHROMIUM is None:
+            pytest.skip("chromium is not installed (apt-get install -y chromium): no screenshot")
         shot = tmp_path / "tensorboard.png"
         subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000",
                         "--virtual-time-budget=15000", f"--screenshot={shot}", f"{url}/#timeseries"],
@@ -175,6 +178,20 @@ def test_a_tracker_that_cannot_start_stops_the_run_before_training(
         TrackingSettings.from_config({"tracking": {"wandb": {"mode": "sometimes"}}})
 
 
+def test_online_wandb_without_credentials_is_one_line_naming_the_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no saved login
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    settings = TrackingSettings(tmp_path / "tb", wandb_mode="online", wandb_dir=tmp_path / "wandb", group="study")
+    with pytest.raises(TrackingError) as err:
+        RunTracker(settings, stage="rl", run="A", seed=1).start(0)
+    assert str(err.value).startswith("tracking.wandb (mode online") and "\n" not in str(err.value)
+    assert not (tmp_path / "tb").exists()  # stopped before anything was written
+
+
 def test_the_default_configs_track_with_tensorboard_only() -> None:
     for name in ("local.yaml", "config.yaml"):
         config = load_config(REPO / "config" / name)
@@ -183,20 +200,19 @@ def test_the_default_configs_track_with_tensorboard_only() -> None:
         assert s.group == config["run_name"]
 
 
-def test_sft_writes_its_curve_under_sft_arm(tmp_path: Path) -> None:
-    from predict.tiny_model import cached_tiny_qwen3
+def test_sft_writes_its_curve_under_sft_arm(tiny: Path, tmp_path: Path) -> None:
     from predict.train.sft import SFTConfig, run_sft
     from tests.test_train_sft import _write_traces
 
     traces = tmp_path / "A.parquet"
     _write_traces(traces, 2)
-    cfg = SFTConfig(lr=3e-3, epochs=2, batch_tokens=1500, save_every=0, device="cpu", micro_batch_tokens=1500)
-    run_sft(traces=traces, base_model=cached_tiny_qwen3(tmp_path / "models"), out_dir=tmp_path / "ckpt",
+    cfg = SFTConfig(lr=3e-3, epochs=1, batch_tokens=600, save_every=0, device="cpu", micro_batch_tokens=1500)
+    run_sft(traces=traces, base_model=tiny, out_dir=tmp_path / "ckpt",
             metrics_out=tmp_path / "m.parquet", state_dir=tmp_path / "state", cfg=cfg, arm="A", progress=False,
             tracking=TrackingSettings(tmp_path / "tb"))  # fmt: skip
     rows = pq.read_table(tmp_path / "m.parquet").to_pylist()
     scalars = read_scalars(tmp_path / "tb" / "sft" / "A")
-    assert [s for s, _ in scalars["loss/loss"]] == [r["step"] for r in rows]
+    assert [s for s, _ in scalars["loss/loss"]] == [r["step"] for r in rows] == [1, 2]  # a trace a step
     assert [v for _, v in scalars["loss/loss"]] == pytest.approx([r["loss"] for r in rows])
 
 

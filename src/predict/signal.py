@@ -39,6 +39,8 @@ Rules it follows:
   alpha 1 than with alpha 0.
 * Verdicts are margins, never exact values; the numbers are in ``curves.parquet`` (a row per run and step) and
   ``verdicts.parquet`` (a row per check), the figure in ``signal.png``.
+* **Watchable**: with tracking settings (``predict signal`` passes the config's) every SFT and RL step goes live
+  to TensorBoard under ``signal/`` (`predict.train.tracking`): ``signal/sft/<arm>``, ``signal/<run>/rl/...``.
 * **Cheap enough for CI** (about 4-5 minutes on 2 cores with the defaults): every rollout costs vLLM-CPU about the
   same (its sampler over Qwen3's 151,936-token vocabulary is half of the engine's time), so the defaults spend
   rollouts where the verdicts need them: 2 tasks x 16 rollouts a step (a task's group sees both patches), 5 steps
@@ -455,8 +457,9 @@ def run_signal(
     with VLLMServer.from_serving(out / "sft" / "A", config["serving"], served_model_name=SERVED_NAME,
                                  worker_extension=True, log_path=out / "vllm.log") as server:  # fmt: skip
         for r in runs:
+            # under the signal run's own name: A-seed1 and A-lr0 are both run A, seed 1
             job = RLJob(run=r.run, seed=r.seed, init=out / "sft" / r.arm, tasks=tasks, out_dir=out / "rl" / r.name,
-                        tracking=live.under(r.name) if live is not None else None)  # runs A-seed1 and A-lr0 share a seed
+                        tracking=live.under(r.name) if live is not None else None)  # fmt: skip
             run_rl(job, run_config(config, settings, r), server=server)
 
     points = label_points([out / "rl" / r.name for r in runs if r.arm == "B"], tokenizer)

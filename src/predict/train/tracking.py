@@ -149,10 +149,14 @@ class RunTracker:
         """Open the trackers for a job that has `done` steps behind it (0: a fresh start; rule 4)."""
         if self.settings is None:
             return self
-        if self.log_dir is not None:
-            self._tb = self._open_tensorboard(self.log_dir, done)
-        if self.settings.wandb_mode != "disabled":
+        if self.settings.wandb_mode != "disabled":  # first: the one that can fail on credentials or the network
             self._wandb = self._open_wandb(done)
+        if self.log_dir is not None:
+            try:
+                self._tb = self._open_tensorboard(self.log_dir, done)
+            except TrackingError:
+                self.close()
+                raise
         return self
 
     def _open_tensorboard(self, log_dir: Path, done: int) -> Any:
@@ -175,6 +179,7 @@ class RunTracker:
         return writer
 
     def _open_wandb(self, done: int) -> Any:
+        """The W&B run, resumed by id when it exists (``done`` steps behind it: W&B keeps the steps it has)."""
         s = self.settings
         assert s is not None
         try:
