@@ -150,8 +150,9 @@ def test_wandb_offline_run_from_the_cli_holds_the_rows(tiny: Path, tasks: Path, 
     (run_dir,) = (tmp_path / "results" / "wandb" / "wandb").glob("offline-run-*")
     records = wandb_records(run_dir)
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
-    assert (run.run_id, run.run_group, run.display_name, run.project) == (
-        "local-rl-B-seed42", "local", "rl/B/seed42", "predict-test")
+    assert (run.run_group, run.display_name, run.project) == ("local", "rl/B/seed42", "predict-test")
+    assert run.run_id.startswith("local-rl-B-seed42-")  # kept beside the run's state for a resume
+    assert (out_dir / ".work" / "wandb-id").read_text().strip() == run.run_id
     run_config = {u.key: json.loads(u.value_json) for u in run.config.update}
     assert run_config["rl"]["steps"] == 2 and "arms" in run_config  # the stage's slice
     history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
@@ -190,6 +191,22 @@ def test_online_wandb_without_credentials_is_one_line_naming_the_setting(
         RunTracker(settings, stage="rl", run="A", seed=1).start(0)
     assert str(err.value).startswith("tracking.wandb (mode online") and "\n" not in str(err.value)
     assert not (tmp_path / "tb").exists()  # stopped before anything was written
+
+
+def test_a_resumed_job_continues_its_wandb_run_and_a_fresh_start_gets_its_own(tmp_path: Path) -> None:
+    pytest.importorskip("wandb")
+    settings = TrackingSettings(None, wandb_mode="offline", wandb_dir=tmp_path / "wandb", group="study")
+
+    def run_id(done: int) -> str:
+        with RunTracker(settings, stage="rl", run="B", seed=1, id_file=tmp_path / "state" / "wandb-id").start(done):
+            pass
+        (run,) = [r.run for r in wandb_records(max((tmp_path / "wandb" / "wandb").glob("offline-run-*"),
+                                                   key=lambda p: p.stat().st_mtime)) if r.WhichOneof("record_type") == "run"]  # fmt: skip
+        return run.run_id
+
+    first = run_id(0)
+    assert first.startswith("study-rl-B-seed1-") and run_id(3) == first  # resumed: the same W&B run
+    assert run_id(0) != first  # started afresh: a run of its own
 
 
 def test_the_default_configs_track_with_tensorboard_only() -> None:

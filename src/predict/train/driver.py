@@ -105,7 +105,7 @@ class TrainingRun:
         self.step_key = f"{self.trainer}_step"  # in the saved state: steps done
         self.resumable = False  # set by `start`
         self.tracker = RunTracker(self.job.tracking, stage=self.trainer, run=self.job.run, seed=self.job.seed,
-                                  config=self.config)  # fmt: skip
+                                  config=self.config, id_file=self.work / "wandb-id")  # fmt: skip
 
     def start(self) -> bool:
         """Whether ``.work`` holds state made from this run's inputs (resume it); else it is emptied (rule 3)."""

@@ -265,7 +265,8 @@ def run_sft(
             seed=cfg.seed,
         )
 
-    tracker = RunTracker(tracking, stage="sft", run=arm, config=tracking_config).start(trainer.step_count)
+    tracker = RunTracker(tracking, stage="sft", run=arm, config=tracking_config,
+                         id_file=state_dir / "wandb-id").start(trainer.step_count)  # fmt: skip
 
     def save_state() -> None:
         trainer.save_state(trainer_dir)

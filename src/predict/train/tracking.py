@@ -11,7 +11,9 @@ Rules this module follows:
 3. **Live**: `RunTracker.log` writes a row as its step ends and flushes, so a run is watchable while it trains.
 4. **Resume-safe**: a run resumed after step N opens its writer with ``purge_step = N + 1`` (TensorBoard hides the
    earlier attempt's points from N + 1 on, so a rewound step is there once); a run that starts from step 0 empties
-   its folder first. W&B: one run per study run and seed, its id fixed by (run_name, stage, run, seed), resumed by id.
+   its folder first. W&B: one run per study run and seed, resumed by id: the id, (run_name, stage, run, seed) and
+   the fresh start's time, is kept beside the job's resumable state (``id_file``), so a resumed job continues its
+   W&B run and a job that starts afresh (new inputs, or asked for again) gets a run of its own.
 5. **W&B only when asked**: ``tracking.wandb.mode`` disabled (default: wandb is never imported), offline (files
    under ``{results_dir}/wandb``, no network) or online. Grouped by ``run_name``; its config is the stage's slice.
 6. **Fails before training**: a tracker that cannot start (package missing, bad credentials, no network in online
@@ -25,6 +27,7 @@ import json
 import logging
 import re
 import shutil
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -125,8 +128,10 @@ class RunTracker:
     """The trackers of one training job (stage, run, seed): `start` before the first step, `log` each row, `close`."""
 
     def __init__(self, settings: TrackingSettings | None, *, stage: str, run: str, seed: int | None = None,
-                 config: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+                 config: Mapping[str, Any] | None = None, id_file: Path | None = None) -> None:  # fmt: skip
         self.settings = settings
+        self.id_file = id_file
+        """Where the W&B run's id lives beside the job's resumable state (rule 4); None: the fixed name only."""
         self.stage, self.run, self.seed = stage, run, seed
         self.config = _plain(config or {})
         prefix = settings.prefix if settings else ""
@@ -141,9 +146,21 @@ class RunTracker:
         return root / self.name if root is not None else None
 
     @property
-    def wandb_id(self) -> str:
-        """Fixed per study run and seed, so a resumed job continues the same W&B run (rule 4)."""
+    def wandb_name_id(self) -> str:
+        """The study run and seed as a W&B id: (run_name, stage, run, seed)."""
         return re.sub(r"[^A-Za-z0-9_.-]+", "-", "-".join([self.settings.group if self.settings else "", self.name]))
+
+    def wandb_id(self, done: int) -> str:
+        """The W&B run to log to: the saved one when resuming (`done` > 0), else a new one saved for the resume."""
+        if self.id_file is None:
+            return self.wandb_name_id
+        if done and self.id_file.is_file():
+            return self.id_file.read_text().strip()
+        from predict.io import write_text
+
+        run_id = f"{self.wandb_name_id}-{time.time_ns() // 1_000_000:x}"
+        write_text(run_id + "\n", self.id_file)
+        return run_id
 
     def start(self, done: int) -> RunTracker:
         """Open the trackers for a job that has `done` steps behind it (0: a fresh start; rule 4)."""
@@ -192,7 +209,7 @@ class RunTracker:
         try:
             return wandb.init(
                 mode=s.wandb_mode, project=s.wandb_project, entity=s.wandb_entity, group=s.group or None,
-                name=self.name, job_type=self.stage, id=self.wandb_id, resume="allow", config=self.config,
+                name=self.name, job_type=self.stage, id=self.wandb_id(done), resume="allow", config=self.config,
                 dir=str(s.wandb_dir) if s.wandb_dir else None, reinit="create_new",
                 settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
             )  # fmt: skip
