@@ -54,7 +54,10 @@ def test_columns_group_into_tags() -> None:
 
 @pytest.fixture(scope="module")
 def killed_and_resumed(tiny: Path, tasks: Path, endpoint: Any, tmp_path_factory: pytest.TempPathFactory) -> dict:  # noqa: F811
-    """Arm B, 4 steps, state every 2: killed after step 3 (state at 2), resumed: steps 3 and 4 run again."""
+    """Arm B, 4 steps, state every 2: killed after step 3 (state at 2); resumed, steps 3 and 4 run again and it dies
+    the moment step 4's state is saved; resumed again, nothing is left to run."""
+    from predict.train.trainer import Trainer
+
     root = tmp_path_factory.mktemp("results")
     settings = TrackingSettings(root / "tensorboard")
     job = RLJob(run="B", seed=42, init=tiny, tasks=tasks, out_dir=root / "rl" / "B" / "seed42",
@@ -63,8 +66,24 @@ def killed_and_resumed(tiny: Path, tasks: Path, endpoint: Any, tmp_path_factory:
     killed = run_rl(job, config, stop_after=3)
     assert not killed["complete"] and killed["steps_done"] == 3
     first_attempt = read_scalars(root / "tensorboard" / "rl" / "B" / "seed42")
+
+    class Killed(Exception):
+        pass
+
+    real_save = Trainer.save_state
+
+    def save_then_die(self: Any, out_dir: Any, extra: dict | None = None) -> Any:
+        path = real_save(self, out_dir, extra=extra)
+        if (extra or {}).get("rl_step") == 4:
+            raise Killed  # between the state and anything after it
+        return path
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Trainer, "save_state", save_then_die)
+        with pytest.raises(Killed):
+            run_rl(job, config)
     done = run_rl(job, config)
-    assert done["complete"] and done["resumed_from"] == 2
+    assert done["complete"] and done["resumed_from"] == 4 and done["ran"] == 0
     return {"root": root, "job": job, "first": first_attempt}
 
 
@@ -77,7 +96,8 @@ def test_event_files_hold_the_curves_at_their_steps_once(killed_and_resumed: dic
     for column in ("reward_mean", "loss", "rl_loss", "ce_loss", "grad_norm", "pred_PASS", "pred_ASSERTION_FAILURE",
                    "verified_PASS", "n_revise"):  # fmt: skip
         points = scalars[column_tag(column)]
-        assert [s for s, _ in points] == [1, 2, 3, 4], (column, points)  # step 3 of the killed attempt purged
+        # step 3 of the first attempt purged; step 4, whose state was saved as the second attempt died, is there
+        assert [s for s, _ in points] == [1, 2, 3, 4], (column, points)
         assert [v for _, v in points] == pytest.approx([float(rows[s][column]) for s in (1, 2, 3, 4)]), column
     assert scalars["pred_class/PASS"][0][1] == 4 and scalars["pred_class/ASSERTION_FAILURE"][0][1] == 2
 

@@ -222,11 +222,14 @@ class TrainingRun:
             row["step_s"] = time.perf_counter() - t_step
             row["finished_at"] = time.time()
             metrics.append(row)
+            # Live before the state is saved: a kill between the two reruns this step, whose point the resumed
+            # writer purges; logged after it, a kill in between would lose the step's point for good.
+            self.tracker.log(row, step)
             if step % state_every == 0 or step in self.ckpt_steps or step == self.steps:
                 trainer.save_state(self.state_dir, extra={self.step_key: step, "metrics": metrics, "run": self.job.run})
             row["save_s"] = time.perf_counter() - t
+            self.tracker.log({"save_s": row["save_s"]}, step)
             write_metrics(metrics, self.work / "metrics.parquet")
-            self.tracker.log(row, step)
             log.info("%s seed %d step %d/%d: reward %s, loss %s, %.1f s", self.job.run, self.job.seed, step,
                      self.steps, row.get("reward_mean"), row.get("loss"), row["step_s"])  # fmt: skip
             if stop_after is not None and ran >= stop_after:
