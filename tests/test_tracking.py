@@ -196,7 +196,7 @@ def test_a_tracker_that_cannot_start_stops_the_run_before_training(
         run_rl(job, study(steps=1))
     assert not (job.out_dir / ".work" / "metrics.parquet").exists() and not (job.out_dir / ".work" / "rollouts").exists()
     with pytest.raises(TrackingError, match="tracking.wandb.mode"):
-        TrackingSettings.from_config({"tracking": {"wandb": {"mode": "sometimes"}}})
+        TrackingSettings.from_config({"results_dir": "r", "run_name": "x", "tracking": {"wandb": {"mode": "sometimes"}}})
 
 
 def test_online_wandb_without_credentials_is_one_line_naming_the_setting(

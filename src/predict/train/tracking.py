@@ -93,11 +93,11 @@ class TrackingSettings:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TrackingSettings:
-        """From a config (or stage slice) with ``tracking``, ``results_dir`` and ``run_name``; the defaults are the
-        schema's (config/schema.yaml), a config without the section tracks with TensorBoard only."""
+        """From a config (or stage slice) with ``results_dir``, ``run_name`` and ``tracking``. The section's defaults
+        live here only (config/schema.yaml describes them): left out, TensorBoard on and W&B disabled."""
         tracking = dict(config.get("tracking") or {})
         wandb = dict(tracking.get("wandb") or {})
-        results = Path(str(config.get("results_dir") or "results"))
+        results = Path(str(config["results_dir"]))
         mode = str(wandb.get("mode") or "disabled")
         if mode not in WANDB_MODES:
             raise TrackingError(f"tracking.wandb.mode: {mode!r} is not one of {', '.join(WANDB_MODES)}")
@@ -107,16 +107,12 @@ class TrackingSettings:
             wandb_project=str(wandb.get("project") or "predict"),
             wandb_entity=wandb.get("entity"),
             wandb_dir=results / "wandb",
-            group=str(config.get("run_name") or ""),
+            group=str(config["run_name"]),
         )
 
     def under(self, name: str) -> TrackingSettings:
         """The same settings with every job's name under `name` (TensorBoard folder and W&B name and id)."""
         return replace(self, prefix=f"{self.prefix}{name}/")
-
-    def tensorboard_only(self) -> TrackingSettings:
-        """TensorBoard without W&B (prime-rl's curves: prime-rl logs to W&B itself)."""
-        return replace(self, wandb_mode="disabled")
 
 
 def _plain(config: Mapping[str, Any]) -> dict[str, Any]:
