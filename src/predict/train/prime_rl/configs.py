@@ -36,6 +36,9 @@ Rules the rendered ``rl`` config follows (each tested in tests/test_prime_rl_con
   last attempt's records of each step;
 * the seed changes the task order: prime-rl reshuffles each epoch with ``Random(epoch)`` whatever the seed, so the
   taskset itself starts from a seeded order (``order_seed``, `predict.env.taskset`);
+* W&B when asked: ``tracking.wandb`` becomes prime-rl's own W&B monitor settings (`wandb_tables`), one W&B run
+  per run and seed grouped by ``run_name``; the collected metrics table is mirrored into TensorBoard
+  (`mirror_metrics`) beside the local runs' curves;
 * the install works: ``prime_rl.attn`` is a concrete kernel whose extra is in ``prime_rl.extras``
   (`check_attn_extras`); the algorithm's tokenizer is the local model folder (an offline cluster has no hub).
 """
@@ -342,7 +345,35 @@ def rl_config(
         # read back by predict.train.prime_rl.cluster.launch, which stops a run whose step has too many failures
         "env_vars": {MAX_FAILED_SHARE_VAR: str(s.max_failed_share)},
     }
-    return _drop_none(table)
+    return _drop_none(_merge(table, wandb_tables(cfg, f"rl/{run}/seed{seed}", entrypoint="rl")))
+
+
+def wandb_tables(cfg: Mapping[str, Any], name: str, *, entrypoint: str) -> dict[str, Any]:
+    """prime-rl's own W&B monitor settings from ``tracking.wandb`` (`predict.train.tracking.TrackingSettings`):
+    none when disabled; run `name`, grouped by ``run_name``. The ``rl`` entrypoint's shared ``[wandb]`` refuses
+    ``offline`` (prime-rl's SharedWandbConfig), so offline goes to ``[trainer.wandb]`` and
+    ``[orchestrator.wandb]``, the same project in both (validate_shared_wandb_config); ``sft`` has one ``[wandb]``."""
+    from predict.train.tracking import TrackingSettings
+
+    s = TrackingSettings.from_config(cfg)
+    if s.wandb_mode == "disabled":
+        return {}
+    monitor = {"project": s.wandb_project, "entity": s.wandb_entity, "name": name, "group": s.group or None}
+    if entrypoint == "sft":
+        return {"wandb": monitor | {"offline": s.wandb_mode == "offline"}}
+    if s.wandb_mode == "online":
+        return {"wandb": monitor}
+    return {part: {"wandb": monitor | {"offline": True}} for part in ("trainer", "orchestrator")}
+
+
+def _merge(table: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """`extra`'s tables merged into `table`'s (nested)."""
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(table.get(key), dict):
+            _merge(table[key], value)
+        else:
+            table[key] = value
+    return table
 
 
 def model_ref(model: str | Path) -> str:
@@ -380,7 +411,7 @@ def sft_config(
         "ckpt": {"resume_step": -1},  # a checkpoint at the end of training; a retried job resumes from the latest
         "file_monitor": {},  # <output_dir>/metrics.jsonl
     }
-    return _drop_none(table)
+    return _drop_none(_merge(table, wandb_tables(cfg, f"sft/{arm}", entrypoint="sft")))
 
 
 def write_toml(table: Mapping[str, Any], path: str | Path) -> Path:
@@ -576,6 +607,17 @@ def schema_rows(long: pa.Table, run: str, seed: int) -> list[dict[str, Any]]:
 
 def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
+
+
+def mirror_metrics(metrics: str | Path, tensorboard_root: Path, *, run: str, seed: int) -> Path | None:
+    """The collected per-step table as TensorBoard scalars under ``<root>/rl/{run}/seed{seed}``, the folder a local
+    RL run writes (`predict.train.tracking`); W&B is left to prime-rl's own monitor (`wandb_tables`)."""
+    from predict.train.metrics import read_metrics
+    from predict.train.tracking import RunTracker, TrackingSettings
+
+    with RunTracker(TrackingSettings(tensorboard_root), stage="rl", run=run, seed=seed).start(0) as tracker:
+        tracker.log_rows(read_metrics(metrics))
+    return tracker.log_dir
 
 
 def write_rl_metrics(output_dir: str | Path, out: str | Path, raw_out: str | Path, *, run: str, seed: int) -> int:
