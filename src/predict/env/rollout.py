@@ -187,6 +187,25 @@ def build_agent_config(settings: RolloutSettings) -> Any:
     )
 
 
+def unbind_renderers_prompt_len_lock() -> None:
+    """Give renderers a fresh prompt-length lock when the one it holds belongs to another event loop.
+
+    renderers keeps one module-level ``asyncio.Lock`` (``renderers.client._max_prompt_len_lock``, renderers/client.py
+    line 68) around its first ``GET /models`` per (base_url, model); verifiers' train client passes no
+    ``max_prompt_len`` to ``renderers.client.generate`` (verifiers/v1/clients/train.py, ``TrainClient``), so every
+    call goes through it until that pair is cached. An asyncio lock binds to the loop in which it is first
+    contended; in any later loop a contended acquire raises ``RuntimeError: <Lock [locked]> is bound to a different
+    event loop``, which the interception server answers as a 502 model call failure. Every batch runs in its own
+    loop (`run_rollouts_sync`), and a new server (a new port: a second `predict.signal` run) misses the cache, so the
+    second batch's first concurrent calls failed. Must be called on the loop that will use the lock."""
+    import renderers.client as renderers_client
+
+    lock = getattr(renderers_client, "_max_prompt_len_lock", None)
+    bound_to = getattr(lock, "_loop", None)  # asyncio's mixin: None until the lock is first contended
+    if bound_to is not None and bound_to is not asyncio.get_running_loop():
+        renderers_client._max_prompt_len_lock = asyncio.Lock()
+
+
 async def run_rollouts(
     tasks: Sequence[Mapping[str, Any]],
     settings: RolloutSettings,
@@ -202,6 +221,8 @@ async def run_rollouts(
     if settings.concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     agent_config = build_agent_config(settings)
+    if settings.client == "train":
+        unbind_renderers_prompt_len_lock()
     task_config = MbppTaskConfig(
         python=agent_config.harness.python,
         timeout_s=settings.timeout_s,
