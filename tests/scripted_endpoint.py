@@ -160,6 +160,7 @@ class ScriptedEndpoint:
                 "model": body.get("model"),
                 "stream": bool(body.get("stream")),
                 "sampling": {k: body.get(k) for k in ("temperature", "max_tokens", "top_p") if k in body},
+                "seed": body.get("seed"),
                 "messages": messages,
                 "first_user": first_user,
                 "reply": text if isinstance(text, str) else f"HTTP {text.status}",

@@ -28,6 +28,9 @@ One row per rollout. ``steps`` holds every assistant reply in order (see `protoc
   ``final_pass``. Recovery rate = mean of the non-null values.
 * rows with ``stop_reason == "error"`` or ``ok == False`` are infrastructure failures (``error`` says what): their
   ``reward``/``final_outcome`` may be null; exclude or re-run them.
+* sampling seeds: ``request_seeds`` is the seed sent with each model call in order (null: the run sent none), each
+  `predict.env.seeds.request_seed(request_seed_key, call)`; ``request_seed_key`` is the rollout's ``rollout_key``
+  (run, seed, step as checkpoint, task, sample), so the same run on the same machine samples the same rollouts.
 * ``tokens`` (train client only, else null): the trace's message graph, one struct per node (``parent`` index,
   ``role``, ``sampled``, ``token_ids``, ``mask``, ``logprobs``). A sampled node is one model call: its prompt is
   the concatenated ``token_ids`` of its ancestors, its completion tokens are where ``mask`` is true, and
@@ -120,6 +123,8 @@ RECORD_SCHEMA = pa.schema(
         ("env_s", pa.float64()),
         ("program_s", pa.float64()),
         ("created_at", pa.float64()),
+        ("request_seed_key", pa.string()),
+        ("request_seeds", pa.list_(pa.int64())),
         ("tokens", pa.list_(TOKEN_NODE_TYPE)),
     ]
 )
@@ -230,6 +235,8 @@ def build_record(
         "env_s": timing.get("env_s"),
         "program_s": timing.get("program_s"),
         "created_at": time.time(),
+        "request_seed_key": result.get("request_seed_key"),
+        "request_seeds": result.get("request_seeds"),
         "tokens": tokens,
     }
 

@@ -78,6 +78,9 @@ class RolloutSettings:
     """verifiers' whole-rollout retries for failed rollouts (e.g. endpoint unreachable)."""
     python: str | None = None
     """Interpreter for the program and grading (None: this process's)."""
+    request_seeds: bool = True
+    """Seed every model call from the rollout's key (`predict.env.seeds`), so sampled runs repeat on one machine;
+    a ``seed`` in `extra_sampling` overrides it (verifiers' sampling config is authoritative)."""
 
     @classmethod
     def of(cls, *, base_url: str, model: str, **kwargs: Any) -> RolloutSettings:
@@ -151,6 +154,7 @@ def build_agent_config(settings: RolloutSettings) -> Any:
         memory_mb=settings.memory_mb,
         outcome_labels=settings.outcome_labels,
         stream=settings.stream,
+        seed_run=(settings.arm, settings.seed, settings.checkpoint) if settings.request_seeds else None,
     )
     client: Any
     if settings.client == "train":
@@ -206,6 +210,29 @@ def unbind_renderers_prompt_len_lock() -> None:
         renderers_client._max_prompt_len_lock = asyncio.Lock()
 
 
+def train_client_takes_request_seed() -> None:
+    """Make verifiers' train client send the program's per-request ``seed`` to vLLM, as its eval client does.
+
+    The interception server keeps a program's own sampling keys that the agent's `SamplingConfig` leaves unset
+    (``ChatDialect.apply_overrides``), and the eval client relays that body; the train client builds vLLM's
+    sampling params from the agent's one `SamplingConfig` alone (verifiers/v1/clients/train.py,
+    ``TrainClient.get_response``: ``sampling.model_dump()``), the same for every rollout and call, so the body's
+    seed was dropped. Wrapped once per process; a seed in the SamplingConfig still wins."""
+    from verifiers.v1.clients.train import TrainClient
+
+    original = TrainClient.get_response
+    if getattr(original, "takes_request_seed", False):
+        return
+
+    async def get_response(self: Any, dialect: Any, body: dict, sampling: Any, *args: Any, **kwargs: Any) -> Any:
+        if body.get("seed") is not None and getattr(sampling, "seed", None) is None:
+            sampling = type(sampling)(**{**sampling.model_dump(exclude_none=True), "seed": int(body["seed"])})
+        return await original(self, dialect, body, sampling, *args, **kwargs)
+
+    get_response.takes_request_seed = True  # type: ignore[attr-defined]
+    TrainClient.get_response = get_response  # type: ignore[method-assign]
+
+
 async def run_rollouts(
     tasks: Sequence[Mapping[str, Any]],
     settings: RolloutSettings,
@@ -223,6 +250,7 @@ async def run_rollouts(
     agent_config = build_agent_config(settings)
     if settings.client == "train":
         unbind_renderers_prompt_len_lock()
+        train_client_takes_request_seed()
     task_config = MbppTaskConfig(
         python=agent_config.harness.python,
         timeout_s=settings.timeout_s,
