@@ -14,6 +14,9 @@ Rules:
   the first checkpoint that has rollouts left, its weights reloaded in place for the next (an HF id, which has no
   folder to reload from, gets a fresh server). Outputs stay one parquet per checkpoint, all published at the end:
   Snakemake deletes a failed job's declared outputs, never the `.partial` folders a rerun resumes from.
+* Evaluation repeats: its server is batch-invariant on a GPU, else it sends one request at a time
+  (`predict.serve.evaluation_environment`, `evaluation_concurrency`); `predict.serve.serving_identity` says what
+  its rows then depend on besides the checkpoint and the config.
 * Checkpoint selection (`predict.stats.select_checkpoints`) reads only val evaluations.
 * The test split is touched by the test campaign alone, once per frozen design (`TestLedger`,
   ``results/test/ledger.jsonl``). Its first evaluation records the config hash (of what shapes results:
@@ -239,6 +242,7 @@ def evaluation_job(
         sampling={"temperature": ev["temperature"], "max_tokens": ev["max_tokens"]},
         run=run,
         ledger_extra=ledger_extra,
+        evaluation=True,
     )
 
 
@@ -271,7 +275,7 @@ class CheckpointServer:
 
     def load(self, model: str, version: str) -> str:
         """Serve `model`; returns the base URL."""
-        from predict.serve import VLLMServer  # noqa: PLC0415
+        from predict.serve import VLLMServer, evaluation_environment  # noqa: PLC0415
 
         if self.server is not None and Path(model).is_dir():
             self.server.reload_weights(model, version=version)
@@ -279,7 +283,8 @@ class CheckpointServer:
             return self.server.base_url
         self.close()
         self.server = VLLMServer.from_serving(
-            model, self.serving, served_model_name=SERVED_NAME, worker_extension=True, log_path=self.log_path
+            model, self.serving, served_model_name=SERVED_NAME, worker_extension=True, log_path=self.log_path,
+            env=evaluation_environment(self.serving),
         ).start()
         self.starts += 1
         return self.server.base_url
