@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from predict.env.rollout import RolloutSettings, default_tokenizer_dir, run_rollouts_sync
-from tests.scripted_endpoint import ScriptedEndpoint
+from tests.scripted_endpoint import HttpError, ScriptedEndpoint
 from tests.test_env_rollouts import FINAL, MUL_FROM_STUB, TEST, mbpp_127
 
 
@@ -37,3 +37,34 @@ def test_second_batch_in_a_new_loop_against_a_new_server_has_no_failed_model_cal
         failed = [r.getMessage() for r in caplog.records if "model call failed" in r.getMessage()]
         assert not failed, f"batch {batch}: {len(failed)} failed model calls, e.g. {failed[0]}"
         assert [(r["ok"], r["reward"], r["stop_reason"]) for r in records] == [(True, 1.0, "final")] * 4
+
+
+def test_a_model_call_that_keeps_failing_gives_no_reward_and_no_training_sample(
+    tmp_path: Path, mbpp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What happens to a rollout whose model call fails (as the lock's did, a 502 from the interception server):
+    the program retries it; when every attempt fails the rollout is recorded failed, without a reward, and GRPO
+    builds no sample from it (its group is judged on the rollouts that ran)."""
+    import verifiers.v1.runtimes.subprocess as vf_subprocess
+
+    from predict.train.driver import load_tokenizer
+    from predict.train.samples import SampleSettings, build_samples
+
+    monkeypatch.setattr(vf_subprocess, "CACHE_DIR", tmp_path / ".cache" / "verifiers")
+    base = mbpp_127(mbpp_path)
+    broken, working = "[case:broken]", "[case:working]"
+    tasks = [{**base, "task_id": 9200 + i, "text": f"{base['text']} {m}", "split": "rl", "sample": s}
+             for i, m in enumerate((broken, working)) for s in range(2)]  # fmt: skip
+    tokenizer_dir = Path(default_tokenizer_dir())
+    scripts = {broken: [MUL_FROM_STUB, HttpError(502, "upstream down")], working: [MUL_FROM_STUB, TEST, FINAL]}
+    with ScriptedEndpoint(scripts, tokenizer_json=tokenizer_dir / "tokenizer.json") as endpoint:
+        settings = RolloutSettings.of(base_url=endpoint.base_url, model="scripted", protocol="reactive", arm="A",
+                                      client="train", concurrency=4, rollout_timeout_s=120)  # fmt: skip
+        records = run_rollouts_sync(tasks, settings)
+    failed, ran = records[:2], records[2:]
+    for r in failed:
+        assert (r["ok"], r["reward"], r["stop_reason"]) == (False, None, "error") and "HTTP 502" in r["error"]
+    assert [(r["ok"], r["reward"]) for r in ran] == [(True, 1.0)] * 2
+    samples, counts, advantages = build_samples(records, load_tokenizer(tokenizer_dir), SampleSettings(predictive=False))
+    assert counts.no_reward == 2 and advantages[:2] == [None, None]
+    assert samples and {s.rollout_key for s in samples} == {r["rollout_key"] for r in ran}

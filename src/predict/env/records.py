@@ -242,8 +242,10 @@ def build_record(
 
 
 def trace_to_record(trace: Any, meta: Mapping[str, Any], task: Mapping[str, Any], wall_s: float) -> dict[str, Any]:
-    """The row for one finished verifiers trace (`trace.info` carries the program result and the final verdict)."""
-    scored = (trace.rewards or {}).get("tests_pass") is not None
+    """The row for one finished verifiers trace (`trace.info` carries the program result and the final verdict).
+    A failed trace (``ok`` false: e.g. model calls that kept failing, the program's exit 97) has no reward even if
+    something scored it: a failed model call must never become a reward of 0 that training learns from."""
+    scored = (trace.rewards or {}).get("tests_pass") is not None and bool(trace.ok)
     return build_record(
         meta=meta,
         task=task,
