@@ -32,6 +32,7 @@ def comparable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~6 min alone; 15-25 min were seen beside other servers on the loaded 2-core machine
 @needs_vllm
 def test_real_evaluation_and_sampled_rollouts_repeat_across_servers_and_concurrency(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mbpp_rows: list[dict[str, Any]]
