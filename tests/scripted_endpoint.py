@@ -6,7 +6,7 @@ script runs out; an `HttpError` entry answers with that HTTP error instead). `sc
 request's first user message picks the script (the empty marker "" is the fallback).
 
 Routes: POST /v1/chat/completions (``stream`` true: SSE chunks ending in ``data: [DONE]``; false: one JSON),
-GET /v1/models (with ``max_model_len`` for the train client), and POST /inference/v1/generate, a fake vLLM
+GET /v1/models (with ``max_model_len`` for the train client; ``models_delay_s`` slows it down), and POST /inference/v1/generate, a fake vLLM
 token-in/token-out endpoint for verifiers' TrainClientConfig (needs a tokenizer.json; the prompt is decoded to
 count assistant turns and find the marker). Every request is logged in `requests` (dicts with path, messages or
 decoded prompt, reply).
@@ -43,11 +43,19 @@ Scripts = Sequence[Reply] | Mapping[str, Sequence[Reply]]
 
 
 class ScriptedEndpoint:
-    def __init__(self, scripts: Scripts, *, tokenizer_json: str | Path | None = None, chunk_chars: int = 16) -> None:
+    def __init__(
+        self,
+        scripts: Scripts,
+        *,
+        tokenizer_json: str | Path | None = None,
+        chunk_chars: int = 16,
+        models_delay_s: float = 0.0,
+    ) -> None:
         self.scripts: dict[str, list[Reply]] = (
             {"": list(scripts)} if not isinstance(scripts, Mapping) else {k: list(v) for k, v in scripts.items()}
         )
         self.chunk_chars = chunk_chars
+        self.models_delay_s = models_delay_s
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._tok: Any = None
@@ -135,6 +143,7 @@ class ScriptedEndpoint:
 
     # -- routes ----------------------------------------------------------------------------------------------------
     async def _models(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(self.models_delay_s)  # a slow lookup makes concurrent first callers wait on its lock
         return web.json_response(
             {"object": "list", "data": [{"id": "scripted", "object": "model", "max_model_len": 32768}]}
         )
@@ -151,6 +160,7 @@ class ScriptedEndpoint:
                 "model": body.get("model"),
                 "stream": bool(body.get("stream")),
                 "sampling": {k: body.get(k) for k in ("temperature", "max_tokens", "top_p") if k in body},
+                "seed": body.get("seed"),
                 "messages": messages,
                 "first_user": first_user,
                 "reply": text if isinstance(text, str) else f"HTTP {text.status}",

@@ -143,13 +143,15 @@ def test_a_resume_with_other_weights_is_refused(study, test_split: Path, endpoin
 
 
 def test_the_campaign_line_records_what_its_rows_depend_on(study, test_split: Path, endpoint, tmp_path: Path) -> None:
-    check = tmp_path / "check.json"
-    check.write_text(json.dumps({"vllm_version": "0.32.0", "device": "cpu"}))
-    _campaign(study, test_split, tmp_path / "r", "step2", base_url=endpoint.base_url, serving_check=check)
+    from predict.serve import serving_identity
+
+    _campaign(study, test_split, tmp_path / "r", "step2", base_url=endpoint.base_url)
     (campaign,) = TestLedger(registry_ledger()).campaigns()
     depends = campaign["depends_on"]
-    assert depends["vllm_version"] == "0.32.0" and depends["device"].startswith("cpu")
-    assert depends["serving"]["device"] == "cpu" and "python" not in depends["serving"]
+    assert {k: depends[k] for k in ("vllm_version", "device", "batch_invariant", "concurrency")} == {
+        "vllm_version": serving_identity(study["serving"], concurrency=4)["vllm_version"], "device": "cpu",
+        "batch_invariant": False, "concurrency": 1}  # the CPU has no batch invariance: one request at a time
+    assert depends["device_name"] and depends["serving"]["device"] == "cpu" and "python" not in depends["serving"]
     assert campaign["task_ids"] == [12, 127] and campaign["selection"] == [{"run": "A", "seed": 42,
                                                                            "checkpoint": "step2"}]
 

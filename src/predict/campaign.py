@@ -43,9 +43,7 @@ import json
 import logging
 import math
 import os
-import platform
 import re
-import subprocess
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -164,22 +162,6 @@ def campaign_id(split_hash: str, base_model: str, design_hash: str) -> str:
     return hashlib.sha256(f"{split_hash}\0{base_model}\0{design_hash}".encode()).hexdigest()[:16]
 
 
-def device_name(device: str) -> str:
-    """What the serving device is called: the GPU's name (nvidia-smi), else the CPU's model name."""
-    if device == "gpu":
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=20)  # fmt: skip
-            if names := sorted({n.strip() for n in out.stdout.splitlines() if n.strip()}):
-                return ", ".join(names)
-        return "gpu (unnamed: no nvidia-smi)"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"cpu: {line.split(':', 1)[1].strip()}"
-    return f"cpu: {platform.processor() or platform.machine()}"
-
-
 def results_origin(out: Path) -> dict[str, Any]:
     """Where a campaign ran from, read off one of its outputs (``<results_dir>/eval/{run}/{checkpoint}/test/
     seed{seed}.parquet``): the results folder and the run_name that claimed it (`predict.fingerprint`). Not from the
@@ -193,14 +175,13 @@ def results_origin(out: Path) -> dict[str, Any]:
     return {"results_dir": str(results), "run_name": None}
 
 
-def serving_dependencies(serving: Mapping[str, Any], serving_check: Path | None) -> dict[str, Any]:
-    """What a greedy evaluation's rows depend on beyond the checkpoint and the design: the vLLM version (the
-    `check_serving` rule's record), the device, and the serving settings (batch invariance among them)."""
-    check: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError, AttributeError):  # none given, or unreadable: "unknown"
-        check = json.loads(Path(serving_check).read_text()) if serving_check is not None else {}
-    return {"vllm_version": check.get("vllm_version", "unknown"), "device": device_name(str(serving.get("device"))),
-            "serving": {k: v for k, v in serving.items() if k not in ("python", "shared")}}  # fmt: skip
+def serving_dependencies(serving: Mapping[str, Any], concurrency: int) -> dict[str, Any]:
+    """What a greedy evaluation's rows depend on beyond the checkpoint and the design: `predict.serve.serving_identity`
+    (vLLM version, device and its name, batch invariance, requests in flight) and the serving settings."""
+    from predict.serve import serving_identity  # noqa: PLC0415
+
+    return {**serving_identity(serving, concurrency=concurrency),
+            "serving": {k: v for k, v in serving.items() if k not in ("python", "shared")}}
 
 
 # -- the plan -----------------------------------------------------------------------------------------------------------
@@ -547,7 +528,7 @@ def check_test_inputs(ledger: Path, paths: Sequence[str | Path], selection: Sequ
     return [{"campaign": e["campaign"], "config_hash": e["config_hash"], "time": e["time"],
              "base_model": e["base_model"], "reason": e.get("reason") or "", "results_dir": e.get("results_dir") or "",
              "run_name": e.get("run_name") or "", "vllm_version": (e.get("depends_on") or {}).get("vllm_version", ""),
-             "device": (e.get("depends_on") or {}).get("device", ""),
+             "device": (e.get("depends_on") or {}).get("device_name", ""),
              "serving": json.dumps((e.get("depends_on") or {}).get("serving") or {}, sort_keys=True),
              "n_planned": len(e["plan"]), "n_done": n_done[e["campaign"]], "this": e["campaign"] == ident}
             for e in same_split]  # fmt: skip

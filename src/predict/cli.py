@@ -225,7 +225,6 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         test_ledger=Path(args.test_ledger) if args.test_ledger else None,
         selection_path=Path(args.selection) if args.selection else None,
         val_metrics=Path(args.val_metrics) if args.val_metrics else None,
-        serving_check=Path(args.serving_check) if args.serving_check else None,
         new_campaign=args.new_campaign or ((config.get("evaluation") or {}).get("new_campaign")
                                            if args.split == "test" else None),
     )
@@ -627,8 +626,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="test only: the campaign ledger (default: the checkout's, .test-campaigns/ledger.jsonl)")
     p.add_argument("--selection", default=None, help="test only: selection.parquet from `predict stats` on val")
     p.add_argument("--val-metrics", default=None, help="test only: metrics.parquet from `predict stats` on val")
-    p.add_argument("--serving-check", default=None,
-                   help="test only: the check_serving record (results/serving/check.json): the vLLM version")
     p.add_argument("--new-campaign", default=None, metavar="WHY",
                    help="test only: declare a second campaign on this split and base model, and why (config "
                         "evaluation.new_campaign); the report lists every campaign with its reason")

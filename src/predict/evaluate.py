@@ -14,6 +14,9 @@ Rules:
   the first checkpoint that has rollouts left, its weights reloaded in place for the next (an HF id, which has no
   folder to reload from, gets a fresh server). Outputs stay one parquet per checkpoint, all published at the end:
   Snakemake deletes a failed job's declared outputs, never the `.partial` folders a rerun resumes from.
+* Evaluation repeats: its server is batch-invariant on a GPU, else it sends one request at a time
+  (`predict.serve.evaluation_environment`, `evaluation_concurrency`); `predict.serve.serving_identity` says what
+  its rows then depend on besides the checkpoint and the config (the campaign line records it).
 * On test, every checkpoint of the job is admitted by the campaign (`predict.campaign.TestLedger.admit`: the plan,
   the design, the registry outside results_dir, the weights' hash) before any server starts; the campaign module's
   docstring holds the rules. Selection (`predict.campaign.select`) reads only val evaluations.
@@ -111,6 +114,7 @@ def evaluation_job(
         sampling={"temperature": ev["temperature"], "max_tokens": ev["max_tokens"]},
         run=run,
         ledger_extra=ledger_extra,
+        evaluation=True,
     )
 
 
@@ -143,7 +147,7 @@ class CheckpointServer:
 
     def load(self, model: str, version: str) -> str:
         """Serve `model`; returns the base URL."""
-        from predict.serve import VLLMServer  # noqa: PLC0415
+        from predict.serve import VLLMServer, evaluation_environment  # noqa: PLC0415
 
         if self.server is not None and Path(model).is_dir():
             self.server.reload_weights(model, version=version)
@@ -151,7 +155,8 @@ class CheckpointServer:
             return self.server.base_url
         self.close()
         self.server = VLLMServer.from_serving(
-            model, self.serving, served_model_name=SERVED_NAME, worker_extension=True, log_path=self.log_path
+            model, self.serving, served_model_name=SERVED_NAME, worker_extension=True, log_path=self.log_path,
+            env=evaluation_environment(self.serving),
         ).start()
         self.starts += 1
         return self.server.base_url
@@ -180,14 +185,13 @@ def evaluate_checkpoints(
     test_ledger: Path | None = None,
     selection_path: Path | None = None,
     val_metrics: Path | None = None,
-    serving_check: Path | None = None,
     new_campaign: str | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate (or resume) a run/seed's checkpoints on a split with one server; one summary per checkpoint.
     `base_url`: an endpoint already serving (tests); then no server is started and nothing is reloaded. On test:
     `test_ledger` (default the checkout's registry, `predict.campaign.registry_ledger`), the val statistics'
-    `selection_path` and `val_metrics`, the `check_serving` record (`serving_check`: the vLLM version the campaign
-    line records) and, for a declared second campaign on the split, `new_campaign` (its reason)."""
+    `selection_path` and `val_metrics`, and, for a declared second campaign on the split, `new_campaign` (its
+    reason)."""
     if not checkpoints:
         raise ValueError(f"run {run} seed {seed}: no checkpoint to evaluate")
     if split == "test":
@@ -204,7 +208,8 @@ def evaluate_checkpoints(
         admissions = TestLedger(test_ledger).admit(  # every checkpoint admitted before any server starts
             config, campaign_from_stats(config, val_metrics, selection_path),
             [(run, job.checkpoint, seed, job.model) for job in jobs], tasks_path=tasks_path, selection=selection or (),
-            depends_on=serving_dependencies(config["serving"], serving_check), origin=results_origin(jobs[0].out),
+            depends_on=serving_dependencies(config["serving"], int(config["env"].get("concurrency", 8))),
+            origin=results_origin(jobs[0].out),
             new_campaign=new_campaign,
         )
         jobs = [replace(job, ledger_extra={**dict(job.ledger_extra or {}), **a.fields()})

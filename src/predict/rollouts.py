@@ -9,6 +9,7 @@ so an interrupted run resumes where it stopped and never redoes a finished rollo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import subprocess
 import time
@@ -50,6 +51,7 @@ class RolloutJob:
     run: str | None = None  # the study run (arm or ablation) the test ledger keys on; None = the arm
     ledger_extra: Mapping[str, Any] | None = None  # the campaign's admission (campaign id, weights) and more fields
     served_model: str | None = None  # with base_url: the name that endpoint serves the model under; None = model
+    evaluation: bool = False  # served and run so that it repeats (predict.serve.evaluation_environment/_concurrency)
 
 
 def select_tasks(rows: Sequence[Mapping[str, Any]], n_tasks: int | None, samples: int) -> list[dict[str, Any]]:
@@ -156,7 +158,7 @@ def run_job(job: RolloutJob, study_config: Mapping[str, Any]) -> dict[str, Any]:
 def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
     """Run (or resume) one rollout job's rollouts, persisting each as it finishes; publish with `.publish()`."""
     from predict.env.rollout import RolloutSettings, run_rollouts_sync
-    from predict.serve import SERVED_NAME, VLLMServer
+    from predict.serve import SERVED_NAME, VLLMServer, evaluation_concurrency, evaluation_environment
 
     tasks, sink, todo = _rollouts(job, study_config)
     admission = dict(job.ledger_extra or {}) if job.test_ledger is not None else None
@@ -189,6 +191,7 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
                 study_config["serving"],
                 served_model_name=SERVED_NAME,  # records name one model whichever server ran (and one can be shared)
                 log_path=job.out.with_name(job.out.stem + ".vllm.log"),
+                env=evaluation_environment(study_config["serving"]) if job.evaluation else None,
             )
         )
         t0 = time.perf_counter()
@@ -207,6 +210,9 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
                 **({"protocol": job.protocol} if job.protocol else {}),
                 **dict(job.sampling or {}),
             )
+            if job.evaluation:
+                concurrency = evaluation_concurrency(study_config["serving"], settings.concurrency)
+                settings = dataclasses.replace(settings, concurrency=concurrency)
             passed = sum(bool(r["final_pass"]) for r in sink.rows)
             t1 = time.perf_counter()
             with _progress() as bar:

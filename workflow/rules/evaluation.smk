@@ -57,7 +57,7 @@ TEST_CAMPAIGN_INPUTS = {
 TEST_CAMPAIGN_SHELL = (
     "predict evaluate --config-slice {params.config:q} --tasks-file {input.tasks:q} --split test --run {params.run}"
     " --seed {params.seed} {params.checkpoints} --selection {input.selection:q}"
-    " --val-metrics {input.val_metrics:q} --serving-check {input.serving:q}"
+    " --val-metrics {input.val_metrics:q}"
     " > {log:q} 2>&1"
 )
 

@@ -20,6 +20,7 @@ from typing import Any
 import verifiers.v1 as vf
 
 from predict.env.protocol import RESULT_FILE, RESULT_MAX_BYTES, ProtocolConfig
+from predict.env.records import rollout_key
 
 HARNESS_ID = "predict_local_agent"
 sys.modules.setdefault(HARNESS_ID, sys.modules[__name__])
@@ -37,6 +38,9 @@ class LocalAgentHarnessConfig(vf.HarnessConfig):
     outcome_labels: str = "structured"
     stream: bool = True
     request_timeout_s: float = 900.0
+    seed_run: tuple[str, int, str] | None = None
+    """(arm, seed, checkpoint) of the batch: the program seeds each request from the rollout's key
+    (`predict.env.records.rollout_key` of these and the task's id and sample; `predict.env.seeds`); None: no seed."""
 
 
 class LocalAgentHarness(vf.Harness[LocalAgentHarnessConfig]):
@@ -72,6 +76,8 @@ class LocalAgentHarness(vf.Harness[LocalAgentHarnessConfig]):
         ]
         if system:
             argv.append(f"--system-prompt={system}")
+        if c.seed_run is not None:
+            argv.append(f"--seed-key={rollout_key(*c.seed_run, int(data.task_id), int(data.sample or 0))}")
         if not c.stream:
             argv.append("--no-stream")
         env = {**c.resolved_env, "OPENAI_BASE_URL": endpoint, "OPENAI_API_KEY": secret}

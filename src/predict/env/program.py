@@ -3,7 +3,9 @@
 Started by `LocalAgentHarness` as ``<local python> -m predict.env.program ...`` (``program.py`` as a script path
 works too) with the rollout's workdir as cwd and ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` pointing at verifiers'
 interception server, which records every model call into the trace. Only the standard library,
-`predict.env.protocol` and `predict.sandbox` are used: no SDK, no network beyond that endpoint.
+`predict.env.protocol`, `predict.env.seeds` and `predict.sandbox` are used: no SDK, no network beyond that endpoint.
+With ``--seed-key`` every request carries ``seed`` = `seeds.request_seed(key, call)` (the result JSON lists them in
+``request_seeds``); verifiers keeps a program's own ``seed`` unless its sampling config sets one.
 
 The protocol itself (parsing, budget, predictions, shadow executions, result strings) is `protocol.Episode`;
 this file only talks HTTP, keeps solution.py on disk in step with the episode, and writes the result JSON
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from predict.env.protocol import RESULT_FILE, SOLUTION_FILE, STUB, TASK_FILE, Episode, ProtocolConfig
+from predict.env.seeds import request_seed
 
 MODEL_TRANSPORT_ERROR_EXIT_CODE = 97  # verifiers.v1.errors.MODEL_TRANSPORT_ERROR_EXIT_CODE
 HTTP_ATTEMPTS = 3
@@ -68,18 +71,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--outcome-labels", default="structured")
     ap.add_argument("--no-stream", action="store_true")
     ap.add_argument("--request-timeout-s", type=float, default=900.0)
+    ap.add_argument("--seed-key", default=None, help="the rollout's key: each request gets a seed derived from it")
     return ap.parse_args(argv)
 
 
 class ChatClient:
     """Minimal OpenAI chat-completions client (streaming or not) on urllib."""
 
-    def __init__(self, base_url: str, api_key: str, model: str, stream: bool, timeout_s: float) -> None:
+    def __init__(
+        self, base_url: str, api_key: str, model: str, stream: bool, timeout_s: float, seed_key: str | None = None
+    ) -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.api_key, self.model, self.stream, self.timeout_s = api_key, model, stream, timeout_s
+        self.seed_key = seed_key
+        self.seeds: list[int] = []  # the seed of every logical call so far, in order
 
     def __call__(self, messages: list[dict[str, str]]) -> str:
         body: dict[str, Any] = {"model": self.model, "messages": messages, "stream": self.stream}
+        if self.seed_key is not None:
+            body["seed"] = request_seed(self.seed_key, len(self.seeds))
+            self.seeds.append(body["seed"])
         if self.stream:
             body["stream_options"] = {"include_usage": True}
         data = json.dumps(body).encode()
@@ -172,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     system = config.system_prompt() + (f"\n\n{args.system_prompt}" if args.system_prompt else "")
     messages = [{"role": "system", "content": system}, {"role": "user", "content": args.prompt}]
-    chat = ChatClient(base_url, api_key, args.model, not args.no_stream, args.request_timeout_s)
+    chat = ChatClient(base_url, api_key, args.model, not args.no_stream, args.request_timeout_s, args.seed_key)
     exit_code = 0
     model_s = env_s = 0.0  # where a rollout's time goes: waiting for the model vs. the environment (sandbox)
     try:
@@ -212,6 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "summary": episode.summary(),
                 "wall_s": time.time() - started,
                 "timing": {"model_s": model_s, "env_s": env_s, "program_s": time.time() - started},
+                "request_seed_key": args.seed_key,
+                "request_seeds": chat.seeds if args.seed_key is not None else None,
             },
         )
     if exit_code:

@@ -28,6 +28,9 @@ One row per rollout. ``steps`` holds every assistant reply in order (see `protoc
   ``final_pass``. Recovery rate = mean of the non-null values.
 * rows with ``stop_reason == "error"`` or ``ok == False`` are infrastructure failures (``error`` says what): their
   ``reward``/``final_outcome`` may be null; exclude or re-run them.
+* sampling seeds: ``request_seeds`` is the seed sent with each model call in order (null: the run sent none), each
+  `predict.env.seeds.request_seed(request_seed_key, call)`; ``request_seed_key`` is the rollout's ``rollout_key``
+  (run, seed, step as checkpoint, task, sample), so the same run on the same machine samples the same rollouts.
 * ``tokens`` (train client only, else null): the trace's message graph, one struct per node (``parent`` index,
   ``role``, ``sampled``, ``token_ids``, ``mask``, ``logprobs``). A sampled node is one model call: its prompt is
   the concatenated ``token_ids`` of its ancestors, its completion tokens are where ``mask`` is true, and
@@ -120,6 +123,8 @@ RECORD_SCHEMA = pa.schema(
         ("env_s", pa.float64()),
         ("program_s", pa.float64()),
         ("created_at", pa.float64()),
+        ("request_seed_key", pa.string()),
+        ("request_seeds", pa.list_(pa.int64())),
         ("tokens", pa.list_(TOKEN_NODE_TYPE)),
     ]
 )
@@ -230,13 +235,17 @@ def build_record(
         "env_s": timing.get("env_s"),
         "program_s": timing.get("program_s"),
         "created_at": time.time(),
+        "request_seed_key": result.get("request_seed_key"),
+        "request_seeds": result.get("request_seeds"),
         "tokens": tokens,
     }
 
 
 def trace_to_record(trace: Any, meta: Mapping[str, Any], task: Mapping[str, Any], wall_s: float) -> dict[str, Any]:
-    """The row for one finished verifiers trace (`trace.info` carries the program result and the final verdict)."""
-    scored = (trace.rewards or {}).get("tests_pass") is not None
+    """The row for one finished verifiers trace (`trace.info` carries the program result and the final verdict).
+    A failed trace (``ok`` false: e.g. model calls that kept failing, the program's exit 97) has no reward even if
+    something scored it: a failed model call must never become a reward of 0 that training learns from."""
+    scored = (trace.rewards or {}).get("tests_pass") is not None and bool(trace.ok)
     return build_record(
         meta=meta,
         task=task,

@@ -78,6 +78,9 @@ class RolloutSettings:
     """verifiers' whole-rollout retries for failed rollouts (e.g. endpoint unreachable)."""
     python: str | None = None
     """Interpreter for the program and grading (None: this process's)."""
+    request_seeds: bool = True
+    """Seed every model call from the rollout's key (`predict.env.seeds`), so sampled runs repeat on one machine;
+    a ``seed`` in `extra_sampling` overrides it (verifiers' sampling config is authoritative)."""
 
     @classmethod
     def of(cls, *, base_url: str, model: str, **kwargs: Any) -> RolloutSettings:
@@ -150,6 +153,7 @@ def build_agent_config(settings: RolloutSettings) -> Any:
         memory_mb=settings.memory_mb,
         outcome_labels=settings.outcome_labels,
         stream=settings.stream,
+        seed_run=(settings.arm, settings.seed, settings.checkpoint) if settings.request_seeds else None,
     )
     client: Any
     if settings.client == "train":
@@ -192,6 +196,48 @@ def agent_defaults(settings: RolloutSettings) -> dict[str, Any]:
     }
 
 
+def unbind_renderers_prompt_len_lock() -> None:
+    """Give renderers a fresh prompt-length lock when the one it holds belongs to another event loop.
+
+    renderers keeps one module-level ``asyncio.Lock`` (``renderers.client._max_prompt_len_lock``, renderers/client.py
+    line 68) around its first ``GET /models`` per (base_url, model); verifiers' train client passes no
+    ``max_prompt_len`` to ``renderers.client.generate`` (verifiers/v1/clients/train.py, ``TrainClient``), so every
+    call goes through it until that pair is cached. An asyncio lock binds to the loop in which it is first
+    contended; in any later loop a contended acquire raises ``RuntimeError: <Lock [locked]> is bound to a different
+    event loop``, which the interception server answers as a 502 model call failure. Every batch runs in its own
+    loop (`run_rollouts_sync`), and a new server (a new port: a second `predict.signal` run) misses the cache, so the
+    second batch's first concurrent calls failed. Must be called on the loop that will use the lock."""
+    import renderers.client as renderers_client
+
+    lock = getattr(renderers_client, "_max_prompt_len_lock", None)
+    bound_to = getattr(lock, "_loop", None)  # asyncio's mixin: None until the lock is first contended
+    if bound_to is not None and bound_to is not asyncio.get_running_loop():
+        renderers_client._max_prompt_len_lock = asyncio.Lock()
+
+
+def train_client_takes_request_seed() -> None:
+    """Make verifiers' train client send the program's per-request ``seed`` to vLLM, as its eval client does.
+
+    The interception server keeps a program's own sampling keys that the agent's `SamplingConfig` leaves unset
+    (``ChatDialect.apply_overrides``), and the eval client relays that body; the train client builds vLLM's
+    sampling params from the agent's one `SamplingConfig` alone (verifiers/v1/clients/train.py,
+    ``TrainClient.get_response``: ``sampling.model_dump()``), the same for every rollout and call, so the body's
+    seed was dropped. Wrapped once per process; a seed in the SamplingConfig still wins."""
+    from verifiers.v1.clients.train import TrainClient
+
+    original = TrainClient.get_response
+    if getattr(original, "takes_request_seed", False):
+        return
+
+    async def get_response(self: Any, dialect: Any, body: dict, sampling: Any, *args: Any, **kwargs: Any) -> Any:
+        if body.get("seed") is not None and getattr(sampling, "seed", None) is None:
+            sampling = type(sampling)(**{**sampling.model_dump(exclude_none=True), "seed": int(body["seed"])})
+        return await original(self, dialect, body, sampling, *args, **kwargs)
+
+    get_response.takes_request_seed = True  # type: ignore[attr-defined]
+    TrainClient.get_response = get_response  # type: ignore[method-assign]
+
+
 async def run_rollouts(
     tasks: Sequence[Mapping[str, Any]],
     settings: RolloutSettings,
@@ -207,6 +253,9 @@ async def run_rollouts(
     if settings.concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     agent_config = build_agent_config(settings)
+    if settings.client == "train":
+        unbind_renderers_prompt_len_lock()
+        train_client_takes_request_seed()
     task_config = MbppTaskConfig(
         python=agent_config.harness.python,
         timeout_s=settings.timeout_s,

