@@ -286,7 +286,8 @@ def REPORT_EXAMPLE(wildcards=None):
     run = "B" if "B" in config["arms"] else EVAL_RUNS()[0]
     reference = EVALUATION.get("reference")
     evals = TEST_EVALS(wildcards)
-    mine = [p for p in evals if f"/eval/{run}/" in p and f"/{reference}/test/" not in p] or evals
+    # .../{run}/{checkpoint}/test/seed{seed}.parquet: the run's, not its reference's
+    mine = [p for p in evals if Path(p).parts[-4] == run and Path(p).parts[-3] != reference] or evals
     return mine[0]
 
 
