@@ -160,12 +160,12 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
     from predict.env.rollout import RolloutSettings, run_rollouts_sync
     from predict.serve import SERVED_NAME, VLLMServer, evaluation_concurrency, evaluation_environment
 
+    isolation = sandbox_isolation(study_config)  # before anything is read: a missing sandbox layer stops the stage
     tasks, sink, todo = _rollouts(job, study_config)
     admission = dict(job.ledger_extra or {}) if job.test_ledger is not None else None
     guard_tasks(split=job.split, tasks_path=job.tasks_path, task_ids=[t["task_id"] for t in tasks],
                 run=job.run or job.arm, checkpoint=job.checkpoint, seed=job.seed,
                 admission=admission if admission and "campaign" in admission else None, ledger=job.test_ledger)
-    isolation = sandbox_isolation(study_config)
     log.info("%d rollouts, %d already persisted, %d to run", len(tasks), len(tasks) - len(todo), len(todo))
     ledger_entry = {
         "run": job.run or job.arm,
