@@ -210,12 +210,20 @@ def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) 
     tables["sft/B"] = configs.sft_config(
         cfg, "B", model=cfg["model"]["base"], dataset_dir=tmp_path / "data", output_dir=tmp_path / "sft-out"
     )
+    for mode in ("online", "offline"):  # issue 29: the W&B monitors the renderer emits for tracking.wandb.mode
+        tracked = {**cfg, "tracking": {"tensorboard": True, "wandb": {"mode": mode, "project": "predict"}}}
+        tables[f"rl/B/wandb-{mode}"] = configs.rl_config(tracked, "B", 42, model=tmp_path / "sft",
+                                                         tasks=tmp_path / "rl.parquet", output_dir=tmp_path / "out")
+        tables[f"sft/B/wandb-{mode}"] = configs.sft_config(tracked, "B", model=cfg["model"]["base"],
+                                                           dataset_dir=tmp_path / "data", output_dir=tmp_path / "s")
     code = (
         "import json, sys\n"
         "from prime_rl.configs.rl import RLConfig\nfrom prime_rl.configs.sft import SFTConfig\n"
         "out = {}\n"
         "for name, t in json.loads(sys.argv[1]).items():\n"
         "    c = (RLConfig if name.startswith('rl/') else SFTConfig).model_validate(t)\n"
+        "    w = [c.trainer.wandb, c.orchestrator.wandb] if name.startswith('rl/') else [c.wandb]\n"
+        "    out[name + '/wandb'] = [None if x is None else [x.project, x.name, x.offline] for x in w]\n"
         "    if name.startswith('rl/'):\n"
         "        src = c.orchestrator.train.source[0]\n"
         "        env = src.env\n"
@@ -245,6 +253,12 @@ def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) 
         skip_unless_required(f"prime-rl's configs need a module this venv lacks: {result.stderr.strip()[-200:]}")
     assert result.returncode == 0, result.stderr[-3000:]
     parsed = json.loads(result.stdout)
+    # W&B only when asked; asked for, both processes of an RL run and SFT log to the project, offline as asked (the
+    # rl entrypoint's shared [wandb] refuses offline: the renderer puts an offline monitor in each process instead)
+    assert parsed["rl/B/wandb"] == [None, None] and parsed["sft/B/wandb"] == [None]
+    for mode in ("online", "offline"):
+        assert parsed[f"rl/B/wandb-{mode}/wandb"] == [["predict", "rl/B/seed42", mode == "offline"]] * 2, parsed
+        assert parsed[f"sft/B/wandb-{mode}/wandb"] == [["predict", "sft/B", mode == "offline"]], parsed
     assert parsed["rl/A"][:3] == ["GRPOStdAlgoConfig", "MbppTasksetConfig", "LocalAgentHarnessConfig"]
     assert parsed["rl/B"][0] == "PredictAlgoConfig" and parsed["rl/forced_keep"][3] == "forced_keep"
     # prime-rl's trainer writes HF weights to <output_dir>/weights/step_N (what collect_rl_checkpoints moves);

