@@ -19,7 +19,7 @@ Rules:
 * ONE registry per checkout, outside every results_dir (`registry_ledger`: ``<checkout>/.test-campaigns/ledger.jsonl``;
   ``PREDICT_TEST_CAMPAIGNS`` names another file, for tests). Every config run from the checkout shares it, so a new
   results_dir or run_name is no new ledger.
-* A campaign is keyed on the test split's content (`split_content_hash`, the manifest's ``content_sha256`` of test)
+* A campaign is keyed on the test split's content (`predict.data.content_hash` of its rows, the manifest's ``content_sha256`` of test)
   and the base model (`base_model_identity`: the embedded default's tiny model is never the paper's base model). Its
   line records the design hash and design, the plan, the val selection, what its results depend on (vLLM version,
   device, serving flags: `serving_dependencies`), where it was run from, and the reason when it was declared.
@@ -149,13 +149,6 @@ def base_model_identity(config: Mapping[str, Any]) -> str:
     model = config.get("model") or {}
     base = str(model.get("base"))
     return f"{base}:{json.dumps(model.get('tiny') or {}, sort_keys=True)}" if base == "tiny" else base
-
-
-def split_content_hash(tasks_path: str | Path) -> str:
-    """The test split's content hash (`predict.data.content_hash` of its rows: the manifest's ``content_sha256``)."""
-    from predict.data import content_hash, load_split  # noqa: PLC0415
-
-    return content_hash(load_split(tasks_path))
 
 
 def campaign_id(split_hash: str, base_model: str, design_hash: str) -> str:
@@ -376,11 +369,10 @@ class TestLedger:
         """Admit these evaluations ((run, checkpoint, seed, model) each) into the campaign of this split, base model
         and design, recording the campaign on its first evaluation; refuse (see the module docstring) naming the
         ledger and what differs. Every evaluation is admitted before any server starts."""
-        from predict.data import load_split  # noqa: PLC0415
+        from predict.data import content_hash, load_split  # noqa: PLC0415
         from predict.fingerprint import input_identity  # noqa: PLC0415
 
         rows = load_split(tasks_path)
-        from predict.data import content_hash  # noqa: PLC0415
 
         split_hash, base, digest = content_hash(rows), base_model_identity(config), config_hash(config)
         ident = campaign_id(split_hash, base, digest)
