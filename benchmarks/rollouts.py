@@ -39,7 +39,7 @@ def main() -> int:
 
     from predict.data import load_mbpp
     from predict.env.rollout import RolloutSettings, run_rollouts_sync
-    from predict.serve import VLLMServer, default_cache_dir
+    from predict.serving.server import VLLMServer, default_cache_dir
     from predict.tiny_model import cached_tiny_qwen3
 
     vf_subprocess.CACHE_DIR = Path(tempfile.mkdtemp(prefix="bench-verifiers-"))

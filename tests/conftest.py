@@ -32,7 +32,7 @@ def mbpp_rows(mbpp_path: Path) -> list[dict]:
 @pytest.fixture(scope="session")
 def tiny() -> Path:
     """The random tiny Qwen3 (seed 0), built once into the repository's cache."""
-    from predict.serve import default_cache_dir
+    from predict.serving.server import default_cache_dir
     from predict.tiny_model import cached_tiny_qwen3
 
     return Path(cached_tiny_qwen3(default_cache_dir() / "models", seed=0))

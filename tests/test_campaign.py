@@ -143,7 +143,7 @@ def test_a_resume_with_other_weights_is_refused(study, test_split: Path, endpoin
 
 
 def test_the_campaign_line_records_what_its_rows_depend_on(study, test_split: Path, endpoint, tmp_path: Path) -> None:
-    from predict.serve import serving_identity
+    from predict.serving.identity import serving_identity
 
     _campaign(study, test_split, tmp_path / "r", "step2", base_url=endpoint.base_url)
     (campaign,) = TestLedger(registry_ledger()).campaigns()

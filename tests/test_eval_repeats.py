@@ -2,7 +2,7 @@
 
 The local config's evaluation of one checkpoint on 4 val tasks, run twice: first on a freshly started shared server
 with ``env.concurrency`` 4, then on the same server reused (weights loaded in place) with ``env.concurrency`` 2. The
-CPU build has no batch-invariant kernels, so evaluation sends one request at a time (`predict.serve`) and the rows
+CPU build has no batch-invariant kernels, so evaluation sends one request at a time (`predict.serving.identity`) and the rows
 are equal. On the old code requests were batched at the config's concurrency and the greedy trajectories of the
 tiny model's near-tied logits differed between the runs. Then two sampled (temperature 1) batches of the same tasks
 on that server: every request carries its rollout's seed, so the rows are equal; without seeds they differ.
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from predict.serve import default_python
+from predict.serving.server import default_python
 
 VLLM_PY = default_python("cpu")
 needs_vllm = pytest.mark.skipif(VLLM_PY == sys.executable and not os.environ.get("CI"), reason="no .venv-vllm")
@@ -39,7 +39,7 @@ def test_real_evaluation_and_sampled_rollouts_repeat_across_servers_and_concurre
 ) -> None:
     import verifiers.v1.runtimes.subprocess as vf_subprocess
 
-    import predict.serve
+    import predict.serving.server
     from predict.config import REPO_ROOT, load_config
     from predict.data import MBPP_SCHEMA
     from predict.evaluate import CheckpointEval, evaluate_checkpoints
@@ -47,9 +47,9 @@ def test_real_evaluation_and_sampled_rollouts_repeat_across_servers_and_concurre
     from predict.rollouts import RolloutJob, run_job
     from predict.tiny_model import cached_tiny_qwen3
 
-    model = cached_tiny_qwen3(predict.serve.default_cache_dir() / "models", seed=0)
+    model = cached_tiny_qwen3(predict.serving.server.default_cache_dir() / "models", seed=0)
     monkeypatch.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
-    monkeypatch.setattr(predict.serve, "default_cache_dir", lambda: tmp_path / "cache")  # our own shared server
+    monkeypatch.setattr(predict.serving.server, "default_cache_dir", lambda: tmp_path / "cache")  # our own shared server
     study = load_config(REPO_ROOT / "config" / "local.yaml")
     study["serving"] = {**study["serving"], "python": VLLM_PY, "shared": {"idle_s": 120}}
     tasks = write_rows([r for r in mbpp_rows if r["task_id"] in VAL_TASKS], MBPP_SCHEMA, tmp_path / "val.parquet")
@@ -76,7 +76,7 @@ def test_real_evaluation_and_sampled_rollouts_repeat_across_servers_and_concurre
         assert json.loads(server_json.read_text())["pid"] == pid  # the same server, reused
         first, second = sampled("sampled1"), sampled("sampled2")
     finally:
-        predict.serve.stop_shared_server(tmp_path / "cache")
+        predict.serving.server.stop_shared_server(tmp_path / "cache")
     assert len(fresh) == len(VAL_TASKS) and all(r["ok"] for r in fresh)
     differ = {k for f, r in zip(fresh, reused, strict=True) for k in f if f[k] != r[k]}
     assert differ == set(), f"fresh and reused evaluation rows differ in {sorted(differ)}"

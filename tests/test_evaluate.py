@@ -16,7 +16,7 @@ from predict.config import ConfigError, load_config
 from predict.data import MBPP_SCHEMA
 from predict.evaluate import CheckpointEval, evaluate, evaluate_checkpoints, evaluation_job, run_identity
 from predict.io import read_rows, write_rows
-from predict.serve import VLLMServer
+from predict.serving.server import VLLMServer
 from predict.stats import SELECTION_SCHEMA
 
 from .conftest import REPO
@@ -187,7 +187,7 @@ def test_an_interrupted_campaign_resumes_without_redoing_rollouts(study, task_fi
 
 
 class FakeServer:
-    """predict.serve.VLLMServer's surface, serving the scripted endpoint; records starts and reloads."""
+    """predict.serving.server.VLLMServer's surface, serving the scripted endpoint; records starts and reloads."""
 
     log: list[tuple[str, str]] = []
     from_serving = classmethod(VLLMServer.from_serving.__func__)  # the real constructor from the serving section
@@ -210,13 +210,13 @@ class FakeServer:
 
 def test_one_server_per_run_and_seed_reloaded_between_checkpoints(study, task_file: Path, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    import predict.serve
+    import predict.serving.server
 
     study = {**study, "serving": {**study["serving"], "shared": None}}  # a server of this job's own: counted here
     with ScriptedEndpoint({"multiply": [SOLVE, "FINAL: done"]}) as ep:
         FakeServer.base_url = ep.base_url
         FakeServer.log = []
-        monkeypatch.setattr(predict.serve, "VLLMServer", FakeServer)
+        monkeypatch.setattr(predict.serving.server, "VLLMServer", FakeServer)
         folders = [tmp_path / c for c in ("sft", "step1", "step2")]
         for folder in folders:
             folder.mkdir()

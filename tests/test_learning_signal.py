@@ -1,6 +1,6 @@
 """The learning signal (issue 17): training through the study's code paths visibly moves a model.
 
-* fast: the verdict logic (`predict.signal.verdicts`): a rise below the margin fails, a control that rises fails,
+* fast: the verdict logic (`predict.train.learning_signal.verdicts`): a rise below the margin fails, a control that rises fails,
   and the label check compares alpha 1's rise with alpha 0's;
 * slow, real vLLM-CPU: `predict signal` end to end with its defaults: SFT a tiny Qwen3 to a partial solver,
   GRPO raises Arm A's reward by the margin for every seed while lr 0 does not, and alpha 1 teaches Arm B's verified
@@ -22,7 +22,8 @@ import pytest
 
 from predict.config import load_config
 from predict.env.protocol import ProtocolConfig, prediction_line
-from predict.signal import (
+from predict.traces.render import READ, STUB_FIND, TEST, patch_line
+from predict.train.learning_signal import (
     SignalSettings,
     at_budget,
     end_rise,
@@ -31,7 +32,6 @@ from predict.signal import (
     signal_runs,
     verdicts,
 )
-from predict.traces.render import READ, STUB_FIND, TEST, patch_line
 
 from .conftest import REPO
 
@@ -193,8 +193,8 @@ def test_a_missed_margin_is_judged_on_one_more_run_and_two_misses_fail(tmp_path:
 def test_training_raises_reward_and_teaches_the_label(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from rich.console import Console
 
-    from predict.serve import default_python
-    from predict.signal import SANITY_NOTE, print_curves, run_signal
+    from predict.serving.server import default_python
+    from predict.train.learning_signal import SANITY_NOTE, print_curves, run_signal
 
     python = default_python("cpu")
     if python == sys.executable and not os.environ.get("CI"):

@@ -228,7 +228,7 @@ class RecordingServer:
         return []
 
     def push_weights(self, manifest: dict[str, Any], *, version: str | None = None) -> list[str]:
-        from predict.vllm_worker_ext import (
+        from predict.serving.worker_ext import (
             check_manifest,
             checkpoint_shapes,
             close_mappings,

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from predict.config import load_config
-from predict.serve import VLLMServer, default_cache_dir, default_python
+from predict.serving.server import VLLMServer, default_cache_dir, default_python
 from predict.tiny_model import cached_tiny_qwen3
 
 from .conftest import REPO
@@ -67,11 +67,11 @@ def hf_greedy(model_dir: Path, ids: list[int], n: int) -> tuple[list[int], list[
 
 
 def handoff_of(model_dir: Path, **edit: Any) -> dict[str, Any]:
-    """The weights of `model_dir` as the trainer hands them over (`predict.weight_sync`), in the folder's dtype;
+    """The weights of `model_dir` as the trainer hands them over (`predict.serving.weight_sync`), in the folder's dtype;
     `edit`: tensor name -> None (left out) or a function of the tensor (e.g. a wrong shape)."""
     from transformers import AutoModelForCausalLM
 
-    from predict.weight_sync import handoff_state
+    from predict.serving.weight_sync import handoff_state
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
     state = handoff_state(model, torch.bfloat16)
@@ -86,8 +86,8 @@ def handoff_of(model_dir: Path, **edit: Any) -> dict[str, Any]:
 def test_weights_reach_the_running_server_from_a_folder_and_from_memory(tmp_path: Path) -> None:
     """One server: a folder reload serves what transformers computes; an in-memory handoff of the same weights
     serves the same tokens and logprobs; a wrong-shaped or partial handoff is refused naming the tensor."""
-    from predict.serve import VLLMServerError
-    from predict.weight_sync import WeightHandoff
+    from predict.serving.server import VLLMServerError
+    from predict.serving.weight_sync import WeightHandoff
 
     models = default_cache_dir() / "models"
     old, new = Path(cached_tiny_qwen3(models, seed=0)), Path(cached_tiny_qwen3(models, seed=1))
@@ -126,7 +126,7 @@ def test_weights_reach_the_running_server_from_a_folder_and_from_memory(tmp_path
 def test_rl_steps_through_the_real_server_with_weight_sync(tmp_path: Path, mbpp_rows: list[dict]) -> None:
     import verifiers.v1.runtimes.subprocess as vf_subprocess
 
-    import predict.serve
+    import predict.serving.server
     from predict.data import MBPP_SCHEMA
     from predict.io import write_rows
     from predict.train.rl import RLJob, run_rl
@@ -134,7 +134,7 @@ def test_rl_steps_through_the_real_server_with_weight_sync(tmp_path: Path, mbpp_
     tiny = Path(cached_tiny_qwen3(default_cache_dir() / "models", seed=0))
     mp = pytest.MonkeyPatch()
     mp.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
-    mp.setattr(predict.serve, "default_cache_dir", lambda: tmp_path / "cache")  # the shared server's state: ours
+    mp.setattr(predict.serving.server, "default_cache_dir", lambda: tmp_path / "cache")  # the shared server's state: ours
     try:
         rows = [{k: r[k] for k in MBPP_SCHEMA.names} for r in mbpp_rows if r["task_id"] in (2, 11)]
         tasks = write_rows(rows, MBPP_SCHEMA, tmp_path / "rl.parquet")
@@ -145,7 +145,7 @@ def test_rl_steps_through_the_real_server_with_weight_sync(tmp_path: Path, mbpp_
         summary = run_rl(job, config)  # through a lease on the shared server (serving.shared), synced through it
         assert json.loads((tmp_path / "cache" / "serving" / "server.json").read_text())["leases"] == 1
     finally:
-        predict.serve.stop_shared_server(tmp_path / "cache")
+        predict.serving.server.stop_shared_server(tmp_path / "cache")
         mp.undo()
     assert summary["complete"]
     rows = pq.read_table(job.out_dir / "metrics.parquet").to_pylist()

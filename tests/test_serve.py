@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from predict.serve import (
+from predict.serving.process import group_pids
+from predict.serving.server import (
     GENERATE_COMPAT_MIDDLEWARE,
     WORKER_EXT_CLS,
     VLLMServer,
     VLLMServerError,
     default_python,
-    group_pids,
 )
 
 # --- helpers ----------------------------------------------------------------------------------------
@@ -125,7 +125,12 @@ def test_evaluation_serves_batch_invariant_on_a_gpu_and_one_request_at_a_time_el
 ) -> None:
     from predict.config import REPO_ROOT, load_config
     from predict.evaluate import CheckpointServer, evaluation_job
-    from predict.serve import batch_invariant, evaluation_concurrency, evaluation_environment, serving_identity
+    from predict.serving.identity import (
+        batch_invariant,
+        evaluation_concurrency,
+        evaluation_environment,
+        serving_identity,
+    )
 
     paper = load_config(REPO_ROOT / "config" / "config.yaml")
     assert paper["serving"]["batch_invariant"] is True and batch_invariant(paper["serving"])
@@ -188,7 +193,7 @@ def test_generate_token_compat_middleware() -> None:
     """The ASGI shim adds "token": "token_id:N" to /inference/v1/generate logprobs, nothing else."""
     import asyncio
 
-    from predict.vllm_worker_ext import GenerateTokenCompat
+    from predict.serving.worker_ext import GenerateTokenCompat
 
     answer = {
         "choices": [
@@ -351,7 +356,7 @@ def test_fake_parent_killed_takes_group_down(model_dir: Path, fake_vllm: Path, t
         f"""
         import json, sys, threading, time
         from pathlib import Path
-        from predict.serve import VLLMServer
+        from predict.serving.server import VLLMServer
         def start():
             srv = VLLMServer(Path({str(model_dir)!r}), python=sys.executable, served_model_name="fake",
                              env={{"PYTHONPATH": {str(fake_vllm)!r}, "FAKE_CHILD_FILE": {str(tmp_path / "child.pid")!r}}},
@@ -395,7 +400,7 @@ needs_vllm = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def tiny_models() -> tuple[Path, Path]:
     """Seeds 0 and 1, built once into our cache dir (deterministic; /tmp may be a small tmpfs)."""
-    from predict.serve import default_cache_dir
+    from predict.serving.server import default_cache_dir
     from predict.tiny_model import cached_tiny_qwen3
 
     root = default_cache_dir() / "models"

@@ -13,8 +13,8 @@ import pytest
 
 from predict.cli import main
 from predict.config import load_config
-from predict.serve import default_python
-from predict.serving_check import ServingPythonError, check_serving_python, resolve_serving_python
+from predict.serving.check import ServingPythonError, check_serving_python, resolve_serving_python
+from predict.serving.server import default_python
 
 REPO = Path(__file__).resolve().parents[1]
 

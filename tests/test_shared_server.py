@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from predict.serve import SharedServer, VLLMServer, default_python, group_pids, stop_shared_server
+from predict.serving.process import group_pids
+from predict.serving.server import SharedServer, VLLMServer, default_python, stop_shared_server
 
 FAKE_VLLM = textwrap.dedent(
     """
@@ -184,7 +185,7 @@ def _holder_script(model: Path, fake: dict[str, Any], out: Path, hold_s: float) 
         f"""
         import json, sys, time
         from pathlib import Path
-        from predict.serve import SharedServer
+        from predict.serving.server import SharedServer
         lease = SharedServer(Path({str(model)!r}), python={fake["python"]!r}, cache_dir=Path({str(fake["cache_dir"])!r}),
                              startup_timeout_s=20, env={fake["env"]!r})
         with lease:
@@ -295,17 +296,17 @@ def test_real_reused_server_gives_the_rows_of_a_fresh_one(
 ) -> None:
     import verifiers.v1.runtimes.subprocess as vf_subprocess
 
-    import predict.serve
+    import predict.serving.server
     from predict.config import REPO_ROOT, load_config
     from predict.data import MBPP_SCHEMA
     from predict.io import read_rows, write_rows
     from predict.rollouts import RolloutJob, run_job
     from predict.tiny_model import cached_tiny_qwen3
 
-    models = predict.serve.default_cache_dir() / "models"
+    models = predict.serving.server.default_cache_dir() / "models"
     seed0, seed1 = cached_tiny_qwen3(models, seed=0), cached_tiny_qwen3(models, seed=1)
     monkeypatch.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
-    monkeypatch.setattr(predict.serve, "default_cache_dir", lambda: tmp_path / "cache")  # our own state folder
+    monkeypatch.setattr(predict.serving.server, "default_cache_dir", lambda: tmp_path / "cache")  # our own state folder
     study = load_config(REPO_ROOT / "config" / "local.yaml")
     study["serving"]["python"] = VLLM_PY
     rows = [r for r in mbpp_rows if r["task_id"] in (2, 11, 127)]
@@ -341,10 +342,10 @@ def test_predict_serve_stop_shared_works_as_the_readme_says(
     """`predict serve --stop-shared` (README, after a Ctrl-C of Snakemake) reaches serve_main's own parser; the outer
     parser once refused every option that came first ("unrecognized arguments"). Other stages still refuse
     options they do not know."""
-    import predict.serve
+    import predict.serving.server
     from predict.cli import main
 
-    monkeypatch.setattr(predict.serve, "default_cache_dir", lambda: tmp_path)  # never this checkout's server
+    monkeypatch.setattr(predict.serving.server, "default_cache_dir", lambda: tmp_path)  # never this checkout's server
     assert main(["serve", "--stop-shared"]) == 0
     assert "no shared vLLM server recorded" in capsys.readouterr().out
     with pytest.raises(SystemExit) as refused:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from predict.serve import default_cache_dir
+from predict.serving.server import default_cache_dir
 from predict.tiny_model import (
     QWEN3_VOCAB_SIZE,
     TOKENIZER_FILES,

@@ -347,7 +347,7 @@ def test_prime_rl_wandb_monitors_validate_against_the_pinned_config_classes(tmp_
 def test_the_tracker_is_imported_only_where_used(tmp_path: Path) -> None:
     code = ("import sys; from predict.train.tracking import RunTracker, TrackingSettings; "
             "RunTracker(TrackingSettings(None), stage='rl', run='A', seed=1).start(0).log({'loss': 1.0}, 1); "
-            "import predict.train.rl, predict.train.sft, predict.signal; "
+            "import predict.train.rl, predict.train.sft, predict.train.learning_signal; "
             "print(sorted(m for m in ('wandb', 'tensorboard', 'torch.utils.tensorboard') if m in sys.modules))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})  # fmt: skip

@@ -1,5 +1,5 @@
 """Two train-client batches in one process, each in its own event loop and against its own server (as two
-`predict.signal` runs are): the second batch's model calls must not fail on a lock the first loop left bound.
+`predict.train.learning_signal` runs are): the second batch's model calls must not fail on a lock the first loop left bound.
 
 renderers keeps one module-level asyncio.Lock around its first ``GET /models`` per (base_url, model); the
 endpoint's slow ``/v1/models`` makes the concurrent first calls of each batch wait on it, so the first batch binds

@@ -1,5 +1,5 @@
-"""The in-memory weight handoff without a server: what the trainer writes (`predict.weight_sync`) is what the worker
-extension reads and checks (`predict.vllm_worker_ext`), tensor for tensor the checkpoint folder's; a handoff that
+"""The in-memory weight handoff without a server: what the trainer writes (`predict.serving.weight_sync`) is what the worker
+extension reads and checks (`predict.serving.worker_ext`), tensor for tensor the checkpoint folder's; a handoff that
 does not fit the served model is refused whole, naming the tensor. The real server: `test_rl_vllm.py`."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from predict.vllm_worker_ext import (
+from predict.serving.weight_sync import WeightHandoff, resolve_mode
+from predict.serving.worker_ext import (
     HandoffError,
     check_manifest,
     checkpoint_shapes,
@@ -17,7 +18,6 @@ from predict.vllm_worker_ext import (
     open_buffers,
     tensor_views,
 )
-from predict.weight_sync import WeightHandoff, resolve_mode
 
 torch = pytest.importorskip("torch")
 

@@ -1,6 +1,6 @@
 """The vLLM-CPU engine must survive a seeded request whose sampled token is discarded (a chunked prefill): vLLM's
 model runner rewinds the request's generator with a CUDA-only call that a CPU generator refuses, which killed the
-engine in CI's learning-signal run ("CPU Generator does not use offset"). `predict.vllm_worker_ext` holds CPU
+engine in CI's learning-signal run ("CPU Generator does not use offset"). `predict.serving.worker_ext` holds CPU
 generators out of that rewind. The runner here is a stand-in with vLLM 0.32's own loop (gpu_model_runner.py,
 _bookkeeping_sync); the real engine runs it in tests/test_learning_signal.py."""
 
@@ -32,7 +32,7 @@ class _Runner:
 
 
 def test_a_discarded_seeded_cpu_request_keeps_its_generator(monkeypatch: pytest.MonkeyPatch) -> None:
-    from predict import vllm_worker_ext
+    from predict.serving import worker_ext
 
     module = types.ModuleType("vllm.v1.worker.gpu_model_runner")
     module.GPUModelRunner = type("GPUModelRunner", (_Runner,), {})  # type: ignore[attr-defined]
@@ -41,7 +41,7 @@ def test_a_discarded_seeded_cpu_request_keeps_its_generator(monkeypatch: pytest.
     runner: Any = module.GPUModelRunner(dict(seeded), [True, False, True])
     with pytest.raises(RuntimeError, match="does not use offset"):  # what vLLM does unpatched on the CPU
         runner._bookkeeping_sync()
-    assert vllm_worker_ext.keep_cpu_generators_on_discard() and not vllm_worker_ext.keep_cpu_generators_on_discard()
+    assert worker_ext.keep_cpu_generators_on_discard() and not worker_ext.keep_cpu_generators_on_discard()
     state = {i: g.get_state() for i, g in seeded.items()}
     # held out of the rewind during the call, there again after it, their state untouched
     assert runner._bookkeeping_sync() == [] and sorted(runner.input_batch.generators) == [0, 2]

@@ -169,9 +169,9 @@ def results_origin(out: Path) -> dict[str, Any]:
 
 
 def serving_dependencies(serving: Mapping[str, Any], concurrency: int) -> dict[str, Any]:
-    """What a greedy evaluation's rows depend on beyond the checkpoint and the design: `predict.serve.serving_identity`
+    """What a greedy evaluation's rows depend on beyond the checkpoint and the design: `predict.serving.identity.serving_identity`
     (vLLM version, device and its name, batch invariance, requests in flight) and the serving settings."""
-    from predict.serve import serving_identity  # noqa: PLC0415
+    from predict.serving.identity import serving_identity  # noqa: PLC0415
 
     return {**serving_identity(serving, concurrency=concurrency),
             "serving": {k: v for k, v in serving.items() if k not in ("python", "shared")}}

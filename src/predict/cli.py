@@ -22,7 +22,7 @@ from predict.config import ConfigError, config_from_json, load_config, load_conf
 from predict.env.protocol import VARIANTS
 from predict.fingerprint import ResultsDirError, claim_results_dir, mark_finished
 from predict.rollouts import SplitGuardError
-from predict.serve import VLLMServerError
+from predict.serving.server import VLLMServerError
 
 log = logging.getLogger("predict")
 console = Console(stderr=True)
@@ -99,14 +99,14 @@ def _cmd_build_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from predict.serve import serve_main
+    from predict.serving.cli import serve_main
 
     return serve_main(args.serve_args)
 
 
 def _cmd_check_serving(args: argparse.Namespace) -> int:
     from predict.io import write_json
-    from predict.serving_check import check_serving_python
+    from predict.serving.check import check_serving_python
 
     config = _config(args)
     serving = config["serving"]
@@ -501,7 +501,7 @@ def _cmd_prime_rl_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_signal(args: argparse.Namespace) -> int:
-    from predict.signal import SANITY_NOTE, SignalSettings, print_curves, run_signal
+    from predict.train.learning_signal import SANITY_NOTE, SignalSettings, print_curves, run_signal
 
     overrides = {k: v for k, v in {
         "seeds": tuple(args.seeds) if args.seeds else None, "rl_steps": args.rl_steps, "rl_lr": args.rl_lr,

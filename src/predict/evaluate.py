@@ -15,7 +15,7 @@ Rules:
   folder to reload from, gets a fresh server). Outputs stay one parquet per checkpoint, all published at the end:
   Snakemake deletes a failed job's declared outputs, never the `.partial` folders a rerun resumes from.
 * Evaluation repeats: its server is batch-invariant on a GPU, else it sends one request at a time
-  (`predict.serve.evaluation_environment`, `evaluation_concurrency`); `predict.serve.serving_identity` says what
+  (`predict.serving.identity.evaluation_environment`, `evaluation_concurrency`); `predict.serving.identity.serving_identity` says what
   its rows then depend on besides the checkpoint and the config (the campaign line records it).
 * On test, every checkpoint of the job is admitted by the campaign (`predict.campaign.TestLedger.admit`: the plan,
   the design, the registry outside results_dir, the weights' hash) before any server starts; the campaign module's
@@ -44,7 +44,7 @@ from predict.campaign import (
 )
 from predict.rollouts import RolloutJob, remaining_rollouts, roll_out, run_job
 from predict.runs import resolve_run
-from predict.serve import SERVED_NAME  # every checkpoint is served under it
+from predict.serving.server import SERVED_NAME  # every checkpoint is served under it
 
 log = logging.getLogger(__name__)
 
@@ -142,12 +142,13 @@ class CheckpointServer:
 
     def __init__(self, serving: Mapping[str, Any], log_path: Path) -> None:
         self.serving, self.log_path = serving, log_path
-        self.server: Any = None  # predict.serve.VLLMServer
+        self.server: Any = None  # predict.serving.server.VLLMServer
         self.starts = self.reloads = 0
 
     def load(self, model: str, version: str) -> str:
         """Serve `model`; returns the base URL."""
-        from predict.serve import VLLMServer, evaluation_environment  # noqa: PLC0415
+        from predict.serving.identity import evaluation_environment  # noqa: PLC0415
+        from predict.serving.server import VLLMServer  # noqa: PLC0415
 
         if self.server is not None and Path(model).is_dir():
             self.server.reload_weights(model, version=version)

@@ -66,7 +66,7 @@ class ResultsDirError(ValueError):
 def _cache_dir() -> Path:
     if env := os.environ.get("PREDICT_HASH_CACHE"):
         return Path(env)
-    from predict.serve import default_cache_dir  # noqa: PLC0415 (lazy: serve is not needed to read a fingerprint)
+    from predict.serving.server import default_cache_dir  # noqa: PLC0415 (lazy: serve is not needed to read a fingerprint)
 
     return default_cache_dir() / "sha256"
 

@@ -51,7 +51,7 @@ class RolloutJob:
     run: str | None = None  # the study run (arm or ablation) the test ledger keys on; None = the arm
     ledger_extra: Mapping[str, Any] | None = None  # the campaign's admission (campaign id, weights) and more fields
     served_model: str | None = None  # with base_url: the name that endpoint serves the model under; None = model
-    evaluation: bool = False  # served and run so that it repeats (predict.serve.evaluation_environment/_concurrency)
+    evaluation: bool = False  # served and run so that it repeats (predict.serving.identity.evaluation_environment/_concurrency)
 
 
 def select_tasks(rows: Sequence[Mapping[str, Any]], n_tasks: int | None, samples: int) -> list[dict[str, Any]]:
@@ -158,7 +158,8 @@ def run_job(job: RolloutJob, study_config: Mapping[str, Any]) -> dict[str, Any]:
 def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
     """Run (or resume) one rollout job's rollouts, persisting each as it finishes; publish with `.publish()`."""
     from predict.env.rollout import RolloutSettings, run_rollouts_sync
-    from predict.serve import SERVED_NAME, VLLMServer, evaluation_concurrency, evaluation_environment
+    from predict.serving.identity import evaluation_concurrency, evaluation_environment
+    from predict.serving.server import SERVED_NAME, VLLMServer
 
     isolation = sandbox_isolation(study_config)  # before anything is read: a missing sandbox layer stops the stage
     tasks, sink, todo = _rollouts(job, study_config)

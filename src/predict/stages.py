@@ -77,7 +77,7 @@ STAGES: dict[str, Stage] = {
               ("verifier",)),
         Stage("build-tiny-model", ("build_tiny_model",), "models.smk", "tiny_model.py", "models/tiny/",
               ("model.tiny",)),
-        Stage("check-serving", ("check_serving",), "serving.smk", "serving_check.py", "serving/check.json",
+        Stage("check-serving", ("check_serving",), "serving.smk", "serving/check.py", "serving/check.json",
               ("serving.python", "serving.device")),
         Stage("rollout", ("rollout",), "rollouts.smk", "rollouts.py", "rollouts/{arm}/{checkpoint}/{split}/seed{seed}.parquet",
               ROLLOUT),
@@ -113,7 +113,7 @@ STAGES: dict[str, Stage] = {
         Stage("report", ("report",), "report.smk", "report/build.py", "report/index.html",
               ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power", "data.sizes.test")),
         # The learning-signal run (issue 17): its own traces, SFT and RL runs on a handful of sft tasks.
-        Stage("signal", ("signal",), "signal.smk", "signal.py", "signal/curves.parquet, verdicts.parquet, signal.png",
+        Stage("signal", ("signal",), "signal.smk", "train/learning_signal.py", "signal/curves.parquet, verdicts.parquet, signal.png",
               _reads(RUN_MATRIX, ROLLOUT, ("data", "traces", "rl"), TRACKING), TRACKING),
         Stage("prime-rl-setup", ("prime_rl_setup",), "prime_rl.smk", "train/prime_rl/cluster.py", ".prime-rl/setup.json",
               ("prime_rl.repo", "prime_rl.commit", "prime_rl.python", "prime_rl.extras", "prime_rl.dir")),

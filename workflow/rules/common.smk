@@ -111,11 +111,11 @@ TRAIN_RESOURCES = GPU_RESOURCES(
 # default of every core per job oversubscribed them.
 TRAIN_THREADS = TRAIN_RESOURCES.get("cpus_per_task", 1)
 # serving.shared (the embedded default): the serving jobs of a run lease ONE vLLM server, each loading its
-# checkpoint's weights in place (src/predict/serve.py: SharedServer); it stops by itself after serving.shared.idle_s
+# checkpoint's weights in place (src/predict/serving/: SharedServer); it stops by itself after serving.shared.idle_s
 # without a lease, and at once when the run ends (serving.smk's onsuccess/onerror call this).
 def STOP_SHARED_SERVER():
     if CONFIG("rollout")["serving"].get("shared") is not None:
-        from predict.serve import stop_shared_server
+        from predict.serving.server import stop_shared_server
 
         logger.info(stop_shared_server())
 

@@ -1,4 +1,4 @@
-# The learning-signal run (issue 17; src/predict/signal.py): does training through the study's code paths move a
+# The learning-signal run (issue 17; src/predict/train/learning_signal.py): does training through the study's code paths move a
 # model? A tiny Qwen3 SFT'd to a partial solver, then GRPO per seed, an lr-0 control and Arm B at alpha 1 vs 0, all on
 # one vLLM server. A sanity check beside the study, not part of `all`:
 #   snakemake --profile workflow/profiles/local results/signal/verdicts.parquet

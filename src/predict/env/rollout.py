@@ -205,7 +205,7 @@ def unbind_renderers_prompt_len_lock() -> None:
     call goes through it until that pair is cached. An asyncio lock binds to the loop in which it is first
     contended; in any later loop a contended acquire raises ``RuntimeError: <Lock [locked]> is bound to a different
     event loop``, which the interception server answers as a 502 model call failure. Every batch runs in its own
-    loop (`run_rollouts_sync`), and a new server (a new port: a second `predict.signal` run) misses the cache, so the
+    loop (`run_rollouts_sync`), and a new server (a new port: a second `predict.train.learning_signal` run) misses the cache, so the
     second batch's first concurrent calls failed. Must be called on the loop that will use the lock."""
     import renderers.client as renderers_client
 

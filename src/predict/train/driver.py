@@ -6,7 +6,7 @@ Rules it follows:
    checkpoint (``RLJob.init``) into ``results/rl/{run}/seed{seed}``. The run's trainer must be the caller's.
 2. **Serving**: a vLLM server colocated with the trainer (`serve`), on the policy folder the caller names, with
    the config's ``serving`` section; a job with ``base_url`` rolls out against that endpoint instead (tests); a
-   running server handed in (``shared``, `predict.signal`) first gets the run's starting weights loaded in place.
+   running server handed in (``shared``, `predict.train.learning_signal`) first gets the run's starting weights loaded in place.
    Rollouts use the run's arm, variant and test cost, the train client (token graph recorded), the rl split and
    ``rl.max_tokens`` (`rollout_settings`).
 3. **Resume**: the trainer state (weights, optimizer, RNG) and the metrics so far are saved to ``.work/state``
@@ -40,7 +40,7 @@ from typing import Any
 
 from predict.fingerprint import mark_finished, run_fingerprint, start_or_resume
 from predict.runs import RunSpec, checkpoint_steps, resolve_run
-from predict.serve import SERVED_NAME
+from predict.serving.server import SERVED_NAME
 from predict.train.metrics import write_metrics
 from predict.train.tracking import RunTracker, TrackingSettings
 
@@ -157,7 +157,7 @@ class TrainingRun:
         if self.job.base_url:
             yield None
             return
-        from predict.serve import VLLMServer
+        from predict.serving.server import VLLMServer
 
         serving = self.config["serving"]
         extra_args: list[str] = []

@@ -13,7 +13,7 @@ One run = one (run, seed): ``run`` is an arm (``A``, ``B``) or an ablation of th
    RL credit, CE-only samples with weight alpha on the verified labels);
 3. **update**: one `Trainer.step` (the SFT trainer: packed micro-batches, chunked fused lm_head + `predict_loss`);
 4. **sync**: the new weights loaded into the *running* server in place (pause, load, reset the prefix cache,
-   resume; no restart), by the path ``rl.weight_sync`` picks (`predict.weight_sync.resolve_mode`): ``memory`` (the
+   resume; no restart), by the path ``rl.weight_sync`` picks (`predict.serving.weight_sync.resolve_mode`): ``memory`` (the
    default) hands them over without files (`VLLMServer.push_weights`: shared memory on the CPU, CUDA IPC on a
    GPU); ``folder`` writes them as an HF folder (``.work/policy``) and the server reloads it
    (`VLLMServer.reload_weights`). Either way the HF checkpoints are written only at ``rl.checkpoint_every`` steps
@@ -36,9 +36,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from predict.serving.weight_sync import WeightHandoff, resolve_mode
 from predict.train.driver import SERVED_NAME, RLJob, TrainingRun, epoch_order, load_tokenizer
 from predict.train.metrics import METRIC_COLUMNS, rollout_metrics
-from predict.weight_sync import WeightHandoff, resolve_mode
 
 __all__ = ["SERVED_NAME", "RLJob", "run_rl", "step_tasks"]
 
@@ -60,7 +60,7 @@ def run_rl(
 ) -> dict[str, Any]:
     """Run (or resume) one RL run; returns a summary. `stop_after`: return after that many steps of *this call*
     (tests simulate a kill with it). `server`: a running `VLLMServer` (served as ``SERVED_NAME``, worker extension
-    on) to share instead of starting one (`predict.train.driver`, rule 2; as `predict.signal`'s runs do)."""
+    on) to share instead of starting one (`predict.train.driver`, rule 2; as `predict.train.learning_signal`'s runs do)."""
     from predict.data import load_split
     from predict.env.records import write_records
     from predict.env.rollout import run_rollouts_sync

@@ -89,7 +89,7 @@ class TrackingSettings:
     group: str = ""
     """The study (``run_name``): W&B's group of every run and seed."""
     prefix: str = ""
-    """Put before every job's name (`predict.signal`'s runs: ``signal/<its run>/``)."""
+    """Put before every job's name (`predict.train.learning_signal`'s runs: ``signal/<its run>/``)."""
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TrackingSettings:

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from predict import weight_sync
+from predict.serving import weight_sync
 from predict.train.loss import LossConfig, predict_loss
 from predict.train.optim import CompiledOrEager, KahanAdamW
 from predict.train.train_sample import TrainSample
@@ -629,7 +629,7 @@ class Trainer:
         self._copy_tokenizer(dst)
 
     def handoff_state(self) -> dict[str, torch.Tensor]:
-        """What `save_checkpoint` would write, as tensors on the model's device (`predict.weight_sync`, rule 2)."""
+        """What `save_checkpoint` would write, as tensors on the model's device (`predict.serving.weight_sync`, rule 2)."""
         return weight_sync.handoff_state(self.model, _DTYPES[self.save_dtype])
 
     def save_checkpoint(self, out_dir: str | Path) -> Path:

@@ -64,7 +64,7 @@ import pyarrow.parquet as pq
 
 from predict.io import write_table
 
-log = logging.getLogger("predict.signal")
+log = logging.getLogger(__name__)
 
 SANITY_NOTE = (
     "sanity run: RL trains on the same tasks SFT saw (not the study's disjoint sft/rl design); it shows that "
@@ -420,7 +420,7 @@ def run_signal(
 
     from predict.data import MBPP_SCHEMA, load_mbpp, split_tasks
     from predict.io import write_rows
-    from predict.serve import VLLMServer, default_cache_dir
+    from predict.serving.server import VLLMServer, default_cache_dir
     from predict.tiny_model import cached_tiny_qwen3
     from predict.traces.stage import run_stage
     from predict.train.rl import SERVED_NAME, RLJob, run_rl

