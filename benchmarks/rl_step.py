@@ -16,7 +16,7 @@ What one step does (the same pieces as `predict.train.rl`, except the generator)
   policy (as vLLM would hold one) with per-token logprobs from the raw logits. Each rollout becomes a record with
   the train client's token graph (prompt node, sampled node, user node, sampled node); rewards are random 0/1 and
   the verified label random, so GRPO advantages are non-zero.
-* samples: `predict.train.samples.build_samples` (Arm B, alpha 1): calls merge into one sequence per rollout.
+* samples: `predict.train.from_rollouts.build_samples` (Arm B, alpha 1): calls merge into one sequence per rollout.
 * update: one `Trainer.step` (packed varlen micro-batches, chunked lm_head loss: the SFT issue's fused path).
 * sync, both paths of ``rl.weight_sync`` side by side each step (the step time is given for each):
   ``sync_folder_s``: ``save_checkpoint`` (HF safetensors) + load into the inference copy (vLLM's
@@ -258,7 +258,7 @@ def main() -> int:
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from predict.train.samples import SampleSettings, build_samples
+    from predict.train.from_rollouts import SampleSettings, build_samples
     from predict.train.trainer import Trainer
 
     tok = Tokenizer.from_file(str((args.tokenizer or args.model) / "tokenizer.json"))

@@ -89,7 +89,7 @@ def _build_model(torch, layers: int | None):
 
 
 def _sft_sample(ids: list[int], weights: list[float]):
-    from predict.train.train_sample import TrainSample
+    from predict.train.sample import TrainSample
 
     n = len(ids)
     return TrainSample(ids, [w > 0 for w in weights], [0.0] * n, [0.0] * n, [0.0] * n, weights, kind="sft")
@@ -222,7 +222,7 @@ def run_one(args: argparse.Namespace) -> dict:
     gen = torch.Generator().manual_seed(0)
 
     if args.traces:
-        from predict.train.train_sample import read_samples
+        from predict.train.sample import read_samples
 
         pool = read_samples(args.traces)
         batches = []
@@ -496,8 +496,8 @@ def run_cpu(args: argparse.Namespace) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from predict.train.sample import read_samples
     from predict.train.sft import SFTConfig, plan_steps
-    from predict.train.train_sample import read_samples
     from predict.train.trainer import Trainer
 
     samples = read_samples(args.traces)

@@ -14,10 +14,11 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from predict.campaign import select_checkpoints
 from predict.cli import main
 from predict.config import ConfigError, load_config
 from predict.runs import extension_counterpart, resolve_run, runs_of_kind, study_runs
-from predict.stats import extension_table, select_checkpoints
+from predict.stats import extension_table
 
 from .conftest import REPO
 from .synthetic import FAIL_KEEP, FAIL_REVISE, PASS_KEEP, PASS_REVISE, rollout, write_eval
@@ -121,7 +122,7 @@ def test_rft_samples_keep_only_reward_1_rollouts_with_ce_on_sampled_tokens() -> 
     from tokenizers import Tokenizer
 
     from predict.env.rollout import default_tokenizer_dir
-    from predict.train.samples import SampleCounts, rft_samples, rollout_calls
+    from predict.train.from_rollouts import SampleCounts, rft_samples, rollout_calls
     from tests.test_rl_samples import FINAL, PATCH, PREDICT_FAIL, dec, revised_shadow_rollout
 
     tok = Tokenizer.from_file(str(Path(default_tokenizer_dir()) / "tokenizer.json"))

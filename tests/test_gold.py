@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from predict.data import MBPP_SCHEMA
-from predict.gold import check_gold, summarize, write_gold_report
 from predict.io import read_rows, write_rows
 from predict.outcomes import OUTCOMES
+from predict.sandbox.gold import check_gold, summarize, write_gold_report
 
 
 def test_gold_report_counts_every_class(tmp_path: Path, mbpp_rows: list[dict]) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from predict.train.samples import SampleSettings, group_advantages, rollout_samples
+from predict.train.from_rollouts import SampleSettings, group_advantages, rollout_samples
 from tests.prime_rl_fixtures import VERIFIED, episode_result, trace_nodes
 
 

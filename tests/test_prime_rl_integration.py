@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from predict.train.from_rollouts import group_advantages
 from predict.train.prime_rl.cluster import PATCH
-from predict.train.samples import group_advantages
 from tests.test_prime_rl_patch import _source, _verifiers_source, skip_unless_required
 
 FLOW = Path(__file__).with_name("prime_rl_real_flow.py")

@@ -129,8 +129,8 @@ def fake_policy_logprobs(token_ids: Any, vocab: int = 151936) -> Any:
 
 
 def test_label_tokens_get_gradient_only_from_ce(tok: Any) -> None:
+    from predict.train.from_rollouts import SampleSettings, rollout_calls, rollout_samples
     from predict.train.labels import label_token_span
-    from predict.train.samples import SampleSettings, rollout_calls, rollout_samples
 
     from .test_rl_samples import revised_shadow_rollout
 
@@ -159,7 +159,7 @@ def test_alpha_zero_adds_nothing_bit_for_bit(tok: Any) -> None:
     """alpha = 0: no CE samples, and the loss and gradients are bit-identical to Arm A's code path (no CE at all).
     On a rollout without prediction points the two arms' samples are identical; with prediction points they
     differ only by the zero rl weight on the sampled label (the study's design), which this test pins down."""
-    from predict.train.samples import SampleSettings, rollout_samples
+    from predict.train.from_rollouts import SampleSettings, rollout_samples
 
     from .test_rl_samples import revised_shadow_rollout
 

@@ -12,14 +12,7 @@ from typing import Any
 import pytest
 
 from predict.env.protocol import find_prediction_line, parse_prediction
-from predict.train.labels import (
-    ce_sample,
-    decision_token_span,
-    find_label,
-    label_token_span,
-    prediction_ce_sample,
-)
-from predict.train.samples import (
+from predict.train.from_rollouts import (
     SampleCounts,
     SampleSettings,
     build_samples,
@@ -27,6 +20,13 @@ from predict.train.samples import (
     merge_calls,
     rollout_calls,
     rollout_samples,
+)
+from predict.train.labels import (
+    ce_sample,
+    decision_token_span,
+    find_label,
+    label_token_span,
+    prediction_ce_sample,
 )
 
 SCAFFOLD = "<|im_start|>assistant\n"

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest, bootstrap
 
+from predict.campaign import StatsInputError, select_checkpoints
 from predict.stats import (
     TEST_STATS_TABLES,
     Evaluation,
-    StatsInputError,
     ablation_table,
     class_metrics,
     compare,
@@ -27,7 +27,6 @@ from predict.stats import (
     paired_bootstrap_loop,
     power_table,
     read_evaluation,
-    select_checkpoints,
     study_stats,
 )
 

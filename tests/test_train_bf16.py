@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 
 from predict.tiny_model import TOKENIZER_FILES, tokenizer_dir  # noqa: E402
 from predict.train.optim import KahanAdamW, effective_weight  # noqa: E402
-from predict.train.train_sample import TrainSample  # noqa: E402
+from predict.train.sample import TrainSample  # noqa: E402
 from predict.train.trainer import Trainer  # noqa: E402
 
 LR = 1e-5

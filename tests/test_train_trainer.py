@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 
 from predict.tiny_model import cached_tiny_qwen3  # noqa: E402
 from predict.train.loss import LossConfig, predict_loss  # noqa: E402
-from predict.train.train_sample import TrainSample  # noqa: E402
+from predict.train.sample import TrainSample  # noqa: E402
 from predict.train.trainer import ChunkedLMLoss, Trainer, pack_micro_batches  # noqa: E402
 
 

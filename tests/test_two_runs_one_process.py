@@ -48,7 +48,7 @@ def test_a_model_call_that_keeps_failing_gives_no_reward_and_no_training_sample(
     import verifiers.v1.runtimes.subprocess as vf_subprocess
 
     from predict.train.driver import load_tokenizer
-    from predict.train.samples import SampleSettings, build_samples
+    from predict.train.from_rollouts import SampleSettings, build_samples
 
     monkeypatch.setattr(vf_subprocess, "CACHE_DIR", tmp_path / ".cache" / "verifiers")
     base = mbpp_127(mbpp_path)

@@ -57,7 +57,7 @@ def _cmd_split(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify_gold(args: argparse.Namespace) -> int:
-    from predict.gold import check_gold, summarize, write_gold_report
+    from predict.sandbox.gold import check_gold, summarize, write_gold_report
 
     isolation: dict = {}
     rows = check_gold(

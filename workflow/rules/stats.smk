@@ -1,4 +1,4 @@
-# Statistics (src/predict/stats.py), one code path for both splits: from the val evaluations (tables, the checkpoint
+# Statistics (src/predict/stats/), one code path for both splits: from the val evaluations (tables, the checkpoint
 # selection, one file per ablation and per extension, the power table) and from the test campaign's evaluations
 # (results/test/stats/, read against the val selection). Table names: STATS_TABLES, TEST_STATS_TABLES.
 from predict.stats import STATS_TABLES, TEST_STATS_TABLES

@@ -81,7 +81,7 @@ log = logging.getLogger(__name__)
 #: server shared between jobs (`SharedServer`) answers each of them, and records never depend on which server ran.
 SERVED_NAME = "policy"
 
-#: Module name under which vllm_worker_ext.py is copied for the server's interpreter (see _worker_ext_dir).
+#: Module name under which worker_ext.py is copied for the server's interpreter (see _worker_ext_dir).
 _WORKER_EXT_MODULE = "predict_vllm_worker_ext"
 WORKER_EXT_CLS = f"{_WORKER_EXT_MODULE}.RLWorkerExt"
 GENERATE_COMPAT_MIDDLEWARE = f"{_WORKER_EXT_MODULE}.GenerateTokenCompat"
@@ -677,7 +677,7 @@ class SharedServer:
     def key(self) -> dict[str, Any]:
         """Everything a started server cannot change: two leases with equal keys may share it."""
         s = self.server
-        ext = Path(__file__).with_name("vllm_worker_ext.py").read_bytes()
+        ext = Path(__file__).with_name("worker_ext.py").read_bytes()
         key = {"python": os.path.abspath(shutil.which(s.python) or s.python), "device": s.device,
                 "max_model_len": s.max_model_len, "served_model_name": s.served_model_name,
                 "enable_scale_out": s.enable_scale_out, "generate_token_compat": s.generate_token_compat,

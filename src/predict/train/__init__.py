@@ -1,8 +1,8 @@
 """Training: the sample record every trainer consumes, the one loss, the trainer and its optimizer, the stages.
 
-* `train_sample` - `TrainSample`: token ids + per-token streams (mask, sampling logprobs, advantages, rl/ce
+* `sample` - `TrainSample`: token ids + per-token streams (mask, sampling logprobs, advantages, rl/ce
   weights), the one record shared by SFT, the local RL trainer and the prime-rl plugin; its parquet schema.
-* `samples` - RL and CE samples of rollouts (`build_samples`: token graph -> merged call sequences, GRPO
+* `from_rollouts` - RL and CE samples of rollouts (`build_samples`: token graph -> merged call sequences, GRPO
   advantages, Arm B label masking + CE samples; `rft_samples` for RFT).
 * `labels`  - Arm B's label tokens (located by the protocol's own parse) and CE-only samples, pure and torch-free
   (imported by the prime-rl plugin too).

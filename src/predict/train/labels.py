@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from predict.env.protocol import PREDICTION_CLASSES, find_prediction_line
-from predict.train.train_sample import TrainSample
+from predict.train.sample import TrainSample
 
 CLOSE_TAG = "</PREDICTION>"
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)

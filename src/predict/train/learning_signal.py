@@ -296,7 +296,7 @@ def run_config(config: Mapping[str, Any], settings: SignalSettings, run: SignalR
 def label_points(run_dirs: Sequence[Path], tokenizer: Any) -> list[Any]:
     """CE samples (alpha 1) of every prediction point with a verified label the runs recorded: the label
     log-prob's fixed probe set."""
-    from predict.train.samples import SampleSettings, build_samples
+    from predict.train.from_rollouts import SampleSettings, build_samples
 
     settings = SampleSettings(predictive=True, alpha=1.0)
     points = []

@@ -11,7 +11,7 @@ Rules:
    (``env.temperature``, ``rl.max_tokens``, the run's arm, variant and test cost). The records go to
    ``.work/rollouts.parquet.partial/`` as each finishes, then ``.work/rollouts.parquet`` (a killed run samples only
    the rollouts it had not persisted, and only when the run's fingerprint matches: `predict.train.driver`, rule 3).
-2. **keep**: the rollouts with verified reward 1 (`predict.train.samples.rft_samples`): CE weight 1 on the tokens
+2. **keep**: the rollouts with verified reward 1 (`predict.train.from_rollouts.rft_samples`): CE weight 1 on the tokens
    the model sampled, rl weight 0, token ids from the token graph (no re-tokenising). Nothing else (no advantage,
    no Arm B verified-label CE samples).
 3. **fine-tune**: ``rl.steps`` optimizer steps (the RL run's number), each one `Trainer.step` on ``rft.batch_rollouts``
@@ -76,7 +76,7 @@ def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = N
     from predict.env.records import RECORD_SCHEMA, read_records
     from predict.env.rollout import run_rollouts_sync
     from predict.io import ResumableParquet
-    from predict.train.samples import rft_samples
+    from predict.train.from_rollouts import rft_samples
 
     run = TrainingRun(job, config, "rft")
     run.start()

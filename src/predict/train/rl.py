@@ -9,7 +9,7 @@ One run = one (run, seed): ``run`` is an arm (``A``, ``B``) or an ablation of th
 1. **rollout**: ``rl.tasks_per_step`` tasks of the rl split (a seeded shuffle per epoch), each ``rl.group_size``
    times, through the coding environment with the train client against the running vLLM server (token graph
    recorded); the step's records go to ``.work/rollouts/step{N}.parquet``;
-2. **samples**: `predict.train.samples.build_samples` (GRPO advantages per task group; Arm B: sampled labels out of
+2. **samples**: `predict.train.from_rollouts.build_samples` (GRPO advantages per task group; Arm B: sampled labels out of
    RL credit, CE-only samples with weight alpha on the verified labels);
 3. **update**: one `Trainer.step` (the SFT trainer: packed micro-batches, chunked fused lm_head + `predict_loss`);
 4. **sync**: the new weights loaded into the *running* server in place (pause, load, reset the prefix cache,
@@ -64,8 +64,8 @@ def run_rl(
     from predict.data import load_split
     from predict.env.records import write_records
     from predict.env.rollout import run_rollouts_sync
+    from predict.train.from_rollouts import SampleSettings, build_samples
     from predict.train.loss import LossConfig
-    from predict.train.samples import SampleSettings, build_samples
 
     run = TrainingRun(job, config, "rl")
     run.start()

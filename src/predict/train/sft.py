@@ -43,8 +43,8 @@ import pyarrow.parquet as pq
 
 from predict.fingerprint import RESUME_KEYS, fingerprint, start_or_resume
 from predict.io import write_rows
+from predict.train.sample import TrainSample
 from predict.train.tracking import RunTracker, TrackingSettings
-from predict.train.train_sample import TrainSample
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ import torch
 from predict.serving import weight_sync
 from predict.train.loss import LossConfig, predict_loss
 from predict.train.optim import CompiledOrEager, KahanAdamW
-from predict.train.train_sample import TrainSample
+from predict.train.sample import TrainSample
 
 __all__ = ["ATTN_IMPLEMENTATION", "ChunkedLMLoss", "Trainer", "pack_micro_batches", "packed_attention"]
 

@@ -7,7 +7,7 @@ and ``tokenizer``; two registry entries; ``algo/predict.py`` re-exporting both c
 inside prime-rl's orchestrator (it imports prime-rl at the top); the tests import it with prime-rl's types faked.
 
 One ``rl:`` design on both backends: the advantage is the local trainer's, (reward - group mean) / (group std + 1e-6)
-(`predict.train.samples.group_advantages`, the one formula), not prime-rl's plain reward - mean; the policy loss is
+(`predict.train.from_rollouts.group_advantages`, the one formula), not prime-rl's plain reward - mean; the policy loss is
 the local trainer's clipped surrogate through prime-rl's custom-loss hook (`predict.train.prime_rl.loss`).
 
 What it does to a rollout (the rules of the study's loss, `predict.train.loss`, on prime-rl's wire fields):
@@ -36,10 +36,10 @@ What it does to a rollout (the rules of the study's loss, `predict.train.loss`, 
   sink drops it first) and keeps its trace id only.
 * A rollout whose model calls and program steps do not line up trains nothing (its prediction points cannot be
   located, so its label tokens cannot be kept out of RL): its samples are dropped, as the local trainer drops it
-  (`predict.train.samples.rollout_samples`, "unaligned"); its reward still counts in the group baseline. Counted
+  (`predict.train.from_rollouts.rollout_samples`, "unaligned"); its reward still counts in the group baseline. Counted
   in ``counts["mismatched_rollouts"]``.
 
-Same as the local trainer (`predict.train.samples`, tested side by side): which tokens leave RL, the CE samples
+Same as the local trainer (`predict.train.from_rollouts`, tested side by side): which tokens leave RL, the CE samples
 (token for token), the zero-advantage rule, unaligned rollouts, the advantage (std-normalised), and with the
 rendered ``trainer.loss`` (`predict.train.prime_rl.configs.loss_table`) the loss and its gradient
 (tests/prime_rl_real_flow.py runs both on the same samples).
@@ -56,10 +56,10 @@ from prime_rl.orchestrator.algo.grpo import GRPOAlgorithm
 from prime_rl.orchestrator.trajectories import iter_trainable_branches
 from prime_rl.transport import TrainingSample
 
+from predict.train.from_rollouts import group_advantages
 from predict.train.labels import prediction_ce_sample, tokens_out_of_rl
 from predict.train.metrics import rollout_trace_metrics
 from predict.train.prime_rl.points import PointsMismatch, PredictionTarget, prediction_targets
-from predict.train.samples import group_advantages
 
 log = logging.getLogger(__name__)
 

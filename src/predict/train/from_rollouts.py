@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from predict.train.labels import ce_sample, prediction_points, tokens_out_of_rl
-from predict.train.train_sample import TrainSample
+from predict.train.sample import TrainSample
 
 # ---------------------------------------------------------------------------------------------------------------
 # RL and CE samples of rollouts (every backend builds them here)

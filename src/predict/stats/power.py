@@ -1,0 +1,109 @@
+"""`predict power`: the exact power of the test that is run (one seed pairing, exact McNemar), and its Holm level.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from predict.stats.pairs import _table
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Power
+# ---------------------------------------------------------------------------------------------------------------
+def mcnemar_exact_p(wins: np.ndarray, discordant: np.ndarray) -> np.ndarray:
+    """Vectorised exact McNemar p-value: two-sided binomial test of `wins` of `discordant` at 1/2
+    (the statsmodels statistic, min(n10, n01), doubled and capped at 1)."""
+    from scipy.stats import binom
+
+    wins, discordant = np.asarray(wins), np.asarray(discordant)
+    k = np.minimum(wins, discordant - wins)
+    p = np.minimum(1.0, 2.0 * binom.cdf(k, discordant, 0.5))
+    return np.where(discordant > 0, p, 1.0)
+
+
+def rejection_bound(discordant: np.ndarray, significance: float) -> np.ndarray:
+    """Per discordant count D, the largest k such that exact McNemar rejects (p < significance) when the smaller
+    discordant count is k; -1 when no outcome of D rejects. Found from the binomial quantile, then checked against
+    the p-value itself on both sides so no rounding of the quantile can move it."""
+    from scipy.stats import binom
+
+    d = np.asarray(discordant, dtype=np.int64)
+    k = np.asarray(binom.ppf(significance / 2, d, 0.5), dtype=np.int64) - 1
+    k = np.clip(k, -1, d // 2)
+    for _ in range(2):  # at most one step either way
+        down = (k >= 0) & (mcnemar_exact_p(np.maximum(k, 0), d) >= significance)
+        k = np.where(down, k - 1, k)
+        up = (k + 1 <= d // 2) & (mcnemar_exact_p(np.minimum(k + 1, d // 2), d) < significance)
+        k = np.where(up, k + 1, k)
+    return k
+
+
+def exact_power(delta: float, discordance: float, n_tasks: int, significance: float) -> float:
+    """The module docstring's power on one pairing of `n_tasks` tasks: sum_D P(D) * P(W <= k_D or W >= D - k_D)
+    with k_D = `rejection_bound`."""
+    from scipy.stats import binom
+
+    if delta > discordance:
+        return math.nan  # a difference larger than the disagreement is impossible
+    d = np.arange(n_tasks + 1)
+    k = rejection_bound(d, significance)
+    q = (1 + delta / discordance) / 2
+    reject = np.where(k >= 0, binom.cdf(k, d, q) + binom.sf(d - k - 1, d, q), 0.0)
+    return float(np.clip(np.sum(binom.pmf(d, n_tasks, discordance) * reject), 0.0, 1.0))
+
+
+POWER_SCHEMA = pa.schema([
+    ("delta", pa.float64()), ("discordance", pa.float64()), ("discordance_source", pa.string()),
+    ("n_tasks", pa.int64()), ("design", pa.string()), ("significance", pa.float64()), ("power", pa.float64()),
+    ("powered", pa.bool_()), ("study_design", pa.bool_()), ("family_size", pa.int64()),
+    ("holm_significance", pa.float64()), ("power_holm", pa.float64()), ("powered_holm", pa.bool_()),
+])
+
+
+def power_table(
+    *,
+    deltas: Sequence[float],
+    discordances: Mapping[str, Sequence[float]],
+    tasks: Sequence[int],
+    significance: float = 0.05,
+    target: float = 0.8,
+    study_tasks: int | None = None,
+    val_tasks: int | None = None,
+    family_size: int = 1,
+) -> pa.Table:
+    """`exact_power` per delta x discordance x number of tasks; ``design`` names the study's own sizes (``test``:
+    `study_tasks`, ``study_design`` true; ``val``: `val_tasks`), so "was the study powered?" is one filter. Beside
+    the single test's power, ``power_holm`` is the power of one test of the family the report Holm-adjusts
+    (`family_size` tests: the A-vs-B family has one per seed pairing) at the family's first Holm level,
+    significance / family_size: the most lenient level any test of the family is held to."""
+    sizes = {n: "grid" for n in tasks}
+    if val_tasks:
+        sizes[val_tasks] = "val"
+    if study_tasks:
+        sizes[study_tasks] = "test"
+    rows = []
+    for source, rates in discordances.items():
+        for d, delta, n in itertools.product(rates, deltas, sorted(sizes)):
+            power = exact_power(delta, d, n, significance)
+            holm_level = significance / family_size
+            power_holm = power if family_size == 1 else exact_power(delta, d, n, holm_level)
+            rows.append({
+                "delta": float(delta), "discordance": float(d), "discordance_source": source,
+                "n_tasks": n, "design": sizes[n], "significance": float(significance), "power": power,
+                "powered": power >= target,  # NaN (an impossible delta): not powered
+                "study_design": sizes[n] == "test", "family_size": int(family_size),
+                "holm_significance": float(holm_level), "power_holm": power_holm, "powered_holm": power_holm >= target,
+            })
+    return _table(rows, POWER_SCHEMA)
+
+
+def observed_discordance(pairs: pa.Table, kind: str = "A_vs_B") -> list[float]:
+    """The discordance rates of the study's own pairs of one kind (rounded to 0.01, distinct, non-zero)."""
+    rates = [r["discordance"] for r in pairs.to_pylist() if r["kind"] == kind and r["n"]]
+    return sorted({round(x, 2) for x in rates if x and not math.isnan(x)})

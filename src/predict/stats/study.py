@@ -1,0 +1,147 @@
+"""The study's tables (`predict stats`, val and test): the pair plan, the paired comparisons with Holm, recovery,
+prediction shares, selection and the test campaign's card rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from predict.campaign import DEFAULT_SELECTION, StatsInputError, select_checkpoints
+from predict.stats.ablations import ABLATION_SCHEMA, ablation_table
+from predict.stats.extensions import EXTENSION_SCHEMA, extension_table
+from predict.stats.metrics import (
+    METRICS,
+    STATS_TABLES,
+    TEST_STATS_TABLES,
+    Evaluation,
+    class_metrics,
+    confusion,
+    mechanism_metrics,
+)
+from predict.stats.pairs import (
+    CLASS_SCHEMA,
+    CONFUSION_SCHEMA,
+    PAIR_SCHEMA,
+    RECOVERY_SCHEMA,
+    SELECTION_SCHEMA,
+    SHARES_SCHEMA,
+    Key,
+    _table,
+    add_holm,
+    check_selection,
+    compare,
+    load_evaluations,
+    pair_plan,
+    prediction_shares,
+    recovery_row,
+)
+
+CAMPAIGN_SCHEMA = pa.schema([
+    ("campaign", pa.string()), ("config_hash", pa.string()), ("time", pa.string()), ("base_model", pa.string()),
+    ("reason", pa.string()), ("results_dir", pa.string()), ("run_name", pa.string()), ("vllm_version", pa.string()),
+    ("device", pa.string()), ("serving", pa.string()), ("n_planned", pa.int64()), ("n_done", pa.int64()),
+    ("this", pa.bool_()),
+])
+
+
+def share_references(evals: dict[Key, Evaluation], arms: Sequence[str], reference: str | None) -> dict[Key, Evaluation]:
+    """Test: an arm's reference is evaluated once, under the first seed; it serves every seed of the arm (the same
+    Evaluation under each seed's key, so its rows and its seed stay those of its one file)."""
+    out = dict(evals)
+    for run in arms:
+        refs = sorted(k for k in evals if k[0] == run and k[1] == reference)
+        for _, _, split, seed in sorted({k for k in evals if k[0] == run}):
+            if refs and (run, reference, split, seed) not in out:
+                out[run, reference, split, seed] = evals[refs[0]]
+    return out
+
+
+def study_stats(
+    paths: Sequence[str | Path | Evaluation],
+    *,
+    arms: Sequence[str],
+    ablations: Mapping[str, Mapping[str, Any]] | None = None,
+    extensions: Mapping[str, Mapping[str, Any]] | None = None,
+    reference: str | None = "sft",
+    selection_mode: str = DEFAULT_SELECTION["mode"],
+    selection_step: int | None = DEFAULT_SELECTION["step"],
+    selection: Sequence[Mapping[str, Any]] | None = None,
+    campaigns: Sequence[Mapping[str, Any]] = (),
+    default_test_cost: int = 1,
+    resamples: int = 10_000,
+    seed: int = 0,
+    ci: float = 0.95,
+) -> dict[str, pa.Table]:
+    """Every statistics table from a set of evaluation files of ONE split, keyed and ordered as `STATS_TABLES`
+    (val: the selection is made here) or `TEST_STATS_TABLES` (test: `selection` is the val selection, required;
+    the ablation and extension tables are made here too, and `campaigns`, the ledger's campaigns on this split from
+    `predict.campaign.check_test_inputs`, becomes the campaigns table). `extensions`: name -> {"spec": ...,
+    "counterpart": ...} (see `extension_table`)."""
+    evals = load_evaluations(paths)
+    splits = sorted({k[2] for k in evals})
+    if len(splits) > 1:
+        raise StatsInputError(f"evaluations of more than one split ({', '.join(splits)}): statistics are made per "
+                              "split (val: results/stats/, test: results/test/stats/)")
+    split = splits[0] if splits else "val"
+    test = split == "test"
+    if test and selection is None:
+        raise StatsInputError("test evaluations are read against the val checkpoint selection: pass --selection "
+                              "results/stats/selection.parquet")
+    metrics, conf, classes = [], [], []
+    for key, ev in sorted(evals.items()):
+        ident = dict(zip(("run", "checkpoint", "split", "seed"), key, strict=True))
+        protocols = ",".join(sorted(filter(None, {r.get("protocol") for r in ev.rows})))
+        metrics.append({**ident, "protocol": protocols, **mechanism_metrics(ev.rows)})
+        counts = confusion(ev.rows)
+        conf += [{**ident, "verified": t, "predicted": p, "count": c} for (t, p), c in sorted(counts.items())]
+        if counts:
+            classes += [{**ident, **c} for c in class_metrics(counts)]
+    if test:
+        evals = share_references(evals, arms, reference)
+    if selection is None:
+        selection = select_checkpoints(metrics, selection_mode, selection_step)
+    else:
+        selection = [dict(s) for s in selection]
+        check_selection(evals, selection, f"{split} statistics")
+    selected = {(s["run"], s["seed"]): s["checkpoint"] for s in selection}
+    for m in metrics:
+        m["selected"] = selected.get((m["run"], m["seed"])) == m["checkpoint"]
+    plan = pair_plan(evals, arms, ablations or {}, reference, selected if test else None)
+    pairs = [compare(a, b, kind, resamples, seed, ci, metric)
+             for kind, a, b in plan for metric in (METRICS if kind == "vs_reference" else ("final_pass",))]
+    add_holm(pairs, selected)
+    recovery = [recovery_row(a, b) for kind, a, b in plan if kind == "vs_reference"]
+    shares = []
+    for (run, seed_), ckpt in sorted(selected.items()):
+        sel, ref = evals.get((run, ckpt, split, seed_)), evals.get((run, reference or "", split, seed_))
+        if sel is not None and ref is not None and ref is not sel and confusion(sel.rows):
+            shares += prediction_shares(ref, sel)
+    tables = {
+        "metrics": _table(metrics),
+        "pairs": _table(pairs, PAIR_SCHEMA),
+        "recovery": _table(recovery, RECOVERY_SCHEMA),
+        "confusion": _table(conf, CONFUSION_SCHEMA),
+        "classes": _table(classes, CLASS_SCHEMA),
+        "prediction_shares": _table(shares, SHARES_SCHEMA),
+        "selection": _table(selection, SELECTION_SCHEMA),
+    }
+    if test:
+        runs = {k[0] for k in evals}
+        tables["ablations"] = pa.concat_tables([ABLATION_SCHEMA.empty_table()] + [
+            ablation_table(name, list(evals.values()), selection, base_arm=str(spec.get("base_arm", "B")),
+                           split=split, resamples=resamples, seed=seed, ci=ci)
+            for name, spec in (ablations or {}).items() if name in runs])
+        tables["extensions"] = pa.concat_tables([EXTENSION_SCHEMA.empty_table()] + [
+            extension_table(name, list(evals.values()), selection, spec=ext["spec"], counterpart=ext.get("counterpart"),
+                            default_test_cost=default_test_cost, split=split, resamples=resamples, seed=seed, ci=ci)
+            for name, ext in (extensions or {}).items() if name in runs])
+        tables["campaigns"] = _table(campaigns, CAMPAIGN_SCHEMA)
+    names = TEST_STATS_TABLES if test else STATS_TABLES
+    assert tuple(tables) == names, (tuple(tables), names)  # the constants the rules read stay true
+    return tables
+
+
