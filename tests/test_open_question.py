@@ -328,3 +328,15 @@ def test_the_report_has_the_open_question_with_its_table_and_figure(val_paths: l
     assert not any("_" in head and head.islower() for head in cells)  # labelled in words, no parquet field names
     assert "power, Holm-adjusted" in cells and "16 tests" in section
     assert math.isfinite(np.mean([r["diff"] for r in table.to_pylist()]))
+
+
+def test_a_second_file_for_one_key_is_named_by_its_label_not_its_rows(val_paths: list[Path]) -> None:
+    """Old code: the error printed the whole Evaluation, every row of it (~100 kB for 40 tasks)."""
+    from predict.campaign import StatsInputError
+    from predict.stats import load_evaluations
+
+    ev = read_evaluation(val_paths[0])
+    with pytest.raises(StatsInputError) as error:
+        load_evaluations([ev, ev])
+    assert str(error.value) == (f"{ev.label}: a second file for run/checkpoint/split/seed "
+                                f"('{ev.run}', '{ev.checkpoint}', 'val', {ev.seed})")
