@@ -64,6 +64,7 @@ rule design:
         rules.power.output,
         expand(R("ablations", "{ablation}.parquet"), ablation=list(ABLATIONS)),
         expand(R("extensions", "{extension}.parquet"), extension=list(EXTENSIONS)),
+        rules.open_question.output,
 
 
 # The test campaign alone: after selection on val, the test evaluations (once per frozen design: the ledger,

@@ -23,7 +23,8 @@ from predict.stats import extension_table
 from .conftest import REPO
 from .synthetic import FAIL_KEEP, FAIL_REVISE, PASS_KEEP, PASS_REVISE, rollout, write_eval
 
-EXTENSIONS = ["expensive_tests_A", "expensive_tests_B", "edit_on_revise", "mask_decision", "rft_A", "rft_B"]
+EXTENSIONS = ["expensive_tests_A", "expensive_tests_B", "edit_on_revise", "mask_decision", "rft_A", "rft_B",
+              "irreversible_A", "irreversible_B", "blind_A", "blind_B"]
 
 
 @pytest.mark.parametrize("name", ["config.yaml", "local.yaml"])
@@ -40,6 +41,10 @@ def test_every_extension_resolves_to_what_it_changes(name: str) -> None:
         ("B", 1, "none", True, "rl"),
         ("A", 1, "none", False, "rft"),
         ("B", 1, "none", False, "rft"),
+        ("A", 1, "irreversible", False, "rl"),
+        ("B", 1, "irreversible", False, "rl"),
+        ("A", 1, "blind", False, "rl"),
+        ("B", 1, "blind", False, "rl"),
     ]
     assert {s.kind for s in got.values()} == {"extension"} and resolve_run(config, "alpha0").kind == "ablation"
     assert got["expensive_tests_B"].alpha == 1.0 and got["expensive_tests_A"].alpha == 0.0

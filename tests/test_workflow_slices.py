@@ -21,7 +21,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 LOCAL = yaml.safe_load((REPO / "config" / "local.yaml").read_text())
-DOWNSTREAM_OF_EVALUATIONS = {"stats", "ablation", "extension", "power", "report", "all"}
+DOWNSTREAM_OF_EVALUATIONS = {"stats", "ablation", "extension", "open_question", "power", "report", "all"}
 # The test campaign (part of `all`): it reruns when the frozen design or its checkpoints change (and the ledger then
 # stops the run), never because the val statistics were rewritten.
 TEST_CAMPAIGN = {"evaluate_test", "test_stats"}
@@ -139,7 +139,7 @@ def test_bootstrap_is_frozen_with_the_test_campaign(finished_run: Path, tmp_path
     shutil.copytree(finished_run, workdir, symlinks=True)
     edit = {"evaluation.bootstrap.resamples": 5000}
     jobs, log = plan(workdir, edit)
-    assert set(jobs) == {"stats", "ablation", "extension", "power", "test_stats", "report", "all"}, jobs
+    assert set(jobs) == {"stats", "ablation", "extension", "open_question", "power", "test_stats", "report", "all"}, jobs
     assert jobs["ablation"] == len(LOCAL["ablations"]) and jobs["extension"] == len(LOCAL["extensions"])
     assert all("evaluation.bootstrap" in r for r in param_reasons(log))
     snakemake(workdir, workdir / "edited.yaml", "--touch", "results/stats/selection.parquet")  # stats has rerun

@@ -43,15 +43,17 @@ def test_forced_keep_target_builds_exactly_what_it_needs() -> None:
 def test_paper_all_ends_in_the_report_with_every_ablation() -> None:
     counts = job_counts("--profile", "slurm", "all")
     assert counts["report"] == 1 and counts["ablation"] == 3 and counts["stats"] == 1 and counts["power"] == 1
-    # one val job and one test job per run and seed: 11 runs x 2 seeds; and each arm's SFT once on test (issue 26)
+    # one val job and one test job per run and seed: 15 runs x 2 seeds; and each arm's SFT once on test (issue 26)
     assert evaluation_jobs(counts) == {run: 2 for run in RUNS}
     assert evaluation_jobs(counts, "test") == {**{run: 2 for run in RUNS}, "reference_A": 1, "reference_B": 1}
     assert counts["test_stats"] == 1
     # GRPO runs (arms, ablations, RL extensions) on prime-rl; the RFT extensions on our trainer
-    assert counts["prime_rl_rl"] == 9 * 2 and counts["rft"] == 2 * 2 and counts["extension"] == 6
+    assert counts["prime_rl_rl"] == 13 * 2 and counts["rft"] == 2 * 2 and counts["extension"] == 10
+    assert counts["open_question"] == 1
 
 
-EXTENSIONS = ["expensive_tests_A", "expensive_tests_B", "edit_on_revise", "mask_decision", "rft_A", "rft_B"]
+EXTENSIONS = ["expensive_tests_A", "expensive_tests_B", "edit_on_revise", "mask_decision", "rft_A", "rft_B",
+              "irreversible_A", "irreversible_B", "blind_A", "blind_B"]
 ABLATIONS = ["alpha0", "forced_keep", "budget_neutral"]
 RUNS = ["A", "B", *ABLATIONS, *EXTENSIONS]
 
@@ -77,7 +79,7 @@ def test_paper_all_includes_every_extension_run_table_and_report_input() -> None
 
 def test_local_all_runs_every_extension_at_its_last_step_only() -> None:
     counts = job_counts("all")
-    assert counts["rl"] == 9 and counts["rft"] == 2 and counts["extension"] == 6
+    assert counts["rl"] == 13 and counts["rft"] == 2 and counts["extension"] == 10 and counts["open_question"] == 1
     assert evaluation_jobs(counts) == {run: 1 for run in RUNS}  # one seed
     assert evaluation_jobs(counts, "test") == {**{run: 1 for run in RUNS}, "reference_A": 1, "reference_B": 1}
 
@@ -103,11 +105,33 @@ def test_paper_test_target_is_the_campaign_at_the_selected_checkpoints() -> None
         # the stages find the checkout's campaign ledger themselves: never one under results/, never a param
         assert "--test-ledger" not in text and "--selection results/stats/selection.parquet" in text
         stats_job = next(line for line in text.splitlines() if "--out-dir results/test/stats" in line)
-        assert stats_job.count("/test/seed") == 2 * 2 + 2 + 2 * 9  # every test evaluation, nothing of val
+        assert stats_job.count("/test/seed") == 2 * 2 + 2 + 2 * 13  # every test evaluation, nothing of val
         assert "/val/" not in stats_job.split("--selection")[0]
         assert ("results/report/index.html" in text) == (target == "all")
     counts = job_counts("--profile", "slurm", "test")
     assert counts["test_stats"] == 1 and "report" not in counts and "ablation" not in counts
+
+
+ENVIRONMENT_RUNS = ["A", "B", "expensive_tests_A", "expensive_tests_B", "irreversible_A", "irreversible_B", "blind_A",
+                    "blind_B"]
+
+
+def test_open_question_target_builds_only_what_it_needs() -> None:
+    """Old code: no rule made results/extensions/open_question.parquet."""
+    target = "results/extensions/open_question.parquet"
+    counts = job_counts("--profile", "slurm", target)
+    # the val evaluations of the four environments' two runs each, both seeds, and the training they need; nothing of
+    # the other runs, of the other tables, of the test campaign
+    assert evaluation_jobs(counts) == {run: 2 for run in ENVIRONMENT_RUNS}
+    assert counts["open_question"] == 1 and counts["prime_rl_rl"] == len(ENVIRONMENT_RUNS) * 2
+    assert not {"stats", "test_stats", "extension", "ablation", "power", "report", "rft", "verify_gold"} & set(counts)
+    assert not [rule for rule in counts if rule.startswith("evaluate_test")]
+    text = dry_run("--profile", "slurm", target)
+    job = next(line for line in text.splitlines() if line.startswith("Shell command: predict open-question"))
+    assert job.count("/val/seed") == 2 * (2 * 5 + 6 * 4) and "/test/" not in job  # arms: sft + 4 steps; others: 4
+    # `all` plans it, the report reads it, and the power table sizes the open question's Holm family: 4 x 2 x 2
+    text = dry_run("--profile", "slurm", "all")
+    assert f"--open-question {target}" in text and "--open-question-family 16" in text
 
 
 def test_design_target_never_touches_test() -> None:

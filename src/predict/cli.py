@@ -253,8 +253,10 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
     from predict.campaign import check_test_inputs, registry_ledger, selection_settings
     from predict.io import write_table
+    from predict.runs import environments
     from predict.stages import STAGES
-    from predict.stats import study_stats
+    from predict.stats import load_evaluations, study_stats
+    from predict.stats.open_question import OPEN_QUESTION, open_question_table
 
     config = _config(args)
     ev = config.get("evaluation") or {}
@@ -263,23 +265,27 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     if args.selection and not Path(args.selection).exists():
         raise ConfigError(f"--selection {args.selection}: file not found (the val statistics' selection.parquet)")
     campaigns: list[dict] = []
+    selection_rows = pq.read_table(args.selection).to_pylist() if args.selection else None
     if args.selection:  # test evaluations: only the campaign's files, under its selection and statistics settings
         ledger = Path(args.test_ledger) if args.test_ledger else registry_ledger()
-        campaigns = check_test_inputs(ledger, args.eval, pq.read_table(args.selection).to_pylist(), config,
-                                      STAGES["stats"].reads)
+        campaigns = check_test_inputs(ledger, args.eval, selection_rows, config, STAGES["stats"].reads)
+    evals = list(load_evaluations(args.eval).values())  # read once: the study's tables and the open question's
     tables = study_stats(
-        args.eval,
+        evals,
         arms=sorted(config["arms"]),
         ablations=config.get("ablations") or {},
         extensions=extensions,
         reference=ev.get("reference", "sft"),
         selection_mode=selection["mode"],
         selection_step=selection.get("step"),
-        selection=pq.read_table(args.selection).to_pylist() if args.selection else None,
+        selection=selection_rows,
         campaigns=campaigns,
         default_test_cost=int(config["env"].get("test_cost", 1)),
         **_bootstrap(config),
     )
+    if args.selection:  # the test's open question, from the same campaign files under the same selection
+        tables[OPEN_QUESTION] = open_question_table(evals, selection_rows, environments(config),
+                                                    split="test", **_bootstrap(config))
     out = Path(args.out_dir)
     for name, table in tables.items():
         write_table(table, out / f"{name}.parquet")
@@ -322,11 +328,27 @@ def _cmd_run_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_open_question(args: argparse.Namespace) -> int:
+    """`predict open-question`: Arm B vs Arm A within each environment, on val (`predict.stats.open_question`)."""
+    from predict.io import write_table
+    from predict.runs import environments
+    from predict.stats import load_evaluations
+    from predict.stats.open_question import open_question_table
+
+    config = _config(args)
+    evals = list(load_evaluations(args.eval).values())  # read once, for the selection and the table
+    table = open_question_table(evals, _selection(config, evals), environments(config), **_bootstrap(config))
+    write_table(table, args.out)
+    console.print(f"open question: {table.num_rows} environment x seed-pairing row(s) -> {args.out}")
+    return 0
+
+
 def _cmd_power(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
     from predict.io import write_table
     from predict.stats import observed_discordance, power_table
+    from predict.stats.open_question import with_open_question_power
 
     config = _config(args)
     p = {"deltas": [0.02, 0.03, 0.05], "discordance": [0.2], "tasks": [500], "significance": 0.05, "target": 0.8,
@@ -340,9 +362,11 @@ def _cmd_power(args: argparse.Namespace) -> int:
             discordances["observed A vs B"] = observed
         val_tasks = val_tasks or max((int(n) for n in pairs.column("n").to_pylist()), default=None)  # val's n
     # The report Holm-adjusts A vs B over every seed pairing: that family's size.
-    table = power_table(deltas=p["deltas"], discordances=discordances, tasks=p["tasks"],
-                        significance=p["significance"], target=p["target"], study_tasks=sizes["test"],
-                        val_tasks=val_tasks, family_size=len(config["seeds"]) ** 2)
+    grid = {"deltas": p["deltas"], "discordances": discordances, "tasks": p["tasks"], "significance": p["significance"],
+            "target": p["target"], "study_tasks": sizes["test"], "val_tasks": val_tasks}
+    table = power_table(**grid, family_size=len(config["seeds"]) ** 2)
+    # and of one test of the open question's family (its size: the rule's flag, from the run matrix)
+    table = with_open_question_power(table, args.open_question_family, **grid)
     write_table(table, args.out)
     console.print(f"power: {table.num_rows} rows -> {args.out}")
     return 0
@@ -358,6 +382,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         test_stats_dir=Path(args.test_stats) if args.test_stats else None,
         ablations=[Path(p) for p in args.ablations],
         extensions=[Path(p) for p in args.extensions],
+        open_question=Path(args.open_question) if args.open_question else None,
         power=Path(args.power),
         example=Path(args.example) if args.example else None,
         rl_metrics=[Path(p) for p in args.rl_metrics],
@@ -649,9 +674,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval", nargs="+", required=True, help="val evaluations of the extension, A, B, counterpart")
     p.add_argument("--out", required=True)
 
+    p = stage("open-question", _cmd_open_question,
+              "the open question: Arm B vs Arm A within each environment (study, expensive, irreversible, blind)")
+    p.add_argument("--eval", nargs="*", default=[], help="val evaluations of every environment's two runs")
+    p.add_argument("--out", required=True, help="results/extensions/open_question.parquet")
+
     p = stage("power", _cmd_power,
               "exact power of one seed pairing (exact McNemar) per difference, discordance and number of tasks")
     p.add_argument("--pairs", default=None, help="pairs.parquet: adds the observed A vs B discordance rates")
+    p.add_argument("--open-question-family", type=int, default=0,
+                   help="tests in the open question's Holm family (predict.stats.open_question.family_size); 0: none")
     p.add_argument("--out", required=True)
 
     p = stage("training-outcomes", _cmd_training_outcomes,
@@ -667,6 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--training-outcomes", default=None, help="results/stats/training_outcomes.parquet")
     p.add_argument("--ablations", nargs="*", default=[])
     p.add_argument("--extensions", nargs="*", default=[], help="results/extensions/{name}.parquet")
+    p.add_argument("--open-question", default=None, help="results/extensions/open_question.parquet (val)")
     p.add_argument("--power", required=True)
     p.add_argument("--example", default=None, help="an evaluation parquet to render one rollout from")
     p.add_argument("--rl-metrics", nargs="*", default=[], help="results/rl/{run}/seed{seed}/metrics.parquet")

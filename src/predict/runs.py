@@ -14,6 +14,12 @@ Rules:
   ``rl`` stage; ``rft``: rejection-sampling fine-tuning, the ``rft`` stage) replaced. Keys left out keep the
   base arm's values. ``kind`` tells the two overlays apart (``arm``, ``ablation``, ``extension``).
 * Every run's SFT checkpoint is its base arm's.
+* An environment (`environments`, the open question of issue 28) is one (variant, test_cost) played by both
+  protocols: the reactive and the predictive run that share it and change nothing else (trainer ``rl``, the
+  default ``rl.mask_decision``, their arm's alpha; ablations never). The study's own is ``study`` (arms A and B);
+  ``expensive`` is a test_cost other than ``env.test_cost``; any other is named by its variant (``irreversible``,
+  ``blind``; a variant at a raised cost: ``irreversible+expensive``). Two runs of one protocol in one environment
+  are refused, naming both. An environment run's counterpart (`extension_counterpart`) is the other protocol's run.
 * Run order: the arms sorted, then the ablations, then the extensions, each in config order. A name may appear
   once across arms, ablations and extensions.
 """
@@ -119,15 +125,60 @@ def resolve_run(config: Mapping[str, Any], run: str) -> RunSpec:
     )
 
 
+@dataclass(frozen=True)
+class Environment:
+    """One environment of the open question: the reactive and the predictive run that play it."""
+
+    name: str
+    variant: str
+    test_cost: int
+    reactive: str
+    predictive: str
+
+    @property
+    def runs(self) -> tuple[str, str]:
+        return (self.reactive, self.predictive)
+
+
+def environment_name(variant: str, test_cost: int, default_test_cost: int) -> str:
+    """``study``, ``expensive``, the variant, or the variant ``+expensive`` (see the module docstring)."""
+    parts = [variant] if variant != "none" else []
+    parts += ["expensive"] if test_cost != default_test_cost else []
+    return "+".join(parts) or "study"
+
+
+def environments(config: Mapping[str, Any]) -> list[Environment]:
+    """Every environment both protocols play (the module docstring's rule), the study's first, then in run order."""
+    arms = config["arms"]
+    default_mask = bool((config.get("rl") or {}).get("mask_decision", False))
+    sides: dict[tuple[str, int], dict[str, list[str]]] = {}
+    for run in study_runs(config):
+        spec = resolve_run(config, run)
+        arm_alpha = float(arms[spec.arm].get("alpha", 0.0)) if spec.predictive else 0.0
+        if spec.kind == "ablation" or spec.trainer != "rl" or spec.mask_decision != default_mask \
+                or spec.alpha != arm_alpha:
+            continue  # it changes more than the environment
+        sides.setdefault((spec.variant, spec.test_cost), {}).setdefault(spec.protocol, []).append(run)
+    default_cost = int(config["env"].get("test_cost", 1))
+    out = []
+    for (variant, cost), by_protocol in sides.items():
+        name = environment_name(variant, cost, default_cost)
+        for protocol, runs in by_protocol.items():
+            if len(runs) > 1:
+                raise ConfigError(f"environment {name} (variant {variant}, test_cost {cost}) has two {protocol} runs "
+                                  f"({', '.join(runs)}): the open question pairs one reactive with one predictive run")
+        if "reactive" in by_protocol and "predictive" in by_protocol:
+            out.append(Environment(name, variant, cost, by_protocol["reactive"][0], by_protocol["predictive"][0]))
+    return sorted(out, key=lambda e: e.name != "study")  # stable: the rest keep run order
+
+
 def extension_counterpart(config: Mapping[str, Any], run: str) -> str | None:
-    """The run an extension's calls per solved task are compared with: for an expensive-tests run (test_cost other
-    than ``env.test_cost``, trainer rl), the extension of another arm at the same test cost with nothing else
-    changed; None otherwise (statistics then use the other base arm)."""
-    spec = resolve_run(config, run)
-    if spec.trainer != "rl" or spec.test_cost == int(config["env"].get("test_cost", 1)):
+    """The run an extension's calls per solved task are compared with: for an extension that is one side of an
+    environment (`environments`: expensive tests, irreversible, blind), the other protocol's run there; None
+    otherwise (statistics then use the other base arm)."""
+    if run in config["arms"]:
         return None
-    for other in runs_of_kind(config, "extension", trainer="rl"):
-        o = resolve_run(config, other)
-        if o.arm != spec.arm and o.test_cost == spec.test_cost and o.variant == "none" and not o.mask_decision:
-            return other
+    for env in environments(config):
+        if run in env.runs:
+            return env.predictive if run == env.reactive else env.reactive
     return None

@@ -106,6 +106,10 @@ STAGES: dict[str, Stage] = {
               ("ablations", "evaluation.selection", "evaluation.bootstrap")),
         Stage("extensions", ("extension",), "stats.smk", "stats/extensions.py", "extensions/{extension}.parquet",
               _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap"))),
+        # The open question (issue 28): Arm B vs Arm A within each environment (predict.runs.environments), on val;
+        # the test's is a table of `predict stats` (TEST_STATS_TABLES).
+        Stage("open-question", ("open_question",), "stats.smk", "stats/open_question.py", "extensions/open_question.parquet",
+              _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap"))),
         Stage("power", ("power",), "stats.smk", "stats/power.py", "stats/power.parquet",
               ("power", "data.sizes", "seeds")),
         Stage("training-outcomes", ("training_outcomes",), "report.smk", "train/metrics.py",

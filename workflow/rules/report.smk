@@ -29,6 +29,7 @@ rule report:
         stats=rules.stats.output,
         ablations=expand(R("ablations", "{ablation}.parquet"), ablation=list(ABLATIONS)),
         extensions=expand(R("extensions", "{extension}.parquet"), extension=list(EXTENSIONS)),
+        open_question=rules.open_question.output[0],
         power=rules.power.output,
         example=REPORT_EXAMPLE,
         tasks=R("data", "test.parquet"),
@@ -54,6 +55,7 @@ rule report:
     shell:
         "predict report --config-slice {params.config:q} --stats-dir {params.stats_dir:q}"
         " --test-stats {params.test_stats_dir:q}"
-        " --ablations {params.ablations} --extensions {params.extensions} --power {input.power:q} --example {input.example:q}"
+        " --ablations {params.ablations} --extensions {params.extensions} --open-question {input.open_question:q}"
+        " --power {input.power:q} --example {input.example:q}"
         " --tasks-file {input.tasks:q} --rl-metrics {params.rl_metrics}"
         " --training-outcomes {input.training_outcomes:q} --out {output:q} > {log:q} 2>&1"

@@ -1,6 +1,8 @@
 # Statistics (src/predict/stats/), one code path for both splits: from the val evaluations (tables, the checkpoint
 # selection, one file per ablation and per extension, the power table) and from the test campaign's evaluations
 # (results/test/stats/, read against the val selection). Table names: STATS_TABLES, TEST_STATS_TABLES.
+from predict.stats.open_question import OPEN_QUESTION, family_size
+from predict.runs import environments
 from predict.stats import STATS_TABLES, TEST_STATS_TABLES
 
 
@@ -9,6 +11,7 @@ localrules:
     test_stats,
     ablation,
     extension,
+    open_question,
     power,
 
 
@@ -43,7 +46,7 @@ rule test_stats:
     output:
         **{
             name: report(R("test", "stats", f"{name}.parquet"), caption="../report/test_stats.rst", category="Test")
-            for name in TEST_STATS_TABLES
+            for name in (*TEST_STATS_TABLES, OPEN_QUESTION)  # the open question's test table (open_question.py)
         },
     params:
         **SLICE("stats"),
@@ -103,6 +106,31 @@ rule extension:
         " --eval {input:q} --out {output:q} > {log:q} 2>&1"
 
 
+# The open question (issue 28; src/predict/open_question.py): Arm B vs Arm A within each environment both protocols
+# play (predict.runs.environments: the study, expensive tests, irreversible, blind), on val; only those runs' val
+# evaluations. The test's table is results/test/stats/open_question.parquet (test_stats, through the ledger).
+ENVIRONMENTS = environments(CONFIG("open-question"))
+if OPEN_QUESTION in EXTENSIONS:
+    raise WorkflowError(f"extensions.{OPEN_QUESTION}: the name is the open question's table, pick another")
+
+
+rule open_question:
+    input:
+        EVALS([run for env in ENVIRONMENTS for run in env.runs]) if ENVIRONMENTS else [],
+    output:
+        report(R("extensions", f"{OPEN_QUESTION}.parquet"), caption="../report/open_question.rst", category="Extensions"),
+    params:
+        **SLICE("open-question"),
+    log:
+        LOG("open_question"),
+    benchmark:
+        BENCH("open_question")
+    conda:
+        "../../envs/pipeline.yaml"
+    shell:
+        "predict open-question --config-slice {params.config:q} --eval {input:q} --out {output:q} > {log:q} 2>&1"
+
+
 rule power:
     input:
         pairs=R("stats", "pairs.parquet"),
@@ -110,6 +138,7 @@ rule power:
         report(R("stats", "power.parquet"), caption="../report/power.rst", category="Statistics tables"),
     params:
         **SLICE("power"),
+        open_question_family=family_size(ENVIRONMENTS, CONFIG("power")["seeds"]),
     log:
         LOG("power"),
     benchmark:
@@ -117,4 +146,5 @@ rule power:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict power --config-slice {params.config:q} --pairs {input.pairs:q} --out {output:q} > {log:q} 2>&1"
+        "predict power --config-slice {params.config:q} --pairs {input.pairs:q}"
+        " --open-question-family {params.open_question_family} --out {output:q} > {log:q} 2>&1"

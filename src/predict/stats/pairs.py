@@ -140,7 +140,8 @@ def load_evaluations(sources: Iterable[str | Path | Evaluation]) -> dict[Key, Ev
     for source in sources:
         ev = source if isinstance(source, Evaluation) else read_evaluation(source)
         if ev.key in evals:
-            raise StatsInputError(f"{source}: a second file for run/checkpoint/split/seed {ev.key}")
+            where = source.label if isinstance(source, Evaluation) else source  # a label, never the rows
+            raise StatsInputError(f"{where}: a second file for run/checkpoint/split/seed {ev.key}")
         evals[ev.key] = ev
     return evals
 

@@ -100,6 +100,7 @@ def study_stats(
         conf += [{**ident, "verified": t, "predicted": p, "count": c} for (t, p), c in sorted(counts.items())]
         if counts:
             classes += [{**ident, **c} for c in class_metrics(counts)]
+    files = list(evals.values())  # one per file: the per-run tables read these (a shared reference is no second file)
     if test:
         evals = share_references(evals, arms, reference)
     if selection is None:
@@ -132,11 +133,11 @@ def study_stats(
     if test:
         runs = {k[0] for k in evals}
         tables["ablations"] = pa.concat_tables([ABLATION_SCHEMA.empty_table()] + [
-            ablation_table(name, list(evals.values()), selection, base_arm=str(spec.get("base_arm", "B")),
+            ablation_table(name, files, selection, base_arm=str(spec.get("base_arm", "B")),
                            split=split, resamples=resamples, seed=seed, ci=ci)
             for name, spec in (ablations or {}).items() if name in runs])
         tables["extensions"] = pa.concat_tables([EXTENSION_SCHEMA.empty_table()] + [
-            extension_table(name, list(evals.values()), selection, spec=ext["spec"], counterpart=ext.get("counterpart"),
+            extension_table(name, files, selection, spec=ext["spec"], counterpart=ext.get("counterpart"),
                             default_test_cost=default_test_cost, split=split, resamples=resamples, seed=seed, ci=ci)
             for name, ext in (extensions or {}).items() if name in runs])
         tables["campaigns"] = _table(campaigns, CAMPAIGN_SCHEMA)
