@@ -1,5 +1,7 @@
-"""Statistics of the study (the package: `exact` tests, `metrics` per evaluation, `pairs`, the `study` tables,
-`ablations`, `extensions`, `power`, the `open_question` table; the public names of all but the last are re-exported here): pass@1, paired tests, mechanism metrics, checkpoint selection, ablations, power.
+"""Statistics of the study: pass@1, paired tests, mechanism metrics, checkpoint selection, ablations, power.
+
+The package: `exact` (the tests), `metrics` (per evaluation), `pairs`, `study` (the study's tables), `ablations`,
+`extensions`, `power`, `open_question`; the public names of all but the last are re-exported here.
 
 This is the `predict stats`, `predict ablations`, `predict extensions` and `predict power` stages. Input: greedy
 evaluation records (`results/eval/{run}/{checkpoint}/{split}/seed{seed}.parquet`, the per-trajectory schema of
