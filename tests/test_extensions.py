@@ -34,18 +34,21 @@ def test_every_extension_resolves_to_what_it_changes(name: str) -> None:
     assert runs_of_kind(config, "extension") == EXTENSIONS
     assert runs_of_kind(config, "extension", trainer="rft") == ["rft_A", "rft_B"]
     got = {r: resolve_run(config, r) for r in EXTENSIONS}
-    assert [(s.arm, s.test_cost, s.variant, s.mask_decision, s.trainer) for s in got.values()] == [
-        ("A", 3, "none", False, "rl"),
-        ("B", 3, "none", False, "rl"),
-        ("B", 1, "edit_on_revise", False, "rl"),
-        ("B", 1, "none", True, "rl"),
-        ("A", 1, "none", False, "rft"),
-        ("B", 1, "none", False, "rft"),
-        ("A", 1, "irreversible", False, "rl"),
-        ("B", 1, "irreversible", False, "rl"),
-        ("A", 1, "blind", False, "rl"),
-        ("B", 1, "blind", False, "rl"),
+    own = name == "config.yaml"  # the paper's open-question runs train from their own SFT; locally from the arm's
+    assert [(s.arm, s.test_cost, s.variant, s.mask_decision, s.trainer, s.sft_run) for s in got.values()] == [
+        ("A", 3, "none", False, "rl", "A"),
+        ("B", 3, "none", False, "rl", "B"),
+        ("B", 1, "edit_on_revise", False, "rl", "B"),
+        ("B", 1, "none", True, "rl", "B"),
+        ("A", 1, "none", False, "rft", "A"),
+        ("B", 1, "none", False, "rft", "B"),
+        ("A", 1, "irreversible", False, "rl", "irreversible_A" if own else "A"),
+        ("B", 1, "irreversible", False, "rl", "irreversible_B" if own else "B"),
+        ("A", 1, "blind", False, "rl", "blind_A" if own else "A"),
+        ("B", 1, "blind", False, "rl", "blind_B" if own else "B"),
     ]
+    assert [got[r].protocol for r in ("irreversible_A", "irreversible_B", "blind_A", "blind_B")] == [
+        "reactive", "predictive", "reactive", "predictive"]
     assert {s.kind for s in got.values()} == {"extension"} and resolve_run(config, "alpha0").kind == "ablation"
     assert got["expensive_tests_B"].alpha == 1.0 and got["expensive_tests_A"].alpha == 0.0
     # the arms and ablations keep the study's protocol
@@ -55,6 +58,7 @@ def test_every_extension_resolves_to_what_it_changes(name: str) -> None:
     assert extension_counterpart(config, "expensive_tests_B") == "expensive_tests_A"
     assert extension_counterpart(config, "expensive_tests_A") == "expensive_tests_B"
     assert extension_counterpart(config, "edit_on_revise") is None and extension_counterpart(config, "rft_B") is None
+    assert extension_counterpart(config, "blind_B") is None
 
 
 def test_a_run_carries_its_test_cost_into_the_config_it_rolls_out_with() -> None:
@@ -228,3 +232,20 @@ def test_extensions_stage_writes_a_row_per_seed(tmp_path: Path, arms: list[str])
         (42, "expensive_tests_A", "test_cost"), (43, "expensive_tests_A", "test_cost")]
     assert main(["extensions", "--config-json", json.dumps(config), "--extension", "nope", "--eval", *arms,
                  "--out", str(out)]) != 0  # the CLI prints the ConfigError as one line
+
+
+def test_the_test_campaign_takes_the_open_question_runs_like_the_other_rl_extensions() -> None:
+    """Issue 28: irreversible_A/B and blind_A/B are in the paper's test campaign at their selected step, each seed,
+    exactly as expensive_tests_A is (and, like it, with no reference checkpoint of their own)."""
+    from predict.campaign import campaign_plan, planned_selection
+
+    config = load_config(REPO / "config" / "config.yaml")
+    ev = config["evaluation"]
+    val = {(run, seed): (ev["checkpoints"] if run in config["arms"] else ev["extension_checkpoints"]
+                         if run in config["extensions"] else [c for c in ev["checkpoints"] if c != "sft"])
+           for run in study_runs(config) for seed in config["seeds"]}  # fmt: skip
+    plan = campaign_plan(config, val, planned_selection(config, val))
+    of = {run: [(c, s) for r, c, s in plan if r == run] for run in study_runs(config)}
+    for run in ("irreversible_A", "irreversible_B", "blind_A", "blind_B"):
+        assert of[run] == of["expensive_tests_A"] == [("step100", 42), ("step100", 43)], run
+    assert of["A"] == [("sft", 42), ("step100", 42), ("step100", 43)]

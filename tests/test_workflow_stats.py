@@ -43,17 +43,20 @@ def test_forced_keep_target_builds_exactly_what_it_needs() -> None:
 def test_paper_all_ends_in_the_report_with_every_ablation() -> None:
     counts = job_counts("--profile", "slurm", "all")
     assert counts["report"] == 1 and counts["ablation"] == 3 and counts["stats"] == 1 and counts["power"] == 1
-    # one val job and one test job per run and seed: 15 runs x 2 seeds; and each arm's SFT once on test (issue 26)
+    # one val job and one test job per run and seed: 19 runs x 2 seeds; and each arm's SFT once on test (issue 26)
     assert evaluation_jobs(counts) == {run: 2 for run in RUNS}
     assert evaluation_jobs(counts, "test") == {**{run: 2 for run in RUNS}, "reference_A": 1, "reference_B": 1}
     assert counts["test_stats"] == 1
     # GRPO runs (arms, ablations, RL extensions) on prime-rl; the RFT extensions on our trainer
     assert counts["prime_rl_rl"] == 13 * 2 and counts["rft"] == 2 * 2 and counts["extension"] == 10
     assert counts["open_question"] == 1
+    # SFT: the arms', and the four open-question runs' own (issue 28), each from its own traces
+    assert counts["prime_rl_sft"] == counts["prime_rl_sft_config"] == 2 + 4 and counts["run_traces"] == 4
 
 
+OPEN_QUESTION = ["irreversible_A", "irreversible_B", "blind_A", "blind_B"]
 EXTENSIONS = ["expensive_tests_A", "expensive_tests_B", "edit_on_revise", "mask_decision", "rft_A", "rft_B",
-              "irreversible_A", "irreversible_B", "blind_A", "blind_B"]
+              *OPEN_QUESTION]
 ABLATIONS = ["alpha0", "forced_keep", "budget_neutral"]
 RUNS = ["A", "B", *ABLATIONS, *EXTENSIONS]
 
@@ -77,9 +80,33 @@ def test_paper_all_includes_every_extension_run_table_and_report_input() -> None
         assert f"results/eval/{arm}/sft/test/seed42.parquet" in text and f"eval/{arm}/sft/test/seed43" not in text
 
 
+def test_paper_all_plans_the_open_question_runs_from_their_own_sft() -> None:
+    """Issue 28: irreversible_A/B and blind_A/B RL'd for both seeds, each from the SFT of its own traces (its base
+    arm's traces re-rendered under its variant), evaluated on val and in the test campaign at the selected step."""
+    text = dry_run("--profile", "slurm", "all")
+    for run in OPEN_QUESTION:
+        arm = run[-1]
+        assert re.search(rf"predict run-traces .* --run {run} --arm-traces results/sft/traces/{arm}\.parquet "
+                         rf"--tasks-file results/data/sft\.parquet --out results/sft/traces/{run}\.parquet", text), run
+        assert f"--arm {run} --traces results/sft/traces/{run}.parquet" in text, run  # its own SFT config
+        assert f"--checkpoint results/checkpoints/{run}/sft " in text, run
+        for seed in (42, 43):
+            assert re.search(rf"--run {run} --seed {seed} --tasks-file results/data/rl\.parquet "
+                             rf"--model results/checkpoints/{run}/sft ", text), (run, seed)  # RL from its own SFT
+            assert f"--out results/eval/{run}/step100/val/seed{seed}.parquet" in text, (run, seed)
+            assert f"--out results/eval/{run}/step100/test/seed{seed}.parquet" in text, (run, seed)
+        assert f"results/extensions/{run}.parquet" in text, run
+    # every other run starts from its arm's SFT; no other run gets traces or an SFT of its own
+    assert re.search(r"--run edit_on_revise --seed 42 --tasks-file results/data/rl\.parquet "
+                     r"--model results/checkpoints/B/sft ", text)
+    assert set(re.findall(r"--out results/sft/traces/(\w+)\.parquet", text)) == set(OPEN_QUESTION)
+
+
 def test_local_all_runs_every_extension_at_its_last_step_only() -> None:
     counts = job_counts("all")
+    # the open-question runs keep their arm's SFT locally (config/local.yaml: sft: base): no traces or SFT of their own
     assert counts["rl"] == 13 and counts["rft"] == 2 and counts["extension"] == 10 and counts["open_question"] == 1
+    assert counts["train_sft"] == 2 and "run_traces" not in counts
     assert evaluation_jobs(counts) == {run: 1 for run in RUNS}  # one seed
     assert evaluation_jobs(counts, "test") == {**{run: 1 for run in RUNS}, "reference_A": 1, "reference_B": 1}
 
@@ -105,7 +132,8 @@ def test_paper_test_target_is_the_campaign_at_the_selected_checkpoints() -> None
         # the stages find the checkout's campaign ledger themselves: never one under results/, never a param
         assert "--test-ledger" not in text and "--selection results/stats/selection.parquet" in text
         stats_job = next(line for line in text.splitlines() if "--out-dir results/test/stats" in line)
-        assert stats_job.count("/test/seed") == 2 * 2 + 2 + 2 * 13  # every test evaluation, nothing of val
+        # every test evaluation, nothing of val
+        assert stats_job.count("/test/seed") == 2 * 2 + 2 + 2 * len(ABLATIONS + EXTENSIONS)
         assert "/val/" not in stats_job.split("--selection")[0]
         assert ("results/report/index.html" in text) == (target == "all")
     counts = job_counts("--profile", "slurm", "test")

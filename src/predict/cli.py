@@ -170,6 +170,16 @@ def _cmd_traces(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run_traces(args: argparse.Namespace) -> int:
+    from predict.data import load_split
+    from predict.traces.stage import run_traces_stage
+
+    mix = run_traces_stage(_config(args), args.run, args.arm_traces, load_split(args.tasks_file), args.out)
+    _print_table(f"SFT traces, run {args.run}: the mix", ("role", "verified class", "traces"),
+                 [(e["role"], e["verified_class"], e["count"]) for e in mix])
+    return 0
+
+
 def _print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     """A table on stderr: each cell as str() shows it, None as an empty cell."""
     table = Table(*columns, title=title)
@@ -623,7 +633,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-tasks", type=int, default=None, help="first N tasks by task_id (default: all)")
     p.add_argument("--samples", type=int, default=1, help="rollouts per task")
     p.add_argument("--protocol", choices=["reactive", "predictive"], default=None, help="default: the arm's")
-    p.add_argument("--variant", choices=list(VARIANTS), default="none", help="protocol variant (Arm B's)")
+    p.add_argument("--variant", choices=list(VARIANTS), default="none",
+                   help="protocol variant (src/predict/env/protocol.py)")
     p.add_argument("--test-cost", type=positive_int, default=None,
                    help="budget calls per python_test (default: env.test_cost)")
     p.add_argument("--max-chained-revisions", type=positive_int, default=None,
@@ -635,6 +646,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = stage("traces", _cmd_traces, "synthesize both arms' SFT traces (gold + verified mutants) into parquet")
     p.add_argument("--tasks-file", required=True, help="the sft split parquet from `predict split`")
     p.add_argument("--out-dir", required=True, help="writes {arm}.parquet for every arm and tasks.parquet")
+
+    p = stage("run-traces", _cmd_run_traces,
+              "render a run's own SFT traces (irreversible, blind: predict.runs) from its base arm's traces")
+    p.add_argument("--run", required=True, help="a run whose SFT is its own (RunSpec.sft_run)")
+    p.add_argument("--arm-traces", required=True, help="its base arm's traces, results/sft/traces/{arm}.parquet")
+    p.add_argument("--tasks-file", required=True, help="the sft split parquet from `predict split`")
+    p.add_argument("--out", required=True)
 
     p = stage("evaluate", _cmd_evaluate,
               "greedy pass@1 of a run/seed's checkpoints on a split, one vLLM server (evaluation settings)")
@@ -707,9 +725,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     for name, summary, run_help, init_help in (
         ("rl", "RL (GRPO) of one run and seed on the rl split: step checkpoints + metrics (resumes)",
-         "an arm (A, B) or an ablation (alpha0, forced_keep, ...)", "starting checkpoint: the run's arm's SFT folder"),
+         "an arm (A, B) or an ablation (alpha0, forced_keep, ...)", "starting checkpoint: the run's SFT folder"),
         ("rft", "rejection-sampling fine-tuning of one RFT extension run and seed (resumes)",
-         "an extension with trainer rft (rft_A, rft_B)", "the run's arm's SFT folder (sampled from, fine-tuned)"),
+         "an extension with trainer rft (rft_A, rft_B)", "the run's SFT folder (sampled from, fine-tuned)"),
     ):
         p = stage(name, _cmd_train_run, summary)
         p.add_argument("--run", required=True, help=run_help)

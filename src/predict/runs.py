@@ -8,12 +8,23 @@ Rules:
   arms only; 0 for a reactive arm), ``env.test_cost``, ``rl.mask_decision``, trainer ``rl``.
 * An ablation (config ``ablations: {name: {base_arm, variant, alpha}}``) is its ``base_arm`` (default: the
   predictive arm) with ``variant`` (default ``none``) and ``alpha`` (default: the base arm's) replaced.
-* An extension (config ``extensions: {name: {base_arm, variant, alpha, test_cost, mask_decision, trainer}}``,
+* An extension (config ``extensions: {name: {base_arm, variant, alpha, test_cost, mask_decision, trainer, sft}}``,
   issue #11) is the same overlay with the environment's ``test_cost`` (budget calls per python_test), the RL
-  ``mask_decision`` switch (Arm B's DECISION tokens out of RL credit) and the ``trainer`` (``rl``: GRPO, the
-  ``rl`` stage; ``rft``: rejection-sampling fine-tuning, the ``rft`` stage) replaced. Keys left out keep the
-  base arm's values. ``kind`` tells the two overlays apart (``arm``, ``ablation``, ``extension``).
-* Every run's SFT checkpoint is its base arm's.
+  ``mask_decision`` switch (Arm B's DECISION tokens out of RL credit), the ``trainer`` (``rl``: GRPO, the
+  ``rl`` stage; ``rft``: rejection-sampling fine-tuning, the ``rft`` stage) and ``sft`` (below) replaced. Keys
+  left out keep the base arm's values. ``kind`` tells the two overlays apart (``arm``, ``ablation``,
+  ``extension``).
+* Variants: the predictive ones (`protocol.PREDICTIVE_VARIANTS`: forced_keep, budget_neutral, edit_on_revise)
+  need a predictive base arm; the environment ones (`protocol.ENVIRONMENT_VARIANTS`: irreversible, blind) take
+  either arm, so ``irreversible_A``/``irreversible_B`` and ``blind_A``/``blind_B`` are one environment under both
+  protocols (statistics pair runs of one ``variant`` and ``test_cost`` across base arms). A run has one variant.
+* SFT (``RunSpec.sft_run``, the run whose SFT checkpoint ``checkpoints/{sft_run}/sft`` the run starts from; the
+  workflow asks only this): the base arm's, unless the run trains from its own (extension key ``sft: own``; the
+  default for the environment variants, whose SFT traces take other actions than the base arm's: a blind trace
+  never calls python_test, an irreversible one tests once, at the end). A run with its own SFT gets its own traces,
+  ``sft/traces/{run}.parquet``, rendered from its base arm's under its own protocol (`predict.traces.stage`).
+  ``sft: own`` needs a variant whose traces render (`predict.traces.render.TRACE_VARIANTS`); ``sft: base`` keeps the
+  base arm's SFT whatever the variant (config/local.yaml does, to keep the local run short).
 * An environment (`environments`, the open question of issue 28) is one (variant, test_cost) played by both
   protocols: the reactive and the predictive run that share it and change nothing else (trainer ``rl``, the
   default ``rl.mask_decision``, their arm's alpha; ablations never). The study's own is ``study`` (arms A and B);
@@ -31,14 +42,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from predict.config import ConfigError
+from predict.env.protocol import ENVIRONMENT_VARIANTS, PREDICTIVE_VARIANTS, VARIANTS
+from predict.traces.render import TRACE_VARIANTS
 
 TRAINERS = ("rl", "rft")
+SFT_SOURCES = ("own", "base")
 
 
 @dataclass(frozen=True)
 class RunSpec:
     """What one run trains and how it rolls out: the arm's protocol, the environment variant, the CE weight, the
-    cost of a test, the decision mask and the trainer."""
+    cost of a test, the decision mask, the trainer and the run whose SFT checkpoint it starts from."""
 
     run: str
     arm: str
@@ -49,10 +63,21 @@ class RunSpec:
     mask_decision: bool = False
     trainer: str = "rl"
     kind: str = "arm"
+    sft_run: str = ""
+    """The run whose SFT checkpoint this run starts from: its base arm, or itself (its own traces); "" = the arm."""
+
+    def __post_init__(self) -> None:
+        if not self.sft_run:
+            object.__setattr__(self, "sft_run", self.arm)
 
     @property
     def predictive(self) -> bool:
         return self.protocol == "predictive"
+
+    @property
+    def own_sft(self) -> bool:
+        """Whether the run trains from its own SFT (its own traces) rather than its base arm's."""
+        return self.sft_run == self.run != self.arm
 
     def env(self, config: Mapping[str, Any]) -> Mapping[str, Any]:
         """The study config with this run's environment knobs (``env.test_cost``) in place."""
@@ -86,6 +111,12 @@ def runs_of_kind(config: Mapping[str, Any], kind: str, trainer: str | None = Non
     return [s.run for s in specs if s.kind == kind and (trainer is None or s.trainer == trainer)]
 
 
+def sft_runs(config: Mapping[str, Any]) -> list[str]:
+    """The runs with an SFT checkpoint of their own: the arms (sorted), then the study runs with ``sft_run`` = the
+    run itself, in run order."""
+    return sorted(config["arms"]) + [r for r in study_runs(config) if resolve_run(config, r).own_sft]
+
+
 def resolve_run(config: Mapping[str, Any], run: str) -> RunSpec:
     arms = config["arms"]
     ablations, extensions = config.get("ablations") or {}, config.get("extensions") or {}
@@ -109,9 +140,17 @@ def resolve_run(config: Mapping[str, Any], run: str) -> RunSpec:
     trainer = over.get("trainer", "rl")
     if trainer not in TRAINERS:
         raise ConfigError(f"{kind}s.{run}.trainer: {trainer!r} is not one of {', '.join(TRAINERS)}")
-    if protocol != "predictive" and (variant == "edit_on_revise" or bool(over.get("mask_decision"))):
-        what = f"variant {variant}" if variant == "edit_on_revise" else "mask_decision"
+    if variant not in VARIANTS:
+        raise ConfigError(f"{kind}s.{run}.variant: {variant!r} is not one of {', '.join(VARIANTS)}")
+    if protocol != "predictive" and (variant in PREDICTIVE_VARIANTS or bool(over.get("mask_decision"))):
+        what = f"variant {variant}" if variant in PREDICTIVE_VARIANTS else "mask_decision"
         raise ConfigError(f"{kind}s.{run}: {what} needs a predictive base arm, {arm} is {protocol}")
+    sft = over.get("sft", "own" if variant in ENVIRONMENT_VARIANTS else "base")
+    if sft not in SFT_SOURCES:
+        raise ConfigError(f"{kind}s.{run}.sft: {sft!r} is not one of {', '.join(SFT_SOURCES)}")
+    if sft == "own" and variant not in TRACE_VARIANTS:
+        raise ConfigError(f"{kind}s.{run}.sft: own needs SFT traces of its variant, and {variant} traces are not "
+                          f"rendered (only {', '.join(TRACE_VARIANTS)}): use sft: base")
     return RunSpec(
         run=run,
         arm=arm,
@@ -122,6 +161,7 @@ def resolve_run(config: Mapping[str, Any], run: str) -> RunSpec:
         mask_decision=mask_decision,
         trainer=trainer,
         kind=kind,
+        sft_run=run if kind != "arm" and sft == "own" else arm,
     )
 
 

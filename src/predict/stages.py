@@ -83,6 +83,9 @@ STAGES: dict[str, Stage] = {
               ROLLOUT),
         Stage("traces", ("sft_traces",), "traces.smk", "traces/stage.py", "sft/traces/{arm}.parquet, tasks.parquet",
               ("traces", "arms", "env", "verifier", "model.enable_thinking")),
+        # A run with its own SFT (predict.runs: irreversible, blind): its base arm's traces under its own protocol.
+        Stage("run-traces", ("run_traces",), "traces.smk", "traces/stage.py", "sft/traces/{run}.parquet",
+              _reads(RUN_MATRIX, ("traces", "env"))),
         Stage("sft", ("train_sft",), "train.smk", "train/sft.py", "checkpoints/{arm}/sft/, sft/{arm}/metrics.parquet",
               _reads(("sft", "model.enable_thinking"), TRACKING), TRACKING),
         Stage("rl", ("rl",), "rl.smk", "train/rl.py", "rl/{run}/seed{seed}/step{N}/, metrics.parquet",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from predict.config import ConfigError, validate_config
 from predict.campaign import campaign_from_stats, campaign_plan, planned_selection, selection_settings
-from predict.runs import extension_counterpart, resolve_run, study_runs
+from predict.runs import extension_counterpart, resolve_run, sft_runs, study_runs
 from predict.stages import slice_file, slice_params, stage_config
 
 try:
@@ -148,12 +148,13 @@ def run_arm(run):
 
 
 def checkpoint_model(run, checkpoint, seed):
-    """The folder or HF id vLLM serves for a run's checkpoint: base, sft (the run's arm's SFT, shared by its
-    ablations) or step<N> (the run's RL checkpoint for that seed). The one place checkpoint names become paths."""
+    """The folder or HF id vLLM serves for a run's checkpoint: base, sft (the run's SFT, RunSpec.sft_run: its arm's,
+    shared by its ablations, or its own) or step<N> (the run's RL checkpoint for that seed). The one place checkpoint
+    names become paths."""
     if checkpoint == "base":
         return base_model_path()
     if checkpoint == "sft":
-        return R("checkpoints", run_arm(run), "sft")
+        return R("checkpoints", resolve_run(config, run).sft_run, "sft")
     if re.fullmatch(r"step\d+", checkpoint):
         return R("rl", run, f"seed{seed}", checkpoint)
     raise WorkflowError(f"unknown checkpoint {checkpoint!r} (base, sft or step<N>)")
@@ -181,7 +182,7 @@ def RUN_CHECKPOINTS(run):
     """The configured checkpoints of a run that exist or are built here, for every seed (one evaluation job serves
     them all, so a seed cannot have its own list); `base`, the untrained stand-in, when none is (a branch or config
     without trained checkpoints). Wiring new checkpoints in is evaluation.checkpoints (evaluation.extension_checkpoints
-    for the extension runs, whose SFT is their base arm's)."""
+    for the extension runs: the statistics read their selected RL step, and most share their base arm's SFT)."""
     wanted = EVALUATION.get("checkpoints", ["base"])
     if run in EXTENSIONS and EVALUATION.get("extension_checkpoints"):
         wanted = EVALUATION["extension_checkpoints"]

@@ -108,8 +108,9 @@ rule prime_rl_sft:
 rule prime_rl_rl_config:
     input:
         tasks=R("data", "rl.parquet"),
-        # an RL run starts from its arm's SFT checkpoint (an ablation: the predictive arm's)
-        model=lambda w: R("checkpoints", resolve_run(config, w.run).arm, "sft"),
+        # an RL run starts from its SFT checkpoint (RunSpec.sft_run: its arm's, an ablation the predictive arm's, or
+        # its own)
+        model=lambda w: R("checkpoints", resolve_run(config, w.run).sft_run, "sft"),
     output:
         R("rl", "{run}", "seed{seed}", "prime-rl.toml"),
     wildcard_constraints:

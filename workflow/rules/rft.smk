@@ -1,6 +1,6 @@
 # The RFT extensions (config `extensions:` with trainer rft), with either training backend: rejection-sampling
 # fine-tuning (src/predict/train/rft.py) runs on our trainer, one GPU (or the CPU) beside a vLLM server: G rollouts
-# per rl task from the arm's SFT checkpoint, SFT on the reward-1 ones for rl.steps optimizer steps; checkpoints and
+# per rl task from the run's SFT checkpoint, SFT on the reward-1 ones for rl.steps optimizer steps; checkpoints and
 # metrics where an RL run has them.
 from predict.runs import checkpoint_steps
 
@@ -11,7 +11,7 @@ RFT_RESULTS = expand(R("rl", "{run}", "seed{seed}", "metrics.parquet"), run=RFT_
 rule rft:
     input:
         tasks=R("data", "rl.parquet"),
-        init=lambda w: R("checkpoints", resolve_run(config, w.run).arm, "sft"),
+        init=lambda w: R("checkpoints", resolve_run(config, w.run).sft_run, "sft"),
         serving=ancient(SERVING_CHECK),  # the vLLM server's interpreter imports vLLM
     output:
         metrics=R("rl", "{run}", "seed{seed}", "metrics.parquet"),

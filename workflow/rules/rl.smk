@@ -1,6 +1,7 @@
 # RL (GRPO) of every run in the matrix with the local trainer: the arms (A, B), the ablations of Arm B (config
-# `ablations:`) and the RL extensions (config `extensions:` with trainer rl), each seed, each from its arm's SFT
-# checkpoint. One job per run and seed; it resumes after a kill. (The RFT extensions: rft.smk.)
+# `ablations:`) and the RL extensions (config `extensions:` with trainer rl), each seed, each from its SFT
+# checkpoint (predict.runs RunSpec.sft_run: its arm's, or its own). One job per run and seed; it resumes after a
+# kill. (The RFT extensions: rft.smk.)
 from predict.runs import checkpoint_steps
 
 RL_RUNS = [r for r in study_runs(config) if resolve_run(config, r).trainer == "rl"]
@@ -12,7 +13,7 @@ RL_RESULTS = expand(R("rl", "{run}", "seed{seed}", "metrics.parquet"), run=RL_RU
 rule rl:
     input:
         tasks=R("data", "rl.parquet"),
-        init=lambda w: R("checkpoints", resolve_run(config, w.run).arm, "sft"),  # the run's arm's SFT folder
+        init=lambda w: R("checkpoints", resolve_run(config, w.run).sft_run, "sft"),  # the run's SFT folder
         serving=ancient(SERVING_CHECK),  # the colocated vLLM server's interpreter imports vLLM
     output:
         metrics=R("rl", "{run}", "seed{seed}", "metrics.parquet"),

@@ -24,3 +24,32 @@ rule sft_traces:
     shell:
         "predict traces --config-slice {params.config:q} --tasks-file {input.tasks:q} --out-dir {params.out_dir:q}"
         " > {log:q} 2>&1"
+
+
+# A run with its own SFT (predict.runs RunSpec.sft_run: the irreversible and blind extensions): its base arm's
+# traces re-rendered under the run's own protocol (no sandbox: the verdicts are the base arm's file's).
+OWN_SFT_RUNS = [r for r in sft_runs(config) if r not in config["arms"]]
+
+
+rule run_traces:
+    input:
+        arm_traces=lambda w: R("sft", "traces", f"{resolve_run(config, w.run).arm}.parquet"),
+        tasks=R("data", "sft.parquet"),
+    output:
+        R("sft", "traces", "{run}.parquet"),
+    wildcard_constraints:
+        run="|".join(OWN_SFT_RUNS) or "^$",
+    params:
+        **SLICE("run-traces"),
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    log:
+        LOG("run_traces", "{run}"),
+    benchmark:
+        BENCH("run_traces", "{run}")
+    conda:
+        "../../envs/pipeline.yaml"
+    shell:
+        "predict run-traces --config-slice {params.config:q} --run {wildcards.run} --arm-traces {input.arm_traces:q}"
+        " --tasks-file {input.tasks:q} --out {output:q} > {log:q} 2>&1"

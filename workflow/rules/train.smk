@@ -1,4 +1,5 @@
-# Training: SFT of the base model on each arm's traces -> results/checkpoints/{arm}/sft/ (HF folder).
+# Training: SFT of the base model on each arm's traces -> results/checkpoints/{arm}/sft/ (HF folder); `{arm}` is any
+# run with an SFT of its own (predict.runs sft_runs: the arms, and the runs whose traces are their own).
 # The trainer saves a resumable state under results/sft/{arm}/state/ (not an output: it survives a killed job, and
 # the rerun continues from it); the checkpoint folder appears atomically at the end.
 

@@ -33,10 +33,29 @@ Rules (the environment's, documented here and in the system prompts):
   ``prediction="MALFORMED"`` (the raw reply is kept on the step), counts as a non-PASS prediction (so REVISE,
   unless the variant is forced_keep) and is answered with a ``status: error`` message naming the expected format
   and what happened to the patch.
-* Variants (one at a time, all predictive): ``forced_keep`` makes every effective decision KEEP (predictions are
-  still asked for and recorded); ``budget_neutral`` makes REVISE free (``revise_costs_call=False``) or, when a
-  budget is given for it, raises the budget to that value (see `ProtocolConfig.resolve`); ``edit_on_revise``
-  (below). Any action line in a prediction reply is ignored (never executed), except edit_on_revise's replacement.
+* Variants (one at a time: ``variant`` is one value). The predictive ones (`PREDICTIVE_VARIANTS`, the
+  predictive protocol only): ``forced_keep`` makes every effective decision KEEP (predictions are still asked for
+  and recorded); ``budget_neutral`` makes REVISE free (``revise_costs_call=False``) or, when a budget is given for
+  it, raises the budget to that value (see `ProtocolConfig.resolve`); ``edit_on_revise`` (below). Any action line in
+  a prediction reply is ignored (never executed), except edit_on_revise's replacement. The environment ones
+  (`ENVIRONMENT_VARIANTS`, both protocols: what acting first costs): ``irreversible`` and ``blind`` (below). No
+  variant combines with another (an irreversible or blind edit_on_revise is not a setting); each combines with
+  ``test_cost``.
+* Irreversible (``variant: irreversible``): the first python_test that runs is final. The episode ends on it
+  (``stop_reason`` ``final_test``, no further model call) and is graded on the solution state it tested (nothing
+  changes the state after it, so solution.py as the episode leaves it is that state). Its result never reaches the
+  model (``result_sent=False``): the test and the patch it tested record ``outcome_seen=False``, as for a
+  budget-ending test. A python_test that does not run (a bad path; refused under ``test_cost``) is an invalid
+  action as always and ends nothing. Before it, the episode is the study's: Arm B's KEEP/REVISE is the last chance
+  to act on a prediction. Without a test the episode ends at FINAL or the budget, graded then. The system prompt's
+  python_test line says the test ends the episode and shows no result (`_TEST_TOOL_IRREVERSIBLE`).
+* Blind (``variant: blind``): no test tool. The system prompt offers read_file and apply_patch only and says that no
+  tool runs the tests and no result is ever shown (`_BLIND_RULE`); a python_test call is an invalid action
+  (``action="invalid"``, ``tool="python_test"``, `ERRORS["test_unavailable"]`, one call), and the tool lists in
+  error messages leave it out (`ProtocolConfig.tools`). The episode ends at FINAL or the budget and is graded then.
+  Every patch's outcome is a hidden shadow execution (``outcome_seen=False``): no user message carries an outcome
+  class or test output. At ``test_cost`` k the budget is scaled as for every variant (the calls the other runs at
+  k have), and the prompt has no cost note (there is no test to pay for).
 * Edit on REVISE (``variant: edit_on_revise``, cap ``max_chained_revisions``, default 2): an effective REVISE
   (sampled, forced by a non-PASS prediction, or by a malformed line) must be followed in the same reply by a
   replacement patch: the first action line after the prediction line (anywhere in the reply when no prediction
@@ -59,8 +78,8 @@ Rules (the environment's, documented here and in the system prompts):
   (``edited_from`` = the REVISEd patch's step, ``revision_depth`` = its place in the chain; its prediction fields
   are the replacement's, its own prediction is on ``steps[patch_step]``). ``edit_error`` holds why a replacement
   was not applied.
-* Shadow execution: every successful patch gets a verified outcome. A patch is "tested in view" when a
-  python_test runs on exactly its solution state before anything changes that state (read_file and failed
+* Shadow execution: every successful patch gets a verified outcome, in every variant. A patch is "tested in view"
+  when a python_test runs on exactly its solution state before anything changes that state (read_file and failed
   patches change nothing) and its result reaches the model (not the budget-ending call); then the test's outcome
   is the patch's, with ``outcome_seen=True``. Otherwise (a later patch, a REVISE, or the end of the episode comes
   first) the patched code is run hidden, before any revert, and its outcome is recorded with ``outcome_seen=False``.
@@ -91,14 +110,20 @@ SOLUTION_FILE = "solution.py"
 STUB = "# Write your function here.\n"
 TOOLS: tuple[str, ...] = ("read_file", "apply_patch", "python_test")
 PROTOCOLS: tuple[str, ...] = ("reactive", "predictive")
-VARIANTS: tuple[str, ...] = ("none", "forced_keep", "budget_neutral", "edit_on_revise")
+PREDICTIVE_VARIANTS: tuple[str, ...] = ("forced_keep", "budget_neutral", "edit_on_revise")
+"""Variants of the prediction step: the predictive protocol only."""
+ENVIRONMENT_VARIANTS: tuple[str, ...] = ("irreversible", "blind")
+"""Variants of what acting first costs, for both protocols; they change the actions an SFT trace takes
+(`predict.traces.render`), so a run of one trains from its own SFT (`predict.runs`)."""
+VARIANTS: tuple[str, ...] = ("none", *PREDICTIVE_VARIANTS, *ENVIRONMENT_VARIANTS)
 DECISIONS: tuple[str, ...] = ("KEEP", "REVISE")
 PREDICTION_CLASSES: tuple[str, ...] = OUTCOMES
 MALFORMED = "MALFORMED"
-STOP_REASONS: tuple[str, ...] = ("final", "budget", "error", "max_turns")
+STOP_REASONS: tuple[str, ...] = ("final", "budget", "error", "max_turns", "final_test")
+"""``final_test``: the irreversible variant's python_test ended the episode."""
 
 Protocol = Literal["reactive", "predictive"]
-Variant = Literal["none", "forced_keep", "budget_neutral", "edit_on_revise"]
+Variant = Literal["none", "forced_keep", "budget_neutral", "edit_on_revise", "irreversible", "blind"]
 RunTests = Callable[[str], Any]
 """solution text -> an Outcome (or anything with `.outcome` and optionally `.detail`, like a sandbox Verdict)."""
 
@@ -138,14 +163,14 @@ def error_result(message: str) -> str:
 ERRORS: dict[str, str] = {
     "no_action": (
         "no action line found. Reply with exactly one action line: "
-        'CALL <tool> {{"arg": "value"}} (tools: read_file, apply_patch, python_test) or FINAL: <summary>.'
+        'CALL <tool> {{"arg": "value"}} (tools: {tools}) or FINAL: <summary>.'
     ),
     "malformed_json": (
         "malformed JSON arguments for {tool}: {detail}. Put the arguments on the same line as one JSON object, "
         'e.g. CALL apply_patch {{"find": "old text", "replace": "new text"}} (use \\n for newlines).'
     ),
     "missing_args": "{tool} needs the string argument(s) {args}, e.g. {example}.",
-    "unknown_tool": "unknown tool {tool!r}. Available tools: read_file, apply_patch, python_test.",
+    "unknown_tool": "unknown tool {tool!r}. Available tools: {tools}.",
     "path_outside_workdir": (
         "path {path!r} is outside the workdir. Use a path relative to the workdir, e.g. " + SOLUTION_FILE + "."
     ),
@@ -170,6 +195,11 @@ ERRORS: dict[str, str] = {
     "test_unaffordable": (
         "python_test costs {cost} tool calls, calls left: {left}. Nothing was run (this reply used one call). "
         "Use the remaining calls for other tools, or end with FINAL: <summary>."
+    ),
+    # blind: the tool is not offered
+    "test_unavailable": (
+        "there is no python_test tool here: the tests run only when the episode ends, and their result is never "
+        "shown. Available tools: {tools}."
     ),
     # edit_on_revise: the line after "patch reverted" when no replacement went in
     "replacement_missing": (
@@ -210,14 +240,28 @@ CALL read_file {{"file_path": "solution.py"}}
   shows the current file.
 CALL apply_patch {{"find": "<exact text>", "replace": "<new text>"}}
   replaces the one occurrence of the find text in solution.py (use \\n for newlines inside JSON strings).
+{test_tool}FINAL: <one-line summary>
+  ends the episode; solution.py as it is then is graded.
+{rule}
+The JSON arguments go on the same line as CALL. You have a budget of {budget} tool calls; a reply that is not a \
+valid action also uses one. When the budget is spent the episode ends and solution.py is graded as it is."""
+
+# The python_test entry of the tool list ({test_cost_note}: `_SYSTEM_TEST_COST` or nothing); blind has none.
+_TEST_TOOL = """\
 CALL python_test {{"project_path": "solution.py"}}
   runs the task's tests on solution.py and reports the outcome class: PASS, ASSERTION_FAILURE, RUNTIME_ERROR, \
 SYNTAX_ERROR, TIMEOUT or OTHER.{test_cost_note}
-FINAL: <one-line summary>
-  ends the episode; solution.py as it is then is graded.
-
-The JSON arguments go on the same line as CALL. You have a budget of {budget} tool calls; a reply that is not a \
-valid action also uses one. When the budget is spent the episode ends and solution.py is graded as it is."""
+"""
+_TEST_TOOL_IRREVERSIBLE = """\
+CALL python_test {{"project_path": "solution.py"}}
+  runs the task's tests on solution.py and ends the episode: solution.py as tested is graded, and you get no \
+result. Only one test can run, so test only when solution.py is done.{test_cost_note}
+"""
+# blind: the paragraph after the tool list (the other variants have none there)
+_BLIND_RULE = """
+No tool runs the tests: they run only when the episode ends and solution.py is graded, and you never see their \
+result.
+"""
 
 # test_cost > 1 only (appended to the python_test line; at test_cost 1 the prompt is the study's)
 _SYSTEM_TEST_COST = """
@@ -309,7 +353,7 @@ class ProtocolConfig:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
         if self.variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
-        if self.variant != "none" and self.protocol != "predictive":
+        if self.variant in PREDICTIVE_VARIANTS and self.protocol != "predictive":
             raise ValueError(f"variant {self.variant!r} needs the predictive protocol")
         if self.max_model_calls is not None and self.max_model_calls < 1:
             raise ValueError(f"max_model_calls must be >= 1, got {self.max_model_calls}")
@@ -374,9 +418,19 @@ class ProtocolConfig:
             return (self.max_chained_revisions + 2) * self.budget + 1
         return 2 * self.budget + 1 if self.revise_costs_call or not self.predictive else 4 * self.budget + 1
 
+    @property
+    def tools(self) -> tuple[str, ...]:
+        """The tools this episode offers: every one of `TOOLS`, but python_test under blind."""
+        return tuple(t for t in TOOLS if not (t == "python_test" and self.variant == "blind"))
+
     def system_prompt(self) -> str:
         note = _SYSTEM_TEST_COST.format(test_cost=self.test_cost) if self.test_cost != 1 else ""
-        text = _SYSTEM_COMMON.format(budget=self.budget, test_cost_note=note)
+        test_tool = {"blind": "", "irreversible": _TEST_TOOL_IRREVERSIBLE}.get(self.variant, _TEST_TOOL)
+        text = _SYSTEM_COMMON.format(
+            budget=self.budget,
+            test_tool=test_tool.format(test_cost_note=note),
+            rule=_BLIND_RULE if self.variant == "blind" else "",
+        )
         if not self.predictive:
             return text
         if self.variant == "forced_keep":
@@ -686,7 +740,7 @@ class Episode:
 
     def _error(self, step: Step, kind: str, **fmt: Any) -> Step:
         step.status, step.error = "error", kind
-        step.result = error_result(ERRORS[kind].format(**fmt))
+        step.result = error_result(ERRORS[kind].format(tools=", ".join(self.config.tools), **fmt))
         return step
 
     def _act(self, index: int, reply: str) -> Step:
@@ -701,8 +755,8 @@ class Episode:
         if action.kind == "none":
             return self._error(step, "no_action")
         tool = action.tool or ""
-        if tool not in TOOLS:
-            return self._error(step, "unknown_tool", tool=tool)
+        if tool not in self.config.tools:
+            return self._error(step, "test_unavailable" if tool in TOOLS else "unknown_tool", tool=tool)
         step.action = tool
         args, problem = _call_args(tool, action.args_text)
         if args is not None:
@@ -759,6 +813,8 @@ class Episode:
             self._untested.outcome, self._untested.outcome_seen = outcome.value, True
             self._untested.outcome_step, self._untested.outcome_detail = step.index, step.outcome_detail
             self._untested = None
+        if self.config.variant == "irreversible":  # the test is final: graded on this state, result unseen (`step`)
+            self.finish("final_test")
         return step
 
     def _predict(self, index: int, reply: str) -> Step:

@@ -24,6 +24,13 @@ One row per rollout. ``steps`` holds every assistant reply in order (see `protoc
   (REVISE replies whose replacement was missing, failed or refused at the cap, step field ``edit_error``),
   ``max_revision_depth`` (longest chain; per patch ``revision_depth``, 0 = a tool call's patch). A replacement's
   REVISEd patch is ``steps[edited_from]`` (its shadow outcome stays the label of that prediction).
+* irreversible and blind (``variant``; both protocols, paired by ``variant`` and ``test_cost`` across arms): the
+  record is graded like any other (``final_outcome``/``reward``: the task's check of solution.py as the episode
+  left it). Irreversible: a rollout whose python_test ran ends on it (``stop_reason == "final_test"``), graded on
+  the state it tested (``final_solution`` is the code that test ran on); that test and its patch have
+  ``outcome_seen`` false. Blind: ``n_tests`` is 0 (a python_test call is an ``invalid`` step with ``tool ==
+  "python_test"`` and ``error == "test_unavailable"``) and every patch outcome is a hidden shadow
+  (``outcome_seen`` false), so Arm B's confusion matrix and REVISE precision read as in the study.
 * recovery: ``recovered`` is null unless the first applied patch's verified outcome was not PASS; then it is
   ``final_pass``. Recovery rate = mean of the non-null values.
 * rows with ``stop_reason == "error"`` or ``ok == False`` are infrastructure failures (``error`` says what): their

@@ -22,7 +22,22 @@ The replies (no reasoning text, no ``<think>``: the assistant turns are the acti
   the faulty patch's prediction is then *wrong* (PASS for a failing patch), which is the price of showing Arm B a
   failing test and a targeted repair.
 
-The budget (8 calls) is never the limit: the longest trace uses 5 calls.
+Under the environment variants (`protocol.ENVIRONMENT_VARIANTS`; a run with its own SFT, `predict.runs`) the
+replies follow the variant's own rules, and the episode that checks them is the variant's:
+
+* irreversible: the trace tests once, at the end: the final ``python_test ... -> FINAL`` of each trace above becomes
+  ``python_test`` alone (the episode ends on it, graded on the gold it tests; its result is never sent, so it is
+  the last message). Arm A's recovery cannot test the faulty patch first: read_file -> apply_patch(stub -> faulty)
+  -> read_file (the one observation there is before the test: the code as written) -> apply_patch(the repair) ->
+  python_test. Arm B's revise recovery: ... -> ``<PREDICTION>{verified class}</PREDICTION>
+  <DECISION>REVISE</DECISION>`` -> apply_patch(stub -> gold) -> ``PASS`` / ``KEEP`` -> python_test. keep_test:
+  Arm A's patches, each followed by ``PASS`` / ``KEEP``.
+* blind: no python_test anywhere: ``python_test -> FINAL`` becomes FINAL (its summary claims no test result), and
+  the failing test in Arm A's (and keep_test's) recovery becomes the read_file above. Arm B's revise recovery
+  predicts the faulty patch's verified class (the episode's hidden shadow verifies it) and REVISEs, as in the study.
+
+Every other variant is not rendered (`TRACE_VARIANTS`): those runs train from their base arm's SFT. The budget is
+never the limit: the longest trace uses 5 calls (4 + test_cost under irreversible, within its scaled budget).
 """
 
 from __future__ import annotations
@@ -32,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from predict.env.protocol import (
+    ENVIRONMENT_VARIANTS,
     SOLUTION_FILE,
     STUB,
     Episode,
@@ -44,6 +60,8 @@ from predict.outcomes import Outcome
 
 ROLES: tuple[str, ...] = ("direct", "recovery")
 RECOVERY_STYLES: tuple[str, ...] = ("revise", "keep_test")
+TRACE_VARIANTS: tuple[str, ...] = ("none", *ENVIRONMENT_VARIANTS)
+"""The variants traces are rendered under (the others' runs train from their base arm's SFT)."""
 STUB_FIND = STUB.rstrip("\n")  # the patch replaces the stub's one line; the file keeps its final newline
 
 READ = call_line("read_file", {"file_path": SOLUTION_FILE})
@@ -115,18 +133,25 @@ def replies(trace: Trace, config: ProtocolConfig, recovery_style: str = "revise"
     """The assistant replies of `trace` under `config`'s protocol."""
     if recovery_style not in RECOVERY_STYLES:
         raise TraceError(f"recovery_style must be one of {RECOVERY_STYLES}, got {recovery_style!r}")
+    if config.variant not in TRACE_VARIANTS:
+        raise TraceError(f"traces are rendered under variants {', '.join(TRACE_VARIANTS)}, not {config.variant!r}")
     keep = [prediction_line(Outcome.PASS.value, "KEEP")] if config.predictive else []
     to_gold = [patch_line(STUB_FIND, trace.gold), *keep]
-    final = final_line(f"solution.py defines {trace.function} and passes the tests.")
+    if config.variant == "irreversible":
+        finish, observe = [TEST], READ  # the one test is the end; before it, only the code can be looked at
+    elif config.variant == "blind":
+        finish, observe = [final_line(f"solution.py defines {trace.function}.")], READ
+    else:
+        finish, observe = [TEST, final_line(f"solution.py defines {trace.function} and passes the tests.")], TEST
     if trace.role == "direct":
-        return [READ, *to_gold, TEST, final]
+        return [READ, *to_gold, *finish]
     assert trace.faulty is not None and trace.verified_class is not None
     to_faulty = patch_line(STUB_FIND, trace.faulty)
     if config.predictive and recovery_style == "revise":
         revise = prediction_line(trace.verified_class, "REVISE")
-        return [READ, to_faulty, revise, *to_gold, TEST, final]
+        return [READ, to_faulty, revise, *to_gold, *finish]
     find, replace = repair_edit(solution_text(trace.faulty), solution_text(trace.gold))
-    return [READ, to_faulty, *keep, TEST, patch_line(find, replace), *keep, TEST, final]
+    return [READ, to_faulty, *keep, observe, patch_line(find, replace), *keep, *finish]
 
 
 def render(
@@ -148,15 +173,23 @@ def render(
 
 
 def check(trace: Trace, episode: Episode, recovery_style: str) -> None:
-    """The rendered episode is what the trace says: FINAL on gold, no errors, every result sent, and each patch's
-    verified outcome as intended (faulty: the verified class; gold: PASS); Arm B's predictions as documented."""
-    where = f"task {trace.task_id} ({trace.role}, {episode.config.protocol})"
-    if episode.stop_reason != "final" or episode.solution != solution_text(trace.gold):
+    """The rendered episode is what the trace says: FINAL on gold (irreversible: the one python_test, on gold), no
+    errors, every result but the last one's sent, python_test only where the variant allows it (blind: never;
+    irreversible: once, last), and each patch's verified outcome as intended (faulty: the verified class; gold:
+    PASS); Arm B's predictions as documented."""
+    variant = episode.config.variant
+    where = f"task {trace.task_id} ({trace.role}, {episode.config.protocol}, variant {variant})"
+    ending = "final_test" if variant == "irreversible" else "final"
+    if episode.stop_reason != ending or episode.solution != solution_text(trace.gold):
         raise TraceError(f"{where}: ended with {episode.stop_reason!r}, solution is gold: "
                          f"{episode.solution == solution_text(trace.gold)}")
-    bad = [s for s in episode.steps if s.status == "error" or not s.result_sent and s.action != "final"]
+    last = episode.steps[-1]
+    bad = [s for s in episode.steps if s.status == "error" or not s.result_sent and s is not last]
     if bad:
         raise TraceError(f"{where}: step {bad[0].index} ({bad[0].action}) {bad[0].status}: {bad[0].result!r}")
+    tests = [s.index for s in episode.steps if s.action == "python_test" or s.tool == "python_test"]
+    if variant != "none" and tests != ([last.index] if variant == "irreversible" else []):
+        raise TraceError(f"{where}: python_test at steps {tests}")
     patches = [s for s in episode.steps if s.action == "apply_patch" and s.applied]
     expected = [Outcome.PASS.value] if trace.role == "direct" else [trace.verified_class, Outcome.PASS.value]
     if [p.outcome for p in patches] != expected:

@@ -19,6 +19,12 @@ Rules:
   computed (an unverified solution is an error), so what the parquet holds is what the environment says.
   Everything is a function of the config, the seed and the sandbox's verdicts: the same inputs give a
   byte-identical parquet (no durations or times in it).
+* A run with its own SFT (`predict.runs`: ``RunSpec.sft_run`` is the run; the environment variants irreversible
+  and blind) gets ``{run}.parquet`` from `run_traces`: its base arm's traces (the same tasks, gold, mutants and
+  verified classes) re-rendered through the run's own `Episode` (its variant and test cost), answering python_test
+  and shadow runs from the verdicts the base arm's file records (gold PASS, the mutant its verified class), so no
+  sandbox runs and the run's traces differ from its arm's only where the variant's rules do. Its ``arm`` column is
+  the run (the file's SFT), ``protocol`` the arm's.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from rich.progress import MofNCompleteColumn, Progress, TaskID
 from predict.env.protocol import ProtocolConfig, task_prompt
 from predict.io import write_rows
 from predict.outcomes import Outcome
+from predict.runs import resolve_run
 from predict.traces import mutations
 from predict.traces.render import RECOVERY_STYLES, Trace, TraceError, render, solution_text
 
@@ -385,3 +392,53 @@ def run_stage(
     write_rows(synthesis.tasks, TASKS_SCHEMA, out_dir / "tasks.parquet")
     summary["tasks"] = Counter(t["role"] for t in synthesis.tasks)
     return summary
+
+
+def trace_of_row(row: Mapping[str, Any], task: Mapping[str, Any]) -> Trace:
+    """The underlying trace of one arm's parquet row (every arm's row of a task holds the same one)."""
+    prompt = task_prompt(task["text"], task["test_list"])
+    if row["messages"][1]["content"] != prompt:
+        raise TraceError(f"task {row['task_id']}: the trace's task prompt is not the sft split's")
+    return Trace(task_id=int(row["task_id"]), role=row["role"], prompt=prompt,
+                 function=function_name(row["gold_code"], task["test_list"]), gold=row["gold_code"],
+                 faulty=row["faulty_code"], operator=row["operator"], mutation=row["mutation"],
+                 verified_class=row["verified_class"])
+
+
+def run_traces(
+    config: Mapping[str, Any], run: str, arm_rows: Sequence[Mapping[str, Any]], tasks: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The parquet rows of a run with its own SFT: its base arm's traces (`arm_rows`, that arm's parquet) rendered
+    under the run's protocol (see the module docstring). `tasks`: the sft split."""
+    spec = resolve_run(config, run)
+    if not spec.own_sft:
+        raise TracesConfigError(f"run {run}: it trains from {spec.sft_run}'s SFT, so it has no traces of its own")
+    settings = traces_settings(config)
+    by_id = {int(t["task_id"]): t for t in tasks}
+    traces, outcomes = [], {}
+    for row in arm_rows:
+        if row["arm"] != spec.arm or (row["recovery_style"], row["seed"]) != (settings["recovery_style"],
+                                                                              settings["seed"]):
+            raise TraceError(f"task {row['task_id']}: a trace of arm {row['arm']} ({row['recovery_style']}, seed "
+                             f"{row['seed']}), not of {spec.arm} under the traces settings: rerun `predict traces`")
+        if int(row["task_id"]) not in by_id:
+            raise TraceError(f"task {row['task_id']}: not in the sft split")
+        trace = trace_of_row(row, by_id[int(row["task_id"])])
+        traces.append(trace)
+        outcomes[(trace.task_id, solution_text(trace.gold))] = Outcome.PASS
+        if trace.faulty is not None and trace.verified_class is not None:
+            outcomes[(trace.task_id, solution_text(trace.faulty))] = Outcome(trace.verified_class)
+    protocol = ProtocolConfig.from_env(spec.env(config)["env"], spec.protocol, variant=spec.variant)
+    return render_arm(Synthesis(traces, [], outcomes), run, protocol, recovery_style=settings["recovery_style"],
+                      seed=settings["seed"])
+
+
+def run_traces_stage(
+    config: Mapping[str, Any], run: str, arm_traces: str | Path, tasks: Sequence[Mapping[str, Any]], out: str | Path
+) -> list[dict[str, Any]]:
+    """`run_traces` from the base arm's parquet, written to `out`; returns the run's mix table."""
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    rows = run_traces(config, run, pq.read_table(arm_traces).to_pylist(), tasks)
+    write_rows(rows, TRACE_SCHEMA, out)
+    return mix_table(rows)

@@ -2,8 +2,9 @@
 
 Rules it follows:
 
-1. **One run = one (run, seed)** of the study matrix (`predict.runs.resolve_run`), trained from its arm's SFT
-   checkpoint (``RLJob.init``) into ``results/rl/{run}/seed{seed}``. The run's trainer must be the caller's.
+1. **One run = one (run, seed)** of the study matrix (`predict.runs.resolve_run`), trained from its SFT
+   checkpoint (``RLJob.init``: ``RunSpec.sft_run``'s, its arm's or its own) into ``results/rl/{run}/seed{seed}``.
+   The run's trainer must be the caller's.
 2. **Serving**: a vLLM server colocated with the trainer (`serve`), on the policy folder the caller names, with
    the config's ``serving`` section; a job with ``base_url`` rolls out against that endpoint instead (tests); a
    running server handed in (``shared``, `predict.train.learning_signal`) first gets the run's starting weights loaded in place.
@@ -56,7 +57,7 @@ class RLJob:
     run: str
     seed: int
     init: Path
-    """The run's starting checkpoint (its arm's SFT folder)."""
+    """The run's starting checkpoint (its SFT folder: `predict.runs.RunSpec.sft_run`)."""
     tasks: Path
     """The rl split parquet."""
     out_dir: Path

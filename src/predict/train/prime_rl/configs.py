@@ -56,7 +56,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from predict.runs import resolve_run
+from predict.runs import resolve_run, sft_runs
 from predict.train.metrics import share
 from predict.train.metrics import write_metrics as write_schema
 
@@ -387,9 +387,10 @@ def model_ref(model: str | Path) -> str:
 def sft_config(
     cfg: Mapping[str, Any], arm: str, *, model: str | Path, dataset_dir: str | Path, output_dir: str | Path
 ) -> dict[str, Any]:
-    """The ``sft`` TOML (as a dict) of one arm: loss on assistant turns, one final checkpoint."""
-    if arm not in cfg["arms"]:
-        raise PrimeRLConfigError(f"arms: no arm {arm!r} (have {', '.join(sorted(cfg['arms']))})")
+    """The ``sft`` TOML (as a dict) of one arm, or of a run with its own SFT (`predict.runs.sft_runs`): loss on
+    assistant turns, one final checkpoint."""
+    if arm not in (owners := sft_runs(cfg)):
+        raise PrimeRLConfigError(f"arms: no arm or run with its own SFT {arm!r} (have {', '.join(owners)})")
     s = sft_settings(cfg)
     table = {
         "max_steps": s.max_steps,

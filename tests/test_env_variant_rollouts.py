@@ -1,0 +1,147 @@
+"""The environment variants of issue 28 (irreversible, blind) through the real verifiers v1 stack (make_agent +
+SubprocessConfig + LocalAgentHarness + the agent program + the sandbox) against a scripted endpoint, as in
+test_env_extension_rollouts.py: what the model is sent, when the program stops asking, and what the task's own
+check grades (irreversible: the state the final python_test ran on; blind: the final state)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from predict.env.protocol import RESULT_PATCH_APPLIED, RESULT_PATCH_KEPT, RESULT_PATCH_REVERTED, ProtocolConfig
+from predict.env.records import patch_steps
+from predict.env.rollout import RolloutSettings, run_rollouts
+from predict.outcomes import OUTCOMES
+from tests.scripted_endpoint import ScriptedEndpoint
+from tests.test_env_rollouts import ADD, AF_REVISE, FINAL, MUL_FROM_ADD, MUL_FROM_STUB, PASS_KEEP, READ, TEST, mbpp_127
+
+UNAVAILABLE = (
+    "status: error\nthere is no python_test tool here: the tests run only when the episode ends, and their result is "
+    "never shown. Available tools: read_file, apply_patch."
+)
+
+CASES: dict[str, tuple[str, list[str]]] = {
+    # the first test runs on the failing x + y: the episode ends there, graded on that state, never asked again
+    "[case:irr_reactive]": ("irreversible_reactive", [ADD, TEST, MUL_FROM_ADD, TEST, FINAL]),
+    "[case:irr_predictive]": ("irreversible_predictive", [ADD, AF_REVISE, MUL_FROM_STUB, PASS_KEEP, TEST, FINAL]),
+    # no test tool: the call is an invalid action; graded at FINAL
+    "[case:blind_reactive]": ("blind_reactive", [ADD, TEST, MUL_FROM_ADD, FINAL]),
+    "[case:blind_predictive]": ("blind_predictive", [ADD, AF_REVISE, READ, MUL_FROM_STUB, PASS_KEEP, TEST, FINAL]),
+}
+SETTINGS: dict[str, dict[str, Any]] = {
+    "irreversible_reactive": {"protocol": "reactive", "variant": "irreversible", "arm": "irreversible_A"},
+    "irreversible_predictive": {"protocol": "predictive", "variant": "irreversible", "arm": "irreversible_B"},
+    "blind_reactive": {"protocol": "reactive", "variant": "blind", "arm": "blind_A"},
+    "blind_predictive": {"protocol": "predictive", "variant": "blind", "arm": "blind_B"},
+}
+
+
+def case_of(text: str) -> str:
+    return next(m for m in CASES if m in text)
+
+
+class Run:
+    def __init__(self, endpoint: ScriptedEndpoint, records: dict[str, dict[str, Any]]) -> None:
+        self.endpoint, self.records = endpoint, records
+
+    def requests(self, marker: str) -> list[dict[str, Any]]:
+        return [r for r in self.endpoint.requests if case_of(r["first_user"]) == marker]
+
+    def conversation(self, marker: str) -> list[dict[str, Any]]:
+        return max((r["messages"] for r in self.requests(marker)), key=len)
+
+    def results(self, marker: str) -> list[str]:
+        return [m["content"] for m in self.conversation(marker)[2:] if m["role"] == "user"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory, mbpp_path: Path) -> Run:
+    import verifiers.v1.runtimes.subprocess as vf_subprocess
+
+    home = tmp_path_factory.mktemp("verifiers-home")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(vf_subprocess, "CACHE_DIR", home / ".cache" / "verifiers")
+    base = mbpp_127(mbpp_path)
+    rows: dict[str, list[dict[str, Any]]] = {g: [] for g in SETTINGS}
+    for i, (marker, (group, _)) in enumerate(CASES.items()):
+        rows[group].append({**base, "task_id": 9200 + i, "text": f"{base['text']} {marker}", "split": "val"})
+    endpoint = ScriptedEndpoint({m: s for m, (_, s) in CASES.items()}).start()
+
+    async def main() -> list[list[dict[str, Any]]]:
+        return await asyncio.gather(*(
+            run_rollouts(rows[group], RolloutSettings.of(base_url=endpoint.base_url, model="scripted", **overrides))
+            for group, overrides in SETTINGS.items()
+        ))  # fmt: skip
+
+    try:
+        batches = asyncio.run(main())
+    finally:
+        endpoint.stop()
+        mp.undo()
+    records = {}
+    for group_rows, batch in zip(rows.values(), batches, strict=True):
+        for row, rec in zip(group_rows, batch, strict=True):
+            records[case_of(row["text"])] = rec
+    return Run(endpoint, records)
+
+
+def test_every_rollout_completed_ok_and_graded(run: Run) -> None:
+    assert set(run.records) == set(CASES)
+    for marker, rec in run.records.items():
+        assert rec["ok"] and rec["error"] is None and rec["reward"] is not None, (marker, rec["error"])
+        variant = SETTINGS[CASES[marker][0]]["variant"]
+        protocol = SETTINGS[CASES[marker][0]]["protocol"]
+        assert rec["variant"] == variant and rec["protocol"] == protocol
+        assert run.conversation(marker)[0]["content"] == ProtocolConfig(protocol, variant).system_prompt()
+
+
+def test_irreversible_reactive_is_graded_on_the_state_its_one_test_ran_on(run: Run) -> None:
+    marker = "[case:irr_reactive]"
+    rec = run.records[marker]
+    # two model calls (the patch, the test), no third: the test ended the episode and its result was never sent
+    assert len(run.requests(marker)) == 2 and run.results(marker) == [RESULT_PATCH_APPLIED]
+    assert (rec["stop_reason"], rec["n_tests"], rec["calls_used"], rec["n_model_calls"]) == ("final_test", 1, 2, 2)
+    assert (rec["final_outcome"], rec["final_pass"], rec["reward"]) == ("ASSERTION_FAILURE", False, 0.0)
+    (p,) = patch_steps(rec["steps"])
+    test = rec["steps"][1]
+    assert (test["outcome"], test["outcome_seen"], test["result_sent"]) == ("ASSERTION_FAILURE", False, False)
+    assert rec["final_solution"] == p["patched_code"] and "x + y" in rec["final_solution"]
+
+
+def test_irreversible_predictive_revises_then_its_test_is_final(run: Run) -> None:
+    marker = "[case:irr_predictive]"
+    rec = run.records[marker]
+    assert run.results(marker) == [RESULT_PATCH_APPLIED, RESULT_PATCH_REVERTED, RESULT_PATCH_APPLIED, RESULT_PATCH_KEPT]
+    assert len(run.requests(marker)) == 5  # FINAL is never asked for
+    assert (rec["stop_reason"], rec["reward"], rec["final_outcome"], rec["n_revised"]) == ("final_test", 1.0, "PASS", 1)
+    revised, kept = patch_steps(rec["steps"])
+    assert (revised["outcome"], revised["outcome_seen"], revised["prediction"]) == (
+        "ASSERTION_FAILURE", False, "ASSERTION_FAILURE")  # fmt: skip
+    assert (kept["outcome"], kept["outcome_seen"], kept["decision"]) == ("PASS", False, "KEEP")
+
+
+def test_blind_reactive_tests_nothing_and_is_graded_at_final(run: Run) -> None:
+    marker = "[case:blind_reactive]"
+    rec = run.records[marker]
+    assert run.results(marker) == [RESULT_PATCH_APPLIED, UNAVAILABLE, RESULT_PATCH_APPLIED]
+    assert (rec["stop_reason"], rec["n_tests"], rec["calls_used"], rec["reward"]) == ("final", 0, 3, 1.0)
+    assert [(p["outcome"], p["outcome_seen"]) for p in patch_steps(rec["steps"])] == [
+        ("ASSERTION_FAILURE", False), ("PASS", False)]  # fmt: skip
+    assert (rec["steps"][1]["tool"], rec["steps"][1]["error"]) == ("python_test", "test_unavailable")
+
+
+def test_blind_predictive_never_sees_an_outcome(run: Run) -> None:
+    marker = "[case:blind_predictive]"
+    rec = run.records[marker]
+    results = run.results(marker)
+    assert results[:2] == [RESULT_PATCH_APPLIED, RESULT_PATCH_REVERTED] and results[-1] == UNAVAILABLE
+    for request in run.requests(marker):
+        for message in request["messages"][1:]:
+            if message["role"] == "user":  # the task prompt and every tool result the model got
+                assert not any(cls in message["content"] for cls in OUTCOMES), message["content"]
+    assert (rec["stop_reason"], rec["reward"], rec["n_tests"], rec["ever_revised"]) == ("final", 1.0, 0, True)
+    assert [(p["outcome"], p["prediction"]) for p in patch_steps(rec["steps"])] == [
+        ("ASSERTION_FAILURE", "ASSERTION_FAILURE"), ("PASS", "PASS")]  # fmt: skip
