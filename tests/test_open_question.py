@@ -19,6 +19,7 @@ import pytest
 from scipy.stats import binomtest
 from statsmodels.stats.multitest import multipletests
 
+from predict.campaign import select_checkpoints
 from predict.cli import main
 from predict.config import ConfigError, load_config
 from predict.runs import Environment, environments, extension_counterpart
@@ -28,7 +29,6 @@ from predict.stats import (
     paired_bootstrap,
     power_table,
     read_evaluation,
-    select_checkpoints,
 )
 from predict.stats.open_question import family_size, open_question_table, with_open_question_power
 
