@@ -58,7 +58,8 @@ def test_every_extension_resolves_to_what_it_changes(name: str) -> None:
     assert extension_counterpart(config, "expensive_tests_B") == "expensive_tests_A"
     assert extension_counterpart(config, "expensive_tests_A") == "expensive_tests_B"
     assert extension_counterpart(config, "edit_on_revise") is None and extension_counterpart(config, "rft_B") is None
-    assert extension_counterpart(config, "blind_B") is None
+    # an environment run is compared with the other protocol in its environment (predict.runs.environments)
+    assert extension_counterpart(config, "blind_B") == "blind_A" and extension_counterpart(config, "irreversible_A") == "irreversible_B"
 
 
 def test_a_run_carries_its_test_cost_into_the_config_it_rolls_out_with() -> None:
