@@ -198,3 +198,34 @@ def test_the_columns_are_in_the_metrics_schema(tmp_path: Path) -> None:
     (back,) = read_metrics(write_metrics([row], tmp_path / "metrics.parquet"))
     assert {c: back[c] for c in GRAD_TERM_COLUMNS} == {c: row[c] for c in GRAD_TERM_COLUMNS}
 
+
+def test_the_report_plots_arm_b_and_its_ablations_and_says_prime_rl_does_not_measure(tmp_path: Path) -> None:
+    """The per-step metrics of the local trainer (Arm B, alpha 0, Arm A) and a prime-rl run of Arm B, through
+    `predict report`: Arm B and the ablation are drawn and tabulated, Arm A (no CE term) is not, prime-rl is named."""
+    import re
+
+    from predict.config import load_config
+    from predict.report import build_report
+
+    from .conftest import REPO
+
+    def rows(run: str, seed: int, backend: str, rl: list[float] | None, ce: list[float] | None) -> Path:
+        steps = [{"run": run, "seed": seed, "step": s, "backend": backend, "updated": True, "loss": 1.0,
+                  **({"rl_grad_norm": rl[s - 1], "ce_grad_norm": ce[s - 1],
+                      "rl_ce_grad_cosine": -0.02 * s if ce[s - 1] else None} if rl is not None else {})}
+                 for s in range(1, 4)]  # fmt: skip
+        return write_metrics(steps, tmp_path / "rl" / run / f"seed{seed}" / "metrics.parquet")
+
+    paths = [rows("B", 42, "rl", [0.13, 0.2, 0.34], [17.0, 30.0, 45.0]), rows("alpha0", 42, "rl", [0.2, 0.3, 0.25],
+             [0.0, 0.0, 0.0]), rows("A", 42, "rl", [0.3, 0.3, 0.3], [0.0, 0.0, 0.0]), rows("B", 43, "prime_rl", None, None)]  # fmt: skip
+    config = load_config(REPO / "config" / "local.yaml")
+    page = build_report(config, stats_dir=tmp_path / "none", ablations=[], power=tmp_path / "none.parquet",
+                        out=tmp_path / "index.html", rl_metrics=paths).read_text()  # fmt: skip
+    section = page.split('<section id="grad-terms">')[1].split("</section>")[0]
+    assert 'alt="gradient terms per step"' in section
+    body = section.split("<tbody>")[1].split("</tbody>")[0]
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in body.split("</tr>")[:-1]]
+    assert cells == [["B/seed42", "3 of 3", "0.200", "30.000", "132.353", "-0.040"],
+                     ["alpha0/seed42", "3 of 3", "0.250", "0.000", "0.000", "–"]]  # fmt: skip
+    assert "does not measure these" in section and "Runs on it: B/seed43" in section
+
