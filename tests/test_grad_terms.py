@@ -229,3 +229,28 @@ def test_the_report_plots_arm_b_and_its_ablations_and_says_prime_rl_does_not_mea
                      ["alpha0/seed42", "3 of 3", "0.250", "0.000", "0.000", "–"]]  # fmt: skip
     assert "does not measure these" in section and "Runs on it: B/seed43" in section
 
+
+def test_the_learning_signal_run_prints_the_norms_of_alpha_1_and_alpha_0(tmp_path: Path) -> None:
+    """`predict signal`'s printout (tests/test_learning_signal.py's log) gains a table of Arm B's two runs, read
+    from their metrics.parquet as `run_signal` leaves them."""
+    from rich.console import Console
+
+    from predict.signal import SignalSettings, grad_term_rows, print_grad_terms, signal_runs
+
+    runs = signal_runs(SignalSettings())
+    for run, ce in (("B-alpha1", 31.5), ("B-alpha0", 0.0)):
+        write_metrics([{"run": run, "seed": 1, "step": s, "backend": "rl", "rl_grad_norm": 0.25 * s,
+                        "ce_grad_norm": ce, "rl_ce_grad_cosine": -0.0123 if ce else None} for s in (1, 2)],
+                      tmp_path / "rl" / run / "metrics.parquet")  # fmt: skip
+    rows = grad_term_rows(tmp_path, runs)
+    assert [(r["name"], r["alpha"], r["step"]) for r in rows] == [("B-alpha1", 1.0, 1), ("B-alpha1", 1.0, 2),
+                                                                  ("B-alpha0", 0.0, 1), ("B-alpha0", 0.0, 2)]  # fmt: skip
+    console = Console(record=True, width=140)
+    print_grad_terms({"grad_terms": rows}, console)
+    text = console.export_text()
+    assert "RL and CE terms' gradient norms" in text
+    cells = [[c.strip() for c in ln.split("│")[1:-1]] for ln in text.splitlines() if "B-alpha" in ln]
+    assert cells == [["B-alpha1", "1", "1", "0.25", "31.5", "126", "-0.0123"],
+                     ["B-alpha1", "1", "2", "0.5", "31.5", "63", "-0.0123"],
+                     ["B-alpha0", "0", "1", "0.25", "0", "0", "-"],
+                     ["B-alpha0", "0", "2", "0.5", "0", "0", "-"]]  # fmt: skip
