@@ -105,6 +105,9 @@ def test_arm_b_step_masks_labels_adds_ce_and_updates(tiny: Path, tasks: Path, en
     # task a: 2 prediction points (one REVISEd, shadow PASS), task b: 1; two rollouts each
     assert row["prediction_points"] == 6 and row["masked_labels"] == 6 and row["n_ce_samples"] == 6
     assert row["updated"] and row["n_ce_tokens"] > 0 and row["ce_loss"] > 0
+    # every rollout passed: advantage 0, so the RL term pushes nothing; the CE term is the whole gradient
+    assert (row["rl_grad_norm"], row["rl_ce_grad_cosine"]) == (0.0, None)
+    assert row["ce_grad_norm"] == pytest.approx(row["grad_norm"], rel=1e-5) and row["ce_grad_norm"] > 0
     assert (row["n_patches"], row["n_predictions"], row["n_revise"]) == (6, 6, 2)
     assert (row["pred_ASSERTION_FAILURE"], row["pred_PASS"], row["verified_PASS"]) == (2, 4, 6)
     assert row["revise_rate"] == pytest.approx(2 / 6) and row["prediction_accuracy"] == pytest.approx(4 / 6)
@@ -118,6 +121,7 @@ def test_arm_a_and_alpha0_have_no_ce(tiny: Path, tasks: Path, endpoint: Any, tmp
         run_rl(job, study(steps=1))
         (row,) = pq.read_table(job.out_dir / "metrics.parquet").to_pylist()
         assert row["n_ce_samples"] == 0 and row["n_ce_tokens"] == 0 and row["ce_loss"] == 0.0, run
+        assert row["ce_grad_norm"] == 0.0 and row["rl_grad_norm"] == row["grad_norm"], run
     assert row["masked_labels"] == 6  # alpha0 still takes the sampled labels out of RL credit
 
 

@@ -11,6 +11,7 @@ import base64
 import html
 import io
 import math
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -43,6 +44,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     *VAL_SECTIONS,
     ("power", "Power: was the study powered?"),
     ("training", "Training curves (RL metrics)"),
+    ("grad-terms", "Gradient interference: the RL and CE terms' gradient norms and cosine per step"),
     ("training-outcomes", "Training outcomes: verified vs predicted classes over all RL steps"),
     ("rollout", "One rollout, rendered"),
 )
@@ -53,6 +55,7 @@ NAV = {"test-campaign": "Test: campaign", "test-headline": "Test: headline", "te
        "headline": "Val: pass@1", "pairs": "Val: paired tests", "selection": "Selection", "mechanism": "Val: mechanism",
        "revise-split": "Val: REVISE", "confusion": "Val: confusion", "frequencies": "Val: class shares",
        "ablations": "Val: ablations", "extensions": "Val: extensions", "training": "Training",
+       "grad-terms": "Gradient terms",
        "training-outcomes": "Training outcomes", "rollout": "Rollout"}  # else the title up to its colon
 
 CSS = """
@@ -565,6 +568,81 @@ def step_time(rl: Mapping[str, list[dict[str, Any]]]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Gradient interference (predict.train.grad_terms)
+# ---------------------------------------------------------------------------------------------------------------
+GRAD_TERM_PANELS = {"rl_grad_norm": "RL term: gradient norm", "ce_grad_norm": "CE term: gradient norm",
+                    "rl_ce_grad_cosine": "cosine(RL gradient, CE gradient)"}  # fmt: skip
+PAPER_BACKEND_NOTE = ("The paper backend (prime-rl) does not measure these: its custom-loss hook is a function of one "
+                      "sample's RL log-probs and never sees the CE term, the parameters or their gradients (one "
+                      "backward of the summed loss follows it).")  # fmt: skip
+
+
+def grad_terms_section(rl: Mapping[str, list[dict[str, Any]]], config: Mapping[str, Any]) -> str:
+    """Arm B, its ablations and its RL extensions (the predictive runs of the local trainer): the RL and CE terms'
+    gradient norms (before clipping, the step's whole batch) and their cosine per step, and a row per run and seed
+    of their medians over the measured steps. A run whose steps carry none (prime-rl, ``rl.grad_terms_every: 0``)
+    is named, not drawn."""
+    from predict.runs import resolve_run
+
+    def predictive(key: str) -> bool:
+        try:
+            spec = resolve_run(config, key.split("/")[0])
+        except ValueError:  # a metrics file of a run the config no longer has
+            return False
+        return spec.predictive and spec.trainer == "rl"
+
+    runs = {k: v for k, v in sorted(rl.items()) if v and predictive(k)}
+    if not runs:
+        return empty("No RL metrics of Arm B or its ablations yet.")
+    measured = {k: [r for r in v if r.get("rl_grad_norm") is not None] for k, v in runs.items()}
+    unmeasured = [k for k, v in measured.items() if not v]
+    prime_rl = [k for k in unmeasured if any(r.get("backend") == "prime_rl" for r in runs[k])]
+    notes = (f'<p class="note">{html.escape(PAPER_BACKEND_NOTE)} Runs on it: {", ".join(prime_rl)}.</p>'
+             if prime_rl else "")  # fmt: skip
+    other = [k for k in unmeasured if k not in prime_rl]
+    if other:
+        notes += empty(f"Not measured (rl.grad_terms_every 0, or metrics written before the columns): {', '.join(other)}.")
+    measured = {k: v for k, v in measured.items() if v}
+    if not measured:
+        return notes
+    plt = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.2), squeeze=False)
+    axes[0][1].sharey(axes[0][0])  # one scale for both norms: their gap is the finding
+    colour = {name: f"C{i % 10}" for i, name in enumerate(measured)}
+    for ax, (col, title) in zip(axes[0], GRAD_TERM_PANELS.items(), strict=True):
+        for name, rows in measured.items():
+            pts = sorted((r["step"], r[col]) for r in rows if r.get(col) is not None)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=2.5, lw=1.2, label=name,
+                        color=colour[name])  # fmt: skip
+        if col != "rl_ce_grad_cosine":
+            ax.set_yscale("symlog", linthresh=1e-3)  # norms span decades, and alpha 0's CE norm is 0
+        else:
+            ax.axhline(0.0, color="#888", lw=0.8)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step")
+    axes[0][0].legend(fontsize=6, loc="best")
+    fig.tight_layout()
+
+    def median(values: list[Any]) -> float | None:
+        known = [v for v in values if not _nan(v)]
+        return statistics.median(known) if known else None
+
+    rows = []
+    for name, steps in measured.items():
+        ratios = [r["ce_grad_norm"] / r["rl_grad_norm"] for r in steps if r["rl_grad_norm"]]
+        rows.append({"run": name, "n_steps": f"{len(steps)} of {len(runs[name])}",
+                     "rl": median([r["rl_grad_norm"] for r in steps]), "ce": median([r["ce_grad_norm"] for r in steps]),
+                     "ratio": median(ratios), "cosine": median([r.get("rl_ce_grad_cosine") for r in steps])})  # fmt: skip
+    labels = {"run": "run / seed", "n_steps": "steps measured", "rl": "RL gradient norm (median)",
+              "ce": "CE gradient norm (median)", "ratio": "CE / RL norm (median)", "cosine": "cosine (median)"}
+    return (figure(fig, "gradient terms per step") + table(rows, list(labels), labels)
+            + '<p class="note">Each norm is its term\'s gradient over every trainable parameter, before clipping, on '
+            "the step's whole batch (local trainer, <code>predict.train.grad_terms</code>); the cosine is undefined "
+            "(–) where a norm is 0.</p>" + notes)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The frozen test (results/test/stats/)
 # ---------------------------------------------------------------------------------------------------------------
 NO_TEST = "The frozen test has not been run yet: no test statistics (results/test/stats/) were given."
@@ -951,6 +1029,7 @@ def build_report(
                                                else None, _read(open_question), _read(power)),
         "power": power_section(_read(power), config),
         "training": training(rl, expected),
+        "grad-terms": grad_terms_section(rl, config),
         "training-outcomes": training_outcomes_section(_read(training_outcomes)),
         "rollout": rollout_section(_read(example), task_rows),
     }

@@ -488,7 +488,8 @@ def run_signal(
     write_table(pa.Table.from_pylist([row for s in sft.values() for row in s["curve"]]), out / "sft_curve.parquet")
     plot(curves, out / "signal.png")
     return {"curves": curves, "verdicts": checks, "sft": sft, "tasks": task_ids,
-            "passed": all(c["holds"] for c in checks), "wall_s": time.perf_counter() - t0}  # fmt: skip
+            "passed": all(c["holds"] for c in checks), "wall_s": time.perf_counter() - t0,
+            "grad_terms": grad_term_rows(out, runs)}  # fmt: skip
 
 
 def print_curves(result: Mapping[str, Any], console: Any) -> None:
@@ -518,4 +519,38 @@ def print_curves(result: Mapping[str, Any], console: Any) -> None:
     for c in result["verdicts"]:
         table.add_row(c["check"], f"{c['first']:.3f}", f"{c['last']:.3f}", f"{c['rise']:+.3f}", f"{c['margin']:.2f}",
                       c["expected"], "yes" if c["holds"] else "NO")  # fmt: skip
+    console.print(table)
+    print_grad_terms(result, console)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Gradient interference (issue 28, `predict.train.grad_terms`): the RL and CE terms' gradient norms of Arm B's runs
+# ---------------------------------------------------------------------------------------------------------------
+def grad_term_rows(out: Path, runs: Sequence[SignalRun]) -> list[dict[str, Any]]:
+    """Per Arm B run (alpha 1, alpha 0) and step: the RL and CE terms' gradient norms and their cosine, as the
+    run's metrics.parquet has them."""
+    from predict.train.metrics import GRAD_TERM_COLUMNS, read_metrics
+
+    return [{"name": r.name, "alpha": r.alpha, "step": m["step"], **{c: m.get(c) for c in GRAD_TERM_COLUMNS}}
+            for r in runs if r.arm == "B" for m in read_metrics(out / "rl" / r.name / "metrics.parquet")]  # fmt: skip
+
+
+def print_grad_terms(result: Mapping[str, Any], console: Any) -> None:
+    """The norms and cosine of alpha 1 and alpha 0, a row per run and step (nothing when the run has none)."""
+    from rich.table import Table
+
+    rows = result.get("grad_terms") or []
+    if not rows:
+        return
+
+    def num(v: float | None, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    table = Table("run", "alpha", "step", "RL grad norm", "CE grad norm", "CE / RL", "cosine",
+                  title="Arm B: the RL and CE terms' gradient norms (before clipping) and their cosine")  # fmt: skip
+    for r in rows:
+        rl, ce = r["rl_grad_norm"], r["ce_grad_norm"]
+        ratio = ce / rl if rl and ce is not None else None
+        table.add_row(r["name"], num(r["alpha"], "g"), str(r["step"]), num(rl, ".4g"), num(ce, ".4g"),
+                      num(ratio, ".3g"), num(r["rl_ce_grad_cosine"], "+.4f"))  # fmt: skip
     console.print(table)

@@ -13,6 +13,8 @@ How the study's figures come out of the columns:
 * REVISE rate: ``n_revise`` / ``n_predictions`` (``revise_rate``): effective REVISE decisions per predicted patch.
 * budget exhaustion: ``n_budget_exhausted`` / scored rollouts (``budget_exhausted_rate``).
 * loss terms: ``loss``, ``rl_loss``, ``ce_loss`` (prime-rl logs only ``loss``), ``clip_frac``, ``grad_norm``, ``lr``;
+  gradient interference (local trainer only, `predict.train.grad_terms`): ``rl_grad_norm``, ``ce_grad_norm`` (each
+  term's gradient norm before clipping, the step's whole batch) and ``rl_ce_grad_cosine``, null when not measured;
   token counts trained on: ``n_tokens``, ``n_rl_tokens``, ``n_ce_tokens``; rollout tokens ``n_input_tokens``,
   ``n_output_tokens``.
 * training-outcome table (the writeup's "15,122 verified outcomes"): summed over a run's steps, ``verified_<CLASS>``
@@ -38,6 +40,9 @@ from predict.outcomes import OUTCOMES
 PRED_CLASSES: tuple[str, ...] = (*OUTCOMES, MALFORMED)
 """What a prediction can be: a class, or a malformed line."""
 
+GRAD_TERM_COLUMNS: tuple[str, ...] = ("rl_grad_norm", "ce_grad_norm", "rl_ce_grad_cosine")
+"""The RL and CE terms' gradient norms and their cosine (`predict.train.grad_terms`), also `Trainer.step`'s keys."""
+
 _I, _F, _S, _B = pa.int64(), pa.float64(), pa.string(), pa.bool_()
 METRICS_SCHEMA = pa.schema(
     [
@@ -52,6 +57,7 @@ METRICS_SCHEMA = pa.schema(
         # the update
         ("updated", _B), ("loss", _F), ("rl_loss", _F), ("ce_loss", _F), ("clip_frac", _F), ("grad_norm", _F),
         ("lr", _F), ("n_tokens", _I), ("n_rl_tokens", _I), ("n_ce_tokens", _I), ("n_samples", _I), ("n_ce_samples", _I),
+        *((c, _F) for c in GRAD_TERM_COLUMNS),
         # sample building (our trainer)
         ("prediction_points", _I), ("masked_labels", _I), ("malformed_no_label", _I), ("unaligned", _I),
         ("no_reward", _I), ("zero_advantage_skipped", _I), ("merged_calls", _I), ("calls", _I),

@@ -24,8 +24,9 @@ One run = one (run, seed): ``run`` is an arm (``A``, ``B``) or an ablation of th
 Around the steps (serving, resume, checkpoints, publishing, the metrics log, deleting the state once published)
 the run follows `predict.train.driver`; the rollouts are kept in ``.work/rollouts/step{N}.parquet``. Metrics: one
 row per step in the schema of `predict.train.metrics` (rollout counts and class counts from the step's records,
-the update's loss terms and token counts, sample building, the time split ``rollout_s``, ``samples_s``,
-``update_s``, ``sync_s``).
+the update's loss terms and token counts, the RL and CE terms' gradient norms and cosine every
+``rl.grad_terms_every`` steps (`predict.train.grad_terms`), sample building, the time split ``rollout_s``,
+``samples_s``, ``update_s``, ``sync_s``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from typing import Any
 
 from predict.serving.weight_sync import WeightHandoff, resolve_mode
 from predict.train.driver import SERVED_NAME, RLJob, TrainingRun, epoch_order, load_tokenizer
-from predict.train.metrics import METRIC_COLUMNS, rollout_metrics
+from predict.train.grad_terms import probe_step
+from predict.train.metrics import GRAD_TERM_COLUMNS, METRIC_COLUMNS, rollout_metrics
 
 __all__ = ["SERVED_NAME", "RLJob", "run_rl", "step_tasks"]
 
@@ -103,8 +105,9 @@ def run_rl(
 
         t = time.perf_counter()
         if samples:
-            m = trainer.step(samples)
-            row |= {k: m.get(k) for k in ("loss", "rl_loss", "ce_loss", "clip_frac", "grad_norm", "lr")}
+            m = trainer.step(samples, grad_terms=probe_step(rl, step))
+            row |= {k: m.get(k) for k in ("loss", "rl_loss", "ce_loss", "clip_frac", "grad_norm", "lr",
+                                          *GRAD_TERM_COLUMNS)}  # fmt: skip
             row |= {k: int(m[k]) for k in ("n_rl_tokens", "n_ce_tokens", "n_samples", "n_tokens")}
         row["updated"] = bool(samples)
         row["update_s"] = time.perf_counter() - t

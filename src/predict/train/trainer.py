@@ -5,7 +5,9 @@ One optimizer step (`Trainer.step`) takes a list of `TrainSample`s and
 * packs them, in order, into micro-batches of at most ``micro_batch_tokens`` tokens (one packed row each; a sample
   longer than that gets a micro-batch of its own). Documents in a row never attend to each other: positions restart
   at 0 for every sample and the attention (`packed_attention`, registered as ``predict_packed``) runs per document:
-  flash-attention varlen on CUDA (``torch.nn.attention.varlen``), a causal SDPA call per document elsewhere;
+  flash-attention varlen on CUDA (``torch.nn.attention.varlen``), a causal SDPA call per document elsewhere. A step
+  with both rl and ce-only samples packs its rl samples first and its ce samples after them, never in one
+  micro-batch, so the gradient's RL and CE terms can be read apart (`predict.train.grad_terms`, ``grad_terms``);
 * computes the loss `predict.train.loss.predict_loss` with N_rl / N_ce counted over the WHOLE step, so gradient
   accumulation over micro-batches equals one big batch;
 * never materialises ``[T, vocab]`` logits for a sequence: the lm_head runs only on positions that carry a weight, in
@@ -45,6 +47,7 @@ import numpy as np
 import torch
 
 from predict.serving import weight_sync
+from predict.train.grad_terms import TermProbe, term_groups
 from predict.train.loss import LossConfig, predict_loss
 from predict.train.optim import CompiledOrEager, KahanAdamW
 from predict.train.sample import TrainSample
@@ -483,6 +486,7 @@ class Trainer:
         self.model.config.use_cache = False
         self.liger = False
         self._fused_ce: Any = None  # liger's fused linear CE for pure-CE steps (see `step`)
+        self._term_probe: TermProbe | None = None  # made by the first step that measures the gradient terms
         if liger is not False and self.device.type == "cuda":
             self.liger = _apply_liger(self.model)
             if liger and not self.liger:
@@ -516,8 +520,11 @@ class Trainer:
         return self.model.get_output_embeddings().weight
 
     # -- training -----------------------------------------------------------------------------------------
-    def step(self, samples: Sequence[TrainSample], *, lr: float | None = None) -> dict[str, float]:
-        """One optimizer step over all ``samples``; returns the step's metrics."""
+    def step(
+        self, samples: Sequence[TrainSample], *, lr: float | None = None, grad_terms: bool = False
+    ) -> dict[str, float]:
+        """One optimizer step over all ``samples``; returns the step's metrics. `grad_terms`: also measure the RL
+        and CE terms' gradient norms and cosine (`predict.train.grad_terms`; the update is the same either way)."""
         if not samples:
             raise ValueError("Trainer.step: no samples")
         t0 = time.perf_counter()
@@ -529,8 +536,19 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, float] = {}
-        batches = pack_micro_batches([len(s.token_ids) for s in samples], self.micro_batch_tokens)
-        for group in batches:
+        # A step with rl and ce samples packs the rl ones first, never both in one micro-batch, measured or not
+        # (`term_groups`): the gradient after the first group is then the RL term's.
+        groups = term_groups(samples)
+        per_group = [[[idx[i] for i in b] for b in pack_micro_batches([len(samples[i].token_ids) for i in idx],
+                                                                       self.micro_batch_tokens)] for idx in groups]
+        batches = [b for g in per_group for b in g]
+        probe = None
+        if grad_terms:
+            self._term_probe = probe = self._term_probe or TermProbe(self.model.parameters())
+            probe.begin(samples, groups)
+        for k, group in enumerate(batches):
+            if probe is not None and k == len(per_group[0]):
+                probe.at_boundary()
             p = _pack([samples[i] for i in group], self.device, weighted_only=True)
             if p.hidden_index.numel() == 0:
                 continue
@@ -555,6 +573,8 @@ class Trainer:
                 metrics,
             )
             loss.backward()
+        if probe is not None:
+            probe.measure()  # before clipping, which scales the gradient in place
         if self.grad_clip and self.grad_clip > 0:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
         else:
@@ -580,6 +600,8 @@ class Trainer:
             "step": float(self.step_count),
             "time_s": time.perf_counter() - t0,
         }
+        if probe is not None:
+            out |= probe.columns(grad_norm)
         return out
 
     @torch.no_grad()

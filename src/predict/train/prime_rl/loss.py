@@ -10,7 +10,10 @@ Rules it follows:
   ``LossInputs`` with ``loss_mask`` already the rl tokens (mask & rl weight != 0) and ``loss_weights`` the rl
   weights (None = 1), returns the sample's *sum* (prime-rl divides by the step's global rl token count, as
   `predict_loss` divides by N_rl), and 0-dim tensor metrics;
-* it imports prime-rl only when called (inside prime-rl's trainer), so this module imports anywhere.
+* it imports prime-rl only when called (inside prime-rl's trainer), so this module imports anywhere;
+* it cannot measure the RL and CE terms' gradient norms (`predict.train.grad_terms`): it gets one sample's
+  logprobs, never the CE term (prime-rl's own ``ce_loss_fn``), the parameters or their gradients, and the one
+  backward of the summed loss runs after it; the paper backend's metrics leave those columns null.
 """
 
 from __future__ import annotations
