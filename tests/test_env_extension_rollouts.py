@@ -5,7 +5,6 @@ clients). All scenarios run once per module, one `run_rollouts` call per setting
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +18,7 @@ from predict.env.protocol import (
     error_result,
 )
 from predict.env.records import patch_steps, read_records, write_records
-from predict.env.rollout import RolloutSettings, default_tokenizer_dir, run_rollouts
-from tests.scripted_endpoint import ScriptedEndpoint
+from predict.env.rollout import default_tokenizer_dir
 from tests.test_env_rollouts import (
     ADD,
     AF_REVISE,
@@ -34,7 +32,8 @@ from tests.test_env_rollouts import (
     READ_STUB,
     STUB,
     TEST,
-    mbpp_127,
+    CaseRun,
+    scripted_case_rollouts,
 )
 
 SUB_FROM_STUB = (
@@ -74,65 +73,19 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
-def case_of(text: str) -> str:
-    return next(m for m in CASES if m in text)
-
-
-class Run:
-    def __init__(self, endpoint: ScriptedEndpoint, records: dict[str, dict[str, Any]]) -> None:
-        self.endpoint, self.records = endpoint, records
-
-    def requests(self, marker: str) -> list[dict[str, Any]]:
-        return [r for r in self.endpoint.requests if case_of(r["first_user"]) == marker]
-
-    def conversation(self, marker: str) -> list[dict[str, Any]]:
-        return max((r["messages"] for r in self.requests(marker)), key=len)
-
-    def results(self, marker: str) -> list[str]:
-        return [m["content"] for m in self.conversation(marker)[2:] if m["role"] == "user"]
-
-
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory, mbpp_path: Path) -> Run:
-    import verifiers.v1.runtimes.subprocess as vf_subprocess
-
-    home = tmp_path_factory.mktemp("verifiers-home")
-    mp = pytest.MonkeyPatch()
-    mp.setattr(vf_subprocess, "CACHE_DIR", home / ".cache" / "verifiers")
-    base = mbpp_127(mbpp_path)
-    rows: dict[str, list[dict[str, Any]]] = {g: [] for g in SETTINGS}
-    for i, (marker, (group, _)) in enumerate(CASES.items()):
-        rows[group].append({**base, "task_id": 9100 + i, "text": f"{base['text']} {marker}", "split": "val"})
-    tokenizer = Path(default_tokenizer_dir()) / "tokenizer.json"
-    endpoint = ScriptedEndpoint({m: s for m, (_, s) in CASES.items()}, tokenizer_json=tokenizer).start()
-
-    async def main() -> list[list[dict[str, Any]]]:
-        return await asyncio.gather(
-            *(
-                run_rollouts(rows[group], RolloutSettings.of(base_url=endpoint.base_url, model="scripted", **overrides))
-                for group, overrides in SETTINGS.items()
-            )
-        )
-
-    try:
-        batches = asyncio.run(main())
-    finally:
-        endpoint.stop()
-        mp.undo()
-    records = {}
-    for group_rows, batch in zip(rows.values(), batches, strict=True):
-        for row, rec in zip(group_rows, batch, strict=True):
-            records[case_of(row["text"])] = rec
-    return Run(endpoint, records)
+def run(tmp_path_factory: pytest.TempPathFactory, mbpp_path: Path) -> CaseRun:
+    return scripted_case_rollouts(CASES, SETTINGS, mbpp_path, tmp_path_factory.mktemp("verifiers-home"),
+                                  first_task_id=9100, tokenizer_json=Path(default_tokenizer_dir()) / "tokenizer.json")
 
 
-def test_every_extension_rollout_completed_ok(run: Run) -> None:
+def test_every_extension_rollout_completed_ok(run: CaseRun) -> None:
     assert set(run.records) == set(CASES)
     for marker, rec in run.records.items():
         assert rec["ok"] and rec["error"] is None, (marker, rec["error"])
 
 
-def test_expensive_tests_reactive_arm(run: Run) -> None:
+def test_expensive_tests_reactive_arm(run: CaseRun) -> None:
     marker = "[case:x_reactive]"
     rec = run.records[marker]
     assert run.results(marker) == [RESULT_PATCH_APPLIED, FAILED_AF, RESULT_PATCH_APPLIED, PASSED]
@@ -147,14 +100,14 @@ def test_expensive_tests_reactive_arm(run: Run) -> None:
     assert [s["cost"] for s in rec["steps"]] == [1, 3, 1, 3, 0]
 
 
-def test_expensive_tests_refusal(run: Run) -> None:
+def test_expensive_tests_refusal(run: CaseRun) -> None:
     marker = "[case:x_refused]"
     rec = run.records[marker]
     assert run.results(marker) == [READ_STUB] * 8 + [error_result(ERRORS["test_unaffordable"].format(cost=3, left=2))]
     assert (rec["stop_reason"], rec["calls_used"], rec["n_tests_refused"], rec["n_test_calls"]) == ("final", 9, 1, 1)
 
 
-def test_expensive_tests_predictive_arm_saves_calls(run: Run) -> None:
+def test_expensive_tests_predictive_arm_saves_calls(run: CaseRun) -> None:
     rec = run.records["[case:x_predictive]"]
     assert (rec["test_cost"], rec["budget"], rec["calls_used"], rec["reward"], rec["n_tests"]) == (3, 10, 2, 1.0, 0)
     system = run.conversation("[case:x_predictive]")[0]["content"]
@@ -163,7 +116,7 @@ def test_expensive_tests_predictive_arm_saves_calls(run: Run) -> None:
     assert run.records["[case:x_reactive]"]["calls_used"] - rec["calls_used"] == 6
 
 
-def test_edit_on_revise_replacement_applied_and_predicted(run: Run) -> None:
+def test_edit_on_revise_replacement_applied_and_predicted(run: CaseRun) -> None:
     marker = "[case:edit]"
     rec = run.records[marker]
     assert run.results(marker) == [RESULT_PATCH_APPLIED, applied(1), RESULT_PATCH_KEPT, PASSED]
@@ -193,7 +146,7 @@ def test_edit_on_revise_replacement_applied_and_predicted(run: Run) -> None:
     assert (rec["n_patches"], rec["n_revised"], rec["max_chained_revisions"]) == (2, 1, 2)
 
 
-def test_edit_on_revise_chain_stops_at_the_cap(run: Run) -> None:
+def test_edit_on_revise_chain_stops_at_the_cap(run: CaseRun) -> None:
     marker = "[case:edit_chain]"
     rec = run.records[marker]
     cap = "status: error\npatch reverted\n" + ERRORS["revision_cap"].format(cap=2)
@@ -208,7 +161,7 @@ def test_edit_on_revise_chain_stops_at_the_cap(run: Run) -> None:
     assert (rec["max_revision_depth"], rec["n_edit_errors"], rec["final_solution"], rec["reward"]) == (2, 1, STUB, 0.0)
 
 
-def test_edit_on_revise_missing_replacement(run: Run) -> None:
+def test_edit_on_revise_missing_replacement(run: CaseRun) -> None:
     marker = "[case:edit_missing]"
     rec = run.records[marker]
     missing = "status: error\npatch reverted\n" + ERRORS["replacement_missing"].format()
@@ -221,7 +174,7 @@ def test_edit_on_revise_missing_replacement(run: Run) -> None:
     )
 
 
-def test_edit_on_revise_train_client_keeps_one_step_per_sampled_call(run: Run, tmp_path: Path) -> None:
+def test_edit_on_revise_train_client_keeps_one_step_per_sampled_call(run: CaseRun, tmp_path: Path) -> None:
     """RL aligns sampled calls with steps one to one: a replacement patch adds no step."""
     (rec,) = read_records(write_records([run.records["[case:edit_train]"]], tmp_path / "r.parquet"))
     sampled = [n for n in rec["tokens"] if n["sampled"]]

@@ -11,6 +11,7 @@ import asyncio
 import json
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,59 @@ def mbpp_127(mbpp_path: Path) -> dict[str, Any]:
         if row["task_id"] == 127:
             return row
     raise LookupError("task 127 not in mbpp.jsonl")
+
+
+class CaseRun:
+    """The records of one scripted batch per settings group, keyed by case marker, and the endpoint's requests."""
+
+    def __init__(self, cases: Mapping[str, Any], endpoint: ScriptedEndpoint, records: dict[str, dict[str, Any]]) -> None:
+        self.cases, self.endpoint, self.records = cases, endpoint, records
+
+    def case_of(self, text: str) -> str:
+        return next(m for m in self.cases if m in text)
+
+    def requests(self, marker: str) -> list[dict[str, Any]]:
+        return [r for r in self.endpoint.requests if self.case_of(r["first_user"]) == marker]
+
+    def conversation(self, marker: str) -> list[dict[str, Any]]:
+        return max((r["messages"] for r in self.requests(marker)), key=len)
+
+    def results(self, marker: str) -> list[str]:
+        return [m["content"] for m in self.conversation(marker)[2:] if m["role"] == "user"]
+
+
+def scripted_case_rollouts(cases: Mapping[str, tuple[str, list[str]]], settings: Mapping[str, Mapping[str, Any]],
+                           mbpp_path: Path, home: Path, *, first_task_id: int,
+                           tokenizer_json: Path | None = None) -> CaseRun:
+    """Task 127 once per case (``cases``: marker -> (settings group, the scripted replies)), rolled out on val through
+    the real verifiers stack against a scripted endpoint, one `run_rollouts` batch per group of ``settings``, all
+    batches at once; verifiers' workdirs under ``home``."""
+    import verifiers.v1.runtimes.subprocess as vf_subprocess
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(vf_subprocess, "CACHE_DIR", home / ".cache" / "verifiers")
+    base = mbpp_127(mbpp_path)
+    rows: dict[str, list[dict[str, Any]]] = {g: [] for g in settings}
+    for i, (marker, (group, _)) in enumerate(cases.items()):
+        rows[group].append({**base, "task_id": first_task_id + i, "text": f"{base['text']} {marker}", "split": "val"})
+    endpoint = ScriptedEndpoint({m: s for m, (_, s) in cases.items()}, tokenizer_json=tokenizer_json).start()
+
+    async def main() -> list[list[dict[str, Any]]]:
+        return await asyncio.gather(*(
+            run_rollouts(rows[group], RolloutSettings.of(base_url=endpoint.base_url, model="scripted", **overrides))
+            for group, overrides in settings.items()
+        ))  # fmt: skip
+
+    try:
+        batches = asyncio.run(main())
+    finally:
+        endpoint.stop()
+        mp.undo()
+    run = CaseRun(cases, endpoint, {})
+    for group_rows, batch in zip(rows.values(), batches, strict=True):
+        for row, rec in zip(group_rows, batch, strict=True):
+            run.records[run.case_of(row["text"])] = rec
+    return run
 
 
 class Run:

@@ -5,7 +5,6 @@ check grades (irreversible: the state the final python_test ran on; blind: the f
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +12,19 @@ import pytest
 
 from predict.env.protocol import RESULT_PATCH_APPLIED, RESULT_PATCH_KEPT, RESULT_PATCH_REVERTED, ProtocolConfig
 from predict.env.records import patch_steps
-from predict.env.rollout import RolloutSettings, run_rollouts
 from predict.outcomes import OUTCOMES
-from tests.scripted_endpoint import ScriptedEndpoint
-from tests.test_env_rollouts import ADD, AF_REVISE, FINAL, MUL_FROM_ADD, MUL_FROM_STUB, PASS_KEEP, READ, TEST, mbpp_127
+from tests.test_env_rollouts import (
+    ADD,
+    AF_REVISE,
+    FINAL,
+    MUL_FROM_ADD,
+    MUL_FROM_STUB,
+    PASS_KEEP,
+    READ,
+    TEST,
+    CaseRun,
+    scripted_case_rollouts,
+)
 
 UNAVAILABLE = (
     "status: error\nthere is no python_test tool here: the tests run only when the episode ends, and their result is "
@@ -39,56 +47,13 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
-def case_of(text: str) -> str:
-    return next(m for m in CASES if m in text)
-
-
-class Run:
-    def __init__(self, endpoint: ScriptedEndpoint, records: dict[str, dict[str, Any]]) -> None:
-        self.endpoint, self.records = endpoint, records
-
-    def requests(self, marker: str) -> list[dict[str, Any]]:
-        return [r for r in self.endpoint.requests if case_of(r["first_user"]) == marker]
-
-    def conversation(self, marker: str) -> list[dict[str, Any]]:
-        return max((r["messages"] for r in self.requests(marker)), key=len)
-
-    def results(self, marker: str) -> list[str]:
-        return [m["content"] for m in self.conversation(marker)[2:] if m["role"] == "user"]
-
-
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory, mbpp_path: Path) -> Run:
-    import verifiers.v1.runtimes.subprocess as vf_subprocess
-
-    home = tmp_path_factory.mktemp("verifiers-home")
-    mp = pytest.MonkeyPatch()
-    mp.setattr(vf_subprocess, "CACHE_DIR", home / ".cache" / "verifiers")
-    base = mbpp_127(mbpp_path)
-    rows: dict[str, list[dict[str, Any]]] = {g: [] for g in SETTINGS}
-    for i, (marker, (group, _)) in enumerate(CASES.items()):
-        rows[group].append({**base, "task_id": 9200 + i, "text": f"{base['text']} {marker}", "split": "val"})
-    endpoint = ScriptedEndpoint({m: s for m, (_, s) in CASES.items()}).start()
-
-    async def main() -> list[list[dict[str, Any]]]:
-        return await asyncio.gather(*(
-            run_rollouts(rows[group], RolloutSettings.of(base_url=endpoint.base_url, model="scripted", **overrides))
-            for group, overrides in SETTINGS.items()
-        ))  # fmt: skip
-
-    try:
-        batches = asyncio.run(main())
-    finally:
-        endpoint.stop()
-        mp.undo()
-    records = {}
-    for group_rows, batch in zip(rows.values(), batches, strict=True):
-        for row, rec in zip(group_rows, batch, strict=True):
-            records[case_of(row["text"])] = rec
-    return Run(endpoint, records)
+def run(tmp_path_factory: pytest.TempPathFactory, mbpp_path: Path) -> CaseRun:
+    return scripted_case_rollouts(CASES, SETTINGS, mbpp_path, tmp_path_factory.mktemp("verifiers-home"),
+                                  first_task_id=9200)
 
 
-def test_every_rollout_completed_ok_and_graded(run: Run) -> None:
+def test_every_rollout_completed_ok_and_graded(run: CaseRun) -> None:
     assert set(run.records) == set(CASES)
     for marker, rec in run.records.items():
         assert rec["ok"] and rec["error"] is None and rec["reward"] is not None, (marker, rec["error"])
@@ -98,7 +63,7 @@ def test_every_rollout_completed_ok_and_graded(run: Run) -> None:
         assert run.conversation(marker)[0]["content"] == ProtocolConfig(protocol, variant).system_prompt()
 
 
-def test_irreversible_reactive_is_graded_on_the_state_its_one_test_ran_on(run: Run) -> None:
+def test_irreversible_reactive_is_graded_on_the_state_its_one_test_ran_on(run: CaseRun) -> None:
     marker = "[case:irr_reactive]"
     rec = run.records[marker]
     # two model calls (the patch, the test), no third: the test ended the episode and its result was never sent
@@ -111,7 +76,7 @@ def test_irreversible_reactive_is_graded_on_the_state_its_one_test_ran_on(run: R
     assert rec["final_solution"] == p["patched_code"] and "x + y" in rec["final_solution"]
 
 
-def test_irreversible_predictive_revises_then_its_test_is_final(run: Run) -> None:
+def test_irreversible_predictive_revises_then_its_test_is_final(run: CaseRun) -> None:
     marker = "[case:irr_predictive]"
     rec = run.records[marker]
     assert run.results(marker) == [RESULT_PATCH_APPLIED, RESULT_PATCH_REVERTED, RESULT_PATCH_APPLIED, RESULT_PATCH_KEPT]
@@ -123,7 +88,7 @@ def test_irreversible_predictive_revises_then_its_test_is_final(run: Run) -> Non
     assert (kept["outcome"], kept["outcome_seen"], kept["decision"]) == ("PASS", False, "KEEP")
 
 
-def test_blind_reactive_tests_nothing_and_is_graded_at_final(run: Run) -> None:
+def test_blind_reactive_tests_nothing_and_is_graded_at_final(run: CaseRun) -> None:
     marker = "[case:blind_reactive]"
     rec = run.records[marker]
     assert run.results(marker) == [RESULT_PATCH_APPLIED, UNAVAILABLE, RESULT_PATCH_APPLIED]
@@ -133,7 +98,7 @@ def test_blind_reactive_tests_nothing_and_is_graded_at_final(run: Run) -> None:
     assert (rec["steps"][1]["tool"], rec["steps"][1]["error"]) == ("python_test", "test_unavailable")
 
 
-def test_blind_predictive_never_sees_an_outcome(run: Run) -> None:
+def test_blind_predictive_never_sees_an_outcome(run: CaseRun) -> None:
     marker = "[case:blind_predictive]"
     rec = run.records[marker]
     results = run.results(marker)
