@@ -80,12 +80,14 @@ def _read(path: Path | None) -> list[dict[str, Any]] | None:
     return pq.read_table(path).to_pylist() if path is not None and Path(path).exists() else None
 
 
-def _nan(value: Any) -> bool:
+def is_missing(value: Any) -> bool:
+    """None or NaN: a number the statistics could not give (shown as "–")."""
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def _fmt(value: Any) -> str:
-    if _nan(value):
+def format_value(value: Any) -> str:
+    """A cell's text: "–" when missing, yes/no, three decimals (three significant digits when tiny), else escaped."""
+    if is_missing(value):
         return "–"
     if isinstance(value, bool):
         return "yes" if value else "no"
@@ -111,7 +113,7 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], labels: Map
     text_cols = {c for c in columns if rows and isinstance(rows[0].get(c), str)}
     head = "".join(f'<th class="{"l" if c in text_cols else ""}">{html.escape(labels.get(c, c))}</th>' for c in columns)
     body = "".join(
-        "<tr>" + "".join(f'<td class="{"l" if c in text_cols else ""}{" w" if c in wrap else ""}">{_fmt(r.get(c))}</td>'
+        "<tr>" + "".join(f'<td class="{"l" if c in text_cols else ""}{" w" if c in wrap else ""}">{format_value(r.get(c))}</td>'
                          for c in columns) + "</tr>"
         for r in rows
     )
@@ -133,7 +135,8 @@ def figure(fig: Any, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
-def _plt() -> Any:
+def agg_pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (no display), imported only when a figure is drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -144,33 +147,34 @@ def _plt() -> Any:
 
 def pct(k: Any, n: Any) -> str:
     """A rate with its count and denominator: "56.4% (282/500)"; "– (0/0)" when there is no denominator."""
-    if _nan(k) or _nan(n):
+    if is_missing(k) or is_missing(n):
         return "–"
     return f"{100 * k / n:.1f}% ({k}/{n})" if n else f"– (0/{n})"
 
 
 def pval(p: Any) -> str:
     """A p-value, two significant digits; "–" when no test ran (no shared task)."""
-    if _nan(p):
+    if is_missing(p):
         return "–"
     return "<0.0001" if p < 1e-4 else f"{p:.2g}"
 
 
 def points(diff: Any, low: Any = None, high: Any = None) -> str:
     """A difference of rates in percentage points, with its CI: "+4.4 pts [+0.2, +8.6]"."""
-    if _nan(diff):
+    if is_missing(diff):
         return "–"
     out = f"{100 * diff:+.1f} pts"
-    return out if _nan(low) or _nan(high) else f"{out} [{100 * low:+.1f}, {100 * high:+.1f}]"
+    return out if is_missing(low) or is_missing(high) else f"{out} [{100 * low:+.1f}, {100 * high:+.1f}]"
 
 
-def _key(row: Mapping[str, Any], side: str = "") -> tuple[str, str, int]:
+def eval_key(row: Mapping[str, Any], side: str = "") -> tuple[str, str, int]:
     """(run, checkpoint, seed) of a row, or of one side of a pair (`side` "_a", "_b")."""
     return row[f"run{side}"], row[f"checkpoint{side}"], row[f"seed{side}"]
 
 
-def _who(row: Mapping[str, Any], side: str = "") -> str:
-    run, checkpoint, seed = _key(row, side)
+def eval_label(row: Mapping[str, Any], side: str = "") -> str:
+    """"run / checkpoint / seed N" of a row, or of one side of a pair."""
+    run, checkpoint, seed = eval_key(row, side)
     return f"{run} / {checkpoint} / seed {seed}"
 
 
@@ -183,11 +187,11 @@ def headline(metrics: list[dict[str, Any]] | None, pairs: list[dict[str, Any]] |
     p_of: dict[tuple, dict[str, Any]] = {}
     for p in pairs or []:
         if (p["seed_a"] == p["seed_b"] or p["kind"] != "A_vs_B") and p.get("metric", "final_pass") == "final_pass":
-            p_of.setdefault((p["kind"], *_key(p, "_a")), p)
+            p_of.setdefault((p["kind"], *eval_key(p, "_a")), p)
     rows = []
     for m in metrics:
-        vs_ref = p_of.get(("vs_reference", *_key(m)))
-        vs_b = p_of.get(("A_vs_B", *_key(m))) or p_of.get(("ablation_vs_base", *_key(m)))
+        vs_ref = p_of.get(("vs_reference", *eval_key(m)))
+        vs_b = p_of.get(("A_vs_B", *eval_key(m))) or p_of.get(("ablation_vs_base", *eval_key(m)))
         rows.append({**m, "pass_at_1": pct(m.get("n_pass"), m["n_scored"]),
                      "p_vs_reference": pval(vs_ref["mcnemar_p"]) if vs_ref else None,
                      "p_vs_B": pval(vs_b["mcnemar_p"]) if vs_b else None})
@@ -201,7 +205,7 @@ METRIC_WORDS = {"final_pass": "pass@1", "first_patch_pass": "first patch PASS"}
 KIND_WORDS = {"vs_reference": "vs own SFT", "A_vs_B": "Arm A vs Arm B", "ablation_vs_base": "ablation vs Arm B"}
 
 
-def _pair_cells(p: Mapping[str, Any]) -> dict[str, str]:
+def pair_cells(p: Mapping[str, Any]) -> dict[str, str]:
     """The cells of a paired comparison every table shows: difference [CI], discordant counts, p, Holm p."""
     return {"diff": points(p["diff"], p["ci_low"], p["ci_high"]), "disc": f"{p['n10']} / {p['n01']}",
             "p": pval(p["mcnemar_p"]), "holm": pval(p.get("mcnemar_p_holm"))}
@@ -213,9 +217,9 @@ def pairs_section(pairs: list[dict[str, Any]] | None) -> str:
         return empty("No paired comparisons (needs two runs or checkpoints on the same tasks).")
     rows = [{
         "kind": KIND_WORDS.get(p["kind"], p["kind"]), "metric": METRIC_WORDS.get(p.get("metric"), p.get("metric")),
-        "first": _who(p, "_a"),
-        "second": _who(p, "_b"),
-        "rate_a": pct(p.get("n_pass_a"), p["n"]), "rate_b": pct(p.get("n_pass_b"), p["n"]), **_pair_cells(p),
+        "first": eval_label(p, "_a"),
+        "second": eval_label(p, "_b"),
+        "rate_a": pct(p.get("n_pass_a"), p["n"]), "rate_b": pct(p.get("n_pass_b"), p["n"]), **pair_cells(p),
         "only": f"{p.get('n_only_a') or 0} / {p.get('n_only_b') or 0}",
     } for p in pairs]
     return table(rows, list(rows[0]), {
@@ -233,8 +237,8 @@ def revise_split(metrics: list[dict[str, Any]] | None, chosen: set[tuple[str, st
     all_rows = [m for m in metrics or [] if "predictive" in (m.get("protocol") or "") and m["n_scored"]]
     if not all_rows:
         return empty(none)
-    rows = [m for m in all_rows if _key(m) in chosen] or all_rows  # the figure
-    plt = _plt()
+    rows = [m for m in all_rows if eval_key(m) in chosen] or all_rows  # the figure
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(rows)), 3.4))
     xs = range(len(rows))
     for dx, group, color, text_color in ((-0.2, "never", "#4c72b0", "white"), (0.2, "ever", "#dd8452", None)):
@@ -256,7 +260,7 @@ def revise_split(metrics: list[dict[str, Any]] | None, chosen: set[tuple[str, st
 def revise_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The REVISE split, REVISE on passing vs failing patches and budget exhaustion, every rate with its n."""
     out = [{
-        "who": _who(m),
+        "who": eval_label(m),
         "never": pct(m.get("never_revised_n_pass"), m["never_revised_n"]),
         "ever": pct(m.get("ever_revised_n_pass"), m["ever_revised_n"]),
         "split": f"{m['never_revised_n']} / {m['ever_revised_n']}",
@@ -287,7 +291,7 @@ def confusion_section(confusion: list[dict[str, Any]] | None, chosen: set[tuple[
         picked = [k for k in mine if (k[0], k[1], k[3]) in chosen] if per_seed else []
         keys += picked or mine[:1]
     keys = keys[:6]
-    plt = _plt()
+    plt = agg_pyplot()
     ncols = min(3, len(keys))
     nrows = math.ceil(len(keys) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 4.2 * nrows), squeeze=False)
@@ -317,8 +321,9 @@ def confusion_section(confusion: list[dict[str, Any]] | None, chosen: set[tuple[
         "verified class (seen or shadow execution) against the predicted class.</p>"
 
 
-def _freq_chart(pairs: Sequence[tuple[str, float, float]], title: str) -> str:
-    plt = _plt()
+def class_share_chart(pairs: Sequence[tuple[str, float, float]], title: str) -> str:
+    """Bars of each class's verified and predicted share; `pairs`: (class, predicted share, verified share)."""
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.2))
     xs = range(len(pairs))
     ax.bar([x - 0.2 for x in xs], [p[2] for p in pairs], 0.4, label="verified (real)", color="#55a868")
@@ -333,11 +338,11 @@ def _freq_chart(pairs: Sequence[tuple[str, float, float]], title: str) -> str:
 def frequencies(classes: list[dict[str, Any]] | None, chosen: set[tuple[str, str, int]]) -> str:
     if not classes:
         return empty("No predictions recorded in evaluation yet: no class frequencies.")
-    shown = [c for c in classes if _key(c) in chosen] or classes
+    shown = [c for c in classes if eval_key(c) in chosen] or classes
     shown = [c for c in shown if c["n_predicted"] or c["n_verified"]]
     key = min({(c["run"] != "B", c["run"], c["checkpoint"], c["split"], c["seed"]) for c in shown})
     first = [c for c in shown if (c["run"], c["checkpoint"], c["split"], c["seed"]) == key[1:]]
-    return (_freq_chart([(c["cls"], c["predicted_freq"], c["verified_freq"]) for c in first],
+    return (class_share_chart([(c["cls"], c["predicted_freq"], c["verified_freq"]) for c in first],
                         f"evaluation {key[1]}/{key[2]}/{key[3]}/s{key[4]}: real vs predicted class frequency")
             + class_share_table(shown)
             + '<p class="note">Selected checkpoints; classes neither predicted nor verified are left out.</p>')
@@ -353,7 +358,7 @@ def ablations_section(tables: Mapping[str, list[dict[str, Any]] | None]) -> str:
 
 
 def _share(x: Any, n: Any = None) -> str:
-    if _nan(x):
+    if is_missing(x):
         return "–"
     return f"{100 * x:.1f}%" + (f" (n={n})" if n is not None else "")
 
@@ -363,8 +368,8 @@ def ablation_rows(rows: Sequence[Mapping[str, Any]]) -> str:
             "checkpoints": f"{r['checkpoint']} vs B {r['base_checkpoint']} (A {r.get('A_checkpoint') or '–'})",
             "n": r["n"], "pass_ablation": _share(r["pass_ablation"]), "pass_base": _share(r["pass_base"]),
             "pass_A": _share(r["pass_A"]), "diff": points(r["diff"], r["ci_low"], r["ci_high"]),
-            "p": pval(r["mcnemar_p"]), "focus": f"{r['focus_metric']}: {_fmt(r['focus_ablation'])} vs "
-                                                f"{_fmt(r['focus_base'])}",
+            "p": pval(r["mcnemar_p"]), "focus": f"{r['focus_metric']}: {format_value(r['focus_ablation'])} vs "
+                                                f"{format_value(r['focus_base'])}",
             "selection_fallback": r["selection_fallback"]} for r in rows]
     return table(out, list(out[0]), wrap=("checkpoints", "focus"), labels={
         "checkpoints": "checkpoints (selected)", "n": "tasks compared", "pass_ablation": "pass@1, ablation",
@@ -379,7 +384,7 @@ def extension_rows(rows: Sequence[Mapping[str, Any]]) -> str:
                             f"{points(r.get(f'diff_vs_{arm}'), r.get(f'ci_low_vs_{arm}'), r.get(f'ci_high_vs_{arm}'))}"
                for arm in ("A", "B")},
             "p_A": pval(r.get("mcnemar_p_vs_A")), "p_B": pval(r.get("mcnemar_p_vs_B")),
-            "focus": f"{r['focus_metric']}: {_fmt(r['focus_ext'])} vs {_fmt(r['focus_other'])}",
+            "focus": f"{r['focus_metric']}: {format_value(r['focus_ext'])} vs {format_value(r['focus_other'])}",
             "selection_fallback": r["selection_fallback"]} for r in rows]
     return table(out, ["extension", "seed", "checkpoint", "pass_ext", "vs_A", "p_A", "vs_B", "p_B", "focus",
                        "selection_fallback"], wrap=("vs_A", "vs_B", "focus"), labels={
@@ -420,7 +425,7 @@ def extensions_section(tables: Mapping[str, list[dict[str, Any]] | None]) -> str
         "edited_revise_pass": "pass, edited REVISE", "never_revised_pass": "pass, never revised",
         "pred_freq_pass": "PASS predicted", "verified_freq_pass": "PASS verified", "pass_rl": "pass@1, RL run",
         "rft_minus_rl": "RFT - RL"})
-    plt = _plt()
+    plt = agg_pyplot()
     mechanisms = list(dict.fromkeys(r.get("mechanism") or "none" for r in rows))
     fig, axes = plt.subplots(1, len(mechanisms), figsize=(3.2 * len(mechanisms), 2.8), squeeze=False)
     for ax, mechanism in zip(axes[0], mechanisms, strict=True):  # one panel per mechanism: its own scale
@@ -466,9 +471,9 @@ def power_section(power: list[dict[str, Any]] | None, config: Mapping[str, Any])
     design = [r for r in power if r["design"] in ("test", "val")]
     verdict = [{"design": "test" if r["design"] == "test" else "val (selection only)", "n": r["n_tasks"],
                 "delta": f"{100 * r['delta']:.0f} pts", "d": f"{r['discordance']:.2f}",
-                "source": r["discordance_source"], "power": _fmt(r["power"]),
+                "source": r["discordance_source"], "power": format_value(r["power"]),
                 "powered": "powered" if r["powered"] else "not powered",
-                "power_holm": _fmt(r.get("power_holm", r["power"])),
+                "power_holm": format_value(r.get("power_holm", r["power"])),
                 "powered_holm": "powered" if r.get("powered_holm", r["powered"]) else "not powered"}
                for r in sorted(design, key=lambda r: (r["design"] != "test", r["delta"], r["discordance"]))]
     curves: dict[tuple, list[dict[str, Any]]] = {}  # (delta, discordance, source) -> its rows, fewest tasks first
@@ -477,8 +482,8 @@ def power_section(power: list[dict[str, Any]] | None, config: Mapping[str, Any])
     need = {k: next((r for r in rows if r["powered"]), None) for k, rows in curves.items()}  # fewest powered
     grid = [{"delta": f"{100 * k[0]:.0f} pts", "d": f"{k[1]:.2f}", "source": k[2],
              "n": need[k]["n_tasks"] if need[k] else "none on the grid",
-             "power": _fmt(need[k]["power"]) if need[k] else "–"} for k in sorted(curves)]
-    plt = _plt()
+             "power": format_value(need[k]["power"]) if need[k] else "–"} for k in sorted(curves)]
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.4))
     drawn = {min(k[1] for k in curves), max(k[1] for k in curves)}  # the lowest and the highest discordance
     for (delta, disc, _), rows in sorted(curves.items()):
@@ -516,7 +521,7 @@ def training(rl: Mapping[str, list[dict[str, Any]]], expected: Sequence[str]) ->
     metrics = [c for c in CURVES if any(r.get(c) is not None for rows in present.values() for r in rows)]
     if not metrics:
         return empty("The RL metrics have no reward, loss or rate logged yet.") + note
-    plt = _plt()
+    plt = agg_pyplot()
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.6 * len(metrics), 3), squeeze=False)
     for ax, col in zip(axes[0], metrics, strict=False):
         for name, rows in sorted(present.items()):
@@ -542,7 +547,7 @@ def step_time(rl: Mapping[str, list[dict[str, Any]]]) -> str:
     for name, steps in sorted(rl.items()):
         row: dict[str, Any] = {"run": name}
         for col in [*STEP_PARTS, "step_s"]:
-            values = [r[col] for r in steps if r.get(col) is not None and not _nan(r[col])]
+            values = [r[col] for r in steps if r.get(col) is not None and not is_missing(r[col])]
             row[col] = sum(values) / len(values) if values else None
         if any(row[c] is not None for c in STEP_PARTS):
             known = sum(row[c] or 0.0 for c in STEP_PARTS)
@@ -550,7 +555,7 @@ def step_time(rl: Mapping[str, list[dict[str, Any]]]) -> str:
             rows.append(row)
     if not rows:
         return ""
-    plt = _plt()
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 0.45 * len(rows) + 1.0))
     left = [0.0] * len(rows)
     for col, label in [*STEP_PARTS.items(), ("other_s", "other")]:
@@ -605,7 +610,7 @@ def grad_terms_section(rl: Mapping[str, list[dict[str, Any]]], config: Mapping[s
     measured = {k: v for k, v in measured.items() if v}
     if not measured:
         return notes
-    plt = _plt()
+    plt = agg_pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.2), squeeze=False)
     axes[0][1].sharey(axes[0][0])  # one scale for both norms: their gap is the finding
     colour = {name: f"C{i % 10}" for i, name in enumerate(measured)}
@@ -625,7 +630,7 @@ def grad_terms_section(rl: Mapping[str, list[dict[str, Any]]], config: Mapping[s
     fig.tight_layout()
 
     def median(values: list[Any]) -> float | None:
-        known = [v for v in values if not _nan(v)]
+        known = [v for v in values if not is_missing(v)]
         return statistics.median(known) if known else None
 
     rows = []
@@ -650,17 +655,17 @@ NO_TEST = "The frozen test has not been run yet: no test statistics (results/tes
 
 def _selected(metrics: Sequence[Mapping[str, Any]]) -> set[tuple[str, str, int]]:
     """The test's selected checkpoints, as the val sections take them (`chosen`)."""
-    return {_key(m) for m in metrics if m.get("selected")}
+    return {eval_key(m) for m in metrics if m.get("selected")}
 
 
 def test_headline(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
     metrics, pairs = test["metrics"], test.get("pairs") or []
     selected = _selected(metrics)
     rl = [p for p in pairs if p["kind"] == "vs_reference" and p["metric"] == "final_pass"]
-    rl.sort(key=lambda p: (_key(p, "_a") not in selected, p["run_a"], p["seed_a"]))
+    rl.sort(key=lambda p: (eval_key(p, "_a") not in selected, p["run_a"], p["seed_a"]))
     rows = [{"arm": p["run_a"], "seed": p["seed_a"], "sft": pct(p["n_pass_b"], p["n"]),
              "rl": pct(p["n_pass_a"], p["n"]),
-             "ckpt": p["checkpoint_a"] + (" (selected)" if _key(p, "_a") in selected else ""), **_pair_cells(p)}
+             "ckpt": p["checkpoint_a"] + (" (selected)" if eval_key(p, "_a") in selected else ""), **pair_cells(p)}
             for p in rl]
     out = "<h3>RL vs its own SFT, per arm and seed</h3>" + table(rows, list(rows[0]), {
         "sft": "SFT pass@1", "rl": "RL pass@1", "ckpt": "RL checkpoint", "diff": "RL - SFT [95% CI]",
@@ -668,7 +673,7 @@ def test_headline(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
     }) if rows else empty("No RL vs SFT comparison on test.")
     ab = [p for p in pairs if p["kind"] == "A_vs_B"]
     rows = [{"a": f"seed {p['seed_a']} ({p['checkpoint_a']})", "b": f"seed {p['seed_b']} ({p['checkpoint_b']})",
-             "pa": pct(p["n_pass_a"], p["n"]), "pb": pct(p["n_pass_b"], p["n"]), **_pair_cells(p)} for p in ab]
+             "pa": pct(p["n_pass_a"], p["n"]), "pb": pct(p["n_pass_b"], p["n"]), **pair_cells(p)} for p in ab]
     out += "<h3>Arm A vs Arm B, every seed pairing of the selected checkpoints</h3>"
     out += table(rows, list(rows[0]), {
         "a": "Arm A", "b": "Arm B", "pa": "Arm A pass@1", "pb": "Arm B pass@1", "diff": "A - B [95% CI]",
@@ -709,7 +714,7 @@ def test_first_patch(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
     pairs, recovery = test.get("pairs") or [], test.get("recovery") or []
     if not pairs:  # the test ran (build_report checked), but no RL checkpoint was paired with its SFT on it
         return empty("No RL-vs-SFT pair was evaluated on test: no first-patch or recovery comparison.")
-    first = {_key(p, "_a"): p for p in pairs if p["kind"] == "vs_reference" and p["metric"] == "first_patch_pass"}
+    first = {eval_key(p, "_a"): p for p in pairs if p["kind"] == "vs_reference" and p["metric"] == "first_patch_pass"}
     rows = []
     for r in recovery:
         f = first.get((r["run"], r["checkpoint_a"], r["seed"])) or {}  # none: "–" (pct and pval take None)
@@ -730,15 +735,15 @@ def test_first_patch(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
 
 def test_revise(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
     selected = _selected(test["metrics"])
-    chosen = [m for m in test["metrics"] if _key(m) in selected]
+    chosen = [m for m in test["metrics"] if eval_key(m) in selected]
     return (revise_split(test["metrics"], selected, "No predictive-protocol evaluation on test.")
             + ("<h3>Mechanism metrics of the selected checkpoints</h3>" + mechanism_table(chosen) if chosen else ""))
 
 
 def test_confusion(test: Mapping[str, list[dict[str, Any]] | None]) -> str:
     chosen = _selected(test["metrics"])
-    out = confusion_section([c for c in test.get("confusion") or [] if _key(c) in chosen], chosen, per_seed=True)
-    classes = [c for c in test.get("classes") or [] if _key(c) in chosen]
+    out = confusion_section([c for c in test.get("confusion") or [] if eval_key(c) in chosen], chosen, per_seed=True)
+    classes = [c for c in test.get("classes") or [] if eval_key(c) in chosen]
     out += "<h3>Class shares of the patches: verified vs predicted</h3>" + class_share_table(classes)
     shares = [r for r in test.get("prediction_shares") or [] if r["n_predicted_reference"] or r["n_predicted_selected"]]
     rows = [{"who": f"{r['run']} / seed {r['seed']}", "cls": r["cls"],
@@ -757,12 +762,12 @@ def class_share_table(classes: Sequence[Mapping[str, Any]]) -> str:
     classes = [c for c in classes if c["n_predicted"] or c["n_verified"]]
     totals: dict[tuple, int] = {}
     for c in classes:
-        totals[_key(c)] = totals.get(_key(c), 0) + c["n_predicted"]
-    rows = [{"who": _who(c), "cls": c["cls"], "verified": pct(c["n_verified"], totals[_key(c)]),
-             "predicted": pct(c["n_predicted"], totals[_key(c)]),
-             "precision": pct(None if _nan(c["precision"]) else round(c["precision"] * c["n_predicted"]),
+        totals[eval_key(c)] = totals.get(eval_key(c), 0) + c["n_predicted"]
+    rows = [{"who": eval_label(c), "cls": c["cls"], "verified": pct(c["n_verified"], totals[eval_key(c)]),
+             "predicted": pct(c["n_predicted"], totals[eval_key(c)]),
+             "precision": pct(None if is_missing(c["precision"]) else round(c["precision"] * c["n_predicted"]),
                               c["n_predicted"]),
-             "recall": pct(None if _nan(c["recall"]) else round(c["recall"] * c["n_verified"]), c["n_verified"])}
+             "recall": pct(None if is_missing(c["recall"]) else round(c["recall"] * c["n_verified"]), c["n_verified"])}
             for c in classes]
     return table(rows, list(rows[0]), {
         "verified": "verified share", "predicted": "predicted share", "precision": "precision (correct of predicted)",
@@ -817,16 +822,16 @@ def open_question_rows(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def open_question_figure(rows: Sequence[Mapping[str, Any]], title: str) -> str:
     """B - A per environment: one point per seed pairing with its 95% CI, in percentage points."""
-    plt = _plt()
+    plt = agg_pyplot()
     names = list(dict.fromkeys(_environment(r) for r in rows))
     fig, ax = plt.subplots(figsize=(max(4.5, 1.6 * len(names)), 3.2))
     for i, name in enumerate(names):
         mine = [r for r in rows if _environment(r) == name]
         for j, r in enumerate(mine):
             x = i + (j - (len(mine) - 1) / 2) * 0.12
-            y = 100 * r["diff"] if not _nan(r["diff"]) else math.nan
-            low = 0.0 if _nan(r["ci_low"]) else y - 100 * r["ci_low"]
-            high = 0.0 if _nan(r["ci_high"]) else 100 * r["ci_high"] - y
+            y = 100 * r["diff"] if not is_missing(r["diff"]) else math.nan
+            low = 0.0 if is_missing(r["ci_low"]) else y - 100 * r["ci_low"]
+            high = 0.0 if is_missing(r["ci_high"]) else 100 * r["ci_high"] - y
             ax.errorbar([x], [y], yerr=[[low], [high]], fmt="o", ms=4, capsize=3, color=f"C{i}")
     ax.axhline(0, color="grey", lw=0.8, ls="--")
     ax.set_xticks(range(len(names)), names, fontsize=8)
@@ -841,17 +846,17 @@ def open_question_figure(rows: Sequence[Mapping[str, Any]], title: str) -> str:
 def open_question_power(power: Sequence[Mapping[str, Any]] | None) -> str:
     """The power of one test of the open question's family at the test's size (power.parquet's open-question
     columns, `predict.stats.open_question.with_open_question_power`)."""
-    design = [r for r in power or [] if r["design"] == "test" and not _nan(r.get("power_open_question"))]
+    design = [r for r in power or [] if r["design"] == "test" and not is_missing(r.get("power_open_question"))]
     if not design:
         return empty("No power of the open question's comparison yet (power.parquet has no open-question columns).")
     head = design[0]
     rows = [{"delta": f"{100 * r['delta']:.0f} pts", "d": f"{r['discordance']:.2f}", "source": r["discordance_source"],
-             "power": _fmt(r["power_open_question"]),
+             "power": format_value(r["power_open_question"]),
              "powered": "powered" if r["powered_open_question"] else "not powered"}
             for r in sorted(design, key=lambda r: (r["delta"], r["discordance"]))]
     return (f"<p>Power of one test of this family ({head['family_size_open_question']} tests: every environment x "
             f"seed pairing) on the {head['n_tasks']} test tasks, exact McNemar held to the family's first Holm level "
-            f"{_fmt(head['holm_significance_open_question'])} (the Power section says what is assumed):</p>"
+            f"{format_value(head['holm_significance_open_question'])} (the Power section says what is assumed):</p>"
             + table(rows, list(rows[0]), {"delta": "difference to detect", "d": "discordance",
                                           "source": "discordance from", "power": "power, Holm-adjusted",
                                           "powered": "verdict"}))
@@ -899,7 +904,7 @@ def training_outcomes_section(rows: list[dict[str, Any]] | None) -> str:
                          {"n_verified": "verified (n)", "verified_share": "share of verified",
                           "n_predicted": "predicted (n)", "predicted_share": "share of predictions"}))
     first = groups[min(groups)]
-    chart = _freq_chart([(r["cls"], r["predicted_share"] or 0.0, r["verified_share"] or 0.0) for r in first],
+    chart = class_share_chart([(r["cls"], r["predicted_share"] or 0.0, r["verified_share"] or 0.0) for r in first],
                         f"training {first[0]['run']}/s{first[0]['seed']}, all steps: real vs predicted class share")
     return chart + "".join(out) + '<p class="note">Every applied patch of every RL rollout (edit-on-REVISE ' \
         "replacements included); verified = the seen or shadow outcome; MALFORMED = an unparseable prediction.</p>"
@@ -944,7 +949,7 @@ def rollout_section(rows: list[dict[str, Any]] | None, tasks: Mapping[int, Mappi
 
 
 def mechanism_table(metrics: Sequence[Mapping[str, Any]]) -> str:
-    rows = [{"who": _who(m), "split": m["split"],
+    rows = [{"who": eval_label(m), "split": m["split"],
              "first": pct(m.get("n_first_patch_pass"), m["n_scored"]),
              "recovery": pct(m.get("n_recovered"), m.get("n_recovery")),
              "revise": pct(m.get("n_revised_patches"), m.get("n_decided_patches")),
@@ -1001,7 +1006,7 @@ def build_report(
         return _read(stats_dir / f"{name}.parquet")
 
     metrics, pairs, selection = stat("metrics"), stat("pairs"), stat("selection")
-    chosen = {_key(s) for s in selection or []}
+    chosen = {eval_key(s) for s in selection or []}
     test = {name: _read(test_stats_dir / f"{name}.parquet") for name in TEST_STATS_TABLES} if test_stats_dir else {}
     val_n = max((m["n"] for m in metrics or [] if m["split"] == "val"), default="?")  # "?": no val evaluation yet
     note = (f'<p class="note"><b>Selection only</b> (val, n={val_n} tasks): these numbers choose checkpoints; the '
