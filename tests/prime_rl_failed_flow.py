@@ -49,13 +49,8 @@ async def flow(tmp: Path) -> dict[str, Any]:
     from predict.env.environment import MbppEnvConfig
     from predict.env.rollout import default_tokenizer_dir
     from predict.env.taskset import task_from_row
-    from predict.train.prime_rl.configs import (
-        FailedRolloutsError,
-        check_failed_rollouts,
-        metrics_table,
-        rl_config,
-        schema_rows,
-    )
+    from predict.train.prime_rl.collect import FailedRolloutsError, check_failed_rollouts, metrics_table, schema_rows
+    from predict.train.prime_rl.configs import rl_config
     from tests.prime_rl_fixtures import episode_result, trace_nodes
     from tests.scripted_endpoint import HttpError, ScriptedEndpoint
 

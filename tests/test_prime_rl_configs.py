@@ -26,7 +26,7 @@ from predict.env.harness import LocalAgentHarnessConfig
 from predict.env.protocol import ProtocolConfig
 from predict.env.taskset import MbppTaskConfig, MbppTasksetConfig
 from predict.runs import resolve_run, study_runs
-from predict.train.prime_rl import configs
+from predict.train.prime_rl import collect, configs
 from predict.train.prime_rl.configs import PrimeRLConfigError
 
 PINNED = "60bc29547a8824ad1de7b9af8d265e2b27b2a72d"
@@ -267,7 +267,7 @@ def test_sft_toml_and_messages_dataset(paper: dict[str, Any], tmp_path: Path) ->
         ]
     ]
     traces = write_traces(tmp_path / "traces" / "B.parquet", rows)
-    data = configs.write_sft_dataset(traces, tmp_path / "sft-data")
+    data = collect.write_sft_dataset(traces, tmp_path / "sft-data")
     assert data == tmp_path / "sft-data" / "train.parquet"
     back = pq.read_table(data)
     assert back.column_names == ["messages"] and back.column("messages").to_pylist() == rows
@@ -289,10 +289,10 @@ def test_sft_toml_and_messages_dataset(paper: dict[str, Any], tmp_path: Path) ->
 def test_sft_dataset_rejects_bad_traces(tmp_path: Path) -> None:
     no_assistant = write_traces(tmp_path / "a.parquet", [[{"role": "user", "content": "x"}]])
     with pytest.raises(PrimeRLConfigError, match="row 0 has no assistant turn"):
-        configs.write_sft_dataset(no_assistant, tmp_path / "out")
+        collect.write_sft_dataset(no_assistant, tmp_path / "out")
     pq.write_table(pa.table({"text": ["x"]}), tmp_path / "b.parquet")
     with pytest.raises(PrimeRLConfigError, match="no 'messages' column"):
-        configs.write_sft_dataset(tmp_path / "b.parquet", tmp_path / "out")
+        collect.write_sft_dataset(tmp_path / "b.parquet", tmp_path / "out")
 
 
 def fake_step(output_dir: Path, step: int, stable: bool = True) -> None:
@@ -308,16 +308,16 @@ def test_checkpoints_move_to_the_shared_paths(tmp_path: Path) -> None:
     fake_step(out, 50)
     fake_step(out, 100)
     fake_step(out, 150, stable=False)  # still being written: not collected
-    summary = configs.collect_rl_checkpoints(out, out.parent, out.parent / "checkpoints.json")
+    summary = collect.collect_rl_checkpoints(out, out.parent, out.parent / "checkpoints.json")
     assert summary["steps"] == [50, 100] and summary["last"] == 100
     assert (out.parent / "step100" / "model.safetensors").read_text() == "weights 100"
     assert not (out / "weights" / "step_100").exists()
     sft_out = tmp_path / "sft" / "B" / "prime-rl"
     fake_step(sft_out, 10)
-    assert configs.collect_sft_checkpoint(sft_out, tmp_path / "checkpoints" / "B" / "sft") == 10
+    assert collect.collect_sft_checkpoint(sft_out, tmp_path / "checkpoints" / "B" / "sft") == 10
     assert (tmp_path / "checkpoints" / "B" / "sft" / "STABLE").exists()
     with pytest.raises(PrimeRLConfigError, match="no finished checkpoint"):
-        configs.collect_sft_checkpoint(tmp_path / "empty", tmp_path / "x")
+        collect.collect_sft_checkpoint(tmp_path / "empty", tmp_path / "x")
 
 
 FAKE_UV = r"""#!{python}

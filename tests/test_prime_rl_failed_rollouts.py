@@ -15,12 +15,8 @@ import pytest
 from predict.config import REPO_ROOT, load_config
 from predict.train.prime_rl import cluster, configs
 from predict.train.prime_rl.cluster import run_watched
-from predict.train.prime_rl.configs import (
-    MAX_FAILED_SHARE_VAR,
-    FailedRolloutsError,
-    PrimeRLConfigError,
-    check_failed_rollouts,
-)
+from predict.train.prime_rl.collect import FailedRolloutsError, check_failed_rollouts
+from predict.train.prime_rl.configs import MAX_FAILED_SHARE_VAR, PrimeRLConfigError
 
 AGG = "train/agg/all/agent"
 

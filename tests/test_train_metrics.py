@@ -32,7 +32,7 @@ from predict.train.metrics import (
     rollout_trace_metrics,
     write_metrics,
 )
-from predict.train.prime_rl.configs import schema_rows, write_rl_metrics
+from predict.train.prime_rl.collect import schema_rows, write_rl_metrics
 
 from .conftest import REPO
 from .synthetic import FAIL_KEEP, FAIL_REVISE, PASS_KEEP, PASS_REVISE, rollout
@@ -138,7 +138,7 @@ def test_a_prime_rl_run_without_trace_metrics_still_has_curves(tmp_path: Path) -
     lines = [json.loads(x) for x in (out / "run_default" / "metrics.jsonl").read_text().splitlines()[:-1]]
     lines = [{k: v for k, v in x.items() if "/metrics/" not in k} for x in lines]  # e.g. prime-rl's own grpo
     (out / "run_default" / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    from predict.train.prime_rl.configs import metrics_table
+    from predict.train.prime_rl.collect import metrics_table
 
     rows = schema_rows(metrics_table(out), "A", 42)
     assert [(r["reward_mean"], r["pass_rate"]) for r in rows] == [(0.4, 0.4)] * 3

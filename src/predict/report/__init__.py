@@ -7,7 +7,7 @@ one evaluation file to render a rollout from. Figures are matplotlib PNGs embedd
 disk with no other file. Every section is a ``<section id=...>`` listed in `SECTIONS`, present even when its data is
 not there yet (it then says what is missing).
 
-RL metrics columns the report reads (any subset): ``step`` (required) and those `build.CURVES` names (training
+RL metrics columns the report reads (any subset): ``step`` (required) and those `training.CURVES` names (training
 curves). Training-time predicted vs verified class shares come from ``training_outcomes.parquet``.
 
 Checking the page by eye: ``chromium --headless --no-sandbox --disable-gpu --user-data-dir=$(mktemp -d)

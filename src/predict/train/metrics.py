@@ -1,7 +1,7 @@
 """The per-step training metrics table: one schema that every trainer writes and every reader reads.
 
 One row per optimizer step of one run and seed (``results/rl/{run}/seed{seed}/metrics.parquet``). Our RL
-(`predict.train.rl`), RFT (`predict.train.rft`) and prime-rl (through `predict.train.prime_rl.configs.
+(`predict.train.rl`), RFT (`predict.train.rft`) and prime-rl (through `predict.train.prime_rl.collect.
 metrics_table`) all write it with `write_metrics`, which refuses a column the schema does not declare (naming it)
 and leaves a column a trainer cannot measure null. Pure: pyarrow only, no torch, so statistics and the report
 import it.
@@ -154,7 +154,7 @@ def rollout_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 ROLLOUT_METRIC_PREFIX = "predict_"
 """PredictAlgorithm records each rollout's counts as trace metrics ``predict_<name>``; prime-rl's orchestrator logs
 their per-step mean over the rollouts that carry them (``train/agg/all/<agent>/metrics/predict_<name>/mean``), and
-`predict.train.prime_rl.configs.schema_rows` multiplies back by the number of those rollouts."""
+`predict.train.prime_rl.collect.schema_rows` multiplies back by the number of those rollouts."""
 
 
 def rollout_trace_metrics(info: Mapping[str, Any], reward: float | None) -> dict[str, float]:

@@ -16,12 +16,12 @@
 6. write ``setup.json`` (repo, commit, patch sha256) as the rule's output.
 
 `launch` (stage ``predict prime-rl-train``) runs ``uv run <rl|sft> @ <toml>`` in ``dest`` and then collects the
-finished checkpoints (`configs.collect_rl_checkpoints` / `collect_sft_checkpoint`). The TOML resumes
+finished checkpoints (`collect.collect_rl_checkpoints` / `collect_sft_checkpoint`). The TOML resumes
 (``ckpt.resume_step = -1``), so a SLURM retry is a second attempt in the same output_dir: `launch` records where
 each attempt starts in prime-rl's metrics.jsonl files (`mark_attempt`) and, once the run finishes, keeps only the
 last attempt's records of each step (`drop_superseded_metrics`; the dropped lines go to ``*.superseded.jsonl``).
 An ``rl`` run is watched while it runs (`run_watched`): once a logged step has more failed rollouts than the TOML's
-``env_vars.PREDICT_MAX_FAILED_SHARE`` (``prime_rl.rl.max_failed_share``) allows, `configs.check_failed_rollouts`
+``env_vars.PREDICT_MAX_FAILED_SHARE`` (``prime_rl.rl.max_failed_share``) allows, `collect.check_failed_rollouts`
 raises, the run's processes are stopped and the job fails naming the step; below it prime-rl drops each failed
 rollout from its group (the environment marks a failed model call as a failed rollout, `predict.env.program`).
 """
@@ -41,7 +41,8 @@ from typing import Any
 
 from predict.config import REPO_ROOT
 from predict.fingerprint import file_sha256, fingerprint, start_or_resume
-from predict.train.prime_rl.configs import MAX_FAILED_SHARE_VAR, METRIC_SOURCES, check_failed_rollouts, read_toml
+from predict.train.prime_rl.collect import METRIC_SOURCES, check_failed_rollouts
+from predict.train.prime_rl.configs import MAX_FAILED_SHARE_VAR, read_toml
 
 log = logging.getLogger(__name__)
 PATCH = REPO_ROOT / "workflow" / "prime-rl" / "predict-algorithm.patch"

@@ -1,18 +1,19 @@
-"""prime-rl TOML configs (and the SFT dataset) rendered from the study config: the cluster backend's only input.
+"""prime-rl TOML configs rendered from the study config: the cluster backend's only input (what a run gives back,
+and the SFT dataset it reads, are `predict.train.prime_rl.collect`'s).
 
 `rl_config` renders one ``rl`` run (inference + orchestrator + trainer on one node): model = the arm's SFT
 checkpoint, env = our verifiers v1 taskset ``predict_mbpp`` on the rl split with our harness
 ``predict_local_agent`` in a subprocess runtime (the protocol values come from
 `predict.env.rollout.RolloutSettings`, the same as local rollouts), algorithm ``grpo`` for a reactive run or
 ``predict`` (`PredictAlgorithm`) for a predictive one. `sft_config` renders one ``sft`` run on the traces written
-in prime-rl's ``messages`` format by `write_sft_dataset`. The keys are the ones prime-rl's config classes accept
-at the pinned commit (``tests/test_prime_rl_configs.py`` lists them, read from that source).
+in prime-rl's ``messages`` format by `collect.write_sft_dataset`. The keys are the ones prime-rl's config classes
+accept at the pinned commit (``tests/test_prime_rl_configs.py`` lists them, read from that source).
 
 Runs: every arm in ``arms`` plus the ``ablations`` (each the predictive arm with one factor changed), resolved by
 `predict.runs.resolve_run` as for the local trainer.
 Outputs (prime-rl writes HF safetensors under ``<output_dir>/weights/step_N/``):
 
-* RL: ``output_dir = results/rl/{run}/seed{seed}/prime-rl``; after the run `collect_rl_checkpoints` moves each
+* RL: ``output_dir = results/rl/{run}/seed{seed}/prime-rl``; after the run `collect.collect_rl_checkpoints` moves each
   finished step to ``results/rl/{run}/seed{seed}/step{N}`` (the path every backend uses), listed in
   ``checkpoints.json``.
 * SFT: ``output_dir = results/sft/{arm}/prime-rl``; its last step is moved to ``results/checkpoints/{arm}/sft``.
@@ -38,32 +39,27 @@ Rules the rendered ``rl`` config follows (each tested in tests/test_prime_rl_con
   taskset itself starts from a seeded order (``order_seed``, `predict.env.taskset`);
 * W&B when asked: ``tracking.wandb`` becomes prime-rl's own W&B monitor settings (`wandb_tables`), one W&B run
   per run and seed grouped by ``run_name``; the collected metrics table is mirrored into TensorBoard
-  (`mirror_metrics`) beside the local runs' curves;
+  (`collect.mirror_metrics`) beside the local runs' curves;
 * the install works: ``prime_rl.attn`` is a concrete kernel whose extra is in ``prime_rl.extras``
   (`check_attn_extras`); the algorithm's tokenizer is the local model folder (an offline cluster has no hub).
 """
 
 from __future__ import annotations
 
-import json
-import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from predict.runs import resolve_run, sft_runs
-from predict.train.metrics import share
-from predict.train.metrics import write_metrics as write_schema
 
 TASKSET_ID = "predict_mbpp"
 HARNESS_ID = "predict_local_agent"
 RENDERER = "qwen3"
-STABLE = "STABLE"  # prime-rl's marker of a finished checkpoint step
+MAX_FAILED_SHARE_VAR = "PREDICT_MAX_FAILED_SHARE"
+"""The rendered TOML's ``env_vars`` entry carrying ``prime_rl.rl.max_failed_share`` to `launch` (prime-rl's
+configs take no key of ours; every prime-rl process also sees it, and ignores it)."""
 
 
 class PrimeRLConfigError(ValueError):
@@ -92,7 +88,8 @@ class RLSettings:
     skip_zero_advantage: bool
     dtype: str
     max_failed_share: float
-    """``prime_rl.rl.max_failed_share``: the most share of a step's rollouts that may fail (`check_failed_rollouts`)."""
+    """``prime_rl.rl.max_failed_share``: the most share of a step's rollouts that may fail
+    (`collect.check_failed_rollouts`)."""
 
 
 @dataclass(frozen=True)
@@ -427,253 +424,3 @@ def write_toml(table: Mapping[str, Any], path: str | Path) -> Path:
 def read_toml(path: str | Path) -> dict[str, Any]:
     with open(path, "rb") as f:
         return tomllib.load(f)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# SFT data and checkpoints
-# ---------------------------------------------------------------------------------------------------------------
-MESSAGES_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
-
-
-def write_sft_dataset(traces: str | Path, out_dir: str | Path) -> Path:
-    """The traces' ``messages`` column as prime-rl's SFT dataset: ``<out_dir>/train.parquet`` with one column
-    ``messages`` (list of {role, content}), loadable by ``datasets.load_dataset(out_dir, split="train")``."""
-    from predict.io import write_table
-
-    table = pq.read_table(traces)
-    if "messages" not in table.column_names:
-        raise PrimeRLConfigError(f"{traces}: no 'messages' column (have {', '.join(table.column_names)})")
-    rows = table.column("messages").to_pylist()
-    for i, messages in enumerate(rows):
-        if not messages:
-            raise PrimeRLConfigError(f"{traces}: row {i} has no messages")
-        for m in messages:
-            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise PrimeRLConfigError(f"{traces}: row {i}: every message needs string role and content")
-        if not any(m["role"] == "assistant" for m in messages):
-            raise PrimeRLConfigError(f"{traces}: row {i} has no assistant turn (nothing to train on)")
-    clean = [[{"role": m["role"], "content": m["content"]} for m in messages] for messages in rows]
-    out = Path(out_dir) / "train.parquet"
-    write_table(pa.table({"messages": pa.array(clean, type=MESSAGES_TYPE)}), out)
-    return out
-
-
-METRICS_SCHEMA = pa.schema(
-    [("source", pa.string()), ("step", pa.int64()), ("metric", pa.string()), ("value", pa.float64())]
-)
-METRIC_SOURCES = {"trainer": "metrics.jsonl", "orchestrator": "run_default/metrics.jsonl"}
-"""prime-rl's file monitors: the trainer's under output_dir, the orchestrator's under output_dir/run_default."""
-
-
-def _flatten(prefix: str, value: Any, out: dict[str, float]) -> None:
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            _flatten(f"{prefix}/{k}" if prefix else str(k), v, out)
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        out[prefix] = float(value)
-
-
-def metrics_table(output_dir: str | Path) -> pa.Table:
-    """prime-rl's metrics.jsonl files as one long table (source, step, metric, value); nested keys joined by "/".
-    A torn last line (a killed run) is skipped. The raw record beside the per-step schema (`schema_rows`)."""
-    rows: list[dict[str, Any]] = []
-    for source, name in METRIC_SOURCES.items():
-        path = Path(output_dir) / name
-        if not path.exists():
-            continue
-        for line in path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            step = record.pop("step", None)
-            record.pop("time", None)
-            flat: dict[str, float] = {}
-            _flatten("", record, flat)
-            rows += [{"source": source, "step": step, "metric": k, "value": v} for k, v in flat.items()]
-    return pa.Table.from_pylist(rows, schema=METRICS_SCHEMA)
-
-
-def write_metrics(output_dir: str | Path, out: str | Path) -> int:
-    """Write `metrics_table` to parquet (empty when prime-rl logged nothing); returns the row count."""
-    from predict.io import write_table
-
-    table = metrics_table(output_dir)
-    write_table(table, out)
-    return table.num_rows
-
-
-_ROLLOUT_METRIC = re.compile(r"^train/agg/all/[^/]+/metrics/predict_(?P<name>[^/]+)/mean$")
-_REWARD = re.compile(r"^train/agg/all/[^/]+/reward/mean$")
-_ERRORS = re.compile(r"^train/agg/all/[^/]+/error/[^/]+$")
-
-MAX_FAILED_SHARE_VAR = "PREDICT_MAX_FAILED_SHARE"
-"""The rendered TOML's ``env_vars`` entry carrying ``prime_rl.rl.max_failed_share`` to `launch` (prime-rl's
-configs take no key of ours; every prime-rl process also sees it, and ignores it)."""
-CANCELLED = "Cancelled"
-"""prime-rl's error type for a rollout its orchestrator cancelled itself (off-policy): no failure of the rollout."""
-
-
-class FailedRolloutsError(RuntimeError):
-    """Too many of one RL step's rollouts failed (names the step, the counts by error type and the config key)."""
-
-
-def step_failures(step_metrics: Mapping[str, float]) -> dict[str, int]:
-    """One orchestrator step's failed rollouts by error type: prime-rl's per-step counts
-    (``train/agg/all/<agent>/error/<type>``: its train sink dropped each from its group), its own cancels aside."""
-    out: dict[str, int] = {}
-    for key, value in step_metrics.items():
-        if _ERRORS.match(key) and (kind := key.rsplit("/", 1)[1]) != CANCELLED:
-            out[kind] = out.get(kind, 0) + int(value)
-    return out
-
-
-def check_failed_rollouts(output_dir: str | Path, max_failed_share: float, start: int = 0) -> None:
-    """Raise `FailedRolloutsError` for the first step prime-rl logged (its orchestrator's metrics.jsonl, from byte
-    `start`: where the current attempt's records begin) in which more than `max_failed_share` of the rollouts
-    failed: the group baselines of such a step rest on a few rollouts, and a failing server is no finding. Each
-    failed rollout has been dropped and counted either way. A torn last line (a write in progress) is skipped."""
-    path = Path(output_dir) / METRIC_SOURCES["orchestrator"]
-    values: dict[int, dict[str, float]] = {}
-    if path.exists():
-        with open(path, "rb") as f:
-            f.seek(start)
-            for line in f.read().decode(errors="replace").splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                step = record.pop("step", None)
-                if step is not None:
-                    _flatten("", record, values.setdefault(int(step), {}))
-    for step, m in sorted(values.items()):
-        n_all = int(m.get("progress/rollouts") or 0)
-        failures = step_failures(m)
-        if n_all and sum(failures.values()) / n_all > max_failed_share:
-            raise FailedRolloutsError(
-                f"step {step}: {sum(failures.values())} of {n_all} rollouts failed ({failures}), more than "
-                f"prime_rl.rl.max_failed_share {max_failed_share:g}; the run is stopped (each failure is in "
-                f"{Path(output_dir) / METRIC_SOURCES['orchestrator']} and prime-rl's rollout files)"
-            )
-
-
-def schema_rows(long: pa.Table, run: str, seed: int) -> list[dict[str, Any]]:
-    """prime-rl's long metrics as rows of the per-step schema (`predict.train.metrics`), one per orchestrator step.
-    A step logged twice (a retried attempt) keeps its last value.
-
-    * ``n_rollouts`` = ``progress/rollouts``; ``n_failed`` = the errored ones (``.../error/<type>`` counts); the
-      other rollouts reach `PredictAlgorithm.score_rollout` and carry its ``predict_<name>`` trace metrics, whose
-      logged per-step mean times their number gives the step's counts (``pred_<CLASS>``, ``verified_<CLASS>``,
-      ``n_patches``, ...), and whose means are the rates (``reward_mean``, ``pass_rate``, ``budget_exhausted_rate``).
-    * A run logged without ``predict_`` metrics (an algorithm that records none): ``reward_mean`` is the logged mean
-      reward, and ``pass_rate`` equals it (the reward is the final pass, 0 or 1); no class counts.
-    * ``loss`` = the trainer's ``loss/mean``, ``grad_norm``, ``lr`` = ``optim/*``; ``n_input_tokens``,
-      ``n_output_tokens`` = ``progress/*_tokens``; the time split of the local trainer's columns: ``step_s`` = the
-      orchestrator's ``time/step``, ``sync_s`` = the trainer's ``time/broadcast_weights``, ``update_s`` = its
-      ``time/forward_backward``; no ``rollout_s`` (prime-rl rolls out beside the trainer, not inside its step)."""
-    values: dict[tuple[str, int], dict[str, float]] = {}
-    for r in long.to_pylist():
-        if r["step"] is not None:
-            values.setdefault((r["source"], int(r["step"])), {})[r["metric"]] = r["value"]
-    rows = []
-    for (source, step), m in sorted(values.items()):
-        if source != "orchestrator" or "progress/rollouts" not in m:
-            continue
-        trainer = values.get(("trainer", step), {})
-        n_all = int(m["progress/rollouts"])
-        n_failed = int(sum(v for k, v in m.items() if _ERRORS.match(k)))
-        n_scored = n_all - n_failed
-        means = {g["name"]: v for k, v in m.items() if (g := _ROLLOUT_METRIC.match(k))}
-        reward = next((v for k, v in m.items() if _REWARD.match(k)), None)
-        row: dict[str, Any] = {
-            "run": run, "seed": int(seed), "step": step, "backend": "prime_rl", "n_rollouts": n_all,
-            "n_failed": n_failed, "loss": trainer.get("loss/mean"), "grad_norm": trainer.get("optim/grad_norm"),
-            "lr": trainer.get("optim/lr"), "n_input_tokens": _int(m.get("progress/input_tokens")),
-            "n_output_tokens": _int(m.get("progress/output_tokens")), "step_s": m.get("time/step"),
-            "sync_s": trainer.get("time/broadcast_weights"), "update_s": trainer.get("time/forward_backward"),
-        }  # fmt: skip
-        if means:
-            counts = {k: round(v * n_scored) for k, v in means.items() if k not in ("reward", "pass", "budget_exhausted")}
-            row |= {k: v for k, v in counts.items() if k.startswith(("pred_", "verified_", "n_")) and k != "n_correct"}
-            row |= {"reward_mean": means.get("reward"), "pass_rate": means.get("pass"),
-                    "budget_exhausted_rate": means.get("budget_exhausted"),
-                    "n_budget_exhausted": round(means.get("budget_exhausted", 0.0) * n_scored),
-                    "revise_rate": share(counts.get("n_revise"), counts.get("n_predictions")),
-                    "prediction_accuracy": share(counts.get("n_correct"), counts.get("n_predictions"))}  # fmt: skip
-        else:
-            row |= {"reward_mean": reward, "pass_rate": reward}
-        rows.append(row)
-    return rows
-
-
-def _int(value: float | None) -> int | None:
-    return None if value is None else int(value)
-
-
-def mirror_metrics(metrics: str | Path, tensorboard_root: Path, *, run: str, seed: int) -> Path | None:
-    """The collected per-step table as TensorBoard scalars under ``<root>/rl/{run}/seed{seed}``, the folder a local
-    RL run writes (`predict.train.tracking`); W&B is left to prime-rl's own monitor (`wandb_tables`)."""
-    from predict.train.metrics import read_metrics
-    from predict.train.tracking import RunTracker, TrackingSettings
-
-    with RunTracker(TrackingSettings(tensorboard_root), stage="rl", run=run, seed=seed).start(0) as tracker:
-        tracker.log_rows(read_metrics(metrics))
-    return tracker.log_dir
-
-
-def write_rl_metrics(output_dir: str | Path, out: str | Path, raw_out: str | Path, *, run: str, seed: int) -> int:
-    """An RL run's metrics: the per-step schema to `out` and prime-rl's raw long table to `raw_out`; returns the
-    number of steps."""
-    from predict.io import write_table
-
-    long = metrics_table(output_dir)
-    write_table(long, raw_out)
-    rows = schema_rows(long, run, seed)
-    write_schema(rows, out)
-    return len(rows)
-
-
-def finished_steps(output_dir: str | Path) -> list[int]:
-    """Steps whose HF weights prime-rl finished writing (``weights/step_N/STABLE``)."""
-    steps = []
-    for d in (Path(output_dir) / "weights").glob("step_*"):
-        suffix = d.name.removeprefix("step_")
-        if suffix.isdigit() and (d / STABLE).exists():
-            steps.append(int(suffix))
-    return sorted(steps)
-
-
-def _move(source: Path, dest: Path) -> None:
-    """Move a finished step folder into place (a rename on one filesystem); an existing folder is replaced."""
-    import shutil
-
-    if dest.is_symlink() or dest.is_file():
-        dest.unlink()
-    elif dest.exists():
-        shutil.rmtree(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(str(source), str(dest))
-
-
-def collect_rl_checkpoints(output_dir: str | Path, run_dir: str | Path, out_json: str | Path) -> dict[str, Any]:
-    """Move every finished RL step to ``<run_dir>/step{N}`` (after the run: prime-rl no longer reads them) and
-    list them in `out_json`. Re-running after a resume only adds the new steps."""
-    from predict.io import write_json
-
-    for step in finished_steps(output_dir):
-        _move(Path(output_dir) / "weights" / f"step_{step}", Path(run_dir) / f"step{step}")
-    steps = sorted(int(d.name[4:]) for d in Path(run_dir).glob("step*") if d.name[4:].isdigit() and d.is_dir())
-    if not steps:
-        raise PrimeRLConfigError(f"{output_dir}: prime-rl wrote no finished checkpoint (weights/step_N/STABLE)")
-    summary = {"output_dir": str(output_dir), "steps": steps, "last": steps[-1]}
-    write_json(summary, out_json)
-    return summary
-
-
-def collect_sft_checkpoint(output_dir: str | Path, checkpoint: str | Path) -> int:
-    """Move the last finished SFT step to the arm's SFT checkpoint folder; returns the step."""
-    steps = finished_steps(output_dir)
-    if not steps:
-        raise PrimeRLConfigError(f"{output_dir}: prime-rl sft wrote no finished checkpoint (weights/step_N/STABLE)")
-    _move(Path(output_dir) / "weights" / f"step_{steps[-1]}", Path(checkpoint))
-    return steps[-1]
