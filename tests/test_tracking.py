@@ -218,10 +218,24 @@ def test_a_resumed_job_continues_its_wandb_run_and_a_fresh_start_gets_its_own(tm
     settings = TrackingSettings(None, wandb_mode="offline", wandb_dir=tmp_path / "wandb", group="study")
 
     def run_id(done: int) -> str:
+        before = set((tmp_path / "wandb" / "wandb").glob("offline-run-*"))
         with RunTracker(settings, stage="rl", run="B", seed=1, id_file=tmp_path / "state" / "wandb-id").start(done):
             pass
-        (run,) = [r.run for r in wandb_records(max((tmp_path / "wandb" / "wandb").glob("offline-run-*"),
-                                                   key=lambda p: p.stat().st_mtime)) if r.WhichOneof("record_type") == "run"]  # fmt: skip
+        # Every start writes a folder of its own (a resumed one too: same id, new time). wandb's service writes the
+        # records after finish() returns, so wait (bounded) for the run record rather than read an empty file.
+        after = set((tmp_path / "wandb" / "wandb").glob("offline-run-*"))
+        run_dir = max(after - before or after, key=lambda p: p.name)  # the name starts with the start time
+
+        def runs() -> list[Any]:
+            try:
+                return [r.run for r in wandb_records(run_dir) if r.WhichOneof("record_type") == "run"]
+            except Exception:  # no run file yet, or a record still being written: read again
+                return []
+
+        deadline = time.monotonic() + 60
+        while not runs() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        (run,) = runs()
         return run.run_id
 
     first = run_id(0)
