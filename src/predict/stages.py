@@ -323,7 +323,7 @@ def readme_table() -> str:
              "|---|---|---|---|---|---|"]
     for s in STAGES.values():
         rules = ", ".join(f"`{r}`" for r in s.rules)
-        reads = ", ".join(f"`{r}`" for r in s.reads) or "(its flags only)"
+        reads = ", ".join(f"`{r}`" for r in s.reads) or "(nothing)"
         lines.append(f"| `predict {s.name}` | {rules} | [{s.rules_file}](workflow/rules/{s.rules_file}) | "
                      f"[{s.module}](src/predict/{s.module}) | `{s.outputs}` | {reads} |")
     return "\n".join(lines)
