@@ -268,7 +268,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="the name records carry, e.g. base")
     p.add_argument("--arm", required=True)
     p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--n-tasks", type=int, default=None, help="first N tasks by task_id (default: all)")
+    p.add_argument("--n-tasks", type=int, default=None,
+                   help="first N tasks by task_id (default: env.rollout_tasks; all when it is null)")
     p.add_argument("--samples", type=int, default=1, help="rollouts per task")
     p.add_argument("--protocol", choices=["reactive", "predictive"], default=None, help="default: the arm's")
     p.add_argument("--variant", choices=list(VARIANTS), default="none",
@@ -295,7 +296,7 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
         checkpoint=args.checkpoint,
         arm=args.arm,
         seed=args.seed,
-        n_tasks=args.n_tasks,
+        n_tasks=args.n_tasks if args.n_tasks is not None else config["env"].get("rollout_tasks"),
         samples=args.samples,
         variant=args.variant,
         protocol=args.protocol,
