@@ -211,8 +211,10 @@ def test_test_tasks_are_guarded_by_id_not_by_file_name(study, test_split: Path, 
     from predict.cli import main
     from predict.rollouts import RolloutJob, run_job
 
-    assert main(["split", "--mbpp", str(REPO / "resources" / "mbpp" / "mbpp.jsonl"), "--seed", "42", "--sft", "212",
-                 "--rl", "212", "--test", "500", "--out-dir", str(tmp_path / "data")]) == 0
+    data = {"mbpp_path": str(REPO / "resources" / "mbpp" / "mbpp.jsonl"), "split_seed": 42,
+            "sizes": {"sft": 212, "rl": 212, "test": 500}}
+    (tmp_path / "split-slice.json").write_text(json.dumps({"data": data}))
+    assert main(["split", "--config-slice", str(tmp_path / "split-slice.json"), "--out-dir", str(tmp_path / "data")]) == 0
     test_ids = {r["task_id"] for r in read_rows(tmp_path / "data" / "test.parquet")}
     assert test_task_ids(registry_ledger()) == test_ids and len(test_ids) == 500
     disguised = write_rows(read_rows(tmp_path / "data" / "test.parquet")[:3], MBPP_SCHEMA, tmp_path / "val-copy.parquet")

@@ -74,14 +74,22 @@ def test_manifest_matches_pinned_hash(mbpp_path: Path, mbpp_rows: list[dict], tm
         assert content_hash(load_split(tmp_path / f"{name}.parquet")) == manifest["splits"][name]["content_sha256"]
 
 
+def _split_slice(folder: Path, mbpp: Path, train: int, test: int, sha256: str | None = None) -> str:
+    """`predict split`'s config slice (config data): this MBPP file, seed 42, `train` sft and rl tasks each."""
+    data = {"mbpp_path": str(mbpp), "split_seed": 42, "sizes": {"sft": train, "rl": train, "test": test}}
+    path = folder / "split-slice.json"
+    path.write_text(json.dumps({"data": {**data, "mbpp_sha256": sha256} if sha256 else data}))
+    return str(path)
+
+
 def test_split_is_stable_across_processes_and_hash_seeds(mbpp_path: Path, tmp_path: Path) -> None:
     """Two fresh interpreters with different PYTHONHASHSEED write the same manifest."""
     manifests = []
     for hash_seed in ("0", "12345"):
         out = tmp_path / hash_seed
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-        cmd = [sys.executable, "-m", "predict.cli", "split", "--mbpp", str(mbpp_path), "--seed", "42",
-               "--sft", "212", "--rl", "212", "--test", "500", "--out-dir", str(out)]
+        cmd = [sys.executable, "-m", "predict.cli", "split", "--config-slice", _split_slice(tmp_path, mbpp_path, 212, 500),
+               "--out-dir", str(out)]
         subprocess.run(cmd, check=True, env=env, capture_output=True)
         manifests.append(json.loads((out / "manifest.json").read_text()))
     assert manifests[0] == manifests[1]
@@ -149,8 +157,8 @@ def test_sizes_larger_than_mbpp_fail(mbpp_rows: list[dict]) -> None:
 def test_cli_reports_bad_input_without_traceback(tmp_path: Path, mbpp_rows: list[dict]) -> None:
     path = _write_jsonl(tmp_path / "mbpp.jsonl", [mbpp_rows[0], "{broken"])
     proc = subprocess.run(
-        [sys.executable, "-m", "predict.cli", "split", "--mbpp", str(path), "--seed", "42", "--sft", "1",
-         "--rl", "1", "--test", "1", "--out-dir", str(tmp_path / "out")],
+        [sys.executable, "-m", "predict.cli", "split", "--config-slice", _split_slice(tmp_path, path, 1, 1),
+         "--out-dir", str(tmp_path / "out")],
         capture_output=True, text=True,
     )
     assert proc.returncode == 2
@@ -187,8 +195,8 @@ def test_damaged_copy_fails_naming_file_and_both_hashes(tmp_path: Path) -> None:
     message = str(info.value)
     assert str(damaged) in message and expected in message and file_sha256(damaged) in message
     proc = subprocess.run(  # the stage: one line, no traceback, nothing written
-        [sys.executable, "-m", "predict.cli", "split", "--mbpp", str(damaged), "--mbpp-sha256", expected,
-         "--seed", "42", "--sft", "1", "--rl", "1", "--test", "1", "--out-dir", str(tmp_path / "out")],
+        [sys.executable, "-m", "predict.cli", "split", "--config-slice", _split_slice(tmp_path, damaged, 1, 1, expected),
+         "--out-dir", str(tmp_path / "out")],
         capture_output=True, text=True,
     )
     assert proc.returncode == 2, proc.stderr

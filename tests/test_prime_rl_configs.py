@@ -374,7 +374,8 @@ def test_cli_renders_launches_and_collects(tmp_path: Path, monkeypatch: pytest.M
     args += ["--dataset-dir", str(tmp_path / "sft" / "A" / "data"), "--model", "Qwen/Qwen3-4B-Base"]
     assert main([*args, "--output-dir", str(tmp_path / "sft" / "A" / "prime-rl"), "--out", str(sft_toml)]) == 0
     assert (
-        main(["prime-rl-train", "sft", "--toml", str(sft_toml), "--dir", str(checkout), "--checkpoint", str(ckpt)]) == 0
+        main(["prime-rl-train", "sft", "--config", local, "--toml", str(sft_toml), "--dir", str(checkout),
+              "--checkpoint", str(ckpt)]) == 0
     )
     assert (checkout / "uv-called").read_text() == "sft" and (ckpt / "STABLE").exists()
 
@@ -393,7 +394,7 @@ def test_cli_renders_launches_and_collects(tmp_path: Path, monkeypatch: pytest.M
     ]
     args += ["--model", str(ckpt), "--output-dir", str(run_dir / "prime-rl"), "--out", str(run_dir / "prime-rl.toml")]
     assert main(args) == 0
-    args = ["prime-rl-train", "rl", "--toml", str(run_dir / "prime-rl.toml"), "--dir", str(checkout)]
+    args = ["prime-rl-train", "rl", "--config", local, "--toml", str(run_dir / "prime-rl.toml"), "--dir", str(checkout)]
     assert main([*args, "--run-dir", str(run_dir), "--checkpoints-out", str(run_dir / "checkpoints.json")]) == 0
     steps = load_config(REPO_ROOT / "config" / "local.yaml")["rl"]["steps"]
     assert (run_dir / f"step{steps}" / "STABLE").exists()
@@ -434,10 +435,11 @@ def test_a_published_rl_run_asked_for_again_trains_afresh(tmp_path: Path, monkey
     (bin_dir / "uv").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     run_dir = tmp_path / "rl" / "A" / "seed42"
-    args = ["prime-rl-config", "rl", "--config", prime_rl_local_config(tmp_path), "--run", "A", "--seed", "42"]
+    local = prime_rl_local_config(tmp_path)
+    args = ["prime-rl-config", "rl", "--config", local, "--run", "A", "--seed", "42"]
     args += ["--tasks-file", "rl.parquet", "--model", "m/m", "--output-dir", str(run_dir / "prime-rl")]
     assert main([*args, "--out", str(run_dir / "prime-rl.toml")]) == 0
-    train = ["prime-rl-train", "rl", "--toml", str(run_dir / "prime-rl.toml"), "--dir", str(checkout)]
+    train = ["prime-rl-train", "rl", "--config", local, "--toml", str(run_dir / "prime-rl.toml"), "--dir", str(checkout)]
     train += ["--run-dir", str(run_dir), "--checkpoints-out", str(run_dir / "checkpoints.json")]
     assert main(train) == 0
     assert read_fingerprint(run_dir / "prime-rl")[1], "published, but not marked finished"
@@ -504,8 +506,8 @@ def test_a_retried_rl_job_resumes_and_keeps_the_last_attempt_of_each_step(
     args = ["prime-rl-config", "rl", "--config", str(tmp_path / "c.yaml"), "--run", "A", "--seed", "42"]
     args += ["--tasks-file", "rl.parquet", "--model", "m/m", "--output-dir", str(run_dir / "prime-rl"), "--out", str(toml)]
     assert main(args) == 0
-    train = ["prime-rl-train", "rl", "--toml", str(toml), "--dir", str(checkout), "--run-dir", str(run_dir)]
-    train += ["--checkpoints-out", str(run_dir / "checkpoints.json")]
+    train = ["prime-rl-train", "rl", "--config", str(tmp_path / "c.yaml"), "--toml", str(toml), "--dir", str(checkout)]
+    train += ["--run-dir", str(run_dir), "--checkpoints-out", str(run_dir / "checkpoints.json")]
     from predict.train.prime_rl.cluster import PrimeRLSetupError
 
     with pytest.raises(PrimeRLSetupError, match="exit 1"):

@@ -77,13 +77,17 @@ def _without(*layers: str) -> dict[str, str]:
     return {**os.environ, "PREDICT_SANDBOX_WITHOUT": ",".join(layers)}
 
 
-def _verify_gold(tmp_path: Path, mbpp_rows: list[dict], *extra: str, env: dict[str, str] | None = None):
+def _verify_gold(tmp_path: Path, mbpp_rows: list[dict], isolation: dict | None = None,
+                 env: dict[str, str] | None = None):
     data = tmp_path / "data"
     write_rows(mbpp_rows[:2], MBPP_SCHEMA, data / "val.parquet")
     out = tmp_path / "gold.parquet"
+    verifier = {"timeout_s": 3.0, "memory_mb": 1024, "workers": 1, "outcome_labels": "structured",
+                "gold_splits": ["val"], **({"isolation": isolation} if isolation else {})}
+    (tmp_path / "verify-gold.json").write_text(json.dumps({"verifier": verifier}))  # the stage's config slice
     proc = subprocess.run(
-        [sys.executable, "-m", "predict.cli", "verify-gold", "--data-dir", str(data), "--splits", "val",
-         "--workers", "1", "--out", str(out), "--summary-out", str(tmp_path / "summary.parquet"), *extra],
+        [sys.executable, "-m", "predict.cli", "verify-gold", "--config-slice", str(tmp_path / "verify-gold.json"),
+         "--data-dir", str(data), "--out", str(out), "--summary-out", str(tmp_path / "summary.parquet")],
         capture_output=True, text=True, env=env, timeout=300,
     )
     return proc, out
@@ -101,13 +105,13 @@ def test_verify_gold_stops_when_a_required_layer_is_missing(layer: str, tmp_path
 
 def test_verify_gold_accepts_weaker_isolation_only_when_told_and_records_it(tmp_path: Path,
                                                                            mbpp_rows: list[dict]) -> None:
-    proc, out = _verify_gold(tmp_path, mbpp_rows, "--accept-weaker", env=_without("net_namespace"))
+    proc, out = _verify_gold(tmp_path, mbpp_rows, {"accept_weaker": True}, env=_without("net_namespace"))
     assert proc.returncode == 0, proc.stderr
     record = json.loads(pq.read_schema(out).metadata[ISOLATION_METADATA_KEY.encode()])
     assert record["missing"] == ["net_namespace"] and record["accept_weaker"] is True
     assert "net_namespace" in record["inactive"] and "net_namespace" not in record["active"]
-    # a layer that is not required may be missing without --accept-weaker
-    proc, out = _verify_gold(tmp_path, mbpp_rows, "--require-layers", "setsid,rlimits", env=_without("net_namespace"))
+    # a layer that is not required may be missing without accept_weaker
+    proc, out = _verify_gold(tmp_path, mbpp_rows, {"require": ["setsid", "rlimits"]}, env=_without("net_namespace"))
     assert proc.returncode == 0, proc.stderr
 
 

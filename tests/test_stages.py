@@ -139,3 +139,46 @@ def test_readme_stage_table_is_the_stage_table() -> None:
     for stage in STAGES.values():
         assert (REPO / "workflow" / "rules" / stage.rules_file).exists()
         assert (REPO / "src" / "predict" / stage.module).exists()
+
+
+def test_every_stage_command_lives_where_the_table_says_and_takes_its_slice() -> None:
+    """cli.py registers each stage from the table: its module's `arguments` and `main`, behind the one config
+    source group (--config / --config-json / --config-slice), and holds no stage of its own."""
+    import argparse
+    import importlib
+
+    from predict.cli import build_parser
+
+    commands = {s.name for s in STAGES.values() if s.command is not None}
+    assert commands == set(STAGES) - {"evaluate-test"}  # `predict evaluate --split test`
+    for name in commands:
+        module, arguments, stage_main = STAGES[name].command_functions()
+        loaded = importlib.import_module(module)
+        assert callable(getattr(loaded, arguments)) and callable(getattr(loaded, stage_main)), name
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(sub.choices) == commands | {"check-config", "serve"}
+    for name in commands:
+        flags = {flag for action in sub.choices[name]._actions for flag in action.option_strings}
+        assert {"--config", "--config-json", "--config-slice"} <= flags, name
+
+
+def test_listing_the_stages_imports_no_stage_module() -> None:
+    """`predict --help` stays fast: only the named stage's module is imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from predict.cli import build_parser; build_parser(['--help']); "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('predict.'))))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    heavy = {"predict.train.sft", "predict.train.rl", "predict.evaluate", "predict.stats.study",
+             "predict.report.command", "predict.train.prime_rl.cluster", "predict.traces.stage", "predict.tiny_model"}
+    assert "predict.cli" in loaded and not loaded & heavy, loaded & heavy
+
+
+def test_a_stage_with_a_slice_of_the_wrong_stage_fails_in_one_line(tmp_path: Path, capsys) -> None:
+    """verify-gold reads verifier.* from its slice (no flags of config values any more): a slice without them is
+    an error naming the stage and the key, exit 2."""
+    (tmp_path / "empty.json").write_text("{}")
+    args = ["verify-gold", "--config-slice", str(tmp_path / "empty.json"), "--data-dir", str(tmp_path)]
+    assert main([*args, "--out", str(tmp_path / "g.parquet"), "--summary-out", str(tmp_path / "s.parquet")]) == 2
+    assert "stage 'verify-gold': its config sets no 'verifier'" in " ".join(capsys.readouterr().err.split())

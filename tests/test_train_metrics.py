@@ -155,7 +155,9 @@ def test_report_and_training_outcomes_from_both_backends(tmp_path: Path) -> None
     rft_path = write_metrics(rft, tmp_path / "rl" / "rft_B" / "seed42" / "metrics.parquet")
     outcomes = tmp_path / "stats" / "training_outcomes.parquet"
     paths = [str(p) for p in (local, reactive, cluster, rft_path)]
-    assert main(["training-outcomes", "--rl-metrics", *paths, "--out", str(outcomes)]) == 0
+    (tmp_path / "none.json").write_text("{}")  # the stage's slice: it reads no config
+    assert main(["training-outcomes", "--config-slice", str(tmp_path / "none.json"), "--rl-metrics", *paths,
+                 "--out", str(outcomes)]) == 0
     rows = pq.read_table(outcomes).to_pylist()
     # the reactive arm predicts nothing; RFT's sampled rollouts are not RL steps
     assert {(r["run"], r["seed"]) for r in rows} == {("B", 42), ("B", 43)}

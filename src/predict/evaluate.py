@@ -24,13 +24,14 @@ Rules:
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from predict.campaign import (
     SplitGuardError,
@@ -45,6 +46,9 @@ from predict.campaign import (
 from predict.rollouts import RolloutJob, remaining_rollouts, roll_out, run_job
 from predict.runs import resolve_run
 from predict.serving.server import SERVED_NAME  # every checkpoint is served under it
+
+if TYPE_CHECKING:
+    from predict.stages import StageConfig
 
 log = logging.getLogger(__name__)
 
@@ -232,3 +236,50 @@ def evaluate_checkpoints(
     log.info("%s seed %d on %s: %d checkpoints, %d server start(s), %d in-place reload(s)", run, seed, split,
              len(jobs), starts, reloads)  # fmt: skip
     return [{"checkpoint": j.checkpoint, **s, "server_starts": starts} for j, s in zip(jobs, summaries, strict=True)]
+
+
+# `predict evaluate` (`--split test`: the test campaign, with the stage table entry evaluate-test)
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run", required=True, help="an arm (A, B) or an ablation (alpha0, forced_keep, ...)")
+    p.add_argument("--split", required=True, choices=["val", "test"])
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--tasks-file", required=True, help="split parquet from `predict split`")
+    p.add_argument("--checkpoint", action="append", required=True,
+                   help="base, sft or step<N>; repeat with --model and --out for each checkpoint, in order")
+    p.add_argument("--model", action="append", required=True, help="checkpoint folder or HF id (per --checkpoint)")
+    p.add_argument("--out", action="append", required=True, help="its parquet (per --checkpoint)")
+    p.add_argument("--base-url", default=None, help="use this running endpoint instead of starting vLLM")
+    p.add_argument("--test-ledger", default=None,
+                   help="test only: the campaign ledger (default: the checkout's, .test-campaigns/ledger.jsonl)")
+    p.add_argument("--selection", default=None, help="test only: selection.parquet from `predict stats` on val")
+    p.add_argument("--val-metrics", default=None, help="test only: metrics.parquet from `predict stats` on val")
+    p.add_argument("--new-campaign", default=None, metavar="WHY",
+                   help="test only: declare a second campaign on this split and base model, and why (config "
+                        "evaluation.new_campaign); the report lists every campaign with its reason")
+
+
+def main(args: argparse.Namespace, config: StageConfig) -> int:
+    from predict.console import print_summary
+
+    if not (len(args.checkpoint) == len(args.model) == len(args.out)):
+        raise SystemExit(f"evaluate: give one --model and one --out per --checkpoint (got {len(args.checkpoint)} "
+                         f"--checkpoint, {len(args.model)} --model, {len(args.out)} --out)")
+    summaries = evaluate_checkpoints(
+        config,
+        run=args.run,
+        split=args.split,
+        seed=args.seed,
+        tasks_path=Path(args.tasks_file),
+        checkpoints=[CheckpointEval(c, m, Path(o)) for c, m, o in zip(args.checkpoint, args.model, args.out,
+                                                                         strict=True)],
+        base_url=args.base_url,
+        test_ledger=Path(args.test_ledger) if args.test_ledger else None,
+        selection_path=Path(args.selection) if args.selection else None,
+        val_metrics=Path(args.val_metrics) if args.val_metrics else None,
+        new_campaign=args.new_campaign or ((config.get("evaluation") or {}).get("new_campaign")
+                                           if args.split == "test" else None),
+    )
+    for summary in summaries:
+        checkpoint = summary.pop("checkpoint")
+        print_summary(f"greedy evaluation: {args.run}, {checkpoint}, {args.split}, seed {args.seed}", summary)
+    return 0

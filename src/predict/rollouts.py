@@ -8,6 +8,7 @@ so an interrupted run resumes where it stopped and never redoes a finished rollo
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import logging
@@ -16,13 +17,16 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from predict.campaign import SplitGuardError, TestLedger, guard_tasks
 from predict.data import load_split
 from predict.io import ResumableParquet
+
+if TYPE_CHECKING:
+    from predict.stages import StageConfig
 
 __all__ = ["RolloutJob", "SplitGuardError", "roll_out", "run_job"]
 
@@ -238,3 +242,69 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
     if todo:
         summary["rollouts_per_s"] = len(todo) / timing["rollouts_s"]
     return PendingOutput(job, sink, isolation, ledger_entry, summary)
+
+
+# `predict rollout`
+def with_env(config: Mapping[str, Any], **values: Any) -> Mapping[str, Any]:
+    """The config with these ``env`` keys replaced (None = keep the config's): one run's protocol knobs, e.g. the
+    expensive-tests extension's test_cost."""
+    values = {k: v for k, v in values.items() if v is not None}
+    return {**config, "env": {**config["env"], **values}} if values else config
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    from predict.env.protocol import VARIANTS
+
+    p.add_argument("--tasks-file", required=True, help="split parquet from `predict split`")
+    p.add_argument("--split", required=True, choices=["sft", "rl", "val", "test"])
+    p.add_argument("--model", required=True, help="checkpoint folder or HF id")
+    p.add_argument("--checkpoint", required=True, help="the name records carry, e.g. base")
+    p.add_argument("--arm", required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--n-tasks", type=int, default=None,
+                   help="first N tasks by task_id (default: env.rollout_tasks; all when it is null)")
+    p.add_argument("--samples", type=int, default=1, help="rollouts per task")
+    p.add_argument("--protocol", choices=["reactive", "predictive"], default=None, help="default: the arm's")
+    p.add_argument("--variant", choices=list(VARIANTS), default="none",
+                   help="protocol variant (src/predict/env/protocol.py)")
+    p.add_argument("--test-cost", type=positive_int, default=None,
+                   help="budget calls per python_test (default: env.test_cost)")
+    p.add_argument("--max-chained-revisions", type=positive_int, default=None,
+                   help="edit_on_revise: replacement patches in a row (default: env.max_chained_revisions)")
+    p.add_argument("--client", choices=["eval", "train"], default="eval", help="train = record token ids")
+    p.add_argument("--base-url", default=None, help="use this running endpoint instead of starting vLLM")
+    p.add_argument("--out", required=True)
+
+
+def main(args: argparse.Namespace, config: StageConfig) -> int:
+    from predict.config import ConfigError
+    from predict.console import print_summary
+
+    config = with_env(config, test_cost=args.test_cost, max_chained_revisions=args.max_chained_revisions)
+    job = RolloutJob(
+        tasks_path=Path(args.tasks_file),
+        split=args.split,
+        out=Path(args.out),
+        model=args.model,
+        checkpoint=args.checkpoint,
+        arm=args.arm,
+        seed=args.seed,
+        n_tasks=args.n_tasks if args.n_tasks is not None else config["env"].get("rollout_tasks"),
+        samples=args.samples,
+        variant=args.variant,
+        protocol=args.protocol,
+        client=args.client,
+        base_url=args.base_url,
+    )  # no test ledger: the test split belongs to the test campaign (`predict evaluate --split test`)
+    if args.arm not in config["arms"]:
+        raise ConfigError(f"{args.config or 'config'}: arms: no arm {args.arm!r} (have {', '.join(config['arms'])})")
+    summary = run_job(job, config)
+    print_summary(f"rollouts: arm {job.arm}, {job.checkpoint}, {job.split}, seed {job.seed}", summary)
+    return 0

@@ -14,6 +14,8 @@ Rules this module keeps:
 * A key in ``UNTRACKED`` says how a job runs, not what it computes (``serving.shared``: one server for the run's
   jobs, or one per job): it is in the slices of the stages that read it, but not in their tracked params, so
   changing it reruns nothing (the test campaign's design hash leaves it out too: `predict.evaluate`).
+* Each stage's command (its flags and its ``main``) lives in its own module (``Stage.command``); predict.cli only
+  registers them.
 * The README's stage table is rendered from here (``readme_table``) and a test keeps the two equal.
 """
 
@@ -62,6 +64,19 @@ class Stage:
     reads: tuple[str, ...]
     untracked: tuple[str, ...] = ()
     """Keys of `reads` this stage reads for how it runs only (like `UNTRACKED`, for this stage alone)."""
+    command: str | None = ""
+    """Where `predict <name>` lives (predict.cli registers it from here): "" = the module's `arguments(parser)` and
+    `main(args, config)`; "pkg.mod:name" = that module's `name_arguments` and `name_main` (a module with two
+    stages); None = no command of its own (evaluate-test is `predict evaluate --split test`)."""
+    help: str = ""
+    """The command's one line in `predict --help` (here, so that listing the stages imports none of them)."""
+
+    def command_functions(self) -> tuple[str, str, str]:
+        """The command's module and the names of its two functions: (module, arguments, main)."""
+        if self.command is None:
+            raise ConfigError(f"stage {self.name!r} has no command of its own")
+        module, _, name = (self.command or "predict." + self.module.removesuffix(".py").replace("/", ".")).partition(":")
+        return module, f"{name}_arguments" if name else "arguments", f"{name}_main" if name else "main"
 
 
 def _reads(*groups: Iterable[str]) -> tuple[str, ...]:
@@ -72,65 +87,88 @@ STAGES: dict[str, Stage] = {
     s.name: s
     for s in [
         Stage("split", ("split_mbpp",), "data.smk", "data.py", "data/{sft,rl,val,test}.parquet, manifest.json",
-              ("data",)),
+              ("data",), command="predict.split",
+              help="read MBPP, split it with a seed, write {sft,rl,val,test}.parquet + manifest.json"),
         Stage("verify-gold", ("verify_gold",), "verifier.smk", "sandbox/gold.py", "verifier/gold.parquet, gold_summary.parquet",
-              ("verifier",)),
+              ("verifier",),
+              help="run the gold solutions through the sandbox: the verifier report"),
         Stage("build-tiny-model", ("build_tiny_model",), "models.smk", "tiny_model.py", "models/tiny/",
-              ("model.tiny",)),
+              ("model.tiny",),
+              help="build a random tiny Qwen3 with the real tokenizer"),
         Stage("check-serving", ("check_serving",), "serving.smk", "serving/check.py", "serving/check.json",
-              ("serving.python", "serving.device")),
+              ("serving.python", "serving.device"),
+              help="check that serving.python imports vLLM (before any serving job)"),
         Stage("rollout", ("rollout",), "rollouts.smk", "rollouts.py", "rollouts/{arm}/{checkpoint}/{split}/seed{seed}.parquet",
-              ROLLOUT),
+              ROLLOUT,
+              help="roll a checkpoint out over a split's tasks into parquet (resumes)"),
         Stage("traces", ("sft_traces",), "traces.smk", "traces/stage.py", "sft/traces/{arm}.parquet, tasks.parquet",
-              ("traces", "arms", "env", "verifier", "model.enable_thinking")),
+              ("traces", "arms", "env", "verifier", "model.enable_thinking"),
+              command="predict.traces.stage:traces", help="synthesize both arms' SFT traces (gold + verified mutants) into parquet"),
         # A run with its own SFT (predict.runs: irreversible, blind): its base arm's traces under its own protocol.
         Stage("run-traces", ("run_traces",), "traces.smk", "traces/stage.py", "sft/traces/{run}.parquet",
-              _reads(RUN_MATRIX, ("traces", "env"))),
+              _reads(RUN_MATRIX, ("traces", "env")),
+              command="predict.traces.stage:run_traces", help="render a run's own SFT traces (irreversible, blind: predict.runs) from its base arm's traces"),
         Stage("sft", ("train_sft",), "train.smk", "train/sft.py", "checkpoints/{arm}/sft/, sft/{arm}/metrics.parquet",
-              _reads(("sft", "model.enable_thinking"), TRACKING), TRACKING),
+              _reads(("sft", "model.enable_thinking"), TRACKING), TRACKING,
+              help="supervised fine-tuning on rendered traces -> an HF checkpoint (resumes after a kill)"),
         Stage("rl", ("rl",), "rl.smk", "train/rl.py", "rl/{run}/seed{seed}/step{N}/, metrics.parquet",
-              _reads(RUN_MATRIX, ROLLOUT, ("rl",), TRACKING), TRACKING),
+              _reads(RUN_MATRIX, ROLLOUT, ("rl",), TRACKING), TRACKING,
+              help="RL (GRPO) of one run and seed on the rl split: step checkpoints + metrics (resumes)"),
         Stage("rft", ("rft",), "rft.smk", "train/rft.py", "rl/{run}/seed{seed}/step{N}/, metrics.parquet",
-              _reads(RUN_MATRIX, ROLLOUT, ("rl", "rft"), TRACKING), TRACKING),
+              _reads(RUN_MATRIX, ROLLOUT, ("rl", "rft"), TRACKING), TRACKING,
+              help="rejection-sampling fine-tuning of one RFT extension run and seed (resumes)"),
         Stage("evaluate", ("evaluate_{run}",), "evaluation.smk", "evaluate.py",
               "eval/{run}/{checkpoint}/val/seed{seed}.parquet",
               _reads(RUN_MATRIX, ROLLOUT, ("evaluation.temperature", "evaluation.max_tokens", "evaluation.samples",
-                                           "evaluation.tasks"))),
+                                           "evaluation.tasks")),
+              help="greedy pass@1 of a run/seed's checkpoints on a split, one vLLM server (evaluation settings)"),
         # The test campaign (`predict evaluate --split test`) records the frozen design in the checkout's ledger,
         # and a declared campaign's reason.
         Stage("evaluate-test", ("evaluate_test_{run}", "evaluate_test_reference_{run}", "evaluate_test"),
               "evaluation.smk", "evaluate.py",
               "eval/{run}/{checkpoint}/test/seed{seed}.parquet, ../.test-campaigns/ledger.jsonl",
-              (*DESIGN, "evaluation.new_campaign")),
+              (*DESIGN, "evaluation.new_campaign"),
+              command=None),
         Stage("stats", ("stats", "test_stats"), "stats.smk", "stats/study.py",
               "stats/*.parquet (STATS_TABLES), test/stats/*.parquet (TEST_STATS_TABLES)",
-              _reads(RUN_MATRIX, ("evaluation.reference", "evaluation.selection", "evaluation.bootstrap"))),
+              _reads(RUN_MATRIX, ("evaluation.reference", "evaluation.selection", "evaluation.bootstrap")),
+              help="pass@1, paired tests, mechanism metrics and selection from evaluations"),
         Stage("ablations", ("ablation",), "stats.smk", "stats/ablations.py", "ablations/{ablation}.parquet",
-              ("ablations", "evaluation.selection", "evaluation.bootstrap")),
+              ("ablations", "evaluation.selection", "evaluation.bootstrap"),
+              help="one ablation's table: a row per seed vs its base arm"),
         Stage("extensions", ("extension",), "stats.smk", "stats/extensions.py", "extensions/{extension}.parquet",
-              _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap"))),
+              _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap")),
+              help="one extension's table: a row per seed vs Arm A and Arm B + mechanism"),
         # The open question (issue 28): Arm B vs Arm A within each environment (predict.runs.environments), on val;
         # the test's is a table of `predict stats` (TEST_STATS_TABLES).
         Stage("open-question", ("open_question",), "stats.smk", "stats/open_question.py", "extensions/open_question.parquet",
-              _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap"))),
+              _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap")),
+              help="the open question: Arm B vs Arm A within each environment (study, expensive, irreversible, blind)"),
         Stage("power", ("power",), "stats.smk", "stats/power.py", "stats/power.parquet",
-              ("power", "data.sizes", "seeds")),
+              ("power", "data.sizes", "seeds"), command="predict.stats.open_question:power",
+              help="exact power of one seed pairing (exact McNemar) per difference, discordance and number of tasks"),
         Stage("training-outcomes", ("training_outcomes",), "report.smk", "train/metrics.py",
-              "stats/training_outcomes.parquet", ()),
+              "stats/training_outcomes.parquet", (),
+              help="per predictive run and seed, over all RL steps: verified vs predicted class counts and shares"),
         Stage("report", ("report",), "report.smk", "report/build.py", "report/index.html",
-              ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power", "data.sizes.test")),
+              ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power", "data.sizes.test"),
+              command="predict.report.command", help="the study report: one self-contained HTML page from parquet"),
         # The learning-signal run (issue 17): its own traces, SFT and RL runs on a handful of sft tasks.
         Stage("signal", ("signal",), "signal.smk", "train/learning_signal.py", "signal/curves.parquet, verdicts.parquet, signal.png",
-              _reads(RUN_MATRIX, ROLLOUT, ("data", "traces", "rl"), TRACKING), TRACKING),
+              _reads(RUN_MATRIX, ROLLOUT, ("data", "traces", "rl"), TRACKING), TRACKING,
+              help="the learning-signal run: RL visibly raises reward, CE teaches the label"),
         Stage("prime-rl-setup", ("prime_rl_setup",), "prime_rl.smk", "train/prime_rl/cluster.py", ".prime-rl/setup.json",
-              ("prime_rl.repo", "prime_rl.commit", "prime_rl.python", "prime_rl.extras", "prime_rl.dir")),
+              ("prime_rl.repo", "prime_rl.commit", "prime_rl.python", "prime_rl.extras", "prime_rl.dir"),
+              command="predict.train.prime_rl.cluster:setup", help="clone prime-rl at the pinned commit, register PredictAlgorithm, uv sync"),
         Stage("prime-rl-config", ("prime_rl_sft_config", "prime_rl_rl_config"), "prime_rl.smk",
               "train/prime_rl/configs.py", "sft/{arm}/prime-rl.toml, rl/{run}/seed{seed}/prime-rl.toml",
               _reads(RUN_MATRIX, ROLLOUT, ("prime_rl", "rl", "sft", "model", "seeds", "results_dir"), TRACKING),
-              ("tracking", "run_name")),
+              ("tracking", "run_name"),
+              command="predict.train.prime_rl.cluster:config", help="render a prime-rl rl/sft TOML (and the SFT dataset)"),
         Stage("prime-rl-train", ("prime_rl_sft", "prime_rl_rl"), "prime_rl.smk", "train/prime_rl/cluster.py",
               "checkpoints/{arm}/sft/, rl/{run}/seed{seed}/step{N}/, metrics.parquet, prime-rl-metrics.parquet",
-              ("tracking",)),
+              ("tracking",),
+              command="predict.train.prime_rl.cluster:train", help="run prime-rl rl/sft on a rendered TOML, collect checkpoints"),
     ]
 }
 
@@ -285,7 +323,7 @@ def readme_table() -> str:
              "|---|---|---|---|---|---|"]
     for s in STAGES.values():
         rules = ", ".join(f"`{r}`" for r in s.rules)
-        reads = ", ".join(f"`{r}`" for r in s.reads) or "(its flags only)"
+        reads = ", ".join(f"`{r}`" for r in s.reads) or "(nothing)"
         lines.append(f"| `predict {s.name}` | {rules} | [{s.rules_file}](workflow/rules/{s.rules_file}) | "
                      f"[{s.module}](src/predict/{s.module}) | `{s.outputs}` | {reads} |")
     return "\n".join(lines)

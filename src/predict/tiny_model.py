@@ -23,14 +23,18 @@ Choices (why):
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import zlib
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from predict.stages import StageConfig
 
 __all__ = ["QWEN3_VOCAB_SIZE", "TOKENIZER_FILES", "build_tiny_qwen3", "cached_tiny_qwen3", "tokenizer_dir"]
 
@@ -213,3 +217,21 @@ def cached_tiny_qwen3(root: Path, *, seed: int = 0, hidden_size: int = 64, num_l
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+# `predict build-tiny-model`: the tiny base model of config model.tiny (the builder's defaults where it sets none).
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--tie-word-embeddings", action="store_true", help="smaller, but see tiny_model.py on reloads")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+
+
+def main(args: argparse.Namespace, config: StageConfig) -> int:
+    from predict.console import console
+
+    tiny = dict(config.get("model", {}).get("tiny", {}))
+    out = build_tiny_qwen3(Path(args.out_dir), **tiny, tie_word_embeddings=args.tie_word_embeddings, dtype=args.dtype)
+    size_mb = sum(f.stat().st_size for f in out.iterdir()) / 1e6
+    shown = ", ".join(f"{key} {value}" for key, value in tiny.items()) or "the builder's defaults"
+    console.print(f"tiny Qwen3 ({shown}): {out} [{size_mb:.1f} MB]")
+    return 0

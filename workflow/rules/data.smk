@@ -1,8 +1,7 @@
 # MBPP -> the seed-42 split. The test split is written here but read only by the explicit
-# test-evaluation target, never as a side effect of `all`.
+# test-evaluation target, never as a side effect of `all`. MBPP's path, its hash, the seed and the sizes: config
+# data, which `predict split` reads from its slice.
 from predict.data import SPLITS
-
-DATA = CONFIG("split")["data"]
 
 
 localrules:
@@ -14,11 +13,7 @@ rule split_mbpp:
         splits=expand(R("data", "{split}.parquet"), split=SPLITS),
         manifest=R("data", "manifest.json"),
     params:
-        mbpp=DATA["mbpp_path"],
-        hf_fallback="--hf-fallback" if DATA.get("hf_fallback") else "",
-        sha256=f"--mbpp-sha256 {DATA['mbpp_sha256']}" if DATA.get("mbpp_sha256") else "",
-        seed=DATA["split_seed"],
-        sizes=DATA["sizes"],
+        **SLICE("split"),
         out_dir=lambda w, output: os.path.dirname(output.manifest),
     log:
         LOG("split_mbpp"),
@@ -27,6 +22,4 @@ rule split_mbpp:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict split --mbpp {params.mbpp:q} {params.hf_fallback} {params.sha256} --seed {params.seed}"
-        " --sft {params.sizes[sft]} --rl {params.sizes[rl]} --test {params.sizes[test]}"
-        " --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        "predict split --config-slice {params.config:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"

@@ -1,11 +1,11 @@
-# Checkpoints: the base model, which for the local run is a tiny random Qwen3 built here.
+# Checkpoints: the base model, which for the local run is a tiny random Qwen3 built here (config model.tiny).
 
 
 rule build_tiny_model:
     output:
         directory(R("models", "tiny")),
     params:
-        tiny=TINY,
+        **SLICE("build-tiny-model"),
     log:
         LOG("build_tiny_model"),
     benchmark:
@@ -13,5 +13,4 @@ rule build_tiny_model:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict build-tiny-model --out-dir {output:q} --seed {params.tiny[seed]}"
-        " --hidden-size {params.tiny[hidden_size]} --num-layers {params.tiny[num_layers]} > {log:q} 2>&1"
+        "predict build-tiny-model --config-slice {params.config:q} --out-dir {output:q} > {log:q} 2>&1"

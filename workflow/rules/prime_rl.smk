@@ -38,10 +38,7 @@ rule prime_rl_setup:
     output:
         PRIME_RL_SETUP,
     params:
-        repo=PRIME_RL_SETUP_CONFIG["repo"],
-        commit=PRIME_RL_SETUP_CONFIG["commit"],
-        python=PRIME_RL_SETUP_CONFIG.get("python", "3.12"),
-        extras=" ".join(f"--extra {e}" for e in PRIME_RL_SETUP_CONFIG.get("extras", [])),
+        **SLICE("prime-rl-setup"),  # prime_rl.repo, commit, python, extras
         dir=lambda w, output: str(Path(output[0]).parent),
     resources:
         mem_mb=16000,
@@ -54,8 +51,8 @@ rule prime_rl_setup:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict prime-rl-setup --repo {params.repo:q} --commit {params.commit} --dir {params.dir:q}"
-        " --python {params.python} --patch {input.patch:q} {params.extras} --out {output:q} > {log:q} 2>&1"
+        "predict prime-rl-setup --config-slice {params.config:q} --dir {params.dir:q} --patch {input.patch:q}"
+        " --out {output:q} > {log:q} 2>&1"
 
 
 rule prime_rl_sft_config:
@@ -91,6 +88,7 @@ rule prime_rl_sft:
         checkpoint=directory(R("checkpoints", "{arm}", "sft")),
         metrics=R("sft", "{arm}", "metrics.parquet"),
     params:
+        **SLICE("prime-rl-train"),
         dir=lambda w, input: str(Path(input.setup).parent),
     resources:
         **PRIME_RL_SFT_RESOURCES,
@@ -101,7 +99,7 @@ rule prime_rl_sft:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict prime-rl-train sft --toml {input.toml:q} --dir {params.dir:q}"
+        "predict prime-rl-train sft --config-slice {params.config:q} --toml {input.toml:q} --dir {params.dir:q}"
         " --checkpoint {output.checkpoint:q} --metrics-out {output.metrics:q} > {log:q} 2>&1"
 
 
@@ -144,11 +142,12 @@ rule prime_rl_rl:
         run="|".join(PRIME_RL_RUNS),
         seed=r"\d+",
     params:
+        **SLICE("prime-rl-train"),
         run_dir=lambda w, output: str(Path(output.checkpoints).parent),
         dir=lambda w, input: str(Path(input.setup).parent),
-        # the collected metrics mirrored into the study's TensorBoard root (predict.train.tracking)
-        tensorboard=f"--tensorboard-dir {R('tensorboard')}" if CONFIG("prime-rl-train").get("tracking", {}).get(
-            "tensorboard", True) else "",
+        # the collected metrics mirrored into the study's TensorBoard root (predict.train.tracking), unless config
+        # tracking.tensorboard is off (the stage reads it from its slice)
+        tensorboard=R("tensorboard"),
     resources:
         **PRIME_RL_RL_RESOURCES,
     log:
@@ -158,10 +157,10 @@ rule prime_rl_rl:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict prime-rl-train rl --toml {input.toml:q} --dir {params.dir:q} --run-dir {params.run_dir:q}"
-        " --checkpoints-out {output.checkpoints:q} --metrics-out {output.metrics:q}"
+        "predict prime-rl-train rl --config-slice {params.config:q} --toml {input.toml:q} --dir {params.dir:q}"
+        " --run-dir {params.run_dir:q} --checkpoints-out {output.checkpoints:q} --metrics-out {output.metrics:q}"
         " --raw-metrics-out {output.raw_metrics:q} --run {wildcards.run} --seed {wildcards.seed}"
-        " {params.tensorboard} > {log:q} 2>&1"
+        " --tensorboard-dir {params.tensorboard:q} > {log:q} 2>&1"
 
 
 localrules:

@@ -13,6 +13,7 @@ rule training_outcomes:
     output:
         R("stats", "training_outcomes.parquet"),
     params:
+        **SLICE("training-outcomes"),  # empty: every stage takes a slice, this one reads nothing from it
         rl_metrics=lambda w, input: " ".join(f"'{p}'" for p in input.rl_metrics),
     log:
         LOG("training_outcomes"),
@@ -21,7 +22,8 @@ rule training_outcomes:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict training-outcomes --rl-metrics {params.rl_metrics} --out {output:q} > {log:q} 2>&1"
+        "predict training-outcomes --config-slice {params.config:q} --rl-metrics {params.rl_metrics}"
+        " --out {output:q} > {log:q} 2>&1"
 
 
 rule report:

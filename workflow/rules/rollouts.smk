@@ -14,8 +14,7 @@ rule rollout:
         split="sft|rl|val",
     params:
         model=lambda w: checkpoint_model(w.arm, w.checkpoint, w.seed),
-        **SLICE("rollout"),
-        n_tasks=lambda w: f"--n-tasks {n}" if (n := CONFIG("rollout")["env"].get("rollout_tasks")) else "",
+        **SLICE("rollout"),  # env.rollout_tasks: how many tasks (the stage reads it)
     resources:
         **SERVING_RESOURCES,
     log:
@@ -27,4 +26,4 @@ rule rollout:
     shell:
         "predict rollout --config-slice {params.config:q} --tasks-file {input.tasks:q} --split {wildcards.split}"
         " --model {params.model:q} --checkpoint {wildcards.checkpoint} --arm {wildcards.arm}"
-        " --seed {wildcards.seed} {params.n_tasks} --out {output:q} > {log:q} 2>&1"
+        " --seed {wildcards.seed} --out {output:q} > {log:q} 2>&1"

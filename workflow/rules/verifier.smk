@@ -1,4 +1,6 @@
-# The verifier report: every gold solution of the non-test splits through the sandbox.
+# The verifier report: every gold solution of the non-test splits through the sandbox. `predict verify-gold` reads
+# config verifier from its slice; --workers passes the job's threads (verifier.workers, or fewer where Snakemake has
+# fewer cores).
 
 VERIFIER = CONFIG("verify-gold")["verifier"]
 
@@ -11,9 +13,7 @@ rule verify_gold:
         summary=R("verifier", "gold_summary.parquet"),
     params:
         data_dir=lambda w, input: os.path.dirname(input.splits[0]),
-        splits=" ".join(VERIFIER.get("gold_splits", ["sft", "rl", "val"])),
-        v=VERIFIER,
-        isolation=isolation_args(CONFIG("verify-gold")),
+        **SLICE("verify-gold"),
     threads: VERIFIER["workers"]
     resources:
         mem_mb=4000,
@@ -25,7 +25,5 @@ rule verify_gold:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict verify-gold --data-dir {params.data_dir:q} --splits {params.splits}"
-        " --timeout-s {params.v[timeout_s]} --memory-mb {params.v[memory_mb]} --workers {threads}"
-        " --outcome-labels {params.v[outcome_labels]} {params.isolation}"
+        "predict verify-gold --config-slice {params.config:q} --data-dir {params.data_dir:q} --workers {threads}"
         " --out {output.report:q} --summary-out {output.summary:q} > {log:q} 2>&1"

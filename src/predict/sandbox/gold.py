@@ -6,16 +6,20 @@ bug, so this report is the first thing to read after changing the sandbox or the
 
 from __future__ import annotations
 
+import argparse
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from predict.data import load_split
 from predict.io import write_rows
 from predict.outcomes import OUTCOMES
+
+if TYPE_CHECKING:
+    from predict.stages import StageConfig
 
 GOLD_SCHEMA = pa.schema(
     [
@@ -84,3 +88,44 @@ def write_gold_report(rows: Sequence[dict[str, Any]], out: str | Path, summary_o
     metadata = isolation_metadata(dict(isolation)) if isolation else None
     write_rows(rows, GOLD_SCHEMA, out, metadata)
     write_rows(summarize(rows), SUMMARY_SCHEMA, summary_out, metadata)
+
+
+# `predict verify-gold`: the gold solutions of config verifier.gold_splits under the verifier's settings.
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", required=True, help="the folder of `predict split`'s parquets")
+    p.add_argument("--workers", type=int, default=None,
+                   help="sandbox workers (default: verifier.workers; the rule passes its threads, which Snakemake "
+                        "may lower to the cores it has)")
+    p.add_argument("--out", required=True, help="per-task parquet")
+    p.add_argument("--summary-out", required=True, help="counts by split and class, parquet")
+
+
+def main(args: argparse.Namespace, config: StageConfig) -> int:
+    import logging
+
+    from predict.console import print_table
+
+    log = logging.getLogger("predict")
+    verifier = config["verifier"]
+    iso = verifier.get("isolation", {})
+    isolation: dict = {}
+    rows = check_gold(
+        args.data_dir,
+        verifier.get("gold_splits", ["sft", "rl", "val"]),
+        timeout_s=verifier["timeout_s"],
+        memory_mb=verifier["memory_mb"],
+        workers=args.workers if args.workers is not None else verifier["workers"],
+        outcome_labels=verifier["outcome_labels"],
+        require=iso.get("require", "auto"),
+        accept_weaker=bool(iso.get("accept_weaker")),
+        isolation=isolation,
+    )
+    write_gold_report(rows, args.out, args.summary_out, isolation)
+    if isolation["missing"]:
+        log.warning("weaker sandbox isolation accepted: %s not active", ", ".join(isolation["missing"]))
+    print_table("Verifier report: gold solutions by class", ("split", "outcome", "gold solutions"),
+                [(e["split"], e["outcome"], e["count"]) for e in summarize(rows) if e["count"]])
+    for r in rows:
+        if r["outcome"] != "PASS":
+            log.warning("gold solution of task %s (%s) is %s: %s", r["task_id"], r["split"], r["outcome"], r["detail"])
+    return 0

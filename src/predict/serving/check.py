@@ -18,16 +18,20 @@ Rules:
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from predict.config import ConfigError
 from predict.serving.server import base_environment, default_python
+
+if TYPE_CHECKING:
+    from predict.stages import StageConfig
 
 __all__ = ["ServingPythonError", "check_serving_python", "resolve_serving_python"]
 
@@ -106,3 +110,24 @@ def check_serving_python(
         "checker": sys.executable,
         "time": time.strftime("%FT%T%z"),
     }
+
+
+# `predict check-serving`
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout-s", type=float, default=300.0, help="how long the import may take")
+    p.add_argument("--out", default=None, help="write what was checked here (json)")
+
+
+def main(args: argparse.Namespace, config: StageConfig) -> int:
+    from predict.console import console
+    from predict.io import write_json
+
+    serving = config["serving"]
+    result = check_serving_python(serving.get("python"), serving["device"], timeout_s=args.timeout_s)
+    if args.out:
+        write_json(result, args.out)
+    console.print(
+        f"[green]ok[/green] serving.python ({result['serving.python']}) = {result['interpreter']}: "
+        f"vllm {result['vllm_version']} imports ({result['import_s']:.1f} s)"
+    )
+    return 0

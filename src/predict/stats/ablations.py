@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from predict.campaign import StatsInputError
 from predict.stats.metrics import Evaluation, class_metrics, confusion, mechanism_metrics
 from predict.stats.pairs import _table, compare, load_evaluations
+
+if TYPE_CHECKING:
+    from predict.stages import StageConfig
 
 # ---------------------------------------------------------------------------------------------------------------
 # Ablations
@@ -93,3 +97,28 @@ def ablation_table(
     return _table(rows, ABLATION_SCHEMA)
 
 
+
+
+# `predict ablations`: one ablation's table.
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ablation", required=True)
+    p.add_argument("--eval", nargs="+", required=True, help="val evaluations of the ablation, its base arm and A")
+    p.add_argument("--out", required=True)
+
+
+def main(args: argparse.Namespace, config: StageConfig) -> int:
+    from predict.config import ConfigError
+    from predict.console import console
+    from predict.io import write_table
+    from predict.stats.settings import bootstrap_settings, val_selection
+
+    section, name = "ablations", args.ablation
+    runs = config.get(section) or {}
+    if name not in runs:
+        raise ConfigError(f"{section}: no {section[:-1]} {name!r} (have {', '.join(runs) or 'none'})")
+    evals = list(load_evaluations(args.eval).values())  # read once, for the selection and the table
+    table = ablation_table(name, evals, val_selection(config, evals),
+                           base_arm=(runs[name] or {}).get("base_arm", "B"), **bootstrap_settings(config))
+    write_table(table, args.out)
+    console.print(f"{name}: {table.num_rows} seed row(s) -> {args.out}")
+    return 0

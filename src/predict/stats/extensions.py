@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from predict.campaign import StatsInputError
 from predict.stats.metrics import PASS, Evaluation, _rate, class_metrics, confusion, mechanism_metrics, scored_rows
 from predict.stats.pairs import _table, compare, load_evaluations
+
+if TYPE_CHECKING:
+    from predict.stages import StageConfig
 
 # ---------------------------------------------------------------------------------------------------------------
 # Extensions (issue #11)
@@ -146,3 +150,28 @@ def extension_table(
     return _table(rows, EXTENSION_SCHEMA)
 
 
+
+
+# `predict extensions`: one extension's table.
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--extension", required=True)
+    p.add_argument("--eval", nargs="+", required=True, help="val evaluations of the extension, A, B, counterpart")
+    p.add_argument("--out", required=True)
+
+
+def main(args: argparse.Namespace, config: StageConfig) -> int:
+    from predict.config import ConfigError
+    from predict.console import console
+    from predict.io import write_table
+    from predict.stats.settings import bootstrap_settings, extension_inputs, val_selection
+
+    section, name = "extensions", args.extension
+    runs = config.get(section) or {}
+    if name not in runs:
+        raise ConfigError(f"{section}: no {section[:-1]} {name!r} (have {', '.join(runs) or 'none'})")
+    evals = list(load_evaluations(args.eval).values())  # read once, for the selection and the table
+    table = extension_table(name, evals, val_selection(config, evals), **extension_inputs(config, name),
+                            default_test_cost=int(config["env"].get("test_cost", 1)), **bootstrap_settings(config))
+    write_table(table, args.out)
+    console.print(f"{name}: {table.num_rows} seed row(s) -> {args.out}")
+    return 0

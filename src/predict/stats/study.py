@@ -4,9 +4,10 @@ prediction shares, selection and the test campaign's card rows.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -39,6 +40,9 @@ from predict.stats.pairs import (
     prediction_shares,
     recovery_row,
 )
+
+if TYPE_CHECKING:
+    from predict.stages import StageConfig
 
 CAMPAIGN_SCHEMA = pa.schema([
     ("campaign", pa.string()), ("config_hash", pa.string()), ("time", pa.string()), ("base_model", pa.string()),
@@ -146,3 +150,62 @@ def study_stats(
     return tables
 
 
+
+
+# `predict stats`: val evaluations, or (with --selection) the test campaign's.
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--eval", nargs="+", required=True, help=".../{run}/{checkpoint}/{split}/seed{seed}.parquet")
+    p.add_argument("--out-dir", required=True,
+                   help="writes predict.stats.STATS_TABLES (val) or TEST_STATS_TABLES (test) as {name}.parquet")
+    p.add_argument("--selection", default=None,
+                   help="test evaluations only: the val statistics' selection.parquet (the checkpoints compared)")
+    p.add_argument("--test-ledger", default=None,
+                   help="test evaluations only: the campaign ledger they are held against (default: the checkout's)")
+
+
+def main(args: argparse.Namespace, config: StageConfig) -> int:
+    import pyarrow.parquet as pq
+
+    from predict.campaign import check_test_inputs, registry_ledger, selection_settings
+    from predict.config import ConfigError
+    from predict.console import print_table
+    from predict.io import write_table
+    from predict.runs import environments
+    from predict.stages import STAGES
+    from predict.stats.open_question import OPEN_QUESTION, open_question_table
+    from predict.stats.settings import bootstrap_settings, extension_inputs
+
+    ev = config.get("evaluation") or {}
+    selection = selection_settings(config)
+    extensions = {name: extension_inputs(config, name) for name in config.get("extensions") or {}}
+    if args.selection and not Path(args.selection).exists():
+        raise ConfigError(f"--selection {args.selection}: file not found (the val statistics' selection.parquet)")
+    campaigns: list[dict] = []
+    selection_rows = pq.read_table(args.selection).to_pylist() if args.selection else None
+    if args.selection:  # test evaluations: only the campaign's files, under its selection and statistics settings
+        ledger = Path(args.test_ledger) if args.test_ledger else registry_ledger()
+        campaigns = check_test_inputs(ledger, args.eval, selection_rows, config, STAGES["stats"].reads)
+    evals = list(load_evaluations(args.eval).values())  # read once: the study's tables and the open question's
+    tables = study_stats(
+        evals,
+        arms=sorted(config["arms"]),
+        ablations=config.get("ablations") or {},
+        extensions=extensions,
+        reference=ev.get("reference", "sft"),
+        selection_mode=selection["mode"],
+        selection_step=selection.get("step"),
+        selection=selection_rows,
+        campaigns=campaigns,
+        default_test_cost=int(config["env"].get("test_cost", 1)),
+        **bootstrap_settings(config),
+    )
+    if args.selection:  # the test's open question, from the same campaign files under the same selection
+        tables[OPEN_QUESTION] = open_question_table(evals, selection_rows, environments(config),
+                                                    split="test", **bootstrap_settings(config))
+    out = Path(args.out_dir)
+    for name, table in tables.items():
+        write_table(table, out / f"{name}.parquet")
+    print_table("greedy pass@1", ("run", "checkpoint", "split", "seed", "pass@1", "n"),
+                [(m["run"], m["checkpoint"], m["split"], m["seed"], f"{m['pass_at_1']:.3f}",
+                  f"{m['n_pass']}/{m['n_scored']}") for m in tables["metrics"].to_pylist()])
+    return 0

@@ -29,6 +29,7 @@ Rules:
 
 from __future__ import annotations
 
+import argparse
 import ast
 import hashlib
 import logging
@@ -37,7 +38,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from rich.console import Console
@@ -49,6 +50,9 @@ from predict.outcomes import Outcome
 from predict.runs import resolve_run
 from predict.traces import mutations
 from predict.traces.render import RECOVERY_STYLES, Trace, TraceError, render, solution_text
+
+if TYPE_CHECKING:
+    from predict.stages import StageConfig
 
 log = logging.getLogger("predict.traces")
 
@@ -442,3 +446,43 @@ def run_traces_stage(
     rows = run_traces(config, run, pq.read_table(arm_traces).to_pylist(), tasks)
     write_rows(rows, TRACE_SCHEMA, out)
     return mix_table(rows)
+
+
+# `predict traces`: both arms' traces.
+def traces_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tasks-file", required=True, help="the sft split parquet from `predict split`")
+    p.add_argument("--out-dir", required=True, help="writes {arm}.parquet for every arm and tasks.parquet")
+
+
+def traces_main(args: argparse.Namespace, config: StageConfig) -> int:
+    import time
+
+    from predict.console import console, print_table
+    from predict.data import load_split
+
+    started = time.perf_counter()
+    summary = run_stage(load_split(args.tasks_file), config, args.out_dir)
+    for arm, mix in summary["arms"].items():
+        print_table(f"SFT traces, arm {arm}: the mix", ("role", "verified class", "traces"),
+                    [(e["role"], e["verified_class"], e["count"]) for e in mix])
+    tasks = ", ".join(f"{role} {n}" for role, n in sorted(summary["tasks"].items()))
+    console.print(f"sft tasks: {tasks}; {summary['n_checks']} sandbox checks in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+# `predict run-traces`: a run's own traces.
+def run_traces_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run", required=True, help="a run whose SFT is its own (RunSpec.sft_run)")
+    p.add_argument("--arm-traces", required=True, help="its base arm's traces, results/sft/traces/{arm}.parquet")
+    p.add_argument("--tasks-file", required=True, help="the sft split parquet from `predict split`")
+    p.add_argument("--out", required=True)
+
+
+def run_traces_main(args: argparse.Namespace, config: StageConfig) -> int:
+    from predict.console import print_table
+    from predict.data import load_split
+
+    mix = run_traces_stage(config, args.run, args.arm_traces, load_split(args.tasks_file), args.out)
+    print_table(f"SFT traces, run {args.run}: the mix", ("role", "verified class", "traces"),
+                [(e["role"], e["verified_class"], e["count"]) for e in mix])
+    return 0

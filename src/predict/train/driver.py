@@ -28,6 +28,7 @@ Rules it follows:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -37,13 +38,16 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from predict.fingerprint import mark_finished, run_fingerprint, start_or_resume
 from predict.runs import RunSpec, checkpoint_steps, resolve_run
 from predict.serving.server import SERVED_NAME
 from predict.train.metrics import write_metrics
 from predict.train.tracking import RunTracker, TrackingSettings
+
+if TYPE_CHECKING:
+    from predict.stages import StageConfig
 
 log = logging.getLogger(__name__)
 
@@ -277,3 +281,32 @@ def load_tokenizer(model_dir: Path) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"{model_dir}: no tokenizer.json (the policy's tokenizer is needed for label spans)")
     return Tokenizer.from_file(str(path))
+
+
+# `predict rl` and `predict rft` (train/rl.py, train/rft.py): one run and seed with the local trainer the run's config
+# names; the two commands differ only in their trainer.
+def job_arguments(p: argparse.ArgumentParser, run_help: str, init_help: str) -> None:
+    p.add_argument("--run", required=True, help=run_help)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--init", required=True, help=init_help)
+    p.add_argument("--tasks-file", required=True, help="the rl split parquet")
+    p.add_argument("--out-dir", required=True, help="results/rl/<run>/seed<seed>")
+    p.add_argument("--base-url", default=None, help="roll out against this endpoint (no weight sync; tests)")
+
+
+def job_main(args: argparse.Namespace, config: StageConfig, train: Callable[[RLJob, Any], dict[str, Any]]) -> int:
+    from predict.config import ConfigError
+    from predict.console import print_summary
+
+    if "rl" not in config:
+        raise ConfigError("config: no rl section" + (" (RFT takes its steps and checkpoints from it)"
+                                                     if args.stage == "rft" else ""))
+    if (trainer := resolve_run(config, args.run).trainer) != args.stage:
+        raise ConfigError(f"run {args.run}: trainer {trainer}; run it with `predict {trainer}`")
+    job = RLJob(run=args.run, seed=args.seed, init=Path(args.init), tasks=Path(args.tasks_file),
+                out_dir=Path(args.out_dir), base_url=args.base_url, tracking=TrackingSettings.from_config(config))
+    if not job.init.is_dir():
+        raise FileNotFoundError(f"--init {job.init}: not a checkpoint folder")
+    summary = train(job, config)
+    print_summary(f"{args.stage.upper()}: {job.run}, seed {job.seed}", summary)
+    return 0

@@ -49,6 +49,7 @@ Rules it follows:
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import logging
@@ -57,12 +58,15 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from predict.io import write_table
+
+if TYPE_CHECKING:
+    from predict.stages import StageConfig
 
 log = logging.getLogger(__name__)
 
@@ -554,3 +558,35 @@ def print_grad_terms(result: Mapping[str, Any], console: Any) -> None:
         table.add_row(r["name"], num(r["alpha"], "g"), str(r["step"]), num(rl, ".4g"), num(ce, ".4g"),
                       num(ratio, ".3g"), num(r["rl_ce_grad_cosine"], "+.4f"))  # fmt: skip
     console.print(table)
+
+
+# `predict signal`: its flags override SignalSettings (None: the settings' own value)
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out-dir", required=True, help="curves.parquet, verdicts.parquet, signal.png and the runs")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="Arm A seeds (default 1 2)")
+    p.add_argument("--rl-steps", type=int, default=None, help="Arm A's RL steps")
+    p.add_argument("--label-steps", type=int, default=None, help="Arm B's RL steps (alpha 1 and alpha 0)")
+    p.add_argument("--rl-lr", type=float, default=None)
+    p.add_argument("--group-size", type=int, default=None)
+    p.add_argument("--n-tasks", type=int, default=None)
+    p.add_argument("--k", type=int, default=None, help="steps averaged at each end of the reward curve")
+    p.add_argument("--target-path-prob", type=float, default=None,
+                   help="SFT stops when the gold trace or the faulty prefix is sampled with this probability")
+
+
+def main(args: argparse.Namespace, config: StageConfig) -> int:
+    from predict.console import console
+    from predict.train.tracking import TrackingSettings
+
+    overrides = {k: v for k, v in {
+        "seeds": tuple(args.seeds) if args.seeds else None, "rl_steps": args.rl_steps, "rl_lr": args.rl_lr,
+        "group_size": args.group_size, "n_tasks": args.n_tasks, "k": args.k, "target_path_prob": args.target_path_prob,
+        "label_steps": args.label_steps,
+    }.items() if v is not None}  # fmt: skip
+    settings = SignalSettings(**overrides)
+    result = run_signal(config, Path(args.out_dir), settings, tracking=TrackingSettings.from_config(config))
+    print_curves(result, console)
+    console.print(f"{SANITY_NOTE}; {result['wall_s']:.0f} s; figure: {Path(args.out_dir) / 'signal.png'}")
+    if not result["passed"]:  # a finding, not a failed stage: the verdicts are written (and a test asserts them)
+        console.print("[red]the learning signal does not hold[/red] (verdicts.parquet)")
+    return 0

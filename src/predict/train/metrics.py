@@ -28,14 +28,18 @@ How the study's figures come out of the columns:
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from predict.env.protocol import MALFORMED
 from predict.outcomes import OUTCOMES
+
+if TYPE_CHECKING:
+    from predict.stages import StageConfig
 
 PRED_CLASSES: tuple[str, ...] = (*OUTCOMES, MALFORMED)
 """What a prediction can be: a class, or a malformed line."""
@@ -211,3 +215,23 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         raise MetricsSchemaError(f"{path}: not a per-step metrics table (missing {missing}, undeclared {unknown}); "
                                  "every trainer writes it through predict.train.metrics.write_metrics")  # fmt: skip
     return table.to_pylist()
+
+
+# `predict training-outcomes`: reads no config (its slice is empty; it takes one like every stage)
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rl-metrics", nargs="*", default=[], help="results/rl/{run}/seed{seed}/metrics.parquet")
+    p.add_argument("--out", required=True, help="results/stats/training_outcomes.parquet")
+
+
+def main(args: argparse.Namespace, config: StageConfig) -> int:
+    from predict.console import console
+    from predict.io import write_table
+
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for path in args.rl_metrics:
+        for row in read_metrics(path):
+            runs.setdefault((row["run"], int(row["seed"])), []).append(row)
+    rows = training_outcomes(runs)
+    write_table(pa.Table.from_pylist(rows, schema=TRAINING_OUTCOME_SCHEMA), args.out)
+    console.print(f"training outcomes: {len({(r['run'], r['seed']) for r in rows})} predictive run(s) -> {args.out}")
+    return 0

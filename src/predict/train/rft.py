@@ -31,14 +31,18 @@ counts) of the sampled rollouts on step 1 only, so a sum over steps counts each 
 
 from __future__ import annotations
 
+import argparse
 import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from predict.train.driver import RLJob, TrainingRun, epoch_order
+from predict.train.driver import RLJob, TrainingRun, epoch_order, job_arguments, job_main
 from predict.train.metrics import rollout_metrics
+
+if TYPE_CHECKING:
+    from predict.stages import StageConfig
 
 log = logging.getLogger(__name__)
 
@@ -127,3 +131,13 @@ def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = N
     run.publish(metrics)
     return {"run": job.run, "seed": job.seed, "steps_done": run.steps, "ran": run.steps - done, "complete": True,
             "n_sampled": len(records), "n_kept": len(kept)}  # fmt: skip
+
+
+# `predict rft`
+def arguments(p: argparse.ArgumentParser) -> None:
+    job_arguments(p, run_help="an extension with trainer rft (rft_A, rft_B)",
+                  init_help="the run's SFT folder (sampled from, fine-tuned)")
+
+
+def main(args: argparse.Namespace, config: StageConfig) -> int:
+    return job_main(args, config, run_rft)

@@ -31,16 +31,20 @@ the update's loss terms and token counts, the RL and CE terms' gradient norms an
 
 from __future__ import annotations
 
+import argparse
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from predict.serving.weight_sync import WeightHandoff, resolve_mode
-from predict.train.driver import SERVED_NAME, RLJob, TrainingRun, epoch_order, load_tokenizer
+from predict.train.driver import SERVED_NAME, RLJob, TrainingRun, epoch_order, job_arguments, job_main, load_tokenizer
 from predict.train.grad_terms import probe_step
 from predict.train.metrics import GRAD_TERM_COLUMNS, METRIC_COLUMNS, rollout_metrics
+
+if TYPE_CHECKING:
+    from predict.stages import StageConfig
 
 __all__ = ["SERVED_NAME", "RLJob", "run_rl", "step_tasks"]
 
@@ -132,3 +136,13 @@ def run_rl(
     run.publish(metrics)
     return {"run": job.run, "seed": job.seed, "steps_done": run.steps, "ran": run.steps - done,
             "resumed_from": done, "complete": True, "wall_s": time.perf_counter() - t0}  # fmt: skip
+
+
+# `predict rl`
+def arguments(p: argparse.ArgumentParser) -> None:
+    job_arguments(p, run_help="an arm (A, B) or an ablation (alpha0, forced_keep, ...)",
+                  init_help="starting checkpoint: the run's SFT folder")
+
+
+def main(args: argparse.Namespace, config: StageConfig) -> int:
+    return job_main(args, config, run_rl)

@@ -29,13 +29,14 @@ the first step at the step the run resumes from.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -45,6 +46,9 @@ from predict.fingerprint import RESUME_KEYS, fingerprint, start_or_resume
 from predict.io import write_rows
 from predict.train.sample import TrainSample
 from predict.train.tracking import RunTracker, TrackingSettings
+
+if TYPE_CHECKING:
+    from predict.stages import StageConfig
 
 log = logging.getLogger(__name__)
 
@@ -334,3 +338,37 @@ def _progress(enabled: bool) -> Any:
         console=Console(stderr=True),
         disable=not enabled,
     )
+
+
+# `predict sft`
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--arm", required=True)
+    p.add_argument("--traces", required=True, help="traces parquet with a messages column")
+    p.add_argument("--base-model", required=True, help="checkpoint folder or HF id to start from")
+    p.add_argument("--out-dir", required=True, help="the HF checkpoint folder written at the end")
+    p.add_argument("--metrics-out", required=True, help="per-step loss log (parquet)")
+    p.add_argument("--state-dir", required=True, help="resumable trainer state (removed when done)")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after N steps (smoke tests)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (the rule's threads:); default all")
+
+
+def main(args: argparse.Namespace, config: StageConfig) -> int:
+    from predict.console import print_summary
+
+    cfg = SFTConfig.from_config(config["sft"])  # no sft section: MissingKey names the stage and the key
+    summary = run_sft(
+        traces=Path(args.traces),
+        base_model=args.base_model,
+        out_dir=Path(args.out_dir),
+        metrics_out=Path(args.metrics_out),
+        state_dir=Path(args.state_dir),
+        cfg=cfg,
+        arm=args.arm,
+        enable_thinking=config["model"].get("enable_thinking", True),
+        max_steps=args.max_steps if args.max_steps is not None else config["sft"].get("max_steps"),
+        threads=args.threads,
+        tracking=TrackingSettings.from_config(config),
+        tracking_config=config,
+    )
+    print_summary(f"SFT arm {args.arm}: {args.out_dir}", summary, float_format=".4g")
+    return 0

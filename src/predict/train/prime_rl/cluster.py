@@ -28,6 +28,7 @@ rollout from its group (the environment marks a failed model call as a failed ro
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import logging
@@ -37,12 +38,15 @@ import signal
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from predict.config import REPO_ROOT
-from predict.fingerprint import file_sha256, fingerprint, start_or_resume
+from predict.fingerprint import file_sha256, fingerprint, mark_finished, start_or_resume
 from predict.train.prime_rl.collect import METRIC_SOURCES, check_failed_rollouts
 from predict.train.prime_rl.configs import MAX_FAILED_SHARE_VAR, read_toml
+
+if TYPE_CHECKING:
+    from predict.stages import StageConfig
 
 log = logging.getLogger(__name__)
 PATCH = REPO_ROOT / "workflow" / "prime-rl" / "predict-algorithm.patch"
@@ -317,3 +321,113 @@ def drop_superseded_metrics(output_dir: str | Path) -> dict[str, int]:
     if marks:
         write_json(marks, path)
     return dropped_counts
+
+
+# The prime-rl backend's three commands: `predict prime-rl-setup`, `prime-rl-config` and `prime-rl-train`.
+def setup_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", required=True, help="where the checkout and its .venv live")
+    p.add_argument("--patch", default=None, help="default: workflow/prime-rl/predict-algorithm.patch")
+    p.add_argument("--out", required=True, help="setup.json")
+
+
+def setup_main(args: argparse.Namespace, config: StageConfig) -> int:
+    """prime-rl at config prime_rl.commit from prime_rl.repo, its venv on prime_rl.python with prime_rl.extras."""
+    from predict.console import console
+
+    prime_rl = config["prime_rl"]
+    summary = setup_prime_rl(
+        prime_rl["repo"], prime_rl["commit"], args.dir, patch=args.patch or PATCH,
+        python=prime_rl.get("python", "3.12"), extras=prime_rl.get("extras", []), out=args.out,
+    )  # fmt: skip
+    console.print(f"prime-rl at {summary['commit'][:12]} in {args.dir}, PredictAlgorithm registered")
+    return 0
+
+
+def config_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("kind", choices=["rl", "sft"])
+    p.add_argument("--model", required=True, help="start checkpoint: folder or HF id")
+    p.add_argument("--output-dir", required=True, help="prime-rl's output_dir")
+    p.add_argument("--out", required=True, help="the TOML to write")
+    p.add_argument("--run", help="rl: an arm or an ablation (alpha0, forced_keep, budget_neutral)")
+    p.add_argument("--seed", type=int, help="rl")
+    p.add_argument("--tasks-file", help="rl: the rl split parquet")
+    p.add_argument("--arm", help="sft")
+    p.add_argument("--traces", help="sft: results/sft/traces/{arm}.parquet (column messages)")
+    p.add_argument("--dataset-dir", help="sft: where to write the messages dataset")
+
+
+def config_main(args: argparse.Namespace, config: StageConfig) -> int:
+    from predict.console import console
+    from predict.train.prime_rl import collect, configs
+
+    if args.kind == "rl":
+        if args.run is None or args.seed is None or args.tasks_file is None:
+            raise ValueError("prime-rl-config rl needs --run, --seed and --tasks-file")
+        table = configs.rl_config(
+            config, args.run, args.seed, model=args.model, tasks=args.tasks_file, output_dir=args.output_dir
+        )
+    else:
+        if args.arm is None or args.traces is None or args.dataset_dir is None:
+            raise ValueError("prime-rl-config sft needs --arm, --traces and --dataset-dir")
+        data = collect.write_sft_dataset(args.traces, args.dataset_dir)
+        console.print(f"SFT dataset: {data}")
+        table = configs.sft_config(
+            config, args.arm, model=args.model, dataset_dir=args.dataset_dir, output_dir=args.output_dir
+        )
+    configs.write_toml(table, args.out)
+    console.print(f"prime-rl {args.kind} config: {args.out}")
+    return 0
+
+
+def train_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("kind", choices=["rl", "sft"])
+    p.add_argument("--toml", required=True)
+    p.add_argument("--dir", required=True, help="the prime-rl checkout (prime-rl-setup --dir)")
+    p.add_argument("--run-dir", help="rl: results/rl/{run}/seed{seed}: steps land in step{N}/")
+    p.add_argument("--checkpoints-out", help="rl: checkpoints.json")
+    p.add_argument("--checkpoint", help="sft: results/checkpoints/{arm}/sft")
+    p.add_argument("--tensorboard-dir", default=None,
+                   help="rl: mirror the collected metrics into this TensorBoard root (results/tensorboard), unless "
+                        "config tracking.tensorboard is off")
+    p.add_argument("--metrics-out", help="rl: the per-step metrics table; sft: prime-rl's metrics as parquet "
+                   "(default: next to --run-dir / the TOML)")
+    p.add_argument("--raw-metrics-out", help="rl: prime-rl's metrics as a long table (default: "
+                   "<run-dir>/prime-rl-metrics.parquet)")
+    p.add_argument("--run", help="rl: the run (default: the --run-dir's parent folder's name)")
+    p.add_argument("--seed", type=int, help="rl: the seed (default: from the --run-dir's name, seed<N>)")
+
+
+def train_main(args: argparse.Namespace, config: StageConfig) -> int:
+    from predict.console import console
+    from predict.train.prime_rl import collect, configs
+
+    launch(args.kind, args.toml, args.dir)
+    output_dir = configs.read_toml(args.toml)["output_dir"]
+    if args.kind == "rl":
+        if args.run_dir is None or args.checkpoints_out is None:
+            raise ValueError("prime-rl-train rl needs --run-dir and --checkpoints-out")
+        summary = collect.collect_rl_checkpoints(output_dir, args.run_dir, args.checkpoints_out)
+        console.print(f"RL checkpoints: steps {summary['steps']} under {args.run_dir}")
+        run_dir = Path(args.run_dir)
+        run, seed = args.run or run_dir.parent.name, args.seed
+        if seed is None and not run_dir.name.removeprefix("seed").isdigit():
+            raise ValueError(f"--run-dir {run_dir}: not results/rl/<run>/seed<N>; pass --run and --seed")
+        seed = int(run_dir.name.removeprefix("seed")) if seed is None else seed
+        metrics = Path(args.metrics_out or run_dir / "metrics.parquet")
+        raw = Path(args.raw_metrics_out or run_dir / "prime-rl-metrics.parquet")
+        n = collect.write_rl_metrics(output_dir, metrics, raw, run=run, seed=seed)
+        console.print(f"metrics: {n} steps -> {metrics} (prime-rl's own: {raw})")
+        # prime-rl wrote its curves live to W&B; TensorBoard gets them at collection
+        if args.tensorboard_dir and config.get("tracking", {}).get("tensorboard", True):
+            collect.mirror_metrics(metrics, Path(args.tensorboard_dir), run=run, seed=seed)
+            console.print(f"TensorBoard: {args.tensorboard_dir}")
+    else:
+        if args.checkpoint is None:
+            raise ValueError("prime-rl-train sft needs --checkpoint")
+        step = collect.collect_sft_checkpoint(output_dir, args.checkpoint)
+        console.print(f"SFT checkpoint (step {step}): {args.checkpoint}")
+        metrics = Path(args.metrics_out or Path(args.toml).parent / "metrics.parquet")
+        n = collect.write_metrics(output_dir, metrics)
+        console.print(f"metrics: {n} values -> {metrics}")
+    mark_finished(output_dir)  # collected: a later run of this job trains again (predict.fingerprint)
+    return 0

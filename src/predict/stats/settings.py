@@ -1,0 +1,33 @@
+"""What the statistics commands (`predict stats`, `ablations`, `extensions`, `open-question`) read from their config
+slice: the bootstrap settings, the checkpoint selection over val evaluations, an extension's run spec."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+def bootstrap_settings(config: Mapping[str, Any]) -> dict:
+    return {"resamples": 10_000, "seed": 0, "ci": 0.95, **(config.get("evaluation", {}).get("bootstrap") or {})}
+
+
+def extension_inputs(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """An extension run as the statistics read it: its run spec (with its arm as base_arm) and its counterpart."""
+    from dataclasses import asdict
+
+    from predict.runs import extension_counterpart, resolve_run
+
+    spec = resolve_run(config, name)
+    return {"spec": {**asdict(spec), "base_arm": spec.arm}, "counterpart": extension_counterpart(config, name)}
+
+
+def val_selection(config: Mapping[str, Any], evals: Iterable[Any]) -> Any:
+    """The checkpoint selection (`predict.campaign.select`, config evaluation.selection) over these val evaluations:
+    the same function `predict stats` writes selection.parquet with. (Not that file: it needs every run's
+    evaluations, and one ablation's or extension's table builds only what it compares.)"""
+    from predict.campaign import select
+    from predict.stats.metrics import mechanism_metrics
+
+    return select(config, [{"run": ev.run, "checkpoint": ev.checkpoint, "split": ev.split, "seed": ev.seed,
+                            **mechanism_metrics(ev.rows)} for ev in evals])  # fmt: skip
+
