@@ -30,7 +30,8 @@ from predict.stats import (
     power_table,
     read_evaluation,
 )
-from predict.stats.open_question import family_size, open_question_table, with_open_question_power
+from predict.stats.open_question import family_size, open_question_table
+from predict.stats.power import with_open_question_power
 
 from .conftest import REPO
 from .synthetic import (

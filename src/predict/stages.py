@@ -65,9 +65,9 @@ class Stage:
     untracked: tuple[str, ...] = ()
     """Keys of `reads` this stage reads for how it runs only (like `UNTRACKED`, for this stage alone)."""
     command: str | None = ""
-    """Where `predict <name>` lives (predict.cli registers it from here): "" = the module's `arguments(parser)` and
-    `main(args, config)`; "pkg.mod:name" = that module's `name_arguments` and `name_main` (a module with two
-    stages); None = no command of its own (evaluate-test is `predict evaluate --split test`)."""
+    """`predict <name>` is `module`'s `arguments(parser)` and `main(args, config)` (""), or its `<command>_arguments`
+    and `<command>_main` (a module with two stages' commands); None: no command of its own (evaluate-test is
+    `predict evaluate --split test`). predict.cli registers them from here."""
     help: str = ""
     """The command's one line in `predict --help` (here, so that listing the stages imports none of them)."""
 
@@ -75,8 +75,8 @@ class Stage:
         """The command's module and the names of its two functions: (module, arguments, main)."""
         if self.command is None:
             raise ConfigError(f"stage {self.name!r} has no command of its own")
-        module, _, name = (self.command or "predict." + self.module.removesuffix(".py").replace("/", ".")).partition(":")
-        return module, f"{name}_arguments" if name else "arguments", f"{name}_main" if name else "main"
+        prefix = f"{self.command}_" if self.command else ""
+        return "predict." + self.module.removesuffix(".py").replace("/", "."), prefix + "arguments", prefix + "main"
 
 
 def _reads(*groups: Iterable[str]) -> tuple[str, ...]:
@@ -86,8 +86,8 @@ def _reads(*groups: Iterable[str]) -> tuple[str, ...]:
 STAGES: dict[str, Stage] = {
     s.name: s
     for s in [
-        Stage("split", ("split_mbpp",), "data.smk", "data.py", "data/{sft,rl,val,test}.parquet, manifest.json",
-              ("data",), command="predict.split",
+        Stage("split", ("split_mbpp",), "data.smk", "split.py", "data/{sft,rl,val,test}.parquet, manifest.json",
+              ("data",),
               help="read MBPP, split it with a seed, write {sft,rl,val,test}.parquet + manifest.json"),
         Stage("verify-gold", ("verify_gold",), "verifier.smk", "sandbox/gold.py", "verifier/gold.parquet, gold_summary.parquet",
               ("verifier",),
@@ -103,11 +103,11 @@ STAGES: dict[str, Stage] = {
               help="roll a checkpoint out over a split's tasks into parquet (resumes)"),
         Stage("traces", ("sft_traces",), "traces.smk", "traces/stage.py", "sft/traces/{arm}.parquet, tasks.parquet",
               ("traces", "arms", "env", "verifier", "model.enable_thinking"),
-              command="predict.traces.stage:traces", help="synthesize both arms' SFT traces (gold + verified mutants) into parquet"),
+              command="traces", help="synthesize both arms' SFT traces (gold + verified mutants) into parquet"),
         # A run with its own SFT (predict.runs: irreversible, blind): its base arm's traces under its own protocol.
         Stage("run-traces", ("run_traces",), "traces.smk", "traces/stage.py", "sft/traces/{run}.parquet",
               _reads(RUN_MATRIX, ("traces", "env")),
-              command="predict.traces.stage:run_traces", help="render a run's own SFT traces (irreversible, blind: predict.runs) from its base arm's traces"),
+              command="run_traces", help="render a run's own SFT traces (irreversible, blind: predict.runs) from its base arm's traces"),
         Stage("sft", ("train_sft",), "train.smk", "train/sft.py", "checkpoints/{arm}/sft/, sft/{arm}/metrics.parquet",
               _reads(("sft", "model.enable_thinking"), TRACKING), TRACKING,
               help="supervised fine-tuning on rendered traces -> an HF checkpoint (resumes after a kill)"),
@@ -145,30 +145,30 @@ STAGES: dict[str, Stage] = {
               _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap")),
               help="the open question: Arm B vs Arm A within each environment (study, expensive, irreversible, blind)"),
         Stage("power", ("power",), "stats.smk", "stats/power.py", "stats/power.parquet",
-              ("power", "data.sizes", "seeds"), command="predict.stats.open_question:power",
+              ("power", "data.sizes", "seeds"),
               help="exact power of one seed pairing (exact McNemar) per difference, discordance and number of tasks"),
         Stage("training-outcomes", ("training_outcomes",), "report.smk", "train/metrics.py",
               "stats/training_outcomes.parquet", (),
               help="per predictive run and seed, over all RL steps: verified vs predicted class counts and shares"),
-        Stage("report", ("report",), "report.smk", "report/build.py", "report/index.html",
+        Stage("report", ("report",), "report.smk", "report/command.py", "report/index.html",
               ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power", "data.sizes.test"),
-              command="predict.report.command", help="the study report: one self-contained HTML page from parquet"),
+              help="the study report: one self-contained HTML page from parquet"),
         # The learning-signal run (issue 17): its own traces, SFT and RL runs on a handful of sft tasks.
         Stage("signal", ("signal",), "signal.smk", "train/learning_signal.py", "signal/curves.parquet, verdicts.parquet, signal.png",
               _reads(RUN_MATRIX, ROLLOUT, ("data", "traces", "rl"), TRACKING), TRACKING,
               help="the learning-signal run: RL visibly raises reward, CE teaches the label"),
         Stage("prime-rl-setup", ("prime_rl_setup",), "prime_rl.smk", "train/prime_rl/cluster.py", ".prime-rl/setup.json",
               ("prime_rl.repo", "prime_rl.commit", "prime_rl.python", "prime_rl.extras", "prime_rl.dir"),
-              command="predict.train.prime_rl.cluster:setup", help="clone prime-rl at the pinned commit, register PredictAlgorithm, uv sync"),
+              command="setup", help="clone prime-rl at the pinned commit, register PredictAlgorithm, uv sync"),
         Stage("prime-rl-config", ("prime_rl_sft_config", "prime_rl_rl_config"), "prime_rl.smk",
-              "train/prime_rl/configs.py", "sft/{arm}/prime-rl.toml, rl/{run}/seed{seed}/prime-rl.toml",
+              "train/prime_rl/cluster.py", "sft/{arm}/prime-rl.toml, rl/{run}/seed{seed}/prime-rl.toml",
               _reads(RUN_MATRIX, ROLLOUT, ("prime_rl", "rl", "sft", "model", "seeds", "results_dir"), TRACKING),
               ("tracking", "run_name"),
-              command="predict.train.prime_rl.cluster:config", help="render a prime-rl rl/sft TOML (and the SFT dataset)"),
+              command="config", help="render a prime-rl rl/sft TOML (and the SFT dataset)"),
         Stage("prime-rl-train", ("prime_rl_sft", "prime_rl_rl"), "prime_rl.smk", "train/prime_rl/cluster.py",
               "checkpoints/{arm}/sft/, rl/{run}/seed{seed}/step{N}/, metrics.parquet, prime-rl-metrics.parquet",
               ("tracking",),
-              command="predict.train.prime_rl.cluster:train", help="run prime-rl rl/sft on a rendered TOML, collect checkpoints"),
+              command="train", help="run prime-rl rl/sft on a rendered TOML, collect checkpoints"),
     ]
 }
 

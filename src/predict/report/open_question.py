@@ -70,7 +70,7 @@ def open_question_figure(rows: Sequence[Mapping[str, Any]], title: str) -> str:
 
 def open_question_power(power: Sequence[Mapping[str, Any]] | None) -> str:
     """The power of one test of the open question's family at the test's size (power.parquet's open-question
-    columns, `predict.stats.open_question.with_open_question_power`)."""
+    columns, `predict.stats.power.with_open_question_power`)."""
     design = [r for r in power or [] if r["design"] == "test" and not is_missing(r.get("power_open_question"))]
     if not design:
         return empty("No power of the open question's comparison yet (power.parquet has no open-question columns).")

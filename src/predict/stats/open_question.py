@@ -40,7 +40,6 @@ from predict.runs import Environment
 from predict.stats.exact import holm
 from predict.stats.metrics import Evaluation, mechanism_metrics
 from predict.stats.pairs import check_selection, compare, load_evaluations, pair_plan
-from predict.stats.power import power_table
 
 if TYPE_CHECKING:
     from predict.stages import StageConfig
@@ -127,32 +126,6 @@ def family_size(environments: Sequence[Environment], seeds: Sequence[int]) -> in
     return len(environments) * len(seeds) ** 2
 
 
-OPEN_QUESTION_POWER_FIELDS = [
-    ("family_size_open_question", pa.int64()), ("holm_significance_open_question", pa.float64()),
-    ("power_open_question", pa.float64()), ("powered_open_question", pa.bool_()),
-]
-
-
-def with_open_question_power(table: pa.Table, family: int, **power_args: Any) -> pa.Table:
-    """The power table (`predict.stats.power_table` of `power_args`) with the power of one test of the open
-    question's family of `family` tests: that table's ``power_holm`` at family_size `family`, row for row."""
-    if family < 1:  # no environment: no test, no power
-        values = {name: [None] * table.num_rows for name, _ in OPEN_QUESTION_POWER_FIELDS}
-    else:
-        ours = power_table(**power_args, family_size=family)
-        ident = ["delta", "discordance", "discordance_source", "n_tasks"]
-        if ours.select(ident).to_pylist() != table.select(ident).to_pylist():
-            raise ValueError("with_open_question_power: the power table was not made from these power_args")
-        # power_table's family columns, under this family's names
-        values = {f"{ours_name}_open_question": ours.column(theirs).to_pylist() for ours_name, theirs in (
-            ("family_size", "family_size"), ("holm_significance", "holm_significance"), ("power", "power_holm"),
-            ("powered", "powered_holm"))}
-    for name, kind in OPEN_QUESTION_POWER_FIELDS:
-        table = table.append_column(pa.field(name, kind), pa.array(values[name], kind))
-    return table
-
-
-
 # `predict open-question`: Arm B vs Arm A within each environment, on val.
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval", nargs="*", default=[], help="val evaluations of every environment's two runs")
@@ -170,41 +143,4 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
                                 **bootstrap_settings(config))
     write_table(table, args.out)
     console.print(f"open question: {table.num_rows} environment x seed-pairing row(s) -> {args.out}")
-    return 0
-
-
-# `predict power` (stats/power.py's table, and of one test of the open question's family: its last step is here,
-# and this module imports power.py, so the command lives here)
-def power_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pairs", default=None, help="pairs.parquet: adds the observed A vs B discordance rates")
-    p.add_argument("--open-question-family", type=int, default=0,
-                   help="tests in the open question's Holm family (predict.stats.open_question.family_size); 0: none")
-    p.add_argument("--out", required=True)
-
-
-def power_main(args: argparse.Namespace, config: StageConfig) -> int:
-    import pyarrow.parquet as pq
-
-    from predict.console import console
-    from predict.io import write_table
-    from predict.stats.power import observed_discordance
-
-    p = {"deltas": [0.02, 0.03, 0.05], "discordance": [0.2], "tasks": [500], "significance": 0.05, "target": 0.8,
-         **(config.get("power") or {})}
-    discordances = {"config": p["discordance"]}
-    sizes = config["data"]["sizes"]
-    val_tasks = sizes.get("val")
-    if args.pairs:
-        pairs = pq.read_table(args.pairs)
-        if observed := observed_discordance(pairs):
-            discordances["observed A vs B"] = observed
-        val_tasks = val_tasks or max((int(n) for n in pairs.column("n").to_pylist()), default=None)  # val's n
-    # The report Holm-adjusts A vs B over every seed pairing: that family's size.
-    grid = {"deltas": p["deltas"], "discordances": discordances, "tasks": p["tasks"], "significance": p["significance"],
-            "target": p["target"], "study_tasks": sizes["test"], "val_tasks": val_tasks}
-    table = power_table(**grid, family_size=len(config["seeds"]) ** 2)
-    # and of one test of the open question's family (its size: the rule's flag, from the run matrix)
-    table = with_open_question_power(table, args.open_question_family, **grid)
-    write_table(table, args.out)
-    console.print(f"power: {table.num_rows} rows -> {args.out}")
     return 0

@@ -1,16 +1,21 @@
-"""`predict power`: the exact power of the test that is run (one seed pairing, exact McNemar), and its Holm level.
-"""
+"""`predict power`: the exact power of the test that is run (one seed pairing, exact McNemar), at its Holm level in
+the A-vs-B family and in the open question's family (predict.stats.open_question.family_size)."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import math
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from predict.stats.pairs import _table
+
+if TYPE_CHECKING:
+    from predict.stages import StageConfig
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -107,3 +112,63 @@ def observed_discordance(pairs: pa.Table, kind: str = "A_vs_B") -> list[float]:
     """The discordance rates of the study's own pairs of one kind (rounded to 0.01, distinct, non-zero)."""
     rates = [r["discordance"] for r in pairs.to_pylist() if r["kind"] == kind and r["n"]]
     return sorted({round(x, 2) for x in rates if x and not math.isnan(x)})
+
+
+OPEN_QUESTION_POWER_FIELDS = [
+    ("family_size_open_question", pa.int64()), ("holm_significance_open_question", pa.float64()),
+    ("power_open_question", pa.float64()), ("powered_open_question", pa.bool_()),
+]
+
+
+def with_open_question_power(table: pa.Table, family: int, **power_args: Any) -> pa.Table:
+    """The power table (`predict.stats.power_table` of `power_args`) with the power of one test of the open
+    question's family of `family` tests: that table's ``power_holm`` at family_size `family`, row for row."""
+    if family < 1:  # no environment: no test, no power
+        values = {name: [None] * table.num_rows for name, _ in OPEN_QUESTION_POWER_FIELDS}
+    else:
+        ours = power_table(**power_args, family_size=family)
+        ident = ["delta", "discordance", "discordance_source", "n_tasks"]
+        if ours.select(ident).to_pylist() != table.select(ident).to_pylist():
+            raise ValueError("with_open_question_power: the power table was not made from these power_args")
+        # power_table's family columns, under this family's names
+        values = {f"{ours_name}_open_question": ours.column(theirs).to_pylist() for ours_name, theirs in (
+            ("family_size", "family_size"), ("holm_significance", "holm_significance"), ("power", "power_holm"),
+            ("powered", "powered_holm"))}
+    for name, kind in OPEN_QUESTION_POWER_FIELDS:
+        table = table.append_column(pa.field(name, kind), pa.array(values[name], kind))
+    return table
+
+
+# `predict power`
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pairs", default=None, help="pairs.parquet: adds the observed A vs B discordance rates")
+    p.add_argument("--open-question-family", type=int, default=0,
+                   help="tests in the open question's Holm family (predict.stats.open_question.family_size); 0: none")
+    p.add_argument("--out", required=True)
+
+
+def main(args: argparse.Namespace, config: StageConfig) -> int:
+    import pyarrow.parquet as pq
+
+    from predict.console import console
+    from predict.io import write_table
+
+    p = {"deltas": [0.02, 0.03, 0.05], "discordance": [0.2], "tasks": [500], "significance": 0.05, "target": 0.8,
+         **(config.get("power") or {})}
+    discordances = {"config": p["discordance"]}
+    sizes = config["data"]["sizes"]
+    val_tasks = sizes.get("val")
+    if args.pairs:
+        pairs = pq.read_table(args.pairs)
+        if observed := observed_discordance(pairs):
+            discordances["observed A vs B"] = observed
+        val_tasks = val_tasks or max((int(n) for n in pairs.column("n").to_pylist()), default=None)  # val's n
+    # The report Holm-adjusts A vs B over every seed pairing: that family's size.
+    grid = {"deltas": p["deltas"], "discordances": discordances, "tasks": p["tasks"], "significance": p["significance"],
+            "target": p["target"], "study_tasks": sizes["test"], "val_tasks": val_tasks}
+    table = power_table(**grid, family_size=len(config["seeds"]) ** 2)
+    # and of one test of the open question's family (its size: the rule's flag, from the run matrix)
+    table = with_open_question_power(table, args.open_question_family, **grid)
+    write_table(table, args.out)
+    console.print(f"power: {table.num_rows} rows -> {args.out}")
+    return 0
