@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from predict.config import (REPO_ROOT, SCHEMA_PATH, _sections_in, field_default, has_default, load_config,
-                            with_defaults)
+from predict.config import REPO_ROOT, SCHEMA_PATH, field_default, has_default, load_config, sections_in, with_defaults
 from predict.config.models import Section, StudyConfig
 
 
@@ -50,7 +49,7 @@ def _compare(model: type[Section], schema: dict[str, Any], path: str, problems: 
             problems.append(f"{where}: a default in {'the model' if has_default(field) else 'the schema'} only")
         elif has_default(field) and field_default(field) != prop["default"]:
             problems.append(f"{where}: model default {field_default(field)!r} != schema default {prop['default']!r}")
-        section, entries = _sections_in(field.annotation)
+        section, entries = sections_in(field.annotation)
         if section and (sub := _schema_object(prop)) is not None:
             _compare(section, sub, where + ".", problems)
         elif section and name != "mix":
@@ -116,7 +115,7 @@ def _config_keys() -> set[str]:
     def walk(model: type[Section]) -> None:
         for name, field in model.model_fields.items():
             keys.add(name)
-            section, entries = _sections_in(field.annotation)
+            section, entries = sections_in(field.annotation)
             for sub in (section, entries):
                 if sub is not None:
                     walk(sub)
@@ -169,7 +168,7 @@ def _defaults_by_key() -> dict[str, list[Any]]:
 
     def walk(model: type[Section]) -> None:
         for name, field in model.model_fields.items():
-            section, entries = _sections_in(field.annotation)
+            section, entries = sections_in(field.annotation)
             if has_default(field) and not section:
                 out.setdefault(name, []).append(field_default(field))
             for sub in (section, entries):

@@ -66,17 +66,17 @@ def field_default(field: pydantic.fields.FieldInfo) -> Any:
     return _fill(type(value), {}) if isinstance(value, Section) else copy.deepcopy(value)
 
 
-def _sections_in(annotation: Any) -> tuple[type[Section] | None, type[Section] | None]:
+def sections_in(annotation: Any) -> tuple[type[Section] | None, type[Section] | None]:
     """(the Section a value of this type may be, the Section a dict value's entries are) for a field's annotation."""
     while typing.get_origin(annotation) is typing.Annotated:
         annotation = typing.get_args(annotation)[0]
     if isinstance(annotation, type) and issubclass(annotation, Section):
         return annotation, None
     if typing.get_origin(annotation) is dict:
-        return None, _sections_in(typing.get_args(annotation)[1])[0]
+        return None, sections_in(typing.get_args(annotation)[1])[0]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         for member in typing.get_args(annotation):
-            section, entries = _sections_in(member)
+            section, entries = sections_in(member)
             if section or entries:
                 return section, entries
     return None, None
@@ -89,7 +89,7 @@ def _fill(model: type[Section], data: Mapping[str, Any]) -> dict[str, Any]:
             if has_default(field):
                 out[name] = field_default(field)
             continue
-        section, entries = _sections_in(field.annotation)
+        section, entries = sections_in(field.annotation)
         if section and isinstance(out[name], Mapping):
             out[name] = _fill(section, out[name])
         elif entries and isinstance(out[name], Mapping):
