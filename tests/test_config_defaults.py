@@ -144,6 +144,10 @@ DATA_RECEIVERS = {"row", "record", "records", "r", "s", "entry", "e", "meta", "s
                   "totals", "metrics", "out_metrics", "state", "message", "models", "args", "wildcards", "result"}
 
 
+# A line that writes a default of its own under a config key's name says so (a signal run's own model size).
+NOT_CONFIG_MARK = "not a config default"
+
+
 def _receiver(before: str) -> str:
     match = re.search(r"(\w+)(?:\[[^\]]*\])?\s*$", before)
     return match[1] if match else ""
@@ -195,6 +199,8 @@ def literal_defaults(files: list[Path] | None = None) -> list[str]:
     keys, hits, defaults = _config_keys(), [], _defaults_by_key()
     for path in files or _sources():
         for number, line in enumerate(path.read_text().splitlines(), 1):
+            if NOT_CONFIG_MARK in line:
+                continue
             for form in FORMS:
                 for match in form.finditer(line):
                     if match["key"] not in keys or match["lit"] in EMPTY:

@@ -66,6 +66,14 @@ def field_default(field: pydantic.fields.FieldInfo) -> Any:
     return _fill(type(value), {}) if isinstance(value, Section) else copy.deepcopy(value)
 
 
+def config_default(model: type[Section], key: str) -> Any:
+    """The default of one key of a section (where a whole optional section is left out, e.g. rl.mask_decision)."""
+    field = model.model_fields[key]
+    if not has_default(field):
+        raise KeyError(f"{model.__name__}.{key} has no default")
+    return field_default(field)
+
+
 def sections_in(annotation: Any) -> tuple[type[Section] | None, type[Section] | None]:
     """(the Section a value of this type may be, the Section a dict value's entries are) for a field's annotation."""
     while typing.get_origin(annotation) is typing.Annotated:
@@ -124,7 +132,9 @@ def section(config: Mapping[str, Any], model: type[Section], *path: str) -> Any:
     try:
         return model.model_validate(dict(node))
     except pydantic.ValidationError as e:
-        raise ConfigError(f"{'.'.join(path)}: {e}") from None
+        first = e.errors()[0]
+        key = ".".join([*path, *map(str, first["loc"])])
+        raise ConfigError(f"{key}: {first['msg']} (got {first.get('input')!r})") from None
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
