@@ -105,6 +105,12 @@ def _fill(model: type[Section], data: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def fill_section(model: type[Section], data: Mapping[str, Any]) -> dict[str, Any]:
+    """One section (a plain dict) with the defaults of `model` filled in, as `with_defaults` fills a whole config:
+    for callers that build a section by hand (tests, a one-off server) rather than load a config."""
+    return _fill(model, data)
+
+
 def with_defaults(config: Mapping[str, Any], source: str = "config") -> dict[str, Any]:
     """A validated config with every default (predict.config.models) filled in, as plain dicts: a default fills a
     key missing from a section the config has, or a section the models give a default_factory; a section without
