@@ -146,6 +146,8 @@ DATA_RECEIVERS = {"row", "record", "records", "r", "s", "entry", "e", "meta", "s
 
 # A line that writes a default of its own under a config key's name says so (a signal run's own model size).
 NOT_CONFIG_MARK = "not a config default"
+# A copy kept where the config stack cannot be imported (the agent program's protocol): checked equal below.
+MIRROR_MARK = re.compile(r"mirrors the config default \((?P<model>\w+)\.(?P<key>\w+)\)")
 
 
 def _receiver(before: str) -> str:
@@ -198,11 +200,16 @@ def literal_defaults(files: list[Path] | None = None) -> list[str]:
     """file:line: text of every literal default written for a config key outside predict.config.models."""
     keys, hits, defaults = _config_keys(), [], _defaults_by_key()
     for path in files or _sources():
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if NOT_CONFIG_MARK in line:
+        lines = path.read_text().splitlines()
+        for number, line in enumerate(lines, 1):
+            if NOT_CONFIG_MARK in line or MIRROR_MARK.search(line):
                 continue
             for form in FORMS:
-                for match in form.finditer(line):
+                # a dict of defaults spread under a section may close on the next line: `{"a": 1,\n **section}`
+                text = f"{line} {lines[number].strip()}" if form is FORMS[3] and number < len(lines) else line
+                for match in form.finditer(text):
+                    if match.start() >= len(line):
+                        continue
                     if match["key"] not in keys or match["lit"] in EMPTY:
                         continue
                     if form is FORMS[0] and _receiver(line[: match.start()]) in DATA_RECEIVERS:
@@ -226,6 +233,21 @@ def test_the_scan_sees_each_form(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text('a = env.get("test_cost", 1)\nb = cfg.get("target") or 0.8\nc = ev["reference"] or "sft"\n'
                       'd = {"resamples": 10_000, **boot}\ne = config.get("evaluation") or {}\n'
+                      'f = {"deltas": [0.1], "target": 0.8,\n     **power}\n'
                       'BATCH_INVARIANT_DEFAULT = True\nDEFAULT_API_KEY_VAR = "X"\n'
                       'class C:\n    eps_low: float = 0.2\n    eps_low_other: float = 0.2\n    kl_coef: float = 0.5\n')
-    assert [h.split(":")[1] for h in literal_defaults([sample])] == ["1", "2", "3", "4", "6", "9"]
+    assert [h.split(":")[1] for h in literal_defaults([sample])] == ["1", "2", "3", "4", "6", "8", "11"]
+
+
+def test_mirrored_defaults_equal_the_models():
+    from predict.config import models
+
+    mirrors = []
+    for path in _sources():
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if (mark := MIRROR_MARK.search(line)) and (field := DATACLASS_FIELD.match(line)):
+                model = getattr(models, mark["model"])
+                mirrors.append((f"{_shown(path)}:{number}", _literal(field["lit"]),
+                                field_default(model.model_fields[mark["key"]])))
+    assert len(mirrors) == 4  # env/protocol.py's ProtocolConfig
+    assert [m for m in mirrors if m[1] != m[2]] == []
