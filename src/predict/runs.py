@@ -6,8 +6,9 @@ Rules:
 
 * A run named like an arm (``A``, ``B``) is that arm: its protocol, variant ``none``, its ``alpha`` (predictive
   arms only; 0 for a reactive arm), ``env.test_cost``, ``rl.mask_decision``, trainer ``rl``.
-* An ablation (config ``ablations: {name: {base_arm, variant, alpha}}``) is its ``base_arm`` (default: the
-  predictive arm) with ``variant`` (default ``none``) and ``alpha`` (default: the base arm's) replaced.
+* An ablation (config ``ablations: {name: {base_arm, variant, alpha}}``) is its ``base_arm`` (default ``B``;
+  defaults: predict.config.models) with ``variant`` (default ``none``) and ``alpha`` (default: the base arm's)
+  replaced.
 * An extension (config ``extensions: {name: {base_arm, variant, alpha, test_cost, mask_decision, trainer, sft}}``,
   issue #11) is the same overlay with the environment's ``test_cost`` (budget calls per python_test), the RL
   ``mask_decision`` switch (Arm B's DECISION tokens out of RL credit), the ``trainer`` (``rl``: GRPO, the
@@ -97,13 +98,6 @@ def checkpoint_steps(rl: Mapping[str, Any]) -> list[int]:
 def default_mask_decision(config: Mapping[str, Any]) -> bool:
     """rl.mask_decision: the config's, or its default where the config has no `rl` section."""
     return bool(config["rl"]["mask_decision"] if "rl" in config else config_default(RLSettings, "mask_decision"))
-
-
-def predictive_arm(config: Mapping[str, Any]) -> str:
-    arms = [a for a, spec in sorted(config["arms"].items()) if spec["protocol"] == "predictive"]
-    if not arms:
-        raise ConfigError("arms: ablations need a predictive arm, there is none")
-    return arms[0]
 
 
 def study_runs(config: Mapping[str, Any]) -> list[str]:

@@ -124,11 +124,6 @@ def with_defaults(config: Mapping[str, Any], source: str = "config") -> dict[str
     return filled
 
 
-def typed_config(config: Mapping[str, Any]) -> StudyConfig:
-    """A whole config (defaults filled in) as its typed model."""
-    return StudyConfig.model_validate(with_defaults(config))
-
-
 def section(config: Mapping[str, Any], model: type[Section], *path: str) -> Any:
     """The typed section at `path` of a (slice of a) config with defaults, e.g. section(slice, SFTSettings, "sft");
     a section the config leaves out reads as its defaults (a required key then fails, naming the path)."""
