@@ -45,3 +45,19 @@ def test_embedded_default_asks_for_no_gpu():
     assert all("gpu" not in job for jobs in local.values() for job in jobs)
     # both arms' SFT jobs side by side on the 2 cores, one torch thread each (`predict sft --threads`)
     assert [job["threads"] for job in local["train_sft"]] == ["1", "1"]
+
+
+def test_sft_job_is_sized_for_the_device_the_trainer_uses_when_sft_device_is_left_out(tmp_path):
+    # sft.device defaults to auto (predict.config.models), which trains on the GPU when the job has one: on a GPU
+    # cluster (serving.device gpu) the SFT job must be sized for the GPU, not the CPU (the rules once assumed cpu).
+    import yaml
+
+    from predict.config import REPO_ROOT
+
+    config = yaml.safe_load((REPO_ROOT / "config" / "config.yaml").read_text())
+    del config["sft"]["device"]
+    config["backend"] = "local"  # the local trainer's train_sft rule
+    path = tmp_path / "no_sft_device.yaml"
+    path.write_text(yaml.safe_dump(config))
+    jobs = dag_resources(["results/checkpoints/A/sft", "--profile", "slurm", "--configfile", str(path)])
+    assert [(job["mem_mb"], job["cpus_per_task"], job["gpu"]) for job in jobs["train_sft"]] == [("128000", "8", "1")]

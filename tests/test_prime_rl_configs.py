@@ -244,7 +244,8 @@ def test_bad_runs_and_missing_keys_name_the_problem(paper: dict[str, Any], tmp_p
         render_rl(no_prime, "A", tmp_path)
     reactive_only = {**paper, "arms": {"A": {"protocol": "reactive"}}, "ablations": {}, "extensions": {}}
     assert study_runs(reactive_only) == ["A"]
-    with pytest.raises(ConfigError, match="predictive arm"):
+    # an ablation's base_arm defaults to B (predict.config.models.AblationSettings), which this config lacks
+    with pytest.raises(ConfigError, match=r"ablations\.alpha0\.base_arm: no arm 'B' \(have A\)"):
         resolve_run({**reactive_only, "ablations": {"alpha0": {"alpha": 0.0}}}, "alpha0")
 
 

@@ -123,7 +123,8 @@ def test_gpu_command_has_no_cpu_settings(model_dir: Path) -> None:
 def test_evaluation_serves_batch_invariant_on_a_gpu_and_one_request_at_a_time_elsewhere(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from predict.config import REPO_ROOT, load_config
+    from predict.config import REPO_ROOT, fill_section, load_config
+    from predict.config.models import ServingSettings
     from predict.evaluate import CheckpointServer, evaluation_job
     from predict.serving.identity import (
         batch_invariant,
@@ -139,7 +140,8 @@ def test_evaluation_serves_batch_invariant_on_a_gpu_and_one_request_at_a_time_el
         "gpu, off": ({"device": "gpu", "batch_invariant": False}, {}, 1),
         "cpu": ({"device": "cpu", "batch_invariant": True}, {}, 1),  # the CPU build has no batch-invariant kernels
     }
-    for name, (serving, env, concurrency) in cases.items():
+    for name, (section, env, concurrency) in cases.items():
+        serving = fill_section(ServingSettings, section)  # left out, batch_invariant is on (its default)
         assert (evaluation_environment(serving), evaluation_concurrency(serving, 64)) == (env, concurrency), name
     srv = VLLMServer(model_dir, device="gpu", python="/x/bin/python", port=1, env=evaluation_environment(paper["serving"]))
     assert srv.environment()["VLLM_BATCH_INVARIANT"] == "1"

@@ -104,7 +104,10 @@ def _events(settings: dict[str, Any]) -> list[str]:
 
 def test_from_serving_leases_the_shared_server_only_when_configured(tmp_path: Path) -> None:
     model = _model(tmp_path, "m")
-    serving = {"device": "cpu", "python": sys.executable}
+    from predict.config import fill_section
+    from predict.config.models import ServingSettings
+
+    serving = fill_section(ServingSettings, {"device": "cpu", "python": sys.executable})  # shared: null by default
     assert type(VLLMServer.from_serving(model, serving)) is VLLMServer
     lease = VLLMServer.from_serving(model, {**serving, "shared": {"idle_s": 7}}, cache_dir=tmp_path / "c")
     assert isinstance(lease, SharedServer) and lease.idle_s == 7

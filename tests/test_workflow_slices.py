@@ -215,13 +215,14 @@ def test_a_design_edit_after_the_campaign_stops_at_the_ledger_and_keeps_the_test
     finished_best_val_run: Path, tmp_path: Path
 ) -> None:
     from predict.campaign import TestLedger, campaign_from_stats, registry_ledger
+    from predict.config import load_config
     from predict.data import MBPP_SCHEMA, load_mbpp
     from predict.io import write_rows
     from predict.stages import config_slice
 
     workdir = tmp_path / "run"
     shutil.copytree(finished_best_val_run, workdir, symlinks=True)
-    config = yaml.safe_load((workdir / "local.yaml").read_text())
+    config = load_config(workdir / "local.yaml")  # with its defaults, as the workflow and the stages see it
     stats = workdir / "results" / "stats"
     frozen = config_slice(config, "evaluate-test")  # what the campaign's stage reads; the ledger hashes it
     campaign = campaign_from_stats(frozen, stats / "metrics.parquet", stats / "selection.parquet")

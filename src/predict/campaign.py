@@ -5,8 +5,8 @@ ask it; nothing else reads or writes the ledger.
 
 Rules:
 
-* Checkpoint selection reads val only (`select_checkpoints`), under ``evaluation.selection``; its one default is
-  `DEFAULT_SELECTION` (`selection_settings`). ``fixed`` takes ``step{N}``; ``best_val`` the step checkpoint with the
+* Checkpoint selection reads val only (`select_checkpoints`), under ``evaluation.selection`` (its default: fixed step
+  100, predict.config.models.SelectionSettings; `selection_settings`). ``fixed`` takes ``step{N}``; ``best_val`` the step checkpoint with the
   highest val pass@1 (ties: the earlier step). A run with no step checkpoint falls back to its last evaluated
   checkpoint by name (``sft`` over ``base``, whatever order the evaluations come in; ``fallback=True``).
 * The plan (`campaign_plan`): per run and seed the checkpoint selection chose on val, then any of
@@ -50,12 +50,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from predict.config import section
+from predict.config.models import EvaluationSettings, SelectionSettings
 from predict.stages import UNTRACKED, pick, without_keys
 
 log = logging.getLogger(__name__)
 
-# The one default of `evaluation.selection` (config/schema.yaml says the same; tests/test_campaign.py holds them equal).
-DEFAULT_SELECTION: dict[str, Any] = {"mode": "fixed", "step": 100}
 STEP = re.compile(r"^step(\d+)$")
 
 # Config keys (dotted) that shape no evaluation: names, where results go, the report's wording, the power grid, SLURM
@@ -79,8 +79,12 @@ class StatsInputError(ValueError):
 
 
 def selection_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``evaluation.selection`` over `DEFAULT_SELECTION`."""
-    return {**DEFAULT_SELECTION, **dict((config.get("evaluation") or {}).get("selection") or {})}
+    """``evaluation.selection``, its defaults filled in (a config left without one selects fixed step 100)."""
+    return section(config, SelectionSettings, "evaluation", "selection").model_dump()
+
+
+def _evaluation(config: Mapping[str, Any]) -> EvaluationSettings:
+    return section(config, EvaluationSettings, "evaluation")
 
 
 def step_of(checkpoint: str) -> int | None:
@@ -185,7 +189,7 @@ CampaignEntry = tuple[str, str, int]  # (run, checkpoint, seed)
 def evaluation_seed(config: Mapping[str, Any], run: str, checkpoint: str, seed: int) -> int:
     """The seed whose test file holds run/checkpoint for `seed`: an arm's reference is evaluated once, under the first
     seed (one SFT checkpoint per arm); everything else under its own seed."""
-    reference = (config.get("evaluation") or {}).get("reference", "sft")
+    reference = _evaluation(config).reference
     return int(config["seeds"][0]) if run in config["arms"] and checkpoint == reference else int(seed)
 
 
@@ -194,10 +198,10 @@ def campaign_checkpoints(config: Mapping[str, Any], run: str, seed: int, val_che
     """A run/seed's test evaluations (see the module docstring): for an arm its reference under the first seed only,
     the checkpoint selection chose on val, and any of ``evaluation.test_checkpoints`` it was evaluated at on val.
     The selected checkpoint is dropped where it is the reference, evaluated under the first seed."""
-    ev = config.get("evaluation") or {}
-    reference = ev.get("reference", "sft")
+    ev = _evaluation(config)
+    reference = ev.reference
     wanted = [reference] if run in config["arms"] and reference else []
-    wanted += [selected, *(ev.get("test_checkpoints") or [])]
+    wanted += [selected, *ev.test_checkpoints]
     return [c for c in dict.fromkeys(wanted)
             if (c == selected or c in val_checkpoints) and evaluation_seed(config, run, c, seed) == seed]
 

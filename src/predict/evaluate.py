@@ -213,7 +213,7 @@ def evaluate_checkpoints(
         admissions = TestLedger(test_ledger).admit(  # every checkpoint admitted before any server starts
             config, campaign_from_stats(config, val_metrics, selection_path),
             [(run, job.checkpoint, seed, job.model) for job in jobs], tasks_path=tasks_path, selection=selection or (),
-            depends_on=serving_dependencies(config["serving"], int(config["env"].get("concurrency", 8))),
+            depends_on=serving_dependencies(config["serving"], int(config["env"]["concurrency"])),
             origin=results_origin(jobs[0].out),
             new_campaign=new_campaign,
         )

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from predict.campaign import SplitGuardError, TestLedger, guard_tasks
+from predict.config import config_default
+from predict.config.models import EvaluationSettings, ExtensionSettings
 from predict.data import load_split
 from predict.io import ResumableParquet
 
@@ -45,8 +47,8 @@ class RolloutJob:
     arm: str
     seed: int
     n_tasks: int | None = None  # first N tasks by task_id; None = all
-    samples: int = 1  # rollouts per task
-    variant: str = "none"
+    samples: int = config_default(EvaluationSettings, "samples")  # rollouts per task
+    variant: str = config_default(ExtensionSettings, "variant")
     protocol: str | None = None  # None = the arm's protocol from the config
     client: str = "eval"
     base_url: str | None = None  # an already running endpoint; None = start vLLM here
@@ -89,8 +91,8 @@ def sandbox_isolation(study_config: Mapping[str, Any]) -> dict[str, Any]:
     program) against config verifier.isolation; the record goes into the rollout parquet's metadata."""
     from predict.sandbox import check_isolation, isolation_status  # noqa: PLC0415
 
-    policy = study_config.get("verifier", {}).get("isolation", {})
-    record = check_isolation(isolation_status(), policy.get("require", "auto"), policy.get("accept_weaker", False))
+    policy = study_config["verifier"]["isolation"]
+    record = check_isolation(isolation_status(), policy["require"], policy["accept_weaker"])
     if record["missing"]:
         log.warning("weaker sandbox isolation accepted: %s not active", ", ".join(record["missing"]))
     return record

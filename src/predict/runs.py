@@ -6,8 +6,9 @@ Rules:
 
 * A run named like an arm (``A``, ``B``) is that arm: its protocol, variant ``none``, its ``alpha`` (predictive
   arms only; 0 for a reactive arm), ``env.test_cost``, ``rl.mask_decision``, trainer ``rl``.
-* An ablation (config ``ablations: {name: {base_arm, variant, alpha}}``) is its ``base_arm`` (default: the
-  predictive arm) with ``variant`` (default ``none``) and ``alpha`` (default: the base arm's) replaced.
+* An ablation (config ``ablations: {name: {base_arm, variant, alpha}}``) is its ``base_arm`` (default ``B``;
+  defaults: predict.config.models) with ``variant`` (default ``none``) and ``alpha`` (default: the base arm's)
+  replaced.
 * An extension (config ``extensions: {name: {base_arm, variant, alpha, test_cost, mask_decision, trainer, sft}}``,
   issue #11) is the same overlay with the environment's ``test_cost`` (budget calls per python_test), the RL
   ``mask_decision`` switch (Arm B's DECISION tokens out of RL credit), the ``trainer`` (``rl``: GRPO, the
@@ -41,7 +42,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from predict.config import ConfigError
+from predict.config import ConfigError, config_default
+from predict.config.models import AblationSettings, ArmSettings, ExtensionSettings, RLSettings
 from predict.env.protocol import ENVIRONMENT_VARIANTS, PREDICTIVE_VARIANTS, VARIANTS
 from predict.traces.render import TRACE_VARIANTS
 
@@ -59,9 +61,9 @@ class RunSpec:
     protocol: str
     variant: str
     alpha: float
-    test_cost: int = 1
-    mask_decision: bool = False
-    trainer: str = "rl"
+    test_cost: int
+    mask_decision: bool
+    trainer: str
     kind: str = "arm"
     sft_run: str = ""
     """The run whose SFT checkpoint this run starts from: its base arm, or itself (its own traces); "" = the arm."""
@@ -81,7 +83,7 @@ class RunSpec:
 
     def env(self, config: Mapping[str, Any]) -> Mapping[str, Any]:
         """The study config with this run's environment knobs (``env.test_cost``) in place."""
-        if int(config["env"].get("test_cost", 1)) == self.test_cost:
+        if int(config["env"]["test_cost"]) == self.test_cost:
             return config
         return {**config, "env": {**config["env"], "test_cost": self.test_cost}}
 
@@ -93,11 +95,9 @@ def checkpoint_steps(rl: Mapping[str, Any]) -> list[int]:
     return sorted({*range(every, steps + 1, every), steps})
 
 
-def predictive_arm(config: Mapping[str, Any]) -> str:
-    arms = [a for a, spec in sorted(config["arms"].items()) if spec["protocol"] == "predictive"]
-    if not arms:
-        raise ConfigError("arms: ablations need a predictive arm, there is none")
-    return arms[0]
+def default_mask_decision(config: Mapping[str, Any]) -> bool:
+    """rl.mask_decision: the config's, or its default where the config has no `rl` section."""
+    return bool(config["rl"]["mask_decision"] if "rl" in config else config_default(RLSettings, "mask_decision"))
 
 
 def study_runs(config: Mapping[str, Any]) -> list[str]:
@@ -119,33 +119,39 @@ def sft_runs(config: Mapping[str, Any]) -> list[str]:
 
 def resolve_run(config: Mapping[str, Any], run: str) -> RunSpec:
     arms = config["arms"]
-    ablations, extensions = config.get("ablations") or {}, config.get("extensions") or {}
+    ablations, extensions = config.get("ablations", {}), config.get("extensions", {})
     for name in set(arms) & set(ablations) | set(arms) & set(extensions) | set(ablations) & set(extensions):
         raise ConfigError(f"run {name!r} is named twice (arms, ablations, extensions need distinct names)")
+    over: AblationSettings | ExtensionSettings | None
     if run in arms:
-        arm, over, kind = run, {}, "arm"
+        arm, over, kind = run, None, "arm"
     elif run in ablations or run in extensions:
         kind = "ablation" if run in ablations else "extension"
-        over = dict((ablations if run in ablations else extensions)[run] or {})
-        arm = over.get("base_arm") or predictive_arm(config)
+        entry = (ablations if run in ablations else extensions)[run] or {}
+        over = (AblationSettings if run in ablations else ExtensionSettings).model_construct(**entry)
+        arm = over.base_arm
         if arm not in arms:
             raise ConfigError(f"{kind}s.{run}.base_arm: no arm {arm!r} (have {', '.join(arms)})")
     else:
         known = [*arms, *ablations, *extensions]
         raise ConfigError(f"run {run!r} is neither an arm, an ablation nor an extension (have {', '.join(known)})")
-    protocol = arms[arm]["protocol"]
-    alpha = float(over.get("alpha", arms[arm].get("alpha", 0.0))) if protocol == "predictive" else 0.0
-    variant = over.get("variant", "none")
-    mask_decision = bool(over.get("mask_decision", (config.get("rl") or {}).get("mask_decision", False)))
-    trainer = over.get("trainer", "rl")
+    arm_settings = ArmSettings.model_construct(**arms[arm])
+    protocol = arm_settings.protocol
+    alpha = arm_settings.ce_weight if over is None or over.alpha is None or protocol != "predictive" else float(over.alpha)
+    variant = "none" if over is None else over.variant
+    extension = over if isinstance(over, ExtensionSettings) else None
+    mask_decision = default_mask_decision(config) if extension is None or extension.mask_decision is None \
+        else extension.mask_decision
+    trainer = "rl" if extension is None else extension.trainer
     if trainer not in TRAINERS:
         raise ConfigError(f"{kind}s.{run}.trainer: {trainer!r} is not one of {', '.join(TRAINERS)}")
     if variant not in VARIANTS:
         raise ConfigError(f"{kind}s.{run}.variant: {variant!r} is not one of {', '.join(VARIANTS)}")
-    if protocol != "predictive" and (variant in PREDICTIVE_VARIANTS or bool(over.get("mask_decision"))):
+    if protocol != "predictive" and (variant in PREDICTIVE_VARIANTS or bool(extension and extension.mask_decision)):
         what = f"variant {variant}" if variant in PREDICTIVE_VARIANTS else "mask_decision"
         raise ConfigError(f"{kind}s.{run}: {what} needs a predictive base arm, {arm} is {protocol}")
-    sft = over.get("sft", "own" if variant in ENVIRONMENT_VARIANTS else "base")
+    sft = extension.sft if extension is not None and extension.sft is not None \
+        else ("own" if variant in ENVIRONMENT_VARIANTS else "base")
     if sft not in SFT_SOURCES:
         raise ConfigError(f"{kind}s.{run}.sft: {sft!r} is not one of {', '.join(SFT_SOURCES)}")
     if sft == "own" and variant not in TRACE_VARIANTS:
@@ -157,7 +163,8 @@ def resolve_run(config: Mapping[str, Any], run: str) -> RunSpec:
         protocol=protocol,
         variant=variant,
         alpha=alpha,
-        test_cost=int(over.get("test_cost", config["env"].get("test_cost", 1))),
+        test_cost=int(config["env"]["test_cost"] if extension is None or extension.test_cost is None
+                      else extension.test_cost),
         mask_decision=mask_decision,
         trainer=trainer,
         kind=kind,
@@ -190,16 +197,16 @@ def environment_name(variant: str, test_cost: int, default_test_cost: int) -> st
 def environments(config: Mapping[str, Any]) -> list[Environment]:
     """Every environment both protocols play (the module docstring's rule), the study's first, then in run order."""
     arms = config["arms"]
-    default_mask = bool((config.get("rl") or {}).get("mask_decision", False))
+    default_mask = default_mask_decision(config)
     sides: dict[tuple[str, int], dict[str, list[str]]] = {}
     for run in study_runs(config):
         spec = resolve_run(config, run)
-        arm_alpha = float(arms[spec.arm].get("alpha", 0.0)) if spec.predictive else 0.0
+        arm_alpha = ArmSettings.model_construct(**arms[spec.arm]).ce_weight
         if spec.kind == "ablation" or spec.trainer != "rl" or spec.mask_decision != default_mask \
                 or spec.alpha != arm_alpha:
             continue  # it changes more than the environment
         sides.setdefault((spec.variant, spec.test_cost), {}).setdefault(spec.protocol, []).append(run)
-    default_cost = int(config["env"].get("test_cost", 1))
+    default_cost = int(config["env"]["test_cost"])
     out = []
     for (variant, cost), by_protocol in sides.items():
         name = environment_name(variant, cost, default_cost)

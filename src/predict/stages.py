@@ -10,7 +10,9 @@ Rules this module keeps:
 * The workflow passes a slice as a small content-addressed JSON file (``slice_file``) and tracks it as one short
   param per entry (``slice_params``: ``rl.lr=0.0001`` or ``rl#1a2b3c4d``), so an edit reruns only the stages that
   read it and Snakemake's "Params have changed" reason names the changed entry, not the whole config.
-* Rules files read config values for their flags through ``stage_config`` too, so every read is in the table.
+* Rules files read config values for their flags through ``stage_config`` too, so every read is in the table; what
+  the workflow itself reads to plan the DAG (run matrix, seeds, backend, resources) it reads through ONE view,
+  ``workflow_config`` over ``WORKFLOW`` (workflow/rules/common.smk: ``WORKFLOW_CONFIG``), never ``config`` directly.
 * A key in ``UNTRACKED`` says how a job runs, not what it computes (``serving.shared``: one server for the run's
   jobs, or one per job): it is in the slices of the stages that read it, but not in their tracked params, so
   changing it reruns nothing (the test campaign's design hash leaves it out too: `predict.evaluate`).
@@ -173,6 +175,17 @@ STAGES: dict[str, Stage] = {
 }
 
 
+# What the Snakefile and the rules files read to plan jobs (not a stage's computation): names and paths, the run
+# matrix and seeds, the backend, the checkpoints evaluated and the test campaign, and what sizes jobs (cluster GPUs,
+# the devices, prime-rl's GPUs and run times). Read through `workflow_config`, so a rules file reading any other
+# key fails naming it.
+WORKFLOW = ("run_name", "results_dir", "backend", "seeds", *RUN_MATRIX, "evaluation", "cluster", "serving.device",
+            "sft.device", "model.base", "verifier.workers", "rl.steps", "rl.checkpoint_every", "prime_rl.dir",
+            "prime_rl.sft", "prime_rl.rl")
+WORKFLOW_VIEW = "workflow"
+"""The name `workflow_config`'s view reports in its errors (not a `predict` stage)."""
+
+
 class SliceError(ConfigError):
     """A stage read a config key its entry in the stage table does not list."""
 
@@ -269,6 +282,20 @@ def config_slice(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
 def stage_config(config: Mapping[str, Any], stage: str) -> StageConfig:
     """The stage's slice of a config, as the view that refuses keys outside the table."""
     return StageConfig(stage, config_slice(config, stage))
+
+
+def workflow_config(config: Mapping[str, Any]) -> StageConfig:
+    """The workflow's own view of a (defaults-filled) config: the `WORKFLOW` keys, any other raises SliceError."""
+    out: dict[str, Any] = {}
+    for path in WORKFLOW:
+        found, value = pick(config, path)
+        if found:
+            *parents, last = path.split(".")
+            node = out
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[last] = json.loads(json.dumps(value))
+    return StageConfig(WORKFLOW_VIEW, out, reads=WORKFLOW)
 
 
 def _canonical(value: Any) -> str:

@@ -5,17 +5,26 @@ import shlex
 import sys
 from pathlib import Path
 
-from predict.config import ConfigError, validate_config
+from predict.config import ConfigError, validate_config, with_defaults
+from predict.config import section
+from predict.config.models import TinyModelSettings
 from predict.campaign import campaign_from_stats, campaign_plan, planned_selection, selection_settings
 from predict.runs import extension_counterpart, resolve_run, sft_runs, study_runs
-from predict.stages import slice_file, slice_params, stage_config
+from predict.stages import slice_file, slice_params, stage_config, workflow_config
 
+_CONFIG_SOURCE = ", ".join(map(str, workflow.overwrite_configfiles or workflow.configfiles))
 try:
-    validate_config(config, source=", ".join(map(str, workflow.overwrite_configfiles or workflow.configfiles)))
+    validate_config(config, source=_CONFIG_SOURCE)
+    # Every default (predict.config.models) filled in once, in place, before anything slices the config: the stage
+    # slices, their tracked params and the fingerprints see the same config `predict` stages load.
+    config.update(with_defaults(config, source=_CONFIG_SOURCE))
 except ConfigError as e:
     raise WorkflowError(f"invalid config: {e}") from None
 
-RESULTS = Path(config["results_dir"])
+# What the workflow reads to plan jobs, through its one view (predict.stages.WORKFLOW): a key it does not list
+# fails naming it. Stages get their own slices (SLICE, CONFIG below); nothing reads `config` directly.
+WORKFLOW_CONFIG = workflow_config(config)
+RESULTS = Path(WORKFLOW_CONFIG["results_dir"])
 
 
 # results/ records which run_name made it; a run of another config stops here, before any job, naming both (its
@@ -23,7 +32,7 @@ RESULTS = Path(config["results_dir"])
 onstart:
     from predict.fingerprint import claim_results_dir
 
-    claim_results_dir(config, [RESULTS])
+    claim_results_dir(WORKFLOW_CONFIG, [RESULTS])
 
 
 envvars:
@@ -41,7 +50,7 @@ def R(*parts):
 
 
 def LOG(stage, *wildcards):
-    return str(Path("logs", config["run_name"], stage, *wildcards)) + ".log"
+    return str(Path("logs", WORKFLOW_CONFIG["run_name"], stage, *wildcards)) + ".log"
 
 
 def BENCH(stage, *wildcards):
@@ -63,11 +72,12 @@ def SLICE(stage):
 
 
 def CONFIG(stage):
-    """The stage's view of the config, for flags a rules file passes: a key outside its table entry fails."""
+    """The stage's view of the WORKFLOW_CONFIG, for flags a rules file passes: a key outside its table entry fails."""
     return stage_config(config, stage)
 
 
-TINY = {"seed": 0, "hidden_size": 64, "num_layers": 2, **CONFIG("build-tiny-model").get("model", {}).get("tiny", {})}
+# The tiny model's settings: the config's model.tiny, else its defaults (a config whose base is not tiny leaves it out).
+TINY = section(CONFIG("build-tiny-model"), TinyModelSettings, "model", "tiny").model_dump()
 
 # GPU rules. Every rule that serves a checkpoint (rollouts, evaluation) or trains one (SFT, RL) takes its
 # `resources:` from GPU_RESOURCES: the ONE place a GPU request comes from. It asks for `cluster.gpus_per_job`
@@ -80,12 +90,17 @@ TINY = {"seed": 0, "hidden_size": 64, "num_layers": 2, **CONFIG("build-tiny-mode
 #   resources: **GPU_RESOURCES(on_gpu={...}, on_cpu={...}, vllm_server=1)   (a new class of GPU job)
 # Every job that starts a vLLM server also takes one `vllm_server` slot, so a profile can cap how many servers
 # share a machine (the local profiles allow one), and depends on SERVING_CHECK (see workflow/rules/serving.smk).
-GPUS_PER_JOB = config.get("cluster", {}).get("gpus_per_job", 1 if config["serving"]["device"] == "gpu" else 0)
+# Without a `cluster` section: one GPU per job when serving on the GPU, none on the CPU.
+GPUS_PER_JOB = (
+    WORKFLOW_CONFIG["cluster"]["gpus_per_job"]
+    if "cluster" in WORKFLOW_CONFIG
+    else int(WORKFLOW_CONFIG["serving"]["device"] == "gpu")
+)
 
 
 def GPU_RESOURCES(on_gpu, on_cpu, device=None, **extra):
     """Resources of a GPU rule: `cluster.gpus_per_job` GPUs, sized for the device the work runs on."""
-    sizes = on_gpu if (device or config["serving"]["device"]) == "gpu" else on_cpu
+    sizes = on_gpu if (device or WORKFLOW_CONFIG["serving"]["device"]) == "gpu" else on_cpu
     return {**sizes, **({"gpu": GPUS_PER_JOB} if GPUS_PER_JOB else {}), **extra}
 
 
@@ -100,11 +115,19 @@ RL_RESOURCES = GPU_RESOURCES(
     on_cpu={"mem_mb": 8000, "runtime": 240},
     vllm_server=1,
 )
-# The SFT trainer on one GPU, or the CPU for the local run.
+# The SFT trainer on one GPU, or the CPU for the local run: sized for the device it trains on, sft.device, whose
+# `auto` (the default) takes the job's GPU when it has one, i.e. where serving.device puts the jobs.
+def SFT_DEVICE():
+    if "sft" not in WORKFLOW_CONFIG:  # the prime_rl backend without a local SFT section: no local SFT job
+        return WORKFLOW_CONFIG["serving"]["device"]
+    device = WORKFLOW_CONFIG["sft"]["device"]
+    return WORKFLOW_CONFIG["serving"]["device"] if device == "auto" else device
+
+
 TRAIN_RESOURCES = GPU_RESOURCES(
     on_gpu={"mem_mb": 128000, "disk_mb": 80000, "runtime": 480, "cpus_per_task": 8},
     on_cpu={"mem_mb": 8000, "runtime": 120},
-    device="cpu" if config.get("sft", {}).get("device", "cpu") == "cpu" else "gpu",
+    device=SFT_DEVICE(),
 )
 # CPU threads of an SFT job (`predict sft --threads`, torch's intra-op threads): the job's cpus_per_task on a GPU
 # node; one on the CPU, where both arms' SFT jobs train side by side (the embedded default's 2 cores) and torch's
@@ -125,26 +148,26 @@ def STOP_SHARED_SERVER():
 SERVING_CHECK = R("serving", "check.json")
 
 
-EVALUATION = config.get("evaluation") or {}
-ABLATIONS = config.get("ablations") or {}
-EXTENSIONS = config.get("extensions") or {}
+EVALUATION = WORKFLOW_CONFIG["evaluation"]
+ABLATIONS = WORKFLOW_CONFIG["ablations"]
+EXTENSIONS = WORKFLOW_CONFIG["extensions"]
 
 
-def isolation_args(config):
+def isolation_args(view):
     """`predict verify-gold` flags for config verifier.isolation (rollouts read it from their slice)."""
-    iso = config["verifier"].get("isolation", {})
-    require = iso.get("require", "auto")
+    iso = view["verifier"]["isolation"]
+    require = iso["require"]
     flags = f"--require-layers {require if isinstance(require, str) else ','.join(require)}"
     return flags + (" --accept-weaker" if iso.get("accept_weaker") else "")
 
 
 def base_model_path():
-    return R("models", "tiny") if config["model"]["base"] == "tiny" else config["model"]["base"]
+    return R("models", "tiny") if WORKFLOW_CONFIG["model"]["base"] == "tiny" else WORKFLOW_CONFIG["model"]["base"]
 
 
 def run_arm(run):
     """The arm a study run trains and rolls out as (predict.runs): an arm itself, or an ablation's base arm."""
-    return resolve_run(config, run).arm
+    return resolve_run(WORKFLOW_CONFIG, run).arm
 
 
 def checkpoint_model(run, checkpoint, seed):
@@ -154,7 +177,7 @@ def checkpoint_model(run, checkpoint, seed):
     if checkpoint == "base":
         return base_model_path()
     if checkpoint == "sft":
-        return R("checkpoints", resolve_run(config, run).sft_run, "sft")
+        return R("checkpoints", resolve_run(WORKFLOW_CONFIG, run).sft_run, "sft")
     if re.fullmatch(r"step\d+", checkpoint):
         return R("rl", run, f"seed{seed}", checkpoint)
     raise WorkflowError(f"unknown checkpoint {checkpoint!r} (base, sft or step<N>)")
@@ -175,7 +198,7 @@ def checkpoint_available(path):
 
 def EVAL_RUNS():
     """Every study run: the arms, then the ablations, then the extensions."""
-    return study_runs(config)
+    return study_runs(WORKFLOW_CONFIG)
 
 
 def RUN_CHECKPOINTS(run):
@@ -183,17 +206,17 @@ def RUN_CHECKPOINTS(run):
     them all, so a seed cannot have its own list); `base`, the untrained stand-in, when none is (a branch or config
     without trained checkpoints). Wiring new checkpoints in is evaluation.checkpoints (evaluation.extension_checkpoints
     for the extension runs: the statistics read their selected RL step, and most share their base arm's SFT)."""
-    wanted = EVALUATION.get("checkpoints", ["base"])
+    wanted = EVALUATION["checkpoints"]
     if run in EXTENSIONS and EVALUATION.get("extension_checkpoints"):
         wanted = EVALUATION["extension_checkpoints"]
-    elif run not in config["arms"]:
+    elif run not in WORKFLOW_CONFIG["arms"]:
         # An ablation's SFT checkpoint is its base arm's, already evaluated there; the statistics pair an ablation
         # with its base arm at the selected RL step only, so its own evaluations start after SFT.
         wanted = [c for c in wanted if c != "sft"]
     have = [
         c
         for c in wanted
-        if c == "base" or all(checkpoint_available(checkpoint_model(run, c, seed)) for seed in config["seeds"])
+        if c == "base" or all(checkpoint_available(checkpoint_model(run, c, seed)) for seed in WORKFLOW_CONFIG["seeds"])
     ]
     return have or ["base"]
 
@@ -208,7 +231,7 @@ def EVALS(runs=None, split="val"):
     return [
         R("eval", run, checkpoint, split, f"seed{seed}.parquet")
         for run in (runs or EVAL_RUNS())
-        for seed in config["seeds"]
+        for seed in WORKFLOW_CONFIG["seeds"]
         for checkpoint in EVAL_CHECKPOINTS(run, seed)
     ]
 
@@ -224,19 +247,19 @@ SELECTION_MODE = selection_settings(CONFIG("evaluate-test"))["mode"]
 def VAL_CHECKPOINTS():
     """{(run, seed): its val checkpoints}. A function: which checkpoints some rule builds is known only once the
     training rules are included (after this file)."""
-    return {(run, seed): RUN_CHECKPOINTS(run) for run in EVAL_RUNS() for seed in config["seeds"]}
+    return {(run, seed): RUN_CHECKPOINTS(run) for run in EVAL_RUNS() for seed in WORKFLOW_CONFIG["seeds"]}
 
 
 def PLANNED_CAMPAIGN():
     """fixed selection: every (run, checkpoint, seed) of the test campaign, known before any evaluation."""
     val_checkpoints = VAL_CHECKPOINTS()
-    return campaign_plan(config, val_checkpoints, planned_selection(config, val_checkpoints))
+    return campaign_plan(WORKFLOW_CONFIG, val_checkpoints, planned_selection(WORKFLOW_CONFIG, val_checkpoints))
 
 
 def TEST_REFERENCE(run):
     """fixed selection: the arm's reference checkpoint where the campaign evaluates it (once, under the first seed),
     else None."""
-    reference, first = EVALUATION.get("reference"), config["seeds"][0]
+    reference, first = EVALUATION["reference"], WORKFLOW_CONFIG["seeds"][0]
     return reference if (run, reference, first) in PLANNED_CAMPAIGN() else None
 
 
@@ -244,8 +267,8 @@ def CAMPAIGN_CHECKPOINTS(run):
     """fixed selection: the checkpoints the campaign evaluates a run at on test for every seed (the reference apart:
     TEST_REFERENCE)."""
     plan, reference = PLANNED_CAMPAIGN(), TEST_REFERENCE(run)
-    per_seed = {seed: [c for r, c, s in plan if (r, s) == (run, seed) and c != reference] for seed in config["seeds"]}
-    first = per_seed[config["seeds"][0]]
+    per_seed = {seed: [c for r, c, s in plan if (r, s) == (run, seed) and c != reference] for seed in WORKFLOW_CONFIG["seeds"]}
+    first = per_seed[WORKFLOW_CONFIG["seeds"][0]]
     if any(checkpoints != first for checkpoints in per_seed.values()):
         raise WorkflowError(f"run {run}: the test campaign's checkpoints differ between seeds: {per_seed}")
     return first
@@ -257,35 +280,35 @@ def TEST_EVALS(wildcards=None):
         plan = PLANNED_CAMPAIGN()
     else:
         val_stats = checkpoints.stats.get().output
-        plan = campaign_from_stats(config, Path(val_stats.metrics), Path(val_stats.selection))
+        plan = campaign_from_stats(WORKFLOW_CONFIG, Path(val_stats.metrics), Path(val_stats.selection))
     return [R("eval", run, checkpoint, "test", f"seed{seed}.parquet") for run, checkpoint, seed in plan]
 
 
 def EXTENSION_EVALS(extension):
     """The val evaluations one extension's table reads: the run, Arm A, Arm B and its counterpart (expensive tests:
     the other arm at the same test cost)."""
-    counterpart = extension_counterpart(config, extension)
-    runs = [extension, *[a for a in ("A", "B") if a in config["arms"]], *([counterpart] if counterpart else [])]
+    counterpart = extension_counterpart(WORKFLOW_CONFIG, extension)
+    runs = [extension, *[a for a in ("A", "B") if a in WORKFLOW_CONFIG["arms"]], *([counterpart] if counterpart else [])]
     return EVALS(list(dict.fromkeys(runs)))
 
 
 def RL_METRICS():
     """The RL metrics tables the report plots, where they exist or are built here."""
-    paths = [R("rl", run, f"seed{seed}", "metrics.parquet") for run in EVAL_RUNS() for seed in config["seeds"]]
+    paths = [R("rl", run, f"seed{seed}", "metrics.parquet") for run in EVAL_RUNS() for seed in WORKFLOW_CONFIG["seeds"]]
     return [p for p in paths if checkpoint_available(p)]
 
 
 def ROLLOUTS(split, checkpoint="base"):
     return expand(
-        R("rollouts", "{arm}", checkpoint, split, "seed{seed}.parquet"), arm=sorted(config["arms"]), seed=config["seeds"]
+        R("rollouts", "{arm}", checkpoint, split, "seed{seed}.parquet"), arm=sorted(WORKFLOW_CONFIG["arms"]), seed=WORKFLOW_CONFIG["seeds"]
     )
 
 
 def REPORT_EXAMPLE(wildcards=None):
     """The evaluation a rollout is rendered from: the test campaign's evaluation of Arm B (else the first run) at
     its selected checkpoint, first seed (the writeup's example is a test task)."""
-    run = "B" if "B" in config["arms"] else EVAL_RUNS()[0]
-    reference = EVALUATION.get("reference")
+    run = "B" if "B" in WORKFLOW_CONFIG["arms"] else EVAL_RUNS()[0]
+    reference = EVALUATION["reference"]
     evals = TEST_EVALS(wildcards)
     # .../{run}/{checkpoint}/test/seed{seed}.parquet: the run's, not its reference's
     mine = [p for p in evals if Path(p).parts[-4] == run and Path(p).parts[-3] != reference] or evals

@@ -4,18 +4,18 @@
 # metrics where an RL run has them.
 from predict.runs import checkpoint_steps
 
-RFT_RUNS = [r for r in study_runs(config) if resolve_run(config, r).trainer == "rft"]
-RFT_RESULTS = expand(R("rl", "{run}", "seed{seed}", "metrics.parquet"), run=RFT_RUNS, seed=config["seeds"])
+RFT_RUNS = [r for r in study_runs(WORKFLOW_CONFIG) if resolve_run(WORKFLOW_CONFIG, r).trainer == "rft"]
+RFT_RESULTS = expand(R("rl", "{run}", "seed{seed}", "metrics.parquet"), run=RFT_RUNS, seed=WORKFLOW_CONFIG["seeds"])
 
 
 rule rft:
     input:
         tasks=R("data", "rl.parquet"),
-        init=lambda w: R("checkpoints", resolve_run(config, w.run).sft_run, "sft"),
+        init=lambda w: R("checkpoints", resolve_run(WORKFLOW_CONFIG, w.run).sft_run, "sft"),
         serving=ancient(SERVING_CHECK),  # the vLLM server's interpreter imports vLLM
     output:
         metrics=R("rl", "{run}", "seed{seed}", "metrics.parquet"),
-        checkpoints=[directory(R("rl", "{run}", "seed{seed}", f"step{n}")) for n in checkpoint_steps(config["rl"])],
+        checkpoints=[directory(R("rl", "{run}", "seed{seed}", f"step{n}")) for n in checkpoint_steps(WORKFLOW_CONFIG["rl"])],
     wildcard_constraints:
         run="|".join(RFT_RUNS) or "^$",
         seed=r"\d+",

@@ -4,16 +4,16 @@
 # kill. (The RFT extensions: rft.smk.)
 from predict.runs import checkpoint_steps
 
-RL_RUNS = [r for r in study_runs(config) if resolve_run(config, r).trainer == "rl"]
-RL_STEPS = checkpoint_steps(config["rl"])
+RL_RUNS = [r for r in study_runs(WORKFLOW_CONFIG) if resolve_run(WORKFLOW_CONFIG, r).trainer == "rl"]
+RL_STEPS = checkpoint_steps(WORKFLOW_CONFIG["rl"])
 
-RL_RESULTS = expand(R("rl", "{run}", "seed{seed}", "metrics.parquet"), run=RL_RUNS, seed=config["seeds"])
+RL_RESULTS = expand(R("rl", "{run}", "seed{seed}", "metrics.parquet"), run=RL_RUNS, seed=WORKFLOW_CONFIG["seeds"])
 
 
 rule rl:
     input:
         tasks=R("data", "rl.parquet"),
-        init=lambda w: R("checkpoints", resolve_run(config, w.run).sft_run, "sft"),  # the run's SFT folder
+        init=lambda w: R("checkpoints", resolve_run(WORKFLOW_CONFIG, w.run).sft_run, "sft"),  # the run's SFT folder
         serving=ancient(SERVING_CHECK),  # the colocated vLLM server's interpreter imports vLLM
     output:
         metrics=R("rl", "{run}", "seed{seed}", "metrics.parquet"),

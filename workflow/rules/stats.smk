@@ -66,7 +66,7 @@ rule test_stats:
 # ablation, its base arm (selection) and Arm A (the deficit), nothing else.
 rule ablation:
     input:
-        lambda w: EVALS([w.ablation, run_arm(w.ablation), *(["A"] if "A" in config["arms"] else [])]),
+        lambda w: EVALS([w.ablation, run_arm(w.ablation), *(["A"] if "A" in WORKFLOW_CONFIG["arms"] else [])]),
     output:
         report(R("ablations", "{ablation}.parquet"), caption="../report/ablations.rst", category="Ablations"),
     wildcard_constraints:

@@ -7,7 +7,7 @@ VERIFIER = CONFIG("verify-gold")["verifier"]
 
 rule verify_gold:
     input:
-        splits=expand(R("data", "{split}.parquet"), split=VERIFIER.get("gold_splits", ["sft", "rl", "val"])),
+        splits=expand(R("data", "{split}.parquet"), split=VERIFIER["gold_splits"]),
     output:
         report=R("verifier", "gold.parquet"),
         summary=R("verifier", "gold_summary.parquet"),

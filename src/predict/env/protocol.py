@@ -337,15 +337,17 @@ def task_prompt(text: str, test_list: list[str] | tuple[str, ...]) -> str:
 class ProtocolConfig:
     """What the program enforces in one episode (already resolved: see `resolve`)."""
 
+    # The agent program imports this module in its sandbox without the config stack (pydantic, jsonschema), so the
+    # env defaults below are copies: each line says so and tests/test_config_defaults.py holds them equal to the model.
     protocol: Protocol = "reactive"
-    variant: Variant = "none"
+    variant: Variant = "none"  # mirrors the config default (ExtensionSettings.variant)
     budget: int = 8
-    revise_costs_call: bool = True
+    revise_costs_call: bool = True  # mirrors the config default (EnvSettings.revise_costs_call)
     max_model_calls: int | None = None
     """Hard cap on model replies; None = the most the budget can use (see `model_call_cap`)."""
-    test_cost: int = 1
+    test_cost: int = 1  # mirrors the config default (EnvSettings.test_cost)
     """Budget calls a python_test that runs spends (`budget` is already scaled for it: see `resolve`)."""
-    max_chained_revisions: int = 2
+    max_chained_revisions: int = 2  # mirrors the config default (EnvSettings.max_chained_revisions)
     """edit_on_revise: most replacement patches in a row (ignored by the other variants)."""
 
     def __post_init__(self) -> None:

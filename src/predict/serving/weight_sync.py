@@ -31,8 +31,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from predict.config import config_default
+from predict.config.models import RLSettings
+
 MODES = ("auto", "memory", "folder")
-DEFAULT_MODE = "auto"
+DEFAULT_MODE = config_default(RLSettings, "weight_sync")
 ALIGN = 64
 SHM_DIR = Path("/dev/shm")
 

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from predict.campaign import StatsInputError
+from predict.config.models import AblationSettings
 from predict.stats.exact import fisher_exact, holm, mcnemar_exact, paired_bootstrap
 from predict.stats.metrics import (
     Evaluation,
@@ -84,7 +85,7 @@ def pair_plan(
                     plan.append(("A_vs_B", first, b))
     for run, ckpt, split, seed in keys:
         if run in ablations:
-            base = str(ablations[run].get("base_arm", "B"))
+            base = AblationSettings.model_construct(**ablations[run]).base_arm
             if selected is None:
                 if (base, ckpt, split, seed) in evals:
                     plan.append(("ablation_vs_base", evals[run, ckpt, split, seed], evals[base, ckpt, split, seed]))

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from predict.campaign import DEFAULT_SELECTION, StatsInputError, select_checkpoints
+from predict.campaign import StatsInputError, select_checkpoints
+from predict.config import config_default
+from predict.config.models import AblationSettings, SelectionSettings
 from predict.stats.ablations import ABLATION_SCHEMA, ablation_table
 from predict.stats.extensions import EXTENSION_SCHEMA, extension_table
 from predict.stats.metrics import (
@@ -71,8 +73,8 @@ def study_stats(
     ablations: Mapping[str, Mapping[str, Any]] | None = None,
     extensions: Mapping[str, Mapping[str, Any]] | None = None,
     reference: str | None = "sft",
-    selection_mode: str = DEFAULT_SELECTION["mode"],
-    selection_step: int | None = DEFAULT_SELECTION["step"],
+    selection_mode: str = config_default(SelectionSettings, "mode"),
+    selection_step: int | None = config_default(SelectionSettings, "step"),
     selection: Sequence[Mapping[str, Any]] | None = None,
     campaigns: Sequence[Mapping[str, Any]] = (),
     default_test_cost: int = 1,
@@ -137,7 +139,7 @@ def study_stats(
     if test:
         runs = {k[0] for k in evals}
         tables["ablations"] = pa.concat_tables([ABLATION_SCHEMA.empty_table()] + [
-            ablation_table(name, files, selection, base_arm=str(spec.get("base_arm", "B")),
+            ablation_table(name, files, selection, base_arm=AblationSettings.model_construct(**spec).base_arm,
                            split=split, resamples=resamples, seed=seed, ci=ci)
             for name, spec in (ablations or {}).items() if name in runs])
         tables["extensions"] = pa.concat_tables([EXTENSION_SCHEMA.empty_table()] + [

@@ -354,9 +354,8 @@ def mix_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def traces_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The `traces` section with its defaults, checked."""
-    section = dict(config.get("traces") or {})
-    settings = {"n_direct": 142, "n_recovery": 70, "mix": "study", "recovery_style": "revise", "seed": 42, **section}
+    """The `traces` section (every key required: config/schema.yaml), checked."""
+    settings = dict(config["traces"])
     if settings["recovery_style"] not in RECOVERY_STYLES:
         raise TracesConfigError(f"traces.recovery_style: must be one of {RECOVERY_STYLES}")
     mix_counts(settings["mix"], settings["n_recovery"])  # validates the mix
@@ -389,7 +388,7 @@ def run_stage(
     summary: dict[str, Any] = {"n_checks": synthesis.n_checks, "arms": {}}
     for arm, spec in sorted(config["arms"].items()):
         protocol = ProtocolConfig.resolve(spec["protocol"], budget=env["budget"],
-                                          revise_costs_call=env.get("revise_costs_call", True))
+                                          revise_costs_call=env["revise_costs_call"])
         rows = render_arm(synthesis, arm, protocol, recovery_style=settings["recovery_style"], seed=settings["seed"])
         write_rows(rows, TRACE_SCHEMA, out_dir / f"{arm}.parquet")
         summary["arms"][arm] = mix_table(rows)

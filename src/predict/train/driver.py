@@ -142,10 +142,10 @@ class TrainingRun:
         rl = self.rl
         kwargs = {
             "lr": float(rl["lr"]),
-            "weight_decay": float(rl.get("weight_decay", 0.0)),
-            "grad_clip": float(rl.get("grad_clip", 1.0)),
-            "dtype": rl.get("dtype", "auto"),
-            "micro_batch_tokens": int(rl.get("micro_batch_tokens", 8192)),
+            "weight_decay": float(rl["weight_decay"]),
+            "grad_clip": float(rl["grad_clip"]),
+            "dtype": rl["dtype"],
+            "micro_batch_tokens": int(rl["micro_batch_tokens"]),
             "seed": self.job.seed,
         }
         return Trainer(self.job.init, **(kwargs | overrides)), 0, []
@@ -216,7 +216,7 @@ class TrainingRun:
     def _run_steps(
         self, trainer: Any, done: int, metrics: list[dict[str, Any]], step_fn: StepFn, stop_after: int | None
     ) -> int | None:
-        state_every = int(self.rl.get("state_every", 1))
+        state_every = int(self.rl["state_every"])
         for ran, step in enumerate(range(done + 1, self.steps + 1), start=1):
             t_step = time.perf_counter()
             row = {"run": self.job.run, "seed": self.job.seed, "step": step, "backend": self.trainer}
@@ -252,7 +252,7 @@ class TrainingRun:
             _link_tree(src, self.job.out_dir / f"step{step}")
         write_metrics(metrics, self.job.out_dir / "metrics.parquet")
         mark_finished(self.work)  # a later run of this job (--forcerun, outputs removed) starts fresh
-        if not self.rl.get("keep_state", False):
+        if not self.rl["keep_state"]:
             for part in STATE_PARTS:
                 shutil.rmtree(self.work / part, ignore_errors=True)
 

@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from predict.config import config_default
+from predict.config.models import RLSettings
 from predict.train.labels import ce_sample, prediction_points, tokens_out_of_rl
 from predict.train.sample import TrainSample
 
@@ -40,9 +42,9 @@ class SampleSettings:
     """Arm B (and its ablations): mask sampled labels from RL, add CE samples."""
     alpha: float = 0.0
     """CE weight of the verified-label samples; 0 = none."""
-    mask_decision: bool = False
+    mask_decision: bool = config_default(RLSettings, "mask_decision")
     """Also give the sampled DECISION value tokens rl weight 0 (the writeup's suspected "masking gap")."""
-    skip_zero_advantage: bool = False
+    skip_zero_advantage: bool = config_default(RLSettings, "skip_zero_advantage")
     """Drop RL samples of rollouts whose advantage is 0 (a group with equal rewards), as prime-rl does; CE
     samples are kept."""
 

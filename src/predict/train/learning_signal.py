@@ -83,8 +83,8 @@ class SignalSettings:
 
     n_tasks: int = 2
     """sft recovery tasks trained on (those with the shortest Arm A recovery traces)."""
-    hidden_size: int = 64
-    num_layers: int = 2
+    hidden_size: int = 64  # the signal run's own model (its flags), not a config default
+    num_layers: int = 2  # the signal run's own model (its flags), not a config default
     sft_lr: float = 1.0e-2
     sft_max_steps: int = 150
     faulty_repeats: int = 2
@@ -438,7 +438,7 @@ def run_signal(
     # (SFT step times on the shared 2-core box varied 1.5-10 s with the other jobs' load, with and without it.)
     torch.set_flush_denormal(True)
     data = config["data"]
-    rows = load_mbpp(data["mbpp_path"], hf_fallback=data.get("hf_fallback", False), sha256=data.get("mbpp_sha256"))
+    rows = load_mbpp(data["mbpp_path"], hf_fallback=data["hf_fallback"], sha256=data.get("mbpp_sha256"))
     sft_split = split_tasks(rows, int(data["split_seed"]), data["sizes"])["sft"]
     run_stage(sft_split, config, out / "traces", progress=False)
 

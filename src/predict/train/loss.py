@@ -18,15 +18,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from predict.config import config_default
+from predict.config.models import RLSettings
+
 if TYPE_CHECKING:
     import torch
 
 
 @dataclass(frozen=True)
 class LossConfig:
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    kl_coef: float = 0.0
+    eps_low: float = config_default(RLSettings, "eps_low")
+    eps_high: float = config_default(RLSettings, "eps_high")
+    kl_coef: float = config_default(RLSettings, "kl_coef")
 
 
 def predict_loss(

@@ -81,15 +81,14 @@ def run_rl(
         predictive=spec.predictive,
         alpha=spec.alpha,
         mask_decision=spec.mask_decision,
-        skip_zero_advantage=bool(rl.get("skip_zero_advantage", False)),
+        skip_zero_advantage=bool(rl["skip_zero_advantage"]),
     )
-    loss = LossConfig(eps_low=float(rl.get("eps_low", 0.2)), eps_high=float(rl.get("eps_high", 0.2)),
-                      kl_coef=float(rl.get("kl_coef", 0.0)))  # fmt: skip
+    loss = LossConfig(eps_low=float(rl["eps_low"]), eps_high=float(rl["eps_high"]), kl_coef=float(rl["kl_coef"]))
     trainer, done, metrics = run.open_trainer(loss_config=loss)
     tokenizer = load_tokenizer(job.init)
     rows = load_split(job.tasks)
     policy_dir = run.work / "policy"
-    in_memory = resolve_mode(rl.get("weight_sync")) == "memory"
+    in_memory = resolve_mode(rl["weight_sync"]) == "memory"
     handoff = WeightHandoff(f"{job.run}-seed{job.seed}")
 
     def step_fn(step: int, trainer: Any) -> dict[str, Any]:

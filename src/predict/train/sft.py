@@ -42,6 +42,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from predict.config import config_default
+from predict.config.models import SFTSettings
 from predict.fingerprint import RESUME_KEYS, fingerprint, start_or_resume
 from predict.io import write_rows
 from predict.train.sample import TrainSample
@@ -160,20 +162,22 @@ def render_traces(path: str | Path, tokenizer: Any, *, enable_thinking: bool = T
 # --------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SFTConfig:
+    """The `sft` section as the trainer uses it; a key a caller leaves out takes its config default (the model)."""
+
     lr: float
     epochs: int
     batch_tokens: int
-    warmup_steps: int = 0
-    lr_schedule: str = "cosine"  # cosine | constant
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    save_every: int = 50
-    seed: int = 0
-    device: str = "auto"
-    dtype: str = "auto"
-    micro_batch_tokens: int = 8192
-    max_seq_len: int | None = None
+    warmup_steps: int = config_default(SFTSettings, "warmup_steps")
+    lr_schedule: str = config_default(SFTSettings, "lr_schedule")
+    min_lr_ratio: float = config_default(SFTSettings, "min_lr_ratio")
+    weight_decay: float = config_default(SFTSettings, "weight_decay")
+    grad_clip: float = config_default(SFTSettings, "grad_clip")
+    save_every: int = config_default(SFTSettings, "save_every")
+    seed: int = config_default(SFTSettings, "seed")
+    device: str = config_default(SFTSettings, "device")
+    dtype: str = config_default(SFTSettings, "dtype")
+    micro_batch_tokens: int = config_default(SFTSettings, "micro_batch_tokens")
+    max_seq_len: int | None = config_default(SFTSettings, "max_seq_len")
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any]) -> SFTConfig:

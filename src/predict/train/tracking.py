@@ -33,7 +33,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from predict.config import ConfigError
+from predict.config import ConfigError, section
+from predict.config.models import TrackingSettings as TrackingConfig
 
 log = logging.getLogger(__name__)
 
@@ -93,19 +94,22 @@ class TrackingSettings:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TrackingSettings:
-        """From a config (or stage slice) with ``results_dir``, ``run_name`` and ``tracking``. The section's defaults
-        live here only (config/schema.yaml describes them): left out, TensorBoard on and W&B disabled."""
-        tracking = dict(config.get("tracking") or {})
-        wandb = dict(tracking.get("wandb") or {})
+        """From a config (or stage slice) with ``results_dir``, ``run_name`` and ``tracking`` (its defaults:
+        predict.config.models.TrackingSettings; left out, TensorBoard on and W&B disabled)."""
+        try:
+            tracking = section(config, TrackingConfig, "tracking")
+        except ConfigError as e:
+            raise TrackingError(str(e)) from None
+        wandb = tracking.wandb
         results = Path(str(config["results_dir"]))
-        mode = str(wandb.get("mode") or "disabled")
+        mode = wandb.mode
         if mode not in WANDB_MODES:
             raise TrackingError(f"tracking.wandb.mode: {mode!r} is not one of {', '.join(WANDB_MODES)}")
         return cls(
-            tensorboard_root=results / "tensorboard" if tracking.get("tensorboard", True) else None,
+            tensorboard_root=results / "tensorboard" if tracking.tensorboard else None,
             wandb_mode=mode,
-            wandb_project=str(wandb.get("project") or "predict"),
-            wandb_entity=wandb.get("entity"),
+            wandb_project=wandb.project,
+            wandb_entity=wandb.entity,
             wandb_dir=results / "wandb",
             group=str(config["run_name"]),
         )

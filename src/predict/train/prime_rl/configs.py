@@ -119,20 +119,20 @@ def rl_settings(cfg: Mapping[str, Any]) -> RLSettings:
         batch_size=int(shared["tasks_per_step"]) * int(shared["group_size"]),
         group_size=int(shared["group_size"]),
         lr=float(shared["lr"]),
-        weight_decay=float(shared.get("weight_decay", 0.0)),
-        max_norm=float(shared.get("grad_clip", 1.0)),
+        weight_decay=float(shared["weight_decay"]),
+        max_norm=float(shared["grad_clip"]),
         max_tokens=shared.get("max_tokens"),
         seq_len=int(p["seq_len"]),
-        train_gpus=int(r.get("train_gpus", 1)),
-        infer_gpus=int(r.get("infer_gpus", 1)),
+        train_gpus=int(r["train_gpus"]),
+        infer_gpus=int(r["infer_gpus"]),
         ckpt_interval=shared.get("checkpoint_every"),
-        max_off_policy_steps=int(r.get("max_off_policy_steps", 1)),
-        # the local trainer's defaults (predict.train.loss.LossConfig, samples.SampleSettings, the trainer's dtype)
-        eps_low=float(shared.get("eps_low", 0.2)),
-        eps_high=float(shared.get("eps_high", 0.2)),
-        kl_coef=float(shared.get("kl_coef", 0.0)),
-        skip_zero_advantage=bool(shared.get("skip_zero_advantage", False)),
-        dtype=str(shared.get("dtype", "bfloat16")),
+        max_off_policy_steps=int(r["max_off_policy_steps"]),
+        eps_low=float(shared["eps_low"]),
+        eps_high=float(shared["eps_high"]),
+        kl_coef=float(shared["kl_coef"]),
+        skip_zero_advantage=bool(shared["skip_zero_advantage"]),
+        # rl.dtype auto is bf16 on a GPU, where prime-rl always trains
+        dtype="bfloat16" if shared["dtype"] == "auto" else str(shared["dtype"]),
         max_failed_share=float(_section(cfg, "prime_rl", "rl", "max_failed_share")),
     )
 
@@ -207,7 +207,7 @@ def check_attn_extras(attn: str, extras: list[str] | tuple[str, ...]) -> str:
 
 def attn_setting(cfg: Mapping[str, Any]) -> str:
     p = _section(cfg, "prime_rl")
-    return check_attn_extras(str(p.get("attn", "flash_attention_2")), list(p.get("extras", [])))
+    return check_attn_extras(str(p["attn"]), list(p["extras"]))
 
 
 def sft_settings(cfg: Mapping[str, Any]) -> SFTSettings:
@@ -215,10 +215,10 @@ def sft_settings(cfg: Mapping[str, Any]) -> SFTSettings:
     return SFTSettings(
         max_steps=int(s["max_steps"]),
         batch_size=int(s["batch_size"]),
-        micro_batch_size=int(s.get("micro_batch_size", 1)),
+        micro_batch_size=int(s["micro_batch_size"]),
         lr=float(s["lr"]),
         seq_len=int(p["seq_len"]),
-        gpus=int(s.get("gpus", 1)),
+        gpus=int(s["gpus"]),
     )
 
 
@@ -237,13 +237,13 @@ def _drop_none(value: Any) -> Any:
 
 def renderer_table(cfg: Mapping[str, Any]) -> dict[str, Any]:
     # The study renders with the Qwen3 template's default generation prompt (config model.enable_thinking).
-    return {"name": RENDERER, "enable_thinking": bool(cfg["model"].get("enable_thinking", True))}
+    return {"name": RENDERER, "enable_thinking": bool(cfg["model"]["enable_thinking"])}
 
 
 def train_sampling(cfg: Mapping[str, Any], s: RLSettings) -> dict[str, Any]:
     """The RL rollouts' sampling: ``env.temperature``, and ``rl.max_tokens`` (else ``env.max_tokens``) per call."""
     env = _section(cfg, "env")
-    return {"temperature": float(env.get("temperature", 1.0)), "max_tokens": int(s.max_tokens or env.get("max_tokens", 512))}
+    return {"temperature": float(env["temperature"]), "max_tokens": int(s.max_tokens or env["max_tokens"])}
 
 
 def env_source(
