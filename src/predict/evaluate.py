@@ -52,13 +52,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EVALUATION_DEFAULTS: dict[str, Any] = {"temperature": 0.0, "max_tokens": 512, "samples": 1, "tasks": None}
-
-
 def evaluation_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The evaluation section over its defaults, as plain data: it goes into rollout jobs and ledger entries, which
-    are copied and serialised (a stage's config view is a dict subclass that dataclasses.asdict cannot rebuild)."""
-    return json.loads(json.dumps({**EVALUATION_DEFAULTS, **dict(config.get("evaluation") or {})}))
+    """The evaluation section (its defaults filled in at load) as plain data: it goes into rollout jobs and ledger
+    entries, which are copied and serialised (a stage's config view is a dict subclass that dataclasses.asdict
+    cannot rebuild)."""
+    return json.loads(json.dumps(dict(config["evaluation"])))
 
 
 def run_identity(config: Mapping[str, Any], run: str) -> tuple[str, str]:
@@ -109,7 +107,7 @@ def evaluation_job(
         checkpoint=checkpoint,
         arm=spec.arm,
         seed=seed,
-        n_tasks=ev["tasks"],
+        n_tasks=ev.get("tasks"),  # null or left out: every task
         samples=int(ev["samples"]),
         variant=spec.variant,
         client="eval",
@@ -276,8 +274,7 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
         test_ledger=Path(args.test_ledger) if args.test_ledger else None,
         selection_path=Path(args.selection) if args.selection else None,
         val_metrics=Path(args.val_metrics) if args.val_metrics else None,
-        new_campaign=args.new_campaign or ((config.get("evaluation") or {}).get("new_campaign")
-                                           if args.split == "test" else None),
+        new_campaign=args.new_campaign or (config["evaluation"].get("new_campaign") if args.split == "test" else None),
     )
     for summary in summaries:
         checkpoint = summary.pop("checkpoint")

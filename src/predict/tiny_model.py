@@ -33,6 +33,11 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from predict.config import section
+from predict.config.models import TinyModelSettings
+
+TINY = TinyModelSettings()  # config model.tiny's defaults, the builder's too (one place: predict.config.models)
+
 if TYPE_CHECKING:
     from predict.stages import StageConfig
 
@@ -125,9 +130,9 @@ def _save_safetensors(tensors: dict[str, np.ndarray], path: Path, dtype: Dtype) 
 def build_tiny_qwen3(
     out_dir: Path,
     *,
-    seed: int = 0,
-    hidden_size: int = 64,
-    num_layers: int = 2,
+    seed: int = TINY.seed,
+    hidden_size: int = TINY.hidden_size,
+    num_layers: int = TINY.num_layers,
     tie_word_embeddings: bool = False,
     dtype: Dtype = "bfloat16",
 ) -> Path:
@@ -193,7 +198,8 @@ def build_tiny_qwen3(
     return out_dir
 
 
-def cached_tiny_qwen3(root: Path, *, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Path:
+def cached_tiny_qwen3(root: Path, *, seed: int = TINY.seed, hidden_size: int = TINY.hidden_size,
+                      num_layers: int = TINY.num_layers) -> Path:
     """``root/tiny-qwen3-s{seed}-h{hidden}-l{layers}``, built once (the build is deterministic).
 
     Built in a sibling temp folder and renamed into place, so concurrent callers never see a
@@ -219,7 +225,7 @@ def cached_tiny_qwen3(root: Path, *, seed: int = 0, hidden_size: int = 64, num_l
     return out
 
 
-# `predict build-tiny-model`: the tiny base model of config model.tiny (the builder's defaults where it sets none).
+# `predict build-tiny-model`: the tiny base model of config model.tiny (its defaults where it sets none).
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", required=True)
     p.add_argument("--tie-word-embeddings", action="store_true", help="smaller, but see tiny_model.py on reloads")
@@ -229,9 +235,9 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace, config: StageConfig) -> int:
     from predict.console import console
 
-    tiny = dict(config.get("model", {}).get("tiny", {}))
+    tiny = section(config, TinyModelSettings, "model", "tiny").model_dump()
     out = build_tiny_qwen3(Path(args.out_dir), **tiny, tie_word_embeddings=args.tie_word_embeddings, dtype=args.dtype)
     size_mb = sum(f.stat().st_size for f in out.iterdir()) / 1e6
-    shown = ", ".join(f"{key} {value}" for key, value in tiny.items()) or "the builder's defaults"
+    shown = ", ".join(f"{key} {value}" for key, value in tiny.items())
     console.print(f"tiny Qwen3 ({shown}): {out} [{size_mb:.1f} MB]")
     return 0

@@ -6,8 +6,6 @@ import sys
 from pathlib import Path
 
 from predict.config import ConfigError, validate_config, with_defaults
-from predict.config import section
-from predict.config.models import TinyModelSettings
 from predict.campaign import campaign_from_stats, campaign_plan, planned_selection, selection_settings
 from predict.runs import extension_counterpart, resolve_run, sft_runs, study_runs
 from predict.stages import slice_file, slice_params, stage_config, workflow_config
@@ -75,9 +73,6 @@ def CONFIG(stage):
     """The stage's view of the WORKFLOW_CONFIG, for flags a rules file passes: a key outside its table entry fails."""
     return stage_config(config, stage)
 
-
-# The tiny model's settings: the config's model.tiny, else its defaults (a config whose base is not tiny leaves it out).
-TINY = section(CONFIG("build-tiny-model"), TinyModelSettings, "model", "tiny").model_dump()
 
 # GPU rules. Every rule that serves a checkpoint (rollouts, evaluation) or trains one (SFT, RL) takes its
 # `resources:` from GPU_RESOURCES: the ONE place a GPU request comes from. It asks for `cluster.gpus_per_job`
@@ -151,14 +146,6 @@ SERVING_CHECK = R("serving", "check.json")
 EVALUATION = WORKFLOW_CONFIG["evaluation"]
 ABLATIONS = WORKFLOW_CONFIG["ablations"]
 EXTENSIONS = WORKFLOW_CONFIG["extensions"]
-
-
-def isolation_args(view):
-    """`predict verify-gold` flags for config verifier.isolation (rollouts read it from their slice)."""
-    iso = view["verifier"]["isolation"]
-    require = iso["require"]
-    flags = f"--require-layers {require if isinstance(require, str) else ','.join(require)}"
-    return flags + (" --accept-weaker" if iso.get("accept_weaker") else "")
 
 
 def base_model_path():

@@ -6,7 +6,6 @@
 from predict.runs import checkpoint_steps, resolve_run, study_runs
 
 PRIME_RL = WORKFLOW_CONFIG["prime_rl"]
-PRIME_RL_SETUP_CONFIG = CONFIG("prime-rl-setup")["prime_rl"]  # what the setup job's flags read (predict.stages)
 PRIME_RL_SETUP = str(Path(PRIME_RL["dir"], "setup.json"))  # the checkout and its .venv live next to it
 PRIME_RL_PATCH = "workflow/prime-rl/predict-algorithm.patch"
 # The study's GRPO runs: the arms, the ablations, the RL extensions (RFT extensions run on our trainer: rft.smk).

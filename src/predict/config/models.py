@@ -205,7 +205,7 @@ class BootstrapSettings(Section):
 
 class EvaluationSettings(Section):
     temperature: Annotated[float, Field(ge=0, description="evaluation sampling temperature")] = 0.0
-    max_tokens: Annotated[int | None, Field(ge=1, description="sampling limit per call", json_schema_extra=NO_DEFAULT)] = None
+    max_tokens: Annotated[int, Field(ge=1, description="sampling limit per call")] = 512
     samples: Annotated[int, Field(ge=1, description="samples per task")] = 1
     tasks: Annotated[int | None, Field(ge=1, description="first N tasks; null = all", json_schema_extra=NO_DEFAULT)] = None
     checkpoints: Annotated[list[Checkpoint], Field(min_length=1, description="checkpoints evaluated on val")] = ["base"]

@@ -12,8 +12,7 @@ from predict.report.elements import agg_pyplot, empty, figure, format_value, tab
 def power_section(power: list[dict[str, Any]] | None, config: Mapping[str, Any]) -> str:
     if not power:
         return empty("No power table yet.")
-    cfg = config.get("power") or {}
-    significance, target = cfg.get("significance", 0.05), cfg.get("target", 0.8)
+    significance, target = config["power"]["significance"], config["power"]["target"]
     test_n = config["data"]["sizes"]["test"]
     assumptions = (
         f"<p>What the power is of: the test the statistics run, <b>one seed pairing</b> (one arm's seed against "

@@ -107,17 +107,17 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
 
     log = logging.getLogger("predict")
     verifier = config["verifier"]
-    iso = verifier.get("isolation", {})
+    iso = verifier["isolation"]
     isolation: dict = {}
     rows = check_gold(
         args.data_dir,
-        verifier.get("gold_splits", ["sft", "rl", "val"]),
+        verifier["gold_splits"],
         timeout_s=verifier["timeout_s"],
         memory_mb=verifier["memory_mb"],
         workers=args.workers if args.workers is not None else verifier["workers"],
         outcome_labels=verifier["outcome_labels"],
-        require=iso.get("require", "auto"),
-        accept_weaker=bool(iso.get("accept_weaker")),
+        require=iso["require"],
+        accept_weaker=iso["accept_weaker"],
         isolation=isolation,
     )
     write_gold_report(rows, args.out, args.summary_out, isolation)

@@ -118,7 +118,7 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
         raise ConfigError(f"{section}: no {section[:-1]} {name!r} (have {', '.join(runs) or 'none'})")
     evals = list(load_evaluations(args.eval).values())  # read once, for the selection and the table
     table = ablation_table(name, evals, val_selection(config, evals),
-                           base_arm=(runs[name] or {}).get("base_arm", "B"), **bootstrap_settings(config))
+                           base_arm=runs[name]["base_arm"], **bootstrap_settings(config))
     write_table(table, args.out)
     console.print(f"{name}: {table.num_rows} seed row(s) -> {args.out}")
     return 0

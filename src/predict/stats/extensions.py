@@ -171,7 +171,7 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
         raise ConfigError(f"{section}: no {section[:-1]} {name!r} (have {', '.join(runs) or 'none'})")
     evals = list(load_evaluations(args.eval).values())  # read once, for the selection and the table
     table = extension_table(name, evals, val_selection(config, evals), **extension_inputs(config, name),
-                            default_test_cost=int(config["env"].get("test_cost", 1)), **bootstrap_settings(config))
+                            default_test_cost=config["env"]["test_cost"], **bootstrap_settings(config))
     write_table(table, args.out)
     console.print(f"{name}: {table.num_rows} seed row(s) -> {args.out}")
     return 0

@@ -153,8 +153,7 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
     from predict.console import console
     from predict.io import write_table
 
-    p = {"deltas": [0.02, 0.03, 0.05], "discordance": [0.2], "tasks": [500], "significance": 0.05, "target": 0.8,
-         **(config.get("power") or {})}
+    p = config["power"]
     discordances = {"config": p["discordance"]}
     sizes = config["data"]["sizes"]
     val_tasks = sizes.get("val")

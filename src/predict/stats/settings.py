@@ -8,7 +8,8 @@ from typing import Any
 
 
 def bootstrap_settings(config: Mapping[str, Any]) -> dict:
-    return {"resamples": 10_000, "seed": 0, "ci": 0.95, **(config.get("evaluation", {}).get("bootstrap") or {})}
+    """resamples, seed and ci of config evaluation.bootstrap, as keyword arguments."""
+    return dict(config["evaluation"]["bootstrap"])
 
 
 def extension_inputs(config: Mapping[str, Any], name: str) -> dict[str, Any]:

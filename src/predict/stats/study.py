@@ -177,7 +177,6 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
     from predict.stats.open_question import OPEN_QUESTION, open_question_table
     from predict.stats.settings import bootstrap_settings, extension_inputs
 
-    ev = config.get("evaluation") or {}
     selection = selection_settings(config)
     extensions = {name: extension_inputs(config, name) for name in config.get("extensions") or {}}
     if args.selection and not Path(args.selection).exists():
@@ -193,12 +192,12 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
         arms=sorted(config["arms"]),
         ablations=config.get("ablations") or {},
         extensions=extensions,
-        reference=ev.get("reference", "sft"),
+        reference=config["evaluation"]["reference"],
         selection_mode=selection["mode"],
         selection_step=selection.get("step"),
         selection=selection_rows,
         campaigns=campaigns,
-        default_test_cost=int(config["env"].get("test_cost", 1)),
+        default_test_cost=config["env"]["test_cost"],
         **bootstrap_settings(config),
     )
     if args.selection:  # the test's open question, from the same campaign files under the same selection

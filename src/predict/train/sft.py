@@ -368,7 +368,7 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
         state_dir=Path(args.state_dir),
         cfg=cfg,
         arm=args.arm,
-        enable_thinking=config["model"].get("enable_thinking", True),
+        enable_thinking=config["model"]["enable_thinking"],
         max_steps=args.max_steps if args.max_steps is not None else config["sft"].get("max_steps"),
         threads=args.threads,
         tracking=TrackingSettings.from_config(config),

@@ -337,7 +337,7 @@ def setup_main(args: argparse.Namespace, config: StageConfig) -> int:
     prime_rl = config["prime_rl"]
     summary = setup_prime_rl(
         prime_rl["repo"], prime_rl["commit"], args.dir, patch=args.patch or PATCH,
-        python=prime_rl.get("python", "3.12"), extras=prime_rl.get("extras", []), out=args.out,
+        python=prime_rl["python"], extras=prime_rl["extras"], out=args.out,
     )  # fmt: skip
     console.print(f"prime-rl at {summary['commit'][:12]} in {args.dir}, PredictAlgorithm registered")
     return 0
@@ -418,7 +418,7 @@ def train_main(args: argparse.Namespace, config: StageConfig) -> int:
         n = collect.write_rl_metrics(output_dir, metrics, raw, run=run, seed=seed)
         console.print(f"metrics: {n} steps -> {metrics} (prime-rl's own: {raw})")
         # prime-rl wrote its curves live to W&B; TensorBoard gets them at collection
-        if args.tensorboard_dir and config.get("tracking", {}).get("tensorboard", True):
+        if args.tensorboard_dir and config["tracking"]["tensorboard"]:
             collect.mirror_metrics(metrics, Path(args.tensorboard_dir), run=run, seed=seed)
             console.print(f"TensorBoard: {args.tensorboard_dir}")
     else:
