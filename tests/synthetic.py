@@ -186,7 +186,7 @@ def record_campaign(ledger: Path, config: dict[str, Any], paths: Sequence[Path],
     from predict.campaign import TestLedger
     from predict.data import MBPP_SCHEMA, load_mbpp
     from predict.fingerprint import file_sha256
-    from predict.io import write_rows
+    from predict.outputs import write_rows
     from predict.stats import read_evaluation
 
     repo = Path(__file__).resolve().parents[1]

@@ -28,7 +28,7 @@ from predict.config import load_config, with_defaults
 from predict.config.models import SelectionSettings
 from predict.data import MBPP_SCHEMA
 from predict.evaluate import CheckpointEval, evaluate_checkpoints
-from predict.io import read_rows, write_rows
+from predict.outputs import read_rows, write_rows
 from predict.stages import STAGES
 from predict.stats import SELECTION_SCHEMA, power_table, study_stats
 

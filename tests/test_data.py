@@ -22,7 +22,7 @@ from predict.data import (
     split_tasks,
     write_split,
 )
-from predict.io import write_rows
+from predict.outputs import write_rows
 
 PAPER_SIZES = {"sft": 212, "rl": 212, "test": 500}
 # The split of the shared MBPP file with seed 42, pinned: if any machine, Python or library version

@@ -18,7 +18,7 @@ import pytest
 from predict.config import load_config
 from predict.data import MBPP_SCHEMA
 from predict.env.rollout import RolloutSettings, run_rollouts_sync
-from predict.io import read_rows, write_rows
+from predict.outputs import read_rows, write_rows
 from predict.rollouts import RolloutJob, run_job
 from predict.serving.server import VLLMServer, default_cache_dir, default_python
 from predict.tiny_model import cached_tiny_qwen3

@@ -480,7 +480,7 @@ def test_program_streams_unless_told_not_to(run: Run) -> None:
 def test_taskset_loads_a_split_parquet(tmp_path: Path, mbpp_path: Path) -> None:
     from predict.data import MBPP_SCHEMA
     from predict.env.taskset import MbppTaskset, MbppTasksetConfig
-    from predict.io import write_rows
+    from predict.outputs import write_rows
 
     row = mbpp_127(mbpp_path)
     write_rows([{k: row[k] for k in MBPP_SCHEMA.names}], MBPP_SCHEMA, tmp_path / "rl.parquet")

@@ -43,7 +43,7 @@ def test_real_evaluation_and_sampled_rollouts_repeat_across_servers_and_concurre
     from predict.config import REPO_ROOT, load_config
     from predict.data import MBPP_SCHEMA
     from predict.evaluate import CheckpointEval, evaluate_checkpoints
-    from predict.io import read_rows, write_rows
+    from predict.outputs import read_rows, write_rows
     from predict.rollouts import RolloutJob, run_job
     from predict.tiny_model import cached_tiny_qwen3
 

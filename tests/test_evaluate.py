@@ -15,7 +15,7 @@ from predict.campaign import SplitGuardError, campaign_from_stats, config_hash
 from predict.config import ConfigError, load_config
 from predict.data import MBPP_SCHEMA
 from predict.evaluate import CheckpointEval, evaluate, evaluate_checkpoints, evaluation_job, run_identity
-from predict.io import read_rows, write_rows
+from predict.outputs import read_rows, write_rows
 from predict.serving.server import VLLMServer
 from predict.stats import SELECTION_SCHEMA
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from predict.data import MBPP_SCHEMA
-from predict.io import read_rows, write_rows
 from predict.outcomes import OUTCOMES
+from predict.outputs import read_rows, write_rows
 from predict.sandbox.gold import check_gold, summarize, write_gold_report
 
 

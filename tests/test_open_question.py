@@ -245,7 +245,7 @@ def test_the_test_table_comes_from_the_campaigns_files_with_the_reference_evalua
     selection = [{"run": run, "seed": seed, "mode": "fixed", "step": 100, "checkpoint": "step100", "val_pass_at_1": 0.5,
                   "val_n_pass": 1, "val_n_scored": 2, "fallback": False}
                  for env in PAPER_ENVIRONMENTS for run in env.runs for seed in SEEDS]  # the val selection
-    from predict.io import write_rows
+    from predict.outputs import write_rows
     from predict.stats import SELECTION_SCHEMA
 
     ledger = tmp_path / "campaign" / "ledger.jsonl"
@@ -295,7 +295,7 @@ def test_the_power_of_one_test_of_the_open_questions_family(tmp_path: Path) -> N
 
 # -- the report -----------------------------------------------------------------------------------------------------------
 def test_the_report_has_the_open_question_with_its_table_and_figure(val_paths: list[Path], tmp_path: Path) -> None:
-    from predict.io import write_table
+    from predict.outputs import write_table
     from predict.report import build_report
 
     from .test_report import _cells, _images, _non_blank

@@ -191,7 +191,7 @@ def test_report_says_what_is_missing_when_there_is_no_data(tmp_path: Path) -> No
 
 
 def test_the_test_sections_show_ablations_and_extensions_and_say_when_the_test_has_not_run(tmp_path: Path) -> None:
-    from predict.io import write_table
+    from predict.outputs import write_table
     from predict.report import build_report
     from predict.stats import study_stats
 

@@ -14,7 +14,7 @@ import pytest
 from predict.config import load_config
 from predict.data import MBPP_SCHEMA
 from predict.env.rollout import default_tokenizer_dir
-from predict.io import write_rows
+from predict.outputs import write_rows
 from predict.train.rl import RLJob, run_rl
 from tests.scripted_endpoint import ScriptedEndpoint
 
@@ -120,7 +120,7 @@ def test_rft_resumes_mid_sampling_and_never_from_other_inputs(
     again); one whose config changed samples and trains from scratch."""
     from predict.env.records import RECORD_SCHEMA
     from predict.fingerprint import run_fingerprint, start_or_resume
-    from predict.io import ResumableParquet
+    from predict.outputs import ResumableParquet
     from predict.runs import resolve_run
     from predict.train.rft import run_rft
 

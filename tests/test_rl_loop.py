@@ -23,7 +23,7 @@ import pytest
 from predict.config import load_config
 from predict.data import MBPP_SCHEMA
 from predict.env.rollout import default_tokenizer_dir
-from predict.io import write_rows
+from predict.outputs import write_rows
 from predict.runs import checkpoint_steps, resolve_run, study_runs
 from predict.train.metrics import rollout_metrics
 from predict.train.rl import RLJob, run_rl, step_tasks

@@ -128,7 +128,7 @@ def test_rl_steps_through_the_real_server_with_weight_sync(tmp_path: Path, mbpp_
 
     import predict.serving.server
     from predict.data import MBPP_SCHEMA
-    from predict.io import write_rows
+    from predict.outputs import write_rows
     from predict.train.rl import RLJob, run_rl
 
     tiny = Path(cached_tiny_qwen3(default_cache_dir() / "models", seed=0))

@@ -13,7 +13,7 @@ from predict.config import load_config
 from predict.data import MBPP_SCHEMA
 from predict.env.records import RECORD_SCHEMA
 from predict.fingerprint import resumable_rows
-from predict.io import read_rows, write_rows
+from predict.outputs import read_rows, write_rows
 from predict.rollouts import RolloutJob, SplitGuardError, job_fingerprint, run_job, select_tasks
 
 from .conftest import REPO

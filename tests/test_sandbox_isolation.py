@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from predict.data import MBPP_SCHEMA
-from predict.io import write_rows
+from predict.outputs import write_rows
 from predict.sandbox import (
     ISOLATION_METADATA_KEY,
     LAYERS,

@@ -302,7 +302,7 @@ def test_real_reused_server_gives_the_rows_of_a_fresh_one(
     import predict.serving.server
     from predict.config import REPO_ROOT, load_config
     from predict.data import MBPP_SCHEMA
-    from predict.io import read_rows, write_rows
+    from predict.outputs import read_rows, write_rows
     from predict.rollouts import RolloutJob, run_job
     from predict.tiny_model import cached_tiny_qwen3
 

@@ -18,8 +18,8 @@ from predict.cli import main
 from predict.config import ConfigError, load_config
 from predict.data import MBPP_SCHEMA, split_tasks
 from predict.env.protocol import ENVIRONMENT_VARIANTS, Episode, ProtocolConfig, prediction_line, task_prompt
-from predict.io import write_rows
 from predict.outcomes import Outcome
+from predict.outputs import write_rows
 from predict.runs import resolve_run, sft_runs
 from predict.sandbox import Verifier
 from predict.traces.render import RECOVERY_STYLES, Trace, TraceError, render, replies, solution_text

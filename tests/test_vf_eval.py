@@ -25,7 +25,7 @@ from predict.data import MBPP_SCHEMA
 from predict.env.environment import STUDY_CONFIG
 from predict.env.protocol import STUB
 from predict.env.rollout import RolloutSettings, run_rollouts_sync
-from predict.io import write_rows
+from predict.outputs import write_rows
 from tests.scripted_endpoint import HttpError, ScriptedEndpoint
 
 DOC = REPO_ROOT / "docs" / "vf-eval.md"

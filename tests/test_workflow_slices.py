@@ -217,7 +217,7 @@ def test_a_design_edit_after_the_campaign_stops_at_the_ledger_and_keeps_the_test
     from predict.campaign import TestLedger, campaign_from_stats, registry_ledger
     from predict.config import load_config
     from predict.data import MBPP_SCHEMA, load_mbpp
-    from predict.io import write_rows
+    from predict.outputs import write_rows
     from predict.stages import config_slice
 
     workdir = tmp_path / "run"

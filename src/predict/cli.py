@@ -17,8 +17,8 @@ from rich.logging import RichHandler
 from rich.markup import escape
 
 from predict.config import ConfigError, config_from_json, load_config, load_config_slice
-from predict.console import console
 from predict.fingerprint import ResultsDirError, claim_results_dir
+from predict.outputs import console
 from predict.rollouts import SplitGuardError
 from predict.serving.server import VLLMServerError
 from predict.stages import STAGES, StageConfig, stage_config

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from predict.io import write_json, write_rows
+from predict.outputs import write_json, write_rows
 
 SPLITS: tuple[str, ...] = ("sft", "rl", "val", "test")
 

@@ -257,7 +257,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, config: StageConfig) -> int:
-    from predict.console import print_summary
+    from predict.outputs import print_summary
 
     if not (len(args.checkpoint) == len(args.model) == len(args.out)):
         raise SystemExit(f"evaluate: give one --model and one --out per --checkpoint (got {len(args.checkpoint)} "

@@ -37,7 +37,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from predict.io import ResumableParquet, write_json
+from predict.outputs import ResumableParquet, write_json
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,7 @@ def start_or_resume(folder: str | Path, fp: Fingerprint, *, what: str) -> bool:
 
 
 def resumable_rows(out: str | Path, schema: pa.Schema, key: Sequence[str], fp: Fingerprint) -> ResumableParquet:
-    """An output's persisted rows (`predict.io.ResumableParquet`), after dropping any persisted under another
+    """An output's persisted rows (`predict.outputs.ResumableParquet`), after dropping any persisted under another
     fingerprint: rows of other inputs or settings are redone, never resumed."""
     start_or_resume(ResumableParquet.partial_dir_of(out), fp, what=str(out))
     return ResumableParquet(out, schema, key)

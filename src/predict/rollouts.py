@@ -25,7 +25,7 @@ from predict.campaign import SplitGuardError, TestLedger, guard_tasks
 from predict.config import config_default
 from predict.config.models import EvaluationSettings, ExtensionSettings
 from predict.data import load_split
-from predict.io import ResumableParquet
+from predict.outputs import ResumableParquet
 
 if TYPE_CHECKING:
     from predict.stages import StageConfig
@@ -287,7 +287,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace, config: StageConfig) -> int:
     from predict.config import ConfigError
-    from predict.console import print_summary
+    from predict.outputs import print_summary
 
     config = with_env(config, test_cost=args.test_cost, max_chained_revisions=args.max_chained_revisions)
     job = RolloutJob(

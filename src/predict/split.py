@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from predict.campaign import register_split, registry_ledger
-from predict.console import print_table
 from predict.data import file_sha256, load_mbpp, split_tasks, write_split
+from predict.outputs import print_table
 
 if TYPE_CHECKING:
     from predict.stages import StageConfig

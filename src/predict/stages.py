@@ -338,7 +338,7 @@ def slice_file(config: Mapping[str, Any], stage: str, folder: str | Path) -> str
     text = _canonical(config_slice(config, stage))
     path = Path(folder, f"{stage}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json")
     if not path.exists():
-        from predict.io import write_text
+        from predict.outputs import write_text
 
         write_text(text + "\n", path)
     return str(path)

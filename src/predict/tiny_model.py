@@ -233,7 +233,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, config: StageConfig) -> int:
-    from predict.console import console
+    from predict.outputs import console
 
     tiny = section(config, TinyModelSettings, "model", "tiny").model_dump()
     out = build_tiny_qwen3(Path(args.out_dir), **tiny, tie_word_embeddings=args.tie_word_embeddings, dtype=args.dtype)

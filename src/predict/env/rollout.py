@@ -3,7 +3,7 @@
 `run_rollouts(tasks, settings, on_record=...)` builds one agent (`LocalAgentHarness` x the local subprocess
 runtime x an OpenAI-compatible endpoint), opens its interception server once, runs every task with bounded
 concurrency and calls `on_record` as each rollout finishes, so the caller can persist incrementally and resume
-(`predict.rollouts` does, with `predict.io.ResumableParquet`). Nothing remote: the runtime is
+(`predict.rollouts` does, with `predict.outputs.ResumableParquet`). Nothing remote: the runtime is
 `SubprocessConfig` (verifiers' default is a remote Prime sandbox), the endpoint is `settings.base_url`, and the
 Python API has no result push (only the ``vf-eval`` CLI pushes).
 

@@ -137,7 +137,7 @@ def build_report(
     open_question: Path | None = None,
 ) -> Path:
     """Write the self-contained report page; returns its path."""
-    from predict.io import write_text
+    from predict.outputs import write_text
     from predict.runs import study_runs
     from predict.stats import TEST_STATS_TABLES
     from predict.train.metrics import read_metrics

@@ -26,7 +26,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, config: StageConfig) -> int:
-    from predict.console import console
+    from predict.outputs import console
     from predict.report import build_report
 
     out = build_report(

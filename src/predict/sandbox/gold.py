@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from predict.data import load_split
-from predict.io import write_rows
 from predict.outcomes import OUTCOMES
+from predict.outputs import write_rows
 
 if TYPE_CHECKING:
     from predict.stages import StageConfig
@@ -103,7 +103,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace, config: StageConfig) -> int:
     import logging
 
-    from predict.console import print_table
+    from predict.outputs import print_table
 
     log = logging.getLogger("predict")
     verifier = config["verifier"]

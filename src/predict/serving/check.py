@@ -119,8 +119,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, config: StageConfig) -> int:
-    from predict.console import console
-    from predict.io import write_json
+    from predict.outputs import console, write_json
 
     serving = config["serving"]
     result = check_serving_python(serving.get("python"), serving["device"], timeout_s=args.timeout_s)

@@ -63,7 +63,7 @@ from typing import Any, Literal
 
 from predict.config import config_default
 from predict.config.models import SharedServerSettings
-from predict.io import write_text
+from predict.outputs import write_text
 from predict.serving.process import (
     _SUPERVISOR,
     _cpu_list,

@@ -108,8 +108,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace, config: StageConfig) -> int:
     from predict.config import ConfigError
-    from predict.console import console
-    from predict.io import write_table
+    from predict.outputs import console, write_table
     from predict.stats.settings import bootstrap_settings, val_selection
 
     section, name = "ablations", args.ablation

@@ -161,8 +161,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace, config: StageConfig) -> int:
     from predict.config import ConfigError
-    from predict.console import console
-    from predict.io import write_table
+    from predict.outputs import console, write_table
     from predict.stats.settings import bootstrap_settings, extension_inputs, val_selection
 
     section, name = "extensions", args.extension

@@ -133,8 +133,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, config: StageConfig) -> int:
-    from predict.console import console
-    from predict.io import write_table
+    from predict.outputs import console, write_table
     from predict.runs import environments
     from predict.stats.settings import bootstrap_settings, val_selection
 

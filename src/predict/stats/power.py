@@ -150,8 +150,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace, config: StageConfig) -> int:
     import pyarrow.parquet as pq
 
-    from predict.console import console
-    from predict.io import write_table
+    from predict.outputs import console, write_table
 
     p = config["power"]
     discordances = {"config": p["discordance"]}

@@ -170,8 +170,7 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
 
     from predict.campaign import check_test_inputs, registry_ledger, selection_settings
     from predict.config import ConfigError
-    from predict.console import print_table
-    from predict.io import write_table
+    from predict.outputs import print_table, write_table
     from predict.runs import environments
     from predict.stages import STAGES
     from predict.stats.open_question import OPEN_QUESTION, open_question_table

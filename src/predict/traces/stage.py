@@ -45,8 +45,8 @@ from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress, TaskID
 
 from predict.env.protocol import ProtocolConfig, task_prompt
-from predict.io import write_rows
 from predict.outcomes import Outcome
+from predict.outputs import write_rows
 from predict.runs import resolve_run
 from predict.traces import mutations
 from predict.traces.render import RECOVERY_STYLES, Trace, TraceError, render, solution_text
@@ -456,8 +456,8 @@ def traces_arguments(p: argparse.ArgumentParser) -> None:
 def traces_main(args: argparse.Namespace, config: StageConfig) -> int:
     import time
 
-    from predict.console import console, print_table
     from predict.data import load_split
+    from predict.outputs import console, print_table
 
     started = time.perf_counter()
     summary = run_stage(load_split(args.tasks_file), config, args.out_dir)
@@ -478,8 +478,8 @@ def run_traces_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_traces_main(args: argparse.Namespace, config: StageConfig) -> int:
-    from predict.console import print_table
     from predict.data import load_split
+    from predict.outputs import print_table
 
     mix = run_traces_stage(config, args.run, args.arm_traces, load_split(args.tasks_file), args.out)
     print_table(f"SFT traces, run {args.run}: the mix", ("role", "verified class", "traces"),

@@ -296,7 +296,7 @@ def job_arguments(p: argparse.ArgumentParser, run_help: str, init_help: str) -> 
 
 def job_main(args: argparse.Namespace, config: StageConfig, train: Callable[[RLJob, Any], dict[str, Any]]) -> int:
     from predict.config import ConfigError
-    from predict.console import print_summary
+    from predict.outputs import print_summary
 
     if "rl" not in config:
         raise ConfigError("config: no rl section" + (" (RFT takes its steps and checkpoints from it)"

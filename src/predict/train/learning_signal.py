@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from predict.io import write_table
+from predict.outputs import write_table
 
 if TYPE_CHECKING:
     from predict.stages import StageConfig
@@ -423,7 +423,7 @@ def run_signal(
     import torch
 
     from predict.data import MBPP_SCHEMA, load_mbpp, split_tasks
-    from predict.io import write_rows
+    from predict.outputs import write_rows
     from predict.serving.server import VLLMServer, default_cache_dir
     from predict.tiny_model import cached_tiny_qwen3
     from predict.traces.stage import run_stage
@@ -575,7 +575,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, config: StageConfig) -> int:
-    from predict.console import console
+    from predict.outputs import console
     from predict.train.tracking import TrackingSettings
 
     overrides = {k: v for k, v in {

@@ -95,7 +95,7 @@ def metrics_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
 
 def write_metrics(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     """Write the per-step table atomically (an empty run gives an empty table of the same schema)."""
-    from predict.io import write_table
+    from predict.outputs import write_table
 
     return write_table(metrics_table(rows), path)
 
@@ -224,8 +224,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, config: StageConfig) -> int:
-    from predict.console import console
-    from predict.io import write_table
+    from predict.outputs import console, write_table
 
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for path in args.rl_metrics:

@@ -79,7 +79,7 @@ def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = N
     from predict.data import load_split
     from predict.env.records import RECORD_SCHEMA, read_records
     from predict.env.rollout import run_rollouts_sync
-    from predict.io import ResumableParquet
+    from predict.outputs import ResumableParquet
     from predict.train.from_rollouts import rft_samples
 
     run = TrainingRun(job, config, "rft")

@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from predict.io import write_rows
+from predict.outputs import write_rows
 
 SAMPLE_KINDS: tuple[str, ...] = ("sft", "rl", "ce")
 STREAMS: tuple[str, ...] = ("mask", "logprobs", "advantages", "rl_weights", "ce_weights")

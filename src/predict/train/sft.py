@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 from predict.config import config_default
 from predict.config.models import SFTSettings
 from predict.fingerprint import RESUME_KEYS, fingerprint, start_or_resume
-from predict.io import write_rows
+from predict.outputs import write_rows
 from predict.train.sample import TrainSample
 from predict.train.tracking import RunTracker, TrackingSettings
 
@@ -357,7 +357,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, config: StageConfig) -> int:
-    from predict.console import print_summary
+    from predict.outputs import print_summary
 
     cfg = SFTConfig.from_config(config["sft"])  # no sft section: MissingKey names the stage and the key
     summary = run_sft(

@@ -156,7 +156,7 @@ class RunTracker:
             return self.wandb_name_id
         if done and self.id_file.is_file():
             return self.id_file.read_text().strip()
-        from predict.io import write_text
+        from predict.outputs import write_text
 
         run_id = f"{self.wandb_name_id}-{time.time_ns() // 1_000_000:x}"
         write_text(run_id + "\n", self.id_file)

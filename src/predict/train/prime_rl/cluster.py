@@ -197,7 +197,7 @@ def setup_prime_rl(
     _run([venv_python, "-c", IMPORT_CHECK], cwd=dest)
     summary = {"repo": repo, "commit": commit, "patch_sha256": file_sha256(patch), "python": str(venv_python)}
     if out is not None:
-        from predict.io import write_json
+        from predict.outputs import write_json
 
         write_json(summary, out)
     return summary
@@ -256,7 +256,7 @@ ATTEMPTS = "predict-attempts.json"
 
 def mark_attempt(output_dir: str | Path) -> dict[str, list[int]]:
     """Record where the attempt about to start begins in each metrics file (its current size)."""
-    from predict.io import write_json
+    from predict.outputs import write_json
 
     output_dir = Path(output_dir)
     path = output_dir / ATTEMPTS
@@ -297,7 +297,7 @@ def last_attempt_records(attempts: Sequence[Sequence[str]]) -> tuple[list[str], 
 def drop_superseded_metrics(output_dir: str | Path) -> dict[str, int]:
     """Rewrite each metrics.jsonl with only the last attempt's records of each step (atomically; the dropped lines
     are appended to ``<name>.superseded.jsonl``); returns the dropped count per file. Then one attempt remains."""
-    from predict.io import write_json, write_text
+    from predict.outputs import write_json, write_text
 
     output_dir = Path(output_dir)
     path = output_dir / ATTEMPTS
@@ -332,7 +332,7 @@ def setup_arguments(p: argparse.ArgumentParser) -> None:
 
 def setup_main(args: argparse.Namespace, config: StageConfig) -> int:
     """prime-rl at config prime_rl.commit from prime_rl.repo, its venv on prime_rl.python with prime_rl.extras."""
-    from predict.console import console
+    from predict.outputs import console
 
     prime_rl = config["prime_rl"]
     summary = setup_prime_rl(
@@ -357,7 +357,7 @@ def config_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_main(args: argparse.Namespace, config: StageConfig) -> int:
-    from predict.console import console
+    from predict.outputs import console
     from predict.train.prime_rl import collect, configs
 
     if args.kind == "rl":
@@ -398,7 +398,7 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def train_main(args: argparse.Namespace, config: StageConfig) -> int:
-    from predict.console import console
+    from predict.outputs import console
     from predict.train.prime_rl import collect, configs
 
     launch(args.kind, args.toml, args.dir)

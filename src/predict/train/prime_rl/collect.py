@@ -34,7 +34,7 @@ MESSAGES_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string
 def write_sft_dataset(traces: str | Path, out_dir: str | Path) -> Path:
     """The traces' ``messages`` column as prime-rl's SFT dataset: ``<out_dir>/train.parquet`` with one column
     ``messages`` (list of {role, content}), loadable by ``datasets.load_dataset(out_dir, split="train")``."""
-    from predict.io import write_table
+    from predict.outputs import write_table
 
     table = pq.read_table(traces)
     if "messages" not in table.column_names:
@@ -92,7 +92,7 @@ def metrics_table(output_dir: str | Path) -> pa.Table:
 
 def write_metrics(output_dir: str | Path, out: str | Path) -> int:
     """Write `metrics_table` to parquet (empty when prime-rl logged nothing); returns the row count."""
-    from predict.io import write_table
+    from predict.outputs import write_table
 
     table = metrics_table(output_dir)
     write_table(table, out)
@@ -217,7 +217,7 @@ def mirror_metrics(metrics: str | Path, tensorboard_root: Path, *, run: str, see
 def write_rl_metrics(output_dir: str | Path, out: str | Path, raw_out: str | Path, *, run: str, seed: int) -> int:
     """An RL run's metrics: the per-step schema to `out` and prime-rl's raw long table to `raw_out`; returns the
     number of steps."""
-    from predict.io import write_table
+    from predict.outputs import write_table
 
     long = metrics_table(output_dir)
     write_table(long, raw_out)
@@ -251,7 +251,7 @@ def _move(source: Path, dest: Path) -> None:
 def collect_rl_checkpoints(output_dir: str | Path, run_dir: str | Path, out_json: str | Path) -> dict[str, Any]:
     """Move every finished RL step to ``<run_dir>/step{N}`` (after the run: prime-rl no longer reads them) and
     list them in `out_json`. Re-running after a resume only adds the new steps."""
-    from predict.io import write_json
+    from predict.outputs import write_json
 
     for step in finished_steps(output_dir):
         _move(Path(output_dir) / "weights" / f"step_{step}", Path(run_dir) / f"step{step}")

@@ -416,7 +416,7 @@ def write_toml(table: Mapping[str, Any], path: str | Path) -> Path:
     """Write a TOML file atomically; it reads back to the same table."""
     import tomli_w
 
-    from predict.io import write_text
+    from predict.outputs import write_text
 
     return write_text(tomli_w.dumps(dict(table)), path)
 

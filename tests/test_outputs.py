@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from predict.io import ResumableParquet, write_rows
+from predict.outputs import ResumableParquet, write_rows
 
 SCHEMA = pa.schema([("task_id", pa.int64()), ("sample", pa.int64()), ("reward", pa.float64())])
 
@@ -68,7 +68,7 @@ def test_outputs_get_the_umask_mode_not_mkstemps_0600(tmp_path: Path) -> None:
     import os
     import stat
 
-    from predict.io import write_json
+    from predict.outputs import write_json
 
     old = os.umask(0o022)
     try:

@@ -1,7 +1,9 @@
-"""Parquet in and out, the one way every stage writes its tables.
+"""What a stage puts out: its tables (parquet), JSON and text, written atomically and read back by later stages,
+and what it prints on the console (rich, on stderr: stdout stays free for data).
 
 Writes are atomic (a temporary file in the same folder, then a rename), so a crash never leaves a
 half-written parquet that Snakemake or a resuming stage would mistake for a finished one.
+(Named outputs, not io: no module here is named like a standard-library module.)
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from rich.console import Console
+from rich.table import Table
 
 
 def _umask() -> int:
@@ -138,3 +142,23 @@ def write_text(text: str, path: str | Path) -> Path:
     with _replacing(path) as (fd, _), os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
     return path
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The console
+# ---------------------------------------------------------------------------------------------------------------
+console = Console(stderr=True)
+
+
+def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """A table on stderr: each cell as str() shows it, None as an empty cell."""
+    table = Table(*columns, title=title)
+    for row in rows:
+        table.add_row(*(None if cell is None else str(cell) for cell in row))
+    console.print(table)
+
+
+def print_summary(title: str, summary: dict[str, Any], float_format: str = ".3f") -> None:
+    """A stage's summary as a two-column table on stderr."""
+    print_table(title, ("measure", "value"), [(key, format(value, float_format) if isinstance(value, float)
+                                              else str(value)) for key, value in summary.items()])
