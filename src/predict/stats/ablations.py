@@ -97,8 +97,6 @@ def ablation_table(
     return _table(rows, ABLATION_SCHEMA)
 
 
-
-
 # `predict ablations`: one ablation's table.
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ablation", required=True)
@@ -107,17 +105,13 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, config: StageConfig) -> int:
-    from predict.config import ConfigError
     from predict.outputs import console, write_table
-    from predict.stats.settings import bootstrap_settings, val_selection
+    from predict.stats.settings import bootstrap_settings, run_evaluations, val_selection
 
-    section, name = "ablations", args.ablation
-    runs = config.get(section) or {}
-    if name not in runs:
-        raise ConfigError(f"{section}: no {section[:-1]} {name!r} (have {', '.join(runs) or 'none'})")
-    evals = list(load_evaluations(args.eval).values())  # read once, for the selection and the table
+    name = args.ablation
+    evals = run_evaluations(config, "ablations", name, args.eval)
     table = ablation_table(name, evals, val_selection(config, evals),
-                           base_arm=runs[name]["base_arm"], **bootstrap_settings(config))
+                           base_arm=config["ablations"][name]["base_arm"], **bootstrap_settings(config))
     write_table(table, args.out)
     console.print(f"{name}: {table.num_rows} seed row(s) -> {args.out}")
     return 0

@@ -150,8 +150,6 @@ def extension_table(
     return _table(rows, EXTENSION_SCHEMA)
 
 
-
-
 # `predict extensions`: one extension's table.
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--extension", required=True)
@@ -160,15 +158,11 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, config: StageConfig) -> int:
-    from predict.config import ConfigError
     from predict.outputs import console, write_table
-    from predict.stats.settings import bootstrap_settings, extension_inputs, val_selection
+    from predict.stats.settings import bootstrap_settings, extension_inputs, run_evaluations, val_selection
 
-    section, name = "extensions", args.extension
-    runs = config.get(section) or {}
-    if name not in runs:
-        raise ConfigError(f"{section}: no {section[:-1]} {name!r} (have {', '.join(runs) or 'none'})")
-    evals = list(load_evaluations(args.eval).values())  # read once, for the selection and the table
+    name = args.extension
+    evals = run_evaluations(config, "extensions", name, args.eval)
     table = extension_table(name, evals, val_selection(config, evals), **extension_inputs(config, name),
                             default_test_cost=config["env"]["test_cost"], **bootstrap_settings(config))
     write_table(table, args.out)

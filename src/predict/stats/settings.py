@@ -32,3 +32,13 @@ def val_selection(config: Mapping[str, Any], evals: Iterable[Any]) -> Any:
     return select(config, [{"run": ev.run, "checkpoint": ev.checkpoint, "split": ev.split, "seed": ev.seed,
                             **mechanism_metrics(ev.rows)} for ev in evals])  # fmt: skip
 
+
+def run_evaluations(config: Mapping[str, Any], section: str, name: str, paths: Iterable[str]) -> list[Any]:
+    """The val evaluations of one ablation's or extension's table (read once: for the selection and the table),
+    after checking that config `section` has the run `name`."""
+    from predict.config import ConfigError
+    from predict.stats.pairs import load_evaluations
+
+    if name not in config[section]:
+        raise ConfigError(f"{section}: no {section[:-1]} {name!r} (have {', '.join(config[section]) or 'none'})")
+    return list(load_evaluations(paths).values())
