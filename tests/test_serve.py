@@ -417,10 +417,9 @@ def tiny_models() -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+def _module_server(tiny_models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     log = tmp_path_factory.mktemp("logs") / "vllm.log"
     srv = VLLMServer(tiny_models[0], python=VLLM_PY, served_model_name="tiny", worker_extension=True, log_path=log)
-    srv.start()
     try:
         yield srv
     finally:
@@ -428,6 +427,15 @@ def server(tiny_models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFact
         srv.stop()
         if pid is not None:
             assert not _alive(pid) and group_pids(pid) == []
+
+
+@pytest.fixture()
+def server(_module_server: VLLMServer) -> VLLMServer:
+    """The module's real server, started on first use. test_real_stop_leaves_no_process stops it: in file order the
+    last test to need it, so one vLLM start serves the whole module; a test run after it starts it again."""
+    if _module_server.pid is None:
+        _module_server.start()
+    return _module_server
 
 
 def _chat_ids(path: Path, messages: list[dict[str, str]]) -> list[int]:
@@ -619,15 +627,19 @@ def test_real_reload_weights_in_place(server: VLLMServer, tiny_models: tuple[Pat
 
 @pytest.mark.slow
 @needs_vllm
-def test_real_stop_leaves_no_process(tiny_models: tuple[Path, Path], tmp_path: Path) -> None:
-    srv = VLLMServer(tiny_models[1], python=VLLM_PY, log_path=tmp_path / "vllm.log")
-    with srv:
+def test_real_stop_leaves_no_process(server: VLLMServer) -> None:
+    # The module's server (it used to start one of its own: one vLLM start more); stopped here as leaving
+    # `with VLLMServer(...)` stops it (__exit__ is stop()).
+    srv = server
+    try:
         pid = srv.pid
         assert pid is not None
         members = group_pids(pid)
         assert pid in members and len(members) >= 2  # API server + EngineCore
         out = _post(srv.base_url + "/completions", {"model": srv.model_name, "prompt": "a", "max_tokens": 2})
         assert out["choices"][0]["text"] is not None
+    finally:
+        srv.stop()
     _assert_gone(members, pid)
 
 
