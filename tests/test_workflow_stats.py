@@ -4,6 +4,7 @@ profile and of the embedded default)."""
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -14,10 +15,18 @@ from .conftest import REPO
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
-def job_counts(*args: str) -> dict[str, int]:
+@functools.cache
+def _dry_run_stdout(args: tuple[str, ...]) -> str:
+    """`snakemake -n -F <args>`'s output, run once per distinct argument list in this module: several tests read the
+    same plan (the paper's `all` five times), and a dry-run is a DAG build of several seconds on the 2-core CI.
+    A string, so no test can change what another reads; a failed run is not cached (it raises)."""
     out = subprocess.run([SNAKEMAKE, "-n", "-F", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    table = out.stdout.split("Job stats:")[1].split("Reasons:")[0]
+    return out.stdout
+
+
+def job_counts(*args: str) -> dict[str, int]:
+    table = _dry_run_stdout(args).split("Job stats:")[1].split("Reasons:")[0]
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m[1] != "total"}
 
 
@@ -62,9 +71,7 @@ RUNS = ["A", "B", *ABLATIONS, *EXTENSIONS]
 
 
 def dry_run(*args: str) -> str:
-    out = subprocess.run([SNAKEMAKE, "-n", "-F", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return out.stdout
+    return _dry_run_stdout(args)
 
 
 def test_paper_all_includes_every_extension_run_table_and_report_input() -> None:
