@@ -473,7 +473,7 @@ def test_rollout_cli_takes_the_variant_and_the_protocol_knobs(tmp_path: Path) ->
     from predict.cli import build_parser
     from predict.config import load_config
     from predict.env.rollout import RolloutSettings
-    from predict.rollouts import with_env
+    from predict.runs import with_env
 
     base = ["rollout", "--config", "config/local.yaml", "--tasks-file", "t", "--split", "val", "--model", "m"]
     base += ["--checkpoint", "base", "--arm", "B", "--seed", "1", "--out", str(tmp_path / "o.parquet")]

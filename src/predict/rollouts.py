@@ -247,13 +247,6 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
 
 
 # `predict rollout`
-def with_env(config: Mapping[str, Any], **values: Any) -> Mapping[str, Any]:
-    """The config with these ``env`` keys replaced (None = keep the config's): one run's protocol knobs, e.g. the
-    expensive-tests extension's test_cost."""
-    values = {k: v for k, v in values.items() if v is not None}
-    return {**config, "env": {**config["env"], **values}} if values else config
-
-
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -288,6 +281,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace, config: StageConfig) -> int:
     from predict.config import ConfigError
     from predict.outputs import print_summary
+    from predict.runs import with_env
 
     config = with_env(config, test_cost=args.test_cost, max_chained_revisions=args.max_chained_revisions)
     job = RolloutJob(

@@ -83,9 +83,14 @@ class RunSpec:
 
     def env(self, config: Mapping[str, Any]) -> Mapping[str, Any]:
         """The study config with this run's environment knobs (``env.test_cost``) in place."""
-        if int(config["env"]["test_cost"]) == self.test_cost:
-            return config
-        return {**config, "env": {**config["env"], "test_cost": self.test_cost}}
+        return with_env(config, test_cost=self.test_cost)
+
+
+def with_env(config: Mapping[str, Any], **values: Any) -> Mapping[str, Any]:
+    """The config with these ``env`` keys replaced; a value None or equal to the config's keeps it (the config itself
+    is returned when nothing changes, a stage's view with its key checks included)."""
+    changed = {key: value for key, value in values.items() if value is not None and config["env"][key] != value}
+    return {**config, "env": {**config["env"], **changed}} if changed else config
 
 
 def checkpoint_steps(rl: Mapping[str, Any]) -> list[int]:
