@@ -172,9 +172,11 @@ def config_from_json(text: str) -> dict[str, Any]:
 
 
 def load_config_slice(path: str | Path) -> dict[str, Any]:
-    """A stage's slice of a validated config (predict.stages.slice_file), checked again key by key."""
+    """A stage's slice of a validated config (predict.stages.slice_file), checked again key by key, its defaults
+    filled in like a whole config's (a no-op for the slices the workflow writes; a slice written by hand gets them
+    too, so a stage reads every key it lists the same way however its config came)."""
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
         raise ConfigError(f"{path}: config slice not found") from None
-    return _json_config(text, str(path), partial=True)
+    return _fill(StudyConfig, _json_config(text, str(path), partial=True))
