@@ -262,12 +262,10 @@ def pick(config: Mapping[str, Any], path: str) -> tuple[bool, Any]:
     return True, node
 
 
-def config_slice(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
-    """The part of the config a stage reads (plain dicts), keys the config leaves out left out."""
-    if stage not in STAGES:
-        raise ConfigError(f"no stage {stage!r} in the stage table (src/predict/stages.py)")
+def _keys(config: Mapping[str, Any], reads: Iterable[str]) -> dict[str, Any]:
+    """These keys of the config (plain dicts), keys the config leaves out left out."""
     out: dict[str, Any] = {}
-    for path in STAGES[stage].reads:
+    for path in reads:
         found, value = pick(config, path)
         if not found:
             continue
@@ -279,6 +277,13 @@ def config_slice(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
     return out
 
 
+def config_slice(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
+    """The part of the config a stage reads (plain dicts), keys the config leaves out left out."""
+    if stage not in STAGES:
+        raise ConfigError(f"no stage {stage!r} in the stage table (src/predict/stages.py)")
+    return _keys(config, STAGES[stage].reads)
+
+
 def stage_config(config: Mapping[str, Any], stage: str) -> StageConfig:
     """The stage's slice of a config, as the view that refuses keys outside the table."""
     return StageConfig(stage, config_slice(config, stage))
@@ -286,16 +291,7 @@ def stage_config(config: Mapping[str, Any], stage: str) -> StageConfig:
 
 def workflow_config(config: Mapping[str, Any]) -> StageConfig:
     """The workflow's own view of a (defaults-filled) config: the `WORKFLOW` keys, any other raises SliceError."""
-    out: dict[str, Any] = {}
-    for path in WORKFLOW:
-        found, value = pick(config, path)
-        if found:
-            *parents, last = path.split(".")
-            node = out
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[last] = json.loads(json.dumps(value))
-    return StageConfig(WORKFLOW_VIEW, out, reads=WORKFLOW)
+    return StageConfig(WORKFLOW_VIEW, _keys(config, WORKFLOW), reads=WORKFLOW)
 
 
 def _canonical(value: Any) -> str:
