@@ -70,7 +70,8 @@ def SLICE(stage):
 
 
 def CONFIG(stage):
-    """The stage's view of the WORKFLOW_CONFIG, for flags a rules file passes: a key outside its table entry fails."""
+    """The stage's view of the study configuration (its defaults filled in), for values a rules file passes: a key
+    outside its table entry fails."""
     return stage_config(config, stage)
 
 
