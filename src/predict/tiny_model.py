@@ -33,10 +33,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from predict.config import section
+from predict.config import config_default, section
 from predict.config.models import TinyModelSettings
-
-TINY = TinyModelSettings()  # config model.tiny's defaults, the builder's too (one place: predict.config.models)
 
 if TYPE_CHECKING:
     from predict.stages import StageConfig
@@ -130,9 +128,9 @@ def _save_safetensors(tensors: dict[str, np.ndarray], path: Path, dtype: Dtype) 
 def build_tiny_qwen3(
     out_dir: Path,
     *,
-    seed: int = TINY.seed,
-    hidden_size: int = TINY.hidden_size,
-    num_layers: int = TINY.num_layers,
+    seed: int = config_default(TinyModelSettings, "seed"),
+    hidden_size: int = config_default(TinyModelSettings, "hidden_size"),
+    num_layers: int = config_default(TinyModelSettings, "num_layers"),
     tie_word_embeddings: bool = False,
     dtype: Dtype = "bfloat16",
 ) -> Path:
@@ -198,8 +196,13 @@ def build_tiny_qwen3(
     return out_dir
 
 
-def cached_tiny_qwen3(root: Path, *, seed: int = TINY.seed, hidden_size: int = TINY.hidden_size,
-                      num_layers: int = TINY.num_layers) -> Path:
+def cached_tiny_qwen3(
+    root: Path,
+    *,
+    seed: int = config_default(TinyModelSettings, "seed"),
+    hidden_size: int = config_default(TinyModelSettings, "hidden_size"),
+    num_layers: int = config_default(TinyModelSettings, "num_layers"),
+) -> Path:
     """``root/tiny-qwen3-s{seed}-h{hidden}-l{layers}``, built once (the build is deterministic).
 
     Built in a sibling temp folder and renamed into place, so concurrent callers never see a
