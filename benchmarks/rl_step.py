@@ -1,57 +1,46 @@
-"""RL step time of the local backend, split into rollout / sample building / update / weight sync.
+"""RL step time of the local backend with the real engine, split into rollout / samples / update / sleep / sync.
 
-GPU (one H200; vLLM cannot be installed there, so rollouts are generated with transformers on the same GPU):
+GPU (one H200; vLLM's GPU build as `--vllm-python`, e.g. the .venv-vllm of `PREDICT_VLLM=gpu bash envs/install.sh`):
 
     python benchmarks/rl_step.py --device cuda [--steps 3] [--tasks 8] [--group 4] [--new-tokens 256] [--out f.json]
 
-CPU (the local tiny model): ``python benchmarks/rl_step.py --device cpu --model results/models/tiny [--vllm]``.
+CPU (the local tiny model on vLLM's CPU build): ``python benchmarks/rl_step.py --device cpu --model results/models/tiny``.
 
-What one step does (the same pieces as `predict.train.rl`, except the generator):
+One step is what `predict.train.rl` does around a real vLLM server colocated with the trainer:
 
-* rollout: Arm B-shaped two-call rollouts, ``tasks x group`` of them. Call 1 samples ``--new-tokens`` tokens from the
-  real Qwen3 chat rendering of the study's predictive system prompt + an MBPP task; the environment answers "patch
-  applied"; call 2 samples ``--pred-tokens`` tokens, whose first ones are overwritten with a prediction line
-  (``<PREDICTION>PASS</PREDICTION> <DECISION>KEEP</DECISION>``; a random model never writes one) so the label
-  masking and CE path run. Sampling is ``model.generate`` (temperature 1, KV cache) on an *inference copy* of the
-  policy (as vLLM would hold one) with per-token logprobs from the raw logits. Each rollout becomes a record with
-  the train client's token graph (prompt node, sampled node, user node, sampled node); rewards are random 0/1 and
-  the verified label random, so GRPO advantages are non-zero.
-* samples: `predict.train.from_rollouts.build_samples` (Arm B, alpha 1): calls merge into one sequence per rollout.
-* update: one `Trainer.step` (packed varlen micro-batches, chunked lm_head loss: the SFT issue's fused path).
-* sync, both paths of ``rl.weight_sync`` side by side each step (the step time is given for each):
-  ``sync_folder_s``: ``save_checkpoint`` (HF safetensors) + load into the inference copy (vLLM's
-  ``reload_from_path`` reads the same files); ``sync_memory_s``: the in-memory handoff of `predict.serving.weight_sync`
-  (CUDA IPC handles on a GPU, shared memory on the CPU) into a *receiver process* that holds a same-shaped model and
-  copies the tensors in after the worker extension's own check (`predict.serving.worker_ext`: the same code vLLM's
-  worker runs), the stand-in for vLLM where it cannot be installed. With ``--vllm`` (CPU) both paths go into a real
-  vLLM-CPU server instead (``VLLMServer.reload_weights`` / ``push_weights``). ``sync_mem_s`` is the device copy in
-  one process, the floor (it also keeps the inference copy current).
+* rollout: Arm B-shaped two-call rollouts, ``tasks x group`` of them, all in flight against the server (OpenAI
+  completions on token ids, temperature 1, a seed per request, the sampled tokens' logprobs). Call 1 samples
+  ``--new-tokens`` tokens from the real Qwen3 chat rendering of the study's predictive system prompt + an MBPP task;
+  the environment answers "patch applied"; call 2 samples ``--pred-tokens`` tokens, whose first ones are overwritten
+  with a prediction line (``<PREDICTION>PASS</PREDICTION> <DECISION>KEEP</DECISION>``; a random model never writes
+  one) so the label masking and CE path run. Rewards and verified labels are random, so GRPO advantages are
+  non-zero. The environment itself is not run (its cost: benchmarks/rollouts.py).
+* samples: `predict.train.from_rollouts.build_samples` (Arm B, alpha 1).
+* update: one `Trainer.step`, inside `TrainingRun.update_window`: on the GPU the server sleeps through it (level 2:
+  its weights and KV cache go, the trainer has the memory) and wakes after (``sleep_s`` = sleep + wake-up).
+* sync: the new weights into the running server in memory (CUDA IPC, `VLLMServer.push_weights`), the production
+  path; ``sync_folder_s`` times the folder path into the same server once per step beside it (save the HF folder +
+  `reload_weights`), outside the step.
 
-MFU of the update = model FLOPs / update time / 989 TFLOP/s (H200 dense bf16), with model FLOPs = 6 * N_body * all
-tokens + 6 * V * h * weighted tokens (the lm_head runs only on positions with a weight) + causal attention
-6 * layers * (heads * head_dim) * T^2 per sequence; N_body = non-embedding weights. The SFT benchmark
-(`benchmarks/sft_speed.py`) counts the same way with the lm_head on every position.
+Beside it, in the same run and on the same prompts, the stand-in this benchmark used before vLLM ran on the GPU:
+``model.generate`` of an inference copy in the trainer's process (``standin_rollout_s``, measured once, before the
+server starts, its copy freed after). Peak memory: the device-wide peak over the vLLM steps (NVML: the server and the
+trainer, `predict.serving.gpu_memory.GpuMemoryWatch`) and the trainer's own (torch).
 
-Seen on one H200 (2026-11-30; torch 2.11, transformers 5.17, liger 0.8.5; 8 tasks x 4, 256 + 24 new tokens, 49.5k
-tokens per update; mean of 3 steps after 1 warm-up): rollout 14.4 s (51%), samples 0.01 s, update 2.28 s (8%, MFU
-50%), sync 11.6 s (41%: save 8 GB of safetensors + load; the in-memory GPU copy takes 6 ms), step 28.3 s; peak
-117 GiB (policy + inference copy + AdamW + generation logits).
-
-Seen on one H200 (2026-12-02, same software; ``--micro-batch-tokens 8192`` to leave room for the receiver's 8 GiB;
-``benchmarks/rl_step_h200.json``): sync folder 13.55 s (41.1% of a 33.0 s step) vs in memory 0.083 s (0.4% of a
-19.5 s step; the receiver's copy 0.059 s; the floor, one process, 0.009 s); rollout 16.5 s, update 2.94 s (MFU 34.5%).
-CPU with a real vLLM-CPU server (``--vllm``, tiny model, 2 loaded cores; ``benchmarks/rl_step_cpu_vllm.json``):
-folder 1.12 s, memory 1.08 s, within the noise. docs/weight-sync.md has both.
+Targets (issue 37, one H200, Qwen3-4B shape, 8 x 4 rollouts, 256 + 24 new tokens): step at most 6 s, sleep + wake +
+sync at most 5 % of the step, peak at most 80 GiB. Results: docs/gpu.md and ``rl_step_h200_vllm.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import json
 import random
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -86,52 +75,73 @@ def render_prompt(tok: Any, system: str, user: str) -> list[int]:
     return tok.encode(text).ids
 
 
-def sample_batch(torch: Any, gen: Any, prompts: list[list[int]], new_tokens: int, pad_id: int) -> list[tuple]:
-    """Sample `new_tokens` tokens after each prompt (left-padded batch); [(ids, logprobs)] per prompt."""
-    width = max(len(p) for p in prompts)
-    dev = next(gen.parameters()).device
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=dev)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long, device=dev)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p, device=dev)
-        mask[i, width - len(p) :] = 1
-    with torch.no_grad():
-        out = gen.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            output_logits=True,
-            return_dict_in_generate=True,
-            pad_token_id=pad_id,
-        )
-    seq = out.sequences[:, width:]
-    lps = torch.stack([torch.log_softmax(lg.float(), -1) for lg in out.logits], 1)  # [B, new, V]
-    lp = lps.gather(-1, seq.unsqueeze(-1)).squeeze(-1)
-    return [(seq[i].tolist(), lp[i].tolist()) for i in range(len(prompts))]
+# --- generators: (prompts, new tokens, seed) -> [(ids, logprobs)] ------------------------------------------------
 
 
-def rollouts(torch: Any, gen: Any, tok: Any, tasks: list[dict], group: int, args: argparse.Namespace) -> list[dict]:
+class VLLMGenerator:
+    """The real server: every prompt in flight at once, one seeded completion each."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def _one(self, prompt: list[int], new_tokens: int, seed: int) -> tuple[list[int], list[float]]:
+        body = {"model": self.server.model_name, "prompt": prompt, "max_tokens": new_tokens, "min_tokens": new_tokens,
+                "ignore_eos": True, "temperature": 1.0, "top_p": 1.0, "logprobs": 0, "return_token_ids": True,
+                "seed": seed}  # fmt: skip
+        req = urllib.request.Request(self.server.base_url + "/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=600) as r:
+            choice = json.loads(r.read())["choices"][0]
+        return list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
+
+    def __call__(self, prompts: list[list[int]], new_tokens: int, seed: int) -> list[tuple[list[int], list[float]]]:
+        with cf.ThreadPoolExecutor(len(prompts)) as pool:
+            return list(pool.map(lambda i: self._one(prompts[i], new_tokens, seed * 100_003 + i), range(len(prompts))))
+
+
+class TransformersGenerator:
+    """The stand-in: ``model.generate`` on an inference copy in this process (left-padded batch, KV cache)."""
+
+    def __init__(self, torch: Any, gen: Any, pad_id: int) -> None:
+        self.torch, self.gen, self.pad_id = torch, gen, pad_id
+
+    def __call__(self, prompts: list[list[int]], new_tokens: int, seed: int) -> list[tuple[list[int], list[float]]]:
+        torch = self.torch
+        torch.manual_seed(seed)
+        width = max(len(p) for p in prompts)
+        dev = next(self.gen.parameters()).device
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=dev)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long, device=dev)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p, device=dev)
+            mask[i, width - len(p) :] = 1
+        with torch.no_grad():
+            out = self.gen.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
+                                    top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens, output_logits=True,
+                                    return_dict_in_generate=True, pad_token_id=self.pad_id)  # fmt: skip
+        seq = out.sequences[:, width:]
+        lps = torch.stack([torch.log_softmax(lg.float(), -1) for lg in out.logits], 1)
+        lp = lps.gather(-1, seq.unsqueeze(-1)).squeeze(-1)
+        return [(seq[i].tolist(), lp[i].tolist()) for i in range(len(prompts))]
+
+
+def rollouts(generate: Any, tok: Any, tasks: list[dict], group: int, args: argparse.Namespace, step: int) -> list[dict]:
+    """Arm B-shaped two-call rollouts (the module docstring), as records with the train client's token graph."""
     from predict.env.protocol import RESULT_PATCH_APPLIED, ProtocolConfig, task_prompt
 
     system = ProtocolConfig("predictive").system_prompt()
     scaffold = tok.encode("<|im_start|>assistant\n").ids
-    pad = tok.token_to_id("<|endoftext|>")
     rows = [(t, s) for t in tasks for s in range(group)]
     prompts = [render_prompt(tok, system, task_prompt(t["text"], t["test_list"])) for t, _ in rows]
-    first = sample_batch(torch, gen, [p + scaffold for p in prompts], args.new_tokens, pad)
+    first = generate([p + scaffold for p in prompts], args.new_tokens, 2 * step)
     user = tok.encode(f"<|im_end|>\n<|im_start|>user\n{RESULT_PATCH_APPLIED}<|im_end|>\n").ids
-    second_prompts = [p + scaffold + c + user + scaffold for p, (c, _) in zip(prompts, first, strict=True)]
-    second = sample_batch(torch, gen, second_prompts, args.pred_tokens, pad)
+    second = generate([p + scaffold + c + user + scaffold for p, (c, _) in zip(prompts, first, strict=True)],
+                      args.pred_tokens, 2 * step + 1)  # fmt: skip
     line = tok.encode(PREDICTION_LINE).ids
     if args.pred_tokens < len(line):
         raise SystemExit(f"--pred-tokens must be >= {len(line)} (the injected prediction line)")
     records = []
-    rng = random.Random(len(rows))
+    rng = random.Random(len(rows) + step)
     for (task, s), p, (c1, l1), (c2, l2) in zip(rows, prompts, first, second, strict=True):
         c2 = line + c2[len(line) :]  # a random model writes no prediction line: inject one (benchmark only)
         nodes = [
@@ -154,92 +164,38 @@ def rollouts(torch: Any, gen: Any, tok: Any, tasks: list[dict], group: int, args
     return records
 
 
-def receiver_main(conn: Any, model: str | None, cfg: dict, dtype: str, device: str) -> None:
-    """The receiver process: a same-shaped model that copies each handoff in (what vLLM's worker would do)."""
+def build_model(args: argparse.Namespace, folder: Path) -> Path:
+    """The benchmark's checkpoint: --model, or a random Qwen3-4B-shaped one (tied embeddings, as released) written to
+    `folder` with the real tokenizer, initialised on the GPU (numpy takes minutes for 4B weights)."""
+    if args.model is not None:
+        return args.model
+    import shutil
+
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from predict.serving.weight_sync import handoff_state
-    from predict.serving.worker_ext import check_manifest, close_mappings, open_buffers, tensor_views
+    from predict.tiny_model import TOKENIZER_FILES, tokenizer_dir
 
-    with torch.device(device):
-        if model is not None:
-            net = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).to(device)
-        else:
-            net = AutoModelForCausalLM.from_config(Qwen3Config(**cfg), dtype=getattr(torch, dtype))
-    params = net.state_dict()
-    expected = {k: list(v.shape) for k, v in handoff_state(net, getattr(torch, dtype)).items()}
-    conn.send("ready")
-    while (manifest := conn.recv()) is not None:
-        t = time.perf_counter()
-        check_manifest(manifest, expected)
-        buffers, keep = open_buffers(torch, manifest, 0 if device == "cuda" else None)
-        with torch.no_grad():
-            for name, tensor in tensor_views(torch, manifest, buffers):
-                params[name].copy_(tensor)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        del buffers, tensor
-        close_mappings(keep)
-        conn.send(time.perf_counter() - t)
-
-
-class Receiver:
-    """The in-memory path's other end: a receiver process (default) or, with ``--vllm``, a real vLLM-CPU server
-    (which then takes the folder path too)."""
-
-    def __init__(self, args: argparse.Namespace, cfg: dict, dtype: str, sync_dir: Path) -> None:
-        from predict.serving.weight_sync import WeightHandoff
-
-        self.handoff = WeightHandoff("bench")
-        self.server, self.proc = None, None
-        if args.vllm:
-            import shutil
-
-            from predict.serving.server import VLLMServer, default_python
-
-            served = sync_dir / "served"
-            shutil.copytree(args.model, served)
-            self.server = VLLMServer(served, python=default_python("cpu"), served_model_name="policy",
-                                     worker_extension=True, log_path=sync_dir / "vllm.log").start()  # fmt: skip
-            return
-        import torch.multiprocessing as mp
-
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        model = str(args.model) if args.model is not None else None
-        self.proc = ctx.Process(target=receiver_main, args=(child, model, cfg, dtype, args.device), daemon=True)
-        self.proc.start()
-        if self.conn.recv() != "ready":
-            raise SystemExit("receiver process did not start")
-
-    def folder(self, trainer: Any, folder: Path) -> None:
-        trainer.save_checkpoint(folder)
-        self.server.reload_weights(folder)
-
-    def memory(self, trainer: Any) -> float:
-        """Hand the weights over; returns the receiver's own share of the time (0 for vLLM: not reported)."""
-        manifest = self.handoff.write(trainer.handoff_state())
-        if self.server is not None:
-            self.server.push_weights(manifest)
-            return 0.0
-        self.conn.send(manifest)
-        return float(self.conn.recv())
-
-    def close(self) -> None:
-        self.handoff.close()
-        if self.server is not None:
-            self.server.stop()
-        if self.proc is not None:
-            self.conn.send(None)
-            self.proc.join(60)
+    t = time.perf_counter()
+    torch.manual_seed(0)
+    with torch.device(args.device):
+        net = AutoModelForCausalLM.from_config(Qwen3Config(**QWEN3_4B, bos_token_id=151643, eos_token_id=151645),
+                                               dtype=torch.bfloat16)  # fmt: skip
+    net.save_pretrained(folder)
+    del net
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(tokenizer_dir() / name, folder / name)
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+    print(f"built a random Qwen3-4B-shaped checkpoint in {time.perf_counter() - t:.1f} s", flush=True)
+    return folder
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--model", type=Path, default=None, help="HF folder (CPU: the tiny model); GPU default: 4B-shaped")
-    ap.add_argument("--tokenizer", type=Path, default=None, help="folder with tokenizer.json (default: --model)")
+    ap.add_argument("--vllm-python", default=None, help="vLLM's interpreter (default: .venv-vllm/bin/python)")
     ap.add_argument("--tasks-file", type=Path, default=None, help="MBPP jsonl (default: synthetic tasks)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
@@ -248,123 +204,121 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--pred-tokens", type=int, default=24)
     ap.add_argument("--micro-batch-tokens", type=int, default=16384)
-    ap.add_argument("--layers", type=int, default=None, help="GPU: fewer layers (smoke test)")
-    ap.add_argument("--vllm", action="store_true", help="CPU: sync into a real vLLM-CPU server (needs --model)")
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--no-standin", action="store_true", help="skip the transformers stand-in's rollout")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
     import torch
-    from safetensors.torch import load_file
     from tokenizers import Tokenizer
-    from transformers import AutoModelForCausalLM, Qwen3Config
 
+    from predict.serving.gpu_memory import GIB, GpuMemoryWatch
+    from predict.serving.server import SERVED_NAME, VLLMServer, default_python
+    from predict.serving.weight_sync import WeightHandoff
+    from predict.train.driver import TrainingRun
     from predict.train.from_rollouts import SampleSettings, build_samples
     from predict.train.trainer import Trainer
 
-    tok = Tokenizer.from_file(str((args.tokenizer or args.model) / "tokenizer.json"))
-    t0 = time.perf_counter()
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    if args.model is not None:
-        policy = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
-        gen = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation="sdpa")
-        cfg = {k: getattr(policy.config, k) for k in QWEN3_4B if hasattr(policy.config, k)}
-        cfg["head_dim"] = getattr(policy.config, "head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
-    else:
-        cfg = dict(QWEN3_4B, **({"num_hidden_layers": args.layers} if args.layers else {}))
-        torch.manual_seed(0)
-        with torch.device(args.device):
-            policy = AutoModelForCausalLM.from_config(Qwen3Config(**cfg), dtype=dtype)
-            gen = AutoModelForCausalLM.from_config(Qwen3Config(**cfg), dtype=dtype, attn_implementation="sdpa")
-    gen.to(args.device).eval()
-    gen.load_state_dict(policy.state_dict())
-    trainer = Trainer(
-        args.tokenizer or args.model, model=policy, lr=1e-6, device=args.device, dtype="bfloat16" if args.device == "cuda" else "float32",
-        micro_batch_tokens=args.micro_batch_tokens,
-    )  # fmt: skip
-    setup_s = time.perf_counter() - t0
+    gpu = args.device == "cuda"
+    work = Path(tempfile.mkdtemp(prefix="rl-bench-"))
+    model = build_model(args, work / "model")
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    cfg = json.loads((model / "config.json").read_text())
+    cfg = {k: cfg[k] for k in QWEN3_4B if k in cfg} | {"head_dim": cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]}
     tasks = load_tasks(args.tasks_file, args.tasks)
-    sync_dir = Path(tempfile.mkdtemp(prefix="rl-bench-"))
-    if args.vllm and (args.device != "cpu" or args.model is None):
-        raise SystemExit("--vllm needs --device cpu and --model (vLLM-CPU serves the tiny model)")
-    t = time.perf_counter()
-    receiver = Receiver(args, cfg, "bfloat16" if args.device == "cuda" else "float32", sync_dir)
-    receiver_start_s = time.perf_counter() - t
-    sync = lambda: torch.cuda.synchronize() if args.device == "cuda" else None  # noqa: E731
-    rows = []
-    for step in range(args.warmup + args.steps):
-        row: dict[str, Any] = {"step": step, "warmup": step < args.warmup}
-        sync()
-        t = time.perf_counter()
-        records = rollouts(torch, gen, tok, tasks, args.group, args)
-        sync()
-        row["rollout_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        samples, counts, _ = build_samples(records, tok, SampleSettings(predictive=True, alpha=1.0))
-        row["samples_s"] = time.perf_counter() - t
-        row |= {"n_samples": len(samples), "merged_calls": counts.merged_calls, "ce_samples": counts.ce_samples}
-        sync()
-        if args.device == "cuda":
-            torch.cuda.empty_cache()  # generation's cached blocks: the receiver process needs that memory
-            torch.cuda.reset_peak_memory_stats()
-        t = time.perf_counter()
-        m = trainer.step(samples)
-        sync()
-        row["update_s"] = time.perf_counter() - t
-        row |= {k: m[k] for k in ("loss", "rl_loss", "ce_loss", "n_rl_tokens", "n_ce_tokens", "n_tokens")}
-        row["update_mfu"] = update_flops(cfg, samples) / row["update_s"] / PEAK_FLOPS
-        if args.device == "cuda":
-            row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-        t = time.perf_counter()
-        if receiver.server is not None:
-            receiver.folder(trainer, sync_dir / "policy")
-        else:
-            trainer.save_checkpoint(sync_dir / "policy")
-            state = {}
-            for f in sorted((sync_dir / "policy").glob("*.safetensors")):
-                state |= load_file(str(f), device=args.device)
-            missing, unexpected = gen.load_state_dict(state, strict=False)
-            if "lm_head.weight" in missing and gen.config.tie_word_embeddings:
-                missing = [k for k in missing if k != "lm_head.weight"]
-            assert not unexpected and not missing, (missing, unexpected)
-        sync()
-        row["sync_folder_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        row["receiver_copy_s"] = receiver.memory(trainer)
-        sync()
-        row["sync_memory_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        with torch.no_grad():
-            for p_gen, p_pol in zip(gen.parameters(), trainer.model.parameters(), strict=True):
-                p_gen.copy_(p_pol)
-        sync()
-        row["sync_mem_s"] = time.perf_counter() - t
-        base = row["rollout_s"] + row["samples_s"] + row["update_s"]
-        row["step_folder_s"], row["step_memory_s"] = base + row["sync_folder_s"], base + row["sync_memory_s"]
-        rows.append(row)
-        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "args": {k: str(v) for k, v in vars(args).items()}}
 
-    receiver.close()
+    t0 = time.perf_counter()
+    trainer = Trainer(model, lr=1e-6, device=args.device, dtype="bfloat16" if gpu else "float32",
+                      micro_batch_tokens=args.micro_batch_tokens)  # fmt: skip
+    result["trainer_setup_s"] = time.perf_counter() - t0
+
+    if not args.no_standin:  # the stand-in's rollout on the same prompts, before the server holds any memory
+        from transformers import AutoModelForCausalLM
+
+        gen = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16 if gpu else torch.float32,
+                                                   attn_implementation="sdpa").to(args.device).eval()  # fmt: skip
+        standin = TransformersGenerator(torch, gen, tok.token_to_id("<|endoftext|>"))
+        times = []
+        for step in range(2):  # one warm-up
+            sync()
+            t = time.perf_counter()
+            rollouts(standin, tok, tasks, args.group, args, step)
+            sync()
+            times.append(time.perf_counter() - t)
+        result["standin_rollout_s"] = times[-1]
+        print(f"transformers stand-in rollout: {times[-1]:.2f} s", flush=True)
+        del gen, standin
+        if gpu:
+            torch.cuda.empty_cache()
+
+    serving = {"device": "gpu" if gpu else "cpu", "python": args.vllm_python or default_python("gpu" if gpu else "cpu"),
+               "max_model_len": args.max_model_len, "startup_timeout_s": 900, "shared": None}  # fmt: skip
+    t = time.perf_counter()
+    server = VLLMServer.from_serving(model, serving, sequences=args.tasks * args.group, served_model_name=SERVED_NAME,
+                                     worker_extension=True, log_path=work / "vllm.log").start()  # fmt: skip
+    result["server_start_s"] = time.perf_counter() - t
+    result["server_args"] = server.extra_args
+    print(f"vLLM server up in {result['server_start_s']:.1f} s ({' '.join(server.extra_args)})", flush=True)
+    generate = VLLMGenerator(server)
+    handoff = WeightHandoff("bench")
+    watch = GpuMemoryWatch(interval_s=0.05).start()
+    rows = []
+    try:
+        for step in range(args.warmup + args.steps):
+            row: dict[str, Any] = {"step": step, "warmup": step < args.warmup}
+            t = time.perf_counter()
+            records = rollouts(generate, tok, tasks, args.group, args, 100 + step)
+            row["rollout_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            samples, counts, _ = build_samples(records, tok, SampleSettings(predictive=True, alpha=1.0))
+            row["samples_s"] = time.perf_counter() - t
+            row |= {"n_samples": len(samples), "ce_samples": counts.ce_samples}
+            if gpu:
+                torch.cuda.reset_peak_memory_stats()
+            t = time.perf_counter()
+            with TrainingRun.update_window(server) as slept:
+                sync()
+                t_update = time.perf_counter()
+                m = trainer.step(samples)
+                sync()
+                row["update_s"] = time.perf_counter() - t_update
+            row["sleep_s"] = time.perf_counter() - t - row["update_s"] if slept else 0.0
+            row |= {k: m[k] for k in ("loss", "rl_loss", "ce_loss", "n_rl_tokens", "n_ce_tokens", "n_tokens")}
+            row["update_mfu"] = update_flops(cfg, samples) / row["update_s"] / PEAK_FLOPS
+            if gpu:
+                row["trainer_peak_gib"] = torch.cuda.max_memory_allocated() / GIB
+            t = time.perf_counter()
+            server.push_weights(handoff.write(trainer.handoff_state()), version=str(step))
+            row["sync_memory_s"] = time.perf_counter() - t
+            row["step_s"] = row["rollout_s"] + row["samples_s"] + row["update_s"] + row["sleep_s"] + row["sync_memory_s"]
+            t = time.perf_counter()  # the folder path into the same server, beside the step (not part of it)
+            trainer.save_checkpoint(work / "policy")
+            server.reload_weights(work / "policy", version=f"{step}-folder")
+            row["sync_folder_s"] = time.perf_counter() - t
+            row["device_peak_gib"] = watch.peak_bytes / GIB
+            rows.append(row)
+            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+    finally:
+        watch.stop()
+        handoff.close()
+        server.stop()
     timed = [r for r in rows if not r["warmup"]]
-    keys = ("rollout_s", "samples_s", "update_s", "sync_folder_s", "sync_memory_s", "receiver_copy_s", "sync_mem_s",
-            "step_folder_s", "step_memory_s", "update_mfu")  # fmt: skip
+    keys = ["rollout_s", "samples_s", "update_s", "sleep_s", "sync_memory_s", "sync_folder_s", "step_s", "update_mfu"]
     mean = {k: sum(r[k] for r in timed) / len(timed) for k in keys}
-    where = "a vLLM-CPU server" if args.vllm else f"a receiver process on {args.device}"
-    print(f"\nRL step on {args.device} ({'4B-shaped' if args.model is None else args.model}), {args.tasks}x{args.group} "
-          f"rollouts, {args.new_tokens}+{args.pred_tokens} new tokens, setup {setup_s:.1f} s, receiver start "
-          f"{receiver_start_s:.1f} s; weights synced into {where}; mean of {len(timed)} steps:")  # fmt: skip
-    print(f"  {'':<14} {'folder':>18} {'memory':>18}")
-    for k in ("rollout_s", "samples_s", "update_s"):
-        print(f"  {k:<14} {mean[k]:8.3f} s {mean[k] / mean['step_folder_s']:6.1%}   "
-              f"{mean[k]:8.3f} s {mean[k] / mean['step_memory_s']:6.1%}")  # fmt: skip
-    print(f"  {'sync_s':<14} {mean['sync_folder_s']:8.3f} s {mean['sync_folder_s'] / mean['step_folder_s']:6.1%}   "
-          f"{mean['sync_memory_s']:8.3f} s {mean['sync_memory_s'] / mean['step_memory_s']:6.1%}")  # fmt: skip
-    print(f"  {'step_s':<14} {mean['step_folder_s']:8.3f} s {'':6}   {mean['step_memory_s']:8.3f} s")
-    print(f"  update MFU {mean['update_mfu']:.1%}; receiver's copy {mean['receiver_copy_s']:.4f} s; "
-          f"device copy in one process {mean['sync_mem_s']:.4f} s")  # fmt: skip
+    mean["sleep_and_sync_share"] = (mean["sleep_s"] + mean["sync_memory_s"]) / mean["step_s"]
+    result |= {"rows": rows, "mean": mean, "device_peak_gib": watch.peak_bytes / GIB,
+               "trainer_peak_gib": max((r.get("trainer_peak_gib", 0.0) for r in rows), default=0.0)}  # fmt: skip
+    print(f"\nRL step on {args.device} ({model}), {args.tasks}x{args.group} rollouts, {args.new_tokens}+{args.pred_tokens} "
+          f"new tokens through vLLM; mean of {len(timed)} steps after {args.warmup} warm-up:")  # fmt: skip
+    for k in keys[:-1]:
+        print(f"  {k:<14} {mean[k]:8.3f} s {mean[k] / mean['step_s']:6.1%}")
+    print(f"  update MFU {mean['update_mfu']:.1%}; sleep + wake + sync {mean['sleep_and_sync_share']:.1%} of the step; "
+          f"stand-in rollout {result.get('standin_rollout_s', float('nan')):.2f} s; peak GPU memory "
+          f"{result['device_peak_gib']:.1f} GiB on the device, {result['trainer_peak_gib']:.1f} GiB the trainer's")  # fmt: skip
     if args.out:
-        args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "args": {k: str(v) for k, v in vars(args).items()},
-                                        "setup_s": setup_s, "receiver_start_s": receiver_start_s, "rows": rows,
-                                        "mean": mean}, indent=2))  # fmt: skip
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -17,10 +17,35 @@ from .conftest import REPO
 CONFIGS = sorted((REPO / "config").glob("*.yaml"))
 
 
+def _profile_overlays() -> dict[str, list[Path]]:
+    """Config files a profile reads over another ({overlay name: the files it is merged over, in order})."""
+    overlays: dict[str, list[Path]] = {}
+    for profile in (REPO / "workflow" / "profiles").glob("*/config.yaml"):
+        files = yaml.safe_load(profile.read_text()).get("configfile")
+        if isinstance(files, list):
+            for i, name in enumerate(files[1:], start=1):
+                overlays[Path(name).name] = [REPO / f for f in files[:i]]
+    return overlays
+
+
+OVERLAYS = _profile_overlays()
+
+
 @pytest.mark.parametrize("path", [p for p in CONFIGS if p.name != "schema.yaml"], ids=lambda p: p.name)
-def test_shipped_configs_are_valid(path: Path) -> None:
+def test_shipped_configs_are_valid(path: Path, tmp_path: Path) -> None:
+    """Every shipped config is valid, a profile's overlay (config/gpu.yaml) as the profile merges it."""
+    if path.name in OVERLAYS:
+        from predict.cli import merge_config_files
+
+        merged = tmp_path / "merged.yaml"
+        merged.write_text(yaml.safe_dump(merge_config_files(*OVERLAYS[path.name], path)))
+        path = merged
     config = load_config(path)
     assert config["data"]["split_seed"] == 42
+
+
+def test_the_gpu_profile_reads_the_paper_design_under_its_overlay() -> None:
+    assert OVERLAYS["gpu.yaml"] == [REPO / "config" / "config.yaml"]
 
 
 def test_paper_design_values() -> None:

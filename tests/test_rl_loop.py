@@ -272,3 +272,36 @@ def test_a_kill_after_an_in_memory_handoff_resumes_from_the_saved_state(
     rows = pq.read_table(job.out_dir / "metrics.parquet").to_pylist()
     assert [r["step"] for r in rows] == [1, 2] and all(r["sync_s"] > 0 for r in rows)
     assert all((job.out_dir / f"step{n}" / "model.safetensors").is_file() for n in (1, 2))  # checkpoint_every 1
+
+
+class SleepingServer(RecordingServer):
+    """A GPU server in sleep mode (`VLLMServer.sleep` / `wake_up`): its sleeps and wake-ups are recorded among the
+    weight updates, in the order they happen."""
+
+    sleep_mode = True
+
+    def sleep(self, level: int = 2) -> bool:
+        self.updates.append(("sleep", str(level), None))
+        return True
+
+    def wake_up(self) -> bool:
+        self.updates.append(("wake_up", None, None))
+        return True
+
+
+def test_on_a_gpu_server_each_update_runs_asleep_and_the_weights_arrive_after_it_wakes(
+    tiny: Path, tasks: Path, endpoint: Any, tmp_path: Path
+) -> None:
+    """Issue 37: the colocated server gives its memory back for the update (level 2 sleep: weights and KV cache go)
+    and wakes before the new weights are handed over; the step's metrics say what the sleep and wake-up cost."""
+    config = study(steps=2, tasks_per_step=1, weight_sync="memory")
+    job = RLJob(run="B", seed=45, init=tiny, tasks=tasks, out_dir=tmp_path / "B" / "seed45")
+    server = SleepingServer(endpoint.base_url)
+    assert run_rl(job, config, server=server)["complete"]
+    assert [(what, v) for what, v, _ in server.updates] == [
+        ("folder", "0"),
+        ("sleep", "2"), ("wake_up", None), ("memory", "1"),
+        ("sleep", "2"), ("wake_up", None), ("memory", "2"),
+    ]  # fmt: skip
+    rows = pq.read_table(job.out_dir / "metrics.parquet").to_pylist()
+    assert all(r["sleep_s"] is not None and r["sleep_s"] >= 0 and r["update_s"] > 0 for r in rows)

@@ -52,6 +52,8 @@ FAKE_VLLM = textwrap.dedent(
                 self.reply({})
             elif self.path == "/v1/models":
                 self.reply({"data": [{"id": name}]})
+            elif self.path == "/is_sleeping":
+                self.reply({"is_sleeping": os.path.exists(os.environ["FAKE_EVENTS"] + ".asleep")})
             else:
                 self.send_response(404); self.end_headers()
         def do_POST(self):
@@ -59,6 +61,14 @@ FAKE_VLLM = textwrap.dedent(
             if self.path == "/collective_rpc":
                 note("reload " + json.loads(body)["args"][0])
                 self.reply({"results": ["reloaded"]})
+            elif self.path.startswith("/sleep"):  # sleep mode (GPU): /is_sleeping says so until /wake_up
+                note("post " + self.path)
+                open(os.environ["FAKE_EVENTS"] + ".asleep", "w").close()
+                self.reply({})
+            elif self.path == "/wake_up":
+                note("post /wake_up")
+                os.remove(os.environ["FAKE_EVENTS"] + ".asleep")
+                self.reply({})
             else:  # /pause, /resume, /reset_prefix_cache, /update_weight_version
                 note("post " + self.path.split("?")[0])
                 self.reply({})
@@ -108,8 +118,8 @@ def test_from_serving_leases_the_shared_server_only_when_configured(tmp_path: Pa
     from predict.config.models import ServingSettings
 
     serving = fill_section(ServingSettings, {"device": "cpu", "python": sys.executable})  # shared: null by default
-    assert type(VLLMServer.from_serving(model, serving)) is VLLMServer
-    lease = VLLMServer.from_serving(model, {**serving, "shared": {"idle_s": 7}}, cache_dir=tmp_path / "c")
+    assert type(VLLMServer.from_serving(model, serving, sequences=4)) is VLLMServer
+    lease = VLLMServer.from_serving(model, {**serving, "shared": {"idle_s": 7}}, sequences=4, cache_dir=tmp_path / "c")
     assert isinstance(lease, SharedServer) and lease.idle_s == 7
     assert lease.model_name == "policy" and lease.server.worker_extension  # reloadable, one name for every job
     assert lease.state_dir == tmp_path / "c" / "serving"
@@ -131,6 +141,20 @@ def test_second_lease_reuses_the_server_and_loads_its_weights(tmp_path: Path, fa
     with SharedServer(second, **fake) as lease:
         assert lease.pid == pid
     assert _events(fake).count(f"reload {second}") == 2
+
+
+def test_a_gpu_lease_sleeps_when_released_and_wakes_before_its_weights(tmp_path: Path, fake: dict[str, Any]) -> None:
+    """With sleep mode (GPU servers: predict.serving.gpu_memory.server_gpu_args) the shared server gives its memory
+    back between leases (level 2: the next lease loads its weights anyway) and wakes before the next lease's reload."""
+    first, second = _model(tmp_path, "sft"), _model(tmp_path, "step1")
+    sleepy = {**fake, "extra_args": ["--enable-sleep-mode"]}
+    with SharedServer(first, **sleepy) as lease:
+        assert lease.sleep_mode and lease.server.environment()["VLLM_SERVER_DEV_MODE"] == "1"
+    with SharedServer(second, **sleepy):
+        pass
+    assert _events(fake) == [f"start {first}", "post /sleep?level=2&mode=wait",
+                             "post /wake_up", "post /pause", f"reload {second}", "post /reset_prefix_cache",
+                             "post /resume", "post /update_weight_version", "post /sleep?level=2&mode=wait"]  # fmt: skip
 
 
 @pytest.mark.parametrize("change", ["dtype", "max_model_len", "tokenizer"])

@@ -10,9 +10,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
+import yaml
 from rich.logging import RichHandler
 from rich.markup import escape
 
@@ -44,10 +49,34 @@ def _config(args: argparse.Namespace) -> StageConfig:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    for path in args.configs:
-        load_config(path)
-        console.print(f"[green]ok[/green] {path}")
+    for spec in args.configs:
+        if "+" not in spec:
+            load_config(spec)
+        else:  # files read in turn, each over the ones before, as Snakemake merges a profile's configfile list
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+                yaml.safe_dump(merge_config_files(*map(Path, spec.split("+"))), f)
+            try:
+                load_config(f.name)
+            except ConfigError as e:
+                raise ConfigError(str(e).replace(f.name, spec)) from None
+            finally:
+                os.unlink(f.name)
+        console.print(f"[green]ok[/green] {spec}")
     return 0
+
+
+def merge_config_files(*paths: Path) -> dict[str, Any]:
+    """The YAML files merged in turn, nested mappings key by key (Snakemake's `update_config`)."""
+
+    def update(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+        for key, value in over.items():
+            base[key] = update(dict(base.get(key) or {}), value) if isinstance(value, Mapping) and isinstance(base.get(key), Mapping) else value
+        return base
+
+    merged: dict[str, Any] = {}
+    for path in paths:
+        update(merged, yaml.safe_load(path.read_text()) or {})
+    return merged
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -64,7 +93,10 @@ def _stage_command(name: str) -> tuple[Callable[[argparse.ArgumentParser], None]
 
 
 def _run_stage(args: argparse.Namespace) -> int:
-    return args.stage_main(args, _config(args))
+    from predict.serving.gpu_memory import watch_gpu_memory
+
+    with watch_gpu_memory():  # on a GPU node the job's log ends with its peak GPU memory; nothing elsewhere
+        return args.stage_main(args, _config(args))
 
 
 def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -75,7 +107,7 @@ def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="stage", required=True, metavar="<stage>")
 
     p = sub.add_parser("check-config", help="validate config files against config/schema.yaml")
-    p.add_argument("configs", nargs="+")
+    p.add_argument("configs", nargs="+", help="a file, or files joined by + read in turn (a profile's list)")
     p.set_defaults(func=_check_config)
     p = sub.add_parser("serve", help="serve a checkpoint with vLLM on 127.0.0.1 until interrupted")
     p.add_argument("serve_args", nargs=argparse.REMAINDER, help="see `predict serve -- --help`")

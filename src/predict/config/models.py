@@ -76,6 +76,7 @@ class TinyModelSettings(Section):
     seed: Annotated[int, Field(description="initialisation seed")] = 0
     hidden_size: Annotated[int, Field(ge=8, description="hidden size")] = 64
     num_layers: Annotated[int, Field(ge=1, description="decoder layers")] = 2
+    shape: Annotated[Literal["qwen3-0.6b", "qwen3-4b"] | None, Field(description="a released Qwen3's shape instead (random weights)", json_schema_extra=NO_DEFAULT)] = None
 
 
 class ModelSettings(Section):
@@ -115,6 +116,7 @@ class ServingSettings(Section):
     python: Annotated[str | None, Field(description="the vLLM environment's interpreter; null = the job's own")] = None
     max_model_len: Annotated[int, Field(ge=256, description="vLLM context length")] = 4096
     startup_timeout_s: Annotated[float, Field(gt=0, description="seconds a server may take to start")] = 300
+    gpu_memory_utilization: Annotated[float | None, Field(gt=0, le=1, description="a GPU server's share; left out = derived", json_schema_extra=NO_DEFAULT)] = None
     batch_invariant: Annotated[bool, Field(description="GPU evaluation serves batch-invariant")] = True
     shared: Annotated[SharedServerSettings | None, Field(description="one server per run; null = one per job")] = None
 
@@ -271,7 +273,6 @@ class RLSettings(Section):
     micro_batch_tokens: Annotated[int, Field(ge=64, description="tokens per micro-batch")] = 8192
     dtype: Annotated[Literal["auto", "float32", "bfloat16"], Field(description="auto = bf16 on GPU, fp32 on CPU")] = "auto"
     grad_terms_every: Annotated[int, Field(ge=0, description="measure the RL/CE gradient terms every N steps")] = 1
-    server_gpu_memory_utilization: Annotated[float | None, Field(gt=0, le=1, description="vLLM's GPU share", json_schema_extra=NO_DEFAULT)] = None
 
 
 class StudyConfig(Section):

@@ -90,6 +90,21 @@ GENERATE_COMPAT_MIDDLEWARE = f"{_WORKER_EXT_MODULE}.GenerateTokenCompat"
 
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 
+@functools.cache
+def _knows_scale_out_flag(python: str) -> bool:
+    """Whether the vLLM that `python` imports has ``--enable-scale-out``: newer vLLM (0.32 here) registers the token-in/out
+    endpoints (``/inference/v1/generate``) only with it, vLLM 0.26 always and refuses the unknown flag. Read from its
+    command-line modules' source (importing vLLM takes seconds); where none is found, the flag is given."""
+    probe = "import importlib.util as u; s = u.find_spec('vllm'); print(s.submodule_search_locations[0] if s else '')"
+    try:
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, env=base_environment())
+    except (OSError, subprocess.SubprocessError):
+        return True
+    root = Path(out.stdout.strip() or "/nonexistent") / "entrypoints"
+    sources = list(root.glob("**/cli_args.py"))
+    return not sources or any("enable_scale_out" in f.read_text(errors="replace") for f in sources)
+
+
 class VLLMServerError(RuntimeError):
     """The server failed to start, died, or an admin request failed."""
 
@@ -236,13 +251,20 @@ class VLLMServer:
     """
 
     @classmethod
-    def from_serving(cls, model: Path | str, serving: Mapping[str, Any], **kw: Any) -> VLLMServer | SharedServer:
+    def from_serving(
+        cls, model: Path | str, serving: Mapping[str, Any], *, sequences: int, **kw: Any
+    ) -> VLLMServer | SharedServer:
         """A server for `model` as the config's `serving` section sets it up (interpreter, device, context length,
-        start-up timeout); `kw` adds or overrides the rest (served name, worker extension, log, extra args).
-        With ``serving.shared`` it is a lease on the one server the run's jobs share (`SharedServer`), used the
-        same way (``with ... as srv``, or ``start()``/``stop()``)."""
+        start-up timeout; on a GPU its memory share, with KV room for `sequences` episodes in flight, i.e.
+        ``env.concurrency``, and sleep mode: `predict.serving.gpu_memory.server_gpu_args`); `kw` adds or overrides
+        the rest (served name, worker extension, log, extra args). With ``serving.shared`` it is a lease on the one
+        server the run's jobs share (`SharedServer`), used the same way (``with ... as srv``, or
+        ``start()``/``stop()``)."""
+        from predict.serving.gpu_memory import server_gpu_args
+
+        extra_args = [*server_gpu_args(serving, model, sequences=sequences), *kw.pop("extra_args", [])]
         settings = {"python": serving["python"], "device": serving["device"], "max_model_len": serving["max_model_len"],
-                    "startup_timeout_s": serving["startup_timeout_s"], **kw}  # fmt: skip
+                    "startup_timeout_s": serving["startup_timeout_s"], "extra_args": extra_args, **kw}  # fmt: skip
         shared = serving["shared"]
         if shared is not None:
             return SharedServer(model, idle_s=float(shared["idle_s"]), **settings)
@@ -298,6 +320,7 @@ class VLLMServer:
         self.stop_grace_s = stop_grace_s
         self.idle_lock, self.idle_s = idle_lock, idle_s
         self._proc: Any = None  # subprocess.Popen[bytes]
+        self._tags_versions = True  # the server has /update_weight_version (until a 404 says otherwise)
         self.models_info: dict[str, Any] | None = None  # the /v1/models answer once healthy
         self.startup_s: float | None = None
 
@@ -325,6 +348,11 @@ class VLLMServer:
     def running(self) -> bool:
         return self._proc is not None and self._leader_exit_code() is None
 
+    @property
+    def sleep_mode(self) -> bool:
+        """Started with ``--enable-sleep-mode`` (GPU servers: `predict.serving.gpu_memory.server_gpu_args`)."""
+        return "--enable-sleep-mode" in self.extra_args
+
     # -- command line and environment -------------------------------------------------------------
 
     def _model_arg(self) -> str:
@@ -347,7 +375,8 @@ class VLLMServer:
         if self.enforce_eager:
             cmd.append("--enforce-eager")
         if self.enable_scale_out:
-            cmd.append("--enable-scale-out")
+            if _knows_scale_out_flag(self.python):  # vLLM < 0.27 (the GPU pin, 0.26) serves it without the flag
+                cmd.append("--enable-scale-out")
             if self.generate_token_compat:
                 cmd += ["--middleware", GENERATE_COMPAT_MIDDLEWARE]
         if self.worker_extension:
@@ -373,8 +402,8 @@ class VLLMServer:
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.kv_cache_gib:g}"
             env["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_list()
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
-        if self.worker_extension:
-            env["VLLM_SERVER_DEV_MODE"] = "1"  # enables /collective_rpc and /reset_prefix_cache
+        if self.worker_extension or self.sleep_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"  # enables /collective_rpc, /reset_prefix_cache, /sleep and /wake_up
         if self.worker_extension or (self.enable_scale_out and self.generate_token_compat):
             ext_dir = _worker_ext_dir(self.cache_dir) if prepare else self.cache_dir / "vllm_worker_ext"
             env["PYTHONPATH"] = str(ext_dir)
@@ -525,6 +554,25 @@ class VLLMServer:
     def __repr__(self) -> str:
         return f"VLLMServer(model={str(self.model)!r}, device={self.device!r}, url={self.base_url!r}, pid={self.pid})"
 
+    # -- sleep mode (GPU, --enable-sleep-mode) ------------------------------------------------------------------
+
+    def sleep(self, level: int = 2) -> bool:
+        """Give the GPU memory back while the trainer needs it: level 2 drops the weights and the KV cache (0.09 s
+        for the 4B shape; level 1's copy of the weights to the CPU costs 7.6 s: docs/gpu.md). The weights must be
+        loaded again after `wake_up` (every caller does: an RL step pushes its update, a shared lease reloads its
+        checkpoint). Returns False (nothing done) on a server without sleep mode."""
+        if not self.sleep_mode:
+            return False
+        self._http("POST", f"/sleep?level={int(level)}&mode=wait", timeout=300)
+        return True
+
+    def wake_up(self) -> bool:
+        """Take the memory back after `sleep` (a no-op on an awake server, or one without sleep mode)."""
+        if not self.sleep_mode or not (self._http("GET", "/is_sleeping", timeout=60) or {}).get("is_sleeping"):
+            return False
+        self._http("POST", "/wake_up", timeout=300)
+        return True
+
     # -- weight reload (needs worker_extension=True) -----------------------------------------------
 
     def reload_weights(self, weights_dir: Path | str, *, version: str | None = None) -> list[str]:
@@ -552,8 +600,13 @@ class VLLMServer:
                     raise VLLMServerError(f"reset_prefix_cache failed: {reset}")
             finally:
                 self._http("POST", "/resume", timeout=60)
-            if version is not None:
-                self._http("POST", "/update_weight_version", {"new_version": version}, timeout=60)
+            if version is not None and self._tags_versions:
+                try:
+                    self._http("POST", "/update_weight_version", {"new_version": version}, timeout=60)
+                except urllib.error.HTTPError as e:
+                    if e.code != 404:
+                        raise
+                    self._tags_versions = False  # vLLM 0.26 has no version tag: the weights are loaded all the same
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace")[:2000]
             if "weight handoff refused" in detail:  # the worker checked it and loaded nothing: the server is fine
@@ -674,6 +727,16 @@ class SharedServer:
     def push_weights(self, manifest: Mapping[str, Any], *, version: str | None = None) -> list[str]:
         return self.server.push_weights(manifest, version=version)
 
+    @property
+    def sleep_mode(self) -> bool:
+        return self.server.sleep_mode
+
+    def sleep(self, level: int = 2) -> bool:
+        return self.server.sleep(level)
+
+    def wake_up(self) -> bool:
+        return self.server.wake_up()
+
     # -- the key ------------------------------------------------------------------------------------------------
     def key(self) -> dict[str, Any]:
         """Everything a started server cannot change: two leases with equal keys may share it."""
@@ -756,6 +819,7 @@ class SharedServer:
                 self.server.port, self.server.log_path = int(state["port"]), Path(state["log"])
                 t0 = time.perf_counter()
                 try:
+                    self.server.wake_up()  # asleep between leases (GPU sleep mode): the weights come next
                     if Path(self.model).expanduser().is_dir():
                         self.server.reload_weights(self.model, version=str(self.model))
                 except (VLLMServerError, OSError) as e:  # a server that cannot reload is replaced, not reused
@@ -791,7 +855,14 @@ class SharedServer:
             _LIVE.discard(self.server)
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        """Release the lease; the server keeps running for the next lease (or until idle)."""
+        """Release the lease; the server keeps running for the next lease (or until idle). A GPU server with sleep
+        mode sleeps first (level 2: every lease loads its own weights anyway), so the GPU is free for the jobs
+        between leases (SFT, statistics) while the server waits."""
+        if self._lock_fd is not None and self.sleep_mode:
+            try:
+                self.server.sleep(2)
+            except (OSError, VLLMServerError) as e:  # a server that cannot sleep is replaced by the next lease
+                log.warning("the shared vLLM server did not go to sleep: %s", e)
         self._release()
 
     def __enter__(self) -> SharedServer:

@@ -31,6 +31,7 @@ exists only on a dev-mode server bound to 127.0.0.1, the trainer's own.
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import math
 import mmap
@@ -168,6 +169,9 @@ class RLWorkerExt:
         finally:
             del buffers
             close_mappings(keep)
+            if index is not None:  # the sender's CUDA blocks are released once our views are gone: now, not at exit
+                torch.cuda.synchronize(index)
+                gc.collect()
         return f"{msg}; {len(manifest['tensors'])} tensors from memory, {time.perf_counter() - t:.3f}s in worker"
 
 

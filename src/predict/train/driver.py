@@ -164,19 +164,32 @@ class TrainingRun:
             return
         from predict.serving.server import VLLMServer
 
-        serving = self.config["serving"]
-        extra_args: list[str] = []
-        if worker_extension and serving["device"] == "gpu" and self.rl.get("server_gpu_memory_utilization"):
-            extra_args += ["--gpu-memory-utilization", str(self.rl["server_gpu_memory_utilization"])]
         with VLLMServer.from_serving(
             model_dir,
-            serving,
+            self.config["serving"],
+            sequences=int(self.spec.env(self.config)["env"]["concurrency"]),
             served_model_name=SERVED_NAME,
             worker_extension=worker_extension,
-            extra_args=extra_args,
             log_path=self.work / "vllm.log",
         ) as server:
             yield server
+
+    @staticmethod
+    @contextlib.contextmanager
+    def update_window(server: Any) -> Iterator[bool]:
+        """An update beside a GPU server in sleep mode: the server gives its weights and KV cache back for the
+        update (level 2 sleep) and takes its memory back after it, before the new weights are handed over (every
+        caller syncs right after: the weights a level 2 sleep dropped are replaced then). Elsewhere (the CPU, a
+        server without sleep mode, no server) it does nothing. Yields whether the server slept."""
+        slept = bool(server is not None and getattr(server, "sleep_mode", False) and server.sleep(2))
+        try:
+            yield slept
+        finally:
+            if slept:
+                import torch
+
+                torch.cuda.empty_cache()  # what the update cached goes back to the driver, or the server cannot wake
+                server.wake_up()
 
     def rollout_settings(self, server: Any, checkpoint: str) -> Any:
         """The training rollouts' settings against `server` (or ``job.base_url``)."""

@@ -458,7 +458,8 @@ def run_signal(
                                tracking=live)  # fmt: skip
 
     runs = signal_runs(settings)
-    with VLLMServer.from_serving(out / "sft" / "A", config["serving"], served_model_name=SERVED_NAME,
+    with VLLMServer.from_serving(out / "sft" / "A", config["serving"], sequences=int(config["env"]["concurrency"]),
+                                 served_model_name=SERVED_NAME,
                                  worker_extension=True, log_path=out / "vllm.log") as server:  # fmt: skip
         for r in runs:
             # under the signal run's own name: A-seed1 and A-lr0 are both run A, seed 1

@@ -108,12 +108,18 @@ def run_rl(
 
         t = time.perf_counter()
         if samples:
-            m = trainer.step(samples, grad_terms=probe_step(rl, step))
+            with run.update_window(srv) as slept:  # a GPU server sleeps through the update (its memory is ours)
+                t_update = time.perf_counter()
+                m = trainer.step(samples, grad_terms=probe_step(rl, step))
+                row["update_s"] = time.perf_counter() - t_update
+            if slept:
+                row["sleep_s"] = time.perf_counter() - t - row["update_s"]  # the server's sleep and wake-up
             row |= {k: m.get(k) for k in ("loss", "rl_loss", "ce_loss", "clip_frac", "grad_norm", "lr",
                                           *GRAD_TERM_COLUMNS)}  # fmt: skip
             row |= {k: int(m[k]) for k in ("n_rl_tokens", "n_ce_tokens", "n_samples", "n_tokens")}
+        else:
+            row["update_s"] = time.perf_counter() - t
         row["updated"] = bool(samples)
-        row["update_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
         if samples and srv is not None and in_memory:
