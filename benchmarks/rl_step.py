@@ -165,8 +165,10 @@ def rollouts(generate: Any, tok: Any, tasks: list[dict], group: int, args: argpa
 
 
 def build_model(args: argparse.Namespace, folder: Path) -> Path:
-    """The benchmark's checkpoint: --model, or a random Qwen3-4B-shaped one (tied embeddings, as released) written to
-    `folder` with the real tokenizer, initialised on the GPU (numpy takes minutes for 4B weights)."""
+    """The benchmark's checkpoint: --model, or a random Qwen3-4B-shaped one written to `folder` with the real
+    tokenizer, initialised on the GPU (numpy takes minutes for 4B weights). Untied (4.41B parameters, 0.39B more than
+    the release): that is what ran on the H200 (rl_step_h200_vllm.json); the tied one was refused there until
+    `predict.serving.worker_ext.checkpoint_shapes` stopped asking a tied model for its lm_head."""
     if args.model is not None:
         return args.model
     import shutil
@@ -179,7 +181,7 @@ def build_model(args: argparse.Namespace, folder: Path) -> Path:
     t = time.perf_counter()
     torch.manual_seed(0)
     with torch.device(args.device):
-        net = AutoModelForCausalLM.from_config(Qwen3Config(**QWEN3_4B, bos_token_id=151643, eos_token_id=151645),
+        net = AutoModelForCausalLM.from_config(Qwen3Config(**{**QWEN3_4B, "tie_word_embeddings": False}, bos_token_id=151643, eos_token_id=151645),
                                                dtype=torch.bfloat16)  # fmt: skip
     net.save_pretrained(folder)
     del net

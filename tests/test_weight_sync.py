@@ -87,3 +87,24 @@ def test_one_key_picks_the_path() -> None:
     assert resolve_mode("folder") == "folder"
     with pytest.raises(ValueError, match="rl.weight_sync must be one of auto, memory, folder, not 'disk'"):
         resolve_mode("disk")
+
+
+def test_a_tied_checkpoint_that_also_holds_its_lm_head_takes_a_handoff_without_it(tmp_path: Path) -> None:
+    """Seen on the H200 (transformers 5.17): a tied Qwen3 saved with `save_pretrained` held lm_head.weight too, and
+    every in-memory handoff into the server serving it was refused as partial (the trainer, like save_pretrained
+    elsewhere, hands a tied lm_head over once, as the embedding). Untied, lm_head is still required."""
+    import json
+
+    from safetensors.torch import save_file
+
+    embed = torch.zeros(8, 4)
+    folder = tmp_path / "tied"
+    folder.mkdir()
+    save_file({"model.embed_tokens.weight": embed, "lm_head.weight": embed.clone()}, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
+    with WeightHandoff("test-tied") as handoff:
+        manifest = handoff.write({"model.embed_tokens.weight": embed})
+        check_manifest(manifest, checkpoint_shapes(folder))  # no error: the served lm_head is the embedding
+        (folder / "config.json").write_text(json.dumps({"tie_word_embeddings": False}))
+        with pytest.raises(HandoffError, match="partial, tensor 'lm_head.weight' is missing"):
+            check_manifest(manifest, checkpoint_shapes(folder))

@@ -127,14 +127,7 @@ class WeightHandoff:
         if self._shm_path is not None:
             self._shm_path.unlink(missing_ok=True)
             self._shm_path = None
-        if self._gpu:
-            import torch
-
-            self._gpu = []
-            # Free what the receiver has released (torch keeps a sent block until the receiver's reference count
-            # says so): a trainer that exits with blocks still held logs "Producer process has been terminated
-            # before all shared CUDA tensors released".
-            torch.cuda.ipc_collect()
+        self._gpu = []
 
     def __enter__(self) -> WeightHandoff:
         return self

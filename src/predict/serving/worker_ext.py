@@ -31,7 +31,6 @@ exists only on a dev-mode server bound to 127.0.0.1, the trainer's own.
 from __future__ import annotations
 
 import base64
-import gc
 import json
 import math
 import mmap
@@ -53,13 +52,19 @@ class HandoffError(ValueError):
 
 
 def checkpoint_shapes(folder: str | Path) -> dict[str, list[int]]:
-    """{tensor name: shape} of a safetensors checkpoint folder, from the files' headers (no weights read)."""
+    """{tensor name: shape} a handoff must bring for the model in a safetensors checkpoint folder, from the files'
+    headers (no weights read). A tied model's ``lm_head.weight`` is not asked for even where the folder holds it
+    (transformers 5.17 wrote it for a tied Qwen3-4B on the H200; a handoff, like ``save_pretrained``, leaves it out):
+    the served lm_head is the embedding (`RLWorkerExt.refresh_tied_lm_head`)."""
     shapes: dict[str, list[int]] = {}
     for f in sorted(Path(folder).glob("*.safetensors")):
         with open(f, "rb") as fh:
             (n,) = struct.unpack("<Q", fh.read(8))
             header = json.loads(fh.read(n))
         shapes |= {k: list(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    config = Path(folder) / "config.json"
+    if config.is_file() and json.loads(config.read_text()).get("tie_word_embeddings"):
+        shapes.pop("lm_head.weight", None)
     return shapes
 
 
@@ -169,9 +174,6 @@ class RLWorkerExt:
         finally:
             del buffers
             close_mappings(keep)
-            if index is not None:  # the sender's CUDA blocks are released once our views are gone: now, not at exit
-                torch.cuda.synchronize(index)
-                gc.collect()
         return f"{msg}; {len(manifest['tensors'])} tensors from memory, {time.perf_counter() - t:.3f}s in worker"
 
 
