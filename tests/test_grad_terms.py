@@ -179,13 +179,11 @@ def test_a_sample_with_both_weights_is_not_measured(model_dir: Path) -> None:
     assert all(m[c] is None for c in GRAD_TERM_COLUMNS) and m["grad_norm"] > 0
 
 
-def test_the_schedule_is_every_kth_step_with_its_default_in_the_schema() -> None:
-    import yaml
+def test_the_schedule_is_every_kth_step_with_its_default_in_the_models() -> None:
+    from predict.config import config_default
+    from predict.config.models import RLSettings
 
-    from predict.config import SCHEMA_PATH
-
-    default = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["rl"]["properties"]["grad_terms_every"]["default"]
-    assert probe_every({}) == default == 1
+    assert probe_every({}) == config_default(RLSettings, "grad_terms_every") == 1
     assert [s for s in range(1, 8) if probe_step({}, s)] == list(range(1, 8))
     assert [s for s in range(1, 8) if probe_step({"grad_terms_every": 3}, s)] == [3, 6]
     assert not any(probe_step({"grad_terms_every": 0}, s) for s in range(1, 8))
