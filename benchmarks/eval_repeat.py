@@ -45,7 +45,8 @@ def main() -> int:
     vf_subprocess.CACHE_DIR = Path(tempfile.mkdtemp(prefix="bench-verifiers-"))
     config = load_config(args.config)
     data, ev = config["data"], config["evaluation"]
-    val = sorted(split_tasks(load_mbpp(data["mbpp_path"]), int(data["split_seed"]), data["sizes"])["val"],
+    val = sorted(split_tasks(load_mbpp(data["mbpp_path"], hf_fallback=data["hf_fallback"]), int(data["split_seed"]),
+                 data["sizes"])["val"],
                  key=lambda r: r["task_id"])  # fmt: skip
     tasks = [{**r, "split": "val"} for r in val[: args.tasks or ev["tasks"] or len(val)]]
     model = cached_tiny_qwen3(default_cache_dir() / "models", seed=0)

@@ -200,8 +200,9 @@ class Receiver:
 
             served = sync_dir / "served"
             shutil.copytree(args.model, served)
-            self.server = VLLMServer(served, python=default_python("cpu"), served_model_name="policy",
-                                     worker_extension=True, log_path=sync_dir / "vllm.log").start()  # fmt: skip
+            self.server = VLLMServer(served, max_model_len=4096, startup_timeout_s=300, python=default_python("cpu"),
+                                     served_model_name="policy", worker_extension=True,
+                                     log_path=sync_dir / "vllm.log").start()  # fmt: skip
             return
         import torch.multiprocessing as mp
 
@@ -279,7 +280,7 @@ def main() -> int:
     gen.load_state_dict(policy.state_dict())
     trainer = Trainer(
         args.tokenizer or args.model, model=policy, lr=1e-6, device=args.device, dtype="bfloat16" if args.device == "cuda" else "float32",
-        micro_batch_tokens=args.micro_batch_tokens,
+        micro_batch_tokens=args.micro_batch_tokens, weight_decay=0.0, grad_clip=1.0, seed=0
     )  # fmt: skip
     setup_s = time.perf_counter() - t0
     tasks = load_tasks(args.tasks_file, args.tasks)

@@ -370,17 +370,18 @@ class ProtocolConfig:
                 "replacement would make patches free)"
             )
 
+    # Each default below is the field's of the same name above (class-body names, evaluated here): written once.
     @classmethod
     def resolve(
         cls,
-        protocol: str = "reactive",
-        variant: str = "none",
-        budget: int = 8,
-        revise_costs_call: bool = True,
+        protocol: str = protocol,
+        variant: str = variant,
+        budget: int = budget,
+        revise_costs_call: bool = revise_costs_call,
         budget_neutral_budget: int | None = None,
-        max_model_calls: int | None = None,
-        test_cost: int = 1,
-        max_chained_revisions: int = 2,
+        max_model_calls: int | None = max_model_calls,
+        test_cost: int = test_cost,
+        max_chained_revisions: int = max_chained_revisions,
     ) -> ProtocolConfig:
         """Apply the variant (budget_neutral = the raised budget when one is given, else a free REVISE), then scale
         the budget for the test cost (`scaled_budget`)."""
