@@ -32,26 +32,18 @@ class ConfigError(ValueError):
     """A config file is missing, unreadable, or breaks the config models."""
 
 
-def _model_at(path: list[str]) -> type[Section] | None:
-    """The section model at a key path of a config (`["arms", "B"]` -> ArmSettings), if there is one."""
-    model: type[Section] | None = StudyConfig
-    for i, key in enumerate(path):
-        field = model.model_fields.get(key) if model is not None else None
-        if field is None:
-            return None
-        section, entries = sections_in(field.annotation)
-        if entries is not None and i + 1 < len(path):
-            return _model_at_entries(entries, path[i + 2:])
-        model = section
-    return model
-
-
-def _model_at_entries(model: type[Section], path: list[str]) -> type[Section] | None:
+def _model_at(root: type[Section], path: list[str]) -> type[Section] | None:
+    """The section model at a key path below `root` (`["arms", "B"]` of StudyConfig: ArmSettings), if there is one."""
+    model: type[Section] | None = root
+    entries: type[Section] | None = None
     for key in path:
-        field = model.model_fields.get(key)
-        if field is None or (model := sections_in(field.annotation)[0]) is None:
+        if entries is not None:  # a mapping's entry (an arm, an ablation), whatever its name
+            model, entries = entries, None
+        elif model is None or key not in model.model_fields:
             return None
-    return model
+        else:
+            model, entries = sections_in(model.model_fields[key].annotation)
+    return model if entries is None else None
 
 
 # pydantic error types that say "not this type" (a union reports one per branch it tried).
@@ -74,7 +66,7 @@ class _Problem:
         return f"{where}: {self.text}" + ("" if self.got is _NOTHING else f", got {self.got!r}")
 
 
-def _problem(error: Any, data: Any) -> _Problem:
+def _problem(error: Any, data: Any, root: type[Section]) -> _Problem:
     """One pydantic error as a problem at a key path of `data`: the location's parts that are keys (or list
     indexes) of the data make the path; any other part is a union branch's tag (`literal['study','balanced']`,
     `TraceMix`) or a dict key's marker (`[key]`)."""
@@ -95,7 +87,7 @@ def _problem(error: Any, data: Any) -> _Problem:
             union = tuple(path)
     message = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        model = _model_at(path)
+        model = _model_at(root, path)
         keys = f" (its keys: {', '.join(model.model_fields)})" if model is not None else ""
         text = f"unknown key {last!r}{keys}"
     elif error["type"] == "missing":
@@ -107,11 +99,13 @@ def _problem(error: Any, data: Any) -> _Problem:
     return _Problem(tuple(path), text, union=union)
 
 
-def _problems(error: pydantic.ValidationError, data: Any, partial: bool) -> list[str]:
-    """A message for each problem pydantic found in `data`, shallowest first. Of a union's branches, the ones that
-    failed inside the value (it had that branch's type) are kept, else those that are not "not this type", else
-    the "not this type" ones joined into one message."""
-    found = [_problem(e, data) for e in error.errors(include_url=False) if not (partial and e["type"] == "missing")]
+def _problems(error: pydantic.ValidationError, data: Any, root: type[Section] = StudyConfig,
+              partial: bool = False) -> list[str]:
+    """A message for each problem pydantic found in `data` (validated as `root`), shallowest first. Of a union's
+    branches, the ones that failed inside the value (it had that branch's type) are kept, else those that are not
+    "not this type", else the "not this type" ones joined into one message. partial: missing keys are no problem."""
+    found = [_problem(e, data, root) for e in error.errors(include_url=False)
+             if not (partial and e["type"] == "missing")]
     plain = [p for p in found if p.union is None]
     unions: dict[tuple[str, ...], list[_Problem]] = {}
     for p in found:
@@ -135,7 +129,7 @@ def validate_config(config: Mapping[str, Any], source: str = "config", partial: 
     try:
         StudyConfig.model_validate(dict(config), strict=True)
     except pydantic.ValidationError as e:
-        problems = _problems(e, dict(config), partial)
+        problems = _problems(e, dict(config), partial=partial)
         if problems:
             more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
             raise ConfigError(f"{source}: {problems[0]}{more}") from None
@@ -231,7 +225,7 @@ def section(config: Mapping[str, Any], model: type[Section], *path: str) -> Any:
     try:
         return model.model_validate(dict(node))
     except pydantic.ValidationError as e:
-        where, message = _problems(e, dict(node), partial=False)[0].split(": ", 1)
+        where, message = _problems(e, dict(node), model)[0].split(": ", 1)
         key = ".".join([*path, *([] if where == "<top level>" else [where])])
         raise ConfigError(f"{key}: {message}") from None
 
