@@ -339,7 +339,7 @@ def task_prompt(text: str, test_list: list[str] | tuple[str, ...]) -> str:
 class ProtocolConfig:
     """What the program enforces in one episode (already resolved: see `resolve`)."""
 
-    # The agent program imports this module in its sandbox without the config stack (pydantic, jsonschema), so the
+    # The agent program imports this module in its sandbox without the config stack (pydantic), so the
     # env defaults below are copies: each line says so and tests/test_config_defaults.py holds them equal to the model.
     protocol: Protocol = "reactive"
     variant: Variant = "none"  # mirrors the config default (ExtensionSettings.variant)
