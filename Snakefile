@@ -67,8 +67,8 @@ rule design:
         rules.open_question.output,
 
 
-# The test campaign alone: after selection on val, the test evaluations (once per frozen design: the ledger,
-# results/test/ledger.jsonl) and their statistics, results/test/stats/.
+# The test campaign alone: after selection on val, the test evaluations (once per frozen design: the checkout's
+# ledger, .test-campaigns/ledger.jsonl) and their statistics, results/test/stats/.
 rule test:
     input:
         rules.test_stats.output,

@@ -58,7 +58,7 @@ def main() -> int:
     vf_subprocess.CACHE_DIR = Path(tempfile.mkdtemp(prefix="bench-verifiers-"))
     config = load_config(args.config)
     data, ev, serving = config["data"], config["evaluation"], {**config["serving"], "shared": None}
-    val = sorted(split_tasks(load_mbpp(data["mbpp_path"]), int(data["split_seed"]), data["sizes"])["val"],
+    val = sorted(split_tasks(load_mbpp(data["mbpp_path"], hf_fallback=data["hf_fallback"]), int(data["split_seed"]), data["sizes"])["val"],
                  key=lambda r: r["task_id"])  # fmt: skip
     tasks = [{**r, "split": "val"} for r in val[: args.tasks or ev["tasks"] or len(val)]]
     model = args.model or cached_tiny_qwen3(default_cache_dir() / "models", seed=0)

@@ -116,7 +116,8 @@ def bench_shape(name: str, args: argparse.Namespace, model_dir: Path, old_cls: A
     from predict.train.trainer import Trainer
 
     samples = step_samples(SHAPES[name], args.seq, args.sampled, args.ce_per_rollout, args.ce_prefix)
-    kwargs = {"lr": 1e-6, "device": "cpu", "dtype": "float32", "micro_batch_tokens": 4096, "seed": 0}
+    kwargs = {"lr": 1e-6, "weight_decay": 0.0, "grad_clip": 1.0, "device": "cpu", "dtype": "float32",
+              "micro_batch_tokens": 4096, "seed": 0}
     trainers = {"off": Trainer(model_dir, **kwargs), "on": Trainer(model_dir, **kwargs)}
     # sampling logprobs near the policy's (ratios on both sides of 1, few clipped), as a step of real rollouts has
     for s, lp in zip(samples, trainers["off"].token_logprobs(samples, weighted_only=True), strict=True):

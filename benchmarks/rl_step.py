@@ -233,7 +233,7 @@ def main() -> int:
 
     t0 = time.perf_counter()
     trainer = Trainer(model, lr=1e-6, device=args.device, dtype="bfloat16" if gpu else "float32",
-                      micro_batch_tokens=args.micro_batch_tokens)  # fmt: skip
+                      micro_batch_tokens=args.micro_batch_tokens, weight_decay=0.0, grad_clip=1.0, seed=0)  # fmt: skip
     result["trainer_setup_s"] = time.perf_counter() - t0
 
     if not args.no_standin:  # the stand-in's rollout on the same prompts, before the server holds any memory

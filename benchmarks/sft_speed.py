@@ -256,7 +256,7 @@ def run_one(args: argparse.Namespace) -> dict:
             device="cuda",
             dtype="bfloat16",
             micro_batch_tokens=args.micro_batch_tokens or args.batch * args.seq,
-            liger=args.path != "ours-noliger",
+            liger=args.path != "ours-noliger", weight_decay=0.0, grad_clip=1.0, seed=0
         )
         if args.path == "ours-adamw":  # the trainer as it was: torch's fused AdamW on the bf16 weights
             trainer.optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=True)
@@ -503,7 +503,8 @@ def run_cpu(args: argparse.Namespace) -> None:
     samples = read_samples(args.traces)
     cfg = SFTConfig(lr=1e-3, epochs=1, batch_tokens=args.batch_tokens, seed=0)
     steps = plan_steps([len(s.token_ids) for s in samples], cfg)[: args.steps]
-    trainer = Trainer(args.model, lr=1e-3, device="cpu", dtype="float32", micro_batch_tokens=args.batch_tokens)
+    trainer = Trainer(args.model, lr=1e-3, device="cpu", dtype="float32", micro_batch_tokens=args.batch_tokens,
+                      weight_decay=0.0, grad_clip=1.0, seed=0)
     t0 = time.perf_counter()
     for _, idx in steps:
         trainer.step([samples[i] for i in idx])

@@ -40,8 +40,9 @@ def main() -> int:
 
     rng = np.random.default_rng(0)
     a, b = rng.random(args.tasks) < 0.55, rng.random(args.tasks) < 0.50
-    vec = timed(lambda: paired_bootstrap(a, b, resamples=args.resamples, seed=1), args.repeat)
-    loop = timed(lambda: paired_bootstrap_loop(a, b, resamples=args.resamples, seed=1), max(1, args.repeat // 2))
+    vec = timed(lambda: paired_bootstrap(a, b, resamples=args.resamples, seed=1, ci=0.95), args.repeat)
+    loop = timed(lambda: paired_bootstrap_loop(a, b, resamples=args.resamples, seed=1, ci=0.95),
+                 max(1, args.repeat // 2))
     mc = timed(lambda: mcnemar_exact(a, b), args.repeat)
     print(f"paired bootstrap, {args.resamples} resamples x {args.tasks} tasks (min / median of {args.repeat}):")
     print(f"  {'vectorised numpy':<22}{min(vec):8.3f} s {statistics.median(vec):8.3f} s")

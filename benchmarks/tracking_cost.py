@@ -16,8 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from predict.config.models import WandbSettings
 from predict.train.metrics import METRICS_SCHEMA, read_metrics
-from predict.train.tracking import RunTracker, TrackingSettings
+from predict.train.tracking import RunTracker, TrackingTargets
 
 
 def full_row(step: int) -> dict:
@@ -40,8 +41,8 @@ def main() -> None:
     p.add_argument("--wandb", action="store_true", help="also W&B in offline mode")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        settings = TrackingSettings(Path(tmp) / "tb", wandb_mode="offline" if args.wandb else "disabled",
-                                    wandb_dir=Path(tmp) / "wandb", group="bench")  # fmt: skip
+        settings = TrackingTargets(Path(tmp) / "tb", wandb=WandbSettings(mode="offline" if args.wandb else "disabled"),
+                                   wandb_dir=Path(tmp) / "wandb", group="bench")  # fmt: skip
         t = time.perf_counter()
         tracker = RunTracker(settings, stage="rl", run="B", seed=1).start(0)
         start_s = time.perf_counter() - t

@@ -26,7 +26,7 @@ def mbpp_path() -> Path:
 def mbpp_rows(mbpp_path: Path) -> list[dict]:
     from predict.data import load_mbpp
 
-    return load_mbpp(mbpp_path)
+    return load_mbpp(mbpp_path, hf_fallback=False)
 
 
 @pytest.fixture(scope="session")

@@ -190,7 +190,7 @@ def record_campaign(ledger: Path, config: dict[str, Any], paths: Sequence[Path],
     from predict.stats import read_evaluation
 
     repo = Path(__file__).resolve().parents[1]
-    tasks = write_rows(load_mbpp(repo / "resources" / "mbpp" / "mbpp.jsonl")[:3], MBPP_SCHEMA,
+    tasks = write_rows(load_mbpp(repo / "resources" / "mbpp" / "mbpp.jsonl", hf_fallback=False)[:3], MBPP_SCHEMA,
                        ledger.with_name("synthetic-test-tasks.parquet"))
     plan = [(ev.run, ev.checkpoint, ev.seed) for ev in map(read_evaluation, paths)]
     admitted = TestLedger(ledger).admit(config, plan, [(*e, "synthetic") for e in plan], tasks_path=tasks,

@@ -242,7 +242,8 @@ def test_each_arms_sft_is_evaluated_on_test_once_and_serves_every_seed(tmp_path:
              for c, s in (("sft", 42), ("step2", 42), ("step2", 43))]  # fmt: skip
     selection = [{"run": "A", "seed": s, "mode": "fixed", "step": 2, "checkpoint": "step2", "val_pass_at_1": 0.5,
                   "fallback": False} for s in (42, 43)]
-    tables = study_stats(paths, arms=["A"], selection=selection, resamples=100)
+    tables = study_stats(paths, arms=["A"], selection=selection, resamples=100, reference="sft",
+                         default_test_cost=1, seed=0, ci=0.95)
     pairs = [p for p in tables["pairs"].to_pylist() if p["kind"] == "vs_reference" and p["metric"] == "final_pass"]
     assert [(p["seed_a"], p["checkpoint_b"], p["seed_b"]) for p in pairs] == [(42, "sft", 42), (43, "sft", 42)]
     assert [(m["checkpoint"], m["seed"]) for m in tables["metrics"].to_pylist()] == [("sft", 42), ("step2", 42),
@@ -252,7 +253,8 @@ def test_each_arms_sft_is_evaluated_on_test_once_and_serves_every_seed(tmp_path:
 def test_power_is_given_at_the_holm_level_of_the_family_the_report_adjusts() -> None:
     """The issue's numbers: 5 points at discordance 0.2 on 500 tasks, 0.68 for one test, 0.47 at the first Holm level
     of the 4 A-vs-B seed pairings (old code: one unadjusted power only)."""
-    (row,) = power_table(deltas=[0.05], discordances={"config": [0.2]}, tasks=[500], family_size=4).to_pylist()
+    (row,) = power_table(deltas=[0.05], discordances={"config": [0.2]}, tasks=[500], significance=0.05,
+                         target=0.8, family_size=4).to_pylist()
     assert round(row["power"], 2) == 0.68 and round(row["power_holm"], 2) == 0.47
     assert row["holm_significance"] == 0.0125 and row["family_size"] == 4 and not row["powered_holm"]
 

@@ -1,9 +1,11 @@
-"""Every config default is written once, in predict.config.models: config/schema.yaml states the same ones (checked
-here key by key), load_config fills them in, and no other code writes a literal default for a config key."""
+"""Every config default is written once, in predict.config.models: config/schema.yaml is generated from the models
+(held equal here, and checked key by key), load_config fills the defaults in, and no other code writes a literal
+default for a config key."""
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -13,10 +15,11 @@ import yaml
 
 from predict.config import REPO_ROOT, SCHEMA_PATH, field_default, has_default, load_config, sections_in, with_defaults
 from predict.config.models import Section, StudyConfig
+from predict.config.schema import schema, schema_text
 
 
 def _schema_object(node: dict[str, Any]) -> dict[str, Any] | None:
-    """The object schema a property holds (itself, or its one object-typed branch such as `[object, "null"]`)."""
+    """The object schema a property holds (itself, or its one object-typed branch such as `mix`'s mapping)."""
     if "properties" in node:
         return node
     for branch in node.get("oneOf", []) + node.get("anyOf", []):
@@ -52,25 +55,67 @@ def _compare(model: type[Section], schema: dict[str, Any], path: str, problems: 
         section, entries = sections_in(field.annotation)
         if section and (sub := _schema_object(prop)) is not None:
             _compare(section, sub, where + ".", problems)
-        elif section and name != "mix":
+        elif section:
             problems.append(f"{where}: a section in the model, not an object in the schema")
         if entries and (sub := _entries_schema(prop)) is not None:
             _compare(entries, sub, where + ".*.", problems)
 
 
-def test_schema_and_models_agree_on_every_key_and_default():
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+def test_the_schema_file_is_generated_from_the_models():
+    assert SCHEMA_PATH.read_text() == schema_text(), (
+        "config/schema.yaml is not what the config models (src/predict/config/models.py) generate: edit the models, "
+        "then run `predict config-schema`")
+
+
+def test_the_generated_schema_states_every_key_required_key_and_default_of_the_models():
     problems: list[str] = []
-    _compare(StudyConfig, schema, "", problems)
+    _compare(StudyConfig, yaml.safe_load(SCHEMA_PATH.read_text()), "", problems)
     assert not problems, "config/schema.yaml and src/predict/config/models.py disagree:\n" + "\n".join(problems)
 
 
-def test_the_comparison_sees_a_drifted_default(monkeypatch):
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
-    schema["properties"]["env"]["properties"]["test_cost"]["default"] = 2
+def test_the_comparison_sees_a_drifted_default():
+    drifted = schema()
+    drifted["properties"]["env"]["properties"]["test_cost"]["default"] = 2
     problems: list[str] = []
-    _compare(StudyConfig, schema, "", problems)
+    _compare(StudyConfig, drifted, "", problems)
     assert problems == ["env.test_cost: model default 1 != schema default 2"]
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "local.yaml"])
+def test_snakemake_validate_with_the_schema_agrees_with_the_models(name, tmp_path):
+    """The generated file is a working JSON schema: Snakemake's `validate` passes the shipped configs, fills in the
+    defaults the models fill in, and refuses what the models refuse."""
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    raw = yaml.safe_load((REPO_ROOT / "config" / name).read_text())
+    filled = json_copy(raw)
+    validate(filled, str(SCHEMA_PATH))
+    assert filled == load_config(REPO_ROOT / "config" / name)
+    for edit in (lambda c: c["env"].update(budget=0), lambda c: c["arms"]["B"].update(alpha=None),
+                 lambda c: c.update(seeds=[1, 1]), lambda c: c["rl"].update(weight_sync="shm"),
+                 lambda c: c["arms"].update(b={"protocol": "reactive"})):
+        bad = json_copy(raw)
+        edit(bad)
+        with pytest.raises(WorkflowError):
+            validate(bad, str(SCHEMA_PATH))
+
+
+def json_copy(value: Any) -> Any:
+    return json.loads(json.dumps(value))
+
+
+def test_no_field_has_two_descriptions():
+    """A field's description is its Field(description=...) or the docstring under it, never both (pydantic would
+    keep the first and drop the docstring silently, from the models and the schema)."""
+    tree = ast.parse((REPO_ROOT / "src" / "predict" / "config" / "models.py").read_text())
+    both = []
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        for field, after in zip(cls.body, cls.body[1:], strict=False):
+            documented = isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+            if isinstance(field, ast.AnnAssign) and documented and "description=" in ast.unparse(field.annotation):
+                both.append(f"{cls.name}.{ast.unparse(field.target)}")
+    assert both == []
 
 
 MINIMAL = {
@@ -108,23 +153,14 @@ def test_loaded_configs_carry_every_default(name):
 
 # ---------------------------------------------------------------------------------------------------------------
 # No literal default of a config key outside the models.
-
-def _config_keys() -> set[str]:
-    keys: set[str] = set()
-
-    def walk(model: type[Section]) -> None:
-        for name, field in model.model_fields.items():
-            keys.add(name)
-            section, entries = sections_in(field.annotation)
-            for sub in (section, entries):
-                if sub is not None:
-                    walk(sub)
-
-    walk(StudyConfig)
-    # Names too common to mean a config key (a task's or a row's seed, a record's split...) are only flagged when
-    # the literal is a config default of that name.
-    return keys
-
+#
+# Five forms are scanned: a default read from a config dict (`.get("key", 1)`, `c["key"] or 1`, `{"key": 1, **c}`),
+# a function parameter (`resamples: int = 10_000,` on a line of its own or not), a class field (a dataclass's
+# `wandb_mode: str = "disabled"`), a module or class constant (`DEFAULT_SIGNIFICANCE = 0.05`, `MAX_TOKENS = 512`)
+# and an argparse option (`add_argument("--max-model-len", default=4096)`). A name means a config key when it is the
+# key's name, or the key's name after its sections' (`wandb_mode` for tracking.wandb.mode, `bootstrap_seed`), with
+# `default_`/`_default` around it; it is a repeat when its value is that key's default in the models (a `seed: int = 0`
+# is one: 0 is the bootstrap's and SFT's default seed). None and empty containers are never defaults here.
 
 LITERAL = r"""(?:-?\d[\d_.e-]*|True|False|"[^"]*"|'[^']*'|\[[^\]]*\]|\{[^}]*\}|\([^)]*\))"""
 FORMS = [
@@ -155,34 +191,113 @@ def _receiver(before: str) -> str:
     return match[1] if match else ""
 
 
-# A module constant holding a config key's default (BATCH_INVARIANT_DEFAULT = True, DEFAULT_SELECTION = {...}).
-DEFAULT_CONSTANT = re.compile(r"^\s*(?P<name>[A-Z_]*DEFAULT[A-Z_]*)\s*(?::[^=]+)?=\s*(?P<lit>" + LITERAL + ")")
-# A class field repeating a config default under the key's name (`eps_low: float = 0.2` in a dataclass).
-DATACLASS_FIELD = re.compile(r"^\s+(?P<key>[a-z_]+)\s*:\s*[^=()]+=\s*(?P<lit>" + LITERAL + r")\s*(?:#.*)?$")
-
-
-def _literal(text: str) -> Any:
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return object()
-
-
-def _defaults_by_key() -> dict[str, list[Any]]:
-    """{key name: its defaults in the models} (several sections share a name: seed, lr, ...), unset ones left out."""
-    out: dict[str, list[Any]] = {}
+def _config_keys() -> set[str]:
+    """Every key name of the models (a section's too)."""
+    keys: set[str] = set()
 
     def walk(model: type[Section]) -> None:
         for name, field in model.model_fields.items():
-            section, entries = sections_in(field.annotation)
-            if has_default(field) and not section:
-                out.setdefault(name, []).append(field_default(field))
-            for sub in (section, entries):
+            keys.add(name)
+            for sub in sections_in(field.annotation):
                 if sub is not None:
                     walk(sub)
 
     walk(StudyConfig)
+    return keys
+
+
+def _defaults_by_name() -> dict[str, list[tuple[str, Any]]]:
+    """{a name code may give a config key: [(the key's dotted path, its default)]}: the key's own name, and its name
+    after its sections' names (`wandb_mode`, `bootstrap_resamples`, `isolation_require`); unset defaults left out."""
+    out: dict[str, list[tuple[str, Any]]] = {}
+
+    def walk(model: type[Section], path: tuple[str, ...]) -> None:
+        for name, field in model.model_fields.items():
+            section, entries = sections_in(field.annotation)
+            here = (*path, name)
+            if has_default(field) and not section:
+                named = [part for part in here if part != "*"]
+                for start in range(len(named)):
+                    out.setdefault("_".join(named[start:]), []).append((".".join(here), field_default(field)))
+            if section is not None:
+                walk(section, here)
+            if entries is not None:
+                walk(entries, (*here, "*"))
+
+    walk(StudyConfig, ())
     return out
+
+
+def _plain(value: Any) -> Any:
+    """A literal compared as config data: tuples as lists, a bool never equal to a number."""
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return (type(value) is bool, value)
+
+
+def _repeats(name: str, node: ast.expr | None, names: dict[str, list[tuple[str, Any]]]) -> list[str]:
+    """The config keys whose default `name = node` repeats (none: it repeats no default)."""
+    if node is None:
+        return []
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, SyntaxError, TypeError):
+        return []
+    if value is None or (isinstance(value, tuple | list | dict | str) and not value):
+        return []
+    name = name.lower().lstrip("_")
+    candidates = {name, name.removeprefix("default_"), name.removesuffix("_default")}
+    return sorted({key for c in candidates for key, default in names.get(c, []) if _plain(value) == _plain(default)})
+
+
+def _argparse_name(call: ast.Call) -> str | None:
+    """The option an `add_argument(...)` call defines (its dest, or its first `--long` flag), if it is one."""
+    if not (isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument"):
+        return None
+    for keyword in call.keywords:
+        if keyword.arg == "dest" and isinstance(keyword.value, ast.Constant):
+            return str(keyword.value.value)
+    flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    long = [f for f in flags if f.startswith("--")]
+    return long[0][2:].replace("-", "_") if long else None
+
+
+def _python_repeats(path: Path, names: dict[str, list[tuple[str, Any]]]) -> list[tuple[int, str]]:
+    """(line, key) of every parameter, class field, module or class constant and argparse option of a Python file
+    whose literal default is a config key's default."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: list[tuple[int, str]] = []
+
+    def check(name: str, value: ast.expr | None, line: int) -> None:
+        if keys := _repeats(name, value, names):
+            found.append((line, " or ".join(keys)))
+
+    def assignments(body: list[ast.stmt]) -> None:
+        for statement in body:
+            if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+                check(statement.target.id, statement.value, statement.lineno)
+            elif isinstance(statement, ast.Assign):
+                for target in statement.targets:
+                    if isinstance(target, ast.Name):
+                        check(target.id, statement.value, statement.lineno)
+
+    assignments(tree.body)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            positional = node.args.posonlyargs + node.args.args
+            pairs = list(zip(positional[len(positional) - len(node.args.defaults):], node.args.defaults, strict=True))
+            pairs += list(zip(node.args.kwonlyargs, node.args.kw_defaults, strict=True))
+            for arg, default in pairs:
+                check(arg.arg, default, arg.lineno)
+        elif isinstance(node, ast.ClassDef):
+            assignments(node.body)
+        elif isinstance(node, ast.Call) and (option := _argparse_name(node)):
+            for keyword in node.keywords:
+                if keyword.arg == "default":
+                    check(option, keyword.value, keyword.value.lineno)
+    return found
 
 
 def _shown(path: Path) -> str:
@@ -198,11 +313,12 @@ def _sources() -> list[Path]:
 
 def literal_defaults(files: list[Path] | None = None) -> list[str]:
     """file:line: text of every literal default written for a config key outside predict.config.models."""
-    keys, hits, defaults = _config_keys(), [], _defaults_by_key()
+    keys, names, hits = _config_keys(), _defaults_by_name(), []
     for path in files or _sources():
         lines = path.read_text().splitlines()
+        marked = {n for n, line in enumerate(lines, 1) if NOT_CONFIG_MARK in line or MIRROR_MARK.search(line)}
         for number, line in enumerate(lines, 1):
-            if NOT_CONFIG_MARK in line or MIRROR_MARK.search(line):
+            if number in marked:
                 continue
             for form in FORMS:
                 # a dict of defaults spread under a section may close on the next line: `{"a": 1,\n **section}`
@@ -215,28 +331,43 @@ def literal_defaults(files: list[Path] | None = None) -> list[str]:
                     if form is FORMS[0] and _receiver(line[: match.start()]) in DATA_RECEIVERS:
                         continue
                     hits.append(f"{_shown(path)}:{number}: {line.strip()[:120]}")
-            if (constant := DEFAULT_CONSTANT.match(line)) and any(
-                    key in constant["name"].lower().replace("default", "").strip("_").split("__") for key in keys):
-                hits.append(f"{_shown(path)}:{number}: {line.strip()[:120]}")
-            if (field := DATACLASS_FIELD.match(line)) and _literal(field["lit"]) in defaults.get(field["key"], []):
-                hits.append(f"{_shown(path)}:{number}: {line.strip()[:120]}")
+        if path.suffix == ".py":
+            repeats: dict[int, list[str]] = {}
+            for number, keys in _python_repeats(path, names):
+                repeats.setdefault(number, []).append(keys)
+            hits += [f"{_shown(path)}:{number}: {lines[number - 1].strip()[:100]}  [{'; '.join(dict.fromkeys(keys))}]"
+                     for number, keys in sorted(repeats.items()) if number not in marked]
     return hits
 
 
 def test_no_literal_default_of_a_config_key_outside_the_models():
     hits = literal_defaults()
-    assert not hits, ("defaults of config keys written outside src/predict/config/models.py (read the key from the "
-                      "config, where load_config filled it in, or a typed section):\n" + "\n".join(hits))
+    assert not hits, ("defaults of config keys written outside src/predict/config/models.py (take the typed section "
+                      "or a required argument; read the key from the config, where load_config filled it in):\n"
+                      + "\n".join(hits))
 
 
 def test_the_scan_sees_each_form(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text('a = env.get("test_cost", 1)\nb = cfg.get("target") or 0.8\nc = ev["reference"] or "sft"\n'
-                      'd = {"resamples": 10_000, **boot}\ne = config.get("evaluation") or {}\n'
-                      'f = {"deltas": [0.1], "target": 0.8,\n     **power}\n'
-                      'BATCH_INVARIANT_DEFAULT = True\nDEFAULT_API_KEY_VAR = "X"\n'
-                      'class C:\n    eps_low: float = 0.2\n    eps_low_other: float = 0.2\n    kl_coef: float = 0.5\n')
-    assert [h.split(":")[1] for h in literal_defaults([sample])] == ["1", "2", "3", "4", "6", "8", "11"]
+    sample.write_text(
+        'a = env.get("test_cost", 1)\nb = cfg.get("target") or 0.8\nc = ev["reference"] or "sft"\n'   # 1-3
+        'd = {"resamples": 10_000, **boot}\ne = config.get("evaluation") or {}\n'                     # 4-5
+        'f = {"deltas": [0.1], "target": 0.8,\n     **power}\n'                                        # 6-7
+        'BATCH_INVARIANT_DEFAULT = True\nDEFAULT_API_KEY_VAR = "X"\n'                                  # 8-9
+        'class C:\n    eps_low: float = 0.2\n    eps_low_other: float = 0.2\n    kl_coef: float = 0.5\n'  # 10-13
+        'def boot(\n    x,\n    resamples: int = 10_000,\n    ci: float = 0.95,\n    seed=1,\n):\n'  # 14-19
+        '    pass\n'                                                                                 # 20
+        'def power(*, significance=0.05, target: float = 0.9, reference="sft"): pass\n'              # 21
+        '@dataclass\nclass T:\n    wandb_mode: str = "disabled"\n    wandb_project: str = "other"\n'  # 22-25
+        'STARTUP_TIMEOUT_S = 300.0\nMAX_TOKENS = 256\n'                                                # 26-27
+        'p.add_argument("--max-model-len", type=int, default=4096)\n'                                 # 28
+        'p.add_argument("--port", type=int, default=4096)\n'                                          # 29
+        'def iso(require="auto", accept_weaker=False, gold: bool = 1): pass\n'                       # 30
+        'def marked(resamples=10_000): pass  # its own count, not a config default\n'                 # 31
+        'def lists(gold_splits=("sft", "rl", "val"), extras=()): pass\n'                             # 32
+    )
+    assert [int(h.split(":")[1]) for h in literal_defaults([sample])] == [
+        1, 2, 3, 4, 6, 8, 11, 16, 17, 21, 24, 26, 28, 30, 32]
 
 
 def test_mirrored_defaults_equal_the_models():
@@ -247,7 +378,11 @@ def test_mirrored_defaults_equal_the_models():
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if (mark := MIRROR_MARK.search(line)) and (field := DATACLASS_FIELD.match(line)):
                 model = getattr(models, mark["model"])
-                mirrors.append((f"{_shown(path)}:{number}", _literal(field["lit"]),
+                mirrors.append((f"{_shown(path)}:{number}", ast.literal_eval(field["lit"]),
                                 field_default(model.model_fields[mark["key"]])))
     assert len(mirrors) == 4  # env/protocol.py's ProtocolConfig
     assert [m for m in mirrors if m[1] != m[2]] == []
+
+
+# A mirrored class field: `name: type = literal  # mirrors the config default (Model.key)`.
+DATACLASS_FIELD = re.compile(r"^\s+(?P<key>[a-z_]+)\s*:\s*[^=()]+=\s*(?P<lit>" + LITERAL + r")\s*(?:#.*)?$")

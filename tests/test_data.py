@@ -98,7 +98,7 @@ def test_split_is_stable_across_processes_and_hash_seeds(mbpp_path: Path, tmp_pa
 
 def test_parquet_source_gives_the_same_split(mbpp_rows: list[dict], tmp_path: Path) -> None:
     source = write_rows(mbpp_rows, MBPP_SCHEMA, tmp_path / "mbpp.parquet")
-    rows = load_mbpp(source)
+    rows = load_mbpp(source, hf_fallback=False)
     assert content_hash(rows) == content_hash(mbpp_rows)
     assert pq.read_table(source).num_rows == 974
 
@@ -126,12 +126,12 @@ def test_malformed_row_names_row_and_field(
 ) -> None:
     path = _write_jsonl(tmp_path / "mbpp.jsonl", [mbpp_rows[0], bad_row])
     with pytest.raises(MBPPFormatError, match=expected):
-        load_mbpp(path)
+        load_mbpp(path, hf_fallback=False)
 
 
 def test_missing_file_without_fallback_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="hf_fallback"):
-        load_mbpp(tmp_path / "absent.jsonl")
+        load_mbpp(tmp_path / "absent.jsonl", hf_fallback=False)
 
 
 def test_hf_fallback_used_only_when_file_is_missing(
@@ -180,7 +180,7 @@ def test_mbpp_ships_with_its_licence_citation_and_pinned_hash() -> None:
         data = load_config(SHIPPED.parents[1] / "config" / name)["data"]
         assert data["mbpp_path"] == "resources/mbpp/mbpp.jsonl"
         assert data["mbpp_sha256"] == file_sha256(SHIPPED / "mbpp.jsonl")
-    assert len(load_mbpp(SHIPPED / "mbpp.jsonl", sha256=data["mbpp_sha256"])) == 974
+    assert len(load_mbpp(SHIPPED / "mbpp.jsonl", hf_fallback=False, sha256=data["mbpp_sha256"])) == 974
 
 
 def test_damaged_copy_fails_naming_file_and_both_hashes(tmp_path: Path) -> None:
@@ -191,7 +191,7 @@ def test_damaged_copy_fails_naming_file_and_both_hashes(tmp_path: Path) -> None:
     damaged = tmp_path / "mbpp.jsonl"
     damaged.write_bytes((SHIPPED / "mbpp.jsonl").read_bytes().replace(b"assert", b"assrt", 1))
     with pytest.raises(MBPPChecksumError) as info:
-        load_mbpp(damaged, sha256=expected)
+        load_mbpp(damaged, hf_fallback=False, sha256=expected)
     message = str(info.value)
     assert str(damaged) in message and expected in message and file_sha256(damaged) in message
     proc = subprocess.run(  # the stage: one line, no traceback, nothing written

@@ -186,7 +186,7 @@ def test_expensive_tests_rows_count_calls_saved_and_revise_precision(tmp_path: P
     paths = arms + ext_a + ext_b
     spec = {"base_arm": "B", "test_cost": 3, "trainer": "rl", "variant": "none"}
     rows = extension_table("expensive_tests_B", paths, _selection(paths), spec=spec, counterpart="expensive_tests_A",
-                           resamples=200).to_pylist()
+                           default_test_cost=1, resamples=200, seed=0, ci=0.95).to_pylist()
     assert [r["seed"] for r in rows] == [42, 43]
     r = rows[0]
     assert (r["mechanism"], r["focus_metric"], r["test_cost"], r["counterpart"]) == (
@@ -208,15 +208,16 @@ def test_edit_on_revise_mask_decision_and_rft_rows(tmp_path: Path, arms: list[st
     paths = arms + edit + mask + rft
     sel = _selection(paths)
     (e, _) = extension_table("edit_on_revise", paths, sel, spec={"base_arm": "B", "variant": "edit_on_revise"},
-                             resamples=200).to_pylist()
+                             default_test_cost=1, resamples=200, seed=0, ci=0.95).to_pylist()
     assert (e["mechanism"], e["edited_revise_pass"], e["n_edited"]) == ("edit_on_revise", 0.5, 6)
     assert (e["never_revised_pass"], e["n_never_revised"]) == (1.0, 4)
     (m, _) = extension_table("mask_decision", paths, sel, spec={"base_arm": "B", "mask_decision": True},
-                             resamples=200).to_pylist()
+                             default_test_cost=1, resamples=200, seed=0, ci=0.95).to_pylist()
     assert (m["mechanism"], m["focus_metric"]) == ("mask_decision", "pred_freq_pass")
     assert (m["pred_freq_pass"], m["verified_freq_pass"]) == (0.9, 0.4)
     assert (m["pred_freq_pass_B"], m["verified_freq_pass_B"]) == (0.5, 0.5)
-    (f, _) = extension_table("rft_A", paths, sel, spec={"base_arm": "A", "trainer": "rft"}, resamples=200).to_pylist()
+    (f, _) = extension_table("rft_A", paths, sel, spec={"base_arm": "A", "trainer": "rft"},
+                             default_test_cost=1, resamples=200, seed=0, ci=0.95).to_pylist()
     assert (f["mechanism"], f["pass_ext"], f["pass_rl"]) == ("rft", 0.7, 0.6)
     assert f["rft_minus_rl"] == pytest.approx(0.1) and math.isnan(f["revise_precision"])
 

@@ -16,7 +16,7 @@ def test_gold_report_counts_every_class(tmp_path: Path, mbpp_rows: list[dict]) -
     rows[2]["code"] = "def oops(:\n"
     write_rows(rows, MBPP_SCHEMA, tmp_path / "val.parquet")
     report = check_gold(tmp_path, ["val"], timeout_s=3.0, memory_mb=1024, workers=1,
-                        outcome_labels="structured", progress=False)
+                        outcome_labels="structured", require="auto", accept_weaker=False, progress=False)
     assert [(r["task_id"], r["outcome"]) for r in report] == [
         (rows[0]["task_id"], "PASS"), (rows[1]["task_id"], "RUNTIME_ERROR"), (rows[2]["task_id"], "SYNTAX_ERROR")
     ]

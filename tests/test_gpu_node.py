@@ -17,6 +17,8 @@ from predict.serving import gpu_memory
 from predict.serving.gpu_memory import GIB, ModelShape, colocation_report, server_gpu_args, serving_share
 from predict.tiny_model import SHAPES, build_tiny_qwen3
 
+SIZES = {"max_model_len": 4096, "startup_timeout_s": 300}  # VLLMServer takes both from config serving
+
 REPO = Path(__file__).resolve().parents[1]
 H100 = 81559 * 2**20  # what NVML reports for an 80 GB H100
 H200 = 143771 * 2**20
@@ -196,10 +198,10 @@ def test_the_scale_out_flag_goes_only_to_a_vllm_that_knows_it(tmp_path: Path) ->
     old = _vllm_package(tmp_path / "v026", "tokens_only: bool = False\n")
     new = _vllm_package(tmp_path / "v032", "tokens_only: bool = False\nenable_scale_out: bool = False\n")
     model = _folder(tmp_path)
-    assert "--enable-scale-out" not in VLLMServer(model, python=old, device="gpu").command()
-    assert "--enable-scale-out" in VLLMServer(model, python=new, device="gpu").command()
+    assert "--enable-scale-out" not in VLLMServer(model, **SIZES, python=old, device="gpu").command()
+    assert "--enable-scale-out" in VLLMServer(model, **SIZES, python=new, device="gpu").command()
     # either way the generate endpoint's logprobs get their token field (the train client needs it)
-    assert "--middleware" in VLLMServer(model, python=old, device="gpu").command()
+    assert "--middleware" in VLLMServer(model, **SIZES, python=old, device="gpu").command()
 
 
 def test_a_vllm_without_version_tags_still_takes_the_weights(tmp_path: Path) -> None:
@@ -227,7 +229,7 @@ def test_a_vllm_without_version_tags_still_takes_the_weights(tmp_path: Path) -> 
     httpd = HTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
-        server = VLLMServer(_folder(tmp_path), device="gpu", port=httpd.server_address[1], worker_extension=True)
+        server = VLLMServer(_folder(tmp_path), **SIZES, device="gpu", port=httpd.server_address[1], worker_extension=True)
         server.reload_weights(tmp_path, version="1")
         server.reload_weights(tmp_path, version="2")
     finally:

@@ -78,7 +78,8 @@ def arm_b_step(trainer: Trainer | None = None, vocab: int = VOCAB) -> list[Train
 
 # ---------------------------------------------------------------------------------------------------------------
 def test_a_ce_only_batch_has_an_rl_norm_of_0(model_dir: Path) -> None:
-    trainer = Trainer(model_dir, model=_small_model(), lr=1e-3, device="cpu", dtype="float32")
+    trainer = Trainer(model_dir, model=_small_model(), lr=1e-3, device="cpu", dtype="float32", weight_decay=0.0,
+                      grad_clip=1.0, micro_batch_tokens=8192, seed=0)
     m = trainer.step([ce_sample(_ids(20, 1), 5, 1.0), ce_sample(_ids(15, 2), 3, 1.0)], grad_terms=True)
     assert m["rl_grad_norm"] == 0.0
     assert m["ce_grad_norm"] == m["grad_norm"] > 0
@@ -87,7 +88,8 @@ def test_a_ce_only_batch_has_an_rl_norm_of_0(model_dir: Path) -> None:
 
 def test_alpha_0_has_a_ce_norm_of_0(model_dir: Path) -> None:
     """alpha 0: no CE samples, the RL samples alone (the loop's alpha0 run: tests/test_rl_loop.py)."""
-    trainer = Trainer(model_dir, model=_small_model(), lr=1e-3, device="cpu", dtype="float32")
+    trainer = Trainer(model_dir, model=_small_model(), lr=1e-3, device="cpu", dtype="float32", weight_decay=0.0,
+                      grad_clip=1.0, micro_batch_tokens=8192, seed=0)
     m = trainer.step([s for s in arm_b_step() if s.kind == "rl"], grad_terms=True)
     assert m["ce_grad_norm"] == 0.0
     assert m["rl_grad_norm"] == m["grad_norm"] > 0
@@ -99,7 +101,8 @@ def test_a_step_with_both_gives_both_norms_and_the_cosine_of_a_direct_computatio
     measurement against autograd on plain full-logit forwards of each term alone."""
     from transformers import AutoModelForCausalLM
 
-    trainer = Trainer(tiny, lr=1e-3, device="cpu", dtype="float32", micro_batch_tokens=48, logit_chunk_tokens=16)
+    trainer = Trainer(tiny, lr=1e-3, device="cpu", dtype="float32", micro_batch_tokens=48, logit_chunk_tokens=16,
+                      weight_decay=0.0, grad_clip=1.0, seed=0)
     samples = arm_b_step(trainer, vocab=151000)
     ref = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32, attn_implementation="sdpa")
     params = [p for p in ref.parameters() if p.requires_grad]
@@ -134,7 +137,8 @@ def test_the_cosine_is_plus_or_minus_one_when_both_terms_push_the_same_tokens(
 ) -> None:
     """An RL sample on the very tokens of a CE sample, at ratio 1: g_rl = -A grad(sum logp) / N_rl and g_ce =
     -alpha grad(sum logp) / N_ce, so the cosine is the advantage's sign and the norms' ratio |A| N_ce / (alpha N_rl)."""
-    trainer = Trainer(model_dir, model=_small_model(tie=True), lr=1e-3, device="cpu", dtype="float32")
+    trainer = Trainer(model_dir, model=_small_model(tie=True), lr=1e-3, device="cpu", dtype="float32",
+                      weight_decay=0.0, grad_clip=1.0, micro_batch_tokens=8192, seed=0)
     ids = _ids(30, 7)
     current = trainer.token_logprobs([rl_sample(ids, 6, advantage)])[0]
     m = trainer.step([rl_sample(ids, 6, advantage, current), ce_sample(ids, 6, 0.5)], grad_terms=True)
@@ -146,7 +150,8 @@ def test_the_cosine_is_plus_or_minus_one_when_both_terms_push_the_same_tokens(
 def test_measuring_leaves_the_update_bit_identical(model_dir: Path, dtype: str) -> None:
     """Three steps with and three without the probe, several micro-batches each: weights, AdamW moments and (bf16)
     the Kahan compensation equal bit for bit, and so do the steps' losses and gradient norms."""
-    a, b = (Trainer(model_dir, model=_small_model(), lr=1e-3, device="cpu", dtype=dtype, micro_batch_tokens=48)
+    a, b = (Trainer(model_dir, model=_small_model(), lr=1e-3, device="cpu", dtype=dtype, micro_batch_tokens=48,
+            weight_decay=0.0, grad_clip=1.0, seed=0)
             for _ in range(2))  # fmt: skip
     samples = arm_b_step(a)
     for step in range(3):
@@ -174,18 +179,17 @@ def test_a_sample_with_both_weights_is_not_measured(model_dir: Path) -> None:
     ids = _ids(20, 3)
     both = rl_sample(ids, 4, 1.0)
     both.ce_weights = [0.0] * 10 + [1.0] * 10
-    trainer = Trainer(model_dir, model=_small_model(), lr=1e-3, device="cpu", dtype="float32")
+    trainer = Trainer(model_dir, model=_small_model(), lr=1e-3, device="cpu", dtype="float32", weight_decay=0.0,
+                      grad_clip=1.0, micro_batch_tokens=8192, seed=0)
     m = trainer.step([both, ce_sample(_ids(12, 4), 5, 1.0)], grad_terms=True)
     assert all(m[c] is None for c in GRAD_TERM_COLUMNS) and m["grad_norm"] > 0
 
 
-def test_the_schedule_is_every_kth_step_with_its_default_in_the_schema() -> None:
-    import yaml
+def test_the_schedule_is_every_kth_step_with_its_default_in_the_models() -> None:
+    from predict.config import config_default
+    from predict.config.models import RLSettings
 
-    from predict.config import SCHEMA_PATH
-
-    default = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["rl"]["properties"]["grad_terms_every"]["default"]
-    assert probe_every({}) == default == 1
+    assert probe_every({}) == config_default(RLSettings, "grad_terms_every") == 1
     assert [s for s in range(1, 8) if probe_step({}, s)] == list(range(1, 8))
     assert [s for s in range(1, 8) if probe_step({"grad_terms_every": 3}, s)] == [3, 6]
     assert not any(probe_step({"grad_terms_every": 0}, s) for s in range(1, 8))

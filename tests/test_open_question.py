@@ -165,7 +165,7 @@ def val_paths(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 def test_the_table_gives_scipys_exact_mcnemar_and_statsmodels_holm_back(val_paths: list[Path]) -> None:
     """Old code: there was no open-question table (predict.stats.open_question did not exist)."""
     rows = open_question_table(val_paths, selection_of(val_paths), PAPER_ENVIRONMENTS, resamples=500,
-                               seed=7).to_pylist()
+                               seed=7, ci=0.95).to_pylist()
     # a row per environment and seed pairing (Arm A's seed, then Arm B's), in environment order
     assert [(r["environment"], r["seed_A"], r["seed_B"]) for r in rows] == [
         (env.name, sa, sb) for env in PAPER_ENVIRONMENTS for sa in SEEDS for sb in SEEDS]
@@ -186,7 +186,7 @@ def test_the_table_gives_scipys_exact_mcnemar_and_statsmodels_holm_back(val_path
         assert r["mcnemar_p"] == pytest.approx(p, rel=1e-9)
         expected_p.append(p)
         # the study's paired bootstrap of B - A on the shared tasks, with the configured seed
-        boot = paired_bootstrap(*vectors, resamples=500, seed=7)
+        boot = paired_bootstrap(*vectors, resamples=500, seed=7, ci=0.95)
         assert (r["ci_low"], r["ci_high"]) == pytest.approx((boot["ci_low"], boot["ci_high"]))
         assert r["ci_low"] <= r["diff"] <= r["ci_high"]
         assert r["revise_precision_B"] == pytest.approx(want["n_revised_fail_patches_B"] / want["n_revised_patches_B"])
@@ -205,16 +205,16 @@ def test_a_missing_side_is_an_error_and_a_missing_environment_is_left_out(val_pa
 
     selection = selection_of(val_paths)
     no_blind = [p for p in val_paths if "/blind_" not in str(p)]
-    rows = open_question_table(no_blind, selection, PAPER_ENVIRONMENTS, resamples=50).to_pylist()
+    rows = open_question_table(no_blind, selection, PAPER_ENVIRONMENTS, resamples=50, seed=0, ci=0.95).to_pylist()
     assert {r["environment"] for r in rows} == {"study", "expensive", "irreversible"}
     no_blind_a = [p for p in val_paths if "/blind_A/" not in str(p)]
     with pytest.raises(StatsInputError, match="environment blind: blind_B has val evaluations, its counterpart "
                                               "blind_A none"):
-        open_question_table(no_blind_a, selection, PAPER_ENVIRONMENTS, resamples=50)
+        open_question_table(no_blind_a, selection, PAPER_ENVIRONMENTS, resamples=50, seed=0, ci=0.95)
     unselected = [s for s in selection if (s["run"], s["seed"]) != ("irreversible_B", 43)]
     with pytest.raises(StatsInputError, match="environment irreversible: no val checkpoint selection for run "
                                               "irreversible_B seed 43"):
-        open_question_table(val_paths, unselected, PAPER_ENVIRONMENTS, resamples=50)
+        open_question_table(val_paths, unselected, PAPER_ENVIRONMENTS, resamples=50, seed=0, ci=0.95)
 
 
 def paper_like_config() -> dict[str, Any]:
@@ -301,7 +301,7 @@ def test_the_report_has_the_open_question_with_its_table_and_figure(val_paths: l
     from .test_report import _cells, _images, _non_blank
 
     config = paper_like_config()
-    table = open_question_table(val_paths, selection_of(val_paths), PAPER_ENVIRONMENTS, resamples=200)
+    table = open_question_table(val_paths, selection_of(val_paths), PAPER_ENVIRONMENTS, resamples=200, seed=0, ci=0.95)
     val = write_table(table, tmp_path / "extensions" / "open_question.parquet")
     test_dir = tmp_path / "test"
     write_table(table.set_column(table.schema.get_field_index("split"), "split",

@@ -82,7 +82,7 @@ def test_uv_is_checked_and_syncs_the_lock(tmp_path: Path) -> None:
         check_uv(str(tmp_path / "no-uv"))
     # setup checks uv before it clones anything
     with pytest.raises(PrimeRLSetupError, match="uv not found"):
-        setup_prime_rl("unused", "0" * 40, tmp_path / "dest", uv=str(tmp_path / "no-uv"))
+        setup_prime_rl("unused", "0" * 40, tmp_path / "dest", python="3.12", uv=str(tmp_path / "no-uv"))
     assert not (tmp_path / "dest").exists()
     argv = uv_sync_argv("uv", "3.12", ["flash-attn-3"])
     assert argv == ["uv", "sync", "--locked", "--python", "3.12", "--extra=flash-attn-3"]

@@ -199,7 +199,7 @@ def test_the_test_sections_show_ablations_and_extensions_and_say_when_the_test_h
 
     paths, selection, ablations, extensions = small_test_campaign(tmp_path / "eval")
     tables = study_stats(paths, arms=["A", "B"], ablations=ablations, extensions=extensions, selection=selection,
-                         resamples=100)
+                         resamples=100, reference="sft", default_test_cost=1, seed=0, ci=0.95)
     for name, t in tables.items():
         write_table(t, tmp_path / "test" / f"{name}.parquet")
     config = load_config(REPO / "config" / "local.yaml")

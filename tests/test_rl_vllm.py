@@ -95,8 +95,8 @@ def test_weights_reach_the_running_server_from_a_folder_and_from_memory(tmp_path
     shutil.copytree(old, served)
     prompts = [list(range(1000, 1040)), list(range(2000, 2017)), [7, 8, 9] * 11]
     bad_name = "model.layers.1.mlp.down_proj.weight"
-    with VLLMServer(served, python=VLLM_PY, served_model_name="policy", worker_extension=True,
-                    log_path=tmp_path / "vllm.log") as srv, WeightHandoff("test") as handoff:  # fmt: skip
+    with VLLMServer(served, max_model_len=4096, startup_timeout_s=300, python=VLLM_PY, served_model_name="policy",
+                    worker_extension=True, log_path=tmp_path / "vllm.log") as srv, WeightHandoff("test") as handoff:  # fmt: skip
         before = generate(srv, prompts[0], 8)
         shutil.rmtree(served)
         shutil.copytree(new, served)

@@ -33,6 +33,9 @@ from predict.serving.server import (
 
 from .conftest import REPO
 
+# What a config's serving section gives every server (VLLMServer takes both; the stages pass serving's values).
+SIZES = {"max_model_len": 4096, "startup_timeout_s": 300}
+
 # --- helpers ----------------------------------------------------------------------------------------
 
 
@@ -71,6 +74,7 @@ def test_cpu_command_and_env(model_dir: Path, tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("PYTHONPATH", "/somewhere/with/openai2")  # must not leak into the vLLM env
     srv = VLLMServer(
         model_dir,
+        **SIZES,
         python="/opt/vllm/bin/python",
         port=12345,
         served_model_name="tiny",
@@ -102,7 +106,7 @@ def test_cpu_command_and_env(model_dir: Path, tmp_path: Path, monkeypatch: pytes
     assert env["PATH"].startswith("/opt/vllm/bin" + os.pathsep)
     assert env["PYTHONPATH"] == str(tmp_path / "cache" / "vllm_worker_ext")  # only our shim module dir
     assert "VLLM_SERVER_DEV_MODE" not in env
-    plain = VLLMServer(model_dir, python="/opt/vllm/bin/python", generate_token_compat=False, port=1)
+    plain = VLLMServer(model_dir, **SIZES, python="/opt/vllm/bin/python", generate_token_compat=False, port=1)
     assert "--middleware" not in plain.command() and "PYTHONPATH" not in plain.environment()
     assert env["FOO"] == "bar"
     assert srv.base_url == "http://127.0.0.1:12345/v1" and srv.root_url == "http://127.0.0.1:12345"
@@ -110,7 +114,7 @@ def test_cpu_command_and_env(model_dir: Path, tmp_path: Path, monkeypatch: pytes
 
 
 def test_worker_extension_env(model_dir: Path, tmp_path: Path) -> None:
-    srv = VLLMServer(model_dir, python=sys.executable, worker_extension=True, cache_dir=tmp_path / "c")
+    srv = VLLMServer(model_dir, **SIZES, python=sys.executable, worker_extension=True, cache_dir=tmp_path / "c")
     cmd = srv.command()
     assert cmd[cmd.index("--worker-extension-cls") + 1] == WORKER_EXT_CLS
     env = srv.environment(prepare=True)
@@ -123,7 +127,7 @@ def test_worker_extension_env(model_dir: Path, tmp_path: Path) -> None:
 
 
 def test_gpu_command_has_no_cpu_settings(model_dir: Path) -> None:
-    srv = VLLMServer(model_dir, device="gpu", python="/x/bin/python", port=1)
+    srv = VLLMServer(model_dir, **SIZES, device="gpu", python="/x/bin/python", port=1)
     assert "--enforce-eager" not in srv.command()
     assert not [k for k in srv.environment() if k.startswith("VLLM_CPU_") or k == "VLLM_ENABLE_V1_MULTIPROCESSING"]
     assert srv.model_name == str(model_dir.resolve())  # no served name: vLLM names it by the model path
@@ -152,9 +156,11 @@ def test_evaluation_serves_batch_invariant_on_a_gpu_and_one_request_at_a_time_el
     for name, (section, env, concurrency) in cases.items():
         serving = fill_section(ServingSettings, section)  # left out, batch_invariant is on (its default)
         assert (evaluation_environment(serving), evaluation_concurrency(serving, 64)) == (env, concurrency), name
-    srv = VLLMServer(model_dir, device="gpu", python="/x/bin/python", port=1, env=evaluation_environment(paper["serving"]))
+    srv = VLLMServer(model_dir, **SIZES, device="gpu", python="/x/bin/python", port=1,
+                     env=evaluation_environment(paper["serving"]))
     assert srv.environment()["VLLM_BATCH_INVARIANT"] == "1"
-    assert "VLLM_BATCH_INVARIANT" not in VLLMServer(model_dir, device="gpu", python="/x/bin/python", port=1).environment()
+    assert "VLLM_BATCH_INVARIANT" not in VLLMServer(model_dir, **SIZES, device="gpu", python="/x/bin/python",
+                                                    port=1).environment()
     # evaluation asks for it: its jobs are marked, its checkpoint server passes the environment on
     job = evaluation_job(paper, run="A", checkpoint="sft", split="val", seed=1, tasks_path=tmp_path / "val.parquet",
                          model=str(model_dir), out=tmp_path / "out.parquet")  # fmt: skip
@@ -184,19 +190,19 @@ def test_default_python_and_free_port(model_dir: Path) -> None:
     venv = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
     assert default_python("cpu") == (str(venv) if venv.exists() else sys.executable)
     assert default_python("gpu") == sys.executable
-    a, b = VLLMServer(model_dir), VLLMServer(model_dir)
+    a, b = VLLMServer(model_dir, **SIZES), VLLMServer(model_dir, **SIZES)
     assert 1024 < a.port < 65536 and 1024 < b.port < 65536
 
 
 def test_bad_model_path_fails_fast_without_process(tmp_path: Path) -> None:
     t = time.perf_counter()
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        VLLMServer(tmp_path / "nope", python=sys.executable).start()
+        VLLMServer(tmp_path / "nope", **SIZES, python=sys.executable).start()
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        VLLMServer(tmp_path / "empty", python=sys.executable).start()
+        VLLMServer(tmp_path / "empty", **SIZES, python=sys.executable).start()
     with pytest.raises(FileNotFoundError, match="interpreter"):
-        VLLMServer(tmp_path / "empty", python=str(tmp_path / "no-python")).start()
+        VLLMServer(tmp_path / "empty", **SIZES, python=str(tmp_path / "no-python")).start()
     assert time.perf_counter() - t < 1.0
 
 
@@ -304,6 +310,7 @@ def fake_vllm(tmp_path: Path) -> Path:
 def _fake(model_dir: Path, fake_vllm: Path, tmp_path: Path, **env: str) -> VLLMServer:
     return VLLMServer(
         model_dir,
+        max_model_len=4096,
         python=sys.executable,
         served_model_name="fake",
         env={"PYTHONPATH": str(fake_vllm), "FAKE_CHILD_FILE": str(tmp_path / "child.pid"), **env},
@@ -369,7 +376,8 @@ def test_fake_parent_killed_takes_group_down(model_dir: Path, fake_vllm: Path, t
         from pathlib import Path
         from predict.serving.server import VLLMServer
         def start():
-            srv = VLLMServer(Path({str(model_dir)!r}), python=sys.executable, served_model_name="fake",
+            srv = VLLMServer(Path({str(model_dir)!r}), max_model_len=4096, startup_timeout_s=300,
+                             python=sys.executable, served_model_name="fake",
                              env={{"PYTHONPATH": {str(fake_vllm)!r}, "FAKE_CHILD_FILE": {str(tmp_path / "child.pid")!r}}},
                              log_path=Path({str(tmp_path / "s.log")!r}), cache_dir=Path({str(tmp_path / "c")!r})).start()
             Path({str(info)!r}).write_text(json.dumps({{"pid": srv.pid}}))
@@ -421,7 +429,8 @@ def tiny_models() -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def _module_server(tiny_models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     log = tmp_path_factory.mktemp("logs") / "vllm.log"
-    srv = VLLMServer(tiny_models[0], python=VLLM_PY, served_model_name="tiny", worker_extension=True, log_path=log)
+    srv = VLLMServer(tiny_models[0], **SIZES, python=VLLM_PY, served_model_name="tiny", worker_extension=True,
+                     log_path=log)
     try:
         yield srv
     finally:
@@ -651,7 +660,7 @@ def test_real_broken_checkpoint_fails_with_log_tail(tmp_path: Path) -> None:
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps({"architectures": ["NoSuchModelForCausalLM"], "model_type": "nosuch"}))
-    srv = VLLMServer(bad, python=VLLM_PY, log_path=tmp_path / "vllm.log", startup_timeout_s=120)
+    srv = VLLMServer(bad, max_model_len=4096, python=VLLM_PY, log_path=tmp_path / "vllm.log", startup_timeout_s=120)
     t = time.perf_counter()
     with pytest.raises(VLLMServerError, match=r"(?s)exited with code.*last lines of"):
         srv.start()

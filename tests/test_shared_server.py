@@ -96,7 +96,7 @@ def fake(tmp_path: Path) -> Iterator[dict[str, Any]]:
     events = tmp_path / "events.log"
     events.touch()
     cache = tmp_path / "cache"
-    yield {"python": sys.executable, "cache_dir": cache, "startup_timeout_s": 20,
+    yield {"python": sys.executable, "cache_dir": cache, "startup_timeout_s": 20, "max_model_len": 4096,
            "env": {"PYTHONPATH": str(tmp_path / "fakepkg"), "FAKE_EVENTS": str(events)}}  # fmt: skip
     stop_shared_server(cache, wait_s=5)
 
@@ -214,7 +214,7 @@ def _holder_script(model: Path, fake: dict[str, Any], out: Path, hold_s: float) 
         from pathlib import Path
         from predict.serving.server import SharedServer
         lease = SharedServer(Path({str(model)!r}), python={fake["python"]!r}, cache_dir=Path({str(fake["cache_dir"])!r}),
-                             startup_timeout_s=20, env={fake["env"]!r})
+                             startup_timeout_s=20, max_model_len=4096, env={fake["env"]!r})
         with lease:
             t0 = time.time()
             Path({str(out)!r}).write_text(json.dumps({{"pid": lease.pid, "started": lease.started, "t0": t0}}))

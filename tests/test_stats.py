@@ -98,12 +98,13 @@ def test_mcnemar_matches_scipy_exact_binomial() -> None:
 def test_bootstrap_is_seeded_and_matches_scipy_percentile() -> None:
     rng = np.random.default_rng(2)
     a, b = rng.random(500) < 0.6, rng.random(500) < 0.5
-    one, two = paired_bootstrap(a, b, seed=7), paired_bootstrap(a, b, seed=7)
+    one = paired_bootstrap(a, b, resamples=10_000, seed=7, ci=0.95)
+    two = paired_bootstrap(a, b, resamples=10_000, seed=7, ci=0.95)
     assert one == two and one["diff"] == pytest.approx(a.mean() - b.mean())
     d = a.astype(float) - b.astype(float)
     ref = bootstrap((d,), np.mean, n_resamples=10_000, method="percentile", random_state=3).confidence_interval
     assert one["ci_low"] == pytest.approx(ref.low, abs=0.01) and one["ci_high"] == pytest.approx(ref.high, abs=0.01)
-    loop = paired_bootstrap_loop(a, b, resamples=2000, seed=7)
+    loop = paired_bootstrap_loop(a, b, resamples=2000, seed=7, ci=0.95)
     assert loop["ci_low"] == pytest.approx(one["ci_low"], abs=0.015)
 
 
@@ -119,7 +120,8 @@ def test_study_stats_pairs_selection_and_ablation(tmp_path: Path) -> None:
                         enumerate(patches)]
                 paths.append(write_eval(root, run, ckpt, seed, rows))
     tables = study_stats(paths, arms=["A", "B"], ablations={"forced_keep": {"variant": "forced_keep"}},
-                         reference="sft", selection_mode="fixed", selection_step=100, resamples=500)
+                         reference="sft", selection_mode="fixed", selection_step=100, resamples=500,
+                         default_test_cost=1, seed=0, ci=0.95)
     pairs = tables["pairs"].to_pylist()
     kinds = [p["kind"] for p in pairs if p["metric"] == "final_pass"]
     assert kinds.count("vs_reference") == 2 * 2 * 2  # two arms x two seeds x two steps
@@ -131,7 +133,7 @@ def test_study_stats_pairs_selection_and_ablation(tmp_path: Path) -> None:
     assert (ab["pass_a"], ab["pass_b"], ab["n10"], ab["n01"]) == (0.6, 0.4, 2, 0)
     sel = tables["selection"].to_pylist()
     assert {s["checkpoint"] for s in sel} == {"step100"} and not any(s["fallback"] for s in sel)
-    table = ablation_table("forced_keep", paths, sel, resamples=500).to_pylist()
+    table = ablation_table("forced_keep", paths, sel, base_arm="B", resamples=500, seed=0, ci=0.95).to_pylist()
     assert [r["seed"] for r in table] == [42, 43]
     assert table[0]["focus_metric"] == "pass_at_1"
     assert (table[0]["pass_ablation"], table[0]["pass_base"], table[0]["pass_A"]) == (0.5, 0.4, 0.6)
@@ -162,7 +164,7 @@ def test_selection_best_val_and_base_fallback() -> None:
 
 def test_power_grows_with_tasks_and_marks_the_study_design() -> None:
     t = power_table(deltas=[0.03], discordances={"config": [0.2]}, tasks=[100, 2000], study_tasks=500,
-                    val_tasks=50).to_pylist()
+                    val_tasks=50, significance=0.05, target=0.8).to_pylist()
     power = {r["n_tasks"]: r["power"] for r in t}
     assert power[50] < power[100] < power[500] < power[2000]
     assert [r["n_tasks"] for r in t if r["study_design"]] == [500]
@@ -186,12 +188,13 @@ def brute_force_power(delta: float, d: float, n: int, significance: float) -> fl
 
 def test_power_table_agrees_with_an_exact_calculation() -> None:
     for delta, d, n in ((0.05, 0.2, 60), (0.1, 0.3, 45), (0.02, 0.1, 80)):
-        row = power_table(deltas=[delta], discordances={"config": [d]}, tasks=[n]).to_pylist()[0]
+        row = power_table(deltas=[delta], discordances={"config": [d]}, tasks=[n], significance=0.05,
+                          target=0.8).to_pylist()[0]
         assert row["power"] == pytest.approx(brute_force_power(delta, d, n, 0.05), abs=1e-12)
     # the example: delta 0.05 at discordance 0.2 is 0.68 on one pairing of 500 tasks (not 0.94, the
     # pooled 2 seeds), 0.07 on the 50 val tasks
     rows = power_table(deltas=[0.05], discordances={"config": [0.2]}, tasks=[], study_tasks=500,
-                       val_tasks=50).to_pylist()
+                       val_tasks=50, significance=0.05, target=0.8).to_pylist()
     assert [(r["n_tasks"], round(r["power"], 2), r["powered"]) for r in rows] == [(50, 0.07, False),
                                                                                   (500, 0.68, False)]
     # and the exact power agrees with a simulation of the same design
@@ -265,7 +268,7 @@ def test_the_ablation_tables_arm_a_is_arm_as_own_selected_checkpoint(tmp_path: P
     selection = select_checkpoints(metrics, "best_val", None)
     assert {s["run"]: s["checkpoint"] for s in selection} == {"A": "step50", "B": "step100",
                                                              "forced_keep": "step100"}
-    row = ablation_table("forced_keep", paths, selection, resamples=100).to_pylist()[0]
+    row = ablation_table("forced_keep", paths, selection, base_arm="B", resamples=100, seed=0, ci=0.95).to_pylist()[0]
     assert row["pass_A"] == 0.8 and row["A_checkpoint"] == "step50"
     assert row["deficit_vs_A_base"] == pytest.approx(0.8 - 0.4)
 
@@ -293,8 +296,9 @@ def test_test_statistics_compare_the_val_selection_and_say_what_is_missing(tmp_p
     selection = [{"run": r, "seed": s, "mode": "best_val", "step": None, "checkpoint": c, "val_pass_at_1": 0.5,
                   "fallback": False} for r, c in (("A", "step50"), ("B", "step100")) for s in (42, 43)]
     with pytest.raises(StatsInputError, match="--selection"):
-        study_stats(paths, arms=["A", "B"], resamples=100)
-    tables = study_stats(paths, arms=["A", "B"], selection=selection, resamples=100)
+        study_stats(paths, arms=["A", "B"], resamples=100, reference="sft", default_test_cost=1, seed=0, ci=0.95)
+    tables = study_stats(paths, arms=["A", "B"], selection=selection, resamples=100, reference="sft",
+                         default_test_cost=1, seed=0, ci=0.95)
     assert tuple(tables) == TEST_STATS_TABLES
     metrics = tables["metrics"].to_pylist()
     assert {m["split"] for m in metrics} == {"test"}
@@ -308,16 +312,16 @@ def test_test_statistics_compare_the_val_selection_and_say_what_is_missing(tmp_p
     assert [p["mcnemar_p_holm"] for p in ab] == pytest.approx(holm([p["mcnemar_p"] for p in ab]))
     with pytest.raises(StatsInputError, match="run B seed 43: the selected checkpoint step100 has no test"):
         study_stats([p for p in paths if "B/step100/test/seed43" not in p.as_posix()], arms=["A", "B"],
-                    selection=selection, resamples=100)
+                    selection=selection, resamples=100, reference="sft", default_test_cost=1, seed=0, ci=0.95)
     with pytest.raises(StatsInputError, match="more than one split"):
         study_stats([*paths, write_eval(tmp_path, "A", "sft", 42, [rollout(0, [PASS_KEEP], arm="A", checkpoint="sft")])],
-                    arms=["A", "B"], selection=selection, resamples=100)
+                    arms=["A", "B"], selection=selection, resamples=100, reference="sft", default_test_cost=1, seed=0, ci=0.95)
 
 
 def test_test_statistics_make_the_ablation_and_extension_tables_at_the_selected_checkpoints(tmp_path: Path) -> None:
     paths, selection, ablations, extensions = small_test_campaign(tmp_path)
     tables = study_stats(paths, arms=["A", "B"], ablations=ablations, extensions=extensions, selection=selection,
-                         resamples=100)
+                         resamples=100, reference="sft", default_test_cost=1, seed=0, ci=0.95)
     ablation = tables["ablations"].to_pylist()
     assert [(r["ablation"], r["split"], r["checkpoint"], r["base_checkpoint"], r["A_checkpoint"]) for r in ablation] \
         == [("forced_keep", "test", "step100", "step100", "step100")]

@@ -23,8 +23,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from predict.config import load_config
+from predict.config.models import WandbSettings
 from predict.train.rl import RLJob, run_rl
-from predict.train.tracking import RunTracker, TrackingError, TrackingSettings, column_tag, scalar_tags
+from predict.train.tracking import RunTracker, TrackingError, TrackingTargets, column_tag, scalar_tags
 from tests.test_rl_loop import _workdirs, endpoint, study, tasks  # noqa: F401  (fixtures)
 
 from .conftest import REPO
@@ -59,7 +60,7 @@ def killed_and_resumed(tiny: Path, tasks: Path, endpoint: Any, tmp_path_factory:
     from predict.train.trainer import Trainer
 
     root = tmp_path_factory.mktemp("results")
-    settings = TrackingSettings(root / "tensorboard")
+    settings = TrackingTargets(root / "tensorboard")
     job = RLJob(run="B", seed=42, init=tiny, tasks=tasks, out_dir=root / "rl" / "B" / "seed42",
                 base_url=endpoint.base_url, tracking=settings)  # fmt: skip
     config = study(steps=4, state_every=2, checkpoint_every=4)
@@ -189,14 +190,14 @@ def test_a_tracker_that_cannot_start_stops_the_run_before_training(
     tiny: Path, tasks: Path, endpoint: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
 ) -> None:
     monkeypatch.setitem(sys.modules, "wandb", None)  # the package is not installed
-    settings = TrackingSettings(tmp_path / "tb", wandb_mode="offline", wandb_dir=tmp_path / "wandb")
+    settings = TrackingTargets(tmp_path / "tb", wandb=WandbSettings(mode="offline"), wandb_dir=tmp_path / "wandb")
     job = RLJob(run="A", seed=1, init=tiny, tasks=tasks, out_dir=tmp_path / "A", base_url=endpoint.base_url,
                 tracking=settings)  # fmt: skip
     with pytest.raises(TrackingError, match=r"^tracking\.wandb\.mode: offline but the wandb package is missing"):
         run_rl(job, study(steps=1))
     assert not (job.out_dir / ".work" / "metrics.parquet").exists() and not (job.out_dir / ".work" / "rollouts").exists()
     with pytest.raises(TrackingError, match="tracking.wandb.mode"):
-        TrackingSettings.from_config({"results_dir": "r", "run_name": "x", "tracking": {"wandb": {"mode": "sometimes"}}})
+        TrackingTargets.from_config({"results_dir": "r", "run_name": "x", "tracking": {"wandb": {"mode": "sometimes"}}})
 
 
 def test_online_wandb_without_credentials_is_one_line_naming_the_setting(
@@ -206,7 +207,8 @@ def test_online_wandb_without_credentials_is_one_line_naming_the_setting(
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no saved login
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
-    settings = TrackingSettings(tmp_path / "tb", wandb_mode="online", wandb_dir=tmp_path / "wandb", group="study")
+    settings = TrackingTargets(tmp_path / "tb", wandb=WandbSettings(mode="online"), wandb_dir=tmp_path / "wandb",
+                               group="study")
     with pytest.raises(TrackingError) as err:
         RunTracker(settings, stage="rl", run="A", seed=1).start(0)
     assert str(err.value).startswith("tracking.wandb (mode online") and "\n" not in str(err.value)
@@ -215,7 +217,7 @@ def test_online_wandb_without_credentials_is_one_line_naming_the_setting(
 
 def test_a_resumed_job_continues_its_wandb_run_and_a_fresh_start_gets_its_own(tmp_path: Path) -> None:
     pytest.importorskip("wandb")
-    settings = TrackingSettings(None, wandb_mode="offline", wandb_dir=tmp_path / "wandb", group="study")
+    settings = TrackingTargets(None, wandb=WandbSettings(mode="offline"), wandb_dir=tmp_path / "wandb", group="study")
 
     def run_id(done: int) -> str:
         before = set((tmp_path / "wandb" / "wandb").glob("offline-run-*"))
@@ -250,9 +252,9 @@ def test_the_default_configs_track_with_tensorboard_only() -> None:
     for name in ("local.yaml", "config.yaml"):
         config = load_config(REPO / "config" / name)
         for stage in ("sft", "rl", "rft", "signal", "prime-rl-config"):
-            s = TrackingSettings.from_config(stage_config(config, stage))
+            s = TrackingTargets.from_config(stage_config(config, stage))
             assert s.tensorboard_root == Path(config["results_dir"]) / "tensorboard", (name, stage)
-            assert s.wandb_mode == "disabled" and s.group == config["run_name"], (name, stage)
+            assert s.wandb.mode == "disabled" and s.group == config["run_name"], (name, stage)
 
 
 def test_sft_writes_its_curve_under_sft_arm(tiny: Path, tmp_path: Path) -> None:
@@ -264,7 +266,7 @@ def test_sft_writes_its_curve_under_sft_arm(tiny: Path, tmp_path: Path) -> None:
     cfg = SFTConfig(lr=3e-3, epochs=1, batch_tokens=600, save_every=0, device="cpu", micro_batch_tokens=1500)
     run_sft(traces=traces, base_model=tiny, out_dir=tmp_path / "ckpt",
             metrics_out=tmp_path / "m.parquet", state_dir=tmp_path / "state", cfg=cfg, arm="A", progress=False,
-            tracking=TrackingSettings(tmp_path / "tb"))  # fmt: skip
+            tracking=TrackingTargets(tmp_path / "tb"), enable_thinking=True)  # fmt: skip
     rows = pq.read_table(tmp_path / "m.parquet").to_pylist()
     scalars = read_scalars(tmp_path / "tb" / "sft" / "A")
     assert [s for s, _ in scalars["loss/loss"]] == [r["step"] for r in rows] == [1, 2]  # a trace a step
@@ -359,8 +361,8 @@ def test_prime_rl_wandb_monitors_validate_against_the_pinned_config_classes(tmp_
 
 
 def test_the_tracker_is_imported_only_where_used(tmp_path: Path) -> None:
-    code = ("import sys; from predict.train.tracking import RunTracker, TrackingSettings; "
-            "RunTracker(TrackingSettings(None), stage='rl', run='A', seed=1).start(0).log({'loss': 1.0}, 1); "
+    code = ("import sys; from predict.train.tracking import RunTracker, TrackingTargets; "
+            "RunTracker(TrackingTargets(None), stage='rl', run='A', seed=1).start(0).log({'loss': 1.0}, 1); "
             "import predict.train.rl, predict.train.sft, predict.train.learning_signal; "
             "print(sorted(m for m in ('wandb', 'tensorboard', 'torch.utils.tensorboard') if m in sys.modules))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

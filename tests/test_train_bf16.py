@@ -71,7 +71,8 @@ def model_dir(tmp_path: Path) -> Path:
 
 
 def _train(model_dir: Path, dtype: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[float]]:
-    trainer = Trainer(model_dir, model=_small_model(), lr=LR, device="cpu", dtype=dtype, seed=0)
+    trainer = Trainer(model_dir, model=_small_model(), lr=LR, device="cpu", dtype=dtype, seed=0, weight_decay=0.0,
+                      grad_clip=1.0, micro_batch_tokens=8192)
     w0 = {n: p.detach().float().clone() for n, p in trainer.model.named_parameters()}
     losses = [trainer.step(_batch())["loss"] for _ in range(STEPS)]
     w = {n: p.detach().float().clone() for n, p in trainer.model.named_parameters()}
@@ -114,11 +115,12 @@ def test_kahan_adamw_equals_torch_adamw_in_float32() -> None:
 def test_bf16_save_state_and_resume_continue_bit_exactly(model_dir: Path, tmp_path: Path) -> None:
     """float32 moments and the compensation come back as saved (torch's loader would cast them to bf16)."""
     samples = _batch()
-    a = Trainer(model_dir, model=_small_model(), lr=LR, device="cpu", dtype="bfloat16", seed=3)
+    a = Trainer(model_dir, model=_small_model(), lr=LR, device="cpu", dtype="bfloat16", seed=3, weight_decay=0.0,
+                grad_clip=1.0, micro_batch_tokens=8192)
     a.step(samples)
     a.save_state(tmp_path / "state")
     a.step(samples)
-    b = Trainer.resume(tmp_path / "state")
+    b = Trainer.resume(tmp_path / "state", device="cpu")
     assert isinstance(b.optimizer, KahanAdamW)
     b.step(samples)
     for (name, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters(), strict=True):

@@ -77,7 +77,7 @@ def _spans(tok, ids: list[int], weights: list[float]) -> tuple[list[str], list[s
 
 def test_mask_covers_exactly_the_assistant_turns(tok) -> None:
     msgs = _trace()
-    s = render_messages(msgs, tok, task_id=7)
+    s = render_messages(msgs, tok, task_id=7, enable_thinking=True)
     on, off = _spans(tok, s.token_ids, s.ce_weights)
     # Hand-checked: each assistant reply plus its <|im_end|>, nothing else.
     assert on == [
@@ -100,7 +100,7 @@ def test_mask_covers_exactly_the_assistant_turns(tok) -> None:
 
 def test_ids_equal_an_incremental_rendering_and_avoid_the_final_think_block(tok) -> None:
     msgs = _trace()
-    s = render_messages(msgs, tok)
+    s = render_messages(msgs, tok, enable_thinking=True)
     # Every assistant turn follows exactly the generation prompt the model sees at inference.
     for i, m in enumerate(msgs):
         if m["role"] != "assistant":
@@ -119,16 +119,16 @@ def test_ids_equal_an_incremental_rendering_and_avoid_the_final_think_block(tok)
 
 def test_bad_traces_are_named(tok, tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="first message must be the system prompt"):
-        render_messages(_trace()[1:], tok)
+        render_messages(_trace()[1:], tok, enable_thinking=True)
     with pytest.raises(TraceError, match="last message must be the assistant"):
-        render_messages(_trace()[:-1], tok)
+        render_messages(_trace()[:-1], tok, enable_thinking=True)
     bad = _trace()
     bad[2]["role"] = "tool"
     with pytest.raises(TraceError, match="message 2 has role 'tool'"):
-        render_messages(bad, tok, task_id=3)
+        render_messages(bad, tok, task_id=3, enable_thinking=True)
     pq.write_table(pa.table({"task_id": [1]}), tmp_path / "t.parquet")
     with pytest.raises(TraceError, match="no 'messages' column"):
-        render_traces(tmp_path / "t.parquet", tok)
+        render_traces(tmp_path / "t.parquet", tok, enable_thinking=True)
 
 
 def test_plan_and_schedule() -> None:
@@ -166,6 +166,7 @@ def test_sft_stage_resumes_from_its_saved_state(tmp_path: Path) -> None:
     _write_traces(traces, 6)
     cfg = SFTConfig(lr=3e-3, epochs=2, batch_tokens=1500, save_every=2, device="cpu", micro_batch_tokens=1500)
     paths = {
+        "enable_thinking": True,
         "traces": traces,
         "base_model": base,
         "out_dir": tmp_path / "ckpt",
@@ -218,7 +219,7 @@ def test_sft_state_from_other_traces_or_settings_is_not_resumed(tiny: Path, tmp_
     cfg = SFTConfig(lr=3e-3, epochs=2, batch_tokens=600, save_every=2, device="cpu", micro_batch_tokens=600)
     paths = {"traces": traces, "base_model": tiny, "out_dir": tmp_path / "ckpt",
              "metrics_out": tmp_path / "metrics.parquet", "state_dir": tmp_path / "state", "arm": "B",
-             "progress": False, "max_steps": 4}  # fmt: skip
+             "progress": False, "max_steps": 4, "enable_thinking": True}  # fmt: skip
     real_step = Trainer.step
     calls: list[int] = []
 
@@ -281,7 +282,7 @@ def test_sft_trains_on_the_threads_it_was_given(tiny: Path, tmp_path: Path) -> N
     try:
         torch.set_num_threads(2)
         sft.run_sft(traces=traces, base_model=tiny, out_dir=tmp_path / "ckpt", metrics_out=tmp_path / "m.parquet",
-                    state_dir=tmp_path / "state", cfg=cfg, arm="A", progress=False, max_steps=1, threads=1)  # fmt: skip
+                    state_dir=tmp_path / "state", cfg=cfg, arm="A", progress=False, max_steps=1, threads=1, enable_thinking=True)  # fmt: skip
     finally:
         Trainer.step = real_step
         torch.set_num_threads(before)

@@ -70,7 +70,8 @@ def test_pack_micro_batches_keeps_order_and_budget() -> None:
 
 
 def test_packed_chunked_logprobs_equal_per_sequence_full_logits(tiny: Path) -> None:
-    trainer = Trainer(tiny, lr=1e-3, device="cpu", micro_batch_tokens=100, logit_chunk_tokens=7)
+    trainer = Trainer(tiny, lr=1e-3, device="cpu", micro_batch_tokens=100, logit_chunk_tokens=7, weight_decay=0.0,
+                      grad_clip=1.0, dtype="auto", seed=0)
     samples = _samples()
     got = trainer.token_logprobs(samples)  # all three in one packed row, logits in chunks of 7
     from transformers import AutoModelForCausalLM
@@ -120,7 +121,8 @@ def test_chunked_loss_gradient_equals_full_loss_gradient(tile_elements: int | No
 
 
 def test_step_lowers_the_loss_and_counts_tokens_over_the_step(tiny: Path) -> None:
-    trainer = Trainer(tiny, lr=3e-3, device="cpu", micro_batch_tokens=30)  # 3 micro-batches
+    trainer = Trainer(tiny, lr=3e-3, device="cpu", micro_batch_tokens=30, weight_decay=0.0, grad_clip=1.0,
+                      dtype="auto", seed=0)  # 3 micro-batches
     samples = _samples()
     first = trainer.step(samples)
     assert first["n_micro_batches"] == 3
@@ -132,7 +134,8 @@ def test_step_lowers_the_loss_and_counts_tokens_over_the_step(tiny: Path) -> Non
 
 
 def test_rl_step_runs_and_reports_clipping(tiny: Path) -> None:
-    trainer = Trainer(tiny, lr=1e-2, device="cpu")
+    trainer = Trainer(tiny, lr=1e-2, device="cpu", weight_decay=0.0, grad_clip=1.0, dtype="auto",
+                      micro_batch_tokens=8192, seed=0)
     base = _samples()[0]
     old = trainer.token_logprobs([base])[0]
     samples = [_rl_sample(base.token_ids, 5, 1.0, old), _rl_sample(base.token_ids, 5, -1.0, old)]
@@ -144,11 +147,12 @@ def test_rl_step_runs_and_reports_clipping(tiny: Path) -> None:
 
 def test_save_state_and_resume_continue_bit_exactly(tiny: Path, tmp_path: Path) -> None:
     samples = _samples()
-    a = Trainer(tiny, lr=3e-3, device="cpu", seed=3)
+    a = Trainer(tiny, lr=3e-3, device="cpu", seed=3, weight_decay=0.0, grad_clip=1.0, dtype="auto",
+                micro_batch_tokens=8192)
     a.step(samples)
     a.save_state(tmp_path / "state")
     a.step(samples)
-    b = Trainer.resume(tmp_path / "state")
+    b = Trainer.resume(tmp_path / "state", device="cpu")
     assert b.step_count == 1
     b.step(samples)
     assert b.step_count == 2
@@ -159,7 +163,8 @@ def test_save_state_and_resume_continue_bit_exactly(tiny: Path, tmp_path: Path) 
 def test_checkpoint_loads_with_transformers_and_tokenizer(tiny: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    trainer = Trainer(tiny, lr=3e-3, device="cpu")
+    trainer = Trainer(tiny, lr=3e-3, device="cpu", weight_decay=0.0, grad_clip=1.0, dtype="auto",
+                      micro_batch_tokens=8192, seed=0)
     trainer.step(_samples())
     out = trainer.save_checkpoint(tmp_path / "ckpt")
     assert not list(tmp_path.glob(".ckpt*")), "temp folder left behind"

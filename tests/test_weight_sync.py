@@ -27,7 +27,8 @@ def trained(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[objec
     """A trainer on the tiny model and the checkpoint folder it writes."""
     from predict.train.trainer import Trainer
 
-    trainer = Trainer(tiny, lr=1e-3, dtype="float32", device="cpu")
+    trainer = Trainer(tiny, lr=1e-3, dtype="float32", device="cpu", weight_decay=0.0, grad_clip=1.0,
+                      micro_batch_tokens=8192, seed=0)
     with torch.no_grad():
         for p in trainer.model.parameters():
             p.add_(0.01)  # not the init weights: a handoff of the wrong model would show
@@ -83,7 +84,12 @@ def test_wrong_shaped_partial_or_unknown_handoffs_are_refused_naming_the_tensor(
 
 
 def test_one_key_picks_the_path() -> None:
-    assert resolve_mode(None) == resolve_mode("auto") == resolve_mode("memory") == "memory"
+    from predict.config import allowed_values
+    from predict.config.models import RLSettings
+    from predict.serving.weight_sync import MODES
+
+    assert MODES == allowed_values(RLSettings, "weight_sync")  # the values are the config field's, written once
+    assert resolve_mode("auto") == resolve_mode("memory") == "memory"
     assert resolve_mode("folder") == "folder"
     with pytest.raises(ValueError, match="rl.weight_sync must be one of auto, memory, folder, not 'disk'"):
         resolve_mode("disk")

@@ -15,7 +15,7 @@ from predict.stages import WORKFLOW, SliceError, workflow_config
 # `params.config`, a "config" key, or a comment).
 DIRECT = re.compile(r"""(?<![\w.\-"'])config(?=\s*[\[.,)])""")
 # The one place the workflow hands `config` to the views: common.smk's validation, defaults and view definitions.
-VIEWS = ("validate_config(config,", "config.update(with_defaults(config,", "workflow_config(config)",
+VIEWS = ("config.update(with_defaults(config,", "workflow_config(config)",
          "slice_file(config,", "slice_params(config,", "stage_config(config,")
 
 

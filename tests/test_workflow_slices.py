@@ -229,7 +229,7 @@ def test_a_design_edit_after_the_campaign_stops_at_the_ledger_and_keeps_the_test
     run, checkpoint, seed = campaign[0]
     # the campaign admitted under the frozen design, in the ledger the stages find (PREDICT_TEST_CAMPAIGNS here), on
     # a test split with rows (the faked run's files are empty)
-    tasks = write_rows(load_mbpp(REPO / "resources" / "mbpp" / "mbpp.jsonl")[:2], MBPP_SCHEMA,
+    tasks = write_rows(load_mbpp(REPO / "resources" / "mbpp" / "mbpp.jsonl", hf_fallback=False)[:2], MBPP_SCHEMA,
                        workdir / "results" / "data" / "test.parquet")
     TestLedger(registry_ledger()).admit(frozen, campaign, [(run, checkpoint, seed, "m")], tasks_path=tasks)
     evaluation = workdir / "results" / "eval" / run / checkpoint / "test" / f"seed{seed}.parquet"

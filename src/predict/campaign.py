@@ -14,7 +14,7 @@ Rules:
   the SFT checkpoint), evaluated ONCE, under the first seed: the same weights serve every seed's RL-vs-SFT comparison
   (`evaluation_seed` says which file holds a seed's reference).
 * The design (`design_config`, `config_hash`): the config without `NOT_RESULT_SHAPING` (names, where results and
-  the registry live, the report's wording, the power grid, SLURM sizes, how jobs are served). The bootstrap is part
+  the registry live, the power grid, SLURM sizes, how jobs are served). The bootstrap is part
   of it: the test's statistics settings are frozen with it.
 * ONE registry per checkout, outside every results_dir (`registry_ledger`: ``<checkout>/.test-campaigns/ledger.jsonl``;
   ``PREDICT_TEST_CAMPAIGNS`` names another file, for tests). Every config run from the checkout shares it, so a new
@@ -58,10 +58,10 @@ log = logging.getLogger(__name__)
 
 STEP = re.compile(r"^step(\d+)$")
 
-# Config keys (dotted) that shape no evaluation: names, where results go, the report's wording, the power grid, SLURM
-# sizes, how jobs are served (stages.UNTRACKED: one shared server or one per job), and a declared campaign's reason.
-# Changing them is not a new design, so the campaign's hash leaves them out.
-NOT_RESULT_SHAPING = ("run_name", "results_dir", "report", "power", "cluster", *UNTRACKED)
+# Config keys (dotted) that shape no evaluation: names, where results go, the power grid, SLURM sizes, how jobs are
+# served (stages.UNTRACKED: one shared server or one per job), where training curves go, and a declared campaign's
+# reason. Changing them is not a new design, so the campaign's hash leaves them out.
+NOT_RESULT_SHAPING = ("run_name", "results_dir", "power", "cluster", *UNTRACKED)
 
 REGISTRY_ENV = "PREDICT_TEST_CAMPAIGNS"
 _CHECKOUT = Path(__file__).resolve().parents[2]

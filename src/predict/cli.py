@@ -79,6 +79,12 @@ def merge_config_files(*paths: Path) -> dict[str, Any]:
     return merged
 
 
+def _config_schema(args: argparse.Namespace) -> int:
+    from predict.config.schema import write_schema
+
+    return write_schema(check=args.check)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from predict.serving.cli import serve_main
 
@@ -106,9 +112,12 @@ def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="stage", required=True, metavar="<stage>")
 
-    p = sub.add_parser("check-config", help="validate config files against config/schema.yaml")
+    p = sub.add_parser("check-config", help="validate config files against the config models (predict.config.models)")
     p.add_argument("configs", nargs="+", help="a file, or files joined by + read in turn (a profile's list)")
     p.set_defaults(func=_check_config)
+    p = sub.add_parser("config-schema", help="write config/schema.yaml from the config models (--check: is it current)")
+    p.add_argument("--check", action="store_true", help="exit 1 when config/schema.yaml is not current")
+    p.set_defaults(func=_config_schema)
     p = sub.add_parser("serve", help="serve a checkpoint with vLLM on 127.0.0.1 until interrupted")
     p.add_argument("serve_args", nargs=argparse.REMAINDER, help="see `predict serve -- --help`")
     p.set_defaults(func=_serve)

@@ -96,8 +96,10 @@ def _load_hf() -> list[dict[str, Any]]:
     return [dict(r) for name in sorted(dataset) for r in dataset[name]]
 
 
-def load_mbpp(path: str | Path, *, hf_fallback: bool = False, sha256: str | None = None) -> list[dict[str, Any]]:
+def load_mbpp(path: str | Path, *, hf_fallback: bool, sha256: str | None = None) -> list[dict[str, Any]]:
     """Read and validate MBPP from jsonl or parquet; sorted by task_id. Fails on the first bad row.
+
+    ``hf_fallback`` (config data.hf_fallback): load the Hugging Face `mbpp` dataset when the file is missing.
 
     With ``sha256`` the file must hash to it (checked before anything is parsed); the Hugging Face fallback, used
     only when the file is missing, has no file to hash.

@@ -266,9 +266,9 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--n-tasks", type=int, default=None,
                    help="first N tasks by task_id (default: env.rollout_tasks; all when it is null)")
-    p.add_argument("--samples", type=int, default=1, help="rollouts per task")
+    p.add_argument("--samples", type=int, default=RolloutJob.samples, help="rollouts per task")
     p.add_argument("--protocol", choices=["reactive", "predictive"], default=None, help="default: the arm's")
-    p.add_argument("--variant", choices=list(VARIANTS), default="none",
+    p.add_argument("--variant", choices=list(VARIANTS), default=RolloutJob.variant,
                    help="protocol variant (src/predict/env/protocol.py)")
     p.add_argument("--test-cost", type=positive_int, default=None,
                    help="budget calls per python_test (default: env.test_cost)")

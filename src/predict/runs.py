@@ -42,13 +42,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from predict.config import ConfigError, config_default
+from predict.config import ConfigError, allowed_values, config_default
 from predict.config.models import AblationSettings, ArmSettings, ExtensionSettings, RLSettings
 from predict.env.protocol import ENVIRONMENT_VARIANTS, PREDICTIVE_VARIANTS, VARIANTS
 from predict.traces.render import TRACE_VARIANTS
 
-TRAINERS = ("rl", "rft")
-SFT_SOURCES = ("own", "base")
+TRAINERS = allowed_values(ExtensionSettings, "trainer")  # rl, rft
+SFT_SOURCES = allowed_values(ExtensionSettings, "sft")  # own, base
 
 
 @dataclass(frozen=True)

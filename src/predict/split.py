@@ -24,7 +24,7 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
 
     data = config["data"]
     source = Path(data["mbpp_path"])
-    rows = load_mbpp(source, hf_fallback=bool(data.get("hf_fallback")), sha256=data.get("mbpp_sha256"))
+    rows = load_mbpp(source, hf_fallback=data["hf_fallback"], sha256=data.get("mbpp_sha256"))
     seed, sizes = data["split_seed"], data["sizes"]
     splits = split_tasks(rows, seed, {"sft": sizes["sft"], "rl": sizes["rl"], "test": sizes["test"]})
     manifest = write_split(

@@ -15,7 +15,7 @@ Rules this module keeps:
   ``workflow_config`` over ``WORKFLOW`` (workflow/rules/common.smk: ``WORKFLOW_CONFIG``), never ``config`` directly.
 * A key in ``UNTRACKED`` says how a job runs, not what it computes (``serving.shared``: one server for the run's
   jobs, or one per job): it is in the slices of the stages that read it, but not in their tracked params, so
-  changing it reruns nothing (the test campaign's design hash leaves it out too: `predict.evaluate`).
+  changing it reruns nothing (the test campaign's design hash leaves it out too: `predict.campaign`).
 * Each stage's command (its flags and its ``main``) lives in its own module (``Stage.command``); predict.cli only
   registers them.
 * The README's stage table is rendered from here (``readme_table``) and a test keeps the two equal.
@@ -38,8 +38,8 @@ RUN_MATRIX = ("arms", "ablations", "extensions", "env.test_cost", "rl.mask_decis
 # chat template, the server.
 ROLLOUT = ("arms", "env", "verifier", "model.enable_thinking", "serving")
 # The frozen design the test campaign's ledger hashes (predict.campaign.design_config): every section of
-# config/schema.yaml but its NOT_RESULT_SHAPING keys (names, paths, power, cluster sizes), so a power or report edit
-# never reruns the campaign (tests/test_stages.py: the slice's hash is the whole config's). The bootstrap is in it:
+# the config models but its NOT_RESULT_SHAPING keys (names, paths, power, cluster sizes), so a power edit never reruns
+# the campaign (tests/test_stages.py: the slice's hash is the whole config's). The bootstrap is in it:
 # the test's statistics settings are frozen with the campaign.
 DESIGN = ("data", "verifier", "model", "sft", "serving", "env", "traces", "arms", "backend", "prime_rl", "seeds",
           "ablations", "extensions", "rft", "rl", *(f"evaluation.{k}" for k in (

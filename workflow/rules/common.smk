@@ -5,16 +5,15 @@ import shlex
 import sys
 from pathlib import Path
 
-from predict.config import ConfigError, validate_config, with_defaults
+from predict.config import ConfigError, with_defaults
 from predict.campaign import campaign_from_stats, campaign_plan, planned_selection, selection_settings
 from predict.runs import extension_counterpart, resolve_run, sft_runs, study_runs
 from predict.stages import slice_file, slice_params, stage_config, workflow_config
 
 _CONFIG_SOURCE = ", ".join(map(str, workflow.overwrite_configfiles or workflow.configfiles))
 try:
-    validate_config(config, source=_CONFIG_SOURCE)
-    # Every default (predict.config.models) filled in once, in place, before anything slices the config: the stage
-    # slices, their tracked params and the fingerprints see the same config `predict` stages load.
+    # Validated against the config models and every default filled in, once, in place, before anything slices the
+    # config: the stage slices, their tracked params and the fingerprints see the same config `predict` stages load.
     config.update(with_defaults(config, source=_CONFIG_SOURCE))
 except ConfigError as e:
     raise WorkflowError(f"invalid config: {e}") from None

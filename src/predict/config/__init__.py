@@ -1,9 +1,11 @@
-"""Load a study config, validate it against config/schema.yaml (one clear message), and fill in its defaults.
+"""Load a study config, validate it against the config models (one pass, one clear message), and fill in its
+defaults.
 
-The Snakefile and every `predict` stage go through `load_config`/`config_from_json` (the Snakefile: `with_defaults`),
+The models (predict.config.models) are the schema: every key's type, bounds, allowed values, default and
+description; config/schema.yaml is generated from them (`predict config-schema`, predict.config.schema). The
+Snakefile and every `predict` stage go through `load_config`/`config_from_json` (the Snakefile: `with_defaults`),
 so a typo such as `data.sizes.stf` is caught before any job starts, with the file and the key path in the message,
-and every key with a default (predict.config.models, the one place defaults are written) is there when a stage
-slices the config.
+and every key with a default is there when a stage slices the config.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import json
 import types
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pydantic
 import yaml
 
@@ -27,37 +29,115 @@ SCHEMA_PATH = REPO_ROOT / "config" / "schema.yaml"
 
 
 class ConfigError(ValueError):
-    """A config file is missing, unreadable, or breaks the schema."""
+    """A config file is missing, unreadable, or breaks the config models."""
 
 
-def _key_path(error: jsonschema.ValidationError) -> str:
-    return ".".join(str(p) for p in error.absolute_path) or "<top level>"
+def _model_at(root: type[Section], path: list[str]) -> type[Section] | None:
+    """The section model at a key path below `root` (`["arms", "B"]` of StudyConfig: ArmSettings), if there is one."""
+    model: type[Section] | None = root
+    entries: type[Section] | None = None
+    for key in path:
+        if entries is not None:  # a mapping's entry (an arm, an ablation), whatever its name
+            model, entries = entries, None
+        elif model is None or key not in model.model_fields:
+            return None
+        else:
+            model, entries = sections_in(model.model_fields[key].annotation)
+    return model if entries is None else None
 
 
-def _without_required(schema: Any) -> Any:
-    """The schema with every `required` dropped: a stage's slice holds only some keys, each still checked."""
-    if isinstance(schema, dict):
-        return {k: _without_required(v) for k, v in schema.items() if k != "required"}
-    return [_without_required(v) for v in schema] if isinstance(schema, list) else schema
+# pydantic error types that say "not this type" (a union reports one per branch it tried).
+_MISMATCH = {"literal_error", "model_type", "model_attributes_type", "dict_type", "list_type", "string_type",
+             "int_type", "float_type", "bool_type", "none_required"}
+_NOTHING = object()
+
+
+@dataclass
+class _Problem:
+    path: tuple[str, ...]
+    text: str
+    got: Any = _NOTHING
+    union: tuple[str, ...] | None = None
+    """The path of the union whose branch this problem is, if it is one (pydantic tags each branch's errors)."""
+    mismatch: bool = False
+
+    def message(self) -> str:
+        where = ".".join(self.path) or "<top level>"
+        return f"{where}: {self.text}" + ("" if self.got is _NOTHING else f", got {self.got!r}")
+
+
+def _problem(error: Any, data: Any, root: type[Section]) -> _Problem:
+    """One pydantic error as a problem at a key path of `data`: the location's parts that are keys (or list
+    indexes) of the data make the path; any other part is a union branch's tag (`literal['study','balanced']`,
+    `TraceMix`) or a dict key's marker (`[key]`)."""
+    path: list[str] = []
+    node, union = data, None
+    loc = list(error["loc"])
+    last = loc.pop() if error["type"] in ("extra_forbidden", "missing") or loc[-1:] == ["[key]"] else None
+    if last == "[key]":
+        last = loc.pop()
+    for part in loc:
+        if isinstance(node, Mapping) and part in node:
+            path.append(str(part))
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            path.append(str(part))
+            node = node[part]
+        elif union is None:
+            union = tuple(path)
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        model = _model_at(root, path)
+        keys = f" (its keys: {', '.join(model.model_fields)})" if model is not None else ""
+        text = f"unknown key {last!r}{keys}"
+    elif error["type"] == "missing":
+        text = f"the required key {last!r} is missing"
+    elif last is not None:
+        text = f"the key {last!r}: {message}"
+    else:
+        return _Problem(tuple(path), message, node, union, error["type"] in _MISMATCH)
+    return _Problem(tuple(path), text, union=union)
+
+
+def _problems(error: pydantic.ValidationError, data: Any, root: type[Section] = StudyConfig,
+              partial: bool = False) -> list[str]:
+    """A message for each problem pydantic found in `data` (validated as `root`), shallowest first. Of a union's
+    branches, the ones that failed inside the value (it had that branch's type) are kept, else those that are not
+    "not this type", else the "not this type" ones joined into one message. partial: missing keys are no problem."""
+    found = [_problem(e, data, root) for e in error.errors(include_url=False)
+             if not (partial and e["type"] == "missing")]
+    plain = [p for p in found if p.union is None]
+    unions: dict[tuple[str, ...], list[_Problem]] = {}
+    for p in found:
+        if p.union is not None:
+            unions.setdefault(p.union, []).append(p)
+    for where, branches in unions.items():
+        inside = [p for p in branches if len(p.path) > len(where)] or [p for p in branches if not p.mismatch]
+        if inside:
+            plain += inside
+        else:
+            texts = list(dict.fromkeys(p.text for p in branches))
+            plain.append(_Problem(where, ", or ".join(texts), branches[0].got))
+    return [p.message() for p in sorted(plain, key=lambda p: (len(p.path), p.path))]
 
 
 def validate_config(config: Mapping[str, Any], source: str = "config", partial: bool = False) -> None:
     """Raise ConfigError naming the source file and the first offending key (the shallowest, for stability).
     partial: a slice of a config (predict.stages), whose keys are checked but none is required."""
-    with open(SCHEMA_PATH) as f:
-        schema = yaml.safe_load(f)
-    validator = jsonschema.Draft202012Validator(_without_required(schema) if partial else schema)
-    errors = sorted(validator.iter_errors(dict(config)), key=lambda e: (len(e.absolute_path), _key_path(e)))
-    if errors:
-        more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-        # "Additional properties are not allowed ('stf' was unexpected)" names the bad key itself;
-        # for every other error the key path says where the bad value sits.
-        raise ConfigError(f"{source}: {_key_path(errors[0])}: {errors[0].message}{more}")
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(config).__name__}")
+    try:
+        StudyConfig.model_validate(dict(config), strict=True)
+    except pydantic.ValidationError as e:
+        problems = _problems(e, dict(config), partial=partial)
+        if problems:
+            more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+            raise ConfigError(f"{source}: {problems[0]}{more}") from None
 
 
 def has_default(field: pydantic.fields.FieldInfo) -> bool:
     """Whether a model field is a config default (not required, not marked NO_DEFAULT)."""
-    return not field.is_required() and field.json_schema_extra != NO_DEFAULT
+    return not field.is_required() and field.json_schema_extra is not NO_DEFAULT
 
 
 def field_default(field: pydantic.fields.FieldInfo) -> Any:
@@ -72,6 +152,21 @@ def config_default(model: type[Section], key: str) -> Any:
     if not has_default(field):
         raise KeyError(f"{model.__name__}.{key} has no default")
     return field_default(field)
+
+
+def allowed_values(model: type[Section], key: str) -> tuple[Any, ...]:
+    """The values a key of a section may take, from its field's Literal (the one place they are written), e.g.
+    allowed_values(RLSettings, "weight_sync") == ("auto", "memory", "folder"); a union's literal members only."""
+
+    def literals(annotation: Any) -> list[Any]:
+        if typing.get_origin(annotation) is typing.Literal:
+            return list(typing.get_args(annotation))
+        return [v for member in typing.get_args(annotation) for v in literals(member)]
+
+    values = tuple(dict.fromkeys(literals(model.model_fields[key].annotation)))
+    if not values:
+        raise KeyError(f"{model.__name__}.{key} has no allowed values (no Literal in its type)")
+    return values
 
 
 def sections_in(annotation: Any) -> tuple[type[Section] | None, type[Section] | None]:
@@ -112,15 +207,12 @@ def fill_section(model: type[Section], data: Mapping[str, Any]) -> dict[str, Any
 
 
 def with_defaults(config: Mapping[str, Any], source: str = "config") -> dict[str, Any]:
-    """A validated config with every default (predict.config.models) filled in, as plain dicts: a default fills a
-    key missing from a section the config has, or a section the models give a default_factory; a section without
+    """A config with every default (predict.config.models) filled in and validated, as plain dicts: a default fills
+    a key missing from a section the config has, or a section the models give a default_factory; a section without
     one (`rft`, `model.tiny`...) that the config leaves out stays out, and an explicit null stays null. Raises
-    ConfigError naming `source` where the models refuse what the schema passed (the two disagree: a bug here)."""
+    ConfigError naming `source` and the key (`validate_config`: the one validation pass)."""
     filled = _fill(StudyConfig, config)
-    try:
-        StudyConfig.model_validate(filled)
-    except pydantic.ValidationError as e:
-        raise ConfigError(f"{source}: the config models (src/predict/config/models.py) refuse it: {e}") from None
+    validate_config(filled, source)
     return filled
 
 
@@ -133,9 +225,9 @@ def section(config: Mapping[str, Any], model: type[Section], *path: str) -> Any:
     try:
         return model.model_validate(dict(node))
     except pydantic.ValidationError as e:
-        first = e.errors()[0]
-        key = ".".join([*path, *map(str, first["loc"])])
-        raise ConfigError(f"{key}: {first['msg']} (got {first.get('input')!r})") from None
+        where, message = _problems(e, dict(node), model)[0].split(": ", 1)
+        key = ".".join([*path, *([] if where == "<top level>" else [where])])
+        raise ConfigError(f"{key}: {message}") from None
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -150,19 +242,17 @@ def load_config(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(config).__name__}")
-    validate_config(config, source=str(path))
     return with_defaults(config, source=str(path))
 
 
-def _json_config(text: str, source: str, partial: bool = False) -> dict[str, Any]:
-    """A JSON object (a config or a slice of one), validated, or a ConfigError naming its source."""
+def _json_config(text: str, source: str) -> dict[str, Any]:
+    """A JSON object (a config or a slice of one), or a ConfigError naming its source."""
     try:
         config = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{source}: not valid JSON: {e}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: expected an object at the top level")
-    validate_config(config, source=source, partial=partial)
     return config
 
 
@@ -179,4 +269,6 @@ def load_config_slice(path: str | Path) -> dict[str, Any]:
         text = Path(path).read_text()
     except FileNotFoundError:
         raise ConfigError(f"{path}: config slice not found") from None
-    return _fill(StudyConfig, _json_config(text, str(path), partial=True))
+    filled = _fill(StudyConfig, _json_config(text, str(path)))
+    validate_config(filled, source=str(path), partial=True)
+    return filled

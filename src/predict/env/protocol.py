@@ -102,28 +102,30 @@ import posixpath
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from predict.outcomes import OUTCOMES, Outcome
 
 SOLUTION_FILE = "solution.py"
 STUB = "# Write your function here.\n"
 TOOLS: tuple[str, ...] = ("read_file", "apply_patch", "python_test")
-PROTOCOLS: tuple[str, ...] = ("reactive", "predictive")
+# The protocols and variants, written once here (the config models' arms.*.protocol and extensions.*.variant use
+# these types too: predict.config.models).
+Protocol = Literal["reactive", "predictive"]
+Variant = Literal["none", "forced_keep", "budget_neutral", "edit_on_revise", "irreversible", "blind"]
+PROTOCOLS: tuple[str, ...] = get_args(Protocol)
 PREDICTIVE_VARIANTS: tuple[str, ...] = ("forced_keep", "budget_neutral", "edit_on_revise")
 """Variants of the prediction step: the predictive protocol only."""
 ENVIRONMENT_VARIANTS: tuple[str, ...] = ("irreversible", "blind")
 """Variants of what acting first costs, for both protocols; they change the actions an SFT trace takes
 (`predict.traces.render`), so a run of one trains from its own SFT (`predict.runs`)."""
-VARIANTS: tuple[str, ...] = ("none", *PREDICTIVE_VARIANTS, *ENVIRONMENT_VARIANTS)
+VARIANTS: tuple[str, ...] = get_args(Variant)  # none, then PREDICTIVE_VARIANTS, then ENVIRONMENT_VARIANTS
 DECISIONS: tuple[str, ...] = ("KEEP", "REVISE")
 PREDICTION_CLASSES: tuple[str, ...] = OUTCOMES
 MALFORMED = "MALFORMED"
 STOP_REASONS: tuple[str, ...] = ("final", "budget", "error", "max_turns", "final_test")
 """``final_test``: the irreversible variant's python_test ended the episode."""
 
-Protocol = Literal["reactive", "predictive"]
-Variant = Literal["none", "forced_keep", "budget_neutral", "edit_on_revise", "irreversible", "blind"]
 RunTests = Callable[[str], Any]
 """solution text -> an Outcome (or anything with `.outcome` and optionally `.detail`, like a sandbox Verdict)."""
 
@@ -337,7 +339,7 @@ def task_prompt(text: str, test_list: list[str] | tuple[str, ...]) -> str:
 class ProtocolConfig:
     """What the program enforces in one episode (already resolved: see `resolve`)."""
 
-    # The agent program imports this module in its sandbox without the config stack (pydantic, jsonschema), so the
+    # The agent program imports this module in its sandbox without the config stack (pydantic), so the
     # env defaults below are copies: each line says so and tests/test_config_defaults.py holds them equal to the model.
     protocol: Protocol = "reactive"
     variant: Variant = "none"  # mirrors the config default (ExtensionSettings.variant)
@@ -368,17 +370,18 @@ class ProtocolConfig:
                 "replacement would make patches free)"
             )
 
+    # Each default below is the field's of the same name above (class-body names, evaluated here): written once.
     @classmethod
     def resolve(
         cls,
-        protocol: str = "reactive",
-        variant: str = "none",
-        budget: int = 8,
-        revise_costs_call: bool = True,
+        protocol: str = protocol,
+        variant: str = variant,
+        budget: int = budget,
+        revise_costs_call: bool = revise_costs_call,
         budget_neutral_budget: int | None = None,
-        max_model_calls: int | None = None,
-        test_cost: int = 1,
-        max_chained_revisions: int = 2,
+        max_model_calls: int | None = max_model_calls,
+        test_cost: int = test_cost,
+        max_chained_revisions: int = max_chained_revisions,
     ) -> ProtocolConfig:
         """Apply the variant (budget_neutral = the raised budget when one is given, else a free REVISE), then scale
         the budget for the test cost (`scaled_budget`)."""

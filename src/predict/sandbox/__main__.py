@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from predict.outcomes import Outcome
-from predict.sandbox.child import check_once, isolation_report, serve
+from predict.sandbox.child import OUTCOME_LABELS, check_once, isolation_report, serve
 
 
 def _main(argv: Sequence[str]) -> int:
@@ -33,7 +33,7 @@ def _main(argv: Sequence[str]) -> int:
     chk.add_argument("solution")
     chk.add_argument("tests", help="JSON file: a list of assert statements, or an MBPP row")
     chk.add_argument("--timeout", type=float, default=3.0)
-    chk.add_argument("--labels", choices=("structured", "original"), default="structured")
+    chk.add_argument("--labels", choices=OUTCOME_LABELS, default="structured")
     args = parser.parse_args(argv)
     if args.cmd == "serve":
         serve(args.cpu)

@@ -129,7 +129,7 @@ from predict.outcomes import Outcome
 if TYPE_CHECKING:
     pass
 
-__all__ = ["LAYERS", "Verdict", "check_once", "isolation_report", "isolation_status", "label_original", "serve"]
+__all__ = ["LAYERS", "OUTCOME_LABELS", "Verdict", "check_once", "isolation_report", "isolation_status", "label_original", "serve"]
 
 CAPTURE_BYTES = 64 * 1024  # stdout/stderr tails kept per check
 FSIZE_BYTES = 16 * 1024 * 1024  # largest file a solution may write
@@ -732,6 +732,8 @@ def _litter(d: str) -> bool:
     return any(n not in keep for n in names) if keep else bool(names)
 
 
+# The isolation layers (config verifier.isolation.require's IsolationLayer keeps the same names, checked equal by
+# tests/test_sandbox_isolation.py).
 LAYERS: tuple[str, ...] = ("setsid", "rlimits", "pdeathsig", "mount_namespace", "private_tmp", "net_namespace",
                            "user_namespace", "dropped_privileges", "signal_filter", "env_scrubbed", "audit_hook")
 
@@ -1217,9 +1219,14 @@ def _harness(req: _Request, nonce: str, sandbox: str, layers: dict[str, bool]) -
 # --------------------------------------------------------------------------------------------------------------
 
 
+# How outcomes are labelled (config verifier.outcome_labels; the config models keep the same values, checked equal by
+# tests/test_sandbox_isolation.py: the sandbox runs without the config stack).
+OUTCOME_LABELS: tuple[str, ...] = ("structured", "original")
+
+
 def _check_labels(labels: str) -> None:
-    if labels not in ("structured", "original"):
-        raise ValueError(f"outcome_labels must be 'structured' or 'original', not {labels!r}")
+    if labels not in OUTCOME_LABELS:
+        raise ValueError(f"outcome_labels must be one of {', '.join(OUTCOME_LABELS)}, not {labels!r}")
 
 
 def check_once(solution: str, test_list: Sequence[str], test_setup_code: str = "", *, timeout_s: float = 3.0,

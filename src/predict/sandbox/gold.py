@@ -41,9 +41,9 @@ def check_gold(
     memory_mb: int,
     workers: int,
     outcome_labels: str,
+    require: str | Sequence[str],
+    accept_weaker: bool,
     progress: bool = True,
-    require: str | Sequence[str] = "auto",
-    accept_weaker: bool = False,
     isolation: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per task of the given splits: the verified outcome of its gold solution.

@@ -26,7 +26,7 @@ class IsolationError(ValueError):
     """A layer the config requires is not active on this machine; names each layer and why."""
 
 
-def required_layers(require: str | Sequence[str] = "auto", *, root: bool | None = None) -> tuple[str, ...]:
+def required_layers(require: str | Sequence[str], *, root: bool | None = None) -> tuple[str, ...]:
     """The layers ``require`` names: ``"auto"`` picks ROOT_LAYERS or UNPRIVILEGED_LAYERS by who runs the verifier."""
     if isinstance(require, str):
         if require != "auto":
@@ -49,11 +49,12 @@ def _why_inactive(layer: str, reasons: dict[str, str]) -> str:
     return "not active (the sandbox child gave no reason)"
 
 
-def check_isolation(status: tuple[dict[str, bool], dict[str, str]], require: str | Sequence[str] = "auto",
-                    accept_weaker: bool = False) -> dict[str, Any]:
+def check_isolation(status: tuple[dict[str, bool], dict[str, str]], require: str | Sequence[str],
+                    accept_weaker: bool) -> dict[str, Any]:
     """The isolation record (for reports and parquet metadata); raises IsolationError if a required layer is missing.
 
-    ``status`` is ``isolation_status()`` (check_once children) or ``Verifier.isolation_status()`` (a pool's).
+    ``status`` is ``isolation_status()`` (check_once children) or ``Verifier.isolation_status()`` (a pool's);
+    ``require`` and ``accept_weaker`` are config verifier.isolation's.
     With ``accept_weaker`` a missing layer is only recorded (``missing`` in the record), never silently dropped.
     """
     layers, reasons = status

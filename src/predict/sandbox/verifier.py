@@ -13,7 +13,6 @@ import sys
 import time
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import Literal
 
 from predict.outcomes import Outcome
 from predict.sandbox.child import (
@@ -169,7 +168,7 @@ class Verifier:
     """
 
     def __init__(self, *, timeout_s: float = 3.0, memory_mb: int = 1024, workers: int = 1,
-                 outcome_labels: Literal["structured", "original"] = "structured", pin_cpus: bool = True) -> None:
+                 outcome_labels: str = "structured", pin_cpus: bool = True) -> None:
         _check_labels(outcome_labels)
         if workers < 1:
             raise ValueError("workers must be >= 1")

@@ -6,6 +6,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from predict.config import config_default
+from predict.config.models import ServingSettings
 from predict.serving.server import VLLMServer, stop_shared_server
 
 
@@ -21,7 +23,10 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     ap.add_argument("--port", type=int, default=None)
     ap.add_argument("--served-model-name", default=None)
-    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--max-model-len", type=int, default=config_default(ServingSettings, "max_model_len"),
+                    help="vLLM context length (default: config serving.max_model_len's)")
+    ap.add_argument("--startup-timeout-s", type=float, default=config_default(ServingSettings, "startup_timeout_s"),
+                    help="seconds the server may take to start (default: config serving.startup_timeout_s's)")
     ap.add_argument("--log-path", type=Path, default=None)
     ap.add_argument("--worker-extension", action="store_true")
     ap.add_argument("extra_args", nargs="*", metavar="extra", help="extra vLLM arguments (after --)")

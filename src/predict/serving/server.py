@@ -218,7 +218,7 @@ def _install_cleanup_handlers() -> None:
 class VLLMServer:
     """A vLLM OpenAI server for one checkpoint, as a subprocess.  Use as a context manager::
 
-        with VLLMServer(model_dir) as srv:
+        with VLLMServer(model_dir, max_model_len=4096, startup_timeout_s=300) as srv:
             client = OpenAI(base_url=srv.base_url, api_key="x")
             ... client.chat.completions.create(model=srv.model_name, ...)
 
@@ -228,11 +228,11 @@ class VLLMServer:
         device: "cpu" adds the vLLM-CPU fast-start flags/env; "gpu" adds none of them.
         port: fixed port, or None for a free one.
         served_model_name: the ``model`` name clients send; default the model string as given to vLLM.
-        max_model_len: ``--max-model-len``.
+        max_model_len: ``--max-model-len`` (config ``serving.max_model_len``).
         extra_args: appended to the command line (after ours, so they can override).
         env: extra environment for the server (applied last).
         log_path: server stdout+stderr; default ``<cache>/logs/vllm-<time>-<port>.log``.
-        startup_timeout_s: how long :meth:`start` waits for health.
+        startup_timeout_s: how long :meth:`start` waits for health (config ``serving.startup_timeout_s``).
         enable_scale_out: ``--enable-scale-out`` (``/inference/v1/generate`` with token ids).
         generate_token_compat: with scale-out, add the ``GenerateTokenCompat`` middleware so the
             verifiers/renderers train client accepts ``/inference/v1/generate`` logprobs.
@@ -278,11 +278,11 @@ class VLLMServer:
         device: Literal["cpu", "gpu"] = "cpu",
         port: int | None = None,
         served_model_name: str | None = None,
-        max_model_len: int = 4096,
+        max_model_len: int,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         log_path: Path | None = None,
-        startup_timeout_s: float = 300.0,
+        startup_timeout_s: float,
         enable_scale_out: bool = True,
         generate_token_compat: bool = True,
         worker_extension: bool = False,

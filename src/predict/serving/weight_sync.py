@@ -31,18 +31,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from predict.config import config_default
+from predict.config import allowed_values
 from predict.config.models import RLSettings
 
-MODES = ("auto", "memory", "folder")
-DEFAULT_MODE = config_default(RLSettings, "weight_sync")
+MODES = allowed_values(RLSettings, "weight_sync")  # auto, memory, folder
 ALIGN = 64
 SHM_DIR = Path("/dev/shm")
 
 
-def resolve_mode(mode: str | None) -> str:
-    """``memory`` or ``folder`` for the config value `mode` (None: the default)."""
-    mode = mode or DEFAULT_MODE
+def resolve_mode(mode: str) -> str:
+    """``memory`` or ``folder`` for the config value `mode` (config rl.weight_sync)."""
     if mode not in MODES:
         raise ValueError(f"rl.weight_sync must be one of {', '.join(MODES)}, not {mode!r}")
     return "folder" if mode == "folder" else "memory"

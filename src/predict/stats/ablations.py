@@ -48,11 +48,11 @@ def ablation_table(
     paths: Sequence[str | Path | Evaluation],
     selection: Sequence[Mapping[str, Any]],
     *,
-    base_arm: str = "B",
+    base_arm: str,
     split: str = "val",
-    resamples: int = 10_000,
-    seed: int = 0,
-    ci: float = 0.95,
+    resamples: int,
+    seed: int,
+    ci: float,
 ) -> pa.Table:
     """A row per seed: the ablation's and the base arm's pass@1 at their selected checkpoints, the paired tests,
     and the metric the ablation exists for (`ABLATION_FOCUS`); Arm A's pass@1 at Arm A's own selected checkpoint."""

@@ -56,9 +56,10 @@ def fisher_exact(k_a: int, n_a: int, k_b: int, n_b: int) -> float:
 def paired_bootstrap(
     first: Sequence[bool] | np.ndarray,
     second: Sequence[bool] | np.ndarray,
-    resamples: int = 10_000,
-    seed: int = 0,
-    ci: float = 0.95,
+    *,
+    resamples: int,
+    seed: int,
+    ci: float,
 ) -> dict[str, float]:
     """Percentile CI of mean(first) - mean(second), resampling tasks with replacement (the module docstring's
     bootstrap: one [resamples, n] index matrix from a seeded Generator)."""
@@ -73,8 +74,8 @@ def paired_bootstrap(
     return {"diff": float(d.mean()), "ci_low": float(lo), "ci_high": float(hi)}
 
 
-def paired_bootstrap_loop(first: Sequence[bool], second: Sequence[bool], resamples: int = 10_000, seed: int = 0,
-                          ci: float = 0.95) -> dict[str, float]:
+def paired_bootstrap_loop(first: Sequence[bool], second: Sequence[bool], *, resamples: int, seed: int,
+                          ci: float) -> dict[str, float]:
     """The same bootstrap as a Python loop (one resample at a time): the benchmark's baseline."""
     d = np.asarray(first, dtype=np.int8) - np.asarray(second, dtype=np.int8)
     rng = np.random.default_rng(seed)

@@ -50,7 +50,7 @@ EXTENSION_SCHEMA = pa.schema([
 ])
 
 
-def extension_mechanism(spec: Mapping[str, Any], default_test_cost: int = 1) -> str:
+def extension_mechanism(spec: Mapping[str, Any], default_test_cost: int) -> str:
     """Which mechanism an extension run exists for: rft, test_cost, edit_on_revise or mask_decision."""
     if spec.get("trainer") == "rft":
         return "rft"
@@ -83,11 +83,11 @@ def extension_table(
     *,
     spec: Mapping[str, Any],
     counterpart: str | None = None,
-    default_test_cost: int = 1,
+    default_test_cost: int,
     split: str = "val",
-    resamples: int = 10_000,
-    seed: int = 0,
-    ci: float = 0.95,
+    resamples: int,
+    seed: int,
+    ci: float,
 ) -> pa.Table:
     """A row per seed: the extension run at its selected checkpoint against Arm A and Arm B at theirs (McNemar,
     bootstrap), and its mechanism metric (`EXTENSION_FOCUS`). `spec`: the run's base_arm, test_cost, variant,

@@ -70,9 +70,9 @@ def open_question_table(
     environments: Sequence[Environment],
     *,
     split: str = "val",
-    resamples: int = 10_000,
-    seed: int = 0,
-    ci: float = 0.95,
+    resamples: int,
+    seed: int,
+    ci: float,
 ) -> pa.Table:
     """A row per environment and seed pairing: Arm B vs Arm A at their selected checkpoints (the module docstring)."""
     evals = {k: ev for k, ev in load_evaluations(paths).items() if k[2] == split}

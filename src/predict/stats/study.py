@@ -72,15 +72,15 @@ def study_stats(
     arms: Sequence[str],
     ablations: Mapping[str, Mapping[str, Any]] | None = None,
     extensions: Mapping[str, Mapping[str, Any]] | None = None,
-    reference: str | None = "sft",
+    reference: str | None,
     selection_mode: str = config_default(SelectionSettings, "mode"),
     selection_step: int | None = config_default(SelectionSettings, "step"),
     selection: Sequence[Mapping[str, Any]] | None = None,
     campaigns: Sequence[Mapping[str, Any]] = (),
-    default_test_cost: int = 1,
-    resamples: int = 10_000,
-    seed: int = 0,
-    ci: float = 0.95,
+    default_test_cost: int,
+    resamples: int,
+    seed: int,
+    ci: float,
 ) -> dict[str, pa.Table]:
     """Every statistics table from a set of evaluation files of ONE split, keyed and ordered as `STATS_TABLES`
     (val: the selection is made here) or `TEST_STATS_TABLES` (test: `selection` is the val selection, required;

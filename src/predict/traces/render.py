@@ -46,6 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from predict.config import allowed_values
+from predict.config.models import TracesSettings
 from predict.env.protocol import (
     ENVIRONMENT_VARIANTS,
     SOLUTION_FILE,
@@ -59,7 +61,7 @@ from predict.env.protocol import (
 from predict.outcomes import Outcome
 
 ROLES: tuple[str, ...] = ("direct", "recovery")
-RECOVERY_STYLES: tuple[str, ...] = ("revise", "keep_test")
+RECOVERY_STYLES: tuple[str, ...] = allowed_values(TracesSettings, "recovery_style")  # revise, keep_test
 TRACE_VARIANTS: tuple[str, ...] = ("none", *ENVIRONMENT_VARIANTS)
 """The variants traces are rendered under (the others' runs train from their base arm's SFT)."""
 STUB_FIND = STUB.rstrip("\n")  # the patch replaces the stub's one line; the file keeps its final newline

@@ -44,6 +44,8 @@ import pyarrow as pa
 from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress, TaskID
 
+from predict.config import allowed_values
+from predict.config.models import TracesSettings
 from predict.env.protocol import ProtocolConfig, task_prompt
 from predict.outcomes import Outcome
 from predict.outputs import write_rows
@@ -62,7 +64,7 @@ FALLBACKS = 2
 CHUNK = 32  # sandbox checks per batch handed to the verifier (a progress step)
 STUDY_MIX: dict[str, int] = {"ASSERTION_FAILURE": 37, "RUNTIME_ERROR": 8}
 """The writeup's recovery classes (counts of its 70 recovery traces' faulty patches; scaled to n_recovery)."""
-MIXES: tuple[str, ...] = ("study", "balanced")
+MIXES: tuple[str, ...] = allowed_values(TracesSettings, "mix")  # the presets: study, balanced
 
 MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string())])
 

@@ -44,7 +44,7 @@ from predict.fingerprint import mark_finished, run_fingerprint, start_or_resume
 from predict.runs import RunSpec, checkpoint_steps, resolve_run
 from predict.serving.server import SERVED_NAME
 from predict.train.metrics import write_metrics
-from predict.train.tracking import RunTracker, TrackingSettings
+from predict.train.tracking import RunTracker, TrackingTargets
 
 if TYPE_CHECKING:
     from predict.stages import StageConfig
@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WORK = ".work"
+# Where RL trains: the job's GPU when it has one, else the CPU (the job's resources decide; no config key).
+RL_DEVICE = "auto"
 STATE_PARTS = ("state", "policy", "checkpoints")
 """What `publish` deletes from .work/ unless ``rl.keep_state``: the resumable state and the duplicates."""
 
@@ -68,7 +70,7 @@ class RLJob:
     """results/rl/{run}/seed{seed}: step{N}/ checkpoints, metrics.parquet, .work/."""
     base_url: str | None = None
     """Roll out against this running endpoint instead of starting vLLM (no weight sync then: tests only)."""
-    tracking: TrackingSettings | None = None
+    tracking: TrackingTargets | None = None
     """Where each step's metrics row goes live (`predict.train.tracking`); None: nowhere but metrics.parquet."""
 
 
@@ -134,7 +136,7 @@ class TrainingRun:
         from predict.train.trainer import Trainer
 
         if self.resumable and Trainer.read_state_info(self.state_dir) is not None:
-            trainer = Trainer.resume(self.state_dir)
+            trainer = Trainer.resume(self.state_dir, device=RL_DEVICE)
             extra = trainer.state_extra
             done, metrics = int(extra.get(self.step_key, 0)), list(extra.get("metrics", []))
             log.info("resuming %s seed %d from step %d (%s)", self.job.run, self.job.seed, done, self.state_dir)
@@ -144,6 +146,7 @@ class TrainingRun:
             "lr": float(rl["lr"]),
             "weight_decay": float(rl["weight_decay"]),
             "grad_clip": float(rl["grad_clip"]),
+            "device": RL_DEVICE,
             "dtype": rl["dtype"],
             "micro_batch_tokens": int(rl["micro_batch_tokens"]),
             "seed": self.job.seed,
@@ -317,7 +320,7 @@ def job_main(args: argparse.Namespace, config: StageConfig, train: Callable[[RLJ
     if (trainer := resolve_run(config, args.run).trainer) != args.stage:
         raise ConfigError(f"run {args.run}: trainer {trainer}; run it with `predict {trainer}`")
     job = RLJob(run=args.run, seed=args.seed, init=Path(args.init), tasks=Path(args.tasks_file),
-                out_dir=Path(args.out_dir), base_url=args.base_url, tracking=TrackingSettings.from_config(config))
+                out_dir=Path(args.out_dir), base_url=args.base_url, tracking=TrackingTargets.from_config(config))
     if not job.init.is_dir():
         raise FileNotFoundError(f"--init {job.init}: not a checkpoint folder")
     summary = train(job, config)

@@ -24,7 +24,7 @@ metrics`: ``rl_grad_norm``, ``ce_grad_norm``, ``rl_ce_grad_cosine``) measure it.
   weights, AdamW moments and bf16 compensation after a step are bit-identical with and without it
   (tests/test_grad_terms.py).
 * **Schedule**: ``rl.grad_terms_every`` = k measures steps k, 2k, ...; 0 never. Its one default is in
-  config/schema.yaml (`probe_every` reads it there). An unmeasured step, or one with a sample carrying both weights
+  predict.config.models.RLSettings (`probe_every` reads it there). An unmeasured step, or one with a sample carrying both weights
   (none is built today), leaves the three columns null.
 * **Paper backend.** prime-rl does not measure them: its custom-loss hook (``[trainer.loss] type = "custom"``,
   `predict.train.prime_rl.loss`) is a function of one sample's rl logprobs returning that sample's rl loss sum; it
@@ -35,7 +35,6 @@ metrics`: ``rl_grad_norm``, ``ce_grad_norm``, ``rl_ce_grad_cosine``) measure it.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -47,20 +46,13 @@ __all__ = ["GRAD_TERM_COLUMNS", "TermProbe", "probe_every", "probe_step", "term_
 EVERY_KEY = "grad_terms_every"
 
 
-@functools.cache
-def _schema_default() -> int:
-    import yaml
-
-    from predict.config import SCHEMA_PATH
-
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
-    return int(schema["properties"]["rl"]["properties"][EVERY_KEY]["default"])
-
-
 def probe_every(rl: Mapping[str, Any]) -> int:
-    """``rl.grad_terms_every``, or its default from config/schema.yaml (the one place it is written)."""
+    """``rl.grad_terms_every``, or its default (predict.config.models.RLSettings, the one place it is written)."""
+    from predict.config import config_default
+    from predict.config.models import RLSettings
+
     value = rl.get(EVERY_KEY)
-    return _schema_default() if value is None else int(value)
+    return int(config_default(RLSettings, EVERY_KEY)) if value is None else int(value)
 
 
 def probe_step(rl: Mapping[str, Any], step: int) -> bool:

@@ -156,13 +156,14 @@ def fork_traces(rows: Sequence[Mapping[str, Any]], task_ids: Sequence[int]) -> l
     return out
 
 
-def pick_tasks(traces_dir: Path, tokenizer: Any, n_tasks: int) -> dict[str, list[dict]]:
+def pick_tasks(traces_dir: Path, tokenizer: Any, n_tasks: int, *, enable_thinking: bool) -> dict[str, list[dict]]:
     """The SFT rows of each arm (`fork_traces`) on the ``n_tasks`` recovery tasks with the shortest Arm A recovery
-    traces (fewest assistant tokens, ties by task id)."""
+    traces (fewest assistant tokens, rendered as config model.enable_thinking says; ties by task id)."""
     from predict.train.sft import render_messages
 
     def length(row: Mapping[str, Any]) -> tuple[int, int]:
-        return render_messages(row["messages"], tokenizer).n_ce_tokens, int(row["task_id"])
+        sample = render_messages(row["messages"], tokenizer, enable_thinking=enable_thinking)
+        return sample.n_ce_tokens, int(row["task_id"])
 
     a_rows = pq.read_table(traces_dir / "A.parquet").to_pylist()
     b_rows = pq.read_table(traces_dir / "B.parquet").to_pylist()
@@ -206,7 +207,7 @@ def trace_probs(trainer: Any, samples: Sequence[Any]) -> list[float]:
 
 def sft_start_point(
     rows: Sequence[Mapping[str, Any]], base: Path, out_dir: Path, settings: SignalSettings, *, arm: str,
-    tracking: Any = None,
+    enable_thinking: bool, tracking: Any = None,
 ) -> dict[str, Any]:
     """Fine-tune `base` on `rows` (full batch, constant lr; each faulty prefix ``faulty_repeats`` times) until the
     model follows one of the two scripted paths (gold trace or faulty prefix; probabilities of sampling them
@@ -217,11 +218,13 @@ def sft_start_point(
     from predict.train.trainer import Trainer
 
     tokenizer = load_tokenizer(base)
-    rendered = [(r["role"], render_messages(r["messages"], tokenizer, task_id=r["task_id"])) for r in rows]
+    rendered = [(r["role"], render_messages(r["messages"], tokenizer, enable_thinking=enable_thinking,
+                                            task_id=r["task_id"])) for r in rows]
     samples = [s for role, s in rendered for _ in range(settings.faulty_repeats if role == "faulty" else 1)]
     gold = [s for role, s in rendered if role == "gold"]
     faulty = [s for role, s in rendered if role == "faulty"]
-    trainer = Trainer(base, lr=settings.sft_lr, dtype="float32", device="cpu", micro_batch_tokens=8192, seed=0)
+    trainer = Trainer(base, lr=settings.sft_lr, dtype="float32", device="cpu", micro_batch_tokens=8192, seed=0,
+                      weight_decay=0.0, grad_clip=1.0)
     curve: list[dict[str, Any]] = []
     path = 0.0
     tracker = RunTracker(tracking, stage="sft", run=arm, config=asdict(settings)).start(0)
@@ -320,7 +323,8 @@ def label_logprob_curve(checkpoints: Sequence[Path], points: Sequence[Any]) -> l
         if not points:
             curve.append(None)
             continue
-        trainer = Trainer(ckpt, lr=0.0, dtype="float32", device="cpu", micro_batch_tokens=8192)
+        trainer = Trainer(ckpt, lr=0.0, dtype="float32", device="cpu", micro_batch_tokens=8192, weight_decay=0.0,
+                          grad_clip=1.0, seed=0)
         lps = trainer.token_logprobs(points, weighted_only=True)
         curve.append(sum(sum(lp) for lp in lps) / len(points))
     return curve
@@ -419,7 +423,7 @@ def run_signal(
     config: Mapping[str, Any], out_dir: str | Path, settings: SignalSettings | None = None, *, tracking: Any = None
 ) -> dict:
     """The whole signal run into `out_dir`; returns {"curves", "verdicts", "sft", "passed", "wall_s"}.
-    `tracking` (`predict.train.tracking.TrackingSettings`): its SFT and RL steps go live under ``signal/``."""
+    `tracking` (`predict.train.tracking.TrackingTargets`): its SFT and RL steps go live under ``signal/``."""
     import torch
 
     from predict.data import MBPP_SCHEMA, load_mbpp, split_tasks
@@ -445,7 +449,8 @@ def run_signal(
     base = Path(cached_tiny_qwen3(default_cache_dir() / "models", seed=0, hidden_size=settings.hidden_size,
                                   num_layers=settings.num_layers))  # fmt: skip
     tokenizer = load_tokenizer(base)
-    chosen = pick_tasks(out / "traces", tokenizer, settings.n_tasks)
+    thinking = config["model"]["enable_thinking"]
+    chosen = pick_tasks(out / "traces", tokenizer, settings.n_tasks, enable_thinking=thinking)
     chosen = {arm: at_budget(rows, config, arm, settings.budget) for arm, rows in chosen.items()}
     task_ids = sorted({r["task_id"] for r in chosen["A"]})
     tasks = write_rows([{k: r[k] for k in MBPP_SCHEMA.names} for r in sft_split if r["task_id"] in task_ids],
@@ -453,9 +458,10 @@ def run_signal(
     # Arm B's start point goes on from Arm A's: the same tasks and patches, so it only has the predictive format's
     # prompt and prediction turn to learn (about half the SFT steps of a start from the base model: docs/learning-signal.md).
     live = tracking.under("signal") if tracking is not None else None
-    sft = {"A": sft_start_point(chosen["A"], base, out / "sft" / "A", settings, arm="A", tracking=live)}
+    sft = {"A": sft_start_point(chosen["A"], base, out / "sft" / "A", settings, arm="A", enable_thinking=thinking,
+                                tracking=live)}
     sft["B"] = sft_start_point(chosen["B"], out / "sft" / "A", out / "sft" / "B", settings, arm="B",
-                               tracking=live)  # fmt: skip
+                               enable_thinking=thinking, tracking=live)  # fmt: skip
 
     runs = signal_runs(settings)
     with VLLMServer.from_serving(out / "sft" / "A", config["serving"], sequences=int(config["env"]["concurrency"]),
@@ -577,7 +583,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace, config: StageConfig) -> int:
     from predict.outputs import console
-    from predict.train.tracking import TrackingSettings
+    from predict.train.tracking import TrackingTargets
 
     overrides = {k: v for k, v in {
         "seeds": tuple(args.seeds) if args.seeds else None, "rl_steps": args.rl_steps, "rl_lr": args.rl_lr,
@@ -585,7 +591,7 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
         "label_steps": args.label_steps,
     }.items() if v is not None}  # fmt: skip
     settings = SignalSettings(**overrides)
-    result = run_signal(config, Path(args.out_dir), settings, tracking=TrackingSettings.from_config(config))
+    result = run_signal(config, Path(args.out_dir), settings, tracking=TrackingTargets.from_config(config))
     print_curves(result, console)
     console.print(f"{SANITY_NOTE}; {result['wall_s']:.0f} s; figure: {Path(args.out_dir) / 'signal.png'}")
     if not result["passed"]:  # a finding, not a failed stage: the verdicts are written (and a test asserts them)

@@ -47,7 +47,7 @@ from predict.config.models import SFTSettings
 from predict.fingerprint import RESUME_KEYS, fingerprint, start_or_resume
 from predict.outputs import write_rows
 from predict.train.sample import TrainSample
-from predict.train.tracking import RunTracker, TrackingSettings
+from predict.train.tracking import RunTracker, TrackingTargets
 
 if TYPE_CHECKING:
     from predict.stages import StageConfig
@@ -89,7 +89,7 @@ def render_messages(
     messages: Sequence[Mapping[str, Any]],
     tokenizer: Any,
     *,
-    enable_thinking: bool = True,
+    enable_thinking: bool,
     task_id: int | None = None,
     source: str | None = None,
 ) -> TrainSample:
@@ -137,7 +137,7 @@ def load_tokenizer(model_dir: str | Path | None = None) -> Any:
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 
-def render_traces(path: str | Path, tokenizer: Any, *, enable_thinking: bool = True) -> list[TrainSample]:
+def render_traces(path: str | Path, tokenizer: Any, *, enable_thinking: bool) -> list[TrainSample]:
     """Every row of a traces parquet (``messages`` + ``task_id``) rendered into an SFT sample."""
     table = pq.read_table(path)
     if "messages" not in table.column_names:
@@ -218,11 +218,11 @@ def run_sft(
     state_dir: str | Path,
     cfg: SFTConfig,
     arm: str,
-    enable_thinking: bool = True,
+    enable_thinking: bool,
     max_steps: int | None = None,
     progress: bool = True,
     threads: int | None = None,
-    tracking: TrackingSettings | None = None,
+    tracking: TrackingTargets | None = None,
     tracking_config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train, resuming from ``state_dir`` when it holds a saved state; write the checkpoint and metrics.
@@ -371,7 +371,7 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
         enable_thinking=config["model"]["enable_thinking"],
         max_steps=args.max_steps if args.max_steps is not None else config["sft"].get("max_steps"),
         threads=args.threads,
-        tracking=TrackingSettings.from_config(config),
+        tracking=TrackingTargets.from_config(config),
         tracking_config=config,
     )
     print_summary(f"SFT arm {args.arm}: {args.out_dir}", summary, float_format=".4g")

@@ -29,16 +29,15 @@ import re
 import shutil
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from predict.config import ConfigError, section
-from predict.config.models import TrackingSettings as TrackingConfig
+from predict.config.models import TrackingSettings, WandbSettings
 
 log = logging.getLogger(__name__)
 
-WANDB_MODES = ("disabled", "offline", "online")
 IDENTITY_COLUMNS = ("run", "seed", "step", "backend", "arm", "finished_at")
 """Columns that name the run or the step (the x axis), not curves."""
 LOSS_COLUMNS = ("loss", "rl_loss", "ce_loss", "kl", "clip_frac", "grad_norm")
@@ -78,14 +77,14 @@ def scalar_tags(row: Mapping[str, Any]) -> dict[str, float]:
 
 
 @dataclass(frozen=True)
-class TrackingSettings:
-    """The ``tracking`` section resolved against ``results_dir`` and ``run_name``."""
+class TrackingTargets:
+    """Where a training job's curves go: the ``tracking`` section (predict.config.models.TrackingSettings) resolved
+    against ``results_dir`` and ``run_name``."""
 
     tensorboard_root: Path | None
     """``{results_dir}/tensorboard``; None: TensorBoard off (``tracking.tensorboard: false``)."""
-    wandb_mode: str = "disabled"
-    wandb_project: str = "predict"
-    wandb_entity: str | None = None
+    wandb: WandbSettings = field(default_factory=WandbSettings)
+    """``tracking.wandb`` (left out: the section's defaults, W&B disabled)."""
     wandb_dir: Path | None = None
     group: str = ""
     """The study (``run_name``): W&B's group of every run and seed."""
@@ -93,28 +92,22 @@ class TrackingSettings:
     """Put before every job's name (`predict.train.learning_signal`'s runs: ``signal/<its run>/``)."""
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> TrackingSettings:
+    def from_config(cls, config: Mapping[str, Any]) -> TrackingTargets:
         """From a config (or stage slice) with ``results_dir``, ``run_name`` and ``tracking`` (its defaults:
         predict.config.models.TrackingSettings; left out, TensorBoard on and W&B disabled)."""
         try:
-            tracking = section(config, TrackingConfig, "tracking")
+            tracking = section(config, TrackingSettings, "tracking")
         except ConfigError as e:
             raise TrackingError(str(e)) from None
-        wandb = tracking.wandb
         results = Path(str(config["results_dir"]))
-        mode = wandb.mode
-        if mode not in WANDB_MODES:
-            raise TrackingError(f"tracking.wandb.mode: {mode!r} is not one of {', '.join(WANDB_MODES)}")
         return cls(
             tensorboard_root=results / "tensorboard" if tracking.tensorboard else None,
-            wandb_mode=mode,
-            wandb_project=wandb.project,
-            wandb_entity=wandb.entity,
+            wandb=tracking.wandb,
             wandb_dir=results / "wandb",
             group=str(config["run_name"]),
         )
 
-    def under(self, name: str) -> TrackingSettings:
+    def under(self, name: str) -> TrackingTargets:
         """The same settings with every job's name under `name` (TensorBoard folder and W&B name and id)."""
         return replace(self, prefix=f"{self.prefix}{name}/")
 
@@ -127,7 +120,7 @@ def _plain(config: Mapping[str, Any]) -> dict[str, Any]:
 class RunTracker:
     """The trackers of one training job (stage, run, seed): `start` before the first step, `log` each row, `close`."""
 
-    def __init__(self, settings: TrackingSettings | None, *, stage: str, run: str, seed: int | None = None,
+    def __init__(self, settings: TrackingTargets | None, *, stage: str, run: str, seed: int | None = None,
                  config: Mapping[str, Any] | None = None, id_file: Path | None = None) -> None:  # fmt: skip
         self.settings = settings
         self.id_file = id_file
@@ -166,7 +159,7 @@ class RunTracker:
         """Open the trackers for a job that has `done` steps behind it (0: a fresh start; rule 4)."""
         if self.settings is None:
             return self
-        if self.settings.wandb_mode != "disabled":  # first: the one that can fail on credentials or the network
+        if self.settings.wandb.mode != "disabled":  # first: the one that can fail on credentials or the network
             self._wandb = self._open_wandb(done)
         if self.log_dir is not None:
             try:
@@ -202,21 +195,21 @@ class RunTracker:
         try:
             import wandb
         except ImportError as e:
-            raise TrackingError(f"tracking.wandb.mode: {s.wandb_mode} but the wandb package is missing ({e}); "
+            raise TrackingError(f"tracking.wandb.mode: {s.wandb.mode} but the wandb package is missing ({e}); "
                                 "install the 'track' extra (envs/install.sh) or set mode: disabled") from None
         if s.wandb_dir is not None:
             s.wandb_dir.mkdir(parents=True, exist_ok=True)
         try:
             return wandb.init(
-                mode=s.wandb_mode, project=s.wandb_project, entity=s.wandb_entity, group=s.group or None,
+                mode=s.wandb.mode, project=s.wandb.project, entity=s.wandb.entity, group=s.group or None,
                 name=self.name, job_type=self.stage, id=self.wandb_id(done), resume="allow", config=self.config,
                 dir=str(s.wandb_dir) if s.wandb_dir else None, reinit="create_new",
                 settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
             )  # fmt: skip
         except Exception as e:  # wandb raises its own errors (auth, network, usage): one line before training
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise TrackingError(f"tracking.wandb (mode {s.wandb_mode}, project {s.wandb_project!r}, entity "
-                                f"{s.wandb_entity!r}): W&B did not start: {first}") from None
+            raise TrackingError(f"tracking.wandb (mode {s.wandb.mode}, project {s.wandb.project!r}, entity "
+                                f"{s.wandb.entity!r}): W&B did not start: {first}") from None
 
     def log(self, row: Mapping[str, Any], step: int) -> None:
         """One step's row, written and flushed as the step ends (rule 3)."""

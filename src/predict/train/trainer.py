@@ -434,13 +434,13 @@ class Trainer:
         model_dir: str | Path,
         *,
         lr: float,
-        weight_decay: float = 0.0,
+        weight_decay: float,
+        grad_clip: float,
+        device: str,
+        dtype: str,
+        micro_batch_tokens: int,
+        seed: int,
         betas: tuple[float, float] = (0.9, 0.999),
-        grad_clip: float = 1.0,
-        device: str = "auto",
-        dtype: str = "auto",
-        micro_batch_tokens: int = 8192,
-        seed: int = 0,
         loss_config: LossConfig | None = None,
         logit_chunk_tokens: int | None = None,
         liger: bool | None = None,
@@ -685,13 +685,14 @@ class Trainer:
         return json.loads(path.read_text()) if path.is_file() else None
 
     @classmethod
-    def resume(cls, state_dir: str | Path, **overrides: Any) -> Trainer:
-        """A trainer exactly as `save_state` left it (``overrides`` replace constructor arguments, e.g. device)."""
+    def resume(cls, state_dir: str | Path, *, device: str, **overrides: Any) -> Trainer:
+        """A trainer exactly as `save_state` left it, on `device` (where this job runs: not part of the state);
+        ``overrides`` replace other constructor arguments."""
         state_dir = Path(state_dir)
         info = cls.read_state_info(state_dir)
         if info is None:
             raise FileNotFoundError(f"{state_dir}: no {STATE_FILE} (not a saved trainer state)")
-        kwargs = dict(info["kwargs"])
+        kwargs = {**info["kwargs"], "device": device}
         kwargs["loss_config"] = LossConfig(**kwargs["loss_config"])
         kwargs["betas"] = tuple(kwargs["betas"])
         kwargs.update(overrides)

@@ -206,10 +206,12 @@ def _int(value: float | None) -> int | None:
 def mirror_metrics(metrics: str | Path, tensorboard_root: Path, *, run: str, seed: int) -> Path | None:
     """The collected per-step table as TensorBoard scalars under ``<root>/rl/{run}/seed{seed}``, the folder a local
     RL run writes (`predict.train.tracking`); W&B is left to prime-rl's own monitor (`wandb_tables`)."""
+    from predict.config.models import WandbSettings
     from predict.train.metrics import read_metrics
-    from predict.train.tracking import RunTracker, TrackingSettings
+    from predict.train.tracking import RunTracker, TrackingTargets
 
-    with RunTracker(TrackingSettings(tensorboard_root), stage="rl", run=run, seed=seed).start(0) as tracker:
+    targets = TrackingTargets(tensorboard_root, wandb=WandbSettings(mode="disabled"))  # TensorBoard alone
+    with RunTracker(targets, stage="rl", run=run, seed=seed).start(0) as tracker:
         tracker.log_rows(read_metrics(metrics))
     return tracker.log_dir
 

@@ -346,19 +346,19 @@ def rl_config(
 
 
 def wandb_tables(cfg: Mapping[str, Any], name: str, *, entrypoint: str) -> dict[str, Any]:
-    """prime-rl's own W&B monitor settings from ``tracking.wandb`` (`predict.train.tracking.TrackingSettings`):
+    """prime-rl's own W&B monitor settings from ``tracking.wandb`` (`predict.train.tracking.TrackingTargets`):
     none when disabled; run `name`, grouped by ``run_name``. The ``rl`` entrypoint's shared ``[wandb]`` refuses
     ``offline`` (prime-rl's SharedWandbConfig), so offline goes to ``[trainer.wandb]`` and
     ``[orchestrator.wandb]``, the same project in both (validate_shared_wandb_config); ``sft`` has one ``[wandb]``."""
-    from predict.train.tracking import TrackingSettings
+    from predict.train.tracking import TrackingTargets
 
-    s = TrackingSettings.from_config(cfg)
-    if s.wandb_mode == "disabled":
+    s = TrackingTargets.from_config(cfg)
+    if s.wandb.mode == "disabled":
         return {}
-    monitor = {"project": s.wandb_project, "entity": s.wandb_entity, "name": name, "group": s.group or None}
+    monitor = {"project": s.wandb.project, "entity": s.wandb.entity, "name": name, "group": s.group or None}
     if entrypoint == "sft":
-        return {"wandb": monitor | {"offline": s.wandb_mode == "offline"}}
-    if s.wandb_mode == "online":
+        return {"wandb": monitor | {"offline": s.wandb.mode == "offline"}}
+    if s.wandb.mode == "online":
         return {"wandb": monitor}
     return {part: {"wandb": monitor | {"offline": True}} for part in ("trainer", "orchestrator")}
 
