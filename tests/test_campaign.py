@@ -26,7 +26,7 @@ from predict.campaign import (
 )
 from predict.config import load_config, with_defaults
 from predict.config.models import SelectionSettings
-from predict.data import MBPP_SCHEMA
+from predict.data import MBPP_SCHEMA, derive_test_split
 from predict.evaluate import CheckpointEval, evaluate_checkpoints
 from predict.outputs import read_rows, write_rows
 from predict.stages import STAGES
@@ -34,14 +34,16 @@ from predict.stats import SELECTION_SCHEMA, power_table, study_stats
 
 from .conftest import REPO
 from .scripted_endpoint import ScriptedEndpoint
-from .synthetic import record_campaign, small_test_campaign
+from .synthetic import record_campaign, small_test_campaign, write_test_split
 
 SOLVE = 'CALL apply_patch {"find": "# Write your function here.", "replace": "def multiply_int(x, y):\\n    return x * y"}'
 
 
 @pytest.fixture
 def study() -> dict[str, Any]:
-    return load_config(REPO / "config" / "local.yaml")
+    config = load_config(REPO / "config" / "local.yaml")
+    config["evaluation"]["tasks"] = 2  # the test split's first two tasks: enough for the ledger's rules
+    return config
 
 
 @pytest.fixture
@@ -54,8 +56,8 @@ def endpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
 
 
 @pytest.fixture
-def test_split(tmp_path: Path, mbpp_rows: list[dict]) -> Path:
-    return write_rows([r for r in mbpp_rows if r["task_id"] in (127, 12)], MBPP_SCHEMA, tmp_path / "test.parquet")
+def test_split(tmp_path: Path, study: dict[str, Any]) -> Path:
+    return write_test_split(study, tmp_path / "test.parquet")
 
 
 def _val_stats(folder: Path, runs: tuple[str, ...] = ("A",), seeds: tuple[int, ...] = (42,)) -> tuple[Path, Path]:
@@ -152,7 +154,7 @@ def test_the_campaign_line_records_what_its_rows_depend_on(study, test_split: Pa
         "vllm_version": serving_identity(study["serving"], concurrency=4)["vllm_version"], "device": "cpu",
         "batch_invariant": False, "concurrency": 1}  # the CPU has no batch invariance: one request at a time
     assert depends["device_name"] and depends["serving"]["device"] == "cpu" and "python" not in depends["serving"]
-    assert campaign["task_ids"] == [12, 127] and campaign["selection"] == [{"run": "A", "seed": 42,
+    assert campaign["task_ids"] == sorted(derive_test_split(study["data"]).task_ids) and campaign["selection"] == [{"run": "A", "seed": 42,
                                                                            "checkpoint": "step2"}]
 
 

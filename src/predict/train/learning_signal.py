@@ -424,6 +424,7 @@ def run_signal(
 
     from predict.data import MBPP_SCHEMA, load_mbpp, split_tasks
     from predict.outputs import write_rows
+    from predict.seal import seal_task_ids
     from predict.serving.server import VLLMServer, default_cache_dir
     from predict.tiny_model import cached_tiny_qwen3
     from predict.traces.stage import run_stage
@@ -440,6 +441,9 @@ def run_signal(
     data = config["data"]
     rows = load_mbpp(data["mbpp_path"], hf_fallback=data["hf_fallback"], sha256=data.get("mbpp_sha256"))
     sft_split = split_tasks(rows, int(data["split_seed"]), data["sizes"])["sft"]
+    # its tasks come from no file the stage table could name: sealed here, before anything is written
+    seal_task_ids([r["task_id"] for r in sft_split], data, source=f"the sft split of {data['mbpp_path']}",
+                  stage="signal")
     run_stage(sft_split, config, out / "traces", progress=False)
 
     base = Path(cached_tiny_qwen3(default_cache_dir() / "models", seed=0, hidden_size=settings.hidden_size,
