@@ -259,6 +259,30 @@ def test_power_is_given_at_the_holm_level_of_the_family_the_report_adjusts() -> 
     assert row["holm_significance"] == 0.0125 and row["family_size"] == 4 and not row["powered_holm"]
 
 
+def test_the_holm_column_is_a_lower_bound_of_the_power_and_the_report_says_at_least() -> None:
+    """Issue 38: alpha/m is the strictest level of a Holm family, not the most lenient, so ``power_holm`` is a lower
+    bound of a test's power under Holm. Simulated (4 independent pairings, n 500, discordance 0.2, 5 points), Holm's
+    power lies between the column and the unadjusted power; the report says "at least", never "the power as the
+    report runs it" (old code)."""
+    import numpy as np
+
+    from predict.report.power import power_section
+    from predict.stats.exact import holm
+    from predict.stats.power import mcnemar_exact_p
+
+    (row,) = power_table(deltas=[0.05], discordances={"config": [0.2]}, tasks=[500], family_size=4).to_pylist()
+    rng = np.random.default_rng(0)
+    discordant = rng.binomial(500, 0.2, size=(2000, 4))
+    wins = rng.binomial(discordant, (1 + 0.05 / 0.2) / 2)
+    p = mcnemar_exact_p(wins, discordant)
+    rejected = np.array([holm(list(ps))[0] < 0.05 for ps in p])
+    assert row["power_holm"] + 0.03 < rejected.mean() < row["power"] - 0.03
+    config = {"power": {"significance": 0.05, "target": 0.8}, "data": {"sizes": {"test": 500}}}
+    section = power_section([{**row, "design": "test"}], config)
+    assert "power, Holm-adjusted (at least; A vs B, family of 4)" in section and "strictest level" in section
+    assert "as the report runs it:" not in section and "at most significance" not in section
+
+
 def test_selection_has_one_default_and_one_owner() -> None:
     """The selection settings' default lives in predict.config.models only (it was written in cli.py twice,
     evaluate.py and stats.py, then as predict.campaign.DEFAULT_SELECTION); no module spells it as a dict."""
