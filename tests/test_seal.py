@@ -1,4 +1,4 @@
-"""The test split, sealed (src/predict/seal.py, src/predict/campaign.py): no stage reaches a test task outside its
+"""The test split, sealed (src/predict/campaign.py: the seal, the campaign): no stage reaches a test task outside its
 campaign, whatever file, name, folder or ledger state it is handed. One test per door that was open: test tasks
 under any file name through every stage that reads tasks; the campaign keyed on the test split, not on its file
 (a subset, a superset); a missing ledger where a campaign left traces; --test-ledger at a new path; a same-size,
@@ -429,8 +429,8 @@ def test_a_rollouts_persisted_rows_are_redone_after_a_same_size_same_mtime_rewri
 
 
 def test_replay_clears_only_recorded_rollouts_and_writes_nowhere(study: dict, endpoint: Any, tmp_path: Path) -> None:
+    from predict.campaign import replay
     from predict.cli import main
-    from predict.seal import replay
 
     test = write_test_split(study, tmp_path / "data" / "test.parquet")
     assert main(_evaluate_test(study, test, tmp_path / "results", "step2", endpoint)) == 0

@@ -38,17 +38,26 @@ Rules:
   ``started`` line hashed. An interrupted campaign resumes from its persisted rollouts: that is no second evaluation.
 * Test statistics (`check_test_inputs`) read only evaluation files the ledger records ``done`` (by their sha256), all
   of one campaign, exactly its plan, under its selection and its statistics settings.
-* Outside its campaign, no rollout or evaluation touches a test task (`guard_tasks`, and before that every stage's
-  seal, `predict.seal`): task ids are compared with every test split the registry knows (`register_split`, called by
-  `predict split`, and every campaign's own), never file names; a test job without its campaign's admission in the
-  ledger (or without a ledger) is refused.
+* The seal: no stage but the campaign reads a test task, whatever file, name, folder or ledger state it is handed.
+  Sealed (`sealed_sources`): the test split the stage's own config defines (`predict.data.derive_test_split`, in any
+  clone, with no registry and no split file), every test split the registry has registered (`register_split`, called
+  by `predict split`), and every task a campaign of this checkout evaluated (its line's ``task_ids``), whatever the
+  config, the split or the file says now. Every stage that reads tasks names the flags that hold them in its stage
+  table entry (`predict.stages.Stage.task_files`); `seal_stage` checks them by task id, called by `predict.cli` before
+  the stage claims its results folder, writes a byte or starts a process (`predict signal` calls `seal_task_ids` on
+  the tasks it derives). The campaign's own file must be the test split (`check_campaign_tasks`). Inside the rollout
+  stage, `guard_tasks` refuses again, by the registry's ids, before a ``.partial`` folder or a server exists; a test
+  job without its campaign's admission in the ledger (or without a ledger) is refused. A file's name never decides.
+  Each refusal names the file, the first few task ids and what to do.
 * Read access for tools that check a campaign (the reviewer bundle): `split_history` (every registry line of one
-  test split: its registrations, its campaigns, their started and done lines) and `predict.seal.replay` (the one
-  door through which test rollouts the ledger already records may be re-executed, writing nowhere).
+  test split: its registrations, its campaigns, their started and done lines) and `replay` (the one door through
+  which test rollouts the ledger already records may be re-executed, for the same weights and design, writing
+  nowhere).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import hashlib
@@ -65,7 +74,7 @@ from typing import Any
 
 from predict.config import section
 from predict.config.models import EvaluationSettings, SelectionSettings
-from predict.stages import UNTRACKED, pick, without_keys
+from predict.stages import UNTRACKED, Stage, pick, without_keys
 
 log = logging.getLogger(__name__)
 
@@ -521,7 +530,8 @@ def check_campaign_tasks(tasks_path: Path, split: Any) -> None:
             "(results/data/test.parquet)")
 
 
-def history_traces(results_dir: str | Path | None, entries: Sequence[Mapping[str, Any]], split_sha256: str) -> list[str]:
+def history_traces(results_dir: str | Path | None, entries: Sequence[Mapping[str, Any]],
+                   split_sha256: str) -> list[str]:
     """What in `results_dir` and in the ledger's `entries` shows that a test campaign ran there that the ledger does
     not record (see the module docstring), each in a few words; empty when there is none."""
     from predict.fingerprint import file_sha256  # noqa: PLC0415
@@ -594,6 +604,132 @@ def guard_tasks(*, split: str, tasks_path: Path, task_ids: Iterable[int], run: s
         if e.get("campaign") == admission["campaign"] and _key(e) == entry and e.get("status") == "done":
             raise SplitGuardError(f"{ledger}:{line_number}: run {run} checkpoint {checkpoint} seed {seed} was already "
                                   f"evaluated on test at {e['time']}; the test split is touched once")
+
+
+# -- the seal: no stage but the campaign reads a test task ------------------------------------------------------------
+
+CAMPAIGN_STAGE = "evaluate-test"
+"""The stage table entry of the test campaign: the one stage whose task file must be the test split."""
+
+
+def sealed_sources(data: Mapping[str, Any], ledger: Path | None = None) -> list[tuple[frozenset[int], str]]:
+    """Every sealed set of task ids with why it is sealed (see the module docstring): the config's own test split,
+    then the registry's registered splits and evaluated campaigns. `ledger`: the registry (default the checkout's,
+    `registry_ledger`); a missing registry adds nothing and is not created."""
+    from predict.data import derive_test_split  # noqa: PLC0415
+
+    split = derive_test_split(data)
+    sources = [(split.task_ids, f"they are in {split.describe()}")]
+    registry = ledger or registry_ledger()
+    for line, entry in read_ledger(registry):
+        ids = frozenset(int(t) for t in entry.get("task_ids") or ())
+        if entry.get("event") == "split" and ids != split.task_ids:
+            sources.append((ids, f"{registry}:{line} registered them as a test split ({entry.get('time')})"))
+        elif entry.get("event") == "campaign":
+            sources.append((ids, f"test campaign {entry.get('campaign')} evaluated them ({registry}:{line}, "
+                                 f"{entry.get('time')})"))
+    return sources
+
+
+def seal_task_ids(task_ids: Iterable[int], data: Mapping[str, Any], *, source: str | Path, stage: str,
+                  ledger: Path | None = None) -> None:
+    """Refuse (`SplitGuardError`) when any of `task_ids` (read from `source`) is sealed."""
+    ids = {int(t) for t in task_ids}
+    hits = [(ids & sealed, why) for sealed, why in sealed_sources(data, ledger) if ids & sealed]
+    if not hits:
+        return
+    overlap = set().union(*(h for h, _ in hits))
+    raise SplitGuardError(
+        f"{source}: {len(overlap)} of its {len(ids)} tasks are test tasks ({first_ids(overlap)}): "
+        f"{'; '.join(why for _, why in hits)}. `predict {stage}` never reads a test task: the test split is evaluated "
+        "once, by its campaign (snakemake test), and never trained on, selected on or made into traces. Give it "
+        "tasks of the sft, rl or val split (results/data/{sft,rl,val}.parquet from `predict split`)")
+
+
+def seal_file(path: str | Path, data: Mapping[str, Any], *, stage: str, ledger: Path | None = None) -> None:
+    """`seal_task_ids` of a task-keyed parquet's ``task_id`` column (a split, traces)."""
+    from predict.data import task_ids_of  # noqa: PLC0415
+
+    seal_task_ids(task_ids_of(path), data, source=path, stage=stage, ledger=ledger)
+
+
+def seal_stage(stage: Stage, args: argparse.Namespace, config: Mapping[str, Any]) -> None:
+    """The seal at a stage's entry (`predict.cli`, before anything is written or started): every file the stage
+    table says holds its tasks (`Stage.task_files`) holds no sealed task; the test campaign's is the test split. A
+    flag left out, or a file that does not exist (nothing to read: the stage's own error names it), is skipped."""
+    from predict.data import derive_test_split  # noqa: PLC0415
+
+    for dest in stage.task_files:
+        if (value := getattr(args, dest, None)) is None or not Path(value).exists():
+            continue
+        if stage.name == CAMPAIGN_STAGE:
+            check_campaign_tasks(Path(value), derive_test_split(config["data"]))
+        else:
+            seal_file(value, config["data"], stage=stage.name)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Test rollouts the ledger records as done, cleared for re-execution in memory (`replay`)."""
+
+    campaign: str
+    run: str
+    checkpoint: str
+    seed: int
+    tasks: tuple[dict[str, Any], ...]
+    """Rollout-ready task rows (each task of `task_ids` once per evaluation sample, with ``sample``), in task_id
+    order, as `predict.rollouts.select_tasks` made them for the campaign."""
+    done: dict[str, Any]
+    """The ledger's ``done`` line of the evaluation: its ``out``, ``sha256``, ``weights``, ``evaluation`` settings."""
+
+
+def replay(config: Mapping[str, Any], *, run: str, checkpoint: str, seed: int, model: str | Path,
+           task_ids: Iterable[int], ledger: Path | None = None) -> Replay:
+    """The one door through which test rollouts may run outside the campaign: re-executing some that the ledger
+    records as done (a reviewer's ``verify-bundle --rerun K``), to compare them with the recorded rows.
+
+    Cleared only when the ledger (default the checkout's registry; never created, locked or written) records the
+    evaluation (run, checkpoint, seed) as ``done`` in a campaign on the test split of ``config["data"]``, under the
+    same design (`predict.campaign.config_hash`) and the same weights (`model`'s content,
+    `predict.fingerprint.input_identity`), and every one of `task_ids` was among the tasks it evaluated. Refused
+    otherwise (`SplitGuardError`, naming what differs). The caller rolls `Replay.tasks` out in memory (e.g.
+    `predict.env.rollout.run_rollouts_sync`) and writes the rows nowhere: not into results, not into the ledger, and
+    never through `predict.rollouts` or `predict evaluate`, which persist and record."""
+    from predict.data import derive_test_split  # noqa: PLC0415
+    from predict.fingerprint import input_identity  # noqa: PLC0415
+
+    ledger = Path(ledger) if ledger is not None else registry_ledger()
+    if not ledger.exists():
+        raise SplitGuardError(f"{ledger}: no such ledger; a replay re-executes test rollouts a ledger records as "
+                              "done: name the campaign's ledger (it is read, never created)")
+    split = derive_test_split(config["data"])
+    entries = [e for _, e in read_ledger(ledger)]
+    campaigns = {e["campaign"]: e for e in entries
+                 if e.get("event") == "campaign" and e.get("split_sha256") == split.sha256}  # fmt: skip
+    done = [e for e in entries if e.get("status") == "done" and e.get("campaign") in campaigns
+            and (e.get("run"), e.get("checkpoint"), e.get("seed")) == (run, checkpoint, int(seed))]  # fmt: skip
+    where = f"{ledger}: {run} {checkpoint} seed {seed}"
+    if not done:
+        raise SplitGuardError(f"{where} has no done test evaluation on {split.describe()}: only rollouts the ledger "
+                              "records can be replayed")
+    entry = done[-1]
+    campaign = campaigns[entry["campaign"]]
+    if config_hash(config) != campaign["config_hash"]:
+        changed = config_differences(campaign.get("design"), design_config(config))
+        raise SplitGuardError(f"{where}: the replay's config differs from the frozen design of campaign "
+                              f"{campaign['campaign']} in {', '.join(changed[:8]) or 'the design'}: replay under it")
+    if (weights := input_identity(model)) != entry.get("weights"):
+        raise SplitGuardError(f"{where}: {model} is not the checkpoint the ledger recorded ({weights[:24]}..., "
+                              f"recorded {str(entry.get('weights'))[:24]}...): a replay re-executes the same weights")
+    evaluation = entry.get("evaluation") or {}
+    rows = sorted(split.rows, key=lambda r: r["task_id"])[: evaluation.get("tasks") or None]
+    wanted = {int(t) for t in task_ids}
+    if outside := wanted - {int(r["task_id"]) for r in rows}:
+        raise SplitGuardError(f"{where}: tasks {first_ids(outside)} were not among the tasks it evaluated: a replay "
+                              "re-executes recorded rollouts only")
+    samples = int(evaluation.get("samples") or 1)  # as predict.rollouts.select_tasks repeats them
+    tasks = [{**r, "sample": k} for r in rows if int(r["task_id"]) in wanted for k in range(samples)]
+    return Replay(campaign["campaign"], run, checkpoint, int(seed), tuple(tasks), dict(entry))
 
 
 # -- the test statistics' inputs ---------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ sha256(f"{seed}:{task_id}") and cut into sft, rl and test; val takes the remaind
 does not depend on numpy/random versions, dict order or PYTHONHASHSEED, so the same file gives the
 same split on every machine, and the manifest's content hashes prove it. So the test split is a fact of the
 config's ``data`` section, not a record: `derive_test_split` computes it in any clone, with no registry and no
-split file (`predict.seal` and the test campaign read it from there, never from a file they are handed).
+split file (`predict.campaign`'s seal and the test campaign read it from there, never from a file they are handed).
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def mbpp_file(data: Mapping[str, Any]) -> Path:
 def derive_test_split(data: Mapping[str, Any]) -> TestSplit:
     """The test split of a config's ``data`` section (``mbpp_path`` checked against ``mbpp_sha256``, ``split_seed``,
     ``sizes``), cut exactly as `predict split` cuts it (`split_tasks`), with no registry and no split file: what every
-    stage's seal (`predict.seal`) and the test campaign (`predict.campaign`) hold task ids against. Cached per
+    stage's seal and the test campaign (`predict.campaign`) hold task ids against. Cached per
     process by the file's identity (path, size, mtime, ctime, inode: a rewrite changes the ctime) and the settings."""
     path = mbpp_file(data)
     sizes = data["sizes"]

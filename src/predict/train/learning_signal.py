@@ -422,9 +422,9 @@ def run_signal(
     `tracking` (`predict.train.tracking.TrackingSettings`): its SFT and RL steps go live under ``signal/``."""
     import torch
 
+    from predict.campaign import seal_task_ids
     from predict.data import MBPP_SCHEMA, load_mbpp, split_tasks
     from predict.outputs import write_rows
-    from predict.seal import seal_task_ids
     from predict.serving.server import VLLMServer, default_cache_dir
     from predict.tiny_model import cached_tiny_qwen3
     from predict.traces.stage import run_stage
