@@ -178,20 +178,25 @@ def small_test_campaign(root: Path) -> tuple[list[Path], list[dict[str, Any]], d
     return paths, selection, {"forced_keep": {"variant": "forced_keep"}}, extensions
 
 
+def write_test_split(config: dict[str, Any], path: Path) -> Path:
+    """The test split of `config`'s data section (predict.data.derive_test_split) as `predict split` writes it: the
+    only tasks file a test campaign takes."""
+    from predict.data import MBPP_SCHEMA, derive_test_split
+    from predict.outputs import write_rows
+
+    return write_rows(derive_test_split(config["data"]).rows, MBPP_SCHEMA, path)
+
+
 def record_campaign(ledger: Path, config: dict[str, Any], paths: Sequence[Path],
                     selection: Sequence[dict[str, Any]]) -> str:
     """The campaign ledger of these synthetic test files, written as the campaign writes it (predict.campaign):
     admitted under `config`'s design, then each file recorded done with its sha256, since `predict stats` on test
     reads only files its ledger knows. Returns the campaign id."""
     from predict.campaign import TestLedger
-    from predict.data import MBPP_SCHEMA, load_mbpp
     from predict.fingerprint import file_sha256
-    from predict.outputs import write_rows
     from predict.stats import read_evaluation
 
-    repo = Path(__file__).resolve().parents[1]
-    tasks = write_rows(load_mbpp(repo / "resources" / "mbpp" / "mbpp.jsonl", hf_fallback=False)[:3], MBPP_SCHEMA,
-                       ledger.with_name("synthetic-test-tasks.parquet"))
+    tasks = write_test_split(config, ledger.with_name("synthetic-test-tasks.parquet"))
     plan = [(ev.run, ev.checkpoint, ev.seed) for ev in map(read_evaluation, paths)]
     admitted = TestLedger(ledger).admit(config, plan, [(*e, "synthetic") for e in plan], tasks_path=tasks,
                                         selection=selection)

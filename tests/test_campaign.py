@@ -26,7 +26,7 @@ from predict.campaign import (
 )
 from predict.config import load_config, with_defaults
 from predict.config.models import SelectionSettings
-from predict.data import MBPP_SCHEMA
+from predict.data import MBPP_SCHEMA, derive_test_split
 from predict.evaluate import CheckpointEval, evaluate_checkpoints
 from predict.outputs import read_rows, write_rows
 from predict.stages import STAGES
@@ -34,14 +34,16 @@ from predict.stats import SELECTION_SCHEMA, power_table, study_stats
 
 from .conftest import REPO
 from .scripted_endpoint import ScriptedEndpoint
-from .synthetic import record_campaign, small_test_campaign
+from .synthetic import record_campaign, small_test_campaign, write_test_split
 
 SOLVE = 'CALL apply_patch {"find": "# Write your function here.", "replace": "def multiply_int(x, y):\\n    return x * y"}'
 
 
 @pytest.fixture
 def study() -> dict[str, Any]:
-    return load_config(REPO / "config" / "local.yaml")
+    config = load_config(REPO / "config" / "local.yaml")
+    config["evaluation"]["tasks"] = 2  # the test split's first two tasks: enough for the ledger's rules
+    return config
 
 
 @pytest.fixture
@@ -54,8 +56,8 @@ def endpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
 
 
 @pytest.fixture
-def test_split(tmp_path: Path, mbpp_rows: list[dict]) -> Path:
-    return write_rows([r for r in mbpp_rows if r["task_id"] in (127, 12)], MBPP_SCHEMA, tmp_path / "test.parquet")
+def test_split(tmp_path: Path, study: dict[str, Any]) -> Path:
+    return write_test_split(study, tmp_path / "test.parquet")
 
 
 def _val_stats(folder: Path, runs: tuple[str, ...] = ("A",), seeds: tuple[int, ...] = (42,)) -> tuple[Path, Path]:
@@ -152,7 +154,7 @@ def test_the_campaign_line_records_what_its_rows_depend_on(study, test_split: Pa
         "vllm_version": serving_identity(study["serving"], concurrency=4)["vllm_version"], "device": "cpu",
         "batch_invariant": False, "concurrency": 1}  # the CPU has no batch invariance: one request at a time
     assert depends["device_name"] and depends["serving"]["device"] == "cpu" and "python" not in depends["serving"]
-    assert campaign["task_ids"] == [12, 127] and campaign["selection"] == [{"run": "A", "seed": 42,
+    assert campaign["task_ids"] == sorted(derive_test_split(study["data"]).task_ids) and campaign["selection"] == [{"run": "A", "seed": 42,
                                                                            "checkpoint": "step2"}]
 
 
@@ -257,6 +259,30 @@ def test_power_is_given_at_the_holm_level_of_the_family_the_report_adjusts() -> 
                          target=0.8, family_size=4).to_pylist()
     assert round(row["power"], 2) == 0.68 and round(row["power_holm"], 2) == 0.47
     assert row["holm_significance"] == 0.0125 and row["family_size"] == 4 and not row["powered_holm"]
+
+
+def test_the_holm_column_is_a_lower_bound_of_the_power_and_the_report_says_at_least() -> None:
+    """Issue 38: alpha/m is the strictest level of a Holm family, not the most lenient, so ``power_holm`` is a lower
+    bound of a test's power under Holm. Simulated (4 independent pairings, n 500, discordance 0.2, 5 points), Holm's
+    power lies between the column and the unadjusted power; the report says "at least", never "the power as the
+    report runs it" (old code)."""
+    import numpy as np
+
+    from predict.report.power import power_section
+    from predict.stats.exact import holm
+    from predict.stats.power import mcnemar_exact_p
+
+    (row,) = power_table(deltas=[0.05], discordances={"config": [0.2]}, tasks=[500], family_size=4).to_pylist()
+    rng = np.random.default_rng(0)
+    discordant = rng.binomial(500, 0.2, size=(2000, 4))
+    wins = rng.binomial(discordant, (1 + 0.05 / 0.2) / 2)
+    p = mcnemar_exact_p(wins, discordant)
+    rejected = np.array([holm(list(ps))[0] < 0.05 for ps in p])
+    assert row["power_holm"] + 0.03 < rejected.mean() < row["power"] - 0.03
+    config = {"power": {"significance": 0.05, "target": 0.8}, "data": {"sizes": {"test": 500}}}
+    section = power_section([{**row, "design": "test"}], config)
+    assert "power, Holm-adjusted (at least; A vs B, family of 4)" in section and "strictest level" in section
+    assert "as the report runs it:" not in section and "at most significance" not in section
 
 
 def test_selection_has_one_default_and_one_owner() -> None:

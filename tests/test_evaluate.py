@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from predict.campaign import SplitGuardError, campaign_from_stats, config_hash
+from predict.campaign import SplitGuardError, campaign_from_stats, config_hash, registry_ledger
 from predict.config import ConfigError, load_config
 from predict.data import MBPP_SCHEMA
 from predict.evaluate import CheckpointEval, evaluate, evaluate_checkpoints, evaluation_job, run_identity
@@ -21,15 +21,19 @@ from predict.stats import SELECTION_SCHEMA
 
 from .conftest import REPO
 from .scripted_endpoint import ScriptedEndpoint
+from .synthetic import write_test_split
 
 SOLVE = 'CALL apply_patch {"find": "# Write your function here.", "replace": "def multiply_int(x, y):\\n    return x * y"}'
+# the test split's first task (2): the campaign's tests evaluate it alone (evaluation.tasks 1)
+SOLVE_TEST = ('CALL apply_patch {"find": "# Write your function here.", "replace": "def similar_elements(a, b):\\n'
+              '    return tuple(set(a) & set(b))"}')
 
 
 @pytest.fixture
 def study() -> dict[str, Any]:
     config = load_config(REPO / "config" / "local.yaml")
     config["env"]["temperature"] = 1.0
-    config["evaluation"].update({"temperature": 0.0, "max_tokens": 77})
+    config["evaluation"].update({"temperature": 0.0, "max_tokens": 77, "tasks": 1})
     return config
 
 
@@ -38,14 +42,20 @@ def endpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     import verifiers.v1.runtimes.subprocess as vf_subprocess
 
     monkeypatch.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
-    with ScriptedEndpoint({"multiply": [SOLVE, "<PREDICTION>PASS</PREDICTION> <DECISION>KEEP</DECISION>",
-                                        "FINAL: done"]}) as ep:
+    keep = ["<PREDICTION>PASS</PREDICTION> <DECISION>KEEP</DECISION>", "FINAL: done"]
+    with ScriptedEndpoint({"multiply": [SOLVE, *keep], "similar elements": [SOLVE_TEST, *keep]}) as ep:
         yield ep
 
 
 @pytest.fixture
 def task_file(tmp_path: Path, mbpp_rows: list[dict]) -> Path:
     return write_rows([r for r in mbpp_rows if r["task_id"] == 127], MBPP_SCHEMA, tmp_path / "tasks.parquet")
+
+
+@pytest.fixture
+def test_file(tmp_path: Path, study: dict[str, Any]) -> Path:
+    """The test split of the study's data section: the only tasks file a campaign takes."""
+    return write_test_split(study, tmp_path / "test.parquet")
 
 
 def test_runs_are_arms_or_ablations_of_their_base_arm(study) -> None:
@@ -84,8 +94,7 @@ def _campaign(study, task_file: Path, tmp_path: Path, *checkpoints: str, run: st
     selection, metrics = _val_stats(tmp_path)
     evals = [CheckpointEval(c, "scripted", tmp_path / "eval" / run / c / "test" / "seed42.parquet") for c in checkpoints]
     return evaluate_checkpoints(study, run=run, split="test", seed=42, tasks_path=task_file, checkpoints=evals,
-                                test_ledger=tmp_path / "test" / "ledger.jsonl", selection_path=selection,
-                                val_metrics=metrics, **kw)
+                                selection_path=selection, val_metrics=metrics, **kw)
 
 
 def test_test_split_only_through_the_campaign(study, task_file: Path, endpoint, tmp_path: Path) -> None:
@@ -107,11 +116,11 @@ def test_campaign_plan_is_reference_selected_and_listed_checkpoints(study, tmp_p
                                                                ("forced_keep", "step50", 42)]
 
 
-def test_campaign_records_hash_and_list_then_refuses_a_second_evaluation(study, task_file: Path, endpoint,
+def test_campaign_records_hash_and_list_then_refuses_a_second_evaluation(study, test_file: Path, endpoint,
                                                                          tmp_path: Path) -> None:
-    summaries = _campaign(study, task_file, tmp_path, "sft", "step100", base_url=endpoint.base_url)
+    summaries = _campaign(study, test_file, tmp_path, "sft", "step100", base_url=endpoint.base_url)
     assert [s["checkpoint"] for s in summaries] == ["sft", "step100"] and all(s["ran"] == 1 for s in summaries)
-    ledger = tmp_path / "test" / "ledger.jsonl"
+    ledger = registry_ledger()
     entries = [json.loads(line) for line in ledger.read_text().splitlines()]
     campaign = entries[0]
     assert campaign["event"] == "campaign" and campaign["config_hash"] == config_hash(study)
@@ -122,46 +131,46 @@ def test_campaign_records_hash_and_list_then_refuses_a_second_evaluation(study, 
     for c in ("sft", "step100"):
         assert read_rows(tmp_path / "eval" / "B" / c / "test" / "seed42.parquet")[0]["split"] == "test"
     with pytest.raises(SplitGuardError, match=rf"{re.escape(str(ledger))}:\d+: B step100 seed 42 was already evaluated"):
-        _campaign(study, task_file, tmp_path, "step100", base_url=endpoint.base_url)
+        _campaign(study, test_file, tmp_path, "step100", base_url=endpoint.base_url)
 
 
-def test_campaign_runs_on_the_stages_own_config_view(study, task_file: Path, endpoint, tmp_path: Path) -> None:
+def test_campaign_runs_on_the_stages_own_config_view(study, test_file: Path, endpoint, tmp_path: Path) -> None:
     """`predict evaluate` hands the campaign its slice as a StageConfig view (nested views inside): the rollout job's
     fingerprint and ledger entry must take it as they take a plain dict (CI's local `all` crashed here)."""
     from predict.stages import stage_config
 
     view = stage_config(study, "evaluate-test")
-    summaries = _campaign(view, task_file, tmp_path, "sft", base_url=endpoint.base_url)
+    summaries = _campaign(view, test_file, tmp_path, "sft", base_url=endpoint.base_url)
     assert [(s["checkpoint"], s["ran"]) for s in summaries] == [("sft", 1)]
-    done = [json.loads(line) for line in (tmp_path / "test" / "ledger.jsonl").read_text().splitlines()][-1]
+    done = [json.loads(line) for line in (registry_ledger()).read_text().splitlines()][-1]
     assert done["status"] == "done" and done["evaluation"]["selection"]["mode"] == study["evaluation"]["selection"]["mode"]
 
 
-def test_campaign_refuses_a_checkpoint_outside_its_list(study, task_file: Path, endpoint, tmp_path: Path) -> None:
-    _campaign(study, task_file, tmp_path, "step100", base_url=endpoint.base_url)
-    ledger = tmp_path / "test" / "ledger.jsonl"
+def test_campaign_refuses_a_checkpoint_outside_its_list(study, test_file: Path, endpoint, tmp_path: Path) -> None:
+    _campaign(study, test_file, tmp_path, "step100", base_url=endpoint.base_url)
+    ledger = registry_ledger()
     for run, checkpoint in (("B", "step50"), ("forced_keep", "sft")):  # evaluated on val, but not selected
         with pytest.raises(SplitGuardError, match=rf"{re.escape(str(ledger))}: {run} {checkpoint} seed 42 is not in "
                                                   "the test campaign's list"):
-            _campaign(study, task_file, tmp_path, checkpoint, run=run, base_url=endpoint.base_url)
+            _campaign(study, test_file, tmp_path, checkpoint, run=run, base_url=endpoint.base_url)
     assert not (tmp_path / "eval" / "B" / "step50" / "test").exists()
 
 
-def test_a_second_campaign_under_a_changed_config_is_refused(study, task_file: Path, endpoint, tmp_path: Path) -> None:
-    _campaign(study, task_file, tmp_path, "sft", base_url=endpoint.base_url)
+def test_a_second_campaign_under_a_changed_config_is_refused(study, test_file: Path, endpoint, tmp_path: Path) -> None:
+    _campaign(study, test_file, tmp_path, "sft", base_url=endpoint.base_url)
     # what does not shape results is not a new design ...
     cosmetic = {**study, "run_name": "renamed", "power": {**study["power"], "simulations": 7}}
     assert config_hash(cosmetic) == config_hash(study)
     # ... what does is: even an entry never evaluated is refused, naming the ledger and the changed key
     changed = {**study, "evaluation": {**study["evaluation"], "max_tokens": 78}}
-    ledger = tmp_path / "test" / "ledger.jsonl"
+    ledger = registry_ledger()
     with pytest.raises(SplitGuardError, match=rf"{re.escape(str(ledger))}: the test campaign on this split and base "
                                               r"model .* was frozen .* differs in evaluation\.max_tokens"):
-        _campaign(changed, task_file, tmp_path, "step100", base_url=endpoint.base_url)
+        _campaign(changed, test_file, tmp_path, "step100", base_url=endpoint.base_url)
     assert not (tmp_path / "eval" / "B" / "step100" / "test").exists()
 
 
-def test_an_interrupted_campaign_resumes_without_redoing_rollouts(study, task_file: Path, endpoint, tmp_path: Path,
+def test_an_interrupted_campaign_resumes_without_redoing_rollouts(study, test_file: Path, endpoint, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     import predict.evaluate as evaluate_mod
 
@@ -175,13 +184,13 @@ def test_an_interrupted_campaign_resumes_without_redoing_rollouts(study, task_fi
 
     monkeypatch.setattr(evaluate_mod, "roll_out", killed_on_the_second_checkpoint)
     with pytest.raises(KeyboardInterrupt):
-        _campaign(study, task_file, tmp_path, "sft", "step100", base_url=endpoint.base_url)
+        _campaign(study, test_file, tmp_path, "sft", "step100", base_url=endpoint.base_url)
     sft_out = tmp_path / "eval" / "B" / "sft" / "test" / "seed42.parquet"
     # nothing published (Snakemake would delete a failed job's outputs), the rollouts persisted
     assert not sft_out.exists() and any(sft_out.with_name(sft_out.name + ".partial").glob("part-*.parquet"))
     monkeypatch.setattr(evaluate_mod, "roll_out", real_roll_out)
     requests = len(endpoint.requests)
-    summaries = _campaign(study, task_file, tmp_path, "sft", "step100", base_url=endpoint.base_url)
+    summaries = _campaign(study, test_file, tmp_path, "sft", "step100", base_url=endpoint.base_url)
     assert [(s["checkpoint"], s["ran"], s["rollouts"]) for s in summaries] == [("sft", 0, 1), ("step100", 1, 1)]
     assert read_rows(sft_out)[0]["final_pass"] and len(endpoint.requests) > requests
 
@@ -245,11 +254,11 @@ def test_campaign_runs_from_the_val_statistics_to_the_test_statistics(study, mbp
     from predict.cli import main
 
     monkeypatch.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
-    config = {**study, "ablations": {}, "extensions": {}}
+    config = {**study, "ablations": {}, "extensions": {}, "evaluation": {**study["evaluation"], "tasks": 2}}
     config_file = tmp_path / "config.json"
     config_file.write_text(json.dumps(config))
-    tasks = {split: write_rows([r for r in mbpp_rows if r["task_id"] in ids], MBPP_SCHEMA, tmp_path / f"{split}.parquet")
-             for split, ids in (("val", (127, 11)), ("test", (127, 12)))}  # fmt: skip
+    tasks = {"val": write_rows([r for r in mbpp_rows if r["task_id"] in (10, 28)], MBPP_SCHEMA, tmp_path / "val.parquet"),
+             "test": write_test_split(config, tmp_path / "test.parquet")}  # val tasks; the whole test split
 
     def files(split: str, checkpoints: list[str], arm: str) -> list[CheckpointEval]:
         return [CheckpointEval(c, "scripted", tmp_path / "eval" / arm / c / split / "seed42.parquet") for c in checkpoints]
@@ -271,13 +280,11 @@ def _val_to_test_stats(config, tasks, files, endpoint, tmp_path: Path, main) -> 
     for arm in ("A", "B"):
         evaluate_checkpoints(config, run=arm, split="test", seed=42, tasks_path=tasks["test"],
                              checkpoints=files("test", ["sft", "step2"], arm), base_url=endpoint.base_url,
-                             test_ledger=tmp_path / "test" / "ledger.jsonl", selection_path=selection,
-                             val_metrics=metrics)
+                             selection_path=selection, val_metrics=metrics)
     test = sorted(str(p) for p in (tmp_path / "eval").glob("*/*/test/*.parquet"))
     assert len(test) == 4
     assert main(["stats", "--config-json", json.dumps(config), "--eval", *test, "--selection", str(selection),
-                 "--test-ledger", str(tmp_path / "test" / "ledger.jsonl"),
-                 "--out-dir", str(tmp_path / "test" / "stats")]) == 0
+                 "--out-dir", str(tmp_path / "test" / "stats")]) == 0  # the checkout's ledger: the campaign's
     test_metrics = read_rows(tmp_path / "test" / "stats" / "metrics.parquet")
     assert {(m["run"], m["checkpoint"], m["split"], m["n_scored"]) for m in test_metrics} == {
         (arm, c, "test", 2) for arm in ("A", "B") for c in ("sft", "step2")}
@@ -317,7 +324,7 @@ def _ledger_lines(path: Path, *lines: str) -> Path:
     return path
 
 
-def test_the_ledger_is_read_by_its_file_lines_and_a_torn_line_stops_both_readers(study, task_file: Path,
+def test_the_ledger_is_read_by_its_file_lines_and_a_torn_line_stops_both_readers(study, test_file: Path,
                                                                                   tmp_path: Path) -> None:
     """Both readers of the test ledger (the rollout guard, the campaign) skip blank lines, name the file line of an
     earlier evaluation, and stop on a line that is not an entry (a torn write) instead of crashing in json."""
@@ -327,7 +334,7 @@ def test_the_ledger_is_read_by_its_file_lines_and_a_torn_line_stops_both_readers
     ledger = tmp_path / "ledger.jsonl"
 
     def admit() -> str:
-        return TestLedger(ledger).admit(study, plan, [("B", "sft", 42, "m")], tasks_path=task_file)[0].campaign
+        return TestLedger(ledger).admit(study, plan, [("B", "sft", 42, "m")], tasks_path=test_file)[0].campaign
 
     ident = admit()  # line 1: the campaign
     campaign = ledger.read_text().strip()
@@ -335,7 +342,7 @@ def test_the_ledger_is_read_by_its_file_lines_and_a_torn_line_stops_both_readers
                        "campaign": ident})
 
     def guard() -> None:
-        guard_tasks(split="test", tasks_path=task_file, task_ids=[127], run="B", checkpoint="sft", seed=42,
+        guard_tasks(split="test", tasks_path=test_file, task_ids=[2], run="B", checkpoint="sft", seed=42,
                     admission={"campaign": ident}, ledger=ledger)
 
     _ledger_lines(ledger, campaign, "", done)

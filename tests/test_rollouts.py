@@ -49,18 +49,19 @@ def _job(tasks: Path, out: Path, endpoint: ScriptedEndpoint, **kw: Any) -> Rollo
     return RolloutJob(**{**fields, **kw})
 
 
-def test_rollout_command_takes_its_task_count_from_env_rollout_tasks(study, tasks_file: Path, endpoint,
+def test_rollout_command_takes_its_task_count_from_env_rollout_tasks(study, mbpp_rows: list[dict], endpoint,
                                                                      tmp_path: Path) -> None:
     """`predict rollout` rolls out env.rollout_tasks tasks (the rule passes no --n-tasks); --n-tasks overrides it."""
     from predict.cli import main
 
+    val = write_rows([r for r in mbpp_rows if r["task_id"] in (10, 28, 81)], MBPP_SCHEMA, tmp_path / "val.parquet")
     config = {**study, "env": {**study["env"], "rollout_tasks": 2}}
-    args = ["rollout", "--config-json", json.dumps(config), "--tasks-file", str(tasks_file), "--split", "val",
+    args = ["rollout", "--config-json", json.dumps(config), "--tasks-file", str(val), "--split", "val",
             "--model", "scripted", "--checkpoint", "base", "--arm", "A", "--seed", "42", "--base-url", endpoint.base_url]
     assert main([*args, "--out", str(tmp_path / "two.parquet")]) == 0
-    assert [r["task_id"] for r in read_rows(tmp_path / "two.parquet")] == [127, 128]
+    assert [r["task_id"] for r in read_rows(tmp_path / "two.parquet")] == [10, 28]
     assert main([*args, "--n-tasks", "1", "--out", str(tmp_path / "one.parquet")]) == 0
-    assert [r["task_id"] for r in read_rows(tmp_path / "one.parquet")] == [127]
+    assert [r["task_id"] for r in read_rows(tmp_path / "one.parquet")] == [10]
 
 
 def test_select_tasks_takes_the_first_n_with_samples() -> None:

@@ -216,9 +216,9 @@ def test_a_design_edit_after_the_campaign_stops_at_the_ledger_and_keeps_the_test
 ) -> None:
     from predict.campaign import TestLedger, campaign_from_stats, registry_ledger
     from predict.config import load_config
-    from predict.data import MBPP_SCHEMA, load_mbpp
-    from predict.outputs import write_rows
     from predict.stages import config_slice
+
+    from .synthetic import write_test_split
 
     workdir = tmp_path / "run"
     shutil.copytree(finished_best_val_run, workdir, symlinks=True)
@@ -228,9 +228,8 @@ def test_a_design_edit_after_the_campaign_stops_at_the_ledger_and_keeps_the_test
     campaign = campaign_from_stats(frozen, stats / "metrics.parquet", stats / "selection.parquet")
     run, checkpoint, seed = campaign[0]
     # the campaign admitted under the frozen design, in the ledger the stages find (PREDICT_TEST_CAMPAIGNS here), on
-    # a test split with rows (the faked run's files are empty)
-    tasks = write_rows(load_mbpp(REPO / "resources" / "mbpp" / "mbpp.jsonl", hf_fallback=False)[:2], MBPP_SCHEMA,
-                       workdir / "results" / "data" / "test.parquet")
+    # the test split with its rows (the faked run's files are empty)
+    tasks = write_test_split(frozen, workdir / "results" / "data" / "test.parquet")
     TestLedger(registry_ledger()).admit(frozen, campaign, [(run, checkpoint, seed, "m")], tasks_path=tasks)
     evaluation = workdir / "results" / "eval" / run / checkpoint / "test" / f"seed{seed}.parquet"
     evaluation.write_bytes(b"the frozen test evaluation")

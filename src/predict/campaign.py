@@ -19,23 +19,45 @@ Rules:
 * ONE registry per checkout, outside every results_dir (`registry_ledger`: ``<checkout>/.test-campaigns/ledger.jsonl``;
   ``PREDICT_TEST_CAMPAIGNS`` names another file, for tests). Every config run from the checkout shares it, so a new
   results_dir or run_name is no new ledger.
-* A campaign is keyed on the test split's content (`predict.data.content_hash` of its rows, the manifest's ``content_sha256`` of test)
-  and the base model (`base_model_identity`: the embedded default's tiny model is never the paper's base model). Its
-  line records the design hash and design, the plan, the val selection, what its results depend on (vLLM version,
-  device, serving flags: `serving_dependencies`), where it was run from, and the reason when it was declared.
+* A campaign is keyed on the test split (`predict.data.derive_test_split` of the design's ``data`` section: its
+  content hash, the manifest's ``content_sha256`` of test), never on the file it is handed, and the base model
+  (`base_model_identity`: the embedded default's tiny model is never the paper's base model). The tasks file must
+  hold exactly that split, in any order and under any name (`check_campaign_tasks`): a subset, a superset or an
+  edited copy is refused, never a campaign of its own. Its line records the design hash and design, the plan, the
+  val selection, what its results depend on (vLLM version, device, serving flags: `serving_dependencies`), where it
+  was run from, and the reason when it was declared.
+* Missing history is a refusal, never a fresh start (`history_traces`): a campaign starts fresh on a split and base
+  model only where the ledger holds none and the results folder holds no trace of one (test evaluations or their
+  ``.partial`` folders the ledger does not know, test statistics, a report with a test section, an older
+  per-results ledger, ledger lines of a campaign whose line is gone).
+* A test evaluation records in the checkout's registry and nowhere else (`evaluation_ledger`): another
+  ``--test-ledger`` is refused, never created. Reading a ledger for analysis is `predict stats --test-ledger`'s.
 * Refused, each naming the ledger and what differs: a second campaign on the same key under another design unless it
   is declared (``--new-campaign "why"``; the report then lists every campaign on the split with its reason); an
   evaluation outside the plan; a second evaluation of an entry (``done``); a resume whose weights differ from those its
   ``started`` line hashed. An interrupted campaign resumes from its persisted rollouts: that is no second evaluation.
 * Test statistics (`check_test_inputs`) read only evaluation files the ledger records ``done`` (by their sha256), all
   of one campaign, exactly its plan, under its selection and its statistics settings.
-* Outside its campaign, no rollout or evaluation touches a test task (`guard_tasks`): task ids are compared with every
-  test split the registry knows (`register_split`, called by `predict split`, and every campaign's own), not file
-  names; a test job without its campaign's admission in the ledger (or without a ledger) is refused.
+* The seal: no stage but the campaign reads a test task, whatever file, name, folder or ledger state it is handed.
+  Sealed (`sealed_sources`): the test split the stage's own config defines (`predict.data.derive_test_split`, in any
+  clone, with no registry and no split file), every test split the registry has registered (`register_split`, called
+  by `predict split`), and every task a campaign of this checkout evaluated (its line's ``task_ids``), whatever the
+  config, the split or the file says now. Every stage that reads tasks names the flags that hold them in its stage
+  table entry (`predict.stages.Stage.task_files`); `seal_stage` checks them by task id, called by `predict.cli` before
+  the stage claims its results folder, writes a byte or starts a process (`predict signal` calls `seal_task_ids` on
+  the tasks it derives). The campaign's own file must be the test split (`check_campaign_tasks`). Inside the rollout
+  stage, `guard_tasks` refuses again, by the registry's ids, before a ``.partial`` folder or a server exists; a test
+  job without its campaign's admission in the ledger (or without a ledger) is refused. A file's name never decides.
+  Each refusal names the file, the first few task ids and what to do.
+* Read access for tools that check a campaign (the reviewer bundle): `split_history` (every registry line of one
+  test split: its registrations, its campaigns, their started and done lines) and `replay` (the one door through
+  which test rollouts the ledger already records may be re-executed, for the same weights and design, writing
+  nowhere).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import hashlib
@@ -52,7 +74,7 @@ from typing import Any
 
 from predict.config import section
 from predict.config.models import EvaluationSettings, SelectionSettings
-from predict.stages import UNTRACKED, pick, without_keys
+from predict.stages import UNTRACKED, Stage, pick, without_keys
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +95,12 @@ class SplitGuardError(RuntimeError):
 
 class StatsInputError(ValueError):
     """An evaluation file is missing, misnamed or disagrees with its path (or with the selection)."""
+
+
+def first_ids(ids: Iterable[int], n: int = 6) -> str:
+    """The first few task ids, for a refusal: ``2, 3, 4, 5, 7, 8, ... (12 in all)``."""
+    ids = sorted(ids)
+    return ", ".join(map(str, ids[:n])) + (f", ... ({len(ids)} in all)" if len(ids) > n else "")
 
 
 # -- checkpoint selection ---------------------------------------------------------------------------------------------
@@ -262,6 +290,34 @@ def registry_ledger() -> Path:
     return (_CHECKOUT if in_checkout else Path.cwd()) / ".test-campaigns" / "ledger.jsonl"
 
 
+def evaluation_ledger(given: Path | None = None) -> Path:
+    """The ledger a test evaluation records in: the checkout's registry (`registry_ledger`), and only that. A ledger
+    elsewhere would be a second history in which the test split was never touched, so `given` (``predict evaluate
+    --test-ledger``) must name the registry itself; any other path is refused, never created."""
+    registry = registry_ledger()
+    if given is not None and Path(given).resolve() != registry.resolve():
+        raise SplitGuardError(
+            f"--test-ledger {given}: a test evaluation records in the checkout's campaign registry ({registry}) and "
+            "nowhere else; a ledger elsewhere would start a second history of the test split. Leave --test-ledger "
+            "out (it is `predict stats`' flag: there it reads a ledger for analysis and never creates one)")
+    return registry
+
+
+def split_history(ledger: Path, split_sha256: str) -> list[dict[str, Any]]:
+    """Every line of `ledger` about one test split (its content hash: `predict.data.derive_test_split(...).sha256`,
+    a campaign line's ``split_sha256``), in file order, each with its ``line`` number: the split's registrations
+    (``event: split``), its campaigns (``event: campaign``) and their ``started`` and ``done`` lines. Read only: a
+    missing ledger reads as no line (whether that is a refusal is the caller's to say); nothing is locked or
+    written."""
+    entries = read_ledger(Path(ledger))
+    campaigns = {e.get("campaign") for _, e in entries
+                 if e.get("event") == "campaign" and e.get("split_sha256") == split_sha256}  # fmt: skip
+    return [{**e, "line": n} for n, e in entries
+            if (e.get("event") == "split" and e.get("content_sha256") == split_sha256)
+            or (e.get("event") == "campaign" and e.get("split_sha256") == split_sha256)
+            or ("status" in e and e.get("campaign") in campaigns)]  # fmt: skip
+
+
 def read_ledger(ledger: Path) -> list[tuple[int, dict[str, Any]]]:
     """The ledger's entries with their line numbers in the file (blank lines skipped): the one reader of it. A line
     that is not a JSON object (a torn write, a hand edit) stops the run naming the file and line: the ledger is what
@@ -373,19 +429,24 @@ class TestLedger:
         """Admit these evaluations ((run, checkpoint, seed, model) each) into the campaign of this split, base model
         and design, recording the campaign on its first evaluation; refuse (see the module docstring) naming the
         ledger and what differs. Every evaluation is admitted before any server starts."""
-        from predict.data import content_hash, load_split  # noqa: PLC0415
+        from predict.data import derive_test_split  # noqa: PLC0415
         from predict.fingerprint import input_identity  # noqa: PLC0415
 
-        rows = load_split(tasks_path)
-
-        split_hash, base, digest = content_hash(rows), base_model_identity(config), config_hash(config)
+        split = derive_test_split(config["data"])  # the split is the config's, never the file's
+        check_campaign_tasks(tasks_path, split)
+        split_hash, base, digest = split.sha256, base_model_identity(config), config_hash(config)
         ident = campaign_id(split_hash, base, digest)
         weights = {(r, c, int(s)): input_identity(m) for r, c, s, m in evaluations}
+        if not self.path.exists():  # ledger_lock would create its folder: refuse first where history is missing
+            refuse_missing_history(self.path, [], split_hash, (origin or {}).get("results_dir"))
         with ledger_lock(self.path):
             entries = read_ledger(self.path)
             same_key = [e for _, e in entries if e.get("event") == "campaign" and e.get("split_sha256") == split_hash
                         and e.get("base_model") == base]  # fmt: skip
             campaign = next((e for e in same_key if e.get("campaign") == ident), None)
+            if not same_key:  # a fresh start on this split and base model: only where no history is missing
+                refuse_missing_history(self.path, [e for _, e in entries], split_hash,
+                                       (origin or {}).get("results_dir"))
             if campaign is None:
                 if same_key and not new_campaign:
                     last = same_key[-1]
@@ -401,7 +462,7 @@ class TestLedger:
                     )
                 campaign = {
                     "event": "campaign", "campaign": ident, "config_hash": digest, "design": design_config(config),
-                    "split_sha256": split_hash, "base_model": base, "task_ids": sorted(int(r["task_id"]) for r in rows),
+                    "split_sha256": split_hash, "base_model": base, "task_ids": sorted(split.task_ids),
                     "plan": [list(e) for e in plan], "selection": [_selection_key(s) for s in selection],
                     "depends_on": dict(depends_on or {}), **dict(origin or {}),
                     "reason": new_campaign if same_key else None,
@@ -444,17 +505,89 @@ def _selection_key(row: Mapping[str, Any]) -> dict[str, Any]:
     return {"run": row["run"], "seed": int(row["seed"]), "checkpoint": row["checkpoint"]}
 
 
+def check_campaign_tasks(tasks_path: Path, split: Any) -> None:
+    """Refuse a test campaign's tasks file unless it holds exactly `split` (a `predict.data.TestSplit`): every task
+    of it, nothing else, each row as the split has it; the order and the file's name do not matter."""
+    from predict.data import FIELDS, load_split  # noqa: PLC0415
+
+    rows = load_split(tasks_path)
+    given = {int(r["task_id"]): r for r in rows}
+    expected = {int(r["task_id"]): r for r in split.rows}
+    problems = []
+    if missing := set(expected) - set(given):
+        problems.append(f"it lacks {len(missing)} of its {len(expected)} tasks ({first_ids(missing)})")
+    if extra := set(given) - set(expected):
+        problems.append(f"it holds {len(extra)} tasks outside it ({first_ids(extra)})")
+    if edited := {t for t in set(given) & set(expected) if any(given[t][f] != expected[t][f] for f in FIELDS)}:
+        problems.append(f"{len(edited)} of its rows differ from the split's ({first_ids(edited)})")
+    if len(rows) != len(given):
+        problems.append(f"{len(rows) - len(given)} task ids appear twice")
+    if problems:
+        raise SplitGuardError(
+            f"{tasks_path}: not {split.describe()}: {'; '.join(problems)}. The test campaign evaluates that split "
+            "whole, whatever its file is called or ordered: a subset, a superset or an edited copy is the same "
+            "campaign's split, not a campaign of its own. Pass the split `predict split` wrote "
+            "(results/data/test.parquet)")
+
+
+def history_traces(results_dir: str | Path | None, entries: Sequence[Mapping[str, Any]],
+                   split_sha256: str) -> list[str]:
+    """What in `results_dir` and in the ledger's `entries` shows that a test campaign ran there that the ledger does
+    not record (see the module docstring), each in a few words; empty when there is none."""
+    from predict.fingerprint import file_sha256  # noqa: PLC0415
+
+    campaigns = {e.get("campaign") for e in entries if e.get("event") == "campaign"}
+    on_split = any(e.get("event") == "campaign" and e.get("split_sha256") == split_sha256 for e in entries)
+    known_out = {str(Path(e["out"]).resolve()) for e in entries if e.get("out") and "status" in e}
+    known_sha = {e["sha256"] for e in entries if e.get("status") == "done" and e.get("sha256")}
+    found = []
+    if orphans := [e for e in entries if "status" in e and e.get("campaign") not in campaigns]:
+        found.append(f"{len(orphans)} started/done line(s) of campaign(s) the ledger has no campaign line for "
+                     f"({', '.join(sorted({str(e.get('campaign')) for e in orphans})[:3])})")
+    results = Path(results_dir) if results_dir else None
+    if results is None or not results.is_dir():
+        return found
+    for out in sorted(results.glob("eval/*/*/test/seed*.parquet")):
+        if str(out.resolve()) not in known_out and file_sha256(out) not in known_sha:
+            found.append(f"test evaluation {out}")
+    for partial in sorted(results.glob("eval/*/*/test/seed*.parquet.partial")):
+        out = partial.with_name(partial.name.removesuffix(".partial"))  # ResumableParquet.partial_dir_of
+        if str(out.resolve()) not in known_out:
+            found.append(f"an interrupted test evaluation {partial}")
+    if not on_split:
+        if tables := sorted((results / "test" / "stats").glob("*.parquet")):
+            found.append(f"test statistics {results / 'test' / 'stats'} ({len(tables)} tables)")
+        report = results / "report" / "index.html"
+        if report.is_file() and 'id="test-' in report.read_text(errors="replace"):
+            found.append(f"a report with a test section {report}")
+        if (old := results / "test" / "ledger.jsonl").exists():
+            found.append(f"an older per-results ledger {old}")
+    return found
+
+
+def refuse_missing_history(ledger: Path, entries: Sequence[Mapping[str, Any]], split_sha256: str,
+                           results_dir: str | Path | None) -> None:
+    """Refuse to start a test campaign afresh where `history_traces` finds one the ledger does not record."""
+    if found := history_traces(results_dir, entries, split_sha256):
+        state = "is missing" if not ledger.exists() else "records no test campaign on this split and base model"
+        raise SplitGuardError(
+            f"{ledger} {state}, yet a campaign's traces exist: {'; '.join(found[:6])}"
+            f"{f'; and {len(found) - 6} more' if len(found) > 6 else ''}. A missing ledger is a refusal, never a "
+            f"fresh start: restore {ledger} (a backup, or the checkout that ran the campaign) and run again; if "
+            "these files are no campaign's, move them out of the results folder yourself")
+
+
 def guard_tasks(*, split: str, tasks_path: Path, task_ids: Iterable[int], run: str, checkpoint: str, seed: int,
                 admission: Mapping[str, Any] | None, ledger: Path | None) -> None:
     """Refuse a rollout that touches the test split outside its campaign (see the module docstring)."""
     if admission is None:
         registry = ledger or registry_ledger()
         overlap = sorted(set(map(int, task_ids)) & test_task_ids(registry))
-        if overlap or split == "test" or tasks_path.name == "test.parquet":
-            what = (f"{len(overlap)} of its tasks are test tasks ({', '.join(map(str, overlap[:6]))}"
-                    f"{', ...' if len(overlap) > 6 else ''}; {registry})") if overlap else "it is the test split"
+        if overlap or split == "test":  # by id and by the split it declares, never by its file's name
+            what = (f"{len(overlap)} of its tasks are test tasks ({first_ids(overlap)}; {registry})" if overlap
+                    else "it is the test split")
             raise SplitGuardError(f"{tasks_path}: {what}, which is evaluated once: it belongs to the test campaign "
-                                  "(snakemake test), not a rollout stage")
+                                  "(snakemake test), not a rollout stage; give it tasks of the sft, rl or val split")
         return
     if ledger is None or not ledger.exists():
         raise SplitGuardError(f"{tasks_path}: a test evaluation needs its campaign's ledger, and {ledger} is missing: "
@@ -473,6 +606,132 @@ def guard_tasks(*, split: str, tasks_path: Path, task_ids: Iterable[int], run: s
                                   f"evaluated on test at {e['time']}; the test split is touched once")
 
 
+# -- the seal: no stage but the campaign reads a test task ------------------------------------------------------------
+
+CAMPAIGN_STAGE = "evaluate-test"
+"""The stage table entry of the test campaign: the one stage whose task file must be the test split."""
+
+
+def sealed_sources(data: Mapping[str, Any], ledger: Path | None = None) -> list[tuple[frozenset[int], str]]:
+    """Every sealed set of task ids with why it is sealed (see the module docstring): the config's own test split,
+    then the registry's registered splits and evaluated campaigns. `ledger`: the registry (default the checkout's,
+    `registry_ledger`); a missing registry adds nothing and is not created."""
+    from predict.data import derive_test_split  # noqa: PLC0415
+
+    split = derive_test_split(data)
+    sources = [(split.task_ids, f"they are in {split.describe()}")]
+    registry = ledger or registry_ledger()
+    for line, entry in read_ledger(registry):
+        ids = frozenset(int(t) for t in entry.get("task_ids") or ())
+        if entry.get("event") == "split" and ids != split.task_ids:
+            sources.append((ids, f"{registry}:{line} registered them as a test split ({entry.get('time')})"))
+        elif entry.get("event") == "campaign":
+            sources.append((ids, f"test campaign {entry.get('campaign')} evaluated them ({registry}:{line}, "
+                                 f"{entry.get('time')})"))
+    return sources
+
+
+def seal_task_ids(task_ids: Iterable[int], data: Mapping[str, Any], *, source: str | Path, stage: str,
+                  ledger: Path | None = None) -> None:
+    """Refuse (`SplitGuardError`) when any of `task_ids` (read from `source`) is sealed."""
+    ids = {int(t) for t in task_ids}
+    hits = [(ids & sealed, why) for sealed, why in sealed_sources(data, ledger) if ids & sealed]
+    if not hits:
+        return
+    overlap = set().union(*(h for h, _ in hits))
+    raise SplitGuardError(
+        f"{source}: {len(overlap)} of its {len(ids)} tasks are test tasks ({first_ids(overlap)}): "
+        f"{'; '.join(why for _, why in hits)}. `predict {stage}` never reads a test task: the test split is evaluated "
+        "once, by its campaign (snakemake test), and never trained on, selected on or made into traces. Give it "
+        "tasks of the sft, rl or val split (results/data/{sft,rl,val}.parquet from `predict split`)")
+
+
+def seal_file(path: str | Path, data: Mapping[str, Any], *, stage: str, ledger: Path | None = None) -> None:
+    """`seal_task_ids` of a task-keyed parquet's ``task_id`` column (a split, traces)."""
+    from predict.data import task_ids_of  # noqa: PLC0415
+
+    seal_task_ids(task_ids_of(path), data, source=path, stage=stage, ledger=ledger)
+
+
+def seal_stage(stage: Stage, args: argparse.Namespace, config: Mapping[str, Any]) -> None:
+    """The seal at a stage's entry (`predict.cli`, before anything is written or started): every file the stage
+    table says holds its tasks (`Stage.task_files`) holds no sealed task; the test campaign's is the test split. A
+    flag left out, or a file that does not exist (nothing to read: the stage's own error names it), is skipped."""
+    from predict.data import derive_test_split  # noqa: PLC0415
+
+    for dest in stage.task_files:
+        if (value := getattr(args, dest, None)) is None or not Path(value).exists():
+            continue
+        if stage.name == CAMPAIGN_STAGE:
+            check_campaign_tasks(Path(value), derive_test_split(config["data"]))
+        else:
+            seal_file(value, config["data"], stage=stage.name)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Test rollouts the ledger records as done, cleared for re-execution in memory (`replay`)."""
+
+    campaign: str
+    run: str
+    checkpoint: str
+    seed: int
+    tasks: tuple[dict[str, Any], ...]
+    """Rollout-ready task rows (each task of `task_ids` once per evaluation sample, with ``sample``), in task_id
+    order, as `predict.rollouts.select_tasks` made them for the campaign."""
+    done: dict[str, Any]
+    """The ledger's ``done`` line of the evaluation: its ``out``, ``sha256``, ``weights``, ``evaluation`` settings."""
+
+
+def replay(config: Mapping[str, Any], *, run: str, checkpoint: str, seed: int, model: str | Path,
+           task_ids: Iterable[int], ledger: Path | None = None) -> Replay:
+    """The one door through which test rollouts may run outside the campaign: re-executing some that the ledger
+    records as done (a reviewer's ``verify-bundle --rerun K``), to compare them with the recorded rows.
+
+    Cleared only when the ledger (default the checkout's registry; never created, locked or written) records the
+    evaluation (run, checkpoint, seed) as ``done`` in a campaign on the test split of ``config["data"]``, under the
+    same design (`predict.campaign.config_hash`) and the same weights (`model`'s content,
+    `predict.fingerprint.input_identity`), and every one of `task_ids` was among the tasks it evaluated. Refused
+    otherwise (`SplitGuardError`, naming what differs). The caller rolls `Replay.tasks` out in memory (e.g.
+    `predict.env.rollout.run_rollouts_sync`) and writes the rows nowhere: not into results, not into the ledger, and
+    never through `predict.rollouts` or `predict evaluate`, which persist and record."""
+    from predict.data import derive_test_split  # noqa: PLC0415
+    from predict.fingerprint import input_identity  # noqa: PLC0415
+
+    ledger = Path(ledger) if ledger is not None else registry_ledger()
+    if not ledger.exists():
+        raise SplitGuardError(f"{ledger}: no such ledger; a replay re-executes test rollouts a ledger records as "
+                              "done: name the campaign's ledger (it is read, never created)")
+    split = derive_test_split(config["data"])
+    entries = [e for _, e in read_ledger(ledger)]
+    campaigns = {e["campaign"]: e for e in entries
+                 if e.get("event") == "campaign" and e.get("split_sha256") == split.sha256}  # fmt: skip
+    done = [e for e in entries if e.get("status") == "done" and e.get("campaign") in campaigns
+            and (e.get("run"), e.get("checkpoint"), e.get("seed")) == (run, checkpoint, int(seed))]  # fmt: skip
+    where = f"{ledger}: {run} {checkpoint} seed {seed}"
+    if not done:
+        raise SplitGuardError(f"{where} has no done test evaluation on {split.describe()}: only rollouts the ledger "
+                              "records can be replayed")
+    entry = done[-1]
+    campaign = campaigns[entry["campaign"]]
+    if config_hash(config) != campaign["config_hash"]:
+        changed = config_differences(campaign.get("design"), design_config(config))
+        raise SplitGuardError(f"{where}: the replay's config differs from the frozen design of campaign "
+                              f"{campaign['campaign']} in {', '.join(changed[:8]) or 'the design'}: replay under it")
+    if (weights := input_identity(model)) != entry.get("weights"):
+        raise SplitGuardError(f"{where}: {model} is not the checkpoint the ledger recorded ({weights[:24]}..., "
+                              f"recorded {str(entry.get('weights'))[:24]}...): a replay re-executes the same weights")
+    evaluation = entry.get("evaluation") or {}
+    rows = sorted(split.rows, key=lambda r: r["task_id"])[: evaluation.get("tasks") or None]
+    wanted = {int(t) for t in task_ids}
+    if outside := wanted - {int(r["task_id"]) for r in rows}:
+        raise SplitGuardError(f"{where}: tasks {first_ids(outside)} were not among the tasks it evaluated: a replay "
+                              "re-executes recorded rollouts only")
+    samples = int(evaluation.get("samples") or 1)  # as predict.rollouts.select_tasks repeats them
+    tasks = [{**r, "sample": k} for r in rows if int(r["task_id"]) in wanted for k in range(samples)]
+    return Replay(campaign["campaign"], run, checkpoint, int(seed), tuple(tasks), dict(entry))
+
+
 # -- the test statistics' inputs ---------------------------------------------------------------------------------------
 
 
@@ -485,7 +744,10 @@ def check_test_inputs(ledger: Path, paths: Sequence[str | Path], selection: Sequ
     from predict.fingerprint import file_sha256  # noqa: PLC0415
 
     if not ledger.exists():
-        raise SplitGuardError(f"the test statistics read the campaign's ledger, and {ledger} is missing")
+        raise SplitGuardError(
+            f"the test statistics read the campaign's ledger, and {ledger} is missing: restore it (a backup, or the "
+            "checkout that ran the campaign), or name the ledger that recorded these evaluations with --test-ledger "
+            "(read for analysis only: it is never created)")
     entries = [e for _, e in read_ledger(ledger)]
     done = {e.get("sha256"): e for e in entries if e.get("status") == "done" and e.get("sha256")}
     owners: dict[str, list[str]] = {}

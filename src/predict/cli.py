@@ -34,18 +34,25 @@ OUTPUT_ARGS = ("out", "out_dir", "metrics_out", "state_dir", "output_dir", "data
 
 def _config(args: argparse.Namespace) -> StageConfig:
     """The stage's slice of its config (predict.stages): whole config files (--config, --config-json) are cut to the
-    slice too, so a stage reads only what the stage table lists, however it is run. A stage run with a whole config
-    refuses a results_dir that another run_name made (`predict.fingerprint.claim_results_dir`; under Snakemake the
-    workflow's onstart checks it once, since a slice holds neither name nor folder)."""
+    slice too, so a stage reads only what the stage table lists, however it is run. Then, before anything is written:
+    the test split's seal (`predict.campaign.seal_stage`: the stage's task files hold no test task). A stage run with a
+    whole config refuses a results_dir that another run_name made (`predict.fingerprint.claim_results_dir`; under
+    Snakemake the workflow's onstart checks it once, since a slice holds neither name nor folder)."""
+    from predict.campaign import seal_stage
+
     if getattr(args, "config_slice", None):
-        config = load_config_slice(args.config_slice)
+        config, whole = load_config_slice(args.config_slice), False
     else:
         config = load_config(args.config) if getattr(args, "config", None) else config_from_json(args.config_json)
-        outputs = [getattr(args, name, None) for name in OUTPUT_ARGS]
-        claim_results_dir(config, [p for o in outputs for p in (o if isinstance(o, list) else [o]) if p])
+        whole = True
     # the test campaign's ledger records the frozen design (the whole config): a stage table entry of its own
     stage = "evaluate-test" if args.stage == "evaluate" and getattr(args, "split", None) == "test" else args.stage
-    return stage_config(config, stage)
+    sliced = stage_config(config, stage)
+    seal_stage(STAGES[stage], args, sliced)  # before the results folder is claimed or anything else written
+    if whole:
+        outputs = [getattr(args, name, None) for name in OUTPUT_ARGS]
+        claim_results_dir(config, [p for o in outputs for p in (o if isinstance(o, list) else [o]) if p])
+    return sliced
 
 
 def _check_config(args: argparse.Namespace) -> int:

@@ -3,14 +3,19 @@
 The split is a pure function of the task ids and the seed: tasks are ordered by
 sha256(f"{seed}:{task_id}") and cut into sft, rl and test; val takes the remainder. That ordering
 does not depend on numpy/random versions, dict order or PYTHONHASHSEED, so the same file gives the
-same split on every machine, and the manifest's content hashes prove it.
+same split on every machine, and the manifest's content hashes prove it. So the test split is a fact of the
+config's ``data`` section, not a record: `derive_test_split` computes it in any clone, with no registry and no
+split file (`predict.campaign`'s seal and the test campaign read it from there, never from a file they are handed).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +198,65 @@ def load_split(path: str | Path) -> list[dict[str, Any]]:
     if missing:
         raise MBPPFormatError(f"{path}: missing column {missing[0]!r}")
     return table.select(list(FIELDS)).to_pylist()
+
+
+@dataclass(frozen=True)
+class TestSplit:
+    """The test split a ``data`` section defines (`derive_test_split`): its rows in task_id order, their ids, and
+    the content hash the test campaign is keyed on (`content_hash`, the manifest's ``splits.test.content_sha256``)."""
+
+    __test__ = False  # not a pytest class
+
+    rows: tuple[dict[str, Any], ...]
+    task_ids: frozenset[int]
+    sha256: str
+    source: str  # the MBPP file (or hf:mbpp/full) it was cut from
+    seed: int
+
+    def describe(self) -> str:
+        """In words, for a refusal: where the split comes from."""
+        return f"the test split of {self.source} (split seed {self.seed}, {len(self.rows)} tasks)"
+
+
+def mbpp_file(data: Mapping[str, Any]) -> Path:
+    """``data.mbpp_path`` as a stage finds it: from the working directory (the workflow runs in the repository),
+    else from the repository root, which the config documents it as relative to."""
+    path = Path(data["mbpp_path"])
+    if path.is_absolute() or path.exists():
+        return path
+    from predict.config import REPO_ROOT  # noqa: PLC0415
+
+    return path if not (REPO_ROOT / path).exists() else REPO_ROOT / path
+
+
+def derive_test_split(data: Mapping[str, Any]) -> TestSplit:
+    """The test split of a config's ``data`` section (``mbpp_path`` checked against ``mbpp_sha256``, ``split_seed``,
+    ``sizes``), cut exactly as `predict split` cuts it (`split_tasks`), with no registry and no split file: what every
+    stage's seal and the test campaign (`predict.campaign`) hold task ids against. Cached per
+    process by the file's identity (path, size, mtime, ctime, inode: a rewrite changes the ctime) and the settings."""
+    path = mbpp_file(data)
+    sizes = data["sizes"]
+    try:
+        st = path.stat()
+        stamp: tuple[Any, ...] = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    except OSError:
+        stamp = (str(path), None)  # missing: the HF fallback (load_mbpp says what is wrong otherwise)
+    return _derive(stamp, str(path), bool(data.get("hf_fallback")), data.get("mbpp_sha256"), int(data["split_seed"]),
+                   (int(sizes["sft"]), int(sizes["rl"]), int(sizes["test"])))
+
+
+@functools.lru_cache(maxsize=8)
+def _derive(stamp: tuple[Any, ...], path: str, hf_fallback: bool, sha256: str | None, seed: int,
+            sizes: tuple[int, int, int]) -> TestSplit:
+    del stamp  # the cache key only
+    rows = load_mbpp(path, hf_fallback=hf_fallback, sha256=sha256)
+    test = split_tasks(rows, seed, dict(zip(("sft", "rl", "test"), sizes, strict=True)))["test"]
+    source = path if os.path.exists(path) else "hf:mbpp/full"
+    return TestSplit(tuple(test), frozenset(int(r["task_id"]) for r in test), content_hash(test), source, seed)
+
+
+def task_ids_of(path: str | Path) -> list[int]:
+    """The ``task_id`` column of a task-keyed parquet (a split, traces, rollouts), without reading the rest."""
+    if "task_id" not in pq.read_schema(path).names:
+        raise MBPPFormatError(f"{path}: no task_id column: not a file of tasks")
+    return [int(t) for t in pq.read_table(path, columns=["task_id"]).column("task_id").to_pylist()]

@@ -38,8 +38,8 @@ from predict.campaign import (
     TestLedger,
     campaign_from_stats,
     config_hash,
+    evaluation_ledger,
     read_selection,
-    registry_ledger,
     results_origin,
     serving_dependencies,
 )
@@ -192,13 +192,14 @@ def evaluate_checkpoints(
 ) -> list[dict[str, Any]]:
     """Evaluate (or resume) a run/seed's checkpoints on a split with one server; one summary per checkpoint.
     `base_url`: an endpoint already serving (tests); then no server is started and nothing is reloaded. On test:
-    `test_ledger` (default the checkout's registry, `predict.campaign.registry_ledger`), the val statistics'
-    `selection_path` and `val_metrics`, and, for a declared second campaign on the split, `new_campaign` (its
-    reason)."""
+    the val statistics' `selection_path` and `val_metrics`, and, for a declared second campaign on the split,
+    `new_campaign` (its reason); the ledger is the checkout's registry (`predict.campaign.evaluation_ledger`:
+    `test_ledger` may only name it). No job's rows are persisted and no server starts before its tasks are
+    guarded (`predict.rollouts.guard_job`) and, on test, every checkpoint admitted."""
     if not checkpoints:
         raise ValueError(f"run {run} seed {seed}: no checkpoint to evaluate")
     if split == "test":
-        test_ledger = test_ledger or registry_ledger()
+        test_ledger = evaluation_ledger(test_ledger)  # the registry, never a ledger made here
         if selection_path is None or val_metrics is None:
             raise SplitGuardError("the test campaign needs the val statistics' selection.parquet (--selection) and "
                                   "metrics.parquet (--val-metrics): they decide the campaign's list")
@@ -249,7 +250,9 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", action="append", required=True, help="its parquet (per --checkpoint)")
     p.add_argument("--base-url", default=None, help="use this running endpoint instead of starting vLLM")
     p.add_argument("--test-ledger", default=None,
-                   help="test only: the campaign ledger (default: the checkout's, .test-campaigns/ledger.jsonl)")
+                   help="refused unless it names the checkout's registry (.test-campaigns/ledger.jsonl), where every "
+                        "test evaluation records: a ledger is never created elsewhere (reading one for analysis is "
+                        "`predict stats --test-ledger`)")
     p.add_argument("--selection", default=None, help="test only: selection.parquet from `predict stats` on val")
     p.add_argument("--val-metrics", default=None, help="test only: metrics.parquet from `predict stats` on val")
     p.add_argument("--new-campaign", default=None, metavar="WHY",

@@ -17,8 +17,13 @@ Rules:
    folder and start fresh. A folder without a fingerprint (made before this rule) is never resumed.
 4. A stage that has published its outputs marks its folder finished (`mark_finished`): Snakemake only runs a job
    again when its outputs are missing or forced (``--forcerun``), and then the work is redone, never republished.
-5. Hashing is cheap to repeat: each file's sha256 is cached under ``.cache/sha256/`` (``PREDICT_HASH_CACHE``
-   overrides) keyed by its real path, size, mtime and inode, so a 4B checkpoint is read once per content.
+5. Hashing is cheap to repeat, and the cache is trusted by content: each file's sha256 is cached under
+   ``.cache/sha256/`` (``PREDICT_HASH_CACHE`` overrides) keyed by its real path, size, mtime, ctime and inode, so a
+   4B checkpoint is read once per content. The ctime is the kernel's: every write and every utime call moves it and
+   no call sets it back, so a rewrite with the same size and its old mtime restored misses the cache. A digest is
+   cached only when the file's ctime lies `RACY_NS` before the read began and the file did not change while it was
+   read (a rewrite within one timestamp tick of the read could otherwise keep every stamp). The cost, side by side
+   with hashing on every read: benchmarks/fingerprint_cache.py.
 6. ``results/`` records which ``run_name`` made it (`claim_results_dir`, called where every stage loads its
    config); a stage of another run that would write there refuses with both names and the fix.
 """
@@ -30,6 +35,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -71,11 +77,22 @@ def _cache_dir() -> Path:
     return default_cache_dir() / "sha256"
 
 
+RACY_NS = 2_000_000_000
+"""A digest is cached only for a file whose ctime is this much older than the read (rule 5): more than a
+filesystem timestamp tick (2 s on the coarsest, FAT), so any later write gets a ctime the cache key has not seen."""
+
+
+def _stamp(real: Path, st: os.stat_result) -> str:
+    """What the hash cache is keyed on (rule 5)."""
+    return f"{real}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\0{st.st_dev}"
+
+
 def file_sha256(path: str | Path) -> str:
-    """sha256 of a file's bytes, cached by (real path, size, mtime, inode): unchanged files are read once."""
+    """sha256 of a file's bytes, cached by (real path, size, mtime, ctime, inode, device): unchanged files are read
+    once, and a rewrite is read again whatever stamps it restores (rule 5)."""
     real = Path(path).resolve()
-    st = real.stat()
-    key = hashlib.sha256(f"{real}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}".encode()).hexdigest()
+    before = real.stat()
+    key = hashlib.sha256(_stamp(real, before).encode()).hexdigest()
     cached = _cache_dir() / key[:2] / key
     try:
         digest = cached.read_text().strip()
@@ -83,8 +100,11 @@ def file_sha256(path: str | Path) -> str:
             return digest
     except OSError:
         pass
+    started = time.time_ns()
     with open(real, "rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
+    if _stamp(real, real.stat()) != _stamp(real, before) or before.st_ctime_ns > started - RACY_NS:
+        return digest  # changed while read, or too recently for its stamps to tell a rewrite: not cached
     try:  # a read-only home or cache only costs a re-read next time
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_name(f".{key}.{os.getpid()}")

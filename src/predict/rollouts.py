@@ -146,9 +146,18 @@ def _rollouts(
     from predict.fingerprint import resumable_rows
 
     tasks = select_tasks(load_split(job.tasks_path), job.n_tasks, job.samples)
+    guard_job(job, [t["task_id"] for t in tasks])  # before the .partial folder (or a server) exists
     sink = resumable_rows(job.out, RECORD_SCHEMA, ("task_id", "sample"), job_fingerprint(job, study_config))
     done = sink.done()
     return tasks, sink, [t for t in tasks if (t["task_id"], t["sample"]) not in done]
+
+
+def guard_job(job: RolloutJob, task_ids: Sequence[int]) -> None:
+    """`predict.campaign.guard_tasks` for this job: a test task only in an evaluation its campaign admitted."""
+    admission = dict(job.ledger_extra or {}) if job.test_ledger is not None else None
+    guard_tasks(split=job.split, tasks_path=job.tasks_path, task_ids=task_ids, run=job.run or job.arm,
+                checkpoint=job.checkpoint, seed=job.seed,
+                admission=admission if admission and "campaign" in admission else None, ledger=job.test_ledger)
 
 
 def remaining_rollouts(job: RolloutJob, study_config: Mapping[str, Any]) -> int:
@@ -168,11 +177,7 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
     from predict.serving.server import SERVED_NAME, VLLMServer
 
     isolation = sandbox_isolation(study_config)  # before anything is read: a missing sandbox layer stops the stage
-    tasks, sink, todo = _rollouts(job, study_config)
-    admission = dict(job.ledger_extra or {}) if job.test_ledger is not None else None
-    guard_tasks(split=job.split, tasks_path=job.tasks_path, task_ids=[t["task_id"] for t in tasks],
-                run=job.run or job.arm, checkpoint=job.checkpoint, seed=job.seed,
-                admission=admission if admission and "campaign" in admission else None, ledger=job.test_ledger)
+    tasks, sink, todo = _rollouts(job, study_config)  # guarded (`guard_job`) before anything is written
     log.info("%d rollouts, %d already persisted, %d to run", len(tasks), len(tasks) - len(todo), len(todo))
     ledger_entry = {
         "run": job.run or job.arm,

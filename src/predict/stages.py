@@ -18,6 +18,9 @@ Rules this module keeps:
   changing it reruns nothing (the test campaign's design hash leaves it out too: `predict.campaign`).
 * Each stage's command (its flags and its ``main``) lives in its own module (``Stage.command``); predict.cli only
   registers them.
+* A stage that reads tasks names the flags that hold them (``Stage.task_files``) and reads ``data`` (`SPLIT`,
+  untracked: it shapes no result): `predict.campaign.seal_stage` checks those files against the test split before
+  the stage starts.
 * The README's stage table is rendered from here (``readme_table``) and a test keeps the two equal.
 """
 
@@ -46,6 +49,12 @@ DESIGN = ("data", "verifier", "model", "sft", "serving", "env", "traces", "arms"
               "temperature", "max_tokens", "samples", "tasks", "checkpoints", "extension_checkpoints", "reference",
               "test_checkpoints", "selection", "bootstrap")))
 
+# What the test split's seal reads (predict.campaign.seal_stage): the split's definition, to derive the test task ids
+# in any clone.
+# Untracked where a stage reads it for the seal alone (`Stage.untracked`): the tasks file it checks already carries
+# the split, so an edit here reruns nothing a new split would not.
+SPLIT = ("data",)
+
 # Keys a stage reads that shape no result (see the rules above): how jobs are served, a declared test campaign's
 # reason (predict.campaign: declaring it, or leaving it out once the campaign is recorded, must replan nothing), and
 # where training curves go live.
@@ -72,6 +81,9 @@ class Stage:
     `predict evaluate --split test`). predict.cli registers them from here."""
     help: str = ""
     """The command's one line in `predict --help` (here, so that listing the stages imports none of them)."""
+    task_files: tuple[str, ...] = ()
+    """The flags (argparse names) whose files hold the tasks the stage reads (``task_id`` rows: a split, traces):
+    `predict.campaign.seal_stage` checks them before the stage starts. The stage must read `SPLIT`."""
 
     def command_functions(self) -> tuple[str, str, str]:
         """The command's module and the names of its two functions: (module, arguments, main)."""
@@ -101,35 +113,36 @@ STAGES: dict[str, Stage] = {
               ("serving.python", "serving.device"),
               help="check that serving.python imports vLLM (before any serving job)"),
         Stage("rollout", ("rollout",), "rollouts.smk", "rollouts.py", "rollouts/{arm}/{checkpoint}/{split}/seed{seed}.parquet",
-              ROLLOUT,
+              _reads(ROLLOUT, SPLIT), SPLIT, task_files=("tasks_file",),
               help="roll a checkpoint out over a split's tasks into parquet (resumes)"),
         Stage("traces", ("sft_traces",), "traces.smk", "traces/stage.py", "sft/traces/{arm}.parquet, tasks.parquet",
-              ("traces", "arms", "env", "verifier", "model.enable_thinking"),
+              ("traces", "arms", "env", "verifier", "model.enable_thinking", *SPLIT), SPLIT, task_files=("tasks_file",),
               command="traces", help="synthesize both arms' SFT traces (gold + verified mutants) into parquet"),
         # A run with its own SFT (predict.runs: irreversible, blind): its base arm's traces under its own protocol.
         Stage("run-traces", ("run_traces",), "traces.smk", "traces/stage.py", "sft/traces/{run}.parquet",
-              _reads(RUN_MATRIX, ("traces", "env")),
+              _reads(RUN_MATRIX, ("traces", "env"), SPLIT), SPLIT, task_files=("tasks_file", "arm_traces"),
               command="run_traces", help="render a run's own SFT traces (irreversible, blind: predict.runs) from its base arm's traces"),
         Stage("sft", ("train_sft",), "train.smk", "train/sft.py", "checkpoints/{arm}/sft/, sft/{arm}/metrics.parquet",
-              _reads(("sft", "model.enable_thinking"), TRACKING), TRACKING,
+              _reads(("sft", "model.enable_thinking"), TRACKING, SPLIT), (*TRACKING, *SPLIT), task_files=("traces",),
               help="supervised fine-tuning on rendered traces -> an HF checkpoint (resumes after a kill)"),
         Stage("rl", ("rl",), "rl.smk", "train/rl.py", "rl/{run}/seed{seed}/step{N}/, metrics.parquet",
-              _reads(RUN_MATRIX, ROLLOUT, ("rl",), TRACKING), TRACKING,
+              _reads(RUN_MATRIX, ROLLOUT, ("rl",), TRACKING, SPLIT), (*TRACKING, *SPLIT), task_files=("tasks_file",),
               help="RL (GRPO) of one run and seed on the rl split: step checkpoints + metrics (resumes)"),
         Stage("rft", ("rft",), "rft.smk", "train/rft.py", "rl/{run}/seed{seed}/step{N}/, metrics.parquet",
-              _reads(RUN_MATRIX, ROLLOUT, ("rl", "rft"), TRACKING), TRACKING,
+              _reads(RUN_MATRIX, ROLLOUT, ("rl", "rft"), TRACKING, SPLIT), (*TRACKING, *SPLIT),
+              task_files=("tasks_file",),
               help="rejection-sampling fine-tuning of one RFT extension run and seed (resumes)"),
         Stage("evaluate", ("evaluate_{run}",), "evaluation.smk", "evaluate.py",
               "eval/{run}/{checkpoint}/val/seed{seed}.parquet",
               _reads(RUN_MATRIX, ROLLOUT, ("evaluation.temperature", "evaluation.max_tokens", "evaluation.samples",
-                                           "evaluation.tasks")),
+                                           "evaluation.tasks"), SPLIT), SPLIT, task_files=("tasks_file",),
               help="greedy pass@1 of a run/seed's checkpoints on a split, one vLLM server (evaluation settings)"),
         # The test campaign (`predict evaluate --split test`) records the frozen design in the checkout's ledger,
         # and a declared campaign's reason.
         Stage("evaluate-test", ("evaluate_test_{run}", "evaluate_test_reference_{run}", "evaluate_test"),
               "evaluation.smk", "evaluate.py",
               "eval/{run}/{checkpoint}/test/seed{seed}.parquet, ../.test-campaigns/ledger.jsonl",
-              (*DESIGN, "evaluation.new_campaign"),
+              (*DESIGN, "evaluation.new_campaign"), task_files=("tasks_file",),
               command=None),
         Stage("stats", ("stats", "test_stats"), "stats.smk", "stats/study.py",
               "stats/*.parquet (STATS_TABLES), test/stats/*.parquet (TEST_STATS_TABLES)",
@@ -164,8 +177,8 @@ STAGES: dict[str, Stage] = {
               command="setup", help="clone prime-rl at the pinned commit, register PredictAlgorithm, uv sync"),
         Stage("prime-rl-config", ("prime_rl_sft_config", "prime_rl_rl_config"), "prime_rl.smk",
               "train/prime_rl/cluster.py", "sft/{arm}/prime-rl.toml, rl/{run}/seed{seed}/prime-rl.toml",
-              _reads(RUN_MATRIX, ROLLOUT, ("prime_rl", "rl", "sft", "model", "seeds", "results_dir"), TRACKING),
-              ("tracking", "run_name"),
+              _reads(RUN_MATRIX, ROLLOUT, ("prime_rl", "rl", "sft", "model", "seeds", "results_dir"), TRACKING, SPLIT),
+              ("tracking", "run_name", *SPLIT), task_files=("tasks_file", "traces"),
               command="config", help="render a prime-rl rl/sft TOML (and the SFT dataset)"),
         Stage("prime-rl-train", ("prime_rl_sft", "prime_rl_rl"), "prime_rl.smk", "train/prime_rl/cluster.py",
               "checkpoints/{arm}/sft/, rl/{run}/seed{seed}/step{N}/, metrics.parquet, prime-rl-metrics.parquet",

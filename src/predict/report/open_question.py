@@ -37,11 +37,12 @@ def open_question_rows(rows: Sequence[Mapping[str, Any]]) -> str:
             "never": pct(r["never_revised_n_pass_B"], r["never_revised_n_B"]),
             "ever": pct(r["ever_revised_n_pass_B"], r["ever_revised_n_B"]),
             "selection_fallback": r["selection_fallback"]} for r in rows]
+    family = sum(not is_missing(r["mcnemar_p"]) for r in rows)  # Holm leaves a row with no p-value out of it
     return table(out, list(out[0]), wrap=("pairing",), labels={
         "environment": "environment", "pairing": "Arm A vs Arm B (run / selected checkpoint / seed)",
         "pass_A": "Arm A pass@1", "pass_B": "Arm B pass@1", "diff": "B - A [95% CI]",
         "disc": "tasks only B / only A passes", "p": "exact McNemar p",
-        "holm": f"Holm-adjusted p (family of {len(rows)})", "precision": "Arm B REVISE precision",
+        "holm": f"Holm-adjusted p (family of {family})", "precision": "Arm B REVISE precision",
         "never": "Arm B pass@1, never revised", "ever": "Arm B pass@1, ever revised"})
 
 
@@ -80,11 +81,12 @@ def open_question_power(power: Sequence[Mapping[str, Any]] | None) -> str:
              "powered": "powered" if r["powered_open_question"] else "not powered"}
             for r in sorted(design, key=lambda r: (r["delta"], r["discordance"]))]
     return (f"<p>Power of one test of this family ({head['family_size_open_question']} tests: every environment x "
-            f"seed pairing) on the {head['n_tasks']} test tasks, exact McNemar held to the family's first Holm level "
-            f"{format_value(head['holm_significance_open_question'])} (the Power section says what is assumed):</p>"
+            f"seed pairing) on the {head['n_tasks']} test tasks, exact McNemar at the family's strictest Holm level "
+            f"{format_value(head['holm_significance_open_question'])}: a lower bound of its power under Holm, which "
+            "holds the other tests to looser levels (the Power section says what is assumed):</p>"
             + table(rows, list(rows[0]), {"delta": "difference to detect", "d": "discordance",
-                                          "source": "discordance from", "power": "power, Holm-adjusted",
-                                          "powered": "verdict"}))
+                                          "source": "discordance from", "power": "power, Holm-adjusted (at least)",
+                                          "powered": "verdict (on the lower bound)"}))
 
 
 def open_question_section(test: Sequence[Mapping[str, Any]] | None, val: Sequence[Mapping[str, Any]] | None,

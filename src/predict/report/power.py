@@ -25,11 +25,14 @@ def power_section(power: list[dict[str, Any]] | None, config: Mapping[str, Any])
     family = max((int(r.get("family_size") or 1) for r in power), default=1)
     if family > 1:
         assumptions += (
-            f"<p>The report Holm-adjusts Arm A vs Arm B over its family of {family} tests (one per seed pairing), so "
-            f"each of them is held to at most significance {significance}/{family} = {significance / family:.4g}, "
-            "the family's first Holm level. The column <i>power, Holm-adjusted</i> is the power of one test of that "
-            "family there: the power of the A vs B comparison as the report runs it. <i>power, one test</i> is the "
-            "unadjusted power (the RL-vs-SFT tests, one per arm and seed, are adjusted in families of their own).</p>")
+            f"<p>The report Holm-adjusts Arm A vs Arm B over its family of {family} tests (one per seed pairing). "
+            f"Holm's step-down holds the test with the smallest p-value to significance {significance}/{family} = "
+            f"{significance / family:.4g}, the strictest level of the family, and each next one to a looser level, up "
+            f"to {significance}. The column <i>power, Holm-adjusted (at least)</i> is the power of one test at "
+            f"{significance / family:.4g}: a test that rejects there is rejected by Holm whatever the others do, so it "
+            "is a lower bound of that test's power as the report runs it, which lies between it and <i>power, one "
+            "test</i>, the unadjusted power (the RL-vs-SFT tests, one per arm and seed, are adjusted in families of "
+            "their own).</p>")
     design = [r for r in power if r["design"] in ("test", "val")]
     verdict = [{"design": "test" if r["design"] == "test" else "val (selection only)", "n": r["n_tasks"],
                 "delta": f"{100 * r['delta']:.0f} pts", "d": f"{r['discordance']:.2f}",
@@ -62,8 +65,8 @@ def power_section(power: list[dict[str, Any]] | None, config: Mapping[str, Any])
     labels = {"design": "design", "n": "tasks", "delta": "difference to detect", "d": "discordance",
               "source": "discordance from", "power": "power, one test", "powered": "verdict, one test"}
     if family > 1:
-        labels |= {"power_holm": f"power, Holm-adjusted (A vs B, family of {family})",
-                   "powered_holm": "verdict, Holm-adjusted"}
+        labels |= {"power_holm": f"power, Holm-adjusted (at least; A vs B, family of {family})",
+                   "powered_holm": "verdict, Holm-adjusted (on the lower bound)"}
     return (assumptions + table(verdict, list(labels), labels) + figure(fig, "power curves")
             + "<p>Fewest tasks on the grid reaching the target power, one seed pairing:</p>"
             + table(grid, ["delta", "d", "source", "n", "power"], {**labels, "n": "tasks needed"}))

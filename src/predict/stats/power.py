@@ -86,7 +86,10 @@ def power_table(
     `study_tasks`, ``study_design`` true; ``val``: `val_tasks`), so "was the study powered?" is one filter. Beside
     the single test's power, ``power_holm`` is the power of one test of the family the report Holm-adjusts
     (`family_size` tests: the A-vs-B family has one per seed pairing) at the family's first Holm level,
-    significance / family_size: the most lenient level any test of the family is held to."""
+    significance / family_size: the strictest level any test of the family is held to (Holm's step-down holds the
+    others to significance / (family_size - k) for the k-th smallest p-value, up to significance). A test that
+    rejects there is rejected by Holm whatever the others do, so ``power_holm`` is a lower bound of that test's
+    power under Holm, which lies between it and ``power`` (the report says "at least")."""
     sizes = {n: "grid" for n in tasks}
     if val_tasks:
         sizes[val_tasks] = "val"

@@ -162,7 +162,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--selection", default=None,
                    help="test evaluations only: the val statistics' selection.parquet (the checkpoints compared)")
     p.add_argument("--test-ledger", default=None,
-                   help="test evaluations only: the campaign ledger they are held against (default: the checkout's)")
+                   help="test evaluations only: the campaign ledger they are held against (default: the checkout's); "
+                        "read for analysis, never created (docs/test-campaign.md: re-analysing given files)")
 
 
 def main(args: argparse.Namespace, config: StageConfig) -> int:

@@ -426,6 +426,7 @@ def run_signal(
     `tracking` (`predict.train.tracking.TrackingTargets`): its SFT and RL steps go live under ``signal/``."""
     import torch
 
+    from predict.campaign import seal_task_ids
     from predict.data import MBPP_SCHEMA, load_mbpp, split_tasks
     from predict.outputs import write_rows
     from predict.serving.server import VLLMServer, default_cache_dir
@@ -444,6 +445,9 @@ def run_signal(
     data = config["data"]
     rows = load_mbpp(data["mbpp_path"], hf_fallback=data["hf_fallback"], sha256=data.get("mbpp_sha256"))
     sft_split = split_tasks(rows, int(data["split_seed"]), data["sizes"])["sft"]
+    # its tasks come from no file the stage table could name: sealed here, before anything is written
+    seal_task_ids([r["task_id"] for r in sft_split], data, source=f"the sft split of {data['mbpp_path']}",
+                  stage="signal")
     run_stage(sft_split, config, out / "traces", progress=False)
 
     base = Path(cached_tiny_qwen3(default_cache_dir() / "models", seed=0, hidden_size=settings.hidden_size,
