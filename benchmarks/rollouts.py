@@ -6,7 +6,9 @@ Rolls out the same tasks at several concurrencies, with each protocol and each w
 rollouts/s, model calls/s, and the split of an episode's wall time into waiting for the model (model_s), the
 environment's own work inside the episode (env_s: parsing, patching and its sandbox runs), the grade's sandbox run
 (grade_s: one check of the final solution through a warm sandbox pool, measured here beforehand), and the harness
-(wall - model - env - grade: verifiers' set-up and clean-up, the program's start-up, the grading's start-up).
+(wall - model - env - grade: verifiers' set-up and clean-up, the program's start-up, the grading's start-up), and the
+CPU seconds this process spent per rollout (host CPU: verifiers, the train client's rendering, in process the
+episodes; the endpoint, the program and grading processes and the sandbox's children are other processes).
 
 ``--model scripted`` (the harness's own cost): a scripted OpenAI-compatible endpoint (``tests/scripted_endpoint.py``,
 in its own process, as a model server would be) replays one episode per protocol (read, a wrong patch, a failing
@@ -91,9 +93,9 @@ def grade_seconds(task: dict[str, Any], solution: str, repeats: int = 20) -> flo
 def run_row(tasks: list[dict[str, Any]], settings: Any, grade_s: float) -> tuple[dict[str, Any], list[str]]:
     from predict.env.rollout import run_rollouts_sync
 
-    t1 = time.perf_counter()
+    t1, cpu1 = time.perf_counter(), time.process_time()
     records = run_rollouts_sync(tasks, settings)
-    wall = time.perf_counter() - t1
+    wall, cpu = time.perf_counter() - t1, time.process_time() - cpu1
     n = len(records)
     mean = {k: statistics.mean((r[k] or 0.0) for r in records) for k in ("wall_s", "model_s", "env_s")}
     row = {
@@ -104,6 +106,7 @@ def run_row(tasks: list[dict[str, Any]], settings: Any, grade_s: float) -> tuple
         "env_s": mean["env_s"],
         "grade_s": grade_s,
         "harness_s": mean["wall_s"] - mean["model_s"] - mean["env_s"] - grade_s,
+        "host_cpu_s": cpu / n,
         "rollouts": n,
         "batch_wall_s": wall,
         "rewards": sorted({r["reward"] for r in records}, key=str),
@@ -165,7 +168,7 @@ def main() -> int:
                                       max_tokens=args.max_tokens, in_process=harness == "in_process")  # fmt: skip
             run_rollouts_sync(tasks_for("reactive", 4), warm)
         table = Table("protocol", "harness", "concurrency", "rollouts/s", "model calls/s", "wall s/rollout", "model s",
-                      "env s", "grade s", "harness s", title=f"model {args.model}, client {args.client}")  # fmt: skip
+                      "env s", "grade s", "harness s", "host CPU s", title=f"model {args.model}, client {args.client}")  # fmt: skip
         for protocol in args.protocols:
             for concurrency in args.concurrency:
                 n = max(args.tasks, 2 * concurrency) if args.model == "scripted" else args.tasks
@@ -182,7 +185,8 @@ def main() -> int:
                     results.append(row)
                     table.add_row(protocol, harness, str(concurrency),
                                   *(f"{row[k]:.3f}" for k in ("rollouts_per_s", "model_calls_per_s", "wall_s",
-                                                               "model_s", "env_s", "grade_s", "harness_s")))  # fmt: skip
+                                                               "model_s", "env_s", "grade_s", "harness_s",
+                                                               "host_cpu_s")))  # fmt: skip
         console.print(table)
     if args.out:
         Path(args.out).write_text(json.dumps({**meta, "runs": results}, indent=1) + "\n")
