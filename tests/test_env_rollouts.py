@@ -168,6 +168,10 @@ class Run:
 
     def __init__(self, endpoint: ScriptedEndpoint, records: dict[str, dict[str, Any]], wall_s: float, home: Path):
         self.endpoint, self.records, self.wall_s, self.home = endpoint, records, wall_s, home
+        self.process_records: dict[str, dict[str, Any]] = {}  # the same cases with the program run as a process
+        self.process_requests: list[dict[str, Any]] = []  # and the requests the endpoint got from them
+        self.in_process_spawned: list[list[str]] = []  # the processes the rollouts' runtimes started (argv)
+        self.process_spawned: list[list[str]] = []
 
     def conversation(self, marker: str) -> list[dict[str, Any]]:
         """The messages of the longest request of that case (= the whole conversation the model saw)."""
@@ -201,30 +205,47 @@ def run(tmp_path_factory: pytest.TempPathFactory, mbpp_path: Path) -> Any:
     tokenizer = Path(default_tokenizer_dir()) / "tokenizer.json"
     endpoint = ScriptedEndpoint({m: s for m, (_, s) in CASES.items()}, tokenizer_json=tokenizer).start()
 
-    async def main() -> list[list[dict[str, Any]]]:
+    spawned: list[list[str]] = []  # every process a rollout's runtime started (argv)
+    runtime_run = vf_subprocess.SubprocessRuntime.run
+
+    async def recording_run(self: Any, argv: list[str], env: dict[str, str]) -> Any:
+        spawned.append(list(argv))
+        return await runtime_run(self, argv, env)
+
+    mp.setattr(vf_subprocess.SubprocessRuntime, "run", recording_run)
+
+    async def main(**mode: Any) -> list[list[dict[str, Any]]]:
         runs = []
         for group, overrides in SETTINGS.items():
-            settings = RolloutSettings.of(base_url=endpoint.base_url, model="scripted", seed=7, concurrency=4, **overrides)
+            settings = RolloutSettings.of(base_url=endpoint.base_url, model="scripted", seed=7, concurrency=4,
+                                          **overrides, **mode)  # fmt: skip
             runs.append(run_rollouts(rows_by_group[group], settings))
         return await asyncio.gather(*runs)
 
     t0 = time.time()
     try:
-        batches = asyncio.run(main())
+        batches = asyncio.run(main())  # the default: every episode in process
+        wall = time.time() - t0
+        in_process_spawned, n_requests = list(spawned), len(endpoint.requests)
+        process_batches = asyncio.run(main(in_process=False))  # the same episodes, the program as a process
     finally:
         endpoint.stop()
         mp.undo()
-    wall = time.time() - t0
-    records = {}
-    for group_rows, batch in zip(rows_by_group.values(), batches, strict=True):
-        for row, rec in zip(group_rows, batch, strict=True):
+    process_requests = endpoint.requests[n_requests:]
+    del endpoint.requests[n_requests:]  # the module's tests read the default's requests
+    records, process_records = {}, {}
+    for group_rows, batch, process_batch in zip(rows_by_group.values(), batches, process_batches, strict=True):
+        for row, rec, process_rec in zip(group_rows, batch, process_batch, strict=True):
             marker = case_of(row["text"])
-            records[marker] = rec
+            records[marker], process_records[marker] = rec, process_rec
     n = len(records)
     print(
         f"\n{n} rollouts in {wall:.2f}s wall; per rollout: " + ", ".join(f"{r['wall_s']:.2f}" for r in records.values())
     )
-    return Run(endpoint, records, wall, home)
+    run = Run(endpoint, records, wall, home)
+    run.process_records, run.process_requests = process_records, process_requests
+    run.in_process_spawned, run.process_spawned = in_process_spawned, spawned[len(in_process_spawned):]
+    return run
 
 
 def patch_steps(rec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -244,6 +265,53 @@ def test_every_rollout_completed_ok(run: Run) -> None:
         assert rec["error"] is None, marker
     # each workdir is removed at teardown
     assert not any((run.home / ".cache" / "verifiers" / "runtimes" / "subprocess").glob("*"))
+
+
+PER_RUN = ("wall_s", "model_s", "env_s", "program_s", "created_at", "trace_id")  # times and a random id
+
+
+def test_episodes_run_in_process_and_record_what_the_program_run_as_a_process_records(run: Run) -> None:
+    """Issue 41: by default no rollout starts a Python process (the episode runs in a thread of the verifiers host, its
+    checks and its grade through the shared sandbox pool); with ``in_process`` off each rollout starts the program
+    and the grading check. Every case, the failed model calls included, gives the same record both ways (all but
+    its times and trace id): the same steps, outcomes, rewards, errors, seeds and token graphs."""
+    assert all(argv == ["true"] for argv in run.in_process_spawned)  # only verifiers' probe after a failed program
+    modules = Counter(argv[2] for argv in run.process_spawned if argv[1:2] == ["-m"])
+    graded = sum(rec["final_outcome"] is not None for rec in run.process_records.values())
+    assert modules == {"predict.env.program": len(CASES), "predict.env.check": graded}, modules
+    for marker, rec in run.records.items():
+        other = run.process_records[marker]
+        differ = sorted(k for k in rec if k not in PER_RUN and rec[k] != other[k])
+        assert differ == [], (marker, differ, [(rec[k], other[k]) for k in differ])
+
+    def sent(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:  # what reached the model, in a fixed order
+        return sorted(({k: v for k, v in r.items() if k != "t"} for r in requests), key=json.dumps)
+
+    assert sent(run.endpoint.requests) == sent(run.process_requests)
+
+
+def test_a_cancelled_in_process_episode_ends_before_its_next_model_call() -> None:
+    """An in-process episode runs in a thread that a cancelled rollout (its timeout) cannot kill: the harness sets
+    the episode's stop event, and the loop ends there, before another model call, with the rollout failed."""
+    import threading
+
+    from predict.env.program import run_episode
+
+    stop = threading.Event()
+
+    class Chat:
+        seed_key, seeds, calls = None, [], 0
+
+        def __call__(self, messages: list[dict[str, str]]) -> str:
+            self.calls += 1
+            stop.set()  # the rollout is cancelled while this call is answered
+            return READ
+
+    chat = Chat()
+    code, episode, result = run_episode(ProtocolConfig("reactive"), lambda _: None, chat, prompt="task", stop=stop)
+    assert chat.calls == 1 and code == 1 and len(episode.steps) == 1
+    assert (episode.stop_reason, episode.error) == ("error", "the rollout was cancelled")
+    assert result["summary"]["stop_reason"] == "error" and result["steps"][0]["action"] == "read_file"
 
 
 def test_mbpp_127_replayed_verbatim(run: Run) -> None:

@@ -245,10 +245,14 @@ def test_one_server_per_run_and_seed_reloaded_between_checkpoints(study, task_fi
         assert [e[0] for e in FakeServer.log] == ["start", "reload", "stop"]
 
 
+@pytest.mark.parametrize("one_job", [False, True], ids=["a job per run", "the campaign as one job"])
 def test_campaign_runs_from_the_val_statistics_to_the_test_statistics(study, mbpp_rows: list[dict], tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      one_job: bool) -> None:
     """The stages as the workflow chains them: val evaluations -> `predict stats` (selection) -> the campaign's test
-    evaluations (reference + selected) -> `predict stats --selection` on the test files."""
+    evaluations (reference + selected) -> `predict stats --selection` on the test files. The campaign as the paper
+    runs it (a job per run and seed) or as the embedded default does (issue 41: its jobs share one server, so the
+    whole campaign is one `predict evaluate` with a --run and --seed per checkpoint)."""
     import verifiers.v1.runtimes.subprocess as vf_subprocess
 
     from predict.cli import main
@@ -265,10 +269,10 @@ def test_campaign_runs_from_the_val_statistics_to_the_test_statistics(study, mbp
 
     with ScriptedEndpoint({"multiply": [SOLVE, "<PREDICTION>PASS</PREDICTION> <DECISION>KEEP</DECISION>",
                                         "FINAL: done"], "": ["FINAL: no patch"]}) as endpoint:
-        _val_to_test_stats(config, tasks, files, endpoint, tmp_path, main)
+        _val_to_test_stats(config, tasks, files, endpoint, tmp_path, main, one_job)
 
 
-def _val_to_test_stats(config, tasks, files, endpoint, tmp_path: Path, main) -> None:
+def _val_to_test_stats(config, tasks, files, endpoint, tmp_path: Path, main, one_job: bool = False) -> None:
     for arm in ("A", "B"):
         evaluate_checkpoints(config, run=arm, split="val", seed=42, tasks_path=tasks["val"],
                              checkpoints=files("val", ["sft", "step2"], arm), base_url=endpoint.base_url)
@@ -277,10 +281,23 @@ def _val_to_test_stats(config, tasks, files, endpoint, tmp_path: Path, main) -> 
     selection, metrics = tmp_path / "stats" / "selection.parquet", tmp_path / "stats" / "metrics.parquet"
     assert campaign_from_stats(config, metrics, selection) == [("A", "sft", 42), ("A", "step2", 42),
                                                                ("B", "sft", 42), ("B", "step2", 42)]
-    for arm in ("A", "B"):
-        evaluate_checkpoints(config, run=arm, split="test", seed=42, tasks_path=tasks["test"],
-                             checkpoints=files("test", ["sft", "step2"], arm), base_url=endpoint.base_url,
-                             selection_path=selection, val_metrics=metrics)
+    if one_job:
+        args = [a for arm in ("A", "B") for e in files("test", ["sft", "step2"], arm)
+                for a in ("--run", arm, "--seed", "42", "--checkpoint", e.checkpoint, "--model", e.model, "--out",
+                          str(e.out))]  # fmt: skip
+        assert main(["evaluate", "--config-json", json.dumps(config), "--split", "test", "--tasks-file",
+                     str(tasks["test"]), *args, "--base-url", endpoint.base_url,
+                     "--selection", str(selection), "--val-metrics", str(metrics)]) == 0  # fmt: skip
+        lines = [json.loads(line) for line in registry_ledger().read_text().splitlines()]
+        assert {(e["run"], e["checkpoint"]) for e in lines if e.get("status") == "done"} == {(a, c) for a in ("A", "B") for c in ("sft", "step2")}
+        for arm in ("A", "B"):
+            assert {r["arm"] for c in ("sft", "step2") for r in read_rows(tmp_path / "eval" / arm / c / "test" /
+                                                                          "seed42.parquet")} == {arm}  # fmt: skip
+    else:
+        for arm in ("A", "B"):
+            evaluate_checkpoints(config, run=arm, split="test", seed=42, tasks_path=tasks["test"],
+                                 checkpoints=files("test", ["sft", "step2"], arm), base_url=endpoint.base_url,
+                                 selection_path=selection, val_metrics=metrics)
     test = sorted(str(p) for p in (tmp_path / "eval").glob("*/*/test/*.parquet"))
     assert len(test) == 4
     assert main(["stats", "--config-json", json.dumps(config), "--eval", *test, "--selection", str(selection),

@@ -41,7 +41,7 @@ def test_local_slurm_overlay_asks_for_the_same_gpus_with_cpu_sizes(paper):
 
 def test_embedded_default_asks_for_no_gpu():
     local = dag_resources(["--profile", "workflow/profiles/local", "all"])
-    assert local["evaluate_A"] and local["evaluate_test_B"] and local["train_sft"] and local["rl"]  # serving and training rules, all on the CPU
+    assert local["evaluate_A"] and local["evaluate_test_campaign"] and local["train_sft"] and local["rl"]  # serving, training: CPU
     assert all("gpu" not in job for jobs in local.values() for job in jobs)
     # both arms' SFT jobs side by side on the 2 cores, one torch thread each (`predict sft --threads`)
     assert [job["threads"] for job in local["train_sft"]] == ["1", "1"]

@@ -557,6 +557,32 @@ def test_pool_pins_servers_to_distinct_cpus() -> None:
         assert all(os.sched_getaffinity(s.proc.pid) == set(cpus) for s in v._servers)
 
 
+def test_the_shared_pool_starts_once_per_process_and_settings() -> None:
+    """Issue 41: the in-process episodes and their grading check through one pool per process and sandbox settings
+    (`shared_verifier`), started on first use and reused by every later batch; other settings get their own; a
+    closed pool is replaced, and closing them all leaves none running."""
+    from predict.sandbox import close_shared_verifiers, shared_verifier
+
+    settings = {"timeout_s": TIMEOUT_S, "memory_mb": 512, "outcome_labels": "structured"}
+    first = shared_verifier(**settings)
+    try:
+        pids = [s.proc.pid for s in first._servers]
+        assert len(pids) == len(os.sched_getaffinity(0))  # a fork server per usable CPU
+        assert shared_verifier(**settings) is first and [s.proc.pid for s in first._servers] == pids
+        assert first.check("def f():\n    return 1\n", ["assert f() == 1"]).outcome is Outcome.PASS
+        other = shared_verifier(**{**settings, "outcome_labels": "original"})
+        assert other is not first and other.outcome_labels == "original"
+        first.close()
+        again = shared_verifier(**settings)
+        assert again is not first and again.check("x = 1", ["assert x == 2"]).outcome is Outcome.ASSERTION_FAILURE
+    finally:
+        close_shared_verifiers()
+    assert first._closed and other._closed and again._closed
+    assert all(s.proc.poll() is not None for s in [*first._servers, *other._servers, *again._servers])
+    assert shared_verifier(**settings) is not again
+    close_shared_verifiers()
+
+
 def test_pool_and_check_once_agree_on_any_text(pool: Verifier) -> None:
     """The fork-server protocol carries source and output bytes as they are: non-ASCII, a lone surrogate, output
     that is not UTF-8, a solution bigger than a pipe buffer."""

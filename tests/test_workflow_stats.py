@@ -115,7 +115,14 @@ def test_local_all_runs_every_extension_at_its_last_step_only() -> None:
     assert counts["rl"] == 13 and counts["rft"] == 2 and counts["extension"] == 10 and counts["open_question"] == 1
     assert counts["train_sft"] == 2 and "run_traces" not in counts
     assert evaluation_jobs(counts) == {run: 1 for run in RUNS}  # one seed
-    assert evaluation_jobs(counts, "test") == {**{run: 1 for run in RUNS}, "reference_A": 1, "reference_B": 1}
+    # served on the CPU: the test campaign is one job (issue 41), every run's selected step and each arm's reference,
+    # one parquet each; the paper's (on GPUs) stays a job per run and seed
+    assert evaluation_jobs(counts, "test") == {"campaign": 1}
+    (campaign,) = re.findall(r"rule evaluate_test_campaign:\n(?:    .*\n)*?    output: (.*)", dry_run("all"))
+    assert sorted(p.removesuffix(" (update)") for p in campaign.split(", ")) == sorted(
+        [f"results/eval/{run}/step2/test/seed42.parquet" for run in RUNS]
+        + [f"results/eval/{arm}/sft/test/seed42.parquet" for arm in ("A", "B")]
+    )
 
 
 def test_expensive_tests_table_pulls_the_other_arm_at_the_same_cost() -> None:

@@ -130,11 +130,14 @@ def evaluate(config: Mapping[str, Any], **kw: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class CheckpointEval:
-    """One checkpoint of a run/seed's evaluation job: its name, what vLLM loads, where its rows go."""
+    """One checkpoint of an evaluation job: its name, what vLLM loads, where its rows go; its run and seed when they
+    are not the job's (the test campaign as one job, `evaluate_checkpoints`)."""
 
     checkpoint: str
     model: str
     out: Path
+    run: str | None = None
+    seed: int | None = None
 
 
 class CheckpointServer:
@@ -190,7 +193,9 @@ def evaluate_checkpoints(
     val_metrics: Path | None = None,
     new_campaign: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Evaluate (or resume) a run/seed's checkpoints on a split with one server; one summary per checkpoint.
+    """Evaluate (or resume) a run/seed's checkpoints on a split with one server; one summary per checkpoint. A
+    checkpoint that names its own run and seed is evaluated as theirs (the test campaign as one job of many runs,
+    where the run's jobs share one server: workflow/rules/evaluation.smk); all are admitted together.
     `base_url`: an endpoint already serving (tests); then no server is started and nothing is reloaded. On test:
     the val statistics' `selection_path` and `val_metrics`, and, for a declared second campaign on the split,
     `new_campaign` (its reason); the ledger is the checkout's registry (`predict.campaign.evaluation_ledger`:
@@ -204,25 +209,27 @@ def evaluate_checkpoints(
             raise SplitGuardError("the test campaign needs the val statistics' selection.parquet (--selection) and "
                                   "metrics.parquet (--val-metrics): they decide the campaign's list")
     selection = read_selection(selection_path) if selection_path is not None else None
-    jobs = [evaluation_job(config, run=run, checkpoint=c.checkpoint, split=split, seed=seed, tasks_path=tasks_path,
+    owners = [(c.run or run, seed if c.seed is None else c.seed) for c in checkpoints]  # (run, seed) of each
+    jobs = [evaluation_job(config, run=r, checkpoint=c.checkpoint, split=split, seed=sd, tasks_path=tasks_path,
                            model=c.model, out=c.out, base_url=base_url, test_ledger=test_ledger,
-                           selection=selection) for c in checkpoints]  # fmt: skip
+                           selection=selection) for c, (r, sd) in zip(checkpoints, owners, strict=True)]  # fmt: skip
     if split == "test":
         assert test_ledger is not None and selection_path is not None and val_metrics is not None
         admissions = TestLedger(test_ledger).admit(  # every checkpoint admitted before any server starts
             config, campaign_from_stats(config, val_metrics, selection_path),
-            [(run, job.checkpoint, seed, job.model) for job in jobs], tasks_path=tasks_path, selection=selection or (),
+            [(r, job.checkpoint, sd, job.model) for job, (r, sd) in zip(jobs, owners, strict=True)],
+            tasks_path=tasks_path, selection=selection or (),
             depends_on=serving_dependencies(config["serving"], int(config["env"]["concurrency"])),
             origin=results_origin(jobs[0].out),
             new_campaign=new_campaign,
         )
         jobs = [replace(job, ledger_extra={**dict(job.ledger_extra or {}), **a.fields()})
                 for job, a in zip(jobs, admissions, strict=True)]  # fmt: skip
-    study = resolve_run(config, run).env(config)
     pending = []
     log_path = jobs[0].out.with_name(jobs[0].out.stem + ".vllm.log")
-    with CheckpointServer(config["serving"], log_path, sequences=int(study["env"]["concurrency"])) as server:
-        for job in jobs:
+    with CheckpointServer(config["serving"], log_path, sequences=int(config["env"]["concurrency"])) as server:
+        for job, (job_run, _) in zip(jobs, owners, strict=True):
+            study = resolve_run(config, job_run).env(config)
             serve_s = 0.0
             if base_url is None and remaining_rollouts(job, study):
                 t0 = time.perf_counter()
@@ -233,16 +240,20 @@ def evaluate_checkpoints(
             pending.append(out)
         starts, reloads = server.starts, server.reloads
     summaries = [p.publish() for p in pending]
-    log.info("%s seed %d on %s: %d checkpoints, %d server start(s), %d in-place reload(s)", run, seed, split,
-             len(jobs), starts, reloads)  # fmt: skip
-    return [{"checkpoint": j.checkpoint, **s, "server_starts": starts} for j, s in zip(jobs, summaries, strict=True)]
+    log.info("%s on %s: %d checkpoints, %d server start(s), %d in-place reload(s)",
+             ", ".join(sorted({f"{r} seed {sd}" for r, sd in owners})), split, len(jobs), starts, reloads)  # fmt: skip
+    return [{"run": r, "seed": sd, "checkpoint": j.checkpoint, **s, "server_starts": starts}
+            for j, s, (r, sd) in zip(jobs, summaries, owners, strict=True)]  # fmt: skip
 
 
 # `predict evaluate` (`--split test`: the test campaign, with the stage table entry evaluate-test)
 def arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", required=True, help="an arm (A, B) or an ablation (alpha0, forced_keep, ...)")
+    p.add_argument("--run", action="append", required=True,
+                   help="an arm (A, B) or an ablation (alpha0, forced_keep, ...): once for every checkpoint, or once "
+                        "per --checkpoint (the test campaign as one job)")
     p.add_argument("--split", required=True, choices=["val", "test"])
-    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--seed", type=int, action="append", required=True,
+                   help="once for every checkpoint, or once per --checkpoint")
     p.add_argument("--tasks-file", required=True, help="split parquet from `predict split`")
     p.add_argument("--checkpoint", action="append", required=True,
                    help="base, sft or step<N>; repeat with --model and --out for each checkpoint, in order")
@@ -263,17 +274,20 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace, config: StageConfig) -> int:
     from predict.outputs import print_summary
 
-    if not (len(args.checkpoint) == len(args.model) == len(args.out)):
-        raise SystemExit(f"evaluate: give one --model and one --out per --checkpoint (got {len(args.checkpoint)} "
-                         f"--checkpoint, {len(args.model)} --model, {len(args.out)} --out)")
+    n = len(args.checkpoint)
+    if not (n == len(args.model) == len(args.out)) or len(args.run) not in (1, n) or len(args.seed) not in (1, n):
+        raise SystemExit(f"evaluate: give one --model and one --out per --checkpoint, and --run and --seed once or "
+                         f"once per --checkpoint (got {n} --checkpoint, {len(args.model)} --model, {len(args.out)} "
+                         f"--out, {len(args.run)} --run, {len(args.seed)} --seed)")  # fmt: skip
+    runs, seeds = args.run * (n // len(args.run)), args.seed * (n // len(args.seed))
     summaries = evaluate_checkpoints(
         config,
-        run=args.run,
+        run=runs[0],
         split=args.split,
-        seed=args.seed,
+        seed=seeds[0],
         tasks_path=Path(args.tasks_file),
-        checkpoints=[CheckpointEval(c, m, Path(o)) for c, m, o in zip(args.checkpoint, args.model, args.out,
-                                                                         strict=True)],
+        checkpoints=[CheckpointEval(c, m, Path(o), r, sd)
+                     for c, m, o, r, sd in zip(args.checkpoint, args.model, args.out, runs, seeds, strict=True)],
         base_url=args.base_url,
         test_ledger=Path(args.test_ledger) if args.test_ledger else None,
         selection_path=Path(args.selection) if args.selection else None,
@@ -281,6 +295,6 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
         new_campaign=args.new_campaign or (config["evaluation"].get("new_campaign") if args.split == "test" else None),
     )
     for summary in summaries:
-        checkpoint = summary.pop("checkpoint")
-        print_summary(f"greedy evaluation: {args.run}, {checkpoint}, {args.split}, seed {args.seed}", summary)
+        run, seed, checkpoint = summary.pop("run"), summary.pop("seed"), summary.pop("checkpoint")
+        print_summary(f"greedy evaluation: {run}, {checkpoint}, {args.split}, seed {seed}", summary)
     return 0

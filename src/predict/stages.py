@@ -139,7 +139,8 @@ STAGES: dict[str, Stage] = {
               help="greedy pass@1 of a run/seed's checkpoints on a split, one vLLM server (evaluation settings)"),
         # The test campaign (`predict evaluate --split test`) records the frozen design in the checkout's ledger,
         # and a declared campaign's reason.
-        Stage("evaluate-test", ("evaluate_test_{run}", "evaluate_test_reference_{run}", "evaluate_test"),
+        Stage("evaluate-test", ("evaluate_test_{run}", "evaluate_test_reference_{run}", "evaluate_test_campaign",
+                               "evaluate_test"),
               "evaluation.smk", "evaluate.py",
               "eval/{run}/{checkpoint}/test/seed{seed}.parquet, ../.test-campaigns/ledger.jsonl",
               (*DESIGN, "evaluation.new_campaign"), task_files=("tasks_file",),

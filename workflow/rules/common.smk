@@ -229,6 +229,11 @@ def EVALS(runs=None, split="val"):
 # arm's reference another; with `best_val` it is known once the val statistics exist: the `stats` checkpoint, then
 # one job per test checkpoint.
 SELECTION_MODE = selection_settings(CONFIG("evaluate-test"))["mode"]
+# Serving on the CPU (the embedded default): one machine's cores serve every job, one request at a time in evaluation,
+# so with fixed selection the test campaign is one job (workflow/rules/evaluation.smk: evaluate_test_campaign). Keyed
+# on serving.device, which the campaign's design already records (so no edit flips the layout of a frozen campaign
+# without changing its design); serving.shared says only how jobs are served and changes no job (stages.UNTRACKED).
+CPU_SERVING = WORKFLOW_CONFIG["serving"]["device"] == "cpu"
 
 
 def VAL_CHECKPOINTS():
@@ -302,7 +307,8 @@ def REPORT_EXAMPLE(wildcards=None):
     return mine[0]
 
 
-# The evaluation jobs (workflow/rules/evaluation.smk): one per run, seed and split, all of its checkpoints. The test
+# The evaluation jobs (workflow/rules/evaluation.smk): one per run, seed and split, all of its checkpoints (the test
+# campaign: one job in all when serving on the CPU, CPU_SERVING). The test
 # campaign's jobs find the checkout's one campaign ledger themselves (src/predict/campaign.py: registry_ledger): it
 # is no param, so where it lives (PREDICT_TEST_CAMPAIGNS in the tests) never replans a job.
 

@@ -4,6 +4,7 @@ from types import SimpleNamespace
 # server, every checkpoint of the run (weights reloaded in place between them), one parquet per checkpoint:
 #   val:  evaluate_<run>       -> results/eval/<run>/<checkpoint>/val/seed<seed>.parquet, EVAL_CHECKPOINTS
 #   test: evaluate_test_<run>  -> results/eval/<run>/<checkpoint>/test/seed<seed>.parquet, the test campaign
+#         (evaluate_test_campaign: ONE job for the whole campaign when serving on the CPU)
 # The test campaign (`snakemake test`) runs after selection on val; the stage asks the checkout's campaign ledger
 # first (.test-campaigns/ledger.jsonl: one campaign per test split, base model and frozen design). Which runs and
 # checkpoints: EVAL_RUNS, RUN_CHECKPOINTS, CAMPAIGN_CHECKPOINTS, TEST_REFERENCE and TEST_EVALS in common.smk.
@@ -61,7 +62,39 @@ TEST_CAMPAIGN_SHELL = (
     " > {log:q} 2>&1"
 )
 
-if SELECTION_MODE == "fixed":
+if SELECTION_MODE == "fixed" and CPU_SERVING:
+    # The selected step is known now, and the CPU serves every job (the embedded default: one machine, one server at a
+    # time, one request at a time in evaluation): jobs of their own would run one after another all the same, each
+    # paying a process start-up, verifiers' import and a server start or lease (docs/wall-time.md). So the whole
+    # campaign is one job: every run, seed and reference admitted together, evaluated through one server (weights
+    # reloaded in place), one parquet per checkpoint as before. On GPUs each run/seed is a job of its own (below).
+
+    rule evaluate_test_campaign:
+        input:
+            **TEST_CAMPAIGN_INPUTS,
+            models=[m for run, c, seed in PLANNED_CAMPAIGN() for m in [checkpoint_model(run, c, seed)] if m.startswith(str(RESULTS))],
+        output:
+            [update(R("eval", run, c, "test", f"seed{seed}.parquet")) for run, c, seed in PLANNED_CAMPAIGN()],
+        params:
+            evaluations=lambda w, output: " ".join(
+                f"--run {run} --seed {seed} --checkpoint {c} --model {shlex.quote(checkpoint_model(run, c, seed))}"
+                f" --out {shlex.quote(out)}"
+                for (run, c, seed), out in zip(PLANNED_CAMPAIGN(), output, strict=True)
+            ),
+            **SLICE("evaluate-test"),
+        resources:
+            **SERVING_RESOURCES,
+        log:
+            LOG("evaluate_test", "campaign"),
+        benchmark:
+            BENCH("evaluate_test", "campaign")
+        conda:
+            "../../envs/pipeline.yaml"
+        shell:
+            "predict evaluate --config-slice {params.config:q} --tasks-file {input.tasks:q} --split test {params.evaluations}"
+            " --selection {input.selection:q} --val-metrics {input.val_metrics:q} > {log:q} 2>&1"
+
+elif SELECTION_MODE == "fixed":
     # The selected step is known now: a run/seed's test checkpoints are one job, one server; an arm's reference is
     # one job of its own, under the first seed (it serves every seed's RL-vs-SFT comparison).
     for _run in [r for r in EVAL_RUNS() if TEST_REFERENCE(r)]:

@@ -1,7 +1,9 @@
 """Grade the final solution.py of a rollout: ``python -m predict.env.check`` in the rollout's workdir.
 
-The task's reward runs this through ``runtime.run`` rather than calling the sandbox in the verifiers host
-process, because the sandbox forks its child from the calling process and the host is a threaded asyncio server.
+With the program run as a process (``in_process`` off), the task's reward runs this through ``runtime.run`` rather
+than `predict.sandbox.check_once` in the verifiers host, because that forks its child from the calling process and
+the host is a threaded asyncio server; in process it grades through the shared fork-server pool instead
+(`predict.env.taskset`), whose children fork from their own servers.
 Prints one JSON object: the sandbox `Verdict` (outcome, detail, failed_test, duration_s, stdout, stderr).
 """
 
@@ -12,6 +14,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from predict.env.program import sandbox_runner
 from predict.env.protocol import SOLUTION_FILE, TASK_FILE
@@ -29,11 +32,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     task = json.loads(Path(TASK_FILE).read_text())
     run_tests = sandbox_runner(task, args.timeout_s, args.memory_mb, args.outcome_labels)
     path = Path(SOLUTION_FILE)
-    verdict = run_tests(path.read_text() if path.exists() else "").to_dict()
-    for stream in ("stdout", "stderr"):
-        verdict[stream] = verdict[stream][-OUTPUT_CHARS:]
-    print(json.dumps(verdict))
+    print(json.dumps(verdict_json(run_tests(path.read_text() if path.exists() else ""))))
     return 0
+
+
+def verdict_json(verdict: Any) -> dict[str, Any]:
+    """The grade as the task records it (``trace.info["final_verdict"]``): the verdict, its output's tails."""
+    out = verdict.to_dict()
+    for stream in ("stdout", "stderr"):
+        out[stream] = out[stream][-OUTPUT_CHARS:]
+    return out
 
 
 if __name__ == "__main__":

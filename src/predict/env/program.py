@@ -28,12 +28,13 @@ import http.client
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -167,27 +168,37 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    started = time.time()
-    # Take the rollout's secret out of the environment so sandboxed test children never inherit it.
-    base_url = os.environ.pop("OPENAI_BASE_URL", "")
-    api_key = os.environ.pop("OPENAI_API_KEY", "")
-    config = ProtocolConfig(**json.loads(args.protocol_config))
-    solution_path = Path(SOLUTION_FILE)
-    task = json.loads(Path(TASK_FILE).read_text())
-    episode = Episode(
-        config,
-        sandbox_runner(task, args.timeout_s, args.memory_mb, args.outcome_labels),
-        solution_path.read_text() if solution_path.exists() else STUB,
-    )
-    system = config.system_prompt() + (f"\n\n{args.system_prompt}" if args.system_prompt else "")
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": args.prompt}]
-    chat = ChatClient(base_url, api_key, args.model, not args.no_stream, args.request_timeout_s, args.seed_key)
+def run_episode(
+    config: ProtocolConfig,
+    run_tests: Any,
+    chat: ChatClient,
+    *,
+    prompt: str,
+    system_prompt: str = "",
+    solution: str = STUB,
+    task_id: Any = None,
+    save_solution: Callable[[str], Any] | None = None,
+    stop: threading.Event | None = None,
+    started: float | None = None,
+) -> tuple[int, Episode, dict[str, Any]]:
+    """One rollout's loop of model call -> parse -> act, to its end: (exit status, the episode, the result JSON).
+
+    The one loop of both ways to run the program: `main` (a new interpreter in the rollout's workdir) and
+    `predict.env.harness`'s in-process episodes (a thread of the verifiers host). `save_solution` gets the solution
+    after every step (`main` keeps solution.py on disk in step with the episode); `stop` (set when the rollout is
+    cancelled) ends the episode before its next model call. The exit status is `main`'s (module doc)."""
+    started = time.time() if started is None else started
+    episode = Episode(config, run_tests, solution)
+    system = config.system_prompt() + (f"\n\n{system_prompt}" if system_prompt else "")
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
     exit_code = 0
     model_s = env_s = 0.0  # where a rollout's time goes: waiting for the model vs. the environment (sandbox)
     try:
         while not episode.done:
+            if stop is not None and stop.is_set():
+                episode.finish("error", error="the rollout was cancelled")
+                exit_code = 1
+                break
             t0 = time.perf_counter()
             try:
                 reply = chat(messages)
@@ -203,30 +214,52 @@ def main(argv: Sequence[str] | None = None) -> int:
                 model_s += time.perf_counter() - t0
             t0 = time.perf_counter()
             answer = episode.step(reply)
-            solution_path.write_text(episode.solution)  # the file on disk always matches the episode
+            if save_solution is not None:
+                save_solution(episode.solution)
             env_s += time.perf_counter() - t0
             if answer is None:
                 break
             messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": answer}]
-    except Exception:  # noqa: BLE001 - a crash still leaves a result file behind for the record
+    except Exception:  # noqa: BLE001 - a crash still leaves a result behind for the record
         episode.finish("error", error=traceback.format_exc()[-4000:])
         exit_code = 1
-    finally:
-        solution_path.write_text(episode.solution)
-        write_json_atomic(
-            Path(RESULT_FILE),
-            {
-                "config": config.to_dict(),
-                "task_id": task.get("task_id"),
-                "system_prompt": system,
-                "steps": [s.to_dict() for s in episode.steps],
-                "summary": episode.summary(),
-                "wall_s": time.time() - started,
-                "timing": {"model_s": model_s, "env_s": env_s, "program_s": time.time() - started},
-                "request_seed_key": args.seed_key,
-                "request_seeds": chat.seeds if args.seed_key is not None else None,
-            },
-        )
+    result = {
+        "config": config.to_dict(),
+        "task_id": task_id,
+        "system_prompt": system,
+        "steps": [s.to_dict() for s in episode.steps],
+        "summary": episode.summary(),
+        "wall_s": time.time() - started,
+        "timing": {"model_s": model_s, "env_s": env_s, "program_s": time.time() - started},
+        "request_seed_key": chat.seed_key,
+        "request_seeds": chat.seeds if chat.seed_key is not None else None,
+    }
+    return exit_code, episode, result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.time()
+    # Take the rollout's secret out of the environment so sandboxed test children never inherit it.
+    base_url = os.environ.pop("OPENAI_BASE_URL", "")
+    api_key = os.environ.pop("OPENAI_API_KEY", "")
+    config = ProtocolConfig(**json.loads(args.protocol_config))
+    solution_path = Path(SOLUTION_FILE)
+    task = json.loads(Path(TASK_FILE).read_text())
+    chat = ChatClient(base_url, api_key, args.model, not args.no_stream, args.request_timeout_s, args.seed_key)
+    exit_code, episode, result = run_episode(
+        config,
+        sandbox_runner(task, args.timeout_s, args.memory_mb, args.outcome_labels),
+        chat,
+        prompt=args.prompt,
+        system_prompt=args.system_prompt,
+        solution=solution_path.read_text() if solution_path.exists() else STUB,
+        task_id=task.get("task_id"),
+        save_solution=solution_path.write_text,  # the file on disk always matches the episode
+        started=started,
+    )
+    solution_path.write_text(episode.solution)
+    write_json_atomic(Path(RESULT_FILE), result)
     if exit_code:
         print(episode.error, file=sys.stderr)
     print(json.dumps({"stop_reason": episode.stop_reason, "calls_used": episode.calls_used}))

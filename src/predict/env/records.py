@@ -237,7 +237,8 @@ def build_record(
         "n_output_tokens": n_output_tokens,
         "wall_s": wall_s,
         # inside the program: waiting for the model, and the environment's own work (mostly sandbox runs);
-        # wall_s - program_s is verifiers' set-up, the program's start-up, grading and clean-up
+        # wall_s - program_s is verifiers' set-up, grading and clean-up (and the program's start-up when it runs as
+        # a process: predict.env.harness)
         "model_s": timing.get("model_s"),
         "env_s": timing.get("env_s"),
         "program_s": timing.get("program_s"),

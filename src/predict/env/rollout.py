@@ -79,7 +79,10 @@ class RolloutSettings:
     retries: int = 0
     """verifiers' whole-rollout retries for failed rollouts (e.g. endpoint unreachable)."""
     python: str | None = None
-    """Interpreter for the program and grading (None: this process's)."""
+    """Interpreter for the program and grading when they run as processes (None: this process's)."""
+    in_process: bool = True
+    """Each episode in a thread of this process, its checks and grading through the process's shared sandbox pool
+    (`predict.env.harness`'s doc); False: a new interpreter for the program and one for grading, per rollout."""
     request_seeds: bool = True
     """Seed every model call from the rollout's key (`predict.env.seeds`), so sampled runs repeat on one machine;
     a ``seed`` in `extra_sampling` overrides it (verifiers' sampling config is authoritative)."""
@@ -156,6 +159,7 @@ def build_agent_config(settings: RolloutSettings) -> Any:
         outcome_labels=settings.outcome_labels,
         stream=settings.stream,
         seed_run=(settings.arm, settings.seed, settings.checkpoint) if settings.request_seeds else None,
+        in_process=settings.in_process,
     )
     client: Any
     if settings.client == "train":
@@ -263,6 +267,7 @@ async def run_rollouts(
         timeout_s=settings.timeout_s,
         memory_mb=settings.memory_mb,
         outcome_labels=settings.outcome_labels,
+        in_process=settings.in_process,
     )
     meta = settings.meta()
     vf_tasks = [task_from_row(r, task_config, settings.split).with_data(idx=i) for i, r in enumerate(tasks)]

@@ -9,8 +9,10 @@ text plus its asserts); the gold ``code`` never enters the runtime.
 * finalize copies the program's result JSON into ``trace.info["agent_result"]`` and the final solution into
   ``trace.info["solution"]``;
 * the reward is 1.0 iff the final solution.py passes all the task's tests (setup code + test_list) in the
-  sandbox, else 0.0; the verdict goes to ``trace.info["final_verdict"]``. The check runs as
-  ``python -m predict.env.check`` in the runtime (see that module for why not in-process).
+  sandbox, else 0.0; the verdict goes to ``trace.info["final_verdict"]``. In process (``in_process``, the default,
+  like the harness's) the check runs through the process's shared fork-server pool
+  (`predict.sandbox.shared_verifier`); otherwise as ``python -m predict.env.check`` in the runtime (that module says
+  why not `check_once` in the host).
 
 The repeats of one row (``sample``) are one task to vf-eval's resume: `MbppTask.hash` leaves ``sample`` out
 (`predict.env.environment.MbppEnv` gives each rollout of ``-r n`` its own sample).
@@ -18,6 +20,7 @@ The repeats of one row (``sample``) are one task to vf-eval's resume: `MbppTask.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import sys
@@ -49,6 +52,9 @@ class MbppTaskConfig(vf.TaskConfig):
     timeout_s: float = 3.0
     memory_mb: int = 1024
     outcome_labels: str = "structured"
+    in_process: bool = True
+    """Grade through the shared sandbox pool in this process; False: ``python -m predict.env.check`` in the
+    runtime (a new interpreter per rollout)."""
 
 
 class MbppTask(vf.Task[MbppTaskData, vf.State, MbppTaskConfig]):
@@ -82,6 +88,10 @@ class MbppTask(vf.Task[MbppTaskData, vf.State, MbppTaskConfig]):
     @vf.reward
     async def tests_pass(self, trace: vf.Trace, runtime: vf.Runtime) -> float:
         c = self.config
+        if c.in_process:
+            verdict = await asyncio.to_thread(self._grade, (await runtime.read(SOLUTION_FILE)).decode())
+            trace.info["final_verdict"] = verdict
+            return 1.0 if verdict["outcome"] == Outcome.PASS.value else 0.0
         argv = [
             c.python,
             "-m",
@@ -96,6 +106,15 @@ class MbppTask(vf.Task[MbppTaskData, vf.State, MbppTaskConfig]):
         verdict = json.loads(result.stdout.strip().splitlines()[-1])
         trace.info["final_verdict"] = verdict
         return 1.0 if verdict["outcome"] == Outcome.PASS.value else 0.0
+
+    def _grade(self, solution: str) -> dict[str, Any]:
+        """The final solution through the shared sandbox pool, recorded as ``python -m predict.env.check`` prints it."""
+        from predict.env.check import verdict_json
+        from predict.sandbox import shared_verifier
+
+        c = self.config
+        pool = shared_verifier(timeout_s=c.timeout_s, memory_mb=c.memory_mb, outcome_labels=c.outcome_labels)
+        return verdict_json(pool.check(solution, self.data.test_list, self.data.test_setup_code))
 
 
 def task_from_row(row: Mapping[str, Any], config: MbppTaskConfig | None = None, split: str | None = None) -> MbppTask:

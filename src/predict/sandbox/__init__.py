@@ -20,8 +20,8 @@ from predict.sandbox.policy import (
     isolation_metadata,
     required_layers,
 )
-from predict.sandbox.verifier import Verifier
+from predict.sandbox.verifier import Verifier, close_shared_verifiers, shared_verifier
 
 __all__ = ["ISOLATION_METADATA_KEY", "LAYERS", "ROOT_LAYERS", "UNPRIVILEGED_LAYERS", "IsolationError", "Verdict",
            "Verifier", "check_isolation", "check_once", "isolation_metadata", "isolation_report", "isolation_status",
-           "label_original", "required_layers"]
+           "close_shared_verifiers", "label_original", "required_layers", "shared_verifier"]

@@ -342,3 +342,43 @@ class Verifier:
         self.close()
 
 
+
+
+# The process's shared pools (`shared_verifier`): created on first use, closed at exit. A builtin lock, since the fork
+# servers import this module and must not load threading (test_fork_server_stays_lean).
+_SHARED: dict[tuple[float, int, str], Verifier] = {}
+_SHARED_LOCK = __import__("_thread").allocate_lock()
+_SHARED_AT_EXIT: list[bool] = []  # [True] once close_shared_verifiers is registered with atexit
+
+
+def shared_verifier(*, timeout_s: float, memory_mb: int, outcome_labels: Literal["structured", "original"],
+                    workers: int | None = None) -> Verifier:
+    """The process's one `Verifier` for these settings, started on first use and reused by every later caller.
+
+    For work that checks a few solutions at a time for a long while: the in-process agent episodes and their grading
+    (`predict.env.harness`, `predict.env.taskset`) of every rollout batch a stage runs, so a pool's start-up (its
+    fork servers' pre-imports) is paid once per process, not per batch or per episode. ``workers``: one fork server
+    per usable CPU unless given (the first call's count holds for the pool). Thread-safe; the pools are closed when
+    the process exits (and a closed one is replaced)."""
+    key = (float(timeout_s), int(memory_mb), str(outcome_labels))
+    with _SHARED_LOCK:
+        pool = _SHARED.get(key)
+        if pool is None or pool._closed:
+            if not _SHARED_AT_EXIT:
+                import atexit  # noqa: PLC0415 - client side only
+
+                atexit.register(close_shared_verifiers)
+                _SHARED_AT_EXIT.append(True)
+            usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            pool = _SHARED[key] = Verifier(timeout_s=timeout_s, memory_mb=memory_mb, outcome_labels=outcome_labels,
+                                           workers=workers or max(1, usable))  # fmt: skip
+        return pool
+
+
+def close_shared_verifiers() -> None:
+    """Close every shared pool (at exit; a later `shared_verifier` starts a new one)."""
+    with _SHARED_LOCK:
+        pools = list(_SHARED.values())
+        _SHARED.clear()
+    for pool in pools:
+        pool.close()

@@ -27,9 +27,11 @@ Rules it follows:
   reward in 8 steps at any lr: docs/learning-signal.md.)
 * **A sanity run, not the study's design.** RL trains on the very tasks SFT saw (the study's rl split is disjoint
   from sft); every table and the figure say so.
-* **Arm A:** GRPO for ``rl_steps`` steps, once per seed, and once with lr 0 (the control). The signal is the mean
-  reward of the last ``k`` steps minus that of the first ``k``; it must reach ``reward_margin`` for every seed and
-  must not for the control.
+* **Arm A:** GRPO for ``rl_steps`` steps, once per seed, and once with lr 0 (the control). A run's rise is the mean
+  reward of its last ``k`` steps minus that of its first ``k``. The run repeats (seeded sampling; the same seeds gave
+  the same curves on every machine and run measured), so its verdicts are decided by what it shows, once: the mean
+  rise over the seeds must reach ``reward_margin``, every seed's rise must exceed the control's, and the control's
+  must stay below ``reward_margin`` (docs/learning-signal.md: why a mean, and why not a margin per seed).
 * **Arm B:** ``label_steps`` of the same RL from the Arm B start point with alpha 1 (run ``B``) and alpha 0
   (ablation ``alpha0``); its
   faulty patches' verified classes are the non-PASS labels (SFT never shows a prediction after one). The label
@@ -340,23 +342,38 @@ def end_rise(values: Sequence[float | None], k: int) -> tuple[float, float, floa
 
 
 def verdicts(curves: Sequence[Mapping[str, Any]], settings: SignalSettings) -> list[dict[str, Any]]:
-    """One row per check: the reward rise of each Arm A run (the lr-0 control must stay below the margin) and the
-    label log-prob rise of alpha 1 over alpha 0."""
+    """One row per check (the module doc's rule, docs/learning-signal.md says why): the mean over the seeds of Arm
+    A's reward rise must reach the margin; every seed's rise must exceed the lr-0 control's; the control's must stay
+    below the margin; alpha 1 must raise the label log-prob by the label margin more than alpha 0."""
     by_run: dict[str, list[Mapping[str, Any]]] = {}
     for row in curves:
         by_run.setdefault(row["name"], []).append(row)
     by_run = {name: sorted(rows, key=lambda r: r["step"]) for name, rows in by_run.items()}
+    ends = {name: end_rise([r["reward_mean"] for r in rows if r["step"] >= 1], settings.k)
+            for name, rows in by_run.items() if rows[0]["arm"] == "A"}  # fmt: skip
+    controls = [name for name in ends if by_run[name][0]["lr"] == 0]
+    seeds = [name for name in ends if name not in controls]
     out: list[dict[str, Any]] = []
-    for name, rows in by_run.items():
-        if rows[0]["arm"] != "A":
-            continue
-        first, last, rise = end_rise([r["reward_mean"] for r in rows if r["step"] >= 1], settings.k)
-        control = rows[0]["lr"] == 0
+    if seeds:
+        first, last, rise = (sum(ends[n][i] for n in seeds) / len(seeds) for i in range(3))
         out.append({
-            "check": f"reward rise, {name}",
-            "first": first, "last": last, "rise": rise, "margin": settings.reward_margin,
-            "expected": "below margin" if control else "at least margin",
-            "holds": (rise < settings.reward_margin) if control else (rise >= settings.reward_margin),
+            "check": "reward rise, mean over the seeds", "first": first, "last": last, "rise": rise,
+            "margin": settings.reward_margin, "expected": "at least margin", "holds": rise >= settings.reward_margin,
+        })  # fmt: skip
+    control_rise = max((ends[n][2] for n in controls), default=None)
+    for name in seeds:
+        first, last, rise = ends[name]
+        if control_rise is None:
+            continue
+        out.append({
+            "check": f"reward rise, {name}", "first": first, "last": last, "rise": rise, "margin": control_rise,
+            "expected": "above the control", "holds": rise > control_rise,
+        })  # fmt: skip
+    for name in controls:
+        first, last, rise = ends[name]
+        out.append({
+            "check": f"reward rise, {name}", "first": first, "last": last, "rise": rise,
+            "margin": settings.reward_margin, "expected": "below margin", "holds": rise < settings.reward_margin,
         })  # fmt: skip
     lp = {name: [r["label_logprob"] for r in rows] for name, rows in by_run.items() if rows[0]["arm"] == "B"}
     if {"B-alpha1", "B-alpha0"} <= set(lp):
@@ -384,8 +401,9 @@ VERDICT_SCHEMA = pa.schema([
     ("check", pa.string()), ("first", pa.float64()), ("last", pa.float64()), ("rise", pa.float64()),
     ("margin", pa.float64()), ("expected", pa.string()), ("holds", pa.bool_()),
 ])  # fmt: skip
-"""``verdicts.parquet``: a row per check; ``rise`` = last - first (for the label check: alpha 1's rise minus
-alpha 0's), ``holds``: the check's expectation against ``margin`` is met."""
+"""``verdicts.parquet``: a row per check; ``rise`` = last - first (the mean over the seeds for the mean's check; for
+the label check: alpha 1's rise minus alpha 0's), ``margin`` what it is held against (a seed's check: the control's
+rise), ``holds``: the check's expectation against ``margin`` is met."""
 
 
 def plot(curves: Sequence[Mapping[str, Any]], path: Path) -> Path:
