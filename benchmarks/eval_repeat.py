@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PER_RUN = ("wall_s", "model_s", "env_s", "program_s", "created_at", "trace_id")  # times and a random id
 
 
 def main() -> int:
@@ -37,6 +36,7 @@ def main() -> int:
 
     from predict.config import load_config
     from predict.data import load_mbpp, split_tasks
+    from predict.env.records import PER_RUN_COLUMNS as PER_RUN  # times and a random id
     from predict.env.rollout import RolloutSettings, run_rollouts_sync
     from predict.serving.identity import serving_identity
     from predict.serving.server import SERVED_NAME, VLLMServer, default_cache_dir
