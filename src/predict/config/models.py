@@ -251,6 +251,10 @@ class PowerSettings(Section):
     target: Annotated[float, Field(gt=0, lt=1, description="power called powered")] = 0.8
 
 
+class BundleSettings(Section):
+    weights: Annotated[bool, Field(description="copy the evaluated checkpoints into the bundle (large)")] = False
+
+
 class RLSettings(Section):
     steps: Annotated[int, Field(ge=1, description="optimizer steps per run")]
     group_size: Annotated[int, Field(ge=2, description="rollouts per task per step")]
@@ -297,4 +301,5 @@ class StudyConfig(Section):
     extensions: Annotated[dict[str, ExtensionSettings], Field(description="extension runs")] = {}
     rft: Annotated[RFTSettings | None, Field(description="the RFT trainer", json_schema_extra=NO_DEFAULT)] = None
     power: Annotated[PowerSettings, Field(default_factory=PowerSettings, description="the power table")]
+    bundle: Annotated[BundleSettings, Field(default_factory=BundleSettings, description="the bundle a reviewer checks")]
     rl: Annotated[RLSettings | None, Field(description="RL of every run", json_schema_extra=NO_DEFAULT)] = None
