@@ -1,0 +1,63 @@
+# The study bundle (src/predict/bundle/; docs/verify.md): `snakemake --profile slurm bundle`, after `all`, writes
+# results/bundle/ and results/bundle.tar.gz: the report, every evaluation and statistics table it reads, the training
+# metrics, this test split's campaign ledger lines and a manifest; `predict verify-bundle results/bundle` checks it
+# anywhere, without the cluster.
+# Beside `all`, not in it: Snakemake's own report archive (`snakemake --report results/report.zip`) can only be made
+# once the run it reports has ended, and the bundle takes it in when it is there (a report.zip made later replans the
+# bundle); and on the cluster the bundle hashes every evaluated checkpoint (with bundle.weights, copies them): work
+# for the run a paper reports, not for every iteration of the design.
+
+
+localrules:
+    bundle,
+
+
+SNAKEMAKE_REPORT = R("report.zip")
+
+
+def TRAINING_METRICS():
+    """The training metrics tables: every RL run's (RL_METRICS) and every SFT's, where they exist or are built here."""
+    sft = [R("sft", run, "metrics.parquet") for run in sft_runs(WORKFLOW_CONFIG)]
+    return RL_METRICS() + [p for p in sft if checkpoint_available(p)]
+
+
+def BUNDLED(wildcards):
+    """Every results file the bundle holds: the report, the val and test evaluations, every statistics table and
+    the training metrics."""
+    return [
+        *rules.report.output,
+        *EVALS(),
+        *TEST_EVALS(wildcards),
+        *rules.stats.output,
+        *rules.power.output,
+        *rules.training_outcomes.output,
+        *expand(R("ablations", "{ablation}.parquet"), ablation=list(ABLATIONS)),
+        *expand(R("extensions", "{extension}.parquet"), extension=list(EXTENSIONS)),
+        *rules.open_question.output,
+        *rules.test_stats.output,
+        *TRAINING_METRICS(),
+    ]
+
+
+rule bundle:
+    input:
+        files=BUNDLED,
+        data=R("data", "manifest.json"),
+        example=REPORT_EXAMPLE,
+        snakemake_report=[SNAKEMAKE_REPORT] if Path(SNAKEMAKE_REPORT).exists() else [],
+    output:
+        folder=directory(R("bundle")),
+        archive=R("bundle.tar.gz"),
+    params:
+        **SLICE("bundle"),
+        snakemake_report=lambda w, input: " ".join(f"--snakemake-report {shlex.quote(p)}" for p in input.snakemake_report),
+    log:
+        LOG("bundle"),
+    benchmark:
+        BENCH("bundle")
+    conda:
+        "../../envs/pipeline.yaml"
+    shell:
+        "predict bundle --config-slice {params.config:q} --files {input.files:q} --data-manifest {input.data:q}"
+        " --report-example {input.example:q} {params.snakemake_report} --out-dir {output.folder:q}"
+        " --archive {output.archive:q} > {log:q} 2>&1"
