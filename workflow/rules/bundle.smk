@@ -15,30 +15,6 @@ localrules:
 SNAKEMAKE_REPORT = R("report.zip")
 
 
-def TRAINING_METRICS():
-    """The training metrics tables: every RL run's (RL_METRICS) and every SFT's, where they exist or are built here."""
-    sft = [R("sft", run, "metrics.parquet") for run in sft_runs(WORKFLOW_CONFIG)]
-    return RL_METRICS() + [p for p in sft if checkpoint_available(p)]
-
-
-def BUNDLED(wildcards):
-    """Every results file the bundle holds: the report, the val and test evaluations, every statistics table and
-    the training metrics."""
-    return [
-        *rules.report.output,
-        *EVALS(),
-        *TEST_EVALS(wildcards),
-        *rules.stats.output,
-        *rules.power.output,
-        *rules.training_outcomes.output,
-        *expand(R("ablations", "{ablation}.parquet"), ablation=list(ABLATIONS)),
-        *expand(R("extensions", "{extension}.parquet"), extension=list(EXTENSIONS)),
-        *rules.open_question.output,
-        *rules.test_stats.output,
-        *TRAINING_METRICS(),
-    ]
-
-
 rule bundle:
     input:
         files=BUNDLED,

@@ -283,6 +283,30 @@ def RL_METRICS():
     return [p for p in paths if checkpoint_available(p)]
 
 
+def TRAINING_METRICS():
+    """The training metrics tables: every RL run's (RL_METRICS) and every SFT's, where they exist or are built here."""
+    sft = [R("sft", run, "metrics.parquet") for run in sft_runs(WORKFLOW_CONFIG)]
+    return RL_METRICS() + [p for p in sft if checkpoint_available(p)]
+
+
+def BUNDLED(wildcards):
+    """Every results file the bundle holds (workflow/rules/bundle.smk): the report, the val and test evaluations,
+    every statistics table and the training metrics."""
+    return [
+        *rules.report.output,
+        *EVALS(),
+        *TEST_EVALS(wildcards),
+        *rules.stats.output,
+        *rules.power.output,
+        *rules.training_outcomes.output,
+        *expand(R("ablations", "{ablation}.parquet"), ablation=list(ABLATIONS)),
+        *expand(R("extensions", "{extension}.parquet"), extension=list(EXTENSIONS)),
+        *rules.open_question.output,
+        *rules.test_stats.output,
+        *TRAINING_METRICS(),
+    ]
+
+
 def ROLLOUTS(split, checkpoint="base"):
     return expand(
         R("rollouts", "{arm}", checkpoint, split, "seed{seed}.parquet"), arm=sorted(WORKFLOW_CONFIG["arms"]), seed=WORKFLOW_CONFIG["seeds"]
