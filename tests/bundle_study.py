@@ -1,8 +1,8 @@
 """A small synthetic study in a results folder laid out as the workflow lays it out, and its bundle, for the bundle's
 tests (tests/test_bundle.py): no rollout, no training, no server.
 
-The config is the embedded default's with fewer runs (arms A and B, the forced_keep ablation, the edit_on_revise
-extension) and 8 evaluation tasks. The split is `predict split`'s; every evaluation is rows of `tests.synthetic`
+The config is the embedded default's with fewer runs (arms A and B, the forced_keep and alpha0 ablations, the
+mask_decision and edit_on_revise extensions, neither in sorted order) and 8 evaluation tasks. The split is `predict split`'s; every evaluation is rows of `tests.synthetic`
 (played through the real protocol) for the tasks its split and the evaluation settings plan; each checkpoint is a
 small folder of its own; the test campaign is admitted and recorded by the real ledger (`predict.campaign`); every
 table and the report come from the project's stages (predict.bundle.rederive, which runs them as the rules do);
@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = "eval/B/step2/test/seed42.parquet"
 # pass@1 of each run's checkpoints, so that the tables hold numbers other than 0 (val and test alike)
 PASS_RATE = {("A", "sft"): 0.4, ("A", "step2"): 0.6, ("B", "sft"): 0.3, ("B", "step2"): 0.7,
-             ("forced_keep", "step2"): 0.5, ("edit_on_revise", "step2"): 0.6}
+             ("forced_keep", "step2"): 0.5, ("alpha0", "step2"): 0.4, ("mask_decision", "step2"): 0.5,
+             ("edit_on_revise", "step2"): 0.6}
 
 
 def study_config(root: Path) -> dict[str, Any]:
@@ -33,8 +34,11 @@ def study_config(root: Path) -> dict[str, Any]:
 
     config = yaml.safe_load((REPO / "config" / "local.yaml").read_text())
     config |= {"run_name": "synthetic", "results_dir": str(root / "results"),
-               "ablations": {"forced_keep": {"base_arm": "B", "variant": "forced_keep"}},
-               "extensions": {"edit_on_revise": {"base_arm": "B", "variant": "edit_on_revise"}}}
+               # not in sorted order: the report keeps the config's, which the stages' slices do not
+               "ablations": {"forced_keep": {"base_arm": "B", "variant": "forced_keep"},
+                             "alpha0": {"base_arm": "B", "alpha": 0.0}},
+               "extensions": {"mask_decision": {"base_arm": "B", "mask_decision": True},
+                              "edit_on_revise": {"base_arm": "B", "variant": "edit_on_revise"}}}
     config["data"]["mbpp_path"] = str(REPO / config["data"]["mbpp_path"])
     config["evaluation"] |= {"tasks": 8, "bootstrap": {"resamples": 1000, "seed": 0, "ci": 0.95}}
     validate_config(config)
@@ -97,9 +101,30 @@ def checkpoint_folder(config: Mapping[str, Any], run: str, checkpoint: str, seed
     return str(folder)
 
 
+def bundled_files(config: Mapping[str, Any]) -> list[str]:
+    """The results files the bundle rule hands `predict bundle`, in its order (common.smk BUNDLED): the report, the
+    evaluations, the statistics tables, the ablations and extensions in config order, the test statistics."""
+    from predict.stats import STATS_TABLES, TEST_STATS_TABLES
+    from predict.stats.open_question import OPEN_QUESTION
+
+    results = Path(config["results_dir"])
+    return ["report/index.html", *sorted(p.relative_to(results).as_posix() for p in results.glob("eval/*/*/*/*.parquet")),
+            *(f"stats/{t}.parquet" for t in (*STATS_TABLES, "power", "training_outcomes")),
+            *(f"ablations/{a}.parquet" for a in config["ablations"]),
+            *(f"extensions/{e}.parquet" for e in config["extensions"]), f"extensions/{OPEN_QUESTION}.parquet",
+            *(f"test/stats/{t}.parquet" for t in (*TEST_STATS_TABLES, OPEN_QUESTION))]
+
+
 def synthetic_study(root: Path, ledger: Path) -> dict[str, Any]:
     """The results folder of a whole synthetic study under `root` (its test campaign in `ledger`); its config."""
-    from predict.bundle.rederive import rederive_report, rederive_test, rederive_val, run_stage
+    from predict.bundle.rederive import (
+        handed_lists,
+        rederive_report,
+        rederive_test,
+        rederive_val,
+        run_stage,
+        stage_view,
+    )
     from predict.campaign import TestLedger, campaign_from_stats, read_selection
     from predict.data import load_split
     from predict.fingerprint import file_sha256
@@ -108,7 +133,7 @@ def synthetic_study(root: Path, ledger: Path) -> dict[str, Any]:
     config = study_config(root)
     results = Path(config["results_dir"])
     with registry(ledger):
-        run_stage("split", config, ["--out-dir", results / "data"])
+        run_stage("split", config, ["--out-dir", results / "data"], work=root)
     tasks = {split: load_split(results / "data" / f"{split}.parquet") for split in ("val", "test")}
     for run in study_runs(config):
         for checkpoint in val_checkpoints(config, run):
@@ -116,13 +141,15 @@ def synthetic_study(root: Path, ledger: Path) -> dict[str, Any]:
                 checkpoint_folder(config, run, checkpoint, seed)
                 write_eval(results / "eval", run, checkpoint, seed,
                            evaluation_rows(config, run, checkpoint, seed, "val", tasks["val"]))
-    rederive_val(config, results, results)
+    inputs = handed_lists(bundled_files(config))
+    rederive_val(config, results, results, inputs=inputs)
     stats = results / "stats"
-    plan = campaign_from_stats(config, stats / "metrics.parquet", stats / "selection.parquet")
+    campaign_config = stage_view(config, "evaluate-test", root)  # as the test campaign's stage sees it
+    plan = campaign_from_stats(campaign_config, stats / "metrics.parquet", stats / "selection.parquet")
     selection = read_selection(stats / "selection.parquet")
     models = {entry: checkpoint_folder(config, *entry) for entry in plan}
     admitted = TestLedger(ledger).admit(
-        config, plan, [(*entry, models[entry]) for entry in plan], tasks_path=results / "data" / "test.parquet",
+        campaign_config, plan, [(*entry, models[entry]) for entry in plan], tasks_path=results / "data" / "test.parquet",
         selection=selection, depends_on={"vllm_version": "synthetic", "device": "cpu", "device_name": "synthetic CPU",
                                          "batch_invariant": False, "concurrency": 1},
         origin={"results_dir": str(results), "run_name": config["run_name"]})
@@ -132,19 +159,18 @@ def synthetic_study(root: Path, ledger: Path) -> dict[str, Any]:
         TestLedger(ledger).record({"run": run, "checkpoint": checkpoint, "seed": seed, **admission.fields(),
                                    "sha256": file_sha256(path)}, "done")
     rederive_test(config, results, results, ledger=ledger)
-    rederive_report(config, results, results, test_tasks=results / "data" / "test.parquet", example=EXAMPLE)
+    rederive_report(config, results, results, inputs=inputs, test_tasks=results / "data" / "test.parquet",
+                    example=EXAMPLE)
     return config
 
 
 def bundle_study(root: Path, ledger: Path) -> tuple[dict[str, Any], Path]:
     """A synthetic study and its bundle (`results/bundle`, `results/bundle.tar.gz`): (config, bundle folder)."""
     from predict.bundle.build import build_bundle
-    from predict.bundle.rederive import tables
 
     config = synthetic_study(root, ledger)
     results = Path(config["results_dir"])
-    files = [results / "report" / "index.html", *sorted(results.glob("eval/*/*/*/seed*.parquet")),
-             *(results / t for t in tables(results))]
-    build_bundle(config, files=files, data_manifest=results / "data" / "manifest.json", out_dir=results / "bundle",
+    build_bundle(config, files=[results / rel for rel in bundled_files(config)],
+                 data_manifest=results / "data" / "manifest.json", out_dir=results / "bundle",
                  archive=results / "bundle.tar.gz", example=results / EXAMPLE, ledger=ledger)
     return config, results / "bundle"

@@ -122,6 +122,9 @@ def test_the_bundle_holds_what_the_report_rests_on(study: tuple[dict[str, Any], 
     assert all(c["weights"] is None and c["model"] is None for c in ckpts.values())
     assert not (bundle / "weights").exists()
     assert data["report"]["example"] == EXAMPLE
+    # the order the workflow hands the report its tables (config order), which the stages' sorted slices lose
+    assert data["inputs"]["ablations"] == ["ablations/forced_keep.parquet", "ablations/alpha0.parquet"]
+    assert data["inputs"]["extensions"] == ["extensions/mask_decision.parquet", "extensions/edit_on_revise.parquet"]
 
 
 def bundled_rows(bundle: Path, picks: Any) -> list[dict[str, Any]]:

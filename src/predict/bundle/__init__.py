@@ -17,8 +17,10 @@ times or owners):
 * ``weights/...`` (only with config ``bundle.weights``): the evaluated checkpoints, under their results path;
 * ``manifest.json`` (`MANIFEST_KEYS`): the filled config and its design hash, the code commit (dirty or not, the
   diff's hash), MBPP's hash and the split's task ids, both environments' package versions, vLLM's version and the
-  serving flags, the devices, each evaluated checkpoint's content hash, the report's example evaluation, and the
-  sha256 and size of every other file in the bundle.
+  serving flags, the devices, each evaluated checkpoint's content hash, the report's example evaluation, the order
+  in which the workflow handed the report its ablation, extension and training tables (``inputs``: config order,
+  which the stages' sorted config slices do not keep, and the page follows), and the sha256 and size of every other
+  file in the bundle.
 
 Rules:
 
@@ -44,7 +46,7 @@ ARCHIVE_ROOT = "bundle"
 """The archive's one top-level folder."""
 
 MANIFEST_KEYS = ("format", "created", "run_name", "config", "design_hash", "campaign", "code", "data",
-                 "environments", "serving", "devices", "checkpoints", "report", "files")
+                 "environments", "serving", "devices", "checkpoints", "report", "inputs", "files")
 
 
 def sha256_file(path: str | Path) -> str:

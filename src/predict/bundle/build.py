@@ -233,8 +233,10 @@ def write_archive(folder: Path, archive: Path) -> Path:
 
 def manifest(config: Mapping[str, Any], *, campaign: Mapping[str, Any] | None, data_manifest: Mapping[str, Any],
              checkpoint_entries: Sequence[Mapping[str, Any]], example: str | None, snakemake_report: bool,
-             files: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """The manifest (predict.bundle.MANIFEST_KEYS), from what `build_bundle` gathered."""
+             bundled: Sequence[str], files: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The manifest (predict.bundle.MANIFEST_KEYS), from what `build_bundle` gathered; `bundled`: the results files
+    in the order the workflow handed them."""
+    from predict.bundle.rederive import handed_lists  # noqa: PLC0415
     from predict.campaign import config_hash  # noqa: PLC0415
 
     data = config["data"]
@@ -266,6 +268,7 @@ def manifest(config: Mapping[str, Any], *, campaign: Mapping[str, Any] | None, d
         "checkpoints": list(checkpoint_entries),
         "report": {"page": REPORT, "example": example,
                    "snakemake_report": SNAKEMAKE_REPORT if snakemake_report else None},
+        "inputs": handed_lists(list(bundled)),
         "files": dict(files),
     }
 
@@ -313,7 +316,8 @@ def build_bundle(config: Mapping[str, Any], *, files: Sequence[str | Path], data
     hashed = {rel: {"sha256": sha256_file(staging / rel), "bytes": (staging / rel).stat().st_size}
               for rel in bundle_files(staging)}  # fmt: skip
     written = manifest(config, campaign=campaign, data_manifest=splits, checkpoint_entries=ckpts,
-                       example=rel_example, snakemake_report=snakemake_report is not None, files=hashed)
+                       example=rel_example, snakemake_report=snakemake_report is not None, bundled=list(copies),
+                       files=hashed)
     write_json(written, staging / MANIFEST)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(staging, out_dir)

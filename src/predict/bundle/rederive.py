@@ -36,11 +36,20 @@ TABLE_FOLDERS = ("stats", "test/stats", "ablations", "extensions")
 """Where the bundle holds statistics tables (results paths)."""
 
 
-def run_stage(name: str, config: Mapping[str, Any], argv: Sequence[str]) -> None:
-    """`predict <name> argv` in this process, as the CLI runs it (the stage's own `arguments` and `main`, its slice
-    of `config`), its console output swallowed; a stage that fails raises."""
+def stage_view(config: Mapping[str, Any], name: str, work: Path) -> Any:
+    """The stage's config as the workflow hands it: its slice written and read back (`predict.stages.slice_file`,
+    canonical JSON: sections in sorted key order, whatever order `config` has, so run order is the stage's own)."""
+    from predict.config import load_config_slice  # noqa: PLC0415
+    from predict.stages import slice_file, stage_config  # noqa: PLC0415
+
+    return stage_config(load_config_slice(slice_file(config, name, work / ".slices")), name)
+
+
+def run_stage(name: str, config: Mapping[str, Any], argv: Sequence[str], *, work: Path) -> None:
+    """`predict <name> argv` in this process, as the rule runs it: the stage's own `arguments` and `main`, its
+    config as the workflow hands it (`stage_view`), its console output swallowed; a stage that fails raises."""
     from predict.outputs import console  # noqa: PLC0415
-    from predict.stages import STAGES, stage_config  # noqa: PLC0415
+    from predict.stages import STAGES  # noqa: PLC0415
 
     module, arguments, main = STAGES[name].command_functions()
     loaded = importlib.import_module(module)
@@ -49,19 +58,13 @@ def run_stage(name: str, config: Mapping[str, Any], argv: Sequence[str]) -> None
     args = parser.parse_args([str(a) for a in argv])
     args.stage, args.config_slice = name, None
     with console.capture():
-        code = getattr(loaded, main)(args, stage_config(config, name))
+        code = getattr(loaded, main)(args, stage_view(config, name, work))
     if code:
         raise RuntimeError(f"predict {name} exited {code}")
 
 
-def training_metrics(config: Mapping[str, Any], bundle: Path) -> list[Path]:
-    """The bundle's RL metrics tables in the workflow's order (common.smk RL_METRICS: study run, then seed)."""
-    from predict.runs import study_runs  # noqa: PLC0415
-
-    order = {f"{run}/seed{seed}": i for i, (run, seed) in enumerate(
-        (r, s) for r in study_runs(config) for s in config["seeds"])}  # fmt: skip
-    return sorted(bundle.glob("rl/*/seed*/metrics.parquet"),
-                  key=lambda p: (order.get(f"{p.parent.parent.name}/{p.parent.name}", len(order)), str(p)))
+def handed(bundle: Path, files: Sequence[str]) -> list[Path]:
+    return [bundle / rel for rel in files]
 
 
 def evaluations(bundle: Path, split: str) -> list[Path]:
@@ -72,52 +75,67 @@ def evaluations(bundle: Path, split: str) -> list[Path]:
             if (m := EVAL_PATH.search(p.as_posix())) and m["split"] == split]  # fmt: skip
 
 
-def rederive_val(config: Mapping[str, Any], bundle: Path, work: Path) -> None:
+def rederive_val(config: Mapping[str, Any], bundle: Path, work: Path, *, inputs: Mapping[str, Sequence[str]]) -> None:
     """The val statistics, the ablation, extension and open-question tables, the power and the training-outcome
-    tables, from the bundle's val evaluations and training metrics, into `work` (laid out like results/)."""
+    tables, from the bundle's val evaluations and training metrics, into `work` (laid out like results/).
+    `inputs`: the manifest's record of the order the workflow handed its lists (predict.bundle: ``inputs``)."""
     from predict.runs import environments  # noqa: PLC0415
     from predict.stages import stage_config  # noqa: PLC0415
     from predict.stats.open_question import OPEN_QUESTION, family_size  # noqa: PLC0415
 
     val, stats = evaluations(bundle, "val"), work / "stats"
-    run_stage("stats", config, ["--eval", *val, "--out-dir", stats])
+    run_stage("stats", config, ["--eval", *val, "--out-dir", stats], work=work)
     for name in config.get("ablations") or {}:
-        run_stage("ablations", config, ["--ablation", name, "--eval", *val, "--out", work / "ablations" / f"{name}.parquet"])
+        run_stage("ablations", config, ["--ablation", name, "--eval", *val,
+                                        "--out", work / "ablations" / f"{name}.parquet"], work=work)
     for name in config.get("extensions") or {}:
         run_stage("extensions", config, ["--extension", name, "--eval", *val,
-                                         "--out", work / "extensions" / f"{name}.parquet"])
-    run_stage("open-question", config, ["--eval", *val, "--out", work / "extensions" / f"{OPEN_QUESTION}.parquet"])
+                                         "--out", work / "extensions" / f"{name}.parquet"], work=work)
+    run_stage("open-question", config, ["--eval", *val, "--out", work / "extensions" / f"{OPEN_QUESTION}.parquet"],
+              work=work)
     family = family_size(environments(stage_config(config, "open-question")), config["seeds"])
     run_stage("power", config, ["--pairs", stats / "pairs.parquet", "--open-question-family", family,
-                                "--out", stats / "power.parquet"])
-    run_stage("training-outcomes", config, ["--rl-metrics", *training_metrics(config, bundle),
-                                            "--out", stats / "training_outcomes.parquet"])
+                                "--out", stats / "power.parquet"], work=work)
+    run_stage("training-outcomes", config, ["--rl-metrics", *handed(bundle, inputs["rl_metrics"]),
+                                            "--out", stats / "training_outcomes.parquet"], work=work)
 
 
 def rederive_test(config: Mapping[str, Any], bundle: Path, work: Path, *, ledger: Path) -> None:
     """The test statistics, from the bundle's test evaluations against the re-derived val selection and the
     campaign's `ledger`, into `work`."""
     run_stage("stats", config, ["--eval", *evaluations(bundle, "test"), "--selection", work / "stats" / "selection.parquet",
-                                "--test-ledger", ledger, "--out-dir", work / "test" / "stats"])
+                                "--test-ledger", ledger, "--out-dir", work / "test" / "stats"], work=work)
 
 
-def rederive_report(config: Mapping[str, Any], bundle: Path, work: Path, *, test_tasks: Path,
-                    example: str | None) -> None:
-    """The report, from the re-derived tables in `work` and the bundle's training metrics, into `work`.
-    `test_tasks`: the test split re-derived from MBPP (the report's task text); `example`: the evaluation the report
-    renders a rollout from (a path under `bundle`)."""
+def rederive_report(config: Mapping[str, Any], bundle: Path, work: Path, *, inputs: Mapping[str, Sequence[str]],
+                    test_tasks: Path, example: str | None) -> None:
+    """The report, from the re-derived tables in `work` (the ablations and extensions in the order the workflow
+    handed them, `inputs`) and the bundle's training metrics, into `work`. `test_tasks`: the test split re-derived
+    from MBPP (the report's task text); `example`: the evaluation the report renders a rollout from (a path under
+    `bundle`)."""
     from predict.stats.open_question import OPEN_QUESTION  # noqa: PLC0415
 
     stats = work / "stats"
     run_stage("report", config, [
         "--stats-dir", stats, "--test-stats", work / "test" / "stats",
-        "--ablations", *[work / "ablations" / f"{a}.parquet" for a in config.get("ablations") or {}],
-        "--extensions", *[work / "extensions" / f"{e}.parquet" for e in config.get("extensions") or {}],
+        "--ablations", *handed(work, inputs["ablations"]), "--extensions", *handed(work, inputs["extensions"]),
         "--open-question", work / "extensions" / f"{OPEN_QUESTION}.parquet", "--power", stats / "power.parquet",
         *(["--example", bundle / example] if example else []), "--tasks-file", test_tasks,
-        "--rl-metrics", *training_metrics(config, bundle), "--training-outcomes", stats / "training_outcomes.parquet",
+        "--rl-metrics", *handed(bundle, inputs["rl_metrics"]), "--training-outcomes", stats / "training_outcomes.parquet",
         "--out", work / "report" / "index.html",
-    ])  # fmt: skip
+    ], work=work)  # fmt: skip
+
+
+def handed_lists(files: Sequence[str]) -> dict[str, list[str]]:
+    """The lists the workflow hands the report and the training-outcome stage, in the order it hands them (the
+    bundle stage's ``--files`` order: ablations and extensions in config order, RL metrics in study order), which the
+    stages' slices cannot tell (sorted JSON): the manifest's ``inputs``."""
+    from predict.stats.open_question import OPEN_QUESTION  # noqa: PLC0415
+
+    return {"ablations": [f for f in files if re.fullmatch(r"ablations/[^/]+\.parquet", f)],
+            "extensions": [f for f in files if re.fullmatch(r"extensions/[^/]+\.parquet", f)
+                           and f != f"extensions/{OPEN_QUESTION}.parquet"],
+            "rl_metrics": [f for f in files if re.fullmatch(r"rl/[^/]+/seed-?\d+/metrics\.parquet", f)]}
 
 
 def tables(root: Path, folders: Sequence[str] = TABLE_FOLDERS) -> list[str]:

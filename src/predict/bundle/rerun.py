@@ -71,7 +71,8 @@ def replay_test_rollouts(config: Mapping[str, Any], picks: Sequence[Pick], model
     from predict.serving.server import SERVED_NAME  # noqa: PLC0415
 
     tasks = {int(r["task_id"]): r for r in load_split(tasks_path)}
-    sandbox_isolation(config)
+    sandbox_isolation(config)  # the sandbox layers the evaluation's checks had, or a refusal naming the missing one
+    scratch.mkdir(parents=True, exist_ok=True)
     out: dict[Pick, dict[str, Any]] = {}
     groups: dict[tuple[str, str, int], list[Pick]] = {}
     for pick in picks:

@@ -116,6 +116,7 @@ class Verifier:
         return f"files: {len(listed)} files ({size / 1e6:.2f} MB), every sha256 and size as the manifest says"
 
     def check_complete(self) -> str:
+        from predict.bundle.rederive import handed_lists  # noqa: PLC0415
         from predict.stats import STATS_TABLES, TEST_STATS_TABLES  # noqa: PLC0415
 
         files = self.manifest["files"]
@@ -128,6 +129,10 @@ class Verifier:
         for split in ("val", "test"):
             if not any(rel.startswith("eval/") and f"/{split}/seed" in rel for rel in files):
                 raise CheckFailed(f"eval/: the bundle holds no {split} evaluation")
+        recorded, held = self.manifest["inputs"], handed_lists(sorted(files))
+        for kind, listed in held.items():
+            if sorted(recorded.get(kind) or []) != listed:
+                raise CheckFailed(f"{MANIFEST}: inputs.{kind} does not list the bundle's {kind} tables, each once")
         return "complete: the report, the ledger, every statistics table and val and test evaluations"
 
     # -- functional -----------------------------------------------------------------------------------------------
@@ -228,13 +233,14 @@ class Verifier:
         from predict.bundle.rederive import rederive_val  # noqa: PLC0415
 
         try:
-            rederive_val(self.config, self.root, self.work)
+            rederive_val(self.config, self.root, self.work, inputs=self.manifest["inputs"])
         except Exception as e:  # a stage refusing the bundle's rows: its message names the file or row
             raise CheckFailed(f"the val statistics could not be re-derived: {e}") from None
 
     def check_ledger(self) -> str:
         import pyarrow.parquet as pq  # noqa: PLC0415
 
+        from predict.bundle.rederive import stage_view  # noqa: PLC0415
         from predict.campaign import (  # noqa: PLC0415
             SplitGuardError,
             base_model_identity,
@@ -274,8 +280,8 @@ class Verifier:
             raise CheckFailed(f"{where}: its test task ids are not those MBPP split with the config's seed gives")
         # the bundle's val statistics (re-derived from the rows and compared after this check)
         plan = [tuple(p) for p in campaign["plan"]]
-        derived = campaign_from_stats(self.config, self.root / "stats" / "metrics.parquet",
-                                      self.root / "stats" / "selection.parquet")
+        derived = campaign_from_stats(stage_view(self.config, "evaluate-test", self.work),
+                                      self.root / "stats" / "metrics.parquet", self.root / "stats" / "selection.parquet")
         if plan != derived:
             first = next((a, b) for a, b in zip([*plan, None], [*derived, None], strict=False) if a != b)
             raise CheckFailed(f"{where}: its plan is not the one the val selection gives (first difference: "
@@ -345,7 +351,7 @@ class Verifier:
         from predict.bundle.rederive import rederive_report  # noqa: PLC0415
 
         try:
-            rederive_report(self.config, self.root, self.work, test_tasks=self.test_tasks,
+            rederive_report(self.config, self.root, self.work, inputs=self.manifest["inputs"], test_tasks=self.test_tasks,
                             example=self.manifest["report"].get("example"))
         except Exception as e:
             raise CheckFailed(f"the report could not be re-rendered: {e}") from None
