@@ -22,10 +22,13 @@ rule bundle:
         example=REPORT_EXAMPLE,
         snakemake_report=[SNAKEMAKE_REPORT] if Path(SNAKEMAKE_REPORT).exists() else [],
     output:
-        folder=directory(R("bundle")),
+        # the folder's manifest, not the folder: Snakemake marks a directory() output with a file of its own, which
+        # would be a file in the bundle that its manifest does not list
+        manifest=R("bundle", "manifest.json"),
         archive=R("bundle.tar.gz"),
     params:
         **SLICE("bundle"),
+        out_dir=lambda w, output: os.path.dirname(output.manifest),
         snakemake_report=lambda w, input: " ".join(f"--snakemake-report {shlex.quote(p)}" for p in input.snakemake_report),
     log:
         LOG("bundle"),
@@ -35,5 +38,5 @@ rule bundle:
         "../../envs/pipeline.yaml"
     shell:
         "predict bundle --config-slice {params.config:q} --files {input.files:q} --data-manifest {input.data:q}"
-        " --report-example {input.example:q} {params.snakemake_report} --out-dir {output.folder:q}"
+        " --report-example {input.example:q} {params.snakemake_report} --out-dir {params.out_dir:q}"
         " --archive {output.archive:q} > {log:q} 2>&1"
