@@ -96,7 +96,10 @@ class Verifier:
         if missing := [k for k in MANIFEST_KEYS if k not in self.manifest]:
             raise CheckFailed(f"{MANIFEST}: it records no {', '.join(missing)}")
         self.config = self.manifest["config"]
-        return f"manifest: {FORMAT}, run {self.manifest['run_name']}, made {self.manifest['created']}"
+        code, here = self.manifest["code"], _code_here()
+        made = f"{code.get('commit')}{' (dirty)' if code.get('dirty') else ''}"
+        return (f"manifest: {FORMAT}, run {self.manifest['run_name']}, made {self.manifest['created']} at commit {made}"
+                f"{'' if here == code.get('commit') else f'; this checkout is at {here}: verify at the bundle commit'}")
 
     def check_files(self) -> str:
         listed: Mapping[str, Mapping[str, Any]] = self.manifest["files"]
@@ -371,6 +374,16 @@ class Verifier:
             f"its figures not compared (matplotlib {here} here, {recorded} in the bundle)")
         return f"report: {report_numbers(bundled)} numbers, re-rendered from the re-derived tables, equal; {figures}"
 
+    def environment_note(self) -> str:
+        """Where this machine's serving environment differs from the bundle's (a reason rows may differ)."""
+        from predict.bundle.build import serving_environment  # noqa: PLC0415
+
+        here = serving_environment(self.config["serving"]).get("packages") or {}
+        there = self.manifest["environments"].get("serving", {}).get("packages") or {}
+        changed = sorted(k for k in set(here) | set(there) if here.get(k) != there.get(k))
+        shown = ", ".join(f"{k} {there.get(k)} -> {here.get(k)}" for k in changed[:6])
+        return f" (the serving environment differs from the bundle's: {shown})" if changed else ""
+
     # -- reproduced -----------------------------------------------------------------------------------------------
 
     def check_rerun(self, k: int, seed: int, checkpoints: Path | None) -> str:
@@ -402,9 +415,15 @@ class Verifier:
             bundled = pq.read_table(self.root / pick.evaluation).slice(pick.row, 1).to_pylist()[0]
             if difference := row_difference(bundled, row):
                 raise CheckFailed(f"{pick.evaluation} row {pick.row} (task {pick.task_id}, sample {pick.sample}) "
-                                  f"re-executed: {difference}")
+                                  f"re-executed: {difference}{self.environment_note()}")
         return (f"rerun: {len(picks)} test rollouts re-executed from {len(models)} checkpoint(s) (rows chosen with "
                 f"seed {seed}) give the bundled rows")
+
+
+def _code_here() -> str | None:
+    from predict.bundle.build import code_state  # noqa: PLC0415
+
+    return code_state()["commit"]
 
 
 def _checkout_path(path: str) -> Path:
