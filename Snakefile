@@ -42,6 +42,7 @@ include: "workflow/rules/rft.smk"
 include: "workflow/rules/evaluation.smk"
 include: "workflow/rules/stats.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/bundle.smk"
 include: "workflow/rules/signal.smk"
 
 

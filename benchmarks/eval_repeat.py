@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PER_RUN = ("wall_s", "model_s", "env_s", "program_s", "created_at", "trace_id")  # times and a random id
 MODE_ENV = {"invariant": {"VLLM_BATCH_INVARIANT": "1"}, "default": {}}
 
 
@@ -50,6 +49,7 @@ def main() -> int:
 
     from predict.config import load_config
     from predict.data import load_mbpp, split_tasks
+    from predict.env.records import PER_RUN_COLUMNS as PER_RUN  # times and a random id
     from predict.env.rollout import RolloutSettings, run_rollouts_sync
     from predict.serving.identity import evaluation_environment, serving_identity
     from predict.serving.server import SERVED_NAME, VLLMServer, default_cache_dir

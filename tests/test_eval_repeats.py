@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
+from predict.env.records import PER_RUN_COLUMNS as PER_RUN  # times and a random id
 from predict.serving.server import default_python
 
 VLLM_PY = default_python("cpu")
 needs_vllm = pytest.mark.skipif(VLLM_PY == sys.executable and not os.environ.get("CI"), reason="no .venv-vllm")
-PER_RUN = ("wall_s", "model_s", "env_s", "program_s", "created_at", "trace_id")  # times and a random id
 VAL_TASKS = (2, 11, 127, 12)
 SAMPLED_TASKS = 2  # of VAL_TASKS, at 32 tokens a call: enough to show the seeds, little enough for a loaded machine
 

@@ -81,9 +81,10 @@ log = logging.getLogger(__name__)
 STEP = re.compile(r"^step(\d+)$")
 
 # Config keys (dotted) that shape no evaluation: names, where results go, the power grid, SLURM sizes, how jobs are
-# served (stages.UNTRACKED: one shared server or one per job), where training curves go, and a declared campaign's
-# reason. Changing them is not a new design, so the campaign's hash leaves them out.
-NOT_RESULT_SHAPING = ("run_name", "results_dir", "power", "cluster", *UNTRACKED)
+# served (stages.UNTRACKED: one shared server or one per job), where training curves go, a declared campaign's
+# reason, and what the bundle a reviewer checks holds (predict.bundle: weights or not). Changing them is not a new
+# design, so the campaign's hash leaves them out.
+NOT_RESULT_SHAPING = ("run_name", "results_dir", "power", "cluster", "bundle", *UNTRACKED)
 
 REGISTRY_ENV = "PREDICT_TEST_CAMPAIGNS"
 _CHECKOUT = Path(__file__).resolve().parents[2]

@@ -98,6 +98,12 @@ def _serve(args: argparse.Namespace) -> int:
     return serve_main(args.serve_args)
 
 
+def _verify_bundle(args: argparse.Namespace) -> int:
+    from predict.bundle.verify import main as verify_main
+
+    return verify_main(args)
+
+
 def _stage_command(name: str) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[..., int]]:
     """The stage's `arguments` and `main`, from the module its stage table entry names (imported only when run)."""
     module, arguments, main = STAGES[name].command_functions()
@@ -130,6 +136,13 @@ def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=_serve)
 
     named = set(STAGES) if words is None else {next((w for w in words if not w.startswith("-")), "")}
+    p = sub.add_parser("verify-bundle", help="check a study bundle without the cluster: its files, the split, the "
+                       "ledger, every statistic and the report's numbers (docs/verify.md)")
+    if words is None or "verify-bundle" in named:
+        from predict.bundle.verify import arguments as verify_arguments
+
+        verify_arguments(p)
+        p.set_defaults(func=_verify_bundle)
     for stage in STAGES.values():
         if stage.command is None:
             continue

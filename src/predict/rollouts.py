@@ -160,6 +160,32 @@ def guard_job(job: RolloutJob, task_ids: Sequence[int]) -> None:
                 admission=admission if admission and "campaign" in admission else None, ledger=job.test_ledger)
 
 
+def rollout_settings(job: RolloutJob, study_config: Mapping[str, Any], *, base_url: str, model: str) -> Any:
+    """The `predict.env.rollout.RolloutSettings` a job's rollouts run under, against the endpoint `base_url` serving
+    `model`: the study config's, the job's arm, seed, checkpoint, variant, client and sampling, and, for an
+    evaluation, the requests in flight that repeat (`predict.serving.identity.evaluation_concurrency`)."""
+    from predict.env.rollout import RolloutSettings  # noqa: PLC0415
+    from predict.serving.identity import evaluation_concurrency  # noqa: PLC0415
+
+    settings = RolloutSettings.from_study_config(
+        study_config,
+        arm=job.arm,
+        seed=job.seed,
+        checkpoint=job.checkpoint,
+        base_url=base_url,
+        model=model,
+        variant=job.variant,
+        client=job.client,
+        split=job.split,
+        **({"protocol": job.protocol} if job.protocol else {}),
+        **dict(job.sampling or {}),
+    )
+    if job.evaluation:
+        settings = dataclasses.replace(settings, concurrency=evaluation_concurrency(study_config["serving"],
+                                                                                    settings.concurrency))
+    return settings
+
+
 def remaining_rollouts(job: RolloutJob, study_config: Mapping[str, Any]) -> int:
     """How many of the job's rollouts are not persisted yet (0: publishing needs no server)."""
     return len(_rollouts(job, study_config)[2])
@@ -172,8 +198,8 @@ def run_job(job: RolloutJob, study_config: Mapping[str, Any]) -> dict[str, Any]:
 
 def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
     """Run (or resume) one rollout job's rollouts, persisting each as it finishes; publish with `.publish()`."""
-    from predict.env.rollout import RolloutSettings, run_rollouts_sync
-    from predict.serving.identity import evaluation_concurrency, evaluation_environment
+    from predict.env.rollout import run_rollouts_sync
+    from predict.serving.identity import evaluation_environment
     from predict.serving.server import SERVED_NAME, VLLMServer
 
     isolation = sandbox_isolation(study_config)  # before anything is read: a missing sandbox layer stops the stage
@@ -210,22 +236,8 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
         t0 = time.perf_counter()
         with server as srv:
             timing["server_start_s"] = time.perf_counter() - t0
-            settings = RolloutSettings.from_study_config(
-                study_config,
-                arm=job.arm,
-                seed=job.seed,
-                checkpoint=job.checkpoint,
-                base_url=job.base_url or srv.base_url,
-                model=srv.model_name if srv is not None else (job.served_model or job.model),
-                variant=job.variant,
-                client=job.client,
-                split=job.split,
-                **({"protocol": job.protocol} if job.protocol else {}),
-                **dict(job.sampling or {}),
-            )
-            if job.evaluation:
-                concurrency = evaluation_concurrency(study_config["serving"], settings.concurrency)
-                settings = dataclasses.replace(settings, concurrency=concurrency)
+            settings = rollout_settings(job, study_config, base_url=job.base_url or srv.base_url,
+                                        model=srv.model_name if srv is not None else (job.served_model or job.model))
             passed = sum(bool(r["final_pass"]) for r in sink.rows)
             t1 = time.perf_counter()
             with _progress() as bar:

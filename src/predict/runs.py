@@ -38,8 +38,10 @@ Rules:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from predict.config import ConfigError, allowed_values, config_default
@@ -98,6 +100,22 @@ def checkpoint_steps(rl: Mapping[str, Any]) -> list[int]:
     ``rl.checkpoint_every`` steps and the last one."""
     steps, every = int(rl["steps"]), int(rl["checkpoint_every"])
     return sorted({*range(every, steps + 1, every), steps})
+
+
+def checkpoint_path(config: Mapping[str, Any], results_dir: str | Path, run: str, checkpoint: str, seed: int) -> str:
+    """The folder (under `results_dir`) or HF id vLLM serves for a run's checkpoint: ``base`` (``model.base``: the
+    embedded default's tiny model, ``models/tiny``, else its HF id), ``sft`` (the run's SFT, `RunSpec.sft_run`: its
+    arm's, shared by its ablations, or its own) or ``step<N>`` (the run's RL checkpoint for that seed). The one place
+    checkpoint names become paths: the workflow (common.smk's checkpoint_model) and the bundle ask here."""
+    results = Path(results_dir)
+    if checkpoint == "base":
+        base = str(config["model"]["base"])
+        return str(results / "models" / "tiny") if base == "tiny" else base
+    if checkpoint == "sft":
+        return str(results / "checkpoints" / resolve_run(config, run).sft_run / "sft")
+    if re.fullmatch(r"step\d+", checkpoint):
+        return str(results / "rl" / run / f"seed{seed}" / checkpoint)
+    raise ConfigError(f"unknown checkpoint {checkpoint!r} (base, sft or step<N>)")
 
 
 def default_mask_decision(config: Mapping[str, Any]) -> bool:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from predict.config import ConfigError
+from predict.config.models import StudyConfig
 
 # What resolving a study run reads (predict.runs.resolve_run): the run matrix, the default test cost, the decision mask.
 RUN_MATRIX = ("arms", "ablations", "extensions", "env.test_cost", "rl.mask_decision")
@@ -54,6 +55,9 @@ DESIGN = ("data", "verifier", "model", "sft", "serving", "env", "traces", "arms"
 # Untracked where a stage reads it for the seal alone (`Stage.untracked`): the tasks file it checks already carries
 # the split, so an edit here reruns nothing a new split would not.
 SPLIT = ("data",)
+
+# The whole config, every top-level key (the bundle's manifest records it filled in).
+STUDY = tuple(StudyConfig.model_fields)
 
 # Keys a stage reads that shape no result (see the rules above): how jobs are served, a declared test campaign's
 # reason (predict.campaign: declaring it, or leaving it out once the campaign is recorded, must replan nothing), and
@@ -169,6 +173,10 @@ STAGES: dict[str, Stage] = {
         Stage("report", ("report",), "report.smk", "report/command.py", "report/index.html",
               ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power", "data.sizes.test"),
               help="the study report: one self-contained HTML page from parquet"),
+        # Beside `all` (workflow/rules/bundle.smk says why): everything the report rests on, for a second party.
+        Stage("bundle", ("bundle",), "bundle.smk", "bundle/build.py", "bundle/ (manifest.json), bundle.tar.gz",
+              STUDY,
+              help="bundle the report, its rows, tables, ledger lines and a manifest for `predict verify-bundle`"),
         # The learning-signal run (issue 17): its own traces, SFT and RL runs on a handful of sft tasks.
         Stage("signal", ("signal",), "signal.smk", "train/learning_signal.py", "signal/curves.parquet, verdicts.parquet, signal.png",
               _reads(RUN_MATRIX, ROLLOUT, ("data", "traces", "rl"), TRACKING), TRACKING,

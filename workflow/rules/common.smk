@@ -7,7 +7,7 @@ from pathlib import Path
 
 from predict.config import ConfigError, with_defaults
 from predict.campaign import campaign_from_stats, campaign_plan, planned_selection, selection_settings
-from predict.runs import extension_counterpart, resolve_run, sft_runs, study_runs
+from predict.runs import checkpoint_path, extension_counterpart, resolve_run, sft_runs, study_runs
 from predict.stages import slice_file, slice_params, stage_config, workflow_config
 
 _CONFIG_SOURCE = ", ".join(map(str, workflow.overwrite_configfiles or workflow.configfiles))
@@ -149,7 +149,8 @@ EXTENSIONS = WORKFLOW_CONFIG["extensions"]
 
 
 def base_model_path():
-    return R("models", "tiny") if WORKFLOW_CONFIG["model"]["base"] == "tiny" else WORKFLOW_CONFIG["model"]["base"]
+    """The base model's folder (the embedded default's tiny model) or HF id."""
+    return checkpoint_model("", "base", 0)
 
 
 def run_arm(run):
@@ -158,16 +159,12 @@ def run_arm(run):
 
 
 def checkpoint_model(run, checkpoint, seed):
-    """The folder or HF id vLLM serves for a run's checkpoint: base, sft (the run's SFT, RunSpec.sft_run: its arm's,
-    shared by its ablations, or its own) or step<N> (the run's RL checkpoint for that seed). The one place checkpoint
-    names become paths."""
-    if checkpoint == "base":
-        return base_model_path()
-    if checkpoint == "sft":
-        return R("checkpoints", resolve_run(WORKFLOW_CONFIG, run).sft_run, "sft")
-    if re.fullmatch(r"step\d+", checkpoint):
-        return R("rl", run, f"seed{seed}", checkpoint)
-    raise WorkflowError(f"unknown checkpoint {checkpoint!r} (base, sft or step<N>)")
+    """The folder or HF id vLLM serves for a run's checkpoint (base, sft or step<N>): predict.runs.checkpoint_path,
+    the one place checkpoint names become paths (the bundle's manifest asks it too)."""
+    try:
+        return checkpoint_path(WORKFLOW_CONFIG, RESULTS, run, checkpoint, seed)
+    except ConfigError as e:
+        raise WorkflowError(str(e)) from None
 
 
 def checkpoint_inputs(wildcards):
@@ -288,6 +285,30 @@ def RL_METRICS():
     """The RL metrics tables the report plots, where they exist or are built here."""
     paths = [R("rl", run, f"seed{seed}", "metrics.parquet") for run in EVAL_RUNS() for seed in WORKFLOW_CONFIG["seeds"]]
     return [p for p in paths if checkpoint_available(p)]
+
+
+def TRAINING_METRICS():
+    """The training metrics tables: every RL run's (RL_METRICS) and every SFT's, where they exist or are built here."""
+    sft = [R("sft", run, "metrics.parquet") for run in sft_runs(WORKFLOW_CONFIG)]
+    return RL_METRICS() + [p for p in sft if checkpoint_available(p)]
+
+
+def BUNDLED(wildcards):
+    """Every results file the bundle holds (workflow/rules/bundle.smk): the report, the val and test evaluations,
+    every statistics table and the training metrics."""
+    return [
+        *rules.report.output,
+        *EVALS(),
+        *TEST_EVALS(wildcards),
+        *rules.stats.output,
+        *rules.power.output,
+        *rules.training_outcomes.output,
+        *expand(R("ablations", "{ablation}.parquet"), ablation=list(ABLATIONS)),
+        *expand(R("extensions", "{extension}.parquet"), extension=list(EXTENSIONS)),
+        *rules.open_question.output,
+        *rules.test_stats.output,
+        *TRAINING_METRICS(),
+    ]
 
 
 def ROLLOUTS(split, checkpoint="base"):

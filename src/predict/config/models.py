@@ -424,6 +424,10 @@ class PowerSettings(Section):
     target: Annotated[float, Field(gt=0, lt=1, description="power called powered")] = 0.8
 
 
+class BundleSettings(Section):
+    weights: Annotated[bool, Field(description="copy the evaluated checkpoints into the bundle (large)")] = False
+
+
 class RLSettings(Section):
     """RL (GRPO) of every run in the matrix: the arms and the ablations, from each arm's SFT checkpoint."""
 
@@ -496,4 +500,6 @@ class StudyConfig(Section):
     (results/extensions/{name}.parquet)."""
     rft: Annotated[RFTSettings | None, Field(json_schema_extra=NO_DEFAULT), NOT_NULL] = None
     power: Annotated[PowerSettings, Field(default_factory=PowerSettings)]
+    bundle: Annotated[BundleSettings, Field(default_factory=BundleSettings)]
+    """What the study bundle a reviewer checks holds (`snakemake bundle`, predict.bundle)."""
     rl: Annotated[RLSettings | None, Field(json_schema_extra=NO_DEFAULT), NOT_NULL] = None

@@ -136,6 +136,9 @@ RECORD_SCHEMA = pa.schema(
     ]
 )
 RECORD_COLUMNS: tuple[str, ...] = tuple(RECORD_SCHEMA.names)
+PER_RUN_COLUMNS: tuple[str, ...] = ("wall_s", "model_s", "env_s", "program_s", "created_at", "trace_id")
+"""The columns in which two runs of one rollout differ by nature (times and a random id): a rollout repeats when every
+other column does."""
 
 
 # `Episode.summary` counts and flags copied into the record (0 / False when the program left no summary)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import platform
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -60,18 +61,39 @@ def _device_name(device: str) -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def device_inventory() -> dict[str, Any]:
+    """This machine's devices: its CPU's model name, and where nvidia-smi answers each GPU's name and the driver and
+    CUDA versions (``gpus`` empty, ``driver`` and ``cuda`` null where there is none)."""
+    inventory: dict[str, Any] = {"cpu": _device_name("cpu"), "gpus": [], "driver": None, "cuda": None}
+    try:
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30)  # fmt: skip
+        header = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return inventory
+    rows = [[cell.strip() for cell in line.split(",")] for line in names.stdout.strip().splitlines() if "," in line]
+    inventory["gpus"] = [name for name, _ in rows]
+    inventory["driver"] = rows[0][1] if rows else None
+    cuda = re.search(r"CUDA Version:\s*([0-9.]+)", header.stdout)
+    inventory["cuda"] = cuda.group(1) if cuda else None
+    return inventory
+
+
 def serving_identity(serving: Mapping[str, Any], *, concurrency: int) -> dict[str, Any]:
     """What an evaluation's rows depend on beyond the checkpoint and the config, as a plain dict (for the test
     campaign's ledger line): ``vllm_version`` (of ``serving.python``), ``device`` (cpu/gpu), ``device_name``,
     ``batch_invariant`` (`batch_invariant`) and ``concurrency`` (requests in flight, `evaluation_concurrency` of
-    the evaluation's `concurrency`, i.e. ``env.concurrency``)."""
+    the evaluation's `concurrency`, i.e. ``env.concurrency``); on a GPU also the ``driver`` and ``cuda`` versions
+    (`device_inventory`)."""
     python = serving.get("python") or default_python(serving["device"])
+    gpu = {k: v for k, v in device_inventory().items() if k in ("driver", "cuda")} if serving["device"] == "gpu" else {}
     return {
         "vllm_version": _vllm_version(shutil.which(python) or python),
         "device": serving["device"],
         "device_name": _device_name(serving["device"]),
         "batch_invariant": batch_invariant(serving),
         "concurrency": evaluation_concurrency(serving, concurrency),
+        **gpu,
     }
 
 
