@@ -58,7 +58,8 @@ def reference_varlen_attention(
     left, right = window
     out = torch.empty_like(q)
     starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    for (q0, q1), (k0, k1) in zip(zip(starts_q, starts_q[1:]), zip(starts_k, starts_k[1:]), strict=True):
+    spans_q, spans_k = zip(starts_q[:-1], starts_q[1:], strict=True), zip(starts_k[:-1], starts_k[1:], strict=True)
+    for (q0, q1), (k0, k1) in zip(spans_q, spans_k, strict=True):
         if q1 == q0:
             continue
         qi = torch.arange(q1 - q0, device=q.device)[:, None] + ((k1 - k0) - (q1 - q0))
