@@ -210,6 +210,11 @@ def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) 
     tables["sft/B"] = configs.sft_config(
         cfg, "B", model=cfg["model"]["base"], dataset_dir=tmp_path / "data", output_dir=tmp_path / "sft-out"
     )
+    # issue 39: one GPU shared by inference and trainer, prime-rl's FA2 path on PyTorch's kernel
+    colocated = {**cfg, "prime_rl": {**cfg["prime_rl"], "attn": "flash_attention_2_torch", "extras": [],
+                                     "rl": {**cfg["prime_rl"]["rl"], "colocate": True, "gpu_memory_utilization": 0.3}}}
+    tables["rl/B/colocated"] = configs.rl_config(colocated, "B", 42, model=tmp_path / "sft",
+                                                 tasks=tmp_path / "rl.parquet", output_dir=tmp_path / "out")
     for mode in ("online", "offline"):  # issue 29: the W&B monitors the renderer emits for tracking.wandb.mode
         tracked = {**cfg, "tracking": {"tensorboard": True, "wandb": {"mode": mode, "project": "predict"}}}
         tables[f"rl/B/wandb-{mode}"] = configs.rl_config(tracked, "B", 42, model=tmp_path / "sft",
@@ -235,6 +240,9 @@ def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) 
         "            c.trainer.ckpt.resume_step, c.orchestrator.ckpt.resume_step, c.trainer.model.attn,\n"
         "            c.trainer.model.optimization_dtype, [[f.type, f.enforce] for f in c.orchestrator.post_batch_filters],\n"
         "            env.taskset.order_seed, str(c.trainer.model.name)]\n"
+        "        out[name + '/serving'] = [c.inference.router, c.inference.gpu_memory_utilization,\n"
+        "            c.weight_broadcast.type, c.orchestrator.weight_broadcast.type, c.trainer.weight_broadcast.type,\n"
+        "            c.trainer.model.attn, c.orchestrator.model.client.base_url, c.inference.server.port]\n"
         "    else:\n"
         "        out[name] = [c.data.name, c.renderer.name, c.ckpt.resume_step, c.model.attn]\n"
         "print(json.dumps(out))\n"
@@ -270,6 +278,12 @@ def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) 
         "predict",
     ]
     assert parsed["sft/B"] == [str((tmp_path / "data").absolute()), "qwen3", -1, cfg["prime_rl"]["attn"]]
+    # a bare vLLM engine (no vllm-router program is installed) that the orchestrator reaches at its port; NCCL weights
+    # across GPUs, the filesystem when inference and trainer share one; PyTorch's FA2 behind prime-rl's FA2 path
+    assert parsed["rl/B/serving"] == [None, 0.9, "nccl", "nccl", "nccl", "flash_attention_3",
+                                      ["http://localhost:8000/v1"], 8000]
+    assert parsed["rl/B/colocated/serving"] == [None, 0.3, "filesystem", "filesystem", "filesystem",
+                                                "flash_attention_2", ["http://localhost:8000/v1"], 8000]
     # one rl: design, a resuming retry, the kernel that was installed, the seed's task order, as prime-rl reads them
     rl = cfg["rl"]
     for run in study_runs(cfg):

@@ -8,13 +8,15 @@ from predict.runs import checkpoint_steps, resolve_run, study_runs
 PRIME_RL = WORKFLOW_CONFIG["prime_rl"]
 PRIME_RL_SETUP = str(Path(PRIME_RL["dir"], "setup.json"))  # the checkout and its .venv live next to it
 PRIME_RL_PATCH = "workflow/prime-rl/predict-algorithm.patch"
+PRIME_RL_ATTENTION_PATCH = "workflow/prime-rl/torch-attention.patch"  # applied for prime_rl.attn flash_attention_2_torch
 # The study's GRPO runs: the arms, the ablations, the RL extensions (RFT extensions run on our trainer: rft.smk).
 PRIME_RL_RUNS = [r for r in study_runs(WORKFLOW_CONFIG) if resolve_run(WORKFLOW_CONFIG, r).trainer == "rl"]
 
 # The GPU job resources of common.smk, with prime-rl's GPU count and run time.
 _SFT, _RL = PRIME_RL["sft"], PRIME_RL["rl"]
 _SFT_GPUS = _SFT["gpus"]
-_RL_GPUS = _RL["train_gpus"] + _RL["infer_gpus"]
+# colocated (prime_rl.rl.colocate), inference and trainer share the train_gpus GPUs
+_RL_GPUS = _RL["train_gpus"] if _RL.get("colocate") else _RL["train_gpus"] + _RL["infer_gpus"]
 PRIME_RL_SFT_RESOURCES = {
     **SERVING_RESOURCES,
     "gpu": _SFT_GPUS,
@@ -34,10 +36,11 @@ PRIME_RL_RL_RESOURCES = {
 rule prime_rl_setup:
     input:
         patch=PRIME_RL_PATCH,
+        attention_patch=PRIME_RL_ATTENTION_PATCH,
     output:
         PRIME_RL_SETUP,
     params:
-        **SLICE("prime-rl-setup"),  # prime_rl.repo, commit, python, extras
+        **SLICE("prime-rl-setup"),  # prime_rl.repo, commit, python, extras, attn
         dir=lambda w, output: str(Path(output[0]).parent),
     resources:
         mem_mb=16000,

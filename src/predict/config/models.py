@@ -302,6 +302,11 @@ class PrimeRLRLSettings(Section):
     own off-policy cancels aside) before `predict prime-rl-train` stops the run naming the step. Below it prime-rl
     drops each failed rollout from its group (it never trains, and never scores 0) and the step's `n_failed` counts
     it."""
+    colocate: bool = False
+    """Inference and trainer share the job's GPUs (train_gpus = infer_gpus GPUs in all; one GPU is prime-rl's
+    debugging setup): weights go through the filesystem, and gpu_memory_utilization must leave the trainer room."""
+    gpu_memory_utilization: Annotated[float | None, Field(gt=0, le=1, json_schema_extra=NO_DEFAULT)] = None
+    """The vLLM server's share of each inference GPU (null: prime-rl's 0.9); at most 0.6 when colocated."""
 
 
 class PrimeRLSFTSettings(Section):
@@ -319,11 +324,14 @@ class PrimeRLSettings(Section):
     repo: Annotated[str, Field(description="prime-rl's git URL, or a local clone (a cluster without network)")]
     commit: Annotated[str, Field(pattern="^[0-9a-f]{40}$", description="the pinned commit (tag v0.8.0); workflow/prime-rl/predict-algorithm.patch applies to it")]
     python: Annotated[str, Field(description="Python of prime-rl's venv (uv sync --python)")] = "3.12"
-    attn: Literal["flash_attention_2", "flash_attention_3", "flash_attention_4", "auto"] = "flash_attention_2"
+    attn: Literal["flash_attention_2", "flash_attention_3", "flash_attention_4", "flash_attention_2_torch", "auto"] = "flash_attention_2"
     """prime-rl's trainer attention kernel; its extra must be in extras (auto is rejected: it picks the kernel per
-    GPU at start-up, so no install can be checked ahead)."""
+    GPU at start-up, so no install can be checked ahead). flash_attention_2_torch: prime-rl's FA2 code path on
+    PyTorch's built-in FA2 kernels, for a machine that can install no flash-attn wheel (setup applies
+    workflow/prime-rl/torch-attention.patch; extras must then leave flash-attn out)."""
     extras: list[str] = []
-    """prime-rl extras for uv sync --locked: the attn kernel's (flash-attn, flash-attn-3 or flash-attn-cute)."""
+    """prime-rl extras for uv sync --locked: flash-attn (prime-rl's trainer imports it whatever the kernel, through
+    ring-flash-attn) and the attn kernel's (flash-attn-3 or flash-attn-cute)."""
     dir: Annotated[str, Field(description="where the checkout and its .venv live (git-ignored)")]
     seq_len: Annotated[int, Field(ge=256, description="training sequence length (tokens)")]
     rl: PrimeRLRLSettings

@@ -6,7 +6,9 @@
    ``commit`` detached, discarding local changes to tracked files (so a re-run re-applies the patch cleanly);
 2. ``git submodule update --init --recursive`` (verifiers, renderers, ... at prime-rl's own pins) with GitHub's
    SSH URLs rewritten to https (`submodule_env`, as prime-rl's own scripts/install.sh does without an SSH key);
-3. ``git apply`` ``workflow/prime-rl/predict-algorithm.patch`` (checked first; the error names the patch);
+3. ``git apply`` ``workflow/prime-rl/predict-algorithm.patch`` (checked first; the error names the patch), then the
+   patches the attention kernel needs (`configs.attention_patches`: ``torch-attention.patch`` for
+   ``prime_rl.attn: flash_attention_2_torch``, none otherwise);
 4. ``uv sync --locked`` (plus ``extras``: the attention kernel's, `configs.check_attn_extras`) in ``dest``:
    prime-rl's own venv ``dest/.venv``, Python ``python``; uv must be >= prime-rl's ``required-version``
    (`check_uv`, whose error says how to install it);
@@ -15,7 +17,9 @@
    taskset ``predict_mbpp`` and the harness ``predict_local_agent`` in that venv;
 6. write ``setup.json`` (repo, commit, patch sha256) as the rule's output.
 
-`launch` (stage ``predict prime-rl-train``) runs ``uv run <rl|sft> @ <toml>`` in ``dest`` and then collects the
+`launch` (stage ``predict prime-rl-train``) runs ``uv run <rl|sft> @ <toml>`` in ``dest`` (a colocated ``rl`` run,
+``prime_rl.rl.colocate``, with each of the job's GPUs listed twice in CUDA_VISIBLE_DEVICES: prime-rl's launcher
+then places inference and trainer on the same GPUs) and then collects the
 finished checkpoints (`collect.collect_rl_checkpoints` / `collect_sft_checkpoint`). The TOML resumes
 (``ckpt.resume_step = -1``), so a SLURM retry is a second attempt in the same output_dir: `launch` records where
 each attempt starts in prime-rl's metrics.jsonl files (`mark_attempt`) and, once the run finishes, keeps only the
@@ -43,13 +47,14 @@ from typing import TYPE_CHECKING, Any
 from predict.config import REPO_ROOT
 from predict.fingerprint import file_sha256, fingerprint, mark_finished, start_or_resume
 from predict.train.prime_rl.collect import METRIC_SOURCES, check_failed_rollouts
-from predict.train.prime_rl.configs import MAX_FAILED_SHARE_VAR, read_toml
+from predict.train.prime_rl.configs import COLOCATE_VAR, MAX_FAILED_SHARE_VAR, colocated_devices, read_toml
 
 if TYPE_CHECKING:
     from predict.stages import StageConfig
 
 log = logging.getLogger(__name__)
-PATCH = REPO_ROOT / "workflow" / "prime-rl" / "predict-algorithm.patch"
+PATCHES_DIR = REPO_ROOT / "workflow" / "prime-rl"
+PATCH = PATCHES_DIR / "predict-algorithm.patch"
 IMPORT_CHECK = (
     "import prime_rl.orchestrator.algo as a; from prime_rl.configs.algorithm import PredictAlgoConfig; "
     "assert a.ALGORITHM_CLASSES['predict'].__module__ == 'predict.train.prime_rl.algorithm'; "
@@ -80,13 +85,13 @@ def _run(argv: Sequence[str], cwd: str | Path | None = None, env: dict[str, str]
 
 
 def run_watched(argv: Sequence[str], check: Callable[[], None], *, cwd: str | Path | None = None,
-                poll_s: float = 30.0, stop_s: float = 60.0) -> None:
+                poll_s: float = 30.0, stop_s: float = 60.0, env: dict[str, str] | None = None) -> None:
     """`_run`, calling `check` every `poll_s` seconds while the command runs and once after it exits. When `check`
     raises (or this process is interrupted) the command's process group (it runs in its own session: prime-rl
     starts inference, orchestrator and trainer under it) gets SIGTERM, SIGKILL after `stop_s`, and the error
     propagates."""
     log.info("$ %s", " ".join(map(str, argv)))
-    proc = subprocess.Popen(list(map(str, argv)), cwd=cwd, start_new_session=True)
+    proc = subprocess.Popen(list(map(str, argv)), cwd=cwd, start_new_session=True, env=env)
     try:
         while True:
             try:
@@ -186,16 +191,20 @@ def setup_prime_rl(
     extras: Sequence[str] = (),
     out: str | Path | None = None,
     uv: str = "uv",
+    attention_patches: Sequence[str | Path] = (),
 ) -> dict[str, Any]:
     dest = Path(dest)
     check_uv(uv)
     checkout(repo, commit, dest)
     apply_patch(dest, patch)
+    for extra_patch in attention_patches:
+        apply_patch(dest, extra_patch)
     _run(uv_sync_argv(uv, python, extras), cwd=dest)
     venv_python = dest / ".venv" / "bin" / "python"
     _run([uv, "pip", "install", "--python", venv_python, "--no-deps", "-e", REPO_ROOT])
     _run([venv_python, "-c", IMPORT_CHECK], cwd=dest)
-    summary = {"repo": repo, "commit": commit, "patch_sha256": file_sha256(patch), "python": str(venv_python)}
+    summary = {"repo": repo, "commit": commit, "patch_sha256": file_sha256(patch), "python": str(venv_python),
+               "attention_patches": {Path(x).name: file_sha256(x) for x in attention_patches}}
     if out is not None:
         from predict.outputs import write_json
 
@@ -233,17 +242,28 @@ def launch(kind: str, toml: str | Path, dest: str | Path, *, uv: str = "uv") -> 
     start_or_resume(output_dir, output_dir_fingerprint(table), what=f"prime-rl {kind} ({toml})")
     marks = mark_attempt(output_dir)
     argv = [uv, "run", "--frozen", "--no-sync", kind, "@", Path(toml).absolute()]
+    env = launch_env(kind, table)
     share = (table.get("env_vars") or {}).get(MAX_FAILED_SHARE_VAR)
     if kind == "rl" and share is not None:
         start = marks[METRIC_SOURCES["orchestrator"]][-1]  # an earlier attempt's steps are redone, not judged
         try:
             check = functools.partial(check_failed_rollouts, output_dir, float(share), start)
-            run_watched(argv, check, cwd=dest, poll_s=WATCH_POLL_S)
+            run_watched(argv, check, cwd=dest, poll_s=WATCH_POLL_S, env=env)
         finally:
             drop_superseded_metrics(output_dir)
         return
-    _run(argv, cwd=dest)
+    _run(argv, cwd=dest, env=env)
     drop_superseded_metrics(output_dir)
+
+
+def launch_env(kind: str, table: dict[str, Any], environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment prime-rl's launcher runs in: this one, and for a colocated ``rl`` run (the TOML's
+    ``env_vars`` say so) CUDA_VISIBLE_DEVICES with the job's inference GPUs listed twice (`configs.colocated_devices`)."""
+    env = dict(os.environ if environ is None else environ)
+    if kind == "rl" and (table.get("env_vars") or {}).get(COLOCATE_VAR):
+        gpus = int((table.get("deployment") or {}).get("num_infer_gpus", 1))
+        env["CUDA_VISIBLE_DEVICES"] = colocated_devices(env.get("CUDA_VISIBLE_DEVICES"), gpus)
+    return env
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -327,17 +347,22 @@ def drop_superseded_metrics(output_dir: str | Path) -> dict[str, int]:
 def setup_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", required=True, help="where the checkout and its .venv live")
     p.add_argument("--patch", default=None, help="default: workflow/prime-rl/predict-algorithm.patch")
+    p.add_argument("--patches-dir", default=None,
+                   help="where the attention patches live (default: workflow/prime-rl/; configs.attention_patches)")
     p.add_argument("--out", required=True, help="setup.json")
 
 
 def setup_main(args: argparse.Namespace, config: StageConfig) -> int:
     """prime-rl at config prime_rl.commit from prime_rl.repo, its venv on prime_rl.python with prime_rl.extras."""
     from predict.outputs import console
+    from predict.train.prime_rl.configs import attention_patches
 
     prime_rl = config["prime_rl"]
+    patches_dir = Path(args.patches_dir) if args.patches_dir else PATCHES_DIR
     summary = setup_prime_rl(
         prime_rl["repo"], prime_rl["commit"], args.dir, patch=args.patch or PATCH,
         python=prime_rl["python"], extras=prime_rl["extras"], out=args.out,
+        attention_patches=[patches_dir / name for name in attention_patches(config)],
     )  # fmt: skip
     console.print(f"prime-rl at {summary['commit'][:12]} in {args.dir}, PredictAlgorithm registered")
     return 0

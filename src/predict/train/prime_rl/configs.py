@@ -60,6 +60,9 @@ RENDERER = "qwen3"
 MAX_FAILED_SHARE_VAR = "PREDICT_MAX_FAILED_SHARE"
 """The rendered TOML's ``env_vars`` entry carrying ``prime_rl.rl.max_failed_share`` to `launch` (prime-rl's
 configs take no key of ours; every prime-rl process also sees it, and ignores it)."""
+COLOCATE_VAR = "PREDICT_COLOCATE"
+"""The rendered TOML's ``env_vars`` entry saying ``prime_rl.rl.colocate``: `launch` then hands prime-rl's ``rl``
+launcher each GPU twice in CUDA_VISIBLE_DEVICES, so its inference and trainer placements land on the same GPUs."""
 
 
 class PrimeRLConfigError(ValueError):
@@ -90,6 +93,10 @@ class RLSettings:
     max_failed_share: float
     """``prime_rl.rl.max_failed_share``: the most share of a step's rollouts that may fail
     (`collect.check_failed_rollouts`)."""
+    colocate: bool
+    """``prime_rl.rl.colocate``: inference and trainer share the job's GPUs (one GPU: prime-rl's debugging setup)."""
+    gpu_memory_utilization: float | None
+    """``prime_rl.rl.gpu_memory_utilization``: the vLLM server's share of each inference GPU (None: prime-rl's 0.9)."""
 
 
 @dataclass(frozen=True)
@@ -134,7 +141,35 @@ def rl_settings(cfg: Mapping[str, Any]) -> RLSettings:
         # rl.dtype auto is bf16 on a GPU, where prime-rl always trains
         dtype="bfloat16" if shared["dtype"] == "auto" else str(shared["dtype"]),
         max_failed_share=float(_section(cfg, "prime_rl", "rl", "max_failed_share")),
+        colocate=bool(r["colocate"]),
+        gpu_memory_utilization=r.get("gpu_memory_utilization"),
     )
+
+
+def check_placement(s: RLSettings) -> None:
+    """A colocated run shares each GPU between one inference and one trainer rank, and leaves the trainer room."""
+    if not s.colocate:
+        return
+    if s.train_gpus != s.infer_gpus:
+        raise PrimeRLConfigError(
+            f"prime_rl.rl.colocate: true shares each GPU between inference and trainer, so train_gpus "
+            f"({s.train_gpus}) must equal infer_gpus ({s.infer_gpus})"
+        )
+    if s.gpu_memory_utilization is None or not 0 < s.gpu_memory_utilization <= 0.6:
+        raise PrimeRLConfigError(
+            f"prime_rl.rl.gpu_memory_utilization: {s.gpu_memory_utilization} with prime_rl.rl.colocate: true; set "
+            "the vLLM server's share of the GPU (at most 0.6) so the trainer fits beside it (prime-rl's default "
+            "0.9 leaves it nothing)"
+        )
+
+
+def colocated_devices(visible: str | None, gpus: int) -> str:
+    """CUDA_VISIBLE_DEVICES for prime-rl's ``rl`` launcher in a colocated run: the job's first `gpus` GPUs, listed
+    twice (it places inference on local ids 0..n-1 and the trainer on n..2n-1, each mapped through this list)."""
+    ids = [x.strip() for x in visible.split(",") if x.strip()] if visible else [str(i) for i in range(gpus)]
+    if len(ids) < gpus:
+        raise PrimeRLConfigError(f"CUDA_VISIBLE_DEVICES={visible!r} shows {len(ids)} GPUs, {gpus} needed")
+    return ",".join(ids[:gpus] * 2)
 
 
 # prime-rl's trainer computes in bf16 under FSDP mixed precision with fp32 master weights (optimization_dtype):
@@ -187,27 +222,59 @@ ATTN_EXTRAS = {
     "flash_attention_3": "flash-attn-3",
     "flash_attention_4": "flash-attn-cute",
 }
+FA2_EXTRA = "flash-attn"
+"""prime-rl's trainer imports ``ring_flash_attn`` at module level (``trainer/rl/train.py``, ``trainer/sft/train.py``,
+``utils/cp.py`` at the pin), and ring-flash-attn (a base dependency) imports the flash-attn wheel's FA2 interface:
+without this extra neither trainer starts, whatever ``attn`` says. prime-rl's own install syncs ``--all-extras``."""
+
+TORCH_FA2 = "flash_attention_2_torch"
+"""``prime_rl.attn`` for a machine that can install no flash-attn wheel: prime-rl's FA2 code path on PyTorch's built-in
+FA2 kernels (`predict.train.prime_rl.attention`), through ``workflow/prime-rl/torch-attention.patch``, which
+`predict prime-rl-setup` applies only for this value. The TOMLs render prime-rl's own ``flash_attention_2``."""
+TORCH_FA2_PATCH = "torch-attention.patch"
+"""In ``workflow/prime-rl/``: the attention patch `attention_patches` names for `TORCH_FA2`."""
+
+ATTN_CHOICES = (*ATTN_EXTRAS, TORCH_FA2)
 
 
 def check_attn_extras(attn: str, extras: list[str] | tuple[str, ...]) -> str:
-    """The ``prime_rl.attn`` kernel, checked against ``prime_rl.extras`` (the error says what to set)."""
-    if attn not in ATTN_EXTRAS:
+    """The ``prime_rl.attn`` kernel, checked against ``prime_rl.extras`` (the error says what to set); returns the
+    value prime-rl's ``attn`` key takes."""
+    if attn not in ATTN_CHOICES:
         raise PrimeRLConfigError(
             f"prime_rl.attn: {attn!r} cannot be installed ahead of time on backend prime_rl (auto picks FA4, FA3 or "
-            f"FA2 by GPU at start-up); name the kernel for your GPUs: {', '.join(ATTN_EXTRAS)} "
+            f"FA2 by GPU at start-up); name the kernel for your GPUs: {', '.join(ATTN_CHOICES)} "
             "(flash_attention_3 on H100/H200, flash_attention_2 on A100)"
         )
-    if ATTN_EXTRAS[attn] not in extras:
-        raise PrimeRLConfigError(
-            f"prime_rl.extras: {list(extras)} lacks {ATTN_EXTRAS[attn]!r}, which prime_rl.attn: {attn} needs "
-            f"(prime-rl's trainer fails at start-up without it); add it to prime_rl.extras"
-        )
+    if attn == TORCH_FA2:
+        if FA2_EXTRA in extras:
+            raise PrimeRLConfigError(
+                f"prime_rl.extras: {list(extras)} holds {FA2_EXTRA!r}, whose wheel prime-rl's trainer would use "
+                f"instead of PyTorch's kernel that prime_rl.attn: {TORCH_FA2} names; drop it from prime_rl.extras, "
+                "or set prime_rl.attn: flash_attention_2"
+            )
+        return "flash_attention_2"
+    for extra, why in ((ATTN_EXTRAS[attn], f"which prime_rl.attn: {attn} needs"),
+                       (FA2_EXTRA, "which prime-rl's trainer imports whatever the kernel (ring-flash-attn)")):
+        if extra not in extras:
+            raise PrimeRLConfigError(
+                f"prime_rl.extras: {list(extras)} lacks {extra!r}, {why} (prime-rl's trainer fails at start-up "
+                f"without it); add it to prime_rl.extras"
+            )
     return attn
 
 
 def attn_setting(cfg: Mapping[str, Any]) -> str:
+    """prime-rl's ``attn`` value for the config's ``prime_rl.attn`` (checked against its extras)."""
     p = _section(cfg, "prime_rl")
     return check_attn_extras(str(p["attn"]), list(p["extras"]))
+
+
+def attention_patches(cfg: Mapping[str, Any]) -> list[str]:
+    """The patch files (in ``workflow/prime-rl/``) the config's attention kernel needs beside the algorithm patch."""
+    p = _section(cfg, "prime_rl")
+    check_attn_extras(str(p["attn"]), list(p["extras"]))
+    return [TORCH_FA2_PATCH] if p["attn"] == TORCH_FA2 else []
 
 
 def sft_settings(cfg: Mapping[str, Any]) -> SFTSettings:
@@ -300,6 +367,7 @@ def rl_config(
     spec = resolve_run(cfg, run)
     s = rl_settings(cfg)
     check_rl_design(s)
+    check_placement(s)
     attn = attn_setting(cfg)
     sampling = train_sampling(cfg, s)
     if not spec.predictive:
@@ -338,10 +406,17 @@ def rl_config(
             "loss": loss_table(s),
             "optim": {"type": "adamw", "lr": s.lr, "weight_decay": s.weight_decay, "max_norm": s.max_norm},
         },
-        "inference": {"seed": int(seed)},
+        # A bare vLLM engine on server.port: prime-rl's default router fronting it is the vllm-router binary, which
+        # only its `disagg` extra installs (one engine per node needs no router).
+        "inference": {"seed": int(seed), "router": "None", "gpu_memory_utilization": s.gpu_memory_utilization},
         # read back by predict.train.prime_rl.cluster.launch, which stops a run whose step has too many failures
-        "env_vars": {MAX_FAILED_SHARE_VAR: str(s.max_failed_share)},
+        # (and, colocated, hands the launcher each GPU twice)
+        "env_vars": {MAX_FAILED_SHARE_VAR: str(s.max_failed_share), **({COLOCATE_VAR: "1"} if s.colocate else {})},
     }
+    if s.colocate:
+        # prime-rl's default weight broadcast is NCCL between trainer and inference ranks, and NCCL refuses two ranks
+        # on one GPU: colocated, new weights go through the filesystem (prime-rl's own one-GPU setting)
+        table["weight_broadcast"] = {"type": "filesystem"}
     return _drop_none(_merge(table, wandb_tables(cfg, f"rl/{run}/seed{seed}", entrypoint="rl")))
 
 
