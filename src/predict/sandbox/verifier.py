@@ -13,6 +13,7 @@ import sys
 import time
 import weakref
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 from predict.outcomes import Outcome
 from predict.sandbox.child import (
