@@ -272,7 +272,8 @@ def test_the_holm_column_is_a_lower_bound_of_the_power_and_the_report_says_at_le
     from predict.stats.exact import holm
     from predict.stats.power import mcnemar_exact_p
 
-    (row,) = power_table(deltas=[0.05], discordances={"config": [0.2]}, tasks=[500], family_size=4).to_pylist()
+    (row,) = power_table(deltas=[0.05], discordances={"config": [0.2]}, tasks=[500], family_size=4,
+                         significance=0.05, target=0.8).to_pylist()
     rng = np.random.default_rng(0)
     discordant = rng.binomial(500, 0.2, size=(2000, 4))
     wins = rng.binomial(discordant, (1 + 0.05 / 0.2) / 2)

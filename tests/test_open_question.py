@@ -336,7 +336,8 @@ def test_the_holm_family_the_table_names_counts_only_rows_with_a_p_value(val_pat
     table's header counted every row (old code)."""
     from predict.report.open_question import open_question_rows
 
-    rows = open_question_table(val_paths, selection_of(val_paths), PAPER_ENVIRONMENTS, resamples=50).to_pylist()
+    rows = open_question_table(val_paths, selection_of(val_paths), PAPER_ENVIRONMENTS, resamples=50, seed=0,
+                               ci=0.95).to_pylist()
     rows[0] = {**rows[0], "mcnemar_p": None, "mcnemar_p_holm": None}
     rows[1] = {**rows[1], "mcnemar_p": math.nan, "mcnemar_p_holm": math.nan}
     assert f"Holm-adjusted p (family of {len(rows) - 2})" in open_question_rows(rows)

@@ -26,6 +26,7 @@ import pytest
 
 from predict.outcomes import Outcome
 from predict.sandbox import Verdict, Verifier, check_once, isolation_report, label_original
+from predict.sandbox import verifier as verifier_module
 
 TIMEOUT_S = 3.0  # short, so the timeout cases stay quick; long enough for a loaded 2-core CI box
 SECRET_NAME, SECRET_VALUE = "PREDICT_FAKE_API_KEY", "sk-test-do-not-leak-123"
@@ -266,7 +267,10 @@ def host(tmp_path: Path, pool: Verifier) -> Iterator[Host]:
         with pytest.raises(BlockingIOError):
             listener.accept()  # nobody connected to us
         # ... no sandbox child outlived its check ...
-        servers = {s.proc.pid for s in pool._servers}
+        # (the process's shared pools, `shared_verifier`, stay up for the session's in-process episodes: their idle
+        # fork servers are this process's children too, and none of their checks may outlive it either)
+        shared = [p for p in verifier_module._SHARED.values() if not p._closed]
+        servers = {s.proc.pid for p in (pool, *shared) for s in p._servers}
         assert sorted(_children_of(servers | {os.getpid()})) == sorted(servers)
         # ... and both this process and the pool still work.
         assert pool.check(F_OK, TESTS).outcome is Outcome.PASS

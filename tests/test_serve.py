@@ -178,7 +178,7 @@ def test_evaluation_serves_batch_invariant_on_a_gpu_and_one_request_at_a_time_el
         return Recorder()
 
     monkeypatch.setattr(VLLMServer, "from_serving", from_serving)
-    CheckpointServer(paper["serving"], tmp_path / "log").load("hub/id", "sft")
+    CheckpointServer(paper["serving"], tmp_path / "log", sequences=paper["env"]["concurrency"]).load("hub/id", "sft")
     assert started[0]["env"] == {"VLLM_BATCH_INVARIANT": "1"}
     identity = serving_identity({"device": "cpu", "python": None}, concurrency=4)
     assert set(identity) == {"vllm_version", "device", "device_name", "batch_invariant", "concurrency"}
