@@ -173,7 +173,8 @@ class Verifier:
         if recorded.get("split_seed") != data["split_seed"]:
             raise CheckFailed(f"{MANIFEST} data: split seed {recorded.get('split_seed')}, the config's is "
                               f"{data['split_seed']}")
-        splits = split_tasks(load_mbpp(mbpp), int(data["split_seed"]), data["sizes"])
+        # hf_fallback=False: a reviewer re-derives from the file checked above, never from a download.
+        splits = split_tasks(load_mbpp(mbpp, hf_fallback=False), int(data["split_seed"]), data["sizes"])
         where = {int(r["task_id"]): name for name in SPLITS for r in splits[name]}
         bundled = recorded["splits"]
         for name in SPLITS:
