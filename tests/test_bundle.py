@@ -390,3 +390,36 @@ def test_values_compare_bit_for_bit() -> None:
     assert table_difference("t", a, a) == (4, None)
     numbers, difference = table_difference("t", a, b)
     assert numbers == 3 and difference.startswith("t row 1 (run=B, seed=42): p is 0.25 in the bundle, 0.25000000000000")
+
+
+def test_the_rerun_server_is_sized_as_the_evaluations_was(study: tuple[dict[str, Any], Path, Path], verifier: Any,
+                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real replay (the other rerun tests stand it in) opens its vLLM server as `predict evaluate` does: the
+    config's serving section, not shared, and env.concurrency sequences in flight (the rows depend on the batch; the
+    landed CI died here when the server's size became a required argument)."""
+    from predict.bundle.rerun import replay_test_rollouts
+
+    opened: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    class Opened(Exception):
+        pass
+
+    class RecordingServer:
+        def __init__(self, serving: dict[str, Any], log: Path, **kw: Any) -> None:
+            opened.append((serving, kw))
+
+        def __enter__(self) -> Any:
+            raise Opened
+
+        def __exit__(self, *exc: Any) -> None:
+            return None
+
+    config = study[0]
+    monkeypatch.setattr("predict.evaluate.CheckpointServer", RecordingServer)
+    monkeypatch.setattr("predict.rollouts.sandbox_isolation", lambda config: None)
+    with pytest.raises(Opened):
+        replay_test_rollouts(config, [], {}, tasks_path=verifier.test_tasks, selection=[], ledger=study[2],
+                             scratch=tmp_path / "scratch")
+    [(serving, kw)] = opened
+    assert serving == {**config["serving"], "shared": None}
+    assert kw == {"sequences": int(config["env"]["concurrency"])}

@@ -77,7 +77,9 @@ def replay_test_rollouts(config: Mapping[str, Any], picks: Sequence[Pick], model
     groups: dict[tuple[str, str, int], list[Pick]] = {}
     for pick in picks:
         groups.setdefault((pick.run, pick.checkpoint, pick.seed), []).append(pick)
-    with CheckpointServer({**config["serving"], "shared": None}, scratch / "vllm.log") as server:
+    # Sized as the evaluation's server was (evaluate.py): the same sequences in flight, so the same rows.
+    with CheckpointServer({**config["serving"], "shared": None}, scratch / "vllm.log",
+                          sequences=int(config["env"]["concurrency"])) as server:
         for (run, checkpoint, seed), mine in groups.items():
             model = models[(run, checkpoint, seed)]
             job = evaluation_job(config, run=run, checkpoint=checkpoint, split="test", seed=seed, tasks_path=tasks_path,
