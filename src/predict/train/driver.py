@@ -137,6 +137,8 @@ class TrainingRun:
 
         if self.resumable and Trainer.read_state_info(self.state_dir) is not None:
             trainer = Trainer.resume(self.state_dir, device=RL_DEVICE)
+            if self.rl["activation_checkpointing"]:
+                trainer.checkpoint_activations()
             extra = trainer.state_extra
             done, metrics = int(extra.get(self.step_key, 0)), list(extra.get("metrics", []))
             log.info("resuming %s seed %d from step %d (%s)", self.job.run, self.job.seed, done, self.state_dir)
@@ -151,7 +153,10 @@ class TrainingRun:
             "micro_batch_tokens": int(rl["micro_batch_tokens"]),
             "seed": self.job.seed,
         }
-        return Trainer(self.job.init, **(kwargs | overrides)), 0, []
+        trainer = Trainer(self.job.init, **(kwargs | overrides))
+        if rl["activation_checkpointing"]:
+            trainer.checkpoint_activations()
+        return trainer, 0, []
 
     # -- serving and rollouts ------------------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -504,6 +504,19 @@ class Trainer:
         else:  # below float32 plain AdamW rounds small updates away
             self.optimizer = KahanAdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
 
+    def checkpoint_activations(self) -> None:
+        """rl.activation_checkpointing: each decoder layer keeps only its input and runs its forward again in the
+        backward, so a micro-batch's activations shrink from every layer's (~4 MB a token at the 4B shape) to one
+        layer's plus the layer inputs, for about a third more update time (docs/gpu.md). The recomputed forward is the
+        same kernels on the same inputs, so the update is the same (tests/test_train_trainer.py checks the weights).
+        How a step runs, not what it computes: not part of the saved state; the RL driver sets it from the config on
+        every start and resume."""
+        enable = getattr(self.model, "activation_checkpointing_enable", None)  # transformers >= 5.25's name
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
     # -- forward ------------------------------------------------------------------------------------------
     def _hidden(self, p: _Packed) -> torch.Tensor:
         out = self.model.model(
