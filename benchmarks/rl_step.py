@@ -166,9 +166,9 @@ def rollouts(generate: Any, tok: Any, tasks: list[dict], group: int, args: argpa
 
 def build_model(args: argparse.Namespace, folder: Path) -> Path:
     """The benchmark's checkpoint: --model, or a random Qwen3-4B-shaped one written to `folder` with the real
-    tokenizer, initialised on the GPU (numpy takes minutes for 4B weights). Untied (4.41B parameters, 0.39B more than
-    the release): that is what ran on the H200 (rl_step_h200_vllm.json); the tied one was refused there until
-    `predict.serving.worker_ext.checkpoint_shapes` stopped asking a tied model for its lm_head."""
+    tokenizer, initialised on the GPU (numpy takes minutes for 4B weights). Tied like the release (4.02B parameters);
+    --untied adds a separate lm_head (4.41B), the shape of rl_step_h200_vllm.json, measured while the tied one was
+    refused (until `predict.serving.worker_ext.checkpoint_shapes` stopped asking a tied model for its lm_head)."""
     if args.model is not None:
         return args.model
     import shutil
@@ -181,7 +181,7 @@ def build_model(args: argparse.Namespace, folder: Path) -> Path:
     t = time.perf_counter()
     torch.manual_seed(0)
     with torch.device(args.device):
-        net = AutoModelForCausalLM.from_config(Qwen3Config(**{**QWEN3_4B, "tie_word_embeddings": False}, bos_token_id=151643, eos_token_id=151645),
+        net = AutoModelForCausalLM.from_config(Qwen3Config(**{**QWEN3_4B, "tie_word_embeddings": not args.untied}, bos_token_id=151643, eos_token_id=151645),
                                                dtype=torch.bfloat16)  # fmt: skip
     net.save_pretrained(folder)
     del net
@@ -208,6 +208,11 @@ def main() -> int:
     ap.add_argument("--micro-batch-tokens", type=int, default=16384)
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--no-standin", action="store_true", help="skip the transformers stand-in's rollout")
+    ap.add_argument("--untied", action="store_true", help="a separate lm_head (0.39B more parameters than the release)")
+    ap.add_argument("--no-folder", action="store_true", help="skip the folder sync beside each step (~15 s at 4B)")
+    ap.add_argument("--trainers", nargs="+", default=None, metavar="TOKENS[:ckpt]",
+                    help="trainer variants run one after another against the one server: micro-batch tokens, "
+                         "':ckpt' for rl.activation_checkpointing (default: --micro-batch-tokens, no checkpointing)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -217,8 +222,6 @@ def main() -> int:
     from predict.serving.gpu_memory import GIB, GpuMemoryWatch
     from predict.serving.server import SERVED_NAME, VLLMServer, default_python
     from predict.serving.weight_sync import WeightHandoff
-    from predict.train.driver import TrainingRun
-    from predict.train.from_rollouts import SampleSettings, build_samples
     from predict.train.trainer import Trainer
 
     gpu = args.device == "cuda"
@@ -231,10 +234,7 @@ def main() -> int:
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "args": {k: str(v) for k, v in vars(args).items()}}
 
-    t0 = time.perf_counter()
-    trainer = Trainer(model, lr=1e-6, device=args.device, dtype="bfloat16" if gpu else "float32",
-                      micro_batch_tokens=args.micro_batch_tokens, weight_decay=0.0, grad_clip=1.0, seed=0)  # fmt: skip
-    result["trainer_setup_s"] = time.perf_counter() - t0
+    variants = [(int(v.split(":")[0]), v.endswith(":ckpt")) for v in args.trainers or [str(args.micro_batch_tokens)]]
 
     if not args.no_standin:  # the stand-in's rollout on the same prompts, before the server holds any memory
         from transformers import AutoModelForCausalLM
@@ -265,63 +265,111 @@ def main() -> int:
     print(f"vLLM server up in {result['server_start_s']:.1f} s ({' '.join(server.extra_args)})", flush=True)
     generate = VLLMGenerator(server)
     handoff = WeightHandoff("bench")
-    watch = GpuMemoryWatch(interval_s=0.05).start()
-    rows = []
+    result["variants"] = []
     try:
-        for step in range(args.warmup + args.steps):
-            row: dict[str, Any] = {"step": step, "warmup": step < args.warmup}
-            t = time.perf_counter()
-            records = rollouts(generate, tok, tasks, args.group, args, 100 + step)
-            row["rollout_s"] = time.perf_counter() - t
-            t = time.perf_counter()
-            samples, counts, _ = build_samples(records, tok, SampleSettings(predictive=True, alpha=1.0))
-            row["samples_s"] = time.perf_counter() - t
-            row |= {"n_samples": len(samples), "ce_samples": counts.ce_samples}
+        for micro_batch_tokens, checkpointing in variants:
+            t0 = time.perf_counter()
+            trainer = Trainer(model, lr=1e-6, device=args.device, dtype="bfloat16" if gpu else "float32",
+                              micro_batch_tokens=micro_batch_tokens, weight_decay=0.0, grad_clip=1.0, seed=0)  # fmt: skip
+            if checkpointing:
+                trainer.checkpoint_activations()
+            setup_s = time.perf_counter() - t0
+            watch = GpuMemoryWatch(interval_s=0.05).start()
+            try:
+                rows = run_steps(args, trainer, server, generate, handoff, watch, tok, tasks, cfg, work, sync, gpu)
+            finally:
+                watch.stop()
+            variant = {"micro_batch_tokens": micro_batch_tokens, "activation_checkpointing": checkpointing,
+                       "trainer_setup_s": setup_s, **summarise(rows), "device_peak_gib": watch.peak_bytes / GIB,
+                       "trainer_peak_gib": max((r.get("trainer_peak_gib", 0.0) for r in rows), default=0.0),
+                       "rows": rows}  # fmt: skip
+            result["variants"].append(variant)
+            report(args, model, variant, result)
+            del trainer
             if gpu:
-                torch.cuda.reset_peak_memory_stats()
-            t = time.perf_counter()
-            with TrainingRun.update_window(server) as slept:
-                sync()
-                t_update = time.perf_counter()
-                m = trainer.step(samples)
-                sync()
-                row["update_s"] = time.perf_counter() - t_update
-            row["sleep_s"] = time.perf_counter() - t - row["update_s"] if slept else 0.0
-            row |= {k: m[k] for k in ("loss", "rl_loss", "ce_loss", "n_rl_tokens", "n_ce_tokens", "n_tokens")}
-            row["update_mfu"] = update_flops(cfg, samples) / row["update_s"] / PEAK_FLOPS
-            if gpu:
-                row["trainer_peak_gib"] = torch.cuda.max_memory_allocated() / GIB
-            t = time.perf_counter()
-            server.push_weights(handoff.write(trainer.handoff_state()), version=str(step))
-            row["sync_memory_s"] = time.perf_counter() - t
-            row["step_s"] = row["rollout_s"] + row["samples_s"] + row["update_s"] + row["sleep_s"] + row["sync_memory_s"]
-            t = time.perf_counter()  # the folder path into the same server, beside the step (not part of it)
-            trainer.save_checkpoint(work / "policy")
-            server.reload_weights(work / "policy", version=f"{step}-folder")
-            row["sync_folder_s"] = time.perf_counter() - t
-            row["device_peak_gib"] = watch.peak_bytes / GIB
-            rows.append(row)
-            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+                torch.cuda.empty_cache()
     finally:
-        watch.stop()
         handoff.close()
         server.stop()
-    timed = [r for r in rows if not r["warmup"]]
-    keys = ["rollout_s", "samples_s", "update_s", "sleep_s", "sync_memory_s", "sync_folder_s", "step_s", "update_mfu"]
-    mean = {k: sum(r[k] for r in timed) / len(timed) for k in keys}
-    mean["sleep_and_sync_share"] = (mean["sleep_s"] + mean["sync_memory_s"]) / mean["step_s"]
-    result |= {"rows": rows, "mean": mean, "device_peak_gib": watch.peak_bytes / GIB,
-               "trainer_peak_gib": max((r.get("trainer_peak_gib", 0.0) for r in rows), default=0.0)}  # fmt: skip
-    print(f"\nRL step on {args.device} ({model}), {args.tasks}x{args.group} rollouts, {args.new_tokens}+{args.pred_tokens} "
-          f"new tokens through vLLM; mean of {len(timed)} steps after {args.warmup} warm-up:")  # fmt: skip
-    for k in keys[:-1]:
-        print(f"  {k:<14} {mean[k]:8.3f} s {mean[k] / mean['step_s']:6.1%}")
-    print(f"  update MFU {mean['update_mfu']:.1%}; sleep + wake + sync {mean['sleep_and_sync_share']:.1%} of the step; "
-          f"stand-in rollout {result.get('standin_rollout_s', float('nan')):.2f} s; peak GPU memory "
-          f"{result['device_peak_gib']:.1f} GiB on the device, {result['trainer_peak_gib']:.1f} GiB the trainer's")  # fmt: skip
+    if len(variants) == 1:  # the layout of the earlier JSON files
+        result |= {k: v for k, v in result.pop("variants")[0].items() if k not in ("micro_batch_tokens", "activation_checkpointing")}
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def run_steps(args: argparse.Namespace, trainer: Any, server: Any, generate: Any, handoff: Any, watch: Any, tok: Any,
+              tasks: list[dict], cfg: dict, work: Path, sync: Any, gpu: bool) -> list[dict[str, Any]]:  # fmt: skip
+    """Warm-up + timed steps of one trainer against the running server: the rows, one per step."""
+    import torch
+
+    from predict.serving.gpu_memory import GIB
+    from predict.train.driver import TrainingRun
+    from predict.train.from_rollouts import SampleSettings, build_samples
+
+    rows = []
+    for step in range(args.warmup + args.steps):
+        row: dict[str, Any] = {"step": step, "warmup": step < args.warmup}
+        t = time.perf_counter()
+        records = rollouts(generate, tok, tasks, args.group, args, 100 + step)
+        row["rollout_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        samples, counts, _ = build_samples(records, tok, SampleSettings(predictive=True, alpha=1.0))
+        row["samples_s"] = time.perf_counter() - t
+        row |= {"n_samples": len(samples), "ce_samples": counts.ce_samples}
+        if gpu:
+            torch.cuda.reset_peak_memory_stats()
+        t = time.perf_counter()
+        with TrainingRun.update_window(server) as slept:
+            sync()
+            t_update = time.perf_counter()
+            m = trainer.step(samples)
+            sync()
+            row["update_s"] = time.perf_counter() - t_update
+        row["sleep_s"] = time.perf_counter() - t - row["update_s"] if slept else 0.0
+        row |= {k: m[k] for k in ("loss", "rl_loss", "ce_loss", "n_rl_tokens", "n_ce_tokens", "n_tokens")}
+        row["update_mfu"] = update_flops(cfg, samples) / row["update_s"] / PEAK_FLOPS
+        if gpu:
+            row["trainer_peak_gib"] = torch.cuda.max_memory_allocated() / GIB
+        t = time.perf_counter()
+        server.push_weights(handoff.write(trainer.handoff_state()), version=str(step))
+        row["sync_memory_s"] = time.perf_counter() - t
+        row["step_s"] = row["rollout_s"] + row["samples_s"] + row["update_s"] + row["sleep_s"] + row["sync_memory_s"]
+        if not args.no_folder:  # the folder path into the same server, beside the step (not part of it)
+            t = time.perf_counter()
+            trainer.save_checkpoint(work / "policy")
+            server.reload_weights(work / "policy", version=f"{step}-folder")
+            row["sync_folder_s"] = time.perf_counter() - t
+        row["device_peak_gib"] = watch.peak_bytes / GIB
+        rows.append(row)
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+    return rows
+
+
+STEP_KEYS = ["rollout_s", "samples_s", "update_s", "sleep_s", "sync_memory_s", "sync_folder_s", "step_s", "update_mfu"]
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The mean of the timed steps (the warm-up left out)."""
+    timed = [r for r in rows if not r["warmup"]]
+    mean = {k: sum(r[k] for r in timed) / len(timed) for k in STEP_KEYS if all(k in r for r in timed)}
+    mean["sleep_and_sync_share"] = (mean["sleep_s"] + mean["sync_memory_s"]) / mean["step_s"]
+    return {"mean": mean, "timed_steps": len(timed)}
+
+
+def report(args: argparse.Namespace, model: Path, variant: dict[str, Any], result: dict[str, Any]) -> None:
+    mean = variant["mean"]
+    print(f"\nRL step on {args.device} ({model}), {args.tasks}x{args.group} rollouts, {args.new_tokens}+{args.pred_tokens} "
+          f"new tokens through vLLM, micro-batches of {variant['micro_batch_tokens']} tokens"
+          f"{', activation checkpointing' if variant['activation_checkpointing'] else ''}; mean of "
+          f"{variant['timed_steps']} steps after {args.warmup} warm-up:")  # fmt: skip
+    for k in STEP_KEYS[:-1]:
+        if k in mean:
+            print(f"  {k:<14} {mean[k]:8.3f} s {mean[k] / mean['step_s']:6.1%}")
+    print(f"  update MFU {mean['update_mfu']:.1%}; sleep + wake + sync {mean['sleep_and_sync_share']:.1%} of the step; "
+          f"stand-in rollout {result.get('standin_rollout_s', float('nan')):.2f} s; peak GPU memory "
+          f"{variant['device_peak_gib']:.1f} GiB on the device, {variant['trainer_peak_gib']:.1f} GiB the trainer's",
+          flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
