@@ -301,6 +301,52 @@ def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) 
         ]
 
 
+def test_rendered_rl_tomls_survive_the_rl_launchers_own_rewrite(tmp_path: Path) -> None:
+    """prime-rl's ``rl`` launcher writes each process its own TOML (`write_subconfigs`: ``to_toml_dict`` then
+    ``tomli_w``) and the orchestrator parses it again. TOML has no null: a None left inside our harness config (the
+    protocol's ``max_model_calls``, a dataclass that prime-rl's encoder does not walk) crashed every rl run at start
+    on the H200 (issue 39). Every run's orchestrator table must write and read back to the same environment."""
+    import json
+    import sys
+
+    from predict.train.prime_rl import configs
+
+    src = _source(tmp_path)
+    vf_src = _verifiers_source(tmp_path, src)
+    work = tmp_path / "patched"
+    subprocess.run(["cp", "-r", str(src), str(work)], check=True)
+    subprocess.run(["git", "apply", str(PATCH)], cwd=work, check=True)
+    cfg = load_config(REPO_ROOT / "config" / "config.yaml")
+    tables = {run: configs.rl_config(cfg, run, 42, model=tmp_path / "sft", tasks=tmp_path / "rl.parquet",
+                                     output_dir=tmp_path / "out") for run in study_runs(cfg)}
+    code = (
+        "import json, sys, tomllib, tomli_w\n"
+        "from prime_rl.configs.rl import RLConfig\nfrom prime_rl.configs.orchestrator import OrchestratorConfig\n"
+        "from prime_rl.utils.config import to_toml_dict\n"
+        "out = {}\n"
+        "for name, t in json.loads(sys.argv[1]).items():\n"
+        "    c = RLConfig.model_validate(t)\n"
+        "    text = tomli_w.dumps(to_toml_dict(c.orchestrator))  # the launcher's write_subconfigs\n"
+        "    again = OrchestratorConfig.model_validate(tomllib.loads(text))\n"
+        "    dump = lambda o: o.train.source[0].env.model_dump(mode='json')\n"
+        "    out[name] = [dump(again) == dump(c.orchestrator), dump(again)['agent']['harness']['protocol']]\n"
+        "print(json.dumps(out))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO_ROOT / "src"), str(vf_src), str(work / "packages" / "prime-rl-configs" / "src")])}
+    result = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(tables)], capture_output=True, text=True, env=env, timeout=600
+    )
+    if result.returncode != 0 and "ModuleNotFoundError" in result.stderr:
+        skip_unless_required(f"prime-rl's configs need a module this venv lacks: {result.stderr.strip()[-200:]}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    parsed = json.loads(result.stdout)
+    assert set(parsed) == set(study_runs(cfg))
+    for run, (same, protocol) in parsed.items():
+        assert same, (run, protocol)
+        assert protocol["budget"] >= cfg["env"]["budget"] and protocol.get("max_model_calls") is None, (run, protocol)
+
+
 def test_setup_checkout_and_patch_are_idempotent(tmp_path: Path) -> None:
     """cluster.checkout + apply_patch on a git repository holding the pinned files: a second run resets the tracked
     files, drops the shim and applies the patch again (the setup rule can be re-run)."""

@@ -23,6 +23,7 @@ id fails in ``find_spec``. Importing this module therefore registers it under `H
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 import threading
@@ -30,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
+import pydantic
 import verifiers.v1 as vf
 
 from predict.env.protocol import RESULT_FILE, RESULT_MAX_BYTES, SOLUTION_FILE, TASK_FILE, ProtocolConfig
@@ -57,6 +59,13 @@ class LocalAgentHarnessConfig(vf.HarnessConfig):
     in_process: bool = True
     """Run the episode in a thread of this process, its checks through the shared sandbox pool (the module doc);
     False: a new ``<python> -m predict.env.program`` per rollout (``python`` is then its interpreter)."""
+
+    @pydantic.field_serializer("protocol")
+    def _protocol_without_nulls(self, protocol: ProtocolConfig) -> dict[str, Any]:
+        """The protocol's fields, those at None left out. prime-rl's ``rl`` launcher writes this config into each
+        process's TOML (``to_toml_dict``, which does not walk dataclasses, then ``tomli_w``) and TOML has no null:
+        a None here stopped every prime-rl run at start (issue 39). A field left out reads back as its default."""
+        return {k: v for k, v in dataclasses.asdict(protocol).items() if v is not None}
 
 
 # Episode threads: each blocks on its model calls (urllib against the interception server, served by the event loop
