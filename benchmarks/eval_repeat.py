@@ -43,6 +43,8 @@ def main() -> int:
                     help="GPU: batch-invariant and/or default serving (default: what the config serves)")
     ap.add_argument("--tasks", type=int, default=None, help="val tasks (default: the config's evaluation.tasks)")
     ap.add_argument("--out", default=None, help="also write the numbers as JSON here")
+    ap.add_argument("--enforce-eager", action="store_true",
+                    help="serve without CUDA graphs and torch.compile (is a fresh server's difference theirs?)")
     args = ap.parse_args()
 
     import verifiers.v1.runtimes.subprocess as vf_subprocess
@@ -71,6 +73,7 @@ def main() -> int:
         "serving": serving_identity(serving, concurrency=max(args.concurrency)),
         "tasks": len(tasks),
         "max_tokens": ev["max_tokens"],
+        "enforce_eager": args.enforce_eager,
         "modes": {},
     }
 
@@ -87,7 +90,7 @@ def main() -> int:
         for server in range(args.servers):
             t0 = time.perf_counter()
             with VLLMServer.from_serving(model, serving, sequences=max(args.concurrency), served_model_name=SERVED_NAME,
-                                         env=env) as srv:  # fmt: skip
+                                         env=env, **({"enforce_eager": True} if args.enforce_eager else {})) as srv:  # fmt: skip
                 starts.append(time.perf_counter() - t0)
                 run_rollouts_sync(tasks, settings(srv.base_url, max(args.concurrency), "warm-up"))
                 for repeat in range(args.repeats):

@@ -30,6 +30,8 @@ def _profile_overlays() -> dict[str, list[Path]]:
 
 
 OVERLAYS = _profile_overlays()
+# read over the paper design by envs/prime-rl-offline-check.sh (prime-rl on one GPU), not by a profile
+OVERLAYS["prime-rl-slice.yaml"] = [REPO / "config" / "config.yaml"]
 
 
 @pytest.mark.parametrize("path", [p for p in CONFIGS if p.name != "schema.yaml"], ids=lambda p: p.name)

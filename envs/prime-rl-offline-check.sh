@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# prime-rl on ONE GPU of a node without network, through the project's own stages (issue 39; docs/prime-rl.md,
+# "Seen on a GPU"): a check of the cluster path, not a result. After envs/prime-rl-offline-node.sh, from the
+# checkout's root, one phase per call (each well inside 10 minutes):
+#   sft     a random Qwen3-0.6B shape (real tokenizer) -> `predict prime-rl-config sft` -> `predict prime-rl-train sft`
+#   kill    `predict prime-rl-config rl` (Arm B, PredictAlgorithm) -> `predict prime-rl-train rl`, killed (SIGKILL, the
+#           whole tree: a lost node) once step 2 has started
+#   resume  the same `predict prime-rl-train rl` again: prime-rl resumes from its last checkpoint (ckpt.resume_step -1),
+#           the job collects the steps, the per-step metrics and TensorBoard; then `predict evaluate` on val of the
+#           last step through the pipeline's own vLLM server
+# Inputs (env): PRL_SITE (prime-rl's site, envs/prime-rl-offline-node.sh), VLLM_SITE (vLLM 0.26's), SERVING_PYTHON (an
+# interpreter that imports vLLM, for the pipeline's server), TRACES (an SFT traces parquet of arm B), TASKS (the RL
+# tasks parquet), VAL (the val split parquet), R (where everything goes; default /tmp/prl-check).
+# A random model writes no prediction and earns no reward, so every RL batch would be empty (prime-rl skips such a
+# step and stops after 10): TRACES is a few traces and TASKS their own tasks, which SFT teaches it to write.
+set -euo pipefail
+phase="${1:?usage: envs/prime-rl-offline-check.sh sft|kill|resume}"
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+site="${PRL_SITE:-/tmp/prl-site}"
+vsite="${VLLM_SITE:-/tmp/site}"
+R="${R:-/tmp/prl-check}"
+mkdir -p "$R/logs"
+export PATH="$site/bin:$PATH"
+# tilelang (imported by prime-rl's model registry) loads TVM, which links libz3 from the z3-solver wheel
+export LD_LIBRARY_PATH="$site/z3/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+prl_path="$site:$vsite:$repo/src"   # prime-rl's pins first (transformers 5.6.2, its verifiers)
+pipe_path="$vsite:$repo/src"        # the pipeline's own env
+predict() { python3 -c "import sys; from predict.cli import main; sys.exit(main())" "$@"; }
+cfg="$R/config.yaml"
+if [ ! -f "$cfg" ]; then
+  PYTHONPATH="$pipe_path" python3 - "$repo" "$cfg" "${SERVING_PYTHON:?}" <<'PY'
+import sys
+from pathlib import Path
+import yaml
+from predict.cli import merge_config_files
+repo, out, python = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+config = merge_config_files(repo / "config" / "config.yaml", repo / "config" / "prime-rl-slice.yaml")
+config["serving"]["python"] = python  # this node's vLLM interpreter
+yaml.safe_dump(config, open(out, "w"))
+PY
+fi
+od="$R/rl/B/seed42/prime-rl"
+rl_train=(prime-rl-train rl --config "$cfg" --toml "$R/rl/B/seed42/prime-rl.toml" --dir "$R/cwd"
+          --run-dir "$R/rl/B/seed42" --checkpoints-out "$R/rl/B/seed42/checkpoints.json"
+          --tensorboard-dir "$R/tensorboard")
+mkdir -p "$R/cwd"
+gpu_peak() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | sort -n | tail -1; }
+
+case "$phase" in
+sft)
+  t0=$SECONDS
+  PYTHONPATH="$prl_path" predict build-tiny-model --config "$cfg" --out-dir "$R/models/tiny"
+  PYTHONPATH="$prl_path" predict prime-rl-config sft --config "$cfg" --arm B --traces "${TRACES:?}" \
+    --dataset-dir "$R/sft/B/prime-rl-data" --model "$R/models/tiny" --output-dir "$R/sft/B/prime-rl" \
+    --out "$R/sft/B/prime-rl.toml"
+  t1=$SECONDS
+  PYTHONPATH="$prl_path" predict prime-rl-train sft --config "$cfg" --toml "$R/sft/B/prime-rl.toml" --dir "$R/cwd" \
+    --checkpoint "$R/checkpoints/B/sft" --metrics-out "$R/sft/B/metrics.parquet"
+  echo "phase sft: model + config $((t1 - t0)) s, prime-rl sft $((SECONDS - t1)) s"
+  ;;
+kill)
+  PYTHONPATH="$prl_path" predict prime-rl-config rl --config "$cfg" --run B --seed 42 --tasks-file "${TASKS:?}" \
+    --model "$R/checkpoints/B/sft" --output-dir "$od" --out "$R/rl/B/seed42/prime-rl.toml"
+  t0=$SECONDS
+  PYTHONPATH="$prl_path" setsid python3 -c "import sys; from predict.cli import main; sys.exit(main())" \
+    "${rl_train[@]}" > "$R/logs/rl-attempt1.log" 2>&1 &
+  peak=0
+  # step 2 has started once step 1's checkpoint is complete (prime-rl writes STABLE last)
+  until [ -f "$od/checkpoints/step_1/STABLE" ] || [ -f "$od/weights/step_1/STABLE" ]; do
+    sleep 2; peak=$(( $(gpu_peak) > peak ? $(gpu_peak) : peak ))
+    if ! pgrep -f "predict.cli.*prime-rl-train" >/dev/null; then echo "prime-rl-train exited before step 1"; tail -30 "$R/logs/rl-attempt1.log"; exit 1; fi
+    if (( SECONDS - t0 > 500 )); then echo "no step 1 after 500 s"; break; fi
+  done
+  sleep 8
+  echo "phase kill: step 1 done after $((SECONDS - t0 - 8)) s; device peak so far ${peak} MiB; SIGKILL to the whole tree"
+  pkill -KILL -f "predict.cli|prime_rl|$site/bin|vllm|torchrun" || true
+  sleep 3
+  ls "$od/checkpoints" "$od/weights" 2>&1 || true
+  ;;
+resume)
+  t0=$SECONDS
+  PYTHONPATH="$prl_path" predict "${rl_train[@]}" > "$R/logs/rl-attempt2.log" 2>&1 &
+  pid=$!; peak=0
+  while kill -0 "$pid" 2>/dev/null; do sleep 2; peak=$(( $(gpu_peak) > peak ? $(gpu_peak) : peak )); done
+  wait "$pid" || { tail -50 "$R/logs/rl-attempt2.log"; exit 1; }
+  echo "phase resume: prime-rl rl resumed and finished in $((SECONDS - t0)) s; device peak ${peak} MiB"
+  last="$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['last'])" "$R/rl/B/seed42/checkpoints.json")"
+  t1=$SECONDS
+  PYTHONPATH="$pipe_path" predict evaluate --config "$cfg" --run B --split val --seed 42 --tasks-file "${VAL:?}" \
+    --checkpoint "step$last" --model "$R/rl/B/seed42/step$last" --out "$R/eval/val/B/seed42/step$last.parquet"
+  echo "phase resume: val evaluation of step$last in $((SECONDS - t1)) s"
+  ;;
+*) echo "unknown phase $phase" >&2; exit 2 ;;
+esac
