@@ -12,22 +12,19 @@ from typing import Any
 import pytest
 
 from predict.env.protocol import (
-    ENVIRONMENT_VARIANTS,
     ERRORS,
     MALFORMED,
-    PREDICTIVE_VARIANTS,
     RESULT_PATCH_APPLIED,
     RESULT_PATCH_KEPT,
     RESULT_PATCH_REVERTED,
     STOP_REASONS,
     STUB,
-    VARIANTS,
     Episode,
     ProtocolConfig,
     error_result,
 )
 from predict.env.records import build_record, patch_steps, read_records, write_records
-from predict.outcomes import OUTCOMES, Outcome
+from predict.vocabulary import ENVIRONMENT_VARIANTS, OUTCOMES, PREDICTIVE_VARIANTS, VARIANTS, Outcome
 from tests.test_env_protocol import ADD, READ, STUB_LINE, TEST, FakeTests, patch, predict
 
 ADD_PATCH = "CALL apply_patch " + ADD

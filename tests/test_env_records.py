@@ -14,7 +14,7 @@ from predict.env.records import (
     rollout_key,
     write_records,
 )
-from predict.outcomes import Outcome
+from predict.vocabulary import Outcome
 
 META = {
     "arm": "B",

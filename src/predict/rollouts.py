@@ -273,7 +273,7 @@ def positive_int(text: str) -> int:
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
-    from predict.env.protocol import VARIANTS
+    from predict.vocabulary import VARIANTS
 
     p.add_argument("--tasks-file", required=True, help="split parquet from `predict split`")
     p.add_argument("--split", required=True, choices=["sft", "rl", "val", "test"])

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from predict.env.protocol import MALFORMED
-from predict.outcomes import OUTCOMES
+from predict.vocabulary import OUTCOMES
 
 if TYPE_CHECKING:
     from predict.stages import StageConfig

@@ -319,7 +319,7 @@ def env_source(
     """One ``[[orchestrator.train.source]]``: our taskset + harness, with the same protocol values as local
     rollouts (`RolloutSettings.from_study_config`); `seed` orders the taskset (prime-rl's epoch shuffle ignores it).
     The seat's `sampling` is rendered too: `predict_mbpp`'s env declares the embedded default's sampling as the
-    seat's default (`predict.env.environment`), and a seat's values win over the orchestrator's."""
+    seat's default (`predict_mbpp.environment`), and a seat's values win over the orchestrator's."""
     from predict.env.rollout import RolloutSettings
 
     settings = RolloutSettings.from_study_config(

@@ -1,6 +1,7 @@
 """`MbppEnv`: the study's environment for clients we do not drive (``vf-eval predict_mbpp``, prime-rl's env server).
 
-`predict_mbpp` exports it beside the taskset and the harness; docs/vf-eval.md is the offline vf-eval command. Rules:
+`predict_mbpp` exports it beside the taskset and the harness; docs/vf-eval.md is the offline vf-eval command. It lives
+here, not in `predict.env`: its seat defaults read the study's runs (`predict.runs`), which import the environment. Rules:
 
 * the harness is ours: `predict_mbpp` exports `LocalAgentHarness`, so an unpinned seat runs our program (verifiers'
   fallback is a ``bash`` harness that installs online);
