@@ -46,7 +46,7 @@ async def flow(tmp: Path) -> dict[str, Any]:
     from tokenizers import Tokenizer
 
     from predict.config import REPO_ROOT, load_config
-    from predict.env.rollout import default_tokenizer_dir
+    from predict.env.runner import default_tokenizer_dir
     from predict.env.taskset import task_from_row
     from predict.train.prime_rl.collect import FailedRolloutsError, check_failed_rollouts, metrics_table, schema_rows
     from predict.train.prime_rl.configs import rl_config

@@ -373,7 +373,7 @@ def test_records_round_trip(protocol: str, variant: str, tmp_path: Path) -> None
 
 def test_the_program_runs_the_variant_the_harness_passes() -> None:
     from predict.env.program import parse_args as program_args
-    from predict.env.rollout import RolloutSettings, build_agent_config
+    from predict.env.runner import RolloutSettings, build_agent_config
 
     for variant in ENVIRONMENT_VARIANTS:
         settings = RolloutSettings.of(base_url="http://127.0.0.1:1/v1", model="m", protocol="reactive", variant=variant)

@@ -26,7 +26,7 @@ from predict.env.protocol import (
     ProtocolConfig,
 )
 from predict.env.records import read_records, write_records
-from predict.env.rollout import RolloutSettings, default_tokenizer_dir, run_rollouts
+from predict.env.runner import RolloutSettings, default_tokenizer_dir, run_rollouts
 from predict.env.seeds import request_seed
 from predict.vocabulary import OUTCOMES
 from tests.scripted_endpoint import HttpError, ScriptedEndpoint
