@@ -63,8 +63,8 @@ rule design:
         RFT_RESULTS,
         rules.stats.output,
         rules.power.output,
-        expand(R("ablations", "{ablation}.parquet"), ablation=list(ABLATIONS)),
-        expand(R("extensions", "{extension}.parquet"), extension=list(EXTENSIONS)),
+        expand(R("ablations", "{ablation}.parquet"), ablation=list(WORKFLOW_CONFIG["ablations"])),
+        expand(R("extensions", "{extension}.parquet"), extension=list(WORKFLOW_CONFIG["extensions"])),
         rules.open_question.output,
 
 

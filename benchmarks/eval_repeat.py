@@ -52,7 +52,7 @@ def main() -> int:
     from predict.config import load_config
     from predict.data import load_mbpp, split_tasks
     from predict.env.records import PER_RUN_COLUMNS as PER_RUN  # times and a random id
-    from predict.env.rollout import RolloutSettings, run_rollouts_sync
+    from predict.env.runner import RolloutSettings, run_rollouts_sync
     from predict.serving.identity import evaluation_environment, serving_identity
     from predict.serving.server import SERVED_NAME, VLLMServer, default_cache_dir
     from predict.tiny_model import cached_tiny_qwen3

@@ -14,7 +14,7 @@ One step is what `predict.train.rl` does around a real vLLM server colocated wit
   the environment answers "patch applied"; call 2 samples ``--pred-tokens`` tokens, whose first ones are overwritten
   with a prediction line (``<PREDICTION>PASS</PREDICTION> <DECISION>KEEP</DECISION>``; a random model never writes
   one) so the label masking and CE path run. Rewards and verified labels are random, so GRPO advantages are
-  non-zero. The environment itself is not run (its cost: benchmarks/rollouts.py).
+  non-zero. The environment itself is not run (its cost: benchmarks/rollout_throughput.py).
 * samples: `predict.train.from_rollouts.build_samples` (Arm B, alpha 1).
 * update: one `Trainer.step`, inside `TrainingRun.update_window`: on the GPU the server sleeps through it (level 2:
   its weights and KV cache go, the trainer has the memory) and wakes after (``sleep_s`` = sleep + wake-up).

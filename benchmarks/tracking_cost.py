@@ -1,5 +1,5 @@
 """What live tracking costs a training step: `predict.train.tracking.RunTracker.log` of one full metrics row (every
-column of `predict.train.metrics.METRICS_SCHEMA` set), side by side with the step times of a real run.
+column of `predict.train.step_metrics.METRICS_SCHEMA` set), side by side with the step times of a real run.
 
     python benchmarks/tracking_cost.py --metrics results/rl/B/seed42/metrics.parquet [--steps 200] [--wandb]
 
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from predict.config.models import WandbSettings
-from predict.train.metrics import METRICS_SCHEMA, read_metrics
+from predict.train.step_metrics import METRICS_SCHEMA, read_metrics
 from predict.train.tracking import RunTracker, TrackingTargets
 
 

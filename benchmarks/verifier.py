@@ -39,8 +39,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from predict.outcomes import Outcome
 from predict.sandbox import Verifier, isolation_report
+from predict.vocabulary import Outcome
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MBPP = ROOT / "resources" / "mbpp" / "mbpp.jsonl"

@@ -46,11 +46,11 @@ async def flow(tmp: Path) -> dict[str, Any]:
     from tokenizers import Tokenizer
 
     from predict.config import REPO_ROOT, load_config
-    from predict.env.environment import MbppEnvConfig
-    from predict.env.rollout import default_tokenizer_dir
+    from predict.env.runner import default_tokenizer_dir
     from predict.env.taskset import task_from_row
     from predict.train.prime_rl.collect import FailedRolloutsError, check_failed_rollouts, metrics_table, schema_rows
     from predict.train.prime_rl.configs import rl_config
+    from predict_mbpp.environment import MbppEnvConfig
     from tests.prime_rl_fixtures import episode_result, trace_nodes
     from tests.scripted_endpoint import HttpError, ScriptedEndpoint
 

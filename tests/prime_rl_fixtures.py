@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from predict.env.protocol import Episode, ProtocolConfig
-from predict.outcomes import Outcome
+from predict.vocabulary import Outcome
 
 REPLIES = [
     'CALL apply_patch {"find": "# Write your function here.", "replace": "def f(x, y):\\n    return x + y"}',

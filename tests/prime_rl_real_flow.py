@@ -41,7 +41,7 @@ def main(prl: str, vf_src: str) -> dict[str, Any]:
     from pydantic import TypeAdapter
     from tokenizers import Tokenizer
 
-    from predict.env.rollout import default_tokenizer_dir
+    from predict.env.runner import default_tokenizer_dir
     from predict.train.prime_rl.algorithm import PredictAlgorithm
     from tests.prime_rl_fixtures import episode_result, trace_nodes
 

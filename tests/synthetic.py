@@ -13,7 +13,7 @@ from typing import Any
 
 from predict.env.protocol import Episode, ProtocolConfig
 from predict.env.records import build_record, write_records
-from predict.outcomes import Outcome
+from predict.vocabulary import Outcome
 
 Patch = tuple[str, str | None, str | None]  # (outcome, prediction, decision); prediction None = reactive arm
 

@@ -123,7 +123,7 @@ def test_a_second_design_on_the_same_split_and_base_model_must_be_declared_and_i
 def test_a_resume_with_other_weights_is_refused(study, test_split: Path, endpoint, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Old code: the started line recorded the model's path, so other weights under the same name resumed."""
-    import predict.env.rollout as rollout_engine
+    import predict.env.runner as rollout_engine
 
     weights = tmp_path / "checkpoints" / "A" / "sft"
     weights.mkdir(parents=True)

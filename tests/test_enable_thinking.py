@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from predict.config import load_config
-from predict.env.rollout import RolloutSettings, build_agent_config
+from predict.env.runner import RolloutSettings, build_agent_config
 
 REPO = Path(__file__).resolve().parents[1]
 

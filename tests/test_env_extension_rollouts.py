@@ -18,7 +18,7 @@ from predict.env.protocol import (
     error_result,
 )
 from predict.env.records import patch_steps, read_records, write_records
-from predict.env.rollout import default_tokenizer_dir
+from predict.env.runner import default_tokenizer_dir
 from tests.test_env_rollouts import (
     ADD,
     AF_REVISE,

@@ -472,7 +472,7 @@ def test_edit_on_revise_records_round_trip(tmp_path: Path) -> None:
 def test_rollout_cli_takes_the_variant_and_the_protocol_knobs(tmp_path: Path) -> None:
     from predict.cli import build_parser
     from predict.config import load_config
-    from predict.env.rollout import RolloutSettings
+    from predict.env.runner import RolloutSettings
     from predict.runs import with_env
 
     base = ["rollout", "--config", "config/local.yaml", "--tasks-file", "t", "--split", "val", "--model", "m"]
@@ -503,7 +503,7 @@ def test_rollout_cli_takes_the_variant_and_the_protocol_knobs(tmp_path: Path) ->
 
 def test_harness_passes_the_protocol_knobs_to_the_program() -> None:
     from predict.env.program import parse_args as program_args
-    from predict.env.rollout import RolloutSettings, build_agent_config
+    from predict.env.runner import RolloutSettings, build_agent_config
 
     settings = RolloutSettings.of(
         base_url="http://127.0.0.1:1/v1",
@@ -532,7 +532,7 @@ def test_protocol_knobs_are_declared_in_protocol_config_only() -> None:
 
     from predict.env.harness import LocalAgentHarnessConfig
     from predict.env.program import parse_args as program_args
-    from predict.env.rollout import RolloutSettings
+    from predict.env.runner import RolloutSettings
 
     knobs = set(inspect.signature(ProtocolConfig.resolve).parameters) | {f.name for f in fields(ProtocolConfig)}
     assert not knobs & {f.name for f in fields(RolloutSettings)}

@@ -12,22 +12,19 @@ from typing import Any
 import pytest
 
 from predict.env.protocol import (
-    ENVIRONMENT_VARIANTS,
     ERRORS,
     MALFORMED,
-    PREDICTIVE_VARIANTS,
     RESULT_PATCH_APPLIED,
     RESULT_PATCH_KEPT,
     RESULT_PATCH_REVERTED,
     STOP_REASONS,
     STUB,
-    VARIANTS,
     Episode,
     ProtocolConfig,
     error_result,
 )
 from predict.env.records import build_record, patch_steps, read_records, write_records
-from predict.outcomes import OUTCOMES, Outcome
+from predict.vocabulary import ENVIRONMENT_VARIANTS, OUTCOMES, PREDICTIVE_VARIANTS, VARIANTS, Outcome
 from tests.test_env_protocol import ADD, READ, STUB_LINE, TEST, FakeTests, patch, predict
 
 ADD_PATCH = "CALL apply_patch " + ADD
@@ -376,7 +373,7 @@ def test_records_round_trip(protocol: str, variant: str, tmp_path: Path) -> None
 
 def test_the_program_runs_the_variant_the_harness_passes() -> None:
     from predict.env.program import parse_args as program_args
-    from predict.env.rollout import RolloutSettings, build_agent_config
+    from predict.env.runner import RolloutSettings, build_agent_config
 
     for variant in ENVIRONMENT_VARIANTS:
         settings = RolloutSettings.of(base_url="http://127.0.0.1:1/v1", model="m", protocol="reactive", variant=variant)

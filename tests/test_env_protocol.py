@@ -23,7 +23,7 @@ from predict.env.protocol import (
     resolve_path,
     task_prompt,
 )
-from predict.outcomes import OUTCOMES, Outcome
+from predict.vocabulary import OUTCOMES, Outcome
 
 STUB_LINE = "# Write your function here."
 ADD = json.dumps({"find": STUB_LINE, "replace": "def multiply_int(x, y):\n    return x + y"})

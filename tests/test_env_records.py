@@ -14,7 +14,7 @@ from predict.env.records import (
     rollout_key,
     write_records,
 )
-from predict.outcomes import Outcome
+from predict.vocabulary import Outcome
 
 META = {
     "arm": "B",
@@ -108,7 +108,7 @@ def test_write_records_roundtrip_is_atomic(tmp_path: Path) -> None:
 
 def test_rollout_settings_from_the_study_config() -> None:
     from predict.config import load_config
-    from predict.env.rollout import RolloutSettings
+    from predict.env.runner import RolloutSettings
 
     config = load_config(Path(__file__).resolve().parents[1] / "config" / "config.yaml")
     s = RolloutSettings.from_study_config(

@@ -26,9 +26,9 @@ from predict.env.protocol import (
     ProtocolConfig,
 )
 from predict.env.records import read_records, write_records
-from predict.env.rollout import RolloutSettings, default_tokenizer_dir, run_rollouts
+from predict.env.runner import RolloutSettings, default_tokenizer_dir, run_rollouts
 from predict.env.seeds import request_seed
-from predict.outcomes import OUTCOMES
+from predict.vocabulary import OUTCOMES
 from tests.scripted_endpoint import HttpError, ScriptedEndpoint
 
 MBPP_127_MARKER = "Write a function to multiply two integers"

@@ -12,7 +12,7 @@ import pytest
 
 from predict.env.protocol import RESULT_PATCH_APPLIED, RESULT_PATCH_KEPT, RESULT_PATCH_REVERTED, ProtocolConfig
 from predict.env.records import patch_steps
-from predict.outcomes import OUTCOMES
+from predict.vocabulary import OUTCOMES
 from tests.test_env_rollouts import (
     ADD,
     AF_REVISE,

@@ -131,7 +131,7 @@ def test_rft_tasks_and_batches_are_seeded_and_cover_the_kept_rollouts() -> None:
 def test_rft_samples_keep_only_reward_1_rollouts_with_ce_on_sampled_tokens() -> None:
     from tokenizers import Tokenizer
 
-    from predict.env.rollout import default_tokenizer_dir
+    from predict.env.runner import default_tokenizer_dir
     from predict.train.from_rollouts import SampleCounts, rft_samples, rollout_calls
     from tests.test_rl_samples import FINAL, PATCH, PREDICT_FAIL, dec, revised_shadow_rollout
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from predict.data import MBPP_SCHEMA
-from predict.outcomes import OUTCOMES
 from predict.outputs import read_rows, write_rows
 from predict.sandbox.gold import check_gold, summarize, write_gold_report
+from predict.vocabulary import OUTCOMES
 
 
 def test_gold_report_counts_every_class(tmp_path: Path, mbpp_rows: list[dict]) -> None:

@@ -16,8 +16,8 @@ pytest.importorskip("transformers")
 from predict.tiny_model import TOKENIZER_FILES, tokenizer_dir  # noqa: E402
 from predict.train.grad_terms import probe_every, probe_step, term_groups  # noqa: E402
 from predict.train.loss import predict_loss  # noqa: E402
-from predict.train.metrics import GRAD_TERM_COLUMNS, METRIC_COLUMNS, read_metrics, write_metrics  # noqa: E402
 from predict.train.sample import TrainSample  # noqa: E402
+from predict.train.step_metrics import GRAD_TERM_COLUMNS, METRIC_COLUMNS, read_metrics, write_metrics  # noqa: E402
 from predict.train.trainer import Trainer  # noqa: E402
 
 VOCAB = 512

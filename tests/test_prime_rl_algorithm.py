@@ -182,7 +182,7 @@ def algorithm_module():
 def tok() -> Any:
     from tokenizers import Tokenizer
 
-    from predict.env.rollout import default_tokenizer_dir
+    from predict.env.runner import default_tokenizer_dir
 
     return Tokenizer.from_file(str(Path(default_tokenizer_dir()) / "tokenizer.json"))
 
@@ -337,8 +337,8 @@ def test_unaligned_rollout_trains_nothing_like_the_local_trainer(algorithm_modul
 
 def test_each_rollout_carries_its_class_counts_as_trace_metrics(algorithm_module: Any, tok: Any) -> None:
     """What prime-rl's orchestrator logs per step (the mean of each trace metric), counted as the local trainer
-    counts (`predict.train.metrics.rollout_metrics`), for the converter to turn into the per-step schema."""
-    from predict.train.metrics import rollout_metrics
+    counts (`predict.train.step_metrics.rollout_metrics`), for the converter to turn into the per-step schema."""
+    from predict.train.step_metrics import rollout_metrics
 
     algo = algorithm_module.PredictAlgorithm(PredictAlgoConfig(alpha=1.0), None, tokenizer=tok)
     win, record = make_rollout(tok, 1.0)

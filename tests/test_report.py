@@ -22,7 +22,7 @@ from predict.cli import main
 from predict.config import load_config
 from predict.report import SECTIONS
 from predict.report.build import TEST_SECTIONS
-from predict.train.metrics import rollout_metrics, write_metrics
+from predict.train.step_metrics import rollout_metrics, write_metrics
 
 from .conftest import REPO
 from .synthetic import FAIL_KEEP, FAIL_REVISE, PASS_KEEP, PASS_REVISE, rollout, write_eval

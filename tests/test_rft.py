@@ -13,7 +13,7 @@ import pytest
 
 from predict.config import load_config
 from predict.data import MBPP_SCHEMA
-from predict.env.rollout import default_tokenizer_dir
+from predict.env.runner import default_tokenizer_dir
 from predict.outputs import write_rows
 from predict.train.rl import RLJob, run_rl
 from tests.scripted_endpoint import ScriptedEndpoint

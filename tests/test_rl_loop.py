@@ -22,11 +22,11 @@ import pytest
 
 from predict.config import load_config
 from predict.data import MBPP_SCHEMA
-from predict.env.rollout import default_tokenizer_dir
+from predict.env.runner import default_tokenizer_dir
 from predict.outputs import write_rows
 from predict.runs import checkpoint_steps, resolve_run, study_runs
-from predict.train.metrics import rollout_metrics
 from predict.train.rl import RLJob, run_rl, step_tasks
+from predict.train.step_metrics import rollout_metrics
 from tests.scripted_endpoint import ScriptedEndpoint
 
 from .conftest import REPO

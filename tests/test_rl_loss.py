@@ -100,7 +100,7 @@ def test_zero_weight_tokens_cannot_leak_inf_or_nan() -> None:
 def tok() -> Any:
     from tokenizers import Tokenizer
 
-    from predict.env.rollout import default_tokenizer_dir
+    from predict.env.runner import default_tokenizer_dir
 
     return Tokenizer.from_file(str(Path(default_tokenizer_dir()) / "tokenizer.json"))
 

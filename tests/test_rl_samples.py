@@ -41,7 +41,7 @@ FINAL = "FINAL: done<|im_end|>"
 def tok() -> Any:
     from tokenizers import Tokenizer
 
-    from predict.env.rollout import default_tokenizer_dir
+    from predict.env.runner import default_tokenizer_dir
 
     return Tokenizer.from_file(str(Path(default_tokenizer_dir()) / "tokenizer.json"))
 

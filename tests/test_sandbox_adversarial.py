@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from predict.outcomes import Outcome
 from predict.sandbox import Verdict, Verifier, check_once, isolation_report, label_original
 from predict.sandbox import verifier as verifier_module
+from predict.vocabulary import Outcome
 
 TIMEOUT_S = 3.0  # short, so the timeout cases stay quick; long enough for a loaded 2-core CI box
 SECRET_NAME, SECRET_VALUE = "PREDICT_FAKE_API_KEY", "sk-test-do-not-leak-123"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from predict.outcomes import Outcome
 from predict.sandbox import Verifier
+from predict.vocabulary import Outcome
 
 MBPP_PATH = Path(os.environ.get("PREDICT_MBPP_PATH",
                                 Path(__file__).resolve().parents[1] / "resources" / "mbpp" / "mbpp.jsonl"))

@@ -19,7 +19,7 @@ import pytest
 
 from predict.config import load_config
 from predict.data import MBPP_SCHEMA
-from predict.env.rollout import RolloutSettings, run_rollouts_sync
+from predict.env.runner import RolloutSettings, run_rollouts_sync
 from predict.outputs import read_rows, write_rows
 from predict.rollouts import RolloutJob, run_job
 from predict.serving.process import group_pids

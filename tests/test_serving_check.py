@@ -13,7 +13,7 @@ import pytest
 
 from predict.cli import main
 from predict.config import load_config
-from predict.serving.check import ServingPythonError, check_serving_python, resolve_serving_python
+from predict.serving.interpreter import ServingPythonError, check_serving_python, resolve_serving_python
 from predict.serving.server import default_python
 
 REPO = Path(__file__).resolve().parents[1]

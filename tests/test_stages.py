@@ -187,7 +187,7 @@ def test_listing_the_stages_imports_no_stage_module() -> None:
             "print(' '.join(sorted(m for m in sys.modules if m.startswith('predict.'))))")
     loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
     heavy = {"predict.train.sft", "predict.train.rl", "predict.evaluate", "predict.stats.study",
-             "predict.report.command", "predict.train.prime_rl.cluster", "predict.traces.stage", "predict.tiny_model"}
+             "predict.report.stage", "predict.train.prime_rl.cluster", "predict.traces.stage", "predict.tiny_model"}
     assert "predict.cli" in loaded and not loaded & heavy, loaded & heavy
 
 

@@ -16,11 +16,11 @@ from predict.cli import main
 from predict.config import load_config
 from predict.data import MBPP_SCHEMA, split_tasks
 from predict.env.protocol import Episode, ProtocolConfig, parse_prediction, task_prompt
-from predict.outcomes import Outcome
 from predict.outputs import write_rows
 from predict.sandbox import Verifier
 from predict.traces.render import Trace, render, replies, solution_text
 from predict.traces.stage import TRACE_SCHEMA, mix_counts, mix_table, run_stage
+from predict.vocabulary import Outcome
 
 REPO = Path(__file__).resolve().parents[1]
 

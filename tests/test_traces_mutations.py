@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import pytest
 
-from predict.outcomes import Outcome
 from predict.sandbox import check_once
 from predict.traces import mutations
 from predict.traces.render import repair_edit, solution_text
 from predict.traces.stage import TracesConfigError, mix_counts
+from predict.vocabulary import Outcome
 
 SAMPLE = mutations.normalize(
     """

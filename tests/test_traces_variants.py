@@ -17,8 +17,7 @@ import pytest
 from predict.cli import main
 from predict.config import ConfigError, load_config
 from predict.data import MBPP_SCHEMA, split_tasks
-from predict.env.protocol import ENVIRONMENT_VARIANTS, Episode, ProtocolConfig, prediction_line, task_prompt
-from predict.outcomes import Outcome
+from predict.env.protocol import Episode, ProtocolConfig, prediction_line, task_prompt
 from predict.outputs import write_rows
 from predict.runs import resolve_run, sft_runs
 from predict.sandbox import Verifier
@@ -31,6 +30,7 @@ from predict.traces.stage import (
     run_stage,
     run_traces,
 )
+from predict.vocabulary import ENVIRONMENT_VARIANTS, Outcome
 
 REPO = Path(__file__).resolve().parents[1]
 GOOD = "def multiply_int(x, y):\n    return x * y"

@@ -274,8 +274,8 @@ def test_sft_writes_its_curve_under_sft_arm(tiny: Path, tmp_path: Path) -> None:
 
 
 def test_prime_rl_metrics_are_mirrored_at_collection(tmp_path: Path) -> None:
-    from predict.train.metrics import write_metrics
     from predict.train.prime_rl.collect import mirror_metrics
+    from predict.train.step_metrics import write_metrics
 
     rows = [{"run": "B", "seed": 1, "step": s, "backend": "prime_rl", "reward_mean": s / 10, "loss": 1 / s,
              "pred_PASS": s} for s in (2, 1, 3)]  # fmt: skip

@@ -1,4 +1,4 @@
-"""The per-step metrics schema (`predict.train.metrics`) through its real writers: the local trainers' rollout
+"""The per-step metrics schema (`predict.train.step_metrics`) through its real writers: the local trainers' rollout
 counting, prime-rl's metrics.jsonl through the converter, and the report and training-outcome table that read it.
 
 prime-rl's metrics.jsonl is written here as prime-rl v0.8.0 writes it (read from its source,
@@ -24,7 +24,8 @@ import pytest
 from predict.cli import main
 from predict.config import load_config
 from predict.env.protocol import Episode, ProtocolConfig, edit_reply
-from predict.train.metrics import (
+from predict.train.prime_rl.collect import schema_rows, write_rl_metrics
+from predict.train.step_metrics import (
     METRIC_COLUMNS,
     MetricsSchemaError,
     read_metrics,
@@ -32,7 +33,6 @@ from predict.train.metrics import (
     rollout_trace_metrics,
     write_metrics,
 )
-from predict.train.prime_rl.collect import schema_rows, write_rl_metrics
 
 from .conftest import REPO
 from .synthetic import FAIL_KEEP, FAIL_REVISE, PASS_KEEP, PASS_REVISE, rollout

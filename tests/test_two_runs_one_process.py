@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from predict.env.rollout import RolloutSettings, default_tokenizer_dir, run_rollouts_sync
+from predict.env.runner import RolloutSettings, default_tokenizer_dir, run_rollouts_sync
 from tests.scripted_endpoint import HttpError, ScriptedEndpoint
 from tests.test_env_rollouts import FINAL, MUL_FROM_STUB, TEST, mbpp_127
 

@@ -22,10 +22,10 @@ import pytest
 
 from predict.config import REPO_ROOT, load_config
 from predict.data import MBPP_SCHEMA
-from predict.env.environment import STUDY_CONFIG
 from predict.env.protocol import STUB
-from predict.env.rollout import RolloutSettings, run_rollouts_sync
+from predict.env.runner import RolloutSettings, run_rollouts_sync
 from predict.outputs import write_rows
+from predict_mbpp.environment import STUDY_CONFIG
 from tests.scripted_endpoint import HttpError, ScriptedEndpoint
 
 DOC = REPO_ROOT / "docs" / "vf-eval.md"

@@ -190,3 +190,12 @@ def test_best_val_selection_plans_the_campaign_after_the_val_statistics() -> Non
     # the test checkpoints are known once selection.parquet is: the stats checkpoint, then the campaign
     assert "checkpoint jobs" in text and "test_stats" in text and "--out-dir results/stats" in text
     assert "/test/seed42.parquet" not in text
+
+
+def test_each_generated_rule_loop_names_every_rule_it_makes() -> None:
+    """evaluation.smk makes its evaluation rules in loops, so a rule's name is nowhere in the file as written: the
+    comment above each loop lists them (``#   rules: ...``), and for the paper design that list is the dry-run's."""
+    listed = {name for line in (REPO / "workflow" / "rules" / "evaluation.smk").read_text().splitlines()
+              if line.strip().startswith("#   rules:") for name in line.split(":", 1)[1].split()}  # fmt: skip
+    made = {rule for rule in job_counts("--profile", "slurm", "all") if rule.startswith("evaluate_")}
+    assert listed == made, (sorted(listed - made), sorted(made - listed))

@@ -694,7 +694,7 @@ def replay(config: Mapping[str, Any], *, run: str, checkpoint: str, seed: int, m
     same design (`predict.campaign.config_hash`) and the same weights (`model`'s content,
     `predict.fingerprint.input_identity`), and every one of `task_ids` was among the tasks it evaluated. Refused
     otherwise (`SplitGuardError`, naming what differs). The caller rolls `Replay.tasks` out in memory (e.g.
-    `predict.env.rollout.run_rollouts_sync`) and writes the rows nowhere: not into results, not into the ledger, and
+    `predict.env.runner.run_rollouts_sync`) and writes the rows nowhere: not into results, not into the ledger, and
     never through `predict.rollouts` or `predict evaluate`, which persist and record."""
     from predict.data import derive_test_split  # noqa: PLC0415
     from predict.fingerprint import input_identity  # noqa: PLC0415

@@ -93,7 +93,7 @@ def _config_schema(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from predict.serving.cli import serve_main
+    from predict.serving.stage import serve_main
 
     return serve_main(args.serve_args)
 

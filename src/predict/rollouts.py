@@ -161,10 +161,10 @@ def guard_job(job: RolloutJob, task_ids: Sequence[int]) -> None:
 
 
 def rollout_settings(job: RolloutJob, study_config: Mapping[str, Any], *, base_url: str, model: str) -> Any:
-    """The `predict.env.rollout.RolloutSettings` a job's rollouts run under, against the endpoint `base_url` serving
+    """The `predict.env.runner.RolloutSettings` a job's rollouts run under, against the endpoint `base_url` serving
     `model`: the study config's, the job's arm, seed, checkpoint, variant, client and sampling, and, for an
     evaluation, the requests in flight that repeat (`predict.serving.identity.evaluation_concurrency`)."""
-    from predict.env.rollout import RolloutSettings  # noqa: PLC0415
+    from predict.env.runner import RolloutSettings  # noqa: PLC0415
     from predict.serving.identity import evaluation_concurrency  # noqa: PLC0415
 
     settings = RolloutSettings.from_study_config(
@@ -198,7 +198,7 @@ def run_job(job: RolloutJob, study_config: Mapping[str, Any]) -> dict[str, Any]:
 
 def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
     """Run (or resume) one rollout job's rollouts, persisting each as it finishes; publish with `.publish()`."""
-    from predict.env.rollout import run_rollouts_sync
+    from predict.env.runner import run_rollouts_sync
     from predict.serving.identity import evaluation_environment
     from predict.serving.server import SERVED_NAME, VLLMServer
 
@@ -273,7 +273,7 @@ def positive_int(text: str) -> int:
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
-    from predict.env.protocol import VARIANTS
+    from predict.vocabulary import VARIANTS
 
     p.add_argument("--tasks-file", required=True, help="split parquet from `predict split`")
     p.add_argument("--split", required=True, choices=["sft", "rl", "val", "test"])

@@ -15,8 +15,8 @@ Rules:
   ``rl`` stage; ``rft``: rejection-sampling fine-tuning, the ``rft`` stage) and ``sft`` (below) replaced. Keys
   left out keep the base arm's values. ``kind`` tells the two overlays apart (``arm``, ``ablation``,
   ``extension``).
-* Variants: the predictive ones (`protocol.PREDICTIVE_VARIANTS`: forced_keep, budget_neutral, edit_on_revise)
-  need a predictive base arm; the environment ones (`protocol.ENVIRONMENT_VARIANTS`: irreversible, blind) take
+* Variants: the predictive ones (`predict.vocabulary.PREDICTIVE_VARIANTS`: forced_keep, budget_neutral, edit_on_revise)
+  need a predictive base arm; the environment ones (`predict.vocabulary.ENVIRONMENT_VARIANTS`: irreversible, blind) take
   either arm, so ``irreversible_A``/``irreversible_B`` and ``blind_A``/``blind_B`` are one environment under both
   protocols (statistics pair runs of one ``variant`` and ``test_cost`` across base arms). A run has one variant.
 * SFT (``RunSpec.sft_run``, the run whose SFT checkpoint ``checkpoints/{sft_run}/sft`` the run starts from; the
@@ -24,7 +24,7 @@ Rules:
   default for the environment variants, whose SFT traces take other actions than the base arm's: a blind trace
   never calls python_test, an irreversible one tests once, at the end). A run with its own SFT gets its own traces,
   ``sft/traces/{run}.parquet``, rendered from its base arm's under its own protocol (`predict.traces.stage`).
-  ``sft: own`` needs a variant whose traces render (`predict.traces.render.TRACE_VARIANTS`); ``sft: base`` keeps the
+  ``sft: own`` needs a variant whose traces render (`predict.vocabulary.TRACE_VARIANTS`); ``sft: base`` keeps the
   base arm's SFT whatever the variant (config/local.yaml does, to keep the local run short).
 * An environment (`environments`, the open question of issue 28) is one (variant, test_cost) played by both
   protocols: the reactive and the predictive run that share it and change nothing else (trainer ``rl``, the
@@ -46,8 +46,7 @@ from typing import Any
 
 from predict.config import ConfigError, allowed_values, config_default
 from predict.config.models import AblationSettings, ArmSettings, ExtensionSettings, RLSettings
-from predict.env.protocol import ENVIRONMENT_VARIANTS, PREDICTIVE_VARIANTS, VARIANTS
-from predict.traces.render import TRACE_VARIANTS
+from predict.vocabulary import ENVIRONMENT_VARIANTS, PREDICTIVE_VARIANTS, TRACE_VARIANTS, VARIANTS
 
 TRAINERS = allowed_values(ExtensionSettings, "trainer")  # rl, rft
 SFT_SOURCES = allowed_values(ExtensionSettings, "sft")  # own, base

@@ -1,6 +1,9 @@
 """`predict split`: MBPP (config data.mbpp_path) split with data.split_seed into data.sizes (predict.data), and the
-test task ids registered with the checkout's campaign registry (predict.campaign). A module of its own: predict.campaign
-imports predict.data, so this command in data.py would make the two import each other."""
+test task ids registered with the checkout's campaign registry (predict.campaign).
+
+The stage's module, named for its work (docs/stages.md's naming rule), standing above the two it drives: predict.data
+is the library every reader of a split imports (the environment, the sandbox, the traces, the campaign), so it sits
+below the campaign, and the command that also registers the split with the campaign sits above both."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ from predict.config.models import StudyConfig
 
 # What resolving a study run reads (predict.runs.resolve_run): the run matrix, the default test cost, the decision mask.
 RUN_MATRIX = ("arms", "ablations", "extensions", "env.test_cost", "rl.mask_decision")
-# What one rollout in the coding environment reads (predict.rollouts, env/rollout.py): the protocol, the sandbox, the
+# What one rollout in the coding environment reads (predict.rollouts, env/runner.py): the protocol, the sandbox, the
 # chat template, the server.
 ROLLOUT = ("arms", "env", "verifier", "model.enable_thinking", "serving")
 # The frozen design the test campaign's ledger hashes (predict.campaign.design_config): every section of
@@ -113,7 +113,7 @@ STAGES: dict[str, Stage] = {
         Stage("build-tiny-model", ("build_tiny_model",), "models.smk", "tiny_model.py", "models/tiny/",
               ("model.tiny",),
               help="build a random tiny Qwen3 with the real tokenizer"),
-        Stage("check-serving", ("check_serving",), "serving.smk", "serving/check.py", "serving/check.json",
+        Stage("check-serving", ("check_serving",), "serving.smk", "serving/stage.py", "serving/check.json",
               ("serving.python", "serving.device"),
               help="check that serving.python imports vLLM (before any serving job)"),
         Stage("rollout", ("rollout",), "rollouts.smk", "rollouts.py", "rollouts/{arm}/{checkpoint}/{split}/seed{seed}.parquet",
@@ -167,10 +167,10 @@ STAGES: dict[str, Stage] = {
         Stage("power", ("power",), "stats.smk", "stats/power.py", "stats/power.parquet",
               ("power", "data.sizes", "seeds"),
               help="exact power of one seed pairing (exact McNemar) per difference, discordance and number of tasks"),
-        Stage("training-outcomes", ("training_outcomes",), "report.smk", "train/metrics.py",
+        Stage("training-outcomes", ("training_outcomes",), "report.smk", "stats/training_outcomes.py",
               "stats/training_outcomes.parquet", (),
               help="per predictive run and seed, over all RL steps: verified vs predicted class counts and shares"),
-        Stage("report", ("report",), "report.smk", "report/command.py", "report/index.html",
+        Stage("report", ("report",), "report.smk", "report/stage.py", "report/index.html",
               ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power", "data.sizes.test"),
               help="the study report: one self-contained HTML page from parquet"),
         # Beside `all` (workflow/rules/bundle.smk says why): everything the report rests on, for a second party.

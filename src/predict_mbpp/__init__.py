@@ -7,12 +7,12 @@ Taskset, one Harness and one Env subclass (verifiers picks each kind from ``__al
 * `LocalAgentHarness` (`predict.env.harness`): the taskset's own harness, so a seat that pins none runs our agent
   program (verifiers' fallback is its ``bash`` harness). Importing this also registers the harness id
   ``predict_local_agent``, which prime-rl's TOML pins.
-* `MbppEnv` (`predict.env.environment`): the single-agent env with the study's seat defaults (runtime, sampling, turn
+* `MbppEnv` (`predict_mbpp.environment`): the single-agent env with the study's seat defaults (runtime, sampling, turn
   cap) and one sample index per rollout of ``-r n``.
 """
 
-from predict.env.environment import MbppEnv
 from predict.env.harness import LocalAgentHarness
 from predict.env.taskset import MbppTaskset
+from predict_mbpp.environment import MbppEnv
 
 __all__ = ["LocalAgentHarness", "MbppEnv", "MbppTaskset"]

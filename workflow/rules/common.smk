@@ -18,8 +18,12 @@ try:
 except ConfigError as e:
     raise WorkflowError(f"invalid config: {e}") from None
 
-# What the workflow reads to plan jobs, through its one view (predict.stages.WORKFLOW): a key it does not list
-# fails naming it. Stages get their own slices (SLICE, CONFIG below); nothing reads `config` directly.
+# The rules files reach the config three ways, and `config` itself only here:
+#   WORKFLOW_CONFIG["key"]  what the workflow reads to plan jobs (run matrix, seeds, backend, evaluation, sizes), its
+#                           one view (predict.stages.WORKFLOW): a key it does not list fails naming it;
+#   **SLICE("stage")        a job's params: its stage's slice file (--config-slice) and one tracked param per key;
+#   CONFIG("stage")["key"]  a value a rule passes or plans by, read through that stage's slice.
+# (tests/test_workflow_config_reads.py holds them to it.)
 WORKFLOW_CONFIG = workflow_config(config)
 RESULTS = Path(WORKFLOW_CONFIG["results_dir"])
 
@@ -143,11 +147,6 @@ def STOP_SHARED_SERVER():
 SERVING_CHECK = R("serving", "check.json")
 
 
-EVALUATION = WORKFLOW_CONFIG["evaluation"]
-ABLATIONS = WORKFLOW_CONFIG["ablations"]
-EXTENSIONS = WORKFLOW_CONFIG["extensions"]
-
-
 def base_model_path():
     """The base model's folder (the embedded default's tiny model) or HF id."""
     return checkpoint_model("", "base", 0)
@@ -190,9 +189,9 @@ def RUN_CHECKPOINTS(run):
     them all, so a seed cannot have its own list); `base`, the untrained stand-in, when none is (a branch or config
     without trained checkpoints). Wiring new checkpoints in is evaluation.checkpoints (evaluation.extension_checkpoints
     for the extension runs: the statistics read their selected RL step, and most share their base arm's SFT)."""
-    wanted = EVALUATION["checkpoints"]
-    if run in EXTENSIONS and EVALUATION.get("extension_checkpoints"):
-        wanted = EVALUATION["extension_checkpoints"]
+    wanted = WORKFLOW_CONFIG["evaluation"]["checkpoints"]
+    if run in WORKFLOW_CONFIG["extensions"] and WORKFLOW_CONFIG["evaluation"].get("extension_checkpoints"):
+        wanted = WORKFLOW_CONFIG["evaluation"]["extension_checkpoints"]
     elif run not in WORKFLOW_CONFIG["arms"]:
         # An ablation's SFT checkpoint is its base arm's, already evaluated there; the statistics pair an ablation
         # with its base arm at the selected RL step only, so its own evaluations start after SFT.
@@ -248,7 +247,7 @@ def PLANNED_CAMPAIGN():
 def TEST_REFERENCE(run):
     """fixed selection: the arm's reference checkpoint where the campaign evaluates it (once, under the first seed),
     else None."""
-    reference, first = EVALUATION["reference"], WORKFLOW_CONFIG["seeds"][0]
+    reference, first = WORKFLOW_CONFIG["evaluation"]["reference"], WORKFLOW_CONFIG["seeds"][0]
     return reference if (run, reference, first) in PLANNED_CAMPAIGN() else None
 
 
@@ -303,8 +302,8 @@ def BUNDLED(wildcards):
         *rules.stats.output,
         *rules.power.output,
         *rules.training_outcomes.output,
-        *expand(R("ablations", "{ablation}.parquet"), ablation=list(ABLATIONS)),
-        *expand(R("extensions", "{extension}.parquet"), extension=list(EXTENSIONS)),
+        *expand(R("ablations", "{ablation}.parquet"), ablation=list(WORKFLOW_CONFIG["ablations"])),
+        *expand(R("extensions", "{extension}.parquet"), extension=list(WORKFLOW_CONFIG["extensions"])),
         *rules.open_question.output,
         *rules.test_stats.output,
         *TRAINING_METRICS(),
@@ -321,7 +320,7 @@ def REPORT_EXAMPLE(wildcards=None):
     """The evaluation a rollout is rendered from: the test campaign's evaluation of Arm B (else the first run) at
     its selected checkpoint, first seed (the writeup's example is a test task)."""
     run = "B" if "B" in WORKFLOW_CONFIG["arms"] else EVAL_RUNS()[0]
-    reference = EVALUATION["reference"]
+    reference = WORKFLOW_CONFIG["evaluation"]["reference"]
     evals = TEST_EVALS(wildcards)
     # .../{run}/{checkpoint}/test/seed{seed}.parquet: the run's, not its reference's
     mine = [p for p in evals if Path(p).parts[-4] == run and Path(p).parts[-3] != reference] or evals

@@ -10,6 +10,12 @@ from types import SimpleNamespace
 # checkpoints: EVAL_RUNS, RUN_CHECKPOINTS, CAMPAIGN_CHECKPOINTS, TEST_REFERENCE and TEST_EVALS in common.smk.
 
 
+# Generated, one rule per run of EVAL_RUNS(), named evaluate_<run>; for the paper design (config/config.yaml) and
+# the embedded default (config/local.yaml) (tests/test_workflow_stats.py keeps this list the dry-run's):
+#   rules: evaluate_A evaluate_B evaluate_alpha0 evaluate_forced_keep evaluate_budget_neutral
+#   rules: evaluate_expensive_tests_A evaluate_expensive_tests_B evaluate_edit_on_revise evaluate_mask_decision
+#   rules: evaluate_rft_A evaluate_rft_B evaluate_irreversible_A evaluate_irreversible_B evaluate_blind_A
+#   rules: evaluate_blind_B
 for _run in EVAL_RUNS():
 
     rule:
@@ -97,6 +103,9 @@ if SELECTION_MODE == "fixed" and CPU_SERVING:
 elif SELECTION_MODE == "fixed":
     # The selected step is known now: a run/seed's test checkpoints are one job, one server; an arm's reference is
     # one job of its own, under the first seed (it serves every seed's RL-vs-SFT comparison).
+    # Generated, one rule per run whose reference checkpoint the campaign evaluates, named
+    # evaluate_test_reference_<run>; for the paper design (config/config.yaml):
+    #   rules: evaluate_test_reference_A evaluate_test_reference_B
     for _run in [r for r in EVAL_RUNS() if TEST_REFERENCE(r)]:
 
         rule:
@@ -125,6 +134,12 @@ elif SELECTION_MODE == "fixed":
             shell:
                 TEST_CAMPAIGN_SHELL
 
+    # Generated, one rule per run with test checkpoints in the campaign, named evaluate_test_<run>; for the paper
+    # design (config/config.yaml):
+    #   rules: evaluate_test_A evaluate_test_B evaluate_test_alpha0 evaluate_test_forced_keep
+    #   rules: evaluate_test_budget_neutral evaluate_test_expensive_tests_A evaluate_test_expensive_tests_B
+    #   rules: evaluate_test_edit_on_revise evaluate_test_mask_decision evaluate_test_rft_A evaluate_test_rft_B
+    #   rules: evaluate_test_irreversible_A evaluate_test_irreversible_B evaluate_test_blind_A evaluate_test_blind_B
     for _run in [r for r in EVAL_RUNS() if CAMPAIGN_CHECKPOINTS(r)]:
 
         rule:

@@ -70,7 +70,7 @@ rule ablation:
     output:
         report(R("ablations", "{ablation}.parquet"), caption="../report/ablations.rst", category="Ablations"),
     wildcard_constraints:
-        ablation="|".join(ABLATIONS) or "^$",
+        ablation="|".join(WORKFLOW_CONFIG["ablations"]) or "^$",
     params:
         **SLICE("ablations"),
     log:
@@ -92,7 +92,7 @@ rule extension:
     output:
         report(R("extensions", "{extension}.parquet"), caption="../report/extensions.rst", category="Extensions"),
     wildcard_constraints:
-        extension="|".join(EXTENSIONS) or "^$",
+        extension="|".join(WORKFLOW_CONFIG["extensions"]) or "^$",
     params:
         **SLICE("extensions"),
     log:
@@ -110,7 +110,7 @@ rule extension:
 # play (predict.runs.environments: the study, expensive tests, irreversible, blind), on val; only those runs' val
 # evaluations. The test's table is results/test/stats/open_question.parquet (test_stats, through the ledger).
 ENVIRONMENTS = environments(CONFIG("open-question"))
-if OPEN_QUESTION in EXTENSIONS:
+if OPEN_QUESTION in WORKFLOW_CONFIG["extensions"]:
     raise WorkflowError(f"extensions.{OPEN_QUESTION}: the name is the open question's table, pick another")
 
 

@@ -64,7 +64,7 @@ def replay_test_rollouts(config: Mapping[str, Any], picks: Sequence[Pick], model
     Writes only under `scratch`. The coordinator's switch point: the test campaign's own replay entry, where there
     is one, goes here."""
     from predict.data import load_split  # noqa: PLC0415
-    from predict.env.rollout import run_rollouts_sync  # noqa: PLC0415
+    from predict.env.runner import run_rollouts_sync  # noqa: PLC0415
     from predict.evaluate import CheckpointServer, evaluation_job  # noqa: PLC0415
     from predict.rollouts import rollout_settings, sandbox_isolation  # noqa: PLC0415
     from predict.runs import resolve_run  # noqa: PLC0415

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, model_validator
 from pydantic_core import core_schema
 
-from predict.env.protocol import Protocol, Variant
+from predict.vocabulary import Protocol, Variant
 
 
 def NO_DEFAULT(schema: dict[str, Any]) -> None:  # noqa: N802 - a marker, named like the constant it is
@@ -281,7 +281,7 @@ class TracesSettings(Section):
 
 
 class ArmSettings(Section):
-    protocol: Annotated[Protocol, Field(description="the arm's protocol (predict.env.protocol)")]
+    protocol: Annotated[Protocol, Field(description="the arm's protocol (predict.vocabulary)")]
     alpha: Annotated[float | None, Field(ge=0, description="CE weight of the verified-label samples (Arm B)", json_schema_extra=NO_DEFAULT), NOT_NULL] = None
 
     @property

@@ -9,6 +9,10 @@ Modules (kept import-light: the agent program imports only `protocol` and `predi
 * `harness`   - `LocalAgentHarness`: starts the program with the local Python (no uv, no network).
 * `taskset`   - `MbppTaskset`/`MbppTask`: MBPP rows as tasks; setup, finalize, reward.
 * `records`   - one trace -> one per-trajectory row; parquet schema and writers (atomic, resumable).
-* `rollout`   - `RolloutSettings` and `run_rollouts`.
-* `environment` - `MbppEnv`: the study's seat defaults and per-rollout samples for vf-eval and prime-rl's env server.
+* `runner`    - `RolloutSettings` and `run_rollouts`: many rollouts through the verifiers runtime (the `predict
+  rollout` stage that drives it is `predict.rollouts`).
+
+The env of clients we do not drive (`MbppEnv`: vf-eval, prime-rl's env server) is `predict_mbpp.environment`, beside
+the taskset id it is exported under: its seat defaults come from the study's runs (`predict.runs`), which stand above
+this package.
 """

@@ -17,7 +17,7 @@ model-transport code) whenever a model call failed: a 4xx answer (a model name t
 overlong prompt), a 5xx that outlived the retries, or an endpoint that stayed unreachable. The episode then ends
 with ``stop_reason`` ``error``, and the exit makes verifiers record the rollout as failed (the interception server's
 own error for that call, e.g. a ``ProviderError`` with the HTTP status): every client (vf-eval, prime-rl's
-orchestrator, `predict.env.rollout`) sees an errored rollout, never a graded one, so a call that never reached the
+orchestrator, `predict.env.runner`) sees an errored rollout, never a graded one, so a call that never reached the
 policy cannot become a reward of 0. 1 for a crash of the program itself.
 """
 

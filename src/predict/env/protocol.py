@@ -102,24 +102,13 @@ import posixpath
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
-from predict.outcomes import OUTCOMES, Outcome
+from predict.vocabulary import OUTCOMES, PREDICTIVE_VARIANTS, PROTOCOLS, VARIANTS, Outcome, Protocol, Variant
 
 SOLUTION_FILE = "solution.py"
 STUB = "# Write your function here.\n"
 TOOLS: tuple[str, ...] = ("read_file", "apply_patch", "python_test")
-# The protocols and variants, written once here (the config models' arms.*.protocol and extensions.*.variant use
-# these types too: predict.config.models).
-Protocol = Literal["reactive", "predictive"]
-Variant = Literal["none", "forced_keep", "budget_neutral", "edit_on_revise", "irreversible", "blind"]
-PROTOCOLS: tuple[str, ...] = get_args(Protocol)
-PREDICTIVE_VARIANTS: tuple[str, ...] = ("forced_keep", "budget_neutral", "edit_on_revise")
-"""Variants of the prediction step: the predictive protocol only."""
-ENVIRONMENT_VARIANTS: tuple[str, ...] = ("irreversible", "blind")
-"""Variants of what acting first costs, for both protocols; they change the actions an SFT trace takes
-(`predict.traces.render`), so a run of one trains from its own SFT (`predict.runs`)."""
-VARIANTS: tuple[str, ...] = get_args(Variant)  # none, then PREDICTIVE_VARIANTS, then ENVIRONMENT_VARIANTS
 DECISIONS: tuple[str, ...] = ("KEEP", "REVISE")
 PREDICTION_CLASSES: tuple[str, ...] = OUTCOMES
 MALFORMED = "MALFORMED"

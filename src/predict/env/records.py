@@ -56,8 +56,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from predict.env.protocol import Step
-from predict.outcomes import Outcome
 from predict.outputs import write_rows
+from predict.vocabulary import Outcome
 
 # The struct of one step is `protocol.Step`'s fields in order (its annotations are strings here: int, str, bool,
 # each maybe "| None"), so the two can never differ.

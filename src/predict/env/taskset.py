@@ -15,7 +15,7 @@ text plus its asserts); the gold ``code`` never enters the runtime.
   why not `check_once` in the host).
 
 The repeats of one row (``sample``) are one task to vf-eval's resume: `MbppTask.hash` leaves ``sample`` out
-(`predict.env.environment.MbppEnv` gives each rollout of ``-r n`` its own sample).
+(`predict_mbpp.environment.MbppEnv` gives each rollout of ``-r n`` its own sample).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import verifiers.v1 as vf
 from pydantic import Field
 
 from predict.env.protocol import RESULT_FILE, RESULT_MAX_BYTES, SOLUTION_FILE, STUB, TASK_FILE, task_prompt
-from predict.outcomes import Outcome
+from predict.vocabulary import Outcome
 
 
 class MbppTaskData(vf.TaskData):

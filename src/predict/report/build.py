@@ -2,10 +2,10 @@
 reads the parquet tables and assembles the page (see `predict.report`).
 
 The page opens with the frozen test when its statistics are given (``--test-stats``); every val section says it is
-selection-only, with its n. The sections themselves live by topic: `frozen_test`, `evaluations` (pass@1, paired
-tests, mechanism, REVISE split, confusion, class shares), `ablations` (and extensions), `open_question`, `power`,
-`training` (curves, step time, gradient terms, training outcomes) and `rollout`; `elements` holds the tables, figures
-and cell formats they share."""
+selection-only, with its n. The sections themselves live by topic: `campaign_results` (the frozen test campaign),
+`evaluations` (pass@1, paired tests, mechanism, REVISE split, confusion, class shares), `ablations` (and
+extensions), `open_question`, `power`, `training` (curves, step time, gradient terms, training outcomes) and
+`example_rollout`; `elements` holds the tables, figures and cell formats they share."""
 
 from __future__ import annotations
 
@@ -18,6 +18,15 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from predict.report.ablations import ablations_section, extensions_section
+from predict.report.campaign_results import (
+    NO_TEST,
+    test_ablations,
+    test_campaign,
+    test_confusion,
+    test_first_patch,
+    test_headline,
+    test_revise,
+)
 from predict.report.elements import empty, eval_key, pct, table
 from predict.report.evaluations import (
     confusion_section,
@@ -27,18 +36,9 @@ from predict.report.evaluations import (
     pairs_section,
     revise_split,
 )
-from predict.report.frozen_test import (
-    NO_TEST,
-    test_ablations,
-    test_campaign,
-    test_confusion,
-    test_first_patch,
-    test_headline,
-    test_revise,
-)
+from predict.report.example_rollout import rollout_section
 from predict.report.open_question import open_question_section
 from predict.report.power import power_section
-from predict.report.rollout import rollout_section
 from predict.report.training import grad_terms_section, training, training_outcomes_section
 
 TEST_SECTIONS: tuple[tuple[str, str], ...] = (
@@ -140,7 +140,7 @@ def build_report(
     from predict.outputs import write_text
     from predict.runs import study_runs
     from predict.stats import TEST_STATS_TABLES
-    from predict.train.metrics import read_metrics
+    from predict.train.step_metrics import read_metrics
 
     def stat(name: str) -> list[dict[str, Any]] | None:
         return _read(stats_dir / f"{name}.parquet")

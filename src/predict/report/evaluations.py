@@ -120,7 +120,7 @@ def confusion_section(confusion: list[dict[str, Any]] | None, chosen: set[tuple[
                       per_seed: bool = False) -> str:
     if not confusion:
         return empty("No predictions recorded yet (no predictive-protocol patches).")
-    from predict.outcomes import OUTCOMES
+    from predict.vocabulary import OUTCOMES
 
     groups: dict[tuple, dict[tuple[str, str], int]] = {}
     for c in confusion:

@@ -14,7 +14,7 @@ from predict.report.evaluations import class_share_chart
 
 CURVES = {"reward_mean": "mean reward", "pass_rate": "pass rate", "loss": "loss", "revise_rate": "REVISE rate",
           "budget_exhausted_rate": "budget exhausted"}
-"""The per-step columns (`predict.train.metrics`) the training curves plot, with their titles."""
+"""The per-step columns (`predict.train.step_metrics`) the training curves plot, with their titles."""
 
 
 def training(rl: Mapping[str, list[dict[str, Any]]], expected: Sequence[str]) -> str:
@@ -41,7 +41,7 @@ def training(rl: Mapping[str, list[dict[str, Any]]], expected: Sequence[str]) ->
 
 
 STEP_PARTS = {"rollout_s": "rollout", "update_s": "update", "sync_s": "weight sync"}
-"""The parts of an RL step's time (`predict.train.metrics`) the step-time bar stacks, with their labels."""
+"""The parts of an RL step's time (`predict.train.step_metrics`) the step-time bar stacks, with their labels."""
 
 
 def step_time(rl: Mapping[str, list[dict[str, Any]]]) -> str:

@@ -12,8 +12,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from predict.outcomes import Outcome
 from predict.sandbox.child import OUTCOME_LABELS, check_once, isolation_report, serve
+from predict.vocabulary import Outcome
 
 
 def _main(argv: Sequence[str]) -> int:

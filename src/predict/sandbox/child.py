@@ -4,7 +4,7 @@ Each check forks a fresh child (from a pre-warmed fork server for :class:`Verifi
 :func:`check_once`). The child isolates itself, compiles and executes the solution, the task's ``test_setup_code``
 and every ``assert`` of ``test_list``, and reports a structured verdict on a dedicated pipe. The supervising parent
 enforces the wall clock, drains stdout/stderr, reaps the child and turns the evidence into an
-:class:`~predict.outcomes.Outcome`. Classification never greps stderr (except :func:`label_original`, which exists to
+:class:`~predict.vocabulary.Outcome`. Classification never greps stderr (except :func:`label_original`, which exists to
 reproduce the study's original heuristic).
 
 Isolation layers (``isolation_report()`` says which were active on this machine; ``check_isolation`` holds them against
@@ -124,7 +124,7 @@ from dataclasses import asdict, dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
-from predict.outcomes import Outcome
+from predict.vocabulary import Outcome
 
 if TYPE_CHECKING:
     pass

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from predict.data import load_split
-from predict.outcomes import OUTCOMES
 from predict.outputs import write_rows
+from predict.vocabulary import OUTCOMES
 
 if TYPE_CHECKING:
     from predict.stages import StageConfig

@@ -15,7 +15,6 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
-from predict.outcomes import Outcome
 from predict.sandbox.child import (
     _PROBE,
     _WITHOUT,
@@ -28,6 +27,7 @@ from predict.sandbox.child import (
     _request_bytes,
     _to_verdict,
 )
+from predict.vocabulary import Outcome
 
 
 class _ServerDied(Exception):

@@ -129,7 +129,7 @@ def default_python(device: Literal["cpu", "gpu"] = "cpu") -> str:
 
 
 def base_environment() -> dict[str, str]:
-    """Our environment as any process of the vLLM env gets it (the server, `predict.serving.check`'s probe): our
+    """Our environment as any process of the vLLM env gets it (the server, `predict.serving.interpreter`'s probe): our
     interpreter's PYTHONPATH/PYTHONHOME/VIRTUAL_ENV must not leak into the other venv; no usage statistics."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env["VLLM_NO_USAGE_STATS"] = "1"

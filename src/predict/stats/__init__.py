@@ -1,11 +1,13 @@
 """Statistics of the study: pass@1, paired tests, mechanism metrics, checkpoint selection, ablations, power.
 
 The package: `exact` (the tests), `metrics` (per evaluation), `pairs`, `study` (the study's tables), `ablations`,
-`extensions`, `power`, `open_question`; the public names of all but the last are re-exported here.
+`extensions`, `power`, `open_question`, `training_outcomes`; the public names of all but the last two are re-exported
+here.
 
-This is the `predict stats`, `predict ablations`, `predict extensions` and `predict power` stages. Input: greedy
-evaluation records (`results/eval/{run}/{checkpoint}/{split}/seed{seed}.parquet`, the per-trajectory schema of
-`env/records.py`); output: parquet under `results/stats/` (val: `STATS_TABLES`), `results/test/stats/` (the frozen
+This is the `predict stats`, `predict ablations`, `predict extensions`, `predict power`, `predict open-question` and
+`predict training-outcomes` stages. Input: greedy evaluation records
+(`results/eval/{run}/{checkpoint}/{split}/seed{seed}.parquet`, the per-trajectory schema of `env/records.py`; the
+training outcomes: the RL runs' per-step metrics); output: parquet under `results/stats/` (val: `STATS_TABLES`), `results/test/stats/` (the frozen
 test: `TEST_STATS_TABLES`), `results/ablations/` and `results/extensions/`. Rules:
 
 * One code path for both splits (`study_stats`): the split is a column of every table. Val evaluations make the

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from predict.campaign import StatsInputError
 from predict.env.records import patch_steps as record_patch_steps
-from predict.outcomes import OUTCOMES
+from predict.vocabulary import OUTCOMES
 
 PASS = "PASS"
 MALFORMED = "MALFORMED"

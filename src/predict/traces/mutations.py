@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from predict.outcomes import Outcome
+from predict.vocabulary import Outcome
 
 AF, RE, SE, TO = Outcome.ASSERTION_FAILURE, Outcome.RUNTIME_ERROR, Outcome.SYNTAX_ERROR, Outcome.TIMEOUT
 

@@ -22,7 +22,7 @@ The replies (no reasoning text, no ``<think>``: the assistant turns are the acti
   the faulty patch's prediction is then *wrong* (PASS for a failing patch), which is the price of showing Arm B a
   failing test and a targeted repair.
 
-Under the environment variants (`protocol.ENVIRONMENT_VARIANTS`; a run with its own SFT, `predict.runs`) the
+Under the environment variants (`predict.vocabulary.ENVIRONMENT_VARIANTS`; a run with its own SFT, `predict.runs`) the
 replies follow the variant's own rules, and the episode that checks them is the variant's:
 
 * irreversible: the trace tests once, at the end: the final ``python_test ... -> FINAL`` of each trace above becomes
@@ -49,7 +49,6 @@ from typing import Any
 from predict.config import allowed_values
 from predict.config.models import TracesSettings
 from predict.env.protocol import (
-    ENVIRONMENT_VARIANTS,
     SOLUTION_FILE,
     STUB,
     Episode,
@@ -58,12 +57,10 @@ from predict.env.protocol import (
     final_line,
     prediction_line,
 )
-from predict.outcomes import Outcome
+from predict.vocabulary import TRACE_VARIANTS, Outcome
 
 ROLES: tuple[str, ...] = ("direct", "recovery")
 RECOVERY_STYLES: tuple[str, ...] = allowed_values(TracesSettings, "recovery_style")  # revise, keep_test
-TRACE_VARIANTS: tuple[str, ...] = ("none", *ENVIRONMENT_VARIANTS)
-"""The variants traces are rendered under (the others' runs train from their base arm's SFT)."""
 STUB_FIND = STUB.rstrip("\n")  # the patch replaces the stub's one line; the file keeps its final newline
 
 READ = call_line("read_file", {"file_path": SOLUTION_FILE})

@@ -47,11 +47,11 @@ from rich.progress import MofNCompleteColumn, Progress, TaskID
 from predict.config import allowed_values
 from predict.config.models import TracesSettings
 from predict.env.protocol import ProtocolConfig, task_prompt
-from predict.outcomes import Outcome
 from predict.outputs import write_rows
 from predict.runs import resolve_run
 from predict.traces import mutations
 from predict.traces.render import RECOVERY_STYLES, Trace, TraceError, render, solution_text
+from predict.vocabulary import Outcome
 
 if TYPE_CHECKING:
     from predict.stages import StageConfig

@@ -18,7 +18,7 @@ Rules it follows:
 4. **Checkpoints**: at `predict.runs.checkpoint_steps` the HF weights go to ``.work/checkpoints/step{N}`` and,
    once the run completes, are hard-linked to ``step{N}/`` (`publish`), so Snakemake's clean-up of an incomplete
    job's outputs never deletes them.
-5. **Metrics**: one row per step in the schema of `predict.train.metrics` (``.work/metrics.parquet`` as it goes,
+5. **Metrics**: one row per step in the schema of `predict.train.step_metrics` (``.work/metrics.parquet`` as it goes,
    ``metrics.parquet`` when published), and as each step ends the same row to the job's trackers
    (``job.tracking``, `predict.train.tracking`: TensorBoard under ``rl/{run}/seed{seed}``, W&B when asked),
    started in `start`, before any rollout or update, at the step the run resumes from.
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from predict.fingerprint import mark_finished, run_fingerprint, start_or_resume
 from predict.runs import RunSpec, checkpoint_steps, resolve_run
 from predict.serving.server import SERVED_NAME
-from predict.train.metrics import write_metrics
+from predict.train.step_metrics import write_metrics
 from predict.train.tracking import RunTracker, TrackingTargets
 
 if TYPE_CHECKING:
@@ -201,7 +201,7 @@ class TrainingRun:
 
     def rollout_settings(self, server: Any, checkpoint: str) -> Any:
         """The training rollouts' settings against `server` (or ``job.base_url``)."""
-        from predict.env.rollout import RolloutSettings
+        from predict.env.runner import RolloutSettings
 
         return RolloutSettings.from_study_config(
             self.spec.env(self.config),

@@ -39,7 +39,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from predict.train.metrics import GRAD_TERM_COLUMNS
+from predict.train.step_metrics import GRAD_TERM_COLUMNS
 
 __all__ = ["GRAD_TERM_COLUMNS", "TermProbe", "probe_every", "probe_step", "term_groups"]
 

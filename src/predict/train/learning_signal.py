@@ -562,7 +562,7 @@ def print_curves(result: Mapping[str, Any], console: Any) -> None:
 def grad_term_rows(out: Path, runs: Sequence[SignalRun]) -> list[dict[str, Any]]:
     """Per Arm B run (alpha 1, alpha 0) and step: the RL and CE terms' gradient norms and their cosine, as the
     run's metrics.parquet has them."""
-    from predict.train.metrics import GRAD_TERM_COLUMNS, read_metrics
+    from predict.train.step_metrics import GRAD_TERM_COLUMNS, read_metrics
 
     return [{"name": r.name, "alpha": r.alpha, "step": m["step"], **{c: m.get(c) for c in GRAD_TERM_COLUMNS}}
             for r in runs if r.arm == "B" for m in read_metrics(out / "rl" / r.name / "metrics.parquet")]  # fmt: skip

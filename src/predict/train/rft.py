@@ -19,7 +19,7 @@ Rules:
    seeded by the seed, at ``rft.lr`` (default ``rl.lr``). With no kept rollout a step does not update
    (``updated`` False) and the checkpoints equal the SFT weights.
 4. **outputs**: exactly an RL run's: ``step{N}/`` HF checkpoints at `predict.runs.checkpoint_steps` and
-   ``metrics.parquet`` (one row per step, the schema of `predict.train.metrics`), so evaluation, statistics and
+   ``metrics.parquet`` (one row per step, the schema of `predict.train.step_metrics`), so evaluation, statistics and
    the report treat it like any run. Serving, resume, checkpoints, publishing and the state's deletion follow
    `predict.train.driver`, as `predict rl` does.
 
@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from predict.train.driver import RLJob, TrainingRun, epoch_order, job_arguments, job_main
-from predict.train.metrics import rollout_metrics
+from predict.train.step_metrics import rollout_metrics
 
 if TYPE_CHECKING:
     from predict.stages import StageConfig
@@ -78,7 +78,7 @@ def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = N
     """Run (or resume) one RFT run; returns a summary."""
     from predict.data import load_split
     from predict.env.records import RECORD_SCHEMA, read_records
-    from predict.env.rollout import run_rollouts_sync
+    from predict.env.runner import run_rollouts_sync
     from predict.outputs import ResumableParquet
     from predict.train.from_rollouts import rft_samples
 

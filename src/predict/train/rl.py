@@ -23,7 +23,7 @@ One run = one (run, seed): ``run`` is an arm (``A``, ``B``) or an ablation of th
 
 Around the steps (serving, resume, checkpoints, publishing, the metrics log, deleting the state once published)
 the run follows `predict.train.driver`; the rollouts are kept in ``.work/rollouts/step{N}.parquet``. Metrics: one
-row per step in the schema of `predict.train.metrics` (rollout counts and class counts from the step's records,
+row per step in the schema of `predict.train.step_metrics` (rollout counts and class counts from the step's records,
 the update's loss terms and token counts, the RL and CE terms' gradient norms and cosine every
 ``rl.grad_terms_every`` steps (`predict.train.grad_terms`), sample building, the time split ``rollout_s``,
 ``samples_s``, ``update_s``, ``sync_s``).
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from predict.serving.weight_sync import WeightHandoff, resolve_mode
 from predict.train.driver import SERVED_NAME, RLJob, TrainingRun, epoch_order, job_arguments, job_main, load_tokenizer
 from predict.train.grad_terms import probe_step
-from predict.train.metrics import GRAD_TERM_COLUMNS, METRIC_COLUMNS, rollout_metrics
+from predict.train.step_metrics import GRAD_TERM_COLUMNS, METRIC_COLUMNS, rollout_metrics
 
 if TYPE_CHECKING:
     from predict.stages import StageConfig
@@ -69,7 +69,7 @@ def run_rl(
     on) to share instead of starting one (`predict.train.driver`, rule 2; as `predict.train.learning_signal`'s runs do)."""
     from predict.data import load_split
     from predict.env.records import write_records
-    from predict.env.rollout import run_rollouts_sync
+    from predict.env.runner import run_rollouts_sync
     from predict.train.from_rollouts import SampleSettings, build_samples
     from predict.train.loss import LossConfig
 

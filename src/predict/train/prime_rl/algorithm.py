@@ -26,9 +26,9 @@ What it does to a rollout (the rules of the study's loss, `predict.train.loss`, 
   filter skips; its RL samples are dropped, as the filter would have done. A rollout without CE samples is left
   to the filter.
 * metrics (``score_rollout``, both arms: `GRPOStdAlgorithm` does it): each rollout's counts, counted as the local
-  trainer counts them (`predict.train.metrics.rollout_trace_metrics`: patches, predictions and verified outcomes by
+  trainer counts them (`predict.train.step_metrics.rollout_trace_metrics`: patches, predictions and verified outcomes by
   class, REVISE decisions, reward, final pass, budget exhaustion), recorded as trace metrics ``predict_<name>``
-  (their per-step means go to prime-rl's ``metrics.jsonl``: `predict.train.metrics.ROLLOUT_METRIC_PREFIX`).
+  (their per-step means go to prime-rl's ``metrics.jsonl``: `predict.train.step_metrics.ROLLOUT_METRIC_PREFIX`).
 * identity (``score_rollout``, both arms): prime-rl dispatches every rollout of a group with the same task data, so
   all carry the task's one ``sample``; each gets its own at arrival, its index in the group
   (``trace.info["sample"]``), and a key unique in the run (``trace.info["rollout_key"]``: task key, group id,
@@ -58,8 +58,8 @@ from prime_rl.transport import TrainingSample
 
 from predict.train.from_rollouts import group_advantages
 from predict.train.labels import prediction_ce_sample, tokens_out_of_rl
-from predict.train.metrics import rollout_trace_metrics
 from predict.train.prime_rl.points import PointsMismatch, PredictionTarget, prediction_targets
+from predict.train.step_metrics import rollout_trace_metrics
 
 log = logging.getLogger(__name__)
 

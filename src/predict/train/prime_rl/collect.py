@@ -4,7 +4,7 @@ traces written as prime-rl's dataset before an ``sft`` run, and after a run what
 * `write_sft_dataset`: the traces' ``messages`` column as prime-rl's SFT dataset (``train.parquet``).
 * metrics: prime-rl's metrics.jsonl files (`METRIC_SOURCES`) as one long table (`metrics_table`, `write_metrics`),
   converted to the per-step schema every backend writes (`schema_rows`, `write_rl_metrics`,
-  `predict.train.metrics`) and mirrored into TensorBoard (`mirror_metrics`).
+  `predict.train.step_metrics`) and mirrored into TensorBoard (`mirror_metrics`).
 * failed rollouts: `check_failed_rollouts` stops a run once a step has more failed rollouts than
   ``prime_rl.rl.max_failed_share`` allows (`predict.train.prime_rl.cluster.run_watched` calls it while it runs).
 * checkpoints: each finished step (``weights/step_N/STABLE``) moved to the path every backend uses
@@ -22,9 +22,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from predict.train.metrics import share
-from predict.train.metrics import write_metrics as write_schema
 from predict.train.prime_rl.configs import PrimeRLConfigError
+from predict.train.step_metrics import share
+from predict.train.step_metrics import write_metrics as write_schema
 
 STABLE = "STABLE"  # prime-rl's marker of a finished checkpoint step
 
@@ -151,7 +151,7 @@ def check_failed_rollouts(output_dir: str | Path, max_failed_share: float, start
 
 
 def schema_rows(long: pa.Table, run: str, seed: int) -> list[dict[str, Any]]:
-    """prime-rl's long metrics as rows of the per-step schema (`predict.train.metrics`), one per orchestrator step.
+    """prime-rl's long metrics as rows of the per-step schema (`predict.train.step_metrics`), one per orchestrator step.
     A step logged twice (a retried attempt) keeps its last value.
 
     * ``n_rollouts`` = ``progress/rollouts``; ``n_failed`` = the errored ones (``.../error/<type>`` counts); the
@@ -207,7 +207,7 @@ def mirror_metrics(metrics: str | Path, tensorboard_root: Path, *, run: str, see
     """The collected per-step table as TensorBoard scalars under ``<root>/rl/{run}/seed{seed}``, the folder a local
     RL run writes (`predict.train.tracking`); W&B is left to prime-rl's own monitor (`wandb_tables`)."""
     from predict.config.models import WandbSettings
-    from predict.train.metrics import read_metrics
+    from predict.train.step_metrics import read_metrics
     from predict.train.tracking import RunTracker, TrackingTargets
 
     targets = TrackingTargets(tensorboard_root, wandb=WandbSettings(mode="disabled"))  # TensorBoard alone

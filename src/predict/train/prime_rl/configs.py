@@ -4,7 +4,7 @@ and the SFT dataset it reads, are `predict.train.prime_rl.collect`'s).
 `rl_config` renders one ``rl`` run (inference + orchestrator + trainer on one node): model = the arm's SFT
 checkpoint, env = our verifiers v1 taskset ``predict_mbpp`` on the rl split with our harness
 ``predict_local_agent`` in a subprocess runtime (the protocol values come from
-`predict.env.rollout.RolloutSettings`, the same as local rollouts), algorithm ``grpo`` for a reactive run or
+`predict.env.runner.RolloutSettings`, the same as local rollouts), algorithm ``grpo`` for a reactive run or
 ``predict`` (`PredictAlgorithm`) for a predictive one. `sft_config` renders one ``sft`` run on the traces written
 in prime-rl's ``messages`` format by `collect.write_sft_dataset`. The keys are the ones prime-rl's config classes
 accept at the pinned commit (``tests/test_prime_rl_configs.py`` lists them, read from that source).
@@ -319,8 +319,8 @@ def env_source(
     """One ``[[orchestrator.train.source]]``: our taskset + harness, with the same protocol values as local
     rollouts (`RolloutSettings.from_study_config`); `seed` orders the taskset (prime-rl's epoch shuffle ignores it).
     The seat's `sampling` is rendered too: `predict_mbpp`'s env declares the embedded default's sampling as the
-    seat's default (`predict.env.environment`), and a seat's values win over the orchestrator's."""
-    from predict.env.rollout import RolloutSettings
+    seat's default (`predict_mbpp.environment`), and a seat's values win over the orchestrator's."""
+    from predict.env.runner import RolloutSettings
 
     settings = RolloutSettings.from_study_config(
         spec.env(cfg), arm=spec.arm, seed=0, checkpoint="", base_url="", model="", variant=spec.variant
@@ -342,7 +342,7 @@ def env_source(
                 "task": dict(verifier),
             },
             "agent": {
-                # verifiers counts model turns; keep it above the program's own cap (as predict.env.rollout does).
+                # verifiers counts model turns; keep it above the program's own cap (as predict.env.runner does).
                 "max_turns": protocol.model_call_cap + 2,
                 "sampling": {
                     **sampling,

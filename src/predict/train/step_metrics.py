@@ -19,7 +19,7 @@ How the study's figures come out of the columns:
   ``n_output_tokens``.
 * training-outcome table (the writeup's "15,122 verified outcomes"): summed over a run's steps, ``verified_<CLASS>``
   (patches whose verified outcome, seen or shadow, was CLASS) next to ``pred_<CLASS>`` (patches predicted CLASS;
-  ``pred_MALFORMED`` for an unparseable prediction line), CLASS in `OUTCOMES`. `training_outcomes` builds it.
+  ``pred_MALFORMED`` for an unparseable prediction line), CLASS in `OUTCOMES`. The ``training-outcomes`` stage builds it (`predict.stats.training_outcomes`).
   A patch is every applied patch of `predict.env.records.patch_steps` (edit-on-REVISE replacements included),
   counted the same way on every backend.
 * the trainer's own bookkeeping: sample building (``prediction_points``, ``masked_labels``, ``unaligned``, ...),
@@ -28,18 +28,14 @@ How the study's figures come out of the columns:
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from predict.env.protocol import MALFORMED
-from predict.outcomes import OUTCOMES
-
-if TYPE_CHECKING:
-    from predict.stages import StageConfig
+from predict.vocabulary import OUTCOMES
 
 PRED_CLASSES: tuple[str, ...] = (*OUTCOMES, MALFORMED)
 """What a prediction can be: a class, or a malformed line."""
@@ -87,7 +83,7 @@ def metrics_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
         unknown = sorted(set(row) - set(METRIC_COLUMNS))
         if unknown:
             raise MetricsSchemaError(f"metrics row {i} (step {row.get('step')}): undeclared column(s) {unknown}; "
-                                     "declare them in predict.train.metrics.METRICS_SCHEMA")  # fmt: skip
+                                     "declare them in predict.train.step_metrics.METRICS_SCHEMA")  # fmt: skip
         if row.get("backend") not in BACKENDS:
             raise MetricsSchemaError(f"metrics row {i}: backend {row.get('backend')!r} not one of {BACKENDS}")
     ordered = sorted(rows, key=lambda r: int(r["step"]))
@@ -177,34 +173,6 @@ def rollout_trace_metrics(info: Mapping[str, Any], reward: float | None) -> dict
 # ---------------------------------------------------------------------------------------------------------------
 # Readers
 # ---------------------------------------------------------------------------------------------------------------
-TRAINING_OUTCOME_SCHEMA = pa.schema(
-    [("run", _S), ("seed", _I), ("cls", _S), ("n_verified", _I), ("verified_share", _F), ("n_predicted", _I),
-     ("predicted_share", _F), ("n_verified_total", _I), ("n_predicted_total", _I), ("n_steps", _I)]
-)  # fmt: skip
-
-
-def training_outcomes(runs: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
-    """The training-outcome table: for each (run, seed) whose steps logged any prediction, over all its steps,
-    each class's count and share of verified outcomes and of predictions (MALFORMED as a prediction row).
-    A run with no prediction (the reactive arm) has no rows; RFT's rows are left out (its rollouts are the SFT
-    policy's, sampled once, not RL steps)."""
-    out: list[dict[str, Any]] = []
-    for (run, seed), all_rows in sorted(runs.items()):
-        rows = [r for r in all_rows if r.get("backend") != "rft"]
-        pred = {c: sum(int(r.get(f"pred_{c}") or 0) for r in rows) for c in PRED_CLASSES}
-        verified = {c: sum(int(r.get(f"verified_{c}") or 0) for r in rows) for c in OUTCOMES}
-        n_pred, n_ver = sum(pred.values()), sum(verified.values())
-        if not n_pred:
-            continue
-        for c in PRED_CLASSES:
-            v = verified.get(c)
-            out.append({"run": run, "seed": int(seed), "cls": c, "n_verified": v,
-                        "verified_share": share(v, n_ver), "n_predicted": pred[c],
-                        "predicted_share": share(pred[c], n_pred), "n_verified_total": n_ver,
-                        "n_predicted_total": n_pred, "n_steps": len(rows)})  # fmt: skip
-    return out
-
-
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Rows of one per-step table; a file that is not of this schema is an error naming it and the column."""
     import pyarrow.parquet as pq
@@ -214,24 +182,6 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     unknown = sorted(set(table.column_names) - set(METRIC_COLUMNS))
     if missing or unknown:
         raise MetricsSchemaError(f"{path}: not a per-step metrics table (missing {missing}, undeclared {unknown}); "
-                                 "every trainer writes it through predict.train.metrics.write_metrics")  # fmt: skip
+                                 "every trainer writes it through predict.train.step_metrics.write_metrics")  # fmt: skip
     return table.to_pylist()
 
-
-# `predict training-outcomes`: reads no config (its slice is empty; it takes one like every stage)
-def arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rl-metrics", nargs="*", default=[], help="results/rl/{run}/seed{seed}/metrics.parquet")
-    p.add_argument("--out", required=True, help="results/stats/training_outcomes.parquet")
-
-
-def main(args: argparse.Namespace, config: StageConfig) -> int:
-    from predict.outputs import console, write_table
-
-    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for path in args.rl_metrics:
-        for row in read_metrics(path):
-            runs.setdefault((row["run"], int(row["seed"])), []).append(row)
-    rows = training_outcomes(runs)
-    write_table(pa.Table.from_pylist(rows, schema=TRAINING_OUTCOME_SCHEMA), args.out)
-    console.print(f"training outcomes: {len({(r['run'], r['seed']) for r in rows})} predictive run(s) -> {args.out}")
-    return 0

@@ -1,11 +1,12 @@
 """`MbppEnv`: the study's environment for clients we do not drive (``vf-eval predict_mbpp``, prime-rl's env server).
 
-`predict_mbpp` exports it beside the taskset and the harness; docs/vf-eval.md is the offline vf-eval command. Rules:
+`predict_mbpp` exports it beside the taskset and the harness; docs/vf-eval.md is the offline vf-eval command. It lives
+here, not in `predict.env`: its seat defaults read the study's runs (`predict.runs`), which import the environment. Rules:
 
 * the harness is ours: `predict_mbpp` exports `LocalAgentHarness`, so an unpinned seat runs our program (verifiers'
   fallback is a ``bash`` harness that installs online);
 * the seat's defaults (`study_agent_config`) are the study's: runtime (the local subprocess, not a remote sandbox),
-  sampling, turn cap and rollout timeout come from `predict.env.rollout.agent_defaults` on the embedded default
+  sampling, turn cap and rollout timeout come from `predict.env.runner.agent_defaults` on the embedded default
   config (`STUDY_CONFIG`), exactly as our own rollouts derive them; a flag or a prime-rl TOML overrides them. Model
   and endpoint stay the run's (-m, --client.*): a seat default would override them;
 * each rollout of a task has its own identity: `MbppEnv.slots` gives the n rollouts of ``-r n`` the samples
@@ -23,7 +24,7 @@ import verifiers.v1 as vf
 from verifiers.v1.env import RunSlot
 
 from predict.config import REPO_ROOT, load_config
-from predict.env.rollout import RolloutSettings, agent_defaults
+from predict.env.runner import RolloutSettings, agent_defaults
 from predict.env.taskset import MbppTask
 from predict.runs import resolve_run, study_runs
 

@@ -1,20 +1,47 @@
-"""`predict serve`: serve a checkpoint in the foreground, or stop the shared server (`--stop-shared`)."""
+"""The serving package's commands: `predict check-serving` (does ``serving.python`` import vLLM?
+`predict.serving.interpreter`) and `predict serve` (serve a checkpoint in the foreground, or stop the shared server:
+``--stop-shared``)."""
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from predict.config import config_default
 from predict.config.models import ServingSettings
+from predict.serving.interpreter import check_serving_python
 from predict.serving.server import VLLMServer, stop_shared_server
 
+if TYPE_CHECKING:
+    from predict.stages import StageConfig
 
+
+# `predict check-serving`
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout-s", type=float, default=300.0, help="how long the import may take")
+    p.add_argument("--out", default=None, help="write what was checked here (json)")
+
+
+def main(args: argparse.Namespace, config: StageConfig) -> int:
+    from predict.outputs import console, write_json
+
+    serving = config["serving"]
+    result = check_serving_python(serving.get("python"), serving["device"], timeout_s=args.timeout_s)
+    if args.out:
+        write_json(result, args.out)
+    console.print(
+        f"[green]ok[/green] serving.python ({result['serving.python']}) = {result['interpreter']}: "
+        f"vllm {result['vllm_version']} imports ({result['import_s']:.1f} s)"
+    )
+    return 0
+
+
+# `predict serve` (no stage of the workflow: the CLI hands it everything after the word)
 def serve_main(argv: Sequence[str] | None = None) -> int:
     """Run a server in the foreground until Ctrl-C/SIGTERM (for the ``predict`` CLI to wire)."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="predict serve", description="Serve a checkpoint with vLLM on 127.0.0.1.")
     ap.add_argument("model", nargs="?")
     ap.add_argument("--stop-shared", action="store_true",

