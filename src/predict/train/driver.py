@@ -132,13 +132,18 @@ class TrainingRun:
 
     # -- the trainer ---------------------------------------------------------------------------------------------
     def open_trainer(self, **overrides: Any) -> tuple[Any, int, list[dict[str, Any]]]:
-        """(trainer, steps done, metrics so far): resumed from ``.work/state`` when there is one."""
+        """(trainer, steps done, metrics so far): resumed from ``.work/state`` when there is one. Activation
+        checkpointing is not part of the state (it changes memory, never the numbers): the config sets it either way."""
+        trainer, done, metrics = self._resumed_or_new_trainer(overrides)
+        if self.rl["activation_checkpointing"]:
+            trainer.checkpoint_activations()
+        return trainer, done, metrics
+
+    def _resumed_or_new_trainer(self, overrides: dict[str, Any]) -> tuple[Any, int, list[dict[str, Any]]]:
         from predict.train.trainer import Trainer
 
         if self.resumable and Trainer.read_state_info(self.state_dir) is not None:
             trainer = Trainer.resume(self.state_dir, device=RL_DEVICE)
-            if self.rl["activation_checkpointing"]:
-                trainer.checkpoint_activations()
             extra = trainer.state_extra
             done, metrics = int(extra.get(self.step_key, 0)), list(extra.get("metrics", []))
             log.info("resuming %s seed %d from step %d (%s)", self.job.run, self.job.seed, done, self.state_dir)
@@ -153,10 +158,7 @@ class TrainingRun:
             "micro_batch_tokens": int(rl["micro_batch_tokens"]),
             "seed": self.job.seed,
         }
-        trainer = Trainer(self.job.init, **(kwargs | overrides))
-        if rl["activation_checkpointing"]:
-            trainer.checkpoint_activations()
-        return trainer, 0, []
+        return Trainer(self.job.init, **(kwargs | overrides)), 0, []
 
     # -- serving and rollouts ------------------------------------------------------------------------------------
     @contextlib.contextmanager
