@@ -1,0 +1,76 @@
+"""envs/prime-rl-offline-node.sh: prime-rl installed from wheels into a plain folder on a node without network or uv
+(docs/prime-rl.md, "Seen on a GPU"). What the H200 run found: a second install (more wheels, a later call) must
+keep prime-rl's console scripts, a script must run its ``main`` only as ``__main__`` (prime-rl's env server spawns
+workers that import the script again), and `predict prime-rl-train`'s ``uv run --frozen --no-sync CMD`` must reach
+CMD. A stand-in ``prime-rl`` wheel (same dist name, entry points of the same shape) is built here, offline."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+from predict.config import REPO_ROOT
+
+NODE = REPO_ROOT / "envs" / "prime-rl-offline-node.sh"
+
+
+def _wheel(tmp_path: Path, name: str, files: dict[str, str], scripts: dict[str, str]) -> Path:
+    """A pure-Python wheel written by hand (no build backend needed, so no network and no setuptools)."""
+    dist = name.replace("-", "_")
+    info = f"{dist}-0.0.1.dist-info"
+    meta = {
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0.1\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/entry_points.txt": "[console_scripts]\n" + "".join(f"{k} = {v}\n" for k, v in scripts.items()),
+    }
+    entries = {**files, **meta}
+    out = tmp_path / f"wheels-{name}"
+    out.mkdir()
+    with zipfile.ZipFile(out / f"{dist}-0.0.1-py3-none-any.whl", "w") as whl:
+        for rel, text in entries.items():
+            whl.writestr(rel, text)
+        whl.writestr(f"{info}/RECORD", "".join(f"{rel},,\n" for rel in entries) + f"{info}/RECORD,,\n")
+    return out
+
+
+def test_node_install_keeps_the_console_scripts_and_uv_run_reaches_them(tmp_path: Path) -> None:
+    main_py = textwrap.dedent(
+        """
+        import multiprocessing, sys
+
+        def work(q):
+            q.put("worker")
+
+        def main():
+            # spawn imports the main script again in the child: without a __main__ guard it would rerun main()
+            ctx = multiprocessing.get_context("spawn")
+            q = ctx.Queue()
+            p = ctx.Process(target=work, args=(q,))
+            p.start(); p.join()
+            print("rl", sys.argv[1:], q.get())
+            return 0
+        """
+    )
+    prime = _wheel(tmp_path, "prime-rl", {"prime_rl/__init__.py": "", "prime_rl/entrypoints/__init__.py": "",
+                                          "prime_rl/entrypoints/rl.py": main_py},
+                   {"rl": "prime_rl.entrypoints.rl:main"})  # fmt: skip
+    other = _wheel(tmp_path, "other-thing", {"other_thing/__init__.py": ""}, {"other": "other_thing:x"})
+    site = tmp_path / "site"
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(["bash", NODE, site, prime], check=True, env=env, capture_output=True)
+    # a later call installs more wheels: pip --target --upgrade replaces SITE/bin, the scripts must come back
+    subprocess.run(["bash", NODE, site, other], check=True, env=env, capture_output=True)
+    script = site / "bin" / "rl"
+    assert script.exists() and 'if __name__ == "__main__":' in script.read_text()
+    run_env = {**env, "PATH": f"{site / 'bin'}{os.pathsep}{env['PATH']}", "PYTHONPATH": str(site)}
+    result = subprocess.run(["uv", "run", "--frozen", "--no-sync", "rl", "@", "x.toml"], env=run_env,
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines() == ["rl ['@', 'x.toml'] worker"]
+    refused = subprocess.run(["uv", "sync"], env=run_env, capture_output=True, text=True, cwd=tmp_path)
+    assert refused.returncode == 2 and "only 'uv run'" in refused.stderr
