@@ -99,7 +99,11 @@ def shared_vllm_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
     """The cache folder (``default_cache_dir``, patched to it by the tests that use it) whose shared vLLM server
     (`SharedServer`, serving.shared = SESSION_SHARED) the session's real-server tests lease in turn: started by the
     first lease, reused, with each lease's weights loaded in place, by the next; stopped when the session ends."""
+    from predict.serving.server import default_cache_dir
+
     cache = tmp_path_factory.mktemp("shared-vllm") / "cache"
+    cache.mkdir()
+    (cache / "models").symlink_to(default_cache_dir() / "models", target_is_directory=True)  # the tiny models, built once
     yield cache
     from predict.serving.server import stop_shared_server
 
