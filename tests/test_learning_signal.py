@@ -33,7 +33,7 @@ from predict.train.learning_signal import (
     verdicts,
 )
 
-from .conftest import REPO
+from .conftest import REPO, SESSION_SHARED
 
 
 def curve(name: str, arm: str, lr: float, rewards: list[float | None], labels: list[float] | None = None) -> list[dict]:
@@ -160,9 +160,12 @@ def test_the_start_point_forks_each_task_between_its_gold_and_its_faulty_patch()
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # one run ~5 min alone; a loaded machine doubles it
-def test_training_raises_reward_and_teaches_the_label(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_training_raises_reward_and_teaches_the_label(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shared_vllm_cache: Path
+) -> None:
     from rich.console import Console
 
+    import predict.serving.server
     from predict.serving.server import default_python
     from predict.train.learning_signal import SANITY_NOTE, print_curves, run_signal
 
@@ -173,11 +176,15 @@ def test_training_raises_reward_and_teaches_the_label(tmp_path: Path, capsys: py
 
     config = load_config(REPO / "config" / "local.yaml")
     config["serving"]["python"] = python
-    config["serving"]["shared"] = None  # the run's one server stops with it (a shared one would idle on after)
+    # The run's one server is a lease on the session's shared server (tests/conftest.py: shared_vllm_cache; stopped
+    # when the session ends): reused where an earlier test started it, with the start point's weights loaded in place
+    # (bit-identical to a fresh start's: tests/test_shared_server.py), as every run reloads its own anyway.
+    config["serving"]["shared"] = SESSION_SHARED
 
     settings = SignalSettings()
     mp = pytest.MonkeyPatch()
     mp.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
+    mp.setattr(predict.serving.server, "default_cache_dir", lambda: shared_vllm_cache)
     try:
         result = run_signal(config, tmp_path / "signal", settings)
     finally:

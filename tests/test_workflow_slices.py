@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -76,15 +77,26 @@ def fake_finished_run(workdir: Path, config: dict) -> Path:
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return fake_finished_run(tmp_path_factory.mktemp("finished-run"), LOCAL)
+def _finished_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Both faked finished runs, built side by side: each is a chain of single-threaded Snakemake calls (~14 s and
+    ~28 s of the test command in CI, one after the other), in folders of their own."""
+    best_val = yaml.safe_load(yaml.safe_dump(LOCAL))
+    best_val["evaluation"]["selection"] = {"mode": "best_val"}
+    workdirs = {"finished_run": (tmp_path_factory.mktemp("finished-run"), LOCAL),
+                "finished_best_val_run": (tmp_path_factory.mktemp("finished-best-val-run"), best_val)}  # fmt: skip
+    with ThreadPoolExecutor(len(workdirs)) as pool:
+        built = {name: pool.submit(fake_finished_run, *args) for name, args in workdirs.items()}
+        return {name: future.result() for name, future in built.items()}
 
 
 @pytest.fixture(scope="module")
-def finished_best_val_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    config = yaml.safe_load(yaml.safe_dump(LOCAL))
-    config["evaluation"]["selection"] = {"mode": "best_val"}
-    return fake_finished_run(tmp_path_factory.mktemp("finished-best-val-run"), config)
+def finished_run(_finished_runs: dict[str, Path]) -> Path:
+    return _finished_runs["finished_run"]
+
+
+@pytest.fixture(scope="module")
+def finished_best_val_run(_finished_runs: dict[str, Path]) -> Path:
+    return _finished_runs["finished_best_val_run"]
 
 
 def plan(workdir: Path, edit: dict) -> tuple[dict[str, int], str]:
