@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from predict.train.from_rollouts import group_advantages
-from predict.train.prime_rl.cluster import PATCH
-from tests.test_prime_rl_patch import _source, _verifiers_source, skip_unless_required
+from tests.test_prime_rl_patch import _verifiers_source, patched_source, skip_unless_required
 
 FLOW = Path(__file__).with_name("prime_rl_real_flow.py")
 
@@ -29,11 +28,8 @@ def test_predict_algorithm_in_prime_rls_orchestrator(tmp_path: Path) -> None:
     python = os.environ.get("PREDICT_PRIME_RL_PYTHON")
     if not python:
         skip_unless_required("PREDICT_PRIME_RL_PYTHON is not set: an interpreter with prime-rl's runtime dependencies")
-    src = _source(tmp_path)
-    vf_src = _verifiers_source(tmp_path, src)
-    work = tmp_path / "patched"
-    subprocess.run(["cp", "-r", str(src), str(work)], check=True)
-    subprocess.run(["git", "apply", str(PATCH)], cwd=work, check=True)
+    work = patched_source(tmp_path)
+    vf_src = _verifiers_source(tmp_path, work)
     result = subprocess.run([python, str(FLOW), str(work), str(vf_src)], capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
@@ -73,11 +69,8 @@ def test_a_failed_model_call_never_scores_on_prime_rl(tmp_path: Path) -> None:
     python = os.environ.get("PREDICT_PRIME_RL_PYTHON")
     if not python:
         skip_unless_required("PREDICT_PRIME_RL_PYTHON is not set: an interpreter with prime-rl's runtime dependencies")
-    src = _source(tmp_path)
-    vf_src = _verifiers_source(tmp_path, src)
-    work = tmp_path / "patched"
-    subprocess.run(["cp", "-r", str(src), str(work)], check=True)
-    subprocess.run(["git", "apply", str(PATCH)], cwd=work, check=True)
+    work = patched_source(tmp_path)
+    vf_src = _verifiers_source(tmp_path, work)
     env = {**os.environ, "HOME": str(tmp_path / "home")}
     result = subprocess.run(
         [python, str(FAILED_FLOW), str(work), str(vf_src), str(tmp_path / "run")],

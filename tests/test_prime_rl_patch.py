@@ -13,6 +13,7 @@ import py_compile
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,15 +130,10 @@ def test_the_patch_applies_cleanly_to_the_pinned_source(tmp_path: Path) -> None:
 def test_rendered_algo_tables_validate_against_the_patched_config_union(tmp_path: Path) -> None:
     """The ``[orchestrator.algo]`` tables we render for Arm A and Arm B parse with prime-rl's own AlgoConfig union
     (the patched ``prime_rl.configs.algorithm``, imported in a child process next to this venv's verifiers)."""
-    import json
-    import sys
 
     from predict.train.prime_rl import configs
 
-    src = _source(tmp_path)
-    work = tmp_path / "patched"
-    subprocess.run(["cp", "-r", str(src), str(work)], check=True)
-    subprocess.run(["git", "apply", str(PATCH)], cwd=work, check=True)
+    work = patched_source(tmp_path)
     cfg = load_config(REPO_ROOT / "config" / "config.yaml")
     tables = {
         run: configs.rl_config(cfg, run, 42, model="m/m", tasks="rl.parquet", output_dir="out")["orchestrator"]["algo"]
@@ -149,14 +145,7 @@ def test_rendered_algo_tables_validate_against_the_patched_config_union(tmp_path
         "print(json.dumps({run: TypeAdapter(AlgoConfig).validate_python(t).model_dump(mode='json') "
         "for run, t in tables.items()}))"
     )
-    env = {**os.environ, "PYTHONPATH": str(work / "packages" / "prime-rl-configs" / "src")}
-    result = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(tables)], capture_output=True, text=True, env=env, timeout=300
-    )
-    if result.returncode != 0 and "ModuleNotFoundError" in result.stderr:
-        skip_unless_required(f"prime_rl.configs.algorithm needs a module this venv lacks: {result.stderr.strip()[-200:]}")
-    assert result.returncode == 0, result.stderr[-2000:]
-    parsed = json.loads(result.stdout)
+    parsed = _run_with_prime_rl_configs(code, tables, [work / "packages" / "prime-rl-configs" / "src"], timeout=300)
     assert parsed["A"]["type"] == "grpo_std"
     assert parsed["B"]["type"] == "predict" and parsed["B"]["alpha"] == cfg["arms"]["B"]["alpha"]
     assert parsed["alpha0"]["alpha"] == 0.0
@@ -187,19 +176,39 @@ def _verifiers_source(tmp_path: Path, prime_rl_src: Path) -> Path:
     return out
 
 
-def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) -> None:
-    """The whole rendered ``rl`` (every run) and ``sft`` TOMLs parse with prime-rl's RLConfig / SFTConfig at the pin
-    (extra keys forbidden), with verifiers at prime-rl's pin resolving our taskset and harness configs by id."""
+def patched_source(tmp_path: Path) -> Path:
+    """The pinned prime-rl tree copied to ``tmp_path/patched`` with the registration patch applied."""
+    work = tmp_path / "patched"
+    subprocess.run(["cp", "-r", str(_source(tmp_path)), str(work)], check=True)
+    subprocess.run(["git", "apply", str(PATCH)], cwd=work, check=True)
+    return work
+
+
+def _run_with_prime_rl_configs(code: str, payload: Any, path: list[Path], *, timeout: int) -> Any:
+    """`code` in a child of this venv with `path` first on PYTHONPATH and `payload` as JSON in ``sys.argv[1]``; its
+    stdout as JSON. Skipped (a failure under PREDICT_REQUIRE_PRIME_RL) when prime-rl's configs need a module this venv
+    lacks."""
     import json
     import sys
 
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path))}
+    result = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(payload)], capture_output=True, text=True, env=env, timeout=timeout
+    )
+    if result.returncode != 0 and "ModuleNotFoundError" in result.stderr:
+        skip_unless_required(f"prime-rl's configs need a module this venv lacks: {result.stderr.strip()[-200:]}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) -> None:
+    """The whole rendered ``rl`` (every run) and ``sft`` TOMLs parse with prime-rl's RLConfig / SFTConfig at the pin
+    (extra keys forbidden), with verifiers at prime-rl's pin resolving our taskset and harness configs by id."""
+
     from predict.train.prime_rl import configs
 
-    src = _source(tmp_path)
-    vf_src = _verifiers_source(tmp_path, src)
-    work = tmp_path / "patched"
-    subprocess.run(["cp", "-r", str(src), str(work)], check=True)
-    subprocess.run(["git", "apply", str(PATCH)], cwd=work, check=True)
+    work = patched_source(tmp_path)
+    vf_src = _verifiers_source(tmp_path, work)
     cfg = load_config(REPO_ROOT / "config" / "config.yaml")
     tables = {
         f"rl/{run}": configs.rl_config(
@@ -247,20 +256,10 @@ def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) 
         "        out[name] = [c.data.name, c.renderer.name, c.ckpt.resume_step, c.model.attn]\n"
         "print(json.dumps(out))\n"
     )
-    env = {
-        **os.environ,
-        # this checkout's predict first (the venv may hold another editable install of it)
-        "PYTHONPATH": os.pathsep.join(
-            [str(REPO_ROOT / "src"), str(vf_src), str(work / "packages" / "prime-rl-configs" / "src")]
-        ),
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(tables)], capture_output=True, text=True, env=env, timeout=600
+    # this checkout's predict first (the venv may hold another editable install of it)
+    parsed = _run_with_prime_rl_configs(
+        code, tables, [REPO_ROOT / "src", vf_src, work / "packages" / "prime-rl-configs" / "src"], timeout=600
     )
-    if result.returncode != 0 and "ModuleNotFoundError" in result.stderr:
-        skip_unless_required(f"prime-rl's configs need a module this venv lacks: {result.stderr.strip()[-200:]}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    parsed = json.loads(result.stdout)
     # W&B only when asked; asked for, both processes of an RL run and SFT log to the project, offline as asked (the
     # rl entrypoint's shared [wandb] refuses offline: the renderer puts an offline monitor in each process instead)
     assert parsed["rl/B/wandb"] == [None, None] and parsed["sft/B/wandb"] == [None]
@@ -306,16 +305,11 @@ def test_rendered_rl_tomls_survive_the_rl_launchers_own_rewrite(tmp_path: Path) 
     ``tomli_w``) and the orchestrator parses it again. TOML has no null: a None left inside our harness config (the
     protocol's ``max_model_calls``, a dataclass that prime-rl's encoder does not walk) crashed every rl run at start
     on the H200 (issue 39). Every run's orchestrator table must write and read back to the same environment."""
-    import json
-    import sys
 
     from predict.train.prime_rl import configs
 
-    src = _source(tmp_path)
-    vf_src = _verifiers_source(tmp_path, src)
-    work = tmp_path / "patched"
-    subprocess.run(["cp", "-r", str(src), str(work)], check=True)
-    subprocess.run(["git", "apply", str(PATCH)], cwd=work, check=True)
+    work = patched_source(tmp_path)
+    vf_src = _verifiers_source(tmp_path, work)
     cfg = load_config(REPO_ROOT / "config" / "config.yaml")
     tables = {run: configs.rl_config(cfg, run, 42, model=tmp_path / "sft", tasks=tmp_path / "rl.parquet",
                                      output_dir=tmp_path / "out") for run in study_runs(cfg)}
@@ -332,15 +326,9 @@ def test_rendered_rl_tomls_survive_the_rl_launchers_own_rewrite(tmp_path: Path) 
         "    out[name] = [dump(again) == dump(c.orchestrator), dump(again)['agent']['harness']['protocol']]\n"
         "print(json.dumps(out))\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO_ROOT / "src"), str(vf_src), str(work / "packages" / "prime-rl-configs" / "src")])}
-    result = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(tables)], capture_output=True, text=True, env=env, timeout=600
+    parsed = _run_with_prime_rl_configs(
+        code, tables, [REPO_ROOT / "src", vf_src, work / "packages" / "prime-rl-configs" / "src"], timeout=600
     )
-    if result.returncode != 0 and "ModuleNotFoundError" in result.stderr:
-        skip_unless_required(f"prime-rl's configs need a module this venv lacks: {result.stderr.strip()[-200:]}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    parsed = json.loads(result.stdout)
     assert set(parsed) == set(study_runs(cfg))
     for run, (same, protocol) in parsed.items():
         assert same, (run, protocol)
