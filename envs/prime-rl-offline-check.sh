@@ -44,7 +44,14 @@ rl_train=(prime-rl-train rl --config "$cfg" --toml "$R/rl/B/seed42/prime-rl.toml
           --run-dir "$R/rl/B/seed42" --checkpoints-out "$R/rl/B/seed42/checkpoints.json"
           --tensorboard-dir "$R/tensorboard")
 mkdir -p "$R/cwd"
-gpu_peak() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | sort -n | tail -1; }
+stop_tree() {  # SIGKILL to the stage, prime-rl's launcher and every process it started (a lost node)
+  pkill -KILL -f "predict.cli|prime_rl|$site/bin|vllm|torchrun" || true
+}
+peak=0
+track_peak() {  # the largest device memory in use seen so far (MiB), every process on the GPU
+  local now; now="$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | sort -n | tail -1)"
+  (( now > peak )) && peak=$now || true
+}
 
 case "$phase" in
 sft)
@@ -64,24 +71,23 @@ kill)
   t0=$SECONDS
   PYTHONPATH="$prl_path" setsid python3 -c "import sys; from predict.cli import main; sys.exit(main())" \
     "${rl_train[@]}" > "$R/logs/rl-attempt1.log" 2>&1 &
-  peak=0
   # step 2 has started once step 1's checkpoint is complete (prime-rl writes STABLE last)
   until [ -f "$od/checkpoints/step_1/STABLE" ] || [ -f "$od/weights/step_1/STABLE" ]; do
-    sleep 2; peak=$(( $(gpu_peak) > peak ? $(gpu_peak) : peak ))
+    sleep 2; track_peak
     if ! pgrep -f "predict.cli.*prime-rl-train" >/dev/null; then echo "prime-rl-train exited before step 1"; tail -30 "$R/logs/rl-attempt1.log"; exit 1; fi
-    if (( SECONDS - t0 > 500 )); then echo "no step 1 after 500 s"; break; fi
+    if (( SECONDS - t0 > 500 )); then echo "no step 1 after 500 s"; stop_tree; exit 1; fi
   done
   sleep 8
   echo "phase kill: step 1 done after $((SECONDS - t0 - 8)) s; device peak so far ${peak} MiB; SIGKILL to the whole tree"
-  pkill -KILL -f "predict.cli|prime_rl|$site/bin|vllm|torchrun" || true
+  stop_tree
   sleep 3
   ls "$od/checkpoints" "$od/weights" 2>&1 || true
   ;;
 resume)
   t0=$SECONDS
   PYTHONPATH="$prl_path" predict "${rl_train[@]}" > "$R/logs/rl-attempt2.log" 2>&1 &
-  pid=$!; peak=0
-  while kill -0 "$pid" 2>/dev/null; do sleep 2; peak=$(( $(gpu_peak) > peak ? $(gpu_peak) : peak )); done
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do sleep 2; track_peak; done
   wait "$pid" || { tail -50 "$R/logs/rl-attempt2.log"; exit 1; }
   echo "phase resume: prime-rl rl resumed and finished in $((SECONDS - t0)) s; device peak ${peak} MiB"
   last="$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['last'])" "$R/rl/B/seed42/checkpoints.json")"

@@ -49,14 +49,19 @@ wheels=(
 
 # 3. the git-pinned trees (uv.lock: torchtitan 23e4dfc; dion d891eeb, or the closest commit a mirror has: prime-rl
 #    only imports its Muon, which the study's AdamW never uses)
-tree() {  # NAME URL REV PACKAGE_DIR
-  local tmp; tmp="$(mktemp -d)"
-  git clone -q --filter=blob:none --no-checkout "$2" "$tmp/repo"
-  (cd "$tmp/repo" && { git checkout -q "$3" 2>/dev/null || { echo "$1: $3 not in $2, using its HEAD" >&2; git checkout -q HEAD; }; })
-  tar -czf "$out/trees/$1.tgz" -C "$tmp/repo" "$4"
+tree() {  # NAME URL REV PACKAGE_DIR [head: the mirror's HEAD stands in when REV is missing]
+  local tmp rev="$3"; tmp="$(mktemp -d)"
+  git clone -q --bare "$2" "$tmp/repo"
+  if ! git --git-dir="$tmp/repo" cat-file -e "$rev^{commit}" 2>/dev/null; then
+    [ "${5:-}" = head ] || { echo "$1: commit $rev is not in $2" >&2; exit 1; }
+    echo "$1: commit $rev is not in $2, using its HEAD" >&2
+    rev=HEAD
+  fi
+  # only the package folder: nothing else of the tree is needed (and a partial mirror may lack the rest's blobs)
+  git --git-dir="$tmp/repo" archive --format=tar.gz -o "$out/trees/$1.tgz" "$rev" "$4"
   rm -rf "$tmp"
 }
 tree torchtitan "${TORCHTITAN_GIT:-https://github.com/pytorch/torchtitan}" 23e4dfca5ca52587dbaf18f67bee8d73e875df5b torchtitan
-tree dion "${DION_GIT:-https://github.com/samsja/dion.git}" d891eebbd950a6ff11d9b5f806282e33df83df9d dion
+tree dion "${DION_GIT:-https://github.com/samsja/dion.git}" d891eebbd950a6ff11d9b5f806282e33df83df9d dion head
 du -sh "$out/wheels" "$out/trees"
 echo "copy $out to the node, then: bash envs/prime-rl-offline-node.sh SITE $out/wheels $out/trees"
