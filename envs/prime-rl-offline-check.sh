@@ -10,7 +10,8 @@
 #           last step through the pipeline's own vLLM server
 # Inputs (env): PRL_SITE (prime-rl's site, envs/prime-rl-offline-node.sh), VLLM_SITE (vLLM 0.26's), SERVING_PYTHON (an
 # interpreter that imports vLLM, for the pipeline's server), TRACES (an SFT traces parquet of arm B), TASKS (the RL
-# tasks parquet), VAL (the val split parquet), R (where everything goes; default /tmp/prl-check).
+# tasks parquet), VAL (the val split parquet), R (where everything goes; default /tmp/prl-check), KILL_WAIT (seconds
+# the kill phase waits for step 1 before it gives up; default 500).
 # A random model writes no prediction and earns no reward, so every RL batch would be empty (prime-rl skips such a
 # step and stops after 10): TRACES is a few traces and TASKS their own tasks, which SFT teaches it to write.
 set -euo pipefail
@@ -75,7 +76,7 @@ kill)
   until [ -f "$od/checkpoints/step_1/STABLE" ] || [ -f "$od/weights/step_1/STABLE" ]; do
     sleep 2; track_peak
     if ! pgrep -f "predict.cli.*prime-rl-train" >/dev/null; then echo "prime-rl-train exited before step 1"; tail -30 "$R/logs/rl-attempt1.log"; exit 1; fi
-    if (( SECONDS - t0 > 500 )); then echo "no step 1 after 500 s"; stop_tree; exit 1; fi
+    if (( SECONDS - t0 > ${KILL_WAIT:-500} )); then echo "no step 1 after ${KILL_WAIT:-500} s"; stop_tree; exit 1; fi
   done
   sleep 8
   echo "phase kill: step 1 done after $((SECONDS - t0 - 8)) s; device peak so far ${peak} MiB; SIGKILL to the whole tree"

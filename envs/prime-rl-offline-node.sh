@@ -14,10 +14,16 @@ for d in "$@"; do
   for f in "$d"/*.whl; do [ -e "$f" ] && whl+=("$f"); done
   for f in "$d"/*.tgz; do [ -e "$f" ] && tgz+=("$f"); done
 done
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "${whl[@]}"
+# Into a fresh folder, then merged into SITE: `pip --target --upgrade` replaces a top-level folder that is already
+# there, so prime-rl-configs (prime_rl/configs) installed in a later call than prime-rl erased prime_rl/ (seen on the
+# H200: "No module named 'prime_rl.entrypoints'").
+stage="$(mktemp -d)"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$stage" "${whl[@]}"
+cp -a "$stage/." "$site/"
+rm -rf "$stage"
 for f in "${tgz[@]}"; do tar -xzf "$f" -C "$site"; done
-# prime-rl's console scripts, written from its entry points here: pip --target --upgrade replaces SITE/bin with each
-# install, so a second install (more wheels in a later call) would drop the scripts it wrote the first time.
+# prime-rl's console scripts, written from its entry points here (again after every install: the merge above may
+# bring another bin/).
 python3 - "$site" "$(command -v python3)" <<'PY'
 import configparser, glob, os, sys
 site, python = sys.argv[1], sys.argv[2]

@@ -18,7 +18,13 @@ set -euo pipefail
 out="$(realpath -m "${1:?usage: envs/prime-rl-offline.sh OUT [VENDOR]}")"
 here="$(cd "$(dirname "$0")/.." && pwd)"
 vendor="${2:-$here/../shared/vendor}"
-py="${PREDICT_PYTHON312:-$(command -v python3.12 || echo "$HOME/.pyenv/versions/3.12.1/bin/python")}"
+# a python3.12 that runs (a pyenv shim is on PATH even where its version is not selected)
+py="${PREDICT_PYTHON312:-}"
+for candidate in python3.12 "$HOME/.pyenv/versions/3.12.1/bin/python"; do
+  [ -n "$py" ] && break
+  "$candidate" -c "import sys; assert sys.version_info[:2] == (3, 12)" 2>/dev/null && py="$candidate"
+done
+[ -n "$py" ] || { echo "no python3.12 found: set PREDICT_PYTHON312" >&2; exit 2; }
 mkdir -p "$out/wheels" "$out/trees"
 
 # 1. the tree, patched exactly as prime-rl-setup patches it

@@ -566,6 +566,18 @@ def test_extension_runs_carry_their_environment_and_mask(paper: dict[str, Any], 
     assert (algo["B"]["mask_decision"], algo["mask_decision"]["mask_decision"]) == (False, True)
 
 
+
+def test_no_run_asks_prime_rls_train_client_for_a_stream(paper: dict[str, Any], tmp_path: Path) -> None:
+    """prime-rl's env server answers the agent program through verifiers' TrainClient, and prime-rl's pinned verifiers
+    (d30a3f48) refuses a streamed request from it: HTTP 502 "TrainClient does not support streaming" for every
+    rollout of the first RL run on the H200 (issue 39). Every run's rendered harness asks for whole responses."""
+    from predict.env.harness import LocalAgentHarnessConfig
+    from predict.runs import study_runs
+
+    for run in study_runs(paper):
+        (source,) = render_rl(paper, run, tmp_path)["orchestrator"]["train"]["source"]
+        assert LocalAgentHarnessConfig(**source["env"]["agent"]["harness"]).stream is False, run
+
 # ---------------------------------------------------------------------------------------------------------------
 # Issue 16 items 2-5: resume, seeds, the install, one rl: design on both backends
 # ---------------------------------------------------------------------------------------------------------------

@@ -74,3 +74,23 @@ def test_node_install_keeps_the_console_scripts_and_uv_run_reaches_them(tmp_path
     assert result.stdout.strip().splitlines() == ["rl ['@', 'x.toml'] worker"]
     refused = subprocess.run(["uv", "sync"], env=run_env, capture_output=True, text=True, cwd=tmp_path)
     assert refused.returncode == 2 and "only 'uv run'" in refused.stderr
+
+
+def test_a_later_install_into_a_package_already_there_keeps_what_the_first_put_there(tmp_path: Path) -> None:
+    """prime-rl-configs installs into prime_rl/ (prime_rl/configs). Installed in a later call than prime-rl, it must
+    not erase prime_rl/entrypoints: on the H200, `pip --target --upgrade` did ("No module named
+    'prime_rl.entrypoints'"), and prime-rl's sft would not start."""
+    prime = _wheel(tmp_path, "prime-rl", {"prime_rl/__init__.py": "", "prime_rl/entrypoints/__init__.py": "",
+                                          "prime_rl/entrypoints/sft.py": "def main():\n    return 0\n"},
+                   {"sft": "prime_rl.entrypoints.sft:main"})  # fmt: skip
+    configs = _wheel(tmp_path, "prime-rl-configs", {"prime_rl/configs/__init__.py": "X = 1\n"}, {})
+    site = tmp_path / "site"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(["bash", NODE, site, prime], check=True, env=env, capture_output=True)
+    subprocess.run(["bash", NODE, site, configs], check=True, env=env, capture_output=True)
+    probe = "import prime_rl.entrypoints.sft, prime_rl.configs; print(prime_rl.configs.X)"
+    result = subprocess.run([sys.executable, "-c", probe], env={**env, "PYTHONPATH": str(site)},
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "1"
+    assert (site / "bin" / "sft").exists()

@@ -352,6 +352,11 @@ def env_source(
                 "harness": {
                     "id": HARNESS_ID,
                     "protocol": protocol.to_dict(),  # LocalAgentHarnessConfig.protocol: a ProtocolConfig
+                    # prime-rl's env server answers through verifiers' TrainClient, and its pinned verifiers
+                    # (d30a3f48) refuses a streamed request from it (HTTP 502 "TrainClient does not support
+                    # streaming", every rollout of the first RL run on a GPU); verifiers 0.4.0 fakes the stream.
+                    # The train client generates a turn whole anyway: a stream gains nothing here.
+                    "stream": False,
                     **verifier,
                 },
                 "runtime": {"type": "subprocess"},
