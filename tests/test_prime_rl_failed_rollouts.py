@@ -15,7 +15,7 @@ import pytest
 from predict.config import REPO_ROOT, load_config
 from predict.train.prime_rl import cluster, configs
 from predict.train.prime_rl.cluster import run_watched
-from predict.train.prime_rl.collect import FailedRolloutsError, check_failed_rollouts
+from predict.train.prime_rl.collect import FailedRolloutsError, check_failed_rollouts, check_open_step
 from predict.train.prime_rl.configs import MAX_FAILED_SHARE_VAR, PrimeRLConfigError
 
 AGG = "train/agg/all/agent"
@@ -145,3 +145,66 @@ def test_launch_stops_an_rl_run_over_the_threshold_and_judges_a_retry_on_its_own
         cluster.launch("rl", toml, tmp_path, uv=str(uv))
     uv.write_text(FAKE_UV.format(python=sys.executable, failed=1, sleep=0))  # the retry: step 1 again, 1 of 4
     cluster.launch("rl", toml, tmp_path, uv=str(uv))
+
+
+# What prime-rl's dispatcher logs for each failed rollout (orchestrator.log, colours and all), as seen on the H200.
+FAILED_LINE = (
+    "\x1b[2m10:27:32\x1b[0m \x1b[33m\x1b[1mWARNING\x1b[0m \x1b[33m\x1b[1m\x1b[22mRollout failed in group a47e11b1 "
+    "(predict_mbpp) — HarnessError: harness 'predict_local_agent' exited 97: HTTP 502: TrainClient does not support "
+    "streaming\x1b[0m\x1b[0m"
+)
+TASK_FAILED_LINE = "10:27:33 WARNING Rollout task failed in group b5 (predict_mbpp): ConnectError('refused')"
+
+
+def write_log(output_dir: Path, *lines: str) -> None:
+    (output_dir / "logs").mkdir(parents=True, exist_ok=True)
+    with open(output_dir / "logs" / "orchestrator.log", "a") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+def test_a_step_in_progress_that_can_no_longer_stay_within_the_threshold_stops_the_run(tmp_path: Path) -> None:
+    """prime-rl resamples failed rollouts without end: on the H200 every rollout failed (852 in 5 minutes) and no
+    step was ever logged, so the per-step check never fired. A step of 16 under a share of 0.25 holds at most
+    0.25 / 0.75 * 16 = 5.3 failures whatever the rest of it does."""
+    write_log(tmp_path, "10:27:30 INFO Train batch 0/16", *[FAILED_LINE] * 4, TASK_FAILED_LINE)
+    check_open_step(tmp_path, 0.25, 16)  # 5: the step could still finish within the share
+    write_log(tmp_path, FAILED_LINE)
+    with pytest.raises(FailedRolloutsError, match=r"^6 rollouts failed .*max_failed_share 0.25 \(5.3\).*The first: "
+                       r"HarnessError: harness 'predict_local_agent' exited 97: HTTP 502"):  # fmt: skip
+        check_open_step(tmp_path, 0.25, 16)
+    check_open_step(tmp_path, 1.0, 16)  # a share of 1 allows every failure
+    # failures a finished step already counted are judged by check_failed_rollouts, not again here
+    write_steps(tmp_path, step_line(1, 16, HarnessError=4))
+    check_open_step(tmp_path, 0.25, 16)
+    # an attempt is judged from where its log starts
+    log = tmp_path / "logs" / "orchestrator.log"
+    check_open_step(tmp_path, 0.25, 16, metrics_start=10**6, log_start=log.stat().st_size)
+
+
+FAKE_UV_FAILING = """#!{python}
+import os, sys, time, tomllib
+table = tomllib.load(open(sys.argv[-1], "rb"))
+os.makedirs(os.path.join(table["output_dir"], "logs"), exist_ok=True)
+with open(os.path.join(table["output_dir"], "logs", "orchestrator.log"), "a") as f:
+    for _ in range(20):
+        f.write({line!r} + "\\n")
+time.sleep(30)
+"""
+
+
+def test_launch_stops_an_rl_run_whose_every_rollout_fails_before_any_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cluster, "WATCH_POLL_S", 0.2)
+    toml = configs.write_toml(
+        {"output_dir": str(tmp_path / "o"), "env_vars": {MAX_FAILED_SHARE_VAR: "0.25"},
+         "orchestrator": {"batch_size": 16}},
+        tmp_path / "rl.toml",
+    )  # fmt: skip
+    uv = tmp_path / "uv"
+    uv.write_text(FAKE_UV_FAILING.format(python=sys.executable, line=FAILED_LINE))
+    uv.chmod(0o755)
+    t0 = time.time()
+    with pytest.raises(FailedRolloutsError, match="20 rollouts failed in the step in progress"):
+        cluster.launch("rl", toml, tmp_path, uv=str(uv))
+    assert time.time() - t0 < 20  # stopped, not waited out

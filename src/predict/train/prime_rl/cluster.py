@@ -26,14 +26,15 @@ each attempt starts in prime-rl's metrics.jsonl files (`mark_attempt`) and, once
 last attempt's records of each step (`drop_superseded_metrics`; the dropped lines go to ``*.superseded.jsonl``).
 An ``rl`` run is watched while it runs (`run_watched`): once a logged step has more failed rollouts than the TOML's
 ``env_vars.PREDICT_MAX_FAILED_SHARE`` (``prime_rl.rl.max_failed_share``) allows, `collect.check_failed_rollouts`
-raises, the run's processes are stopped and the job fails naming the step; below it prime-rl drops each failed
-rollout from its group (the environment marks a failed model call as a failed rollout, `predict.env.program`).
+raises, the run's processes are stopped and the job fails naming the step; so it does, before the step ends, once
+the failures the orchestrator logs already pass what the step in progress may hold (`collect.check_open_step`: prime-rl
+resamples failed rollouts without end, so a run whose every rollout fails would never log a step). Below it prime-rl
+drops each failed rollout from its group (the environment marks a failed model call as a failed rollout, `predict.env.program`).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import logging
 import os
@@ -46,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from predict.config import REPO_ROOT
 from predict.fingerprint import file_sha256, fingerprint, mark_finished, start_or_resume
-from predict.train.prime_rl.collect import METRIC_SOURCES, check_failed_rollouts
+from predict.train.prime_rl.collect import METRIC_SOURCES, ORCHESTRATOR_LOG, check_failed_rollouts, check_open_step
 from predict.train.prime_rl.configs import COLOCATE_VAR, MAX_FAILED_SHARE_VAR, colocated_devices, read_toml
 
 if TYPE_CHECKING:
@@ -246,8 +247,16 @@ def launch(kind: str, toml: str | Path, dest: str | Path, *, uv: str = "uv") -> 
     share = (table.get("env_vars") or {}).get(MAX_FAILED_SHARE_VAR)
     if kind == "rl" and share is not None:
         start = marks[METRIC_SOURCES["orchestrator"]][-1]  # an earlier attempt's steps are redone, not judged
+        log = output_dir / ORCHESTRATOR_LOG
+        log_start = log.stat().st_size if log.exists() else 0
+        batch_size = (table.get("orchestrator") or {}).get("batch_size")  # prime-rl's default is never ours
+
+        def check() -> None:  # the finished steps, then the one in progress (collect's docs)
+            check_failed_rollouts(output_dir, float(share), start)
+            if batch_size is not None:
+                check_open_step(output_dir, float(share), int(batch_size), start, log_start)
+
         try:
-            check = functools.partial(check_failed_rollouts, output_dir, float(share), start)
             run_watched(argv, check, cwd=dest, poll_s=WATCH_POLL_S, env=env)
         finally:
             drop_superseded_metrics(output_dir)

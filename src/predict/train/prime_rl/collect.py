@@ -150,6 +150,61 @@ def check_failed_rollouts(output_dir: str | Path, max_failed_share: float, start
             )
 
 
+ORCHESTRATOR_LOG = "logs/orchestrator.log"
+"""prime-rl's orchestrator log under output_dir: it names each failed rollout as it happens (a step's metrics count
+them only once the step is done)."""
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_FAILED_LINE = re.compile(r"Rollout (?:task )?failed in group \S+ \([^)]*\)(?: — |: )(?P<error>.*)$")
+
+
+def logged_failures(output_dir: str | Path, start: int = 0) -> list[str]:
+    """The errors of the failed rollouts prime-rl's orchestrator logged (its dispatcher's "Rollout failed in group
+    ..." and "Rollout task failed in group ..." warnings) from byte `start` of its log on; from the beginning when the
+    log is shorter than `start` (a new log)."""
+    path = Path(output_dir) / ORCHESTRATOR_LOG
+    if not path.exists():
+        return []
+    with open(path, "rb") as f:
+        if path.stat().st_size >= start:
+            f.seek(start)
+        text = f.read().decode(errors="replace")
+    return [m["error"].strip() for line in text.splitlines() if (m := _FAILED_LINE.search(_ANSI.sub("", line)))]
+
+
+def check_open_step(output_dir: str | Path, max_failed_share: float, batch_size: int, metrics_start: int = 0,
+                    log_start: int = 0) -> None:
+    """Raise `FailedRolloutsError` when the rollouts that failed since the attempt began, beyond those its finished
+    steps counted, already exceed what the step in progress may hold: more than ``max_failed_share / (1 -
+    max_failed_share) * batch_size``, so that even if every rollout it still needs succeeded, its failed share would
+    pass the threshold (`check_failed_rollouts`' rule, the failures counted in the step's rollouts or not). prime-rl
+    resamples a failed rollout without end, so a run whose every rollout fails (a broken server, harness or
+    install: on the H200, HTTP 502 for each, issue 39) would otherwise finish no step and wait for its job's time
+    limit; the error quotes the first failure."""
+    errors = logged_failures(output_dir, log_start)
+    counted = 0
+    path = Path(output_dir) / METRIC_SOURCES["orchestrator"]
+    if path.exists():
+        with open(path, "rb") as f:
+            f.seek(metrics_start)
+            for line in f.read().decode(errors="replace").splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                flat: dict[str, float] = {}
+                _flatten("", record, flat)
+                counted += sum(step_failures(flat).values())
+    pending = len(errors) - counted
+    allowed = max_failed_share / (1 - max_failed_share) * batch_size if max_failed_share < 1 else float("inf")
+    if pending > allowed:
+        raise FailedRolloutsError(
+            f"{pending} rollouts failed in the step in progress (no step of this attempt finished with them): more "
+            f"than a step of {batch_size} rollouts can hold under prime_rl.rl.max_failed_share {max_failed_share:g} "
+            f"({allowed:.1f}); the run is stopped. The first: {errors[counted] if counted < len(errors) else '?'} "
+            f"(every one: {Path(output_dir) / ORCHESTRATOR_LOG})"
+        )
+
 def schema_rows(long: pa.Table, run: str, seed: int) -> list[dict[str, Any]]:
     """prime-rl's long metrics as rows of the per-step schema (`predict.train.step_metrics`), one per orchestrator step.
     A step logged twice (a retried attempt) keeps its last value.
