@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -104,3 +105,28 @@ def test_a_failed_model_call_never_scores_on_prime_rl(tmp_path: Path) -> None:
     assert seat["sampling"]["temperature"] == orchestrator["temperature"]
     assert seat["sampling"]["max_tokens"] == orchestrator["max_completion_tokens"] == 512
     assert (seat["harness"], seat["runtime"], seat["max_turns"]) == ("predict_local_agent", "subprocess", 2 * 8 + 1 + 2)
+
+
+TRAIN_CLIENT_FLOW = Path(__file__).with_name("prime_rl_train_client_flow.py")
+
+
+@pytest.mark.slow
+def test_the_rendered_seat_rolls_out_through_prime_rls_train_client(tmp_path: Path, tiny_server: Any) -> None:
+    """The rendered RL seat under verifiers at prime-rl's pin with the client prime-rl gives its env server (the
+    TrainClient, token in/out) against a real vLLM server: the rollout completes with sampled turns and no error.
+    On the H200 every rollout of the first RL run failed with HTTP 502 "TrainClient does not support streaming"."""
+    python = os.environ.get("PREDICT_PRIME_RL_PYTHON")
+    if not python:
+        skip_unless_required("PREDICT_PRIME_RL_PYTHON is not set: an interpreter with prime-rl's runtime dependencies")
+    work = patched_source(tmp_path)
+    vf_src = _verifiers_source(tmp_path, work)
+    env = {**os.environ, "HOME": str(tmp_path / "home")}
+    result = subprocess.run(
+        [python, str(TRAIN_CLIENT_FLOW), str(work), str(vf_src), tiny_server.base_url, tiny_server.model_name],
+        capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["ok"] and out["errors"] == [], out
+    assert (out["client"], out["stream"]) == ("TrainClientConfig", False)
+    assert out["sampled_nodes"] >= 1
