@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from predict.config import REPO_ROOT
 from predict.train.from_rollouts import group_advantages
 from tests.test_prime_rl_patch import _verifiers_source, patched_source, skip_unless_required
 
@@ -130,3 +131,37 @@ def test_the_rendered_seat_rolls_out_through_prime_rls_train_client(tmp_path: Pa
     assert out["ok"] and out["errors"] == [], out
     assert (out["client"], out["stream"]) == ("TrainClientConfig", False)
     assert out["sampled_nodes"] >= 1
+
+
+SAVED_TRACES = Path(__file__).with_name("prime_rl_saved_traces.py")
+PARITY = REPO_ROOT / "benchmarks" / "prime_rl_parity.py"
+
+
+@pytest.mark.slow
+def test_the_parity_tool_rebuilds_a_saved_step_and_gets_one_loss_from_both_trainers(tmp_path: Path, tiny: Path) -> None:
+    """benchmarks/prime_rl_parity.py (issue 39's parity on a real batch, for the GPU) on a step saved as prime-rl's
+    orchestrator saves it: the failed rollout is dropped, the group is scored by PredictAlgorithm (RL samples and
+    CE-only samples of weight alpha), and one forward of a real model gives prime-rl's compute_loss and the local
+    predict_loss the same loss and the same gradient norm over the model's parameters (float32: exactly)."""
+    python = os.environ.get("PREDICT_PRIME_RL_PYTHON")
+    if not python:
+        skip_unless_required("PREDICT_PRIME_RL_PYTHON is not set: an interpreter with prime-rl's runtime dependencies")
+    work = patched_source(tmp_path)
+    vf_src = _verifiers_source(tmp_path, work)
+    traces = tmp_path / "step_1" / "traces.jsonl"
+    made = subprocess.run([python, str(SAVED_TRACES), str(work), str(vf_src), str(traces)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert made.returncode == 0, made.stderr[-3000:]
+    out_json = tmp_path / "parity.json"
+    result = subprocess.run(
+        [python, str(PARITY), "--prime-rl", str(work), "--verifiers", str(vf_src), "--config",
+         str(REPO_ROOT / "config" / "config.yaml"), "--traces", str(traces), "--model", str(tiny), "--out",
+         str(out_json)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(out_json.read_text())
+    assert (out["groups"], out["rollouts"], out["failed_dropped"]) == (1, 2, 1)
+    assert out["rl_tokens"] > 0 and out["ce_tokens"] > 0 and out["ce_weights"] == [out["alpha"]] == [1.0]
+    assert out["local"]["grad_norm"] > 1e-3  # a gradient that could differ
+    assert out["loss_rel_diff"] < 1e-6 and out["grad_norm_rel_diff"] < 1e-6, out
