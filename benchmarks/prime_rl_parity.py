@@ -13,7 +13,7 @@ packing and kernels differ, so that comparison is looser). CE-only samples are c
 
 Runs in an interpreter with prime-rl's runtime (its venv, or envs/prime-rl-offline-node.sh's site on PYTHONPATH):
 
-    python benchmarks/prime_rl_parity.py --prime-rl SRC --verifiers VF_SRC --config CONFIG --traces TRACES.jsonl \
+    python benchmarks/prime_rl_parity.py [--prime-rl SRC --verifiers VF_SRC] --config CONFIG --traces TRACES.jsonl \
         --model DIR [--trainer-metrics OUTPUT_DIR/metrics.jsonl --step S] [--device cuda --dtype bfloat16] [--out J]
 """
 
@@ -96,7 +96,7 @@ def trainer_logprobs(model: Any, samples: list[Any], device: str) -> list[Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prime-rl", required=True, help="the patched prime-rl tree (its src/ and packages/)")
+    ap.add_argument("--prime-rl", default=None, help="the patched prime-rl tree (default: the installed prime_rl)")
     ap.add_argument("--verifiers", default=None, help="verifiers at prime-rl's pin (default: the installed one)")
     ap.add_argument("--config", required=True, help="the study config the run was rendered from")
     ap.add_argument("--run", default="B", help="the run (its alpha)")
@@ -111,8 +111,8 @@ def main() -> int:
 
     repo = Path(__file__).resolve().parents[1]
     prl = args.prime_rl
-    sys.path[:0] = [str(repo / "src"), *([args.verifiers] if args.verifiers else []), f"{prl}/src",
-                    f"{prl}/packages/prime-rl-configs/src"]  # fmt: skip
+    trees = [f"{prl}/src", f"{prl}/packages/prime-rl-configs/src"] if prl else []
+    sys.path[:0] = [str(repo / "src"), *([args.verifiers] if args.verifiers else []), *trees]
     for name in STUBBED:
         if importlib.util.find_spec(name) is None:
             sys.modules[name] = mock.MagicMock(name=name)
