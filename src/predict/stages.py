@@ -3,9 +3,11 @@
 Rules this module keeps:
 * ONE table (``STAGES``) says which config sections or keys each stage reads. A key is a dotted path
   (``evaluation.bootstrap``); a section (``rl``) means every key below it.
-* A stage is handed exactly its slice (``config_slice``) and reads it through ``StageConfig``, a dict that raises
-  ``SliceError`` naming the stage and the key when the stage reads anything the table does not give it: the table
-  cannot go stale silently. A key the table gives but the config leaves out reads as missing (``KeyError``, so
+* A stage is handed exactly its slice (``config_slice``) and reads it through ``StageView`` (``Stage.typed``: the
+  typed config models, ``config.rl.lr``) or ``StageConfig`` (a dict, the stages not yet moved to the view); both
+  raise ``SliceError`` naming the stage and the key when the stage reads anything the table does not give it: the
+  table cannot go stale silently. Fingerprints, JSON and hashes take the dict form (``StageView.as_dict``), so
+  their bytes do not depend on the view. A key the table gives but the config leaves out reads as missing (``KeyError``, so
   ``.get(key, default)`` still works).
 * The workflow passes a slice as a small content-addressed JSON file (``slice_file``) and tracks it as one short
   param per entry (``slice_params``: ``rl.lr=0.0001`` or ``rl#1a2b3c4d``), so an edit reruns only the stages that
@@ -26,6 +28,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
@@ -33,8 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from predict.config import ConfigError
-from predict.config.models import StudyConfig
+import pydantic
+
+from predict.config import ConfigError, sections_in
+from predict.config.models import Section, StudyConfig
 
 # What resolving a study run reads (predict.runs.resolve_run): the run matrix, the default test cost, the decision mask.
 RUN_MATRIX = ("arms", "ablations", "extensions", "env.test_cost", "rl.mask_decision")
@@ -88,6 +93,9 @@ class Stage:
     task_files: tuple[str, ...] = ()
     """The flags (argparse names) whose files hold the tasks the stage reads (``task_id`` rows: a split, traces):
     `predict.campaign.seal_stage` checks them before the stage starts. The stage must read `SPLIT`."""
+    typed: bool = False
+    """Its `main` takes the slice as a `StageView` (typed models, ``config.rl.lr``), not as the `StageConfig` dict.
+    Stages move to it one by one (issue 40); when all have, this field goes."""
 
     def command_functions(self) -> tuple[str, str, str]:
         """The command's module and the names of its two functions: (module, arguments, main)."""
@@ -130,11 +138,11 @@ STAGES: dict[str, Stage] = {
               _reads(("sft", "model.enable_thinking"), TRACKING, SPLIT), (*TRACKING, *SPLIT), task_files=("traces",),
               help="supervised fine-tuning on rendered traces -> an HF checkpoint (resumes after a kill)"),
         Stage("rl", ("rl",), "rl.smk", "train/rl.py", "rl/{run}/seed{seed}/step{N}/, metrics.parquet",
-              _reads(RUN_MATRIX, ROLLOUT, ("rl",), TRACKING, SPLIT), (*TRACKING, *SPLIT), task_files=("tasks_file",),
+              _reads(RUN_MATRIX, ROLLOUT, ("rl",), TRACKING, SPLIT), (*TRACKING, *SPLIT), task_files=("tasks_file",), typed=True,
               help="RL (GRPO) of one run and seed on the rl split: step checkpoints + metrics (resumes)"),
         Stage("rft", ("rft",), "rft.smk", "train/rft.py", "rl/{run}/seed{seed}/step{N}/, metrics.parquet",
               _reads(RUN_MATRIX, ROLLOUT, ("rl", "rft"), TRACKING, SPLIT), (*TRACKING, *SPLIT),
-              task_files=("tasks_file",),
+              task_files=("tasks_file",), typed=True,
               help="rejection-sampling fine-tuning of one RFT extension run and seed (resumes)"),
         Stage("evaluate", ("evaluate_{run}",), "evaluation.smk", "evaluate.py",
               "eval/{run}/{checkpoint}/val/seed{seed}.parquet",
@@ -274,6 +282,89 @@ class StageConfig(dict):
         import copy
 
         return StageConfig(self._stage, copy.deepcopy(dict(self), memo), self._prefix, self._reads)
+
+
+class MissingSection(MissingKey, AttributeError):
+    """A section or key the table gives but the config leaves out, read as an attribute of a `StageView`
+    (``getattr(view, "rft", None)`` reads it as missing)."""
+
+
+@functools.cache
+def _adapter(model: type[Section], name: str) -> pydantic.TypeAdapter:
+    return pydantic.TypeAdapter(model.model_fields[name].annotation)
+
+
+class StageView:
+    """A stage's slice as its typed config models: a key the stage's table entry gives whole reads as its model's
+    value (``view.rl`` an `RLSettings`, ``view.rl.lr`` a float even where the YAML wrote ``1``, ``view.arms`` a dict
+    of `ArmSettings`); a section the entry gives only keys of (``model.enable_thinking``) reads as a view of its
+    model. The same rule as `StageConfig`: an attribute outside the stage's table entry raises SliceError naming
+    the stage and the key. ``as_dict`` is the slice as the dict view, for what must stay plain data (fingerprints, JSON, the
+    modules not yet typed): the bytes they hash are the same as before."""
+
+    __slots__ = ("_stage", "_model", "_data", "_prefix", "_reads")
+
+    def __init__(self, stage: str, data: Mapping[str, Any], model: type[Section] = StudyConfig, prefix: str = "",
+                 reads: tuple[str, ...] | None = None):
+        self._stage, self._model, self._data, self._prefix = stage, model, data, prefix
+        self._reads = STAGES[stage].reads if reads is None else reads
+
+    @property
+    def as_dict(self) -> Mapping[str, Any]:
+        return self._data
+
+    def _path(self, name: str) -> str:
+        return f"{self._prefix}.{name}" if self._prefix else name
+
+    def _check(self, name: str) -> None:
+        if name not in self._model.model_fields:
+            raise AttributeError(f"{self._model.__name__} has no key {self._path(name)!r}")
+        if not _covered(self._path(name), self._reads):
+            raise SliceError(
+                f"stage {self._stage!r} read config key {self._path(name)!r}, which its entry in the stage table "
+                f"(src/predict/stages.py) does not list: add it there (it reads {', '.join(self._reads) or 'nothing'})"
+            )
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        self._check(name)
+        if name not in self._data:
+            raise MissingSection(f"stage {self._stage!r}: its config sets no {self._path(name)!r}")
+        value, path = self._data[name], self._path(name)
+        if any(path == entry or path.startswith(entry + ".") for entry in self._reads):
+            # the whole key is the stage's: its model itself (RLSettings, dict[str, ArmSettings], a float...)
+            return _adapter(self._model, name).validate_python(value)
+        # only keys below it are (model.enable_thinking): a view of the part the entry gives
+        section, entries = sections_in(self._model.model_fields[name].annotation)
+        if section is not None and isinstance(value, Mapping):
+            return StageView(self._stage, value, section, path, self._reads)
+        if entries is not None and isinstance(value, Mapping):
+            return {k: StageView(self._stage, v, entries, f"{path}.{k}", self._reads) for k, v in value.items()}
+        return _adapter(self._model, name).validate_python(value)
+
+    def __contains__(self, name: str) -> bool:
+        """Whether the config sets this key (a key outside the table entry raises SliceError)."""
+        self._check(name)
+        return name in self._data
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in StageView.__slots__:
+            raise AttributeError(f"a stage's config is read-only ({self._path(name)!r})")
+        object.__setattr__(self, name, value)
+
+    def __repr__(self) -> str:
+        return f"StageView({self._stage!r}, {self._model.__name__}, {self._prefix or '<top level>'!r})"
+
+
+def stage_view(config: Mapping[str, Any] | StageView, stage: str) -> StageView:
+    """A typed view of a config: a StageView as it is, a `StageConfig` with its own stage and table entry, any other
+    mapping (a whole config, a test's) with `stage`'s entry."""
+    if isinstance(config, StageView):
+        return config
+    if isinstance(config, StageConfig):
+        return StageView(config._stage, config, reads=config._reads)
+    return StageView(stage, config)
 
 
 def pick(config: Mapping[str, Any], path: str) -> tuple[bool, Any]:

@@ -36,25 +36,25 @@ import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from predict.stages import StageView, stage_view
 from predict.train.driver import RLJob, TrainingRun, epoch_order, job_arguments, job_main
 from predict.train.step_metrics import rollout_metrics
-
-if TYPE_CHECKING:
-    from predict.stages import StageConfig
 
 log = logging.getLogger(__name__)
 
 
-def rft_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The effective ``rft`` section: G, tasks, batch (in rollouts) and lr, with the RL defaults filled in."""
-    rl, rft = dict(config["rl"]), dict(config.get("rft") or {})
+def rft_settings(config: Mapping[str, Any] | StageView) -> dict[str, Any]:
+    """The effective ``rft`` section: G, tasks, batch (in rollouts) and lr, with the RL defaults filled in (a config
+    without an ``rft`` section takes them all from ``rl``)."""
+    view = stage_view(config, "rft")
+    rl, rft = view.rl, getattr(view, "rft", None)
     return {
-        "group_size": int(rft.get("group_size") or rl["group_size"]),
-        "tasks": rft.get("tasks"),
-        "batch_rollouts": int(rft.get("batch_rollouts") or int(rl["tasks_per_step"]) * int(rl["group_size"])),
-        "lr": float(rft.get("lr") or rl["lr"]),
+        "group_size": (rft and rft.group_size) or rl.group_size,
+        "tasks": rft and rft.tasks,
+        "batch_rollouts": (rft and rft.batch_rollouts) or rl.tasks_per_step * rl.group_size,
+        "lr": (rft and rft.lr) or rl.lr,
     }
 
 
@@ -74,7 +74,7 @@ def step_batch(n_kept: int, seed: int, step: int, batch: int) -> list[int]:
     return epoch_order(n_kept, f"rft:{seed}", step, batch) if n_kept else []
 
 
-def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = None) -> dict[str, Any]:
+def run_rft(job: RLJob, config: Mapping[str, Any] | StageView, *, stop_after: int | None = None) -> dict[str, Any]:
     """Run (or resume) one RFT run; returns a summary."""
     from predict.data import load_split
     from predict.env.records import RECORD_SCHEMA, read_records
@@ -139,5 +139,5 @@ def arguments(p: argparse.ArgumentParser) -> None:
                   init_help="the run's SFT folder (sampled from, fine-tuned)")
 
 
-def main(args: argparse.Namespace, config: StageConfig) -> int:
+def main(args: argparse.Namespace, config: StageView) -> int:
     return job_main(args, config, run_rft)
