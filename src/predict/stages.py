@@ -136,7 +136,7 @@ STAGES: dict[str, Stage] = {
               command="run_traces", help="render a run's own SFT traces (irreversible, blind: predict.runs) from its base arm's traces"),
         Stage("sft", ("train_sft",), "train.smk", "train/sft.py", "checkpoints/{arm}/sft/, sft/{arm}/metrics.parquet",
               _reads(("sft", "model.enable_thinking"), TRACKING, SPLIT), (*TRACKING, *SPLIT), task_files=("traces",),
-              help="supervised fine-tuning on rendered traces -> an HF checkpoint (resumes after a kill)"),
+              typed=True, help="supervised fine-tuning on rendered traces -> an HF checkpoint (resumes after a kill)"),
         Stage("rl", ("rl",), "rl.smk", "train/rl.py", "rl/{run}/seed{seed}/step{N}/, metrics.parquet",
               _reads(RUN_MATRIX, ROLLOUT, ("rl",), TRACKING, SPLIT), (*TRACKING, *SPLIT), task_files=("tasks_file",), typed=True,
               help="RL (GRPO) of one run and seed on the rl split: step checkpoints + metrics (resumes)"),

@@ -100,13 +100,13 @@ class TrainingRun:
     spec: RunSpec = field(init=False)
 
     def __post_init__(self) -> None:
-        view = stage_view(self.config, self.trainer)
-        self.config = view.as_dict
+        self.view = stage_view(self.config, self.trainer)
+        self.config = self.view.as_dict
         self.spec = resolve_run(self.config, self.job.run)
         if self.spec.trainer != self.trainer:
             raise ValueError(f"run {self.job.run}: trainer {self.spec.trainer}, not {self.trainer} "
                              f"(its stage is `predict {self.spec.trainer}`)")  # fmt: skip
-        self.rl = view.rl  # RLSettings
+        self.rl = self.view.rl  # RLSettings
         self.steps = self.rl.steps
         self.ckpt_steps = set(checkpoint_steps(self.rl.steps, self.rl.checkpoint_every))
         self.work = self.job.out_dir / WORK
@@ -179,7 +179,7 @@ class TrainingRun:
         with VLLMServer.from_serving(
             model_dir,
             self.config["serving"],
-            sequences=int(self.spec.env(self.config)["env"]["concurrency"]),
+            sequences=self.view.env.concurrency,  # the run's env changes test_cost only (RunSpec.env)
             served_model_name=SERVED_NAME,
             worker_extension=worker_extension,
             log_path=self.work / "vllm.log",

@@ -110,7 +110,7 @@ def run_rl(
         if samples:
             with run.update_window(srv) as slept:  # a GPU server sleeps through the update (its memory is ours)
                 t_update = time.perf_counter()
-                m = trainer.step(samples, grad_terms=probe_step(rl, step))
+                m = trainer.step(samples, grad_terms=probe_step(rl.grad_terms_every, step))
                 row["update_s"] = time.perf_counter() - t_update
             if slept:
                 row["sleep_s"] = time.perf_counter() - t - row["update_s"]  # the server's sleep and wake-up
