@@ -43,15 +43,15 @@ def test_a_stage_refuses_a_key_outside_its_slice_and_names_stage_and_key() -> No
 def test_the_typed_view_refuses_a_section_outside_the_entry_and_names_stage_and_key() -> None:
     view = stage_view(stage_config(load_config(REPO / "config" / "local.yaml"), "rl"), "rl")
     with pytest.raises(SliceError, match=r"stage 'rl' read config key 'sft'.*stages\.py"):
-        view.sft
+        _ = view.sft
     with pytest.raises(SliceError, match="'model.base'"):
-        view.model.base  # a sibling of a key the table gives (model.enable_thinking) is still outside
+        _ = view.model.base  # a sibling of a key the table gives (model.enable_thinking) is still outside
     with pytest.raises(SliceError, match="'rft'"):
         getattr(view, "rft", None)  # a default does not hide a read outside the entry
     with pytest.raises(SliceError, match="'power'"):
         "power" in view  # noqa: B015 - membership is a read too
     with pytest.raises(AttributeError, match="no key 'model.bass'"):
-        view.model.bass  # a typo is not a missing key
+        _ = view.model.bass  # a typo is not a missing key
     with pytest.raises(AttributeError, match="read-only"):
         view.model.enable_thinking = True
 
@@ -78,7 +78,7 @@ def test_typed_stages_get_the_view_and_the_others_the_dict(monkeypatch: pytest.M
 
     seen = []
     monkeypatch.setattr(rl, "main", lambda args, config: seen.append(config) or 0)
-    assert STAGES["rl"].typed and STAGES["rft"].typed and not STAGES["power"].typed
+    assert STAGES["rl"].typed and STAGES["rft"].typed and not STAGES["report"].typed
     path = slice_file(load_config(REPO / "config" / "local.yaml"), "rl", tmp_path)
     main(["rl", "--config-slice", path, "--run", "B", "--seed", "1", "--init", str(tmp_path), "--tasks-file",
           str(tmp_path / "none.parquet"), "--out-dir", str(tmp_path / "out")])
