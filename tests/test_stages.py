@@ -71,6 +71,12 @@ def test_a_typed_read_returns_the_model_type_and_the_dict_form_stays_the_slice()
     # a plain config mapping is viewed through the named stage's entry
     assert stage_view(config, "rl").rl.steps == config["rl"]["steps"]
     assert getattr(stage_view({k: v for k, v in config.items() if k != "rft"}, "rft"), "rft", None) is None
+    # a slice without any of the keys listed below a section (model.tiny): the section reads, those keys are missing
+    tiny = stage_view(stage_config({k: v for k, v in config.items() if k != "model"} | {"model": {"base": "m"}},
+                                   "build-tiny-model"), "build-tiny-model")
+    assert getattr(tiny.model, "tiny", None) is None
+    with pytest.raises(KeyError, match="sets no 'model.tiny'"):
+        _ = tiny.model.tiny
 
 
 def test_typed_stages_get_the_view_and_the_others_the_dict(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

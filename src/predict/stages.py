@@ -113,13 +113,13 @@ STAGES: dict[str, Stage] = {
     s.name: s
     for s in [
         Stage("split", ("split_mbpp",), "data.smk", "split.py", "data/{sft,rl,val,test}.parquet, manifest.json",
-              ("data",),
+              ("data",), typed=True,
               help="read MBPP, split it with a seed, write {sft,rl,val,test}.parquet + manifest.json"),
         Stage("verify-gold", ("verify_gold",), "verifier.smk", "sandbox/gold.py", "verifier/gold.parquet, gold_summary.parquet",
               ("verifier",), typed=True,
               help="run the gold solutions through the sandbox: the verifier report"),
         Stage("build-tiny-model", ("build_tiny_model",), "models.smk", "tiny_model.py", "models/tiny/",
-              ("model.tiny",),
+              ("model.tiny",), typed=True,
               help="build a random tiny Qwen3 with the real tokenizer"),
         Stage("check-serving", ("check_serving",), "serving.smk", "serving/stage.py", "serving/check.json",
               ("serving.python", "serving.device"), typed=True,
@@ -329,10 +329,17 @@ class StageView:
         if name.startswith("_"):
             raise AttributeError(name)
         self._check(name)
+        path = self._path(name)
+        whole = any(path == entry or path.startswith(entry + ".") for entry in self._reads)
         if name not in self._data:
-            raise MissingSection(f"stage {self._stage!r}: its config sets no {self._path(name)!r}")
-        value, path = self._data[name], self._path(name)
-        if any(path == entry or path.startswith(entry + ".") for entry in self._reads):
+            section = sections_in(self._model.model_fields[name].annotation)[0]
+            if not whole and section is not None:
+                # a slice leaves a section out when it sets none of the keys the entry lists below it (model.tiny):
+                # those keys then read as missing, one by one
+                return StageView(self._stage, {}, section, path, self._reads)
+            raise MissingSection(f"stage {self._stage!r}: its config sets no {path!r}")
+        value = self._data[name]
+        if whole:
             # the whole key is the stage's: its model itself (RLSettings, dict[str, ArmSettings], a float...)
             return _adapter(self._model, name).validate_python(value)
         # only keys below it are (model.enable_thinking): a view of the part the entry gives
