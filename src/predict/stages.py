@@ -176,7 +176,7 @@ STAGES: dict[str, Stage] = {
               ("power", "data.sizes", "seeds"), typed=True,
               help="exact power of one seed pairing (exact McNemar) per difference, discordance and number of tasks"),
         Stage("training-outcomes", ("training_outcomes",), "report.smk", "stats/training_outcomes.py",
-              "stats/training_outcomes.parquet", (),
+              "stats/training_outcomes.parquet", (), typed=True,
               help="per predictive run and seed, over all RL steps: verified vs predicted class counts and shares"),
         Stage("report", ("report",), "report.smk", "report/stage.py", "report/index.html",
               ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power", "data.sizes.test"),
@@ -191,7 +191,7 @@ STAGES: dict[str, Stage] = {
               help="the learning-signal run: RL visibly raises reward, CE teaches the label"),
         Stage("prime-rl-setup", ("prime_rl_setup",), "prime_rl.smk", "train/prime_rl/cluster.py", ".prime-rl/setup.json",
               ("prime_rl.repo", "prime_rl.commit", "prime_rl.python", "prime_rl.extras", "prime_rl.attn",
-               "prime_rl.dir"),
+               "prime_rl.dir"), typed=True,
               command="setup", help="clone prime-rl at the pinned commit, register PredictAlgorithm, uv sync"),
         Stage("prime-rl-config", ("prime_rl_sft_config", "prime_rl_rl_config"), "prime_rl.smk",
               "train/prime_rl/cluster.py", "sft/{arm}/prime-rl.toml, rl/{run}/seed{seed}/prime-rl.toml",
@@ -200,7 +200,7 @@ STAGES: dict[str, Stage] = {
               command="config", help="render a prime-rl rl/sft TOML (and the SFT dataset)"),
         Stage("prime-rl-train", ("prime_rl_sft", "prime_rl_rl"), "prime_rl.smk", "train/prime_rl/cluster.py",
               "checkpoints/{arm}/sft/, rl/{run}/seed{seed}/step{N}/, metrics.parquet, prime-rl-metrics.parquet",
-              ("tracking",),
+              ("tracking",), typed=True,
               command="train", help="run prime-rl rl/sft on a rendered TOML, collect checkpoints"),
     ]
 }
