@@ -4,15 +4,12 @@ slice: the bootstrap settings, the checkpoint selection over val evaluations, an
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from predict.stages import StageView
+from typing import Any
 
 
-def bootstrap_settings(config: StageView) -> dict[str, Any]:
+def bootstrap_settings(config: Mapping[str, Any]) -> dict:
     """resamples, seed and ci of config evaluation.bootstrap, as keyword arguments."""
-    return config.evaluation.bootstrap.model_dump()
+    return dict(config["evaluation"]["bootstrap"])
 
 
 def extension_inputs(config: Mapping[str, Any], name: str) -> dict[str, Any]:
