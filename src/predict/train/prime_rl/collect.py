@@ -121,11 +121,9 @@ def step_failures(step_metrics: Mapping[str, float]) -> dict[str, int]:
     return out
 
 
-def check_failed_rollouts(output_dir: str | Path, max_failed_share: float, start: int = 0) -> None:
-    """Raise `FailedRolloutsError` for the first step prime-rl logged (its orchestrator's metrics.jsonl, from byte
-    `start`: where the current attempt's records begin) in which more than `max_failed_share` of the rollouts
-    failed: the group baselines of such a step rest on a few rollouts, and a failing server is no finding. Each
-    failed rollout has been dropped and counted either way. A torn last line (a write in progress) is skipped."""
+def orchestrator_steps(output_dir: str | Path, start: int = 0) -> dict[int, dict[str, float]]:
+    """Each step's flattened metrics in prime-rl's orchestrator metrics.jsonl from byte `start` on (a torn last line,
+    a write in progress, is skipped)."""
     path = Path(output_dir) / METRIC_SOURCES["orchestrator"]
     values: dict[int, dict[str, float]] = {}
     if path.exists():
@@ -139,7 +137,15 @@ def check_failed_rollouts(output_dir: str | Path, max_failed_share: float, start
                 step = record.pop("step", None)
                 if step is not None:
                     _flatten("", record, values.setdefault(int(step), {}))
-    for step, m in sorted(values.items()):
+    return values
+
+
+def check_failed_rollouts(output_dir: str | Path, max_failed_share: float, start: int = 0) -> None:
+    """Raise `FailedRolloutsError` for the first step prime-rl logged (its orchestrator's metrics.jsonl, from byte
+    `start`: where the current attempt's records begin) in which more than `max_failed_share` of the rollouts
+    failed: the group baselines of such a step rest on a few rollouts, and a failing server is no finding. Each
+    failed rollout has been dropped and counted either way. A torn last line (a write in progress) is skipped."""
+    for step, m in sorted(orchestrator_steps(output_dir, start).items()):
         n_all = int(m.get("progress/rollouts") or 0)
         failures = step_failures(m)
         if n_all and sum(failures.values()) / n_all > max_failed_share:
@@ -182,19 +188,7 @@ def check_open_step(output_dir: str | Path, max_failed_share: float, batch_size:
     install: on the H200, HTTP 502 for each, issue 39) would otherwise finish no step and wait for its job's time
     limit; the error quotes the first failure."""
     errors = logged_failures(output_dir, log_start)
-    counted = 0
-    path = Path(output_dir) / METRIC_SOURCES["orchestrator"]
-    if path.exists():
-        with open(path, "rb") as f:
-            f.seek(metrics_start)
-            for line in f.read().decode(errors="replace").splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                flat: dict[str, float] = {}
-                _flatten("", record, flat)
-                counted += sum(step_failures(flat).values())
+    counted = sum(sum(step_failures(m).values()) for m in orchestrator_steps(output_dir, metrics_start).values())
     pending = len(errors) - counted
     allowed = max_failed_share / (1 - max_failed_share) * batch_size if max_failed_share < 1 else float("inf")
     if pending > allowed:
