@@ -26,12 +26,18 @@ from tests.test_prime_rl_patch import _verifiers_source, patched_source, skip_un
 FLOW = Path(__file__).with_name("prime_rl_real_flow.py")
 
 
-def test_predict_algorithm_in_prime_rls_orchestrator(tmp_path: Path) -> None:
+def prime_rl_runtime(tmp_path: Path) -> tuple[str, Path, Path]:
+    """(an interpreter with prime-rl's runtime dependencies, the patched prime-rl tree, verifiers at its pin), or a
+    skip saying what is missing."""
     python = os.environ.get("PREDICT_PRIME_RL_PYTHON")
     if not python:
         skip_unless_required("PREDICT_PRIME_RL_PYTHON is not set: an interpreter with prime-rl's runtime dependencies")
     work = patched_source(tmp_path)
-    vf_src = _verifiers_source(tmp_path, work)
+    return python, work, _verifiers_source(tmp_path, work)
+
+
+def test_predict_algorithm_in_prime_rls_orchestrator(tmp_path: Path) -> None:
+    python, work, vf_src = prime_rl_runtime(tmp_path)
     result = subprocess.run([python, str(FLOW), str(work), str(vf_src)], capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
@@ -68,11 +74,7 @@ def test_a_failed_model_call_never_scores_on_prime_rl(tmp_path: Path) -> None:
     """Our taskset + harness under verifiers at prime-rl's pin, a 404 on the first call, then prime-rl's own TrainSink
     and per-step metrics: the rollout is an error (never a reward of 0), is dropped from its group (the survivors'
     baseline is theirs alone), ships no sample, is counted (n_failed), and a step over the threshold stops the run."""
-    python = os.environ.get("PREDICT_PRIME_RL_PYTHON")
-    if not python:
-        skip_unless_required("PREDICT_PRIME_RL_PYTHON is not set: an interpreter with prime-rl's runtime dependencies")
-    work = patched_source(tmp_path)
-    vf_src = _verifiers_source(tmp_path, work)
+    python, work, vf_src = prime_rl_runtime(tmp_path)
     env = {**os.environ, "HOME": str(tmp_path / "home")}
     result = subprocess.run(
         [python, str(FAILED_FLOW), str(work), str(vf_src), str(tmp_path / "run")],
@@ -116,11 +118,7 @@ def test_the_rendered_seat_rolls_out_through_prime_rls_train_client(tmp_path: Pa
     """The rendered RL seat under verifiers at prime-rl's pin with the client prime-rl gives its env server (the
     TrainClient, token in/out) against a real vLLM server: the rollout completes with sampled turns and no error.
     On the H200 every rollout of the first RL run failed with HTTP 502 "TrainClient does not support streaming"."""
-    python = os.environ.get("PREDICT_PRIME_RL_PYTHON")
-    if not python:
-        skip_unless_required("PREDICT_PRIME_RL_PYTHON is not set: an interpreter with prime-rl's runtime dependencies")
-    work = patched_source(tmp_path)
-    vf_src = _verifiers_source(tmp_path, work)
+    python, work, vf_src = prime_rl_runtime(tmp_path)
     env = {**os.environ, "HOME": str(tmp_path / "home")}
     result = subprocess.run(
         [python, str(TRAIN_CLIENT_FLOW), str(work), str(vf_src), tiny_server.base_url, tiny_server.model_name],
@@ -143,11 +141,7 @@ def test_the_parity_tool_rebuilds_a_saved_step_and_gets_one_loss_from_both_train
     orchestrator saves it: the failed rollout is dropped, the group is scored by PredictAlgorithm (RL samples and
     CE-only samples of weight alpha), and one forward of a real model gives prime-rl's compute_loss and the local
     predict_loss the same loss and the same gradient norm over the model's parameters (float32: exactly)."""
-    python = os.environ.get("PREDICT_PRIME_RL_PYTHON")
-    if not python:
-        skip_unless_required("PREDICT_PRIME_RL_PYTHON is not set: an interpreter with prime-rl's runtime dependencies")
-    work = patched_source(tmp_path)
-    vf_src = _verifiers_source(tmp_path, work)
+    python, work, vf_src = prime_rl_runtime(tmp_path)
     traces = tmp_path / "step_1" / "traces.jsonl"
     made = subprocess.run([python, str(SAVED_TRACES), str(work), str(vf_src), str(traces)],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
