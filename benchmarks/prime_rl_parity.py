@@ -31,6 +31,17 @@ from unittest import mock
 STUBBED = ("wandb",)  # imported by prime-rl's utils, never called on this path
 
 
+def logged_loss_and_grad_norm(metrics: Path, step: int) -> dict[str, float]:
+    """prime-rl's own loss and grad-norm values of ``step`` from its trainer's metrics.jsonl. The trainer writes a
+    step as several records (perf, optim, loss, time, system), so they are merged: the last alone holds neither."""
+    logged: dict[str, float] = {}
+    for line in metrics.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("step") == step:
+            logged |= {k: v for k, v in record.items() if "loss" in k or "grad_norm" in k}
+    return logged
+
+
 def rebuild_samples(
     traces: Path, alpha: float, temperature: float, tokenizer_dir: str
 ) -> tuple[list[Any], dict[str, Any]]:
@@ -202,10 +213,7 @@ def main() -> int:
         "grad_norm_rel_diff": abs(p_norm - l_norm) / max(l_norm, 1e-12),
     }  # fmt: skip
     if args.trainer_metrics is not None:
-        for line in args.trainer_metrics.read_text().splitlines():
-            record = json.loads(line)
-            if record.get("step") == args.step:
-                result["prime_rl_logged"] = {k: v for k, v in record.items() if "loss" in k or "grad_norm" in k}
+        result["prime_rl_logged"] = logged_loss_and_grad_norm(args.trainer_metrics, args.step)
     text = json.dumps(result, indent=1)
     print(text)
     if args.out is not None:

@@ -147,10 +147,21 @@ def test_the_parity_tool_rebuilds_a_saved_step_and_gets_one_loss_from_both_train
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert made.returncode == 0, made.stderr[-3000:]
     out_json = tmp_path / "parity.json"
+    # prime-rl's trainer writes a step as several records (as on the H200: perf, optim, loss, time, system); the
+    # last of step 1 holds neither loss nor grad norm
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"step": 1, "perf/peak_memory": 14.68},
+        {"step": 1, "optim/lr": 1e-05, "optim/grad_norm": 4.2459},
+        {"step": 1, "loss/mean": 0.3162, "entropy/all/mean": 0.022},
+        {"step": 1, "time/step": 133.7},
+        {"step": 2, "optim/grad_norm": 9.9, "loss/mean": 9.9},
+        {"step": 1, "system/ckpt_disk_free_gib": 40.0},
+    ]))  # fmt: skip
     result = subprocess.run(
         [python, str(PARITY), "--prime-rl", str(work), "--verifiers", str(vf_src), "--config",
          str(REPO_ROOT / "config" / "config.yaml"), "--traces", str(traces), "--model", str(tiny), "--out",
-         str(out_json)],
+         str(out_json), "--trainer-metrics", str(metrics), "--step", "1"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -159,3 +170,4 @@ def test_the_parity_tool_rebuilds_a_saved_step_and_gets_one_loss_from_both_train
     assert out["rl_tokens"] > 0 and out["ce_tokens"] > 0 and out["ce_weights"] == [out["alpha"]] == [1.0]
     assert out["local"]["grad_norm"] > 1e-3  # a gradient that could differ
     assert out["loss_rel_diff"] < 1e-6 and out["grad_norm_rel_diff"] < 1e-6, out
+    assert out["prime_rl_logged"] == {"optim/grad_norm": 4.2459, "loss/mean": 0.3162}  # step 1's, from its records
