@@ -208,3 +208,65 @@ def test_launch_stops_an_rl_run_whose_every_rollout_fails_before_any_step(
     with pytest.raises(FailedRolloutsError, match="20 rollouts failed in the step in progress"):
         cluster.launch("rl", toml, tmp_path, uv=str(uv))
     assert time.time() - t0 < 20  # stopped, not waited out
+
+
+# prime-rl's resume_step = -1, as its launcher, trainer and orchestrator each resolve it: the newest step_<N> folder
+# of their own checkpoint folder (prime_rl.utils.pathing.resolve_latest_ckpt_step); the orchestrator then needs that
+# step's weights (prime_rl.orchestrator.utils.get_weight_dir), which is where the H200's retry stopped.
+FAKE_UV_RESUMING = """#!{python}
+import json, os, sys, tomllib
+table = tomllib.load(open(sys.argv[-1], "rb"))
+out = table["output_dir"]
+def newest(d):
+    steps = sorted(int(n[5:]) for n in os.listdir(d) if n.startswith("step_")) if os.path.isdir(d) else []
+    return steps[-1] if steps else None
+trainer, orchestrator = newest(os.path.join(out, "checkpoints")), newest(os.path.join(out, "run_default", "checkpoints"))
+json.dump({{"trainer": trainer, "orchestrator": orchestrator}}, open(os.path.join(out, "resumed.json"), "w"))
+if orchestrator is not None and not os.path.exists(os.path.join(out, "run_default", "broadcasts", f"step_{{orchestrator}}", "STABLE")):
+    sys.exit(f"FileNotFoundError: No weight directory found for checkpoint step {{orchestrator}}")
+"""
+
+
+def killed_run(output_dir: Path, trainer: dict[int, bool], orchestrator: list[int], broadcasts: list[int]) -> None:
+    """prime-rl's checkpoint layout of a run killed mid-way: trainer steps (complete: DCP's .metadata written),
+    orchestrator steps (progress.pt), weight broadcasts (STABLE)."""
+    for step, complete in trainer.items():
+        (output_dir / "checkpoints" / f"step_{step}" / "trainer").mkdir(parents=True)
+        (output_dir / "checkpoints" / f"step_{step}" / "trainer" / "__0_0.distcp").write_bytes(b"x")
+        if complete:
+            (output_dir / "checkpoints" / f"step_{step}" / "trainer" / ".metadata").write_bytes(b"m")
+    for step in orchestrator:
+        (output_dir / "run_default" / "checkpoints" / f"step_{step}" / "orchestrator").mkdir(parents=True)
+        (output_dir / "run_default" / "checkpoints" / f"step_{step}" / "orchestrator" / "progress.pt").write_bytes(b"p")
+    for step in broadcasts:
+        (output_dir / "run_default" / "broadcasts" / f"step_{step}").mkdir(parents=True)
+        (output_dir / "run_default" / "broadcasts" / f"step_{step}" / "STABLE").touch()
+
+
+@pytest.mark.parametrize(
+    ("trainer", "orchestrator", "broadcasts", "resumed"),
+    [
+        ({1: True, 2: True}, [1, 2, 3], [1, 2], 2),  # the H200's run, killed in step 2: the orchestrator a step ahead
+        ({1: True, 2: False}, [1, 2, 3], [1, 2], 1),  # killed while the trainer wrote step 2's checkpoint
+        ({}, [1], [], None),  # killed before the trainer's first checkpoint: from scratch
+        ({1: True, 2: True}, [1, 2], [1, 2], 2),  # in step: nothing to change
+    ],
+)
+def test_a_killed_rl_run_resumes_trainer_and_orchestrator_from_one_step(
+    tmp_path: Path, trainer: dict[int, bool], orchestrator: list[int], broadcasts: list[int], resumed: int | None
+) -> None:
+    """On the H200 (docs/prime-rl.md, third session) a run killed during its step 2 held trainer checkpoints 1-2 and
+    orchestrator checkpoints 1-3; with resume_step -1 the retry's orchestrator resumed at 3 and stopped: "No weight
+    directory found for checkpoint step 3"."""
+    output_dir = tmp_path / "o"
+    toml = configs.write_toml({"output_dir": str(output_dir), "ckpt": {"resume_step": -1}}, tmp_path / "rl.toml")
+    uv = tmp_path / "uv"
+    uv.write_text(FAKE_UV_RESUMING.format(python=sys.executable))
+    uv.chmod(0o755)
+    cluster.launch("rl", toml, tmp_path, uv=str(uv))  # the first attempt (it records the run's fingerprint) ...
+    killed_run(output_dir, trainer, orchestrator, broadcasts)  # ... killed, leaving these checkpoints
+    cluster.launch("rl", toml, tmp_path, uv=str(uv))  # the retry
+    assert json.loads((output_dir / "resumed.json").read_text()) == {"trainer": resumed, "orchestrator": resumed}
+    if resumed is not None:  # what the step resumes from is kept
+        assert (output_dir / "checkpoints" / f"step_{resumed}" / "trainer" / ".metadata").exists()
+        assert (output_dir / "run_default" / "checkpoints" / f"step_{resumed}" / "orchestrator" / "progress.pt").exists()

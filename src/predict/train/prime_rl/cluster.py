@@ -21,7 +21,8 @@
 ``prime_rl.rl.colocate``, with each of the job's GPUs listed twice in CUDA_VISIBLE_DEVICES: prime-rl's launcher
 then places inference and trainer on the same GPUs) and then collects the
 finished checkpoints (`collect.collect_rl_checkpoints` / `collect_sft_checkpoint`). The TOML resumes
-(``ckpt.resume_step = -1``), so a SLURM retry is a second attempt in the same output_dir: `launch` records where
+(``ckpt.resume_step = -1``), so a SLURM retry is a second attempt in the same output_dir: before an ``rl`` attempt
+`align_checkpoints` leaves the trainer and the orchestrator one common step to resume from; `launch` records where
 each attempt starts in prime-rl's metrics.jsonl files (`mark_attempt`) and, once the run finishes, keeps only the
 last attempt's records of each step (`drop_superseded_metrics`; the dropped lines go to ``*.superseded.jsonl``).
 An ``rl`` run is watched while it runs (`run_watched`): once a logged step has more failed rollouts than the TOML's
@@ -39,6 +40,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 from collections.abc import Callable, Sequence
@@ -241,6 +243,8 @@ def launch(kind: str, toml: str | Path, dest: str | Path, *, uv: str = "uv") -> 
     table = read_toml(toml)
     output_dir = Path(table["output_dir"])
     start_or_resume(output_dir, output_dir_fingerprint(table), what=f"prime-rl {kind} ({toml})")
+    if kind == "rl":
+        align_checkpoints(output_dir)
     marks = mark_attempt(output_dir)
     argv = [uv, "run", "--frozen", "--no-sync", kind, "@", Path(toml).absolute()]
     env = launch_env(kind, table)
@@ -273,6 +277,42 @@ def launch_env(kind: str, table: dict[str, Any], environ: dict[str, str] | None 
         gpus = int((table.get("deployment") or {}).get("num_infer_gpus", 1))
         env["CUDA_VISIBLE_DEVICES"] = colocated_devices(env.get("CUDA_VISIBLE_DEVICES"), gpus)
     return env
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Resume: one step for prime-rl's trainer and orchestrator
+# ---------------------------------------------------------------------------------------------------------------
+def step_folders(ckpt_dir: Path) -> dict[int, Path]:
+    """{step: folder} of prime-rl's ``<ckpt_dir>/step_<N>`` folders."""
+    return {int(d.name[5:]): d for d in ckpt_dir.glob("step_*") if d.name[5:].isdigit()}
+
+
+def align_checkpoints(output_dir: str | Path) -> int | None:
+    """Make a retried ``rl`` run resume its trainer and orchestrator from one step, and return it (None: from
+    scratch).
+
+    The TOML's ``ckpt.resume_step = -1`` lets prime-rl's trainer and orchestrator each take the newest step folder
+    they find, but the orchestrator runs up to ``max_off_policy_steps`` ahead of the trainer and checkpoints as it
+    goes. On the H200 a run killed in its step 2 held trainer checkpoints 1-2 and orchestrator checkpoints 1-3, and
+    its retry stopped with "No weight directory found for checkpoint step 3" (docs/prime-rl.md). The step resumed is
+    the newest that both checkpointed in full (the trainer's DCP ``.metadata``, written last; the orchestrator's
+    ``progress.pt``, written by rename) and whose weights the inference server can load (a broadcast or checkpoint
+    folder marked STABLE, where prime-rl's orchestrator looks). Step folders past it, on either side, cannot be
+    resumed and are deleted, so that ``-1`` resolves to that step in prime-rl's launcher, trainer and orchestrator."""
+    output_dir = Path(output_dir)
+    run = output_dir / "run_default"  # the orchestrator's output_dir under the rl launcher
+    trainer, orchestrator = step_folders(output_dir / "checkpoints"), step_folders(run / "checkpoints")
+    resumable = [
+        s for s in sorted(trainer.keys() & orchestrator.keys())
+        if (trainer[s] / "trainer" / ".metadata").exists() and (orchestrator[s] / "orchestrator" / "progress.pt").exists()
+        and any((d / "STABLE").exists() for d in (run / "broadcasts" / f"step_{s}", orchestrator[s]))
+    ]  # fmt: skip
+    step = resumable[-1] if resumable else None
+    for folder in [d for s, d in (*trainer.items(), *orchestrator.items()) if step is None or s > step]:
+        log.warning("prime-rl rl: deleting %s, which cannot be resumed with the other side's state (resuming from %s)",
+                    folder, "scratch" if step is None else f"step {step}")  # fmt: skip
+        shutil.rmtree(folder)
+    return step
 
 
 # ---------------------------------------------------------------------------------------------------------------
