@@ -21,6 +21,8 @@ import pytest
 
 from predict.config import REPO_ROOT
 from predict.train.from_rollouts import group_advantages
+from predict.train.prime_rl.cluster import align_checkpoints
+from tests.test_prime_rl_failed_rollouts import killed_run
 from tests.test_prime_rl_patch import _verifiers_source, patched_source, skip_unless_required
 
 FLOW = Path(__file__).with_name("prime_rl_real_flow.py")
@@ -171,3 +173,40 @@ def test_the_parity_tool_rebuilds_a_saved_step_and_gets_one_loss_from_both_train
     assert out["local"]["grad_norm"] > 1e-3  # a gradient that could differ
     assert out["loss_rel_diff"] < 1e-6 and out["grad_norm_rel_diff"] < 1e-6, out
     assert out["prime_rl_logged"] == {"optim/grad_norm": 4.2459, "loss/mean": 0.3162}  # step 1's, from its records
+
+
+RESOLVE_AS_PRIME_RL = """
+import json, sys
+from unittest import mock
+sys.path.insert(0, sys.argv[1] + "/src"); sys.path.insert(0, sys.argv[1] + "/packages/prime-rl-configs/src")
+sys.modules["wandb"] = mock.MagicMock()  # imported by prime-rl's utils, not in the test env, never called here
+from pathlib import Path
+from prime_rl.utils.pathing import get_ckpt_dir, resolve_latest_ckpt_step
+from prime_rl.orchestrator.utils import get_weight_dir
+out = Path(sys.argv[2])
+trainer = resolve_latest_ckpt_step(get_ckpt_dir(out))  # the launcher's and the trainer's resume_step -1
+orchestrator = resolve_latest_ckpt_step(get_ckpt_dir(out / "run_default"))  # the orchestrator's
+weights = str(get_weight_dir(out / "run_default", orchestrator)) if orchestrator is not None else None
+print(json.dumps({"trainer": trainer, "orchestrator": orchestrator, "weights": weights}))
+"""
+
+
+def test_prime_rls_own_resume_resolution_finds_one_step_after_align_checkpoints(tmp_path: Path) -> None:
+    """The H200's killed run (trainer checkpoints 1-2, orchestrator 1-3, weights 1-2), resolved by prime-rl's own
+    code as its retry does with ``resume_step = -1``: before `align_checkpoints` the orchestrator resumes at 3 and
+    finds no weights; after it, launcher, trainer and orchestrator all resume at 2 with step 2's weights."""
+    python, work, _ = prime_rl_runtime(tmp_path)
+    output_dir = tmp_path / "o"
+    killed_run(output_dir, {1: True, 2: True}, [1, 2, 3], [1, 2])
+
+    def resolve() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([python, "-c", RESOLVE_AS_PRIME_RL, str(work), str(output_dir)],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    before = resolve()
+    assert before.returncode != 0 and "No weight directory found for checkpoint step 3" in before.stderr
+    assert align_checkpoints(output_dir) == 2
+    after = resolve()
+    assert after.returncode == 0, after.stderr[-3000:]
+    resolved = json.loads(after.stdout.strip().splitlines()[-1])
+    assert resolved == {"trainer": 2, "orchestrator": 2, "weights": str(output_dir / "run_default/broadcasts/step_2")}
