@@ -47,11 +47,10 @@ async def flow(tmp: Path) -> dict[str, Any]:
 
     from predict.config import REPO_ROOT, load_config
     from predict.env.runner import default_tokenizer_dir
-    from predict.env.taskset import task_from_row
     from predict.train.prime_rl.collect import FailedRolloutsError, check_failed_rollouts, metrics_table, schema_rows
     from predict.train.prime_rl.configs import rl_config
     from predict_mbpp.environment import MbppEnvConfig
-    from tests.prime_rl_fixtures import episode_result, trace_nodes
+    from tests.prime_rl_fixtures import episode_result, run_one_task, trace_nodes
     from tests.scripted_endpoint import HttpError, ScriptedEndpoint
 
     paper = load_config(REPO_ROOT / "config" / "config.yaml")
@@ -81,14 +80,7 @@ async def flow(tmp: Path) -> dict[str, Any]:
                 "client": vf.EvalClientConfig(base_url=endpoint.base_url, api_key_var="PREDICT_LLM_API_KEY"),
             }
         )
-        agent = vf.make_agent(seat)
-        row_task = task_from_row(rows[0])
-        task = type(row_task)(row_task.data.model_copy(update={"idx": 0}), row_task.config)
-        if hasattr(agent, "__aenter__"):
-            async with agent as live:
-                failed_trace = await live.run(task)
-        else:
-            failed_trace = await agent.run(task)
+        failed_trace = await run_one_task(seat, rows[0])
     failed = Rollout.model_construct(**dict(failed_trace))  # as prime-rl's env client builds a rollout
     out["failed_trace"] = {
         "ok": failed.ok,

@@ -63,3 +63,20 @@ def trace_nodes(
             answer = encode(step["result"])
             add("user", False, answer, [False] * len(answer))
     return nodes
+
+
+async def run_one_task(seat: Any, row: dict[str, Any]) -> Any:
+    """The trace of one rollout of ``row`` (as task idx 0) by ``seat``'s agent program, as prime-rl's env server runs
+    it (`vf.make_agent`, entered when it is a context manager). Needs verifiers v1 and ``predict`` importable."""
+    import verifiers.v1 as vf
+
+    from predict.env.taskset import task_from_row
+
+    agent = vf.make_agent(seat)
+    row_task = task_from_row(row)
+    task = type(row_task)(row_task.data.model_copy(update={"idx": 0}), row_task.config)
+    if hasattr(agent, "__aenter__"):
+        async with agent as live:
+            return await live.run(task)
+    return await agent.run(task)
+

@@ -32,16 +32,15 @@ def main(prl: str, vf_src: str, base_url: str, model: str) -> dict[str, Any]:
 
 
 async def flow(base_url: str, model: str) -> dict[str, Any]:
-    import verifiers.v1 as vf
     from prime_rl.configs.orchestrator import ClientConfig
     from prime_rl.utils.client import setup_clients
     from renderers.configs import Qwen3RendererConfig
 
     from predict.config import REPO_ROOT, load_config
     from predict.env.runner import default_tokenizer_dir
-    from predict.env.taskset import task_from_row
     from predict.train.prime_rl.configs import rl_config
     from predict_mbpp.environment import MbppEnvConfig
+    from tests.prime_rl_fixtures import run_one_task
 
     paper = load_config(REPO_ROOT / "config" / "config.yaml")
     table = rl_config(paper, "B", 42, model="/m", tasks="unused.parquet", output_dir="unused")
@@ -61,15 +60,8 @@ async def flow(base_url: str, model: str) -> dict[str, Any]:
             "sampling": env_config.agent.sampling.model_copy(update={"max_tokens": 24}),
         }
     )
-    agent = vf.make_agent(seat)
     row = {"task_id": 2, "text": "Write a function add(a, b).", "test_list": ["assert add(1, 2) == 3"]}
-    row_task = task_from_row(row)
-    task = type(row_task)(row_task.data.model_copy(update={"idx": 0}), row_task.config)
-    if hasattr(agent, "__aenter__"):
-        async with agent as live:
-            trace = await live.run(task)
-    else:
-        trace = await agent.run(task)
+    trace = await run_one_task(seat, row)
     nodes = list(getattr(trace, "nodes", None) or [])
     return {
         "client": type(client).__name__,
