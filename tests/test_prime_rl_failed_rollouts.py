@@ -270,3 +270,16 @@ def test_a_killed_rl_run_resumes_trainer_and_orchestrator_from_one_step(
     if resumed is not None:  # what the step resumes from is kept
         assert (output_dir / "checkpoints" / f"step_{resumed}" / "trainer" / ".metadata").exists()
         assert (output_dir / "run_default" / "checkpoints" / f"step_{resumed}" / "orchestrator" / "progress.pt").exists()
+
+
+def test_a_retry_never_deletes_trained_steps_the_orchestrator_cannot_resume(tmp_path: Path) -> None:
+    """No common step, but the trainer saved one in full (e.g. a ckpt.keep_last that pruned the common step): the
+    retry stops and says why, and every folder stays."""
+    output_dir = tmp_path / "o"
+    killed_run(output_dir, {5: True}, [6], [5])
+    before = sorted(str(p.relative_to(output_dir)) for p in output_dir.rglob("*"))
+    with pytest.raises(cluster.PrimeRLSetupError, match=r"trainer's checkpoints \(steps \[5\]\) and the "
+                       r"orchestrator's \(steps \[6\]\) share no step"):  # fmt: skip
+        cluster.align_checkpoints(output_dir)
+    assert sorted(str(p.relative_to(output_dir)) for p in output_dir.rglob("*")) == before
+

@@ -298,7 +298,9 @@ def align_checkpoints(output_dir: str | Path) -> int | None:
     the newest that both checkpointed in full (the trainer's DCP ``.metadata``, written last; the orchestrator's
     ``progress.pt``, written by rename) and whose weights the inference server can load (a broadcast or checkpoint
     folder marked STABLE, where prime-rl's orchestrator looks). Step folders past it, on either side, cannot be
-    resumed and are deleted, so that ``-1`` resolves to that step in prime-rl's launcher, trainer and orchestrator."""
+    resumed and are deleted, so that ``-1`` resolves to that step in prime-rl's launcher, trainer and orchestrator.
+    With no such step, the orchestrator's folders go too (the run starts from scratch), unless the trainer saved a
+    step in full: then `PrimeRLSetupError`, since deleting would throw trained steps away."""
     output_dir = Path(output_dir)
     run = output_dir / "run_default"  # the orchestrator's output_dir under the rl launcher
     trainer, orchestrator = step_folders(output_dir / "checkpoints"), step_folders(run / "checkpoints")
@@ -308,6 +310,13 @@ def align_checkpoints(output_dir: str | Path) -> int | None:
         and any((d / "STABLE").exists() for d in (run / "broadcasts" / f"step_{s}", orchestrator[s]))
     ]  # fmt: skip
     step = resumable[-1] if resumable else None
+    trained = sorted(s for s, d in trainer.items() if (d / "trainer" / ".metadata").exists())
+    if step is None and trained:  # never throw trained steps away: e.g. a ckpt.keep_last that pruned the common step
+        raise PrimeRLSetupError(
+            f"prime-rl rl in {output_dir}: the trainer's checkpoints (steps {trained}) and the orchestrator's (steps "
+            f"{sorted(orchestrator)}) share no step saved in full with its weights, so neither can resume the other. "
+            "Set ckpt.resume_step to a step both can load, or empty the folder to train from scratch"
+        )
     for folder in [d for s, d in (*trainer.items(), *orchestrator.items()) if step is None or s > step]:
         log.warning("prime-rl rl: deleting %s, which cannot be resumed with the other side's state (resuming from %s)",
                     folder, "scratch" if step is None else f"step {step}")  # fmt: skip
