@@ -475,8 +475,14 @@ for step in range(start, last + 1):
     trainer.write(json.dumps({{"step": step, "time": 0, "lr": 1e-5}}) + "\n")
     orch.write(json.dumps({{"step": step, "time": 0, "progress/rollouts": 4,
                             "train/agg/all/a/reward/mean": attempt + step / 10}}) + "\n")
-    if step % 2 == 0:
-        (out / "checkpoints" / f"step_{{step}}").mkdir(parents=True, exist_ok=True)
+    b = out / "run_default" / "broadcasts" / f"step_{{step}}"  # prime-rl's layout, as on the H200 (docs/prime-rl.md)
+    b.mkdir(parents=True, exist_ok=True)
+    (b / "STABLE").touch()
+    if step % 2 == 0:  # the trainer's DCP checkpoint (.metadata last) and the orchestrator's progress
+        (out / "checkpoints" / f"step_{{step}}" / "trainer").mkdir(parents=True, exist_ok=True)
+        (out / "checkpoints" / f"step_{{step}}" / "trainer" / ".metadata").touch()
+        (out / "run_default" / "checkpoints" / f"step_{{step}}" / "orchestrator").mkdir(parents=True, exist_ok=True)
+        (out / "run_default" / "checkpoints" / f"step_{{step}}" / "orchestrator" / "progress.pt").touch()
 w = out / "weights" / f"step_{{table['max_steps']}}"
 w.mkdir(parents=True)
 (w / "STABLE").touch()

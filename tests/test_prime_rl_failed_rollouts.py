@@ -259,7 +259,8 @@ def test_a_killed_rl_run_resumes_trainer_and_orchestrator_from_one_step(
     orchestrator checkpoints 1-3; with resume_step -1 the retry's orchestrator resumed at 3 and stopped: "No weight
     directory found for checkpoint step 3"."""
     output_dir = tmp_path / "o"
-    toml = configs.write_toml({"output_dir": str(output_dir), "ckpt": {"resume_step": -1}}, tmp_path / "rl.toml")
+    table = {"output_dir": str(output_dir), "ckpt": {"resume_step": -1}, "weight_broadcast": {"type": "filesystem"}}
+    toml = configs.write_toml(table, tmp_path / "rl.toml")
     uv = tmp_path / "uv"
     uv.write_text(FAKE_UV_RESUMING.format(python=sys.executable))
     uv.chmod(0o755)
@@ -280,6 +281,17 @@ def test_a_retry_never_deletes_trained_steps_the_orchestrator_cannot_resume(tmp_
     before = sorted(str(p.relative_to(output_dir)) for p in output_dir.rglob("*"))
     with pytest.raises(cluster.PrimeRLSetupError, match=r"trainer's checkpoints \(steps \[5\]\) and the "
                        r"orchestrator's \(steps \[6\]\) share no step"):  # fmt: skip
-        cluster.align_checkpoints(output_dir)
+        cluster.align_checkpoints(output_dir, weights_on_disk=True)
     assert sorted(str(p.relative_to(output_dir)) for p in output_dir.rglob("*")) == before
+
+
+def test_with_weights_handed_over_in_memory_a_retry_needs_no_weight_files(tmp_path: Path) -> None:
+    """The paper's layout (trainer and inference on their own GPUs) broadcasts weights through NCCL: no STABLE
+    folders, and prime-rl's orchestrator does not look for them; the common step is still the trainer's newest."""
+    output_dir = tmp_path / "o"
+    killed_run(output_dir, {1: True, 2: True}, [1, 2, 3], [])
+    assert cluster.align_checkpoints(output_dir, weights_on_disk=False) == 2
+    assert not (output_dir / "run_default" / "checkpoints" / "step_3").exists()
+    with pytest.raises(cluster.PrimeRLSetupError, match="share no step"):  # the same checkpoints through files
+        cluster.align_checkpoints(output_dir, weights_on_disk=True)
 

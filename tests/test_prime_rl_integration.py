@@ -205,7 +205,7 @@ def test_prime_rls_own_resume_resolution_finds_one_step_after_align_checkpoints(
 
     before = resolve()
     assert before.returncode != 0 and "No weight directory found for checkpoint step 3" in before.stderr
-    assert align_checkpoints(output_dir) == 2
+    assert align_checkpoints(output_dir, weights_on_disk=True) == 2
     after = resolve()
     assert after.returncode == 0, after.stderr[-3000:]
     resolved = json.loads(after.stdout.strip().splitlines()[-1])

@@ -243,8 +243,8 @@ def launch(kind: str, toml: str | Path, dest: str | Path, *, uv: str = "uv") -> 
     table = read_toml(toml)
     output_dir = Path(table["output_dir"])
     start_or_resume(output_dir, output_dir_fingerprint(table), what=f"prime-rl {kind} ({toml})")
-    if kind == "rl":
-        align_checkpoints(output_dir)
+    if kind == "rl":  # colocated runs broadcast weights through files, others through NCCL (configs.rl_config)
+        align_checkpoints(output_dir, weights_on_disk=(table.get("weight_broadcast") or {}).get("type") == "filesystem")
     marks = mark_attempt(output_dir)
     argv = [uv, "run", "--frozen", "--no-sync", kind, "@", Path(toml).absolute()]
     env = launch_env(kind, table)
@@ -287,7 +287,7 @@ def step_folders(ckpt_dir: Path) -> dict[int, Path]:
     return {int(d.name[5:]): d for d in ckpt_dir.glob("step_*") if d.name[5:].isdigit()}
 
 
-def align_checkpoints(output_dir: str | Path) -> int | None:
+def align_checkpoints(output_dir: str | Path, *, weights_on_disk: bool) -> int | None:
     """Make a retried ``rl`` run resume its trainer and orchestrator from one step, and return it (None: from
     scratch).
 
@@ -296,8 +296,9 @@ def align_checkpoints(output_dir: str | Path) -> int | None:
     goes. On the H200 a run killed in its step 2 held trainer checkpoints 1-2 and orchestrator checkpoints 1-3, and
     its retry stopped with "No weight directory found for checkpoint step 3" (docs/prime-rl.md). The step resumed is
     the newest that both checkpointed in full (the trainer's DCP ``.metadata``, written last; the orchestrator's
-    ``progress.pt``, written by rename) and whose weights the inference server can load (a broadcast or checkpoint
-    folder marked STABLE, where prime-rl's orchestrator looks). Step folders past it, on either side, cannot be
+    ``progress.pt``, written by rename) and, when weights go through files (``weights_on_disk``: prime-rl's
+    filesystem broadcast; NCCL hands them over in memory at start), whose weights the inference server can load (a
+    broadcast or checkpoint folder marked STABLE, where prime-rl's orchestrator looks). Step folders past it, on either side, cannot be
     resumed and are deleted, so that ``-1`` resolves to that step in prime-rl's launcher, trainer and orchestrator.
     With no such step, the orchestrator's folders go too (the run starts from scratch), unless the trainer saved a
     step in full: then `PrimeRLSetupError`, since deleting would throw trained steps away."""
@@ -307,7 +308,8 @@ def align_checkpoints(output_dir: str | Path) -> int | None:
     resumable = [
         s for s in sorted(trainer.keys() & orchestrator.keys())
         if (trainer[s] / "trainer" / ".metadata").exists() and (orchestrator[s] / "orchestrator" / "progress.pt").exists()
-        and any((d / "STABLE").exists() for d in (run / "broadcasts" / f"step_{s}", orchestrator[s]))
+        and (not weights_on_disk
+             or any((d / "STABLE").exists() for d in (run / "broadcasts" / f"step_{s}", orchestrator[s])))
     ]  # fmt: skip
     step = resumable[-1] if resumable else None
     trained = sorted(s for s, d in trainer.items() if (d / "trainer" / ".metadata").exists())
