@@ -405,6 +405,12 @@ def config_slice(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
     return _keys(config, STAGES[stage].reads)
 
 
+def stage_input(config: StageConfig) -> StageConfig | StageView:
+    """The config as its stage's ``main`` takes it: the typed view for a stage marked ``typed`` in the table, else the
+    dict view. One rule for the CLI and for whatever runs a stage in process (the bundle's re-derivation)."""
+    return stage_view(config, config._stage) if STAGES[config._stage].typed else config
+
+
 def stage_config(config: Mapping[str, Any], stage: str) -> StageConfig:
     """The stage's slice of a config, as the view that refuses keys outside the table."""
     return StageConfig(stage, config_slice(config, stage))
