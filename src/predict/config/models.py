@@ -313,7 +313,7 @@ class PrimeRLSFTSettings(Section):
     max_steps: Annotated[int, Field(ge=1, description="optimizer steps")]
     batch_size: Annotated[int, Field(ge=1, description="sequences per optimizer step")]
     micro_batch_size: Annotated[int, Field(ge=1, description="sequences per micro-batch")] = 1
-    lr: Annotated[float, Field(gt=0, description="learning rate")]
+    lr: Annotated[float, Field(ge=0, description="learning rate (0: a control run that leaves the model where it was, as predict signal's lr-0 control)")]
     gpus: Annotated[int, Field(ge=1, description="GPUs of the SFT job")] = 1
     runtime: Annotated[int, Field(ge=1, description="SLURM minutes for one run")] = 240
 
