@@ -103,7 +103,9 @@ def shared_vllm_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
 
     cache = tmp_path_factory.mktemp("shared-vllm") / "cache"
     cache.mkdir()
-    (cache / "models").symlink_to(default_cache_dir() / "models", target_is_directory=True)  # the tiny models, built once
+    models = default_cache_dir() / "models"
+    models.mkdir(parents=True, exist_ok=True)  # a fresh clone has none: mkdir through a dangling link raises
+    (cache / "models").symlink_to(models, target_is_directory=True)  # the tiny models, built once
     yield cache
     from predict.serving.server import stop_shared_server
 

@@ -90,7 +90,7 @@ def _mutated(tmp_path: Path, edit) -> Path:
         (lambda c: c["traces"].update(mix={"TIMEOUT": -1}),
          r"traces\.mix\.TIMEOUT: .*greater than or equal to 0, got -1$"),
         # one problem named, the others counted
-        (lambda c: (c["env"].update(budget=0), c["rl"].update(lr=0)), r"env\.budget: .* \(and 1 more problem\(s\)\)$"),
+        (lambda c: (c["env"].update(budget=0), c["rl"].update(lr=-1)), r"env\.budget: .* \(and 1 more problem\(s\)\)$"),
     ],
 )
 def test_bad_key_or_value_names_file_and_key(tmp_path: Path, edit, expected: str) -> None:

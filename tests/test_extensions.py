@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -123,9 +124,11 @@ def test_rft_tasks_and_batches_are_seeded_and_cover_the_kept_rollouts() -> None:
     assert sorted(batches[0] + batches[1] + batches[2][:1]) == list(range(5))  # one epoch visits every kept rollout
     assert step_batch(0, 42, 1, 4) == []
     config = load_config(REPO / "config" / "config.yaml")
-    assert rft_settings(config) == {"group_size": 8, "tasks": None, "batch_rollouts": 16 * 8, "lr": 1e-5}
+    assert asdict(rft_settings(config)) == {"group_size": 8, "tasks": None, "batch_rollouts": 16 * 8, "lr": 1e-5}
     local = load_config(REPO / "config" / "local.yaml")
-    assert rft_settings(local) == {"group_size": 2, "tasks": 2, "batch_rollouts": 2, "lr": 1e-4}
+    assert asdict(rft_settings(local)) == {"group_size": 2, "tasks": 2, "batch_rollouts": 2, "lr": 1e-4}
+    whole = copy.deepcopy(local) | {"rft": {"lr": 1}}  # YAML's `lr: 1` is an int; the model's field is a float
+    assert type(rft_settings(whole).lr) is float and rft_settings(whole).group_size == local["rl"]["group_size"]
 
 
 def test_rft_samples_keep_only_reward_1_rollouts_with_ce_on_sampled_tokens() -> None:

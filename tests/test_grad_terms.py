@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from predict.tiny_model import TOKENIZER_FILES, tokenizer_dir  # noqa: E402
-from predict.train.grad_terms import probe_every, probe_step, term_groups  # noqa: E402
+from predict.train.grad_terms import probe_step, term_groups  # noqa: E402
 from predict.train.loss import predict_loss  # noqa: E402
 from predict.train.sample import TrainSample  # noqa: E402
 from predict.train.step_metrics import GRAD_TERM_COLUMNS, METRIC_COLUMNS, read_metrics, write_metrics  # noqa: E402
@@ -189,10 +189,10 @@ def test_the_schedule_is_every_kth_step_with_its_default_in_the_models() -> None
     from predict.config import config_default
     from predict.config.models import RLSettings
 
-    assert probe_every({}) == config_default(RLSettings, "grad_terms_every") == 1
-    assert [s for s in range(1, 8) if probe_step({}, s)] == list(range(1, 8))
-    assert [s for s in range(1, 8) if probe_step({"grad_terms_every": 3}, s)] == [3, 6]
-    assert not any(probe_step({"grad_terms_every": 0}, s) for s in range(1, 8))
+    assert config_default(RLSettings, "grad_terms_every") == 1
+    assert [s for s in range(1, 8) if probe_step(1, s)] == list(range(1, 8))
+    assert [s for s in range(1, 8) if probe_step(3, s)] == [3, 6]
+    assert not any(probe_step(0, s) for s in range(1, 8))
 
 
 def test_the_columns_are_in_the_metrics_schema(tmp_path: Path) -> None:

@@ -693,3 +693,19 @@ def test_the_custom_loss_is_the_local_trainers_loss_per_sample() -> None:
         LossConfig(0.2, 0.2, 0.05),
     )
     assert float(out.loss.detach()) / n_rl == pytest.approx(float(ref.detach()), rel=1e-12)
+
+
+def test_the_setup_stage_reads_prime_rl_typed_from_its_slice(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`predict prime-rl-setup` takes the typed view: repo, commit, python and extras as the config sets them."""
+    from predict.cli import main
+    from predict.stages import slice_file
+    from predict.train.prime_rl import cluster
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(cluster, "setup_prime_rl", lambda *args, **kw: seen.update(args=args, **kw) or {"commit": "0" * 40})
+    config = load_config(REPO_ROOT / "config" / "config.yaml")
+    path = slice_file(config, "prime-rl-setup", tmp_path)
+    assert main(["prime-rl-setup", "--config-slice", path, "--dir", str(tmp_path / "c"), "--out", str(tmp_path / "s.json")]) == 0
+    p = config["prime_rl"]
+    assert seen["args"][:2] == (p["repo"], p["commit"]) and (seen["python"], seen["extras"]) == (p["python"], p["extras"])
+    assert [f.name for f in seen["attention_patches"]] == configs.attention_patches(config)

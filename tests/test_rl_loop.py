@@ -83,8 +83,8 @@ def test_runs_and_ablations_resolve() -> None:
     assert resolve_run(config, "alpha0").alpha == 0.0 and resolve_run(config, "alpha0").arm == "B"
     assert resolve_run(config, "forced_keep").variant == "forced_keep"
     assert resolve_run(config, "budget_neutral").variant == "budget_neutral"
-    assert checkpoint_steps(config["rl"]) == [25, 50, 75, 100]
-    assert checkpoint_steps({"steps": 10, "checkpoint_every": 4}) == [4, 8, 10]
+    assert checkpoint_steps(config["rl"]["steps"], config["rl"]["checkpoint_every"]) == [25, 50, 75, 100]
+    assert checkpoint_steps(10, 4) == [4, 8, 10]
 
 
 def test_step_tasks_are_seeded_and_cover_the_split() -> None:

@@ -12,7 +12,18 @@ import pytest
 
 from predict.cli import main
 from predict.config import load_config
-from predict.stages import STAGES, SliceError, config_slice, readme_table, slice_file, slice_params, stage_config
+from predict.config.models import ArmSettings, RLSettings
+from predict.stages import (
+    STAGES,
+    SliceError,
+    StageView,
+    config_slice,
+    readme_table,
+    slice_file,
+    slice_params,
+    stage_config,
+    stage_view,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = [REPO / "config" / "local.yaml", REPO / "config" / "config.yaml"]
@@ -27,6 +38,57 @@ def test_a_stage_refuses_a_key_outside_its_slice_and_names_stage_and_key() -> No
         config["data"].get("mbpp_path")  # a sibling of a key the table gives is still outside
     with pytest.raises(SliceError, match="'evaluation'"):
         "evaluation" in config  # noqa: B015 - membership is a read too
+
+
+def test_the_typed_view_refuses_a_section_outside_the_entry_and_names_stage_and_key() -> None:
+    view = stage_view(stage_config(load_config(REPO / "config" / "local.yaml"), "rl"), "rl")
+    with pytest.raises(SliceError, match=r"stage 'rl' read config key 'sft'.*stages\.py"):
+        _ = view.sft
+    with pytest.raises(SliceError, match="'model.base'"):
+        _ = view.model.base  # a sibling of a key the table gives (model.enable_thinking) is still outside
+    with pytest.raises(SliceError, match="'rft'"):
+        getattr(view, "rft", None)  # a default does not hide a read outside the entry
+    with pytest.raises(SliceError, match="'power'"):
+        "power" in view  # noqa: B015 - membership is a read too
+    with pytest.raises(AttributeError, match="no key 'model.bass'"):
+        _ = view.model.bass  # a typo is not a missing key
+    with pytest.raises(AttributeError, match="read-only"):
+        view.model.enable_thinking = True
+
+
+def test_a_typed_read_returns_the_model_type_and_the_dict_form_stays_the_slice() -> None:
+    config = load_config(REPO / "config" / "local.yaml")
+    config["rl"]["lr"] = 1  # YAML's `lr: 1` is an int; the model's field is a float
+    sliced = stage_config(config, "rft")
+    view = stage_view(sliced, "rft")
+    assert isinstance(view, StageView) and view.as_dict is sliced
+    assert view.rl.lr == 1.0 and type(view.rl.lr) is float and sliced["rl"]["lr"] == 1
+    assert type(view.rl.group_size) is int and view.rl.weight_sync in ("auto", "memory", "folder")
+    assert isinstance(view.rl, RLSettings) and isinstance(view.arms["B"], ArmSettings)  # whole sections: the models
+    assert view.arms["B"].protocol == config["arms"]["B"]["protocol"] and set(view.arms) == set(config["arms"])
+    assert view.model.enable_thinking is config["model"]["enable_thinking"]
+    assert view.env.test_cost == config["env"]["test_cost"]
+    # a plain config mapping is viewed through the named stage's entry
+    assert stage_view(config, "rl").rl.steps == config["rl"]["steps"]
+    assert getattr(stage_view({k: v for k, v in config.items() if k != "rft"}, "rft"), "rft", None) is None
+    # a slice without any of the keys listed below a section (model.tiny): the section reads, those keys are missing
+    tiny = stage_view(stage_config({k: v for k, v in config.items() if k != "model"} | {"model": {"base": "m"}},
+                                   "build-tiny-model"), "build-tiny-model")
+    assert getattr(tiny.model, "tiny", None) is None
+    with pytest.raises(KeyError, match="sets no 'model.tiny'"):
+        _ = tiny.model.tiny
+
+
+def test_typed_stages_get_the_view_and_the_others_the_dict(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import predict.train.rl as rl
+
+    seen = []
+    monkeypatch.setattr(rl, "main", lambda args, config: seen.append(config) or 0)
+    assert STAGES["rl"].typed and STAGES["rft"].typed and not STAGES["report"].typed
+    path = slice_file(load_config(REPO / "config" / "local.yaml"), "rl", tmp_path)
+    main(["rl", "--config-slice", path, "--run", "B", "--seed", "1", "--init", str(tmp_path), "--tasks-file",
+          str(tmp_path / "none.parquet"), "--out-dir", str(tmp_path / "out")])
+    assert isinstance(seen[0], StageView) and seen[0].rl.steps == load_config(REPO / "config" / "local.yaml")["rl"]["steps"]
 
 
 def test_a_listed_key_the_config_leaves_out_reads_as_missing() -> None:

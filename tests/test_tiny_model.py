@@ -131,3 +131,19 @@ def test_tokenizer_and_chat_template(tiny: Path, monkeypatch: pytest.MonkeyPatch
     assert no_think.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     tools = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object", "properties": {}}}}]
     assert "<tools>" in tok.apply_chat_template(msgs, tools=tools, tokenize=False)
+
+
+def test_the_stage_reads_model_tiny_typed_and_its_defaults_when_left_out(big_tmp: Path) -> None:
+    """`predict build-tiny-model` takes its slice as the typed view: model.tiny's keys, or the model's defaults."""
+    from predict.cli import main
+    from predict.config.models import TinyModelSettings
+
+    for name, tiny in (("set", {"hidden_size": 32, "num_layers": 1}), ("left-out", None)):
+        path = big_tmp / f"slice-{name}.json"
+        path.write_text(json.dumps({"model": {"tiny": tiny}} if tiny else {}))
+        out = big_tmp / f"stage-{name}"
+        assert main(["build-tiny-model", "--config-slice", str(path), "--out-dir", str(out), "--dtype", "float32"]) == 0
+        config = json.loads((out / "config.json").read_text())
+        want = TinyModelSettings(**(tiny or {}))
+        assert (config["hidden_size"], config["num_hidden_layers"]) == (want.hidden_size, want.num_layers)
+        shutil.rmtree(out)

@@ -26,7 +26,7 @@ from predict.fingerprint import ResultsDirError, claim_results_dir
 from predict.outputs import console
 from predict.rollouts import SplitGuardError
 from predict.serving.server import VLLMServerError
-from predict.stages import STAGES, StageConfig, stage_config
+from predict.stages import STAGES, StageConfig, stage_config, stage_input
 
 # The arguments through which a stage writes (a scratch folder outside results_dir claims nothing).
 OUTPUT_ARGS = ("out", "out_dir", "metrics_out", "state_dir", "output_dir", "dataset_dir")
@@ -115,7 +115,8 @@ def _run_stage(args: argparse.Namespace) -> int:
     from predict.serving.gpu_memory import watch_gpu_memory
 
     with watch_gpu_memory():  # on a GPU node the job's log ends with its peak GPU memory; nothing elsewhere
-        return args.stage_main(args, _config(args))
+        config = _config(args)
+        return args.stage_main(args, stage_input(config))
 
 
 def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:

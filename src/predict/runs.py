@@ -94,10 +94,9 @@ def with_env(config: Mapping[str, Any], **values: Any) -> Mapping[str, Any]:
     return {**config, "env": {**config["env"], **changed}} if changed else config
 
 
-def checkpoint_steps(rl: Mapping[str, Any]) -> list[int]:
+def checkpoint_steps(steps: int, every: int) -> list[int]:
     """Steps whose weights an RL or RFT run keeps as HF checkpoints (``step{N}/``, every backend): every
-    ``rl.checkpoint_every`` steps and the last one."""
-    steps, every = int(rl["steps"]), int(rl["checkpoint_every"])
+    ``rl.checkpoint_every`` steps (`every`) and the last of ``rl.steps``."""
     return sorted({*range(every, steps + 1, every), steps})
 
 

@@ -16,20 +16,20 @@ from predict.data import file_sha256, load_mbpp, split_tasks, write_split
 from predict.outputs import print_table
 
 if TYPE_CHECKING:
-    from predict.stages import StageConfig
+    from predict.stages import StageView
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", required=True)
 
 
-def main(args: argparse.Namespace, config: StageConfig) -> int:
+def main(args: argparse.Namespace, config: StageView) -> int:
 
-    data = config["data"]
-    source = Path(data["mbpp_path"])
-    rows = load_mbpp(source, hf_fallback=data["hf_fallback"], sha256=data.get("mbpp_sha256"))
-    seed, sizes = data["split_seed"], data["sizes"]
-    splits = split_tasks(rows, seed, {"sft": sizes["sft"], "rl": sizes["rl"], "test": sizes["test"]})
+    data = config.data
+    source = Path(data.mbpp_path)
+    rows = load_mbpp(source, hf_fallback=data.hf_fallback, sha256=data.mbpp_sha256)
+    seed, sizes = data.split_seed, data.sizes
+    splits = split_tasks(rows, seed, {"sft": sizes.sft, "rl": sizes.rl, "test": sizes.test})
     manifest = write_split(
         splits,
         args.out_dir,

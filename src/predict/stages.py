@@ -3,9 +3,11 @@
 Rules this module keeps:
 * ONE table (``STAGES``) says which config sections or keys each stage reads. A key is a dotted path
   (``evaluation.bootstrap``); a section (``rl``) means every key below it.
-* A stage is handed exactly its slice (``config_slice``) and reads it through ``StageConfig``, a dict that raises
-  ``SliceError`` naming the stage and the key when the stage reads anything the table does not give it: the table
-  cannot go stale silently. A key the table gives but the config leaves out reads as missing (``KeyError``, so
+* A stage is handed exactly its slice (``config_slice``) and reads it through ``StageView`` (``Stage.typed``: the
+  typed config models, ``config.rl.lr``) or ``StageConfig`` (a dict, the stages not yet moved to the view); both
+  raise ``SliceError`` naming the stage and the key when the stage reads anything the table does not give it: the
+  table cannot go stale silently. Fingerprints, JSON and hashes take the dict form (``StageView.as_dict``), so
+  their bytes do not depend on the view. A key the table gives but the config leaves out reads as missing (``KeyError``, so
   ``.get(key, default)`` still works).
 * The workflow passes a slice as a small content-addressed JSON file (``slice_file``) and tracks it as one short
   param per entry (``slice_params``: ``rl.lr=0.0001`` or ``rl#1a2b3c4d``), so an edit reruns only the stages that
@@ -26,6 +28,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
@@ -33,8 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from predict.config import ConfigError
-from predict.config.models import StudyConfig
+import pydantic
+
+from predict.config import ConfigError, sections_in
+from predict.config.models import Section, StudyConfig
 
 # What resolving a study run reads (predict.runs.resolve_run): the run matrix, the default test cost, the decision mask.
 RUN_MATRIX = ("arms", "ablations", "extensions", "env.test_cost", "rl.mask_decision")
@@ -88,6 +93,9 @@ class Stage:
     task_files: tuple[str, ...] = ()
     """The flags (argparse names) whose files hold the tasks the stage reads (``task_id`` rows: a split, traces):
     `predict.campaign.seal_stage` checks them before the stage starts. The stage must read `SPLIT`."""
+    typed: bool = False
+    """Its `main` takes the slice as a `StageView` (typed models, ``config.rl.lr``), not as the `StageConfig` dict.
+    Stages move to it one by one (issue 40); when all have, this field goes."""
 
     def command_functions(self) -> tuple[str, str, str]:
         """The command's module and the names of its two functions: (module, arguments, main)."""
@@ -105,16 +113,16 @@ STAGES: dict[str, Stage] = {
     s.name: s
     for s in [
         Stage("split", ("split_mbpp",), "data.smk", "split.py", "data/{sft,rl,val,test}.parquet, manifest.json",
-              ("data",),
+              ("data",), typed=True,
               help="read MBPP, split it with a seed, write {sft,rl,val,test}.parquet + manifest.json"),
         Stage("verify-gold", ("verify_gold",), "verifier.smk", "sandbox/gold.py", "verifier/gold.parquet, gold_summary.parquet",
-              ("verifier",),
+              ("verifier",), typed=True,
               help="run the gold solutions through the sandbox: the verifier report"),
         Stage("build-tiny-model", ("build_tiny_model",), "models.smk", "tiny_model.py", "models/tiny/",
-              ("model.tiny",),
+              ("model.tiny",), typed=True,
               help="build a random tiny Qwen3 with the real tokenizer"),
         Stage("check-serving", ("check_serving",), "serving.smk", "serving/stage.py", "serving/check.json",
-              ("serving.python", "serving.device"),
+              ("serving.python", "serving.device"), typed=True,
               help="check that serving.python imports vLLM (before any serving job)"),
         Stage("rollout", ("rollout",), "rollouts.smk", "rollouts.py", "rollouts/{arm}/{checkpoint}/{split}/seed{seed}.parquet",
               _reads(ROLLOUT, SPLIT), SPLIT, task_files=("tasks_file",),
@@ -128,13 +136,13 @@ STAGES: dict[str, Stage] = {
               command="run_traces", help="render a run's own SFT traces (irreversible, blind: predict.runs) from its base arm's traces"),
         Stage("sft", ("train_sft",), "train.smk", "train/sft.py", "checkpoints/{arm}/sft/, sft/{arm}/metrics.parquet",
               _reads(("sft", "model.enable_thinking"), TRACKING, SPLIT), (*TRACKING, *SPLIT), task_files=("traces",),
-              help="supervised fine-tuning on rendered traces -> an HF checkpoint (resumes after a kill)"),
+              typed=True, help="supervised fine-tuning on rendered traces -> an HF checkpoint (resumes after a kill)"),
         Stage("rl", ("rl",), "rl.smk", "train/rl.py", "rl/{run}/seed{seed}/step{N}/, metrics.parquet",
-              _reads(RUN_MATRIX, ROLLOUT, ("rl",), TRACKING, SPLIT), (*TRACKING, *SPLIT), task_files=("tasks_file",),
+              _reads(RUN_MATRIX, ROLLOUT, ("rl",), TRACKING, SPLIT), (*TRACKING, *SPLIT), task_files=("tasks_file",), typed=True,
               help="RL (GRPO) of one run and seed on the rl split: step checkpoints + metrics (resumes)"),
         Stage("rft", ("rft",), "rft.smk", "train/rft.py", "rl/{run}/seed{seed}/step{N}/, metrics.parquet",
               _reads(RUN_MATRIX, ROLLOUT, ("rl", "rft"), TRACKING, SPLIT), (*TRACKING, *SPLIT),
-              task_files=("tasks_file",),
+              task_files=("tasks_file",), typed=True,
               help="rejection-sampling fine-tuning of one RFT extension run and seed (resumes)"),
         Stage("evaluate", ("evaluate_{run}",), "evaluation.smk", "evaluate.py",
               "eval/{run}/{checkpoint}/val/seed{seed}.parquet",
@@ -151,24 +159,24 @@ STAGES: dict[str, Stage] = {
               command=None),
         Stage("stats", ("stats", "test_stats"), "stats.smk", "stats/study.py",
               "stats/*.parquet (STATS_TABLES), test/stats/*.parquet (TEST_STATS_TABLES)",
-              _reads(RUN_MATRIX, ("evaluation.reference", "evaluation.selection", "evaluation.bootstrap")),
+              _reads(RUN_MATRIX, ("evaluation.reference", "evaluation.selection", "evaluation.bootstrap")), typed=True,
               help="pass@1, paired tests, mechanism metrics and selection from evaluations"),
         Stage("ablations", ("ablation",), "stats.smk", "stats/ablations.py", "ablations/{ablation}.parquet",
-              ("ablations", "evaluation.selection", "evaluation.bootstrap"),
+              ("ablations", "evaluation.selection", "evaluation.bootstrap"), typed=True,
               help="one ablation's table: a row per seed vs its base arm"),
         Stage("extensions", ("extension",), "stats.smk", "stats/extensions.py", "extensions/{extension}.parquet",
-              _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap")),
+              _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap")), typed=True,
               help="one extension's table: a row per seed vs Arm A and Arm B + mechanism"),
         # The open question (issue 28): Arm B vs Arm A within each environment (predict.runs.environments), on val;
         # the test's is a table of `predict stats` (TEST_STATS_TABLES).
         Stage("open-question", ("open_question",), "stats.smk", "stats/open_question.py", "extensions/open_question.parquet",
-              _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap")),
+              _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap")), typed=True,
               help="the open question: Arm B vs Arm A within each environment (study, expensive, irreversible, blind)"),
         Stage("power", ("power",), "stats.smk", "stats/power.py", "stats/power.parquet",
-              ("power", "data.sizes", "seeds"),
+              ("power", "data.sizes", "seeds"), typed=True,
               help="exact power of one seed pairing (exact McNemar) per difference, discordance and number of tasks"),
         Stage("training-outcomes", ("training_outcomes",), "report.smk", "stats/training_outcomes.py",
-              "stats/training_outcomes.parquet", (),
+              "stats/training_outcomes.parquet", (), typed=True,
               help="per predictive run and seed, over all RL steps: verified vs predicted class counts and shares"),
         Stage("report", ("report",), "report.smk", "report/stage.py", "report/index.html",
               ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power", "data.sizes.test"),
@@ -183,7 +191,7 @@ STAGES: dict[str, Stage] = {
               help="the learning-signal run: RL visibly raises reward, CE teaches the label"),
         Stage("prime-rl-setup", ("prime_rl_setup",), "prime_rl.smk", "train/prime_rl/cluster.py", ".prime-rl/setup.json",
               ("prime_rl.repo", "prime_rl.commit", "prime_rl.python", "prime_rl.extras", "prime_rl.attn",
-               "prime_rl.dir"),
+               "prime_rl.dir"), typed=True,
               command="setup", help="clone prime-rl at the pinned commit, register PredictAlgorithm, uv sync"),
         Stage("prime-rl-config", ("prime_rl_sft_config", "prime_rl_rl_config"), "prime_rl.smk",
               "train/prime_rl/cluster.py", "sft/{arm}/prime-rl.toml, rl/{run}/seed{seed}/prime-rl.toml",
@@ -192,7 +200,7 @@ STAGES: dict[str, Stage] = {
               command="config", help="render a prime-rl rl/sft TOML (and the SFT dataset)"),
         Stage("prime-rl-train", ("prime_rl_sft", "prime_rl_rl"), "prime_rl.smk", "train/prime_rl/cluster.py",
               "checkpoints/{arm}/sft/, rl/{run}/seed{seed}/step{N}/, metrics.parquet, prime-rl-metrics.parquet",
-              ("tracking",),
+              ("tracking",), typed=True,
               command="train", help="run prime-rl rl/sft on a rendered TOML, collect checkpoints"),
     ]
 }
@@ -276,6 +284,96 @@ class StageConfig(dict):
         return StageConfig(self._stage, copy.deepcopy(dict(self), memo), self._prefix, self._reads)
 
 
+class MissingSection(MissingKey, AttributeError):
+    """A section or key the table gives but the config leaves out, read as an attribute of a `StageView`
+    (``getattr(view, "rft", None)`` reads it as missing)."""
+
+
+@functools.cache
+def _adapter(model: type[Section], name: str) -> pydantic.TypeAdapter:
+    return pydantic.TypeAdapter(model.model_fields[name].annotation)
+
+
+class StageView:
+    """A stage's slice as its typed config models: a key the stage's table entry gives whole reads as its model's
+    value (``view.rl`` an `RLSettings`, ``view.rl.lr`` a float even where the YAML wrote ``1``, ``view.arms`` a dict
+    of `ArmSettings`); a section the entry gives only keys of (``model.enable_thinking``) reads as a view of its
+    model. The same rule as `StageConfig`: an attribute outside the stage's table entry raises SliceError naming
+    the stage and the key. ``as_dict`` is the slice as the dict view, for what must stay plain data (fingerprints, JSON, the
+    modules not yet typed): the bytes they hash are the same as before."""
+
+    __slots__ = ("_stage", "_model", "_data", "_prefix", "_reads")
+
+    def __init__(self, stage: str, data: Mapping[str, Any], model: type[Section] = StudyConfig, prefix: str = "",
+                 reads: tuple[str, ...] | None = None):
+        self._stage, self._model, self._data, self._prefix = stage, model, data, prefix
+        self._reads = STAGES[stage].reads if reads is None else reads
+
+    @property
+    def as_dict(self) -> Mapping[str, Any]:
+        return self._data
+
+    def _path(self, name: str) -> str:
+        return f"{self._prefix}.{name}" if self._prefix else name
+
+    def _check(self, name: str) -> None:
+        if name not in self._model.model_fields:
+            raise AttributeError(f"{self._model.__name__} has no key {self._path(name)!r}")
+        if not _covered(self._path(name), self._reads):
+            raise SliceError(
+                f"stage {self._stage!r} read config key {self._path(name)!r}, which its entry in the stage table "
+                f"(src/predict/stages.py) does not list: add it there (it reads {', '.join(self._reads) or 'nothing'})"
+            )
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        self._check(name)
+        path = self._path(name)
+        whole = any(path == entry or path.startswith(entry + ".") for entry in self._reads)
+        if name not in self._data:
+            section = sections_in(self._model.model_fields[name].annotation)[0]
+            if not whole and section is not None:
+                # a slice leaves a section out when it sets none of the keys the entry lists below it (model.tiny):
+                # those keys then read as missing, one by one
+                return StageView(self._stage, {}, section, path, self._reads)
+            raise MissingSection(f"stage {self._stage!r}: its config sets no {path!r}")
+        value = self._data[name]
+        if whole:
+            # the whole key is the stage's: its model itself (RLSettings, dict[str, ArmSettings], a float...)
+            return _adapter(self._model, name).validate_python(value)
+        # only keys below it are (model.enable_thinking): a view of the part the entry gives
+        section, entries = sections_in(self._model.model_fields[name].annotation)
+        if section is not None and isinstance(value, Mapping):
+            return StageView(self._stage, value, section, path, self._reads)
+        if entries is not None and isinstance(value, Mapping):
+            return {k: StageView(self._stage, v, entries, f"{path}.{k}", self._reads) for k, v in value.items()}
+        return _adapter(self._model, name).validate_python(value)
+
+    def __contains__(self, name: str) -> bool:
+        """Whether the config sets this key (a key outside the table entry raises SliceError)."""
+        self._check(name)
+        return name in self._data
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in StageView.__slots__:
+            raise AttributeError(f"a stage's config is read-only ({self._path(name)!r})")
+        object.__setattr__(self, name, value)
+
+    def __repr__(self) -> str:
+        return f"StageView({self._stage!r}, {self._model.__name__}, {self._prefix or '<top level>'!r})"
+
+
+def stage_view(config: Mapping[str, Any] | StageView, stage: str) -> StageView:
+    """A typed view of a config: a StageView as it is, a `StageConfig` with its own stage and table entry, any other
+    mapping (a whole config, a test's) with `stage`'s entry."""
+    if isinstance(config, StageView):
+        return config
+    if isinstance(config, StageConfig):
+        return StageView(config._stage, config, reads=config._reads)
+    return StageView(stage, config)
+
+
 def pick(config: Mapping[str, Any], path: str) -> tuple[bool, Any]:
     node: Any = config
     for part in path.split("."):
@@ -305,6 +403,12 @@ def config_slice(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
     if stage not in STAGES:
         raise ConfigError(f"no stage {stage!r} in the stage table (src/predict/stages.py)")
     return _keys(config, STAGES[stage].reads)
+
+
+def stage_input(config: StageConfig) -> StageConfig | StageView:
+    """The config as its stage's ``main`` takes it: the typed view for a stage marked ``typed`` in the table, else the
+    dict view. One rule for the CLI and for whatever runs a stage in process (the bundle's re-derivation)."""
+    return stage_view(config, config._stage) if STAGES[config._stage].typed else config
 
 
 def stage_config(config: Mapping[str, Any], stage: str) -> StageConfig:

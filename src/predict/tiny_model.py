@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from predict.config import config_default, section
+from predict.config import config_default
 from predict.config.models import TinyModelSettings
 
 if TYPE_CHECKING:
-    from predict.stages import StageConfig
+    from predict.stages import StageView
 
 __all__ = ["QWEN3_VOCAB_SIZE", "TOKENIZER_FILES", "build_tiny_qwen3", "cached_tiny_qwen3", "tokenizer_dir"]
 
@@ -251,10 +251,11 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
 
 
-def main(args: argparse.Namespace, config: StageConfig) -> int:
+def main(args: argparse.Namespace, config: StageView) -> int:
     from predict.outputs import console
 
-    tiny = section(config, TinyModelSettings, "model", "tiny").model_dump(exclude_none=True)
+    # model.tiny left out: its defaults (as ModelSettings.tiny_settings; the stage reads model.tiny only)
+    tiny = (getattr(config.model, "tiny", None) or TinyModelSettings()).model_dump(exclude_none=True)
     out = build_tiny_qwen3(Path(args.out_dir), **tiny, tie_word_embeddings=args.tie_word_embeddings, dtype=args.dtype)
     size_mb = sum(f.stat().st_size for f in out.iterdir()) / 1e6
     shown = ", ".join(f"{key} {value}" for key, value in tiny.items())

@@ -139,7 +139,7 @@ rule prime_rl_rl:
         checkpoints=R("rl", "{run}", "seed{seed}", "checkpoints.json"),
         metrics=R("rl", "{run}", "seed{seed}", "metrics.parquet"),
         raw_metrics=R("rl", "{run}", "seed{seed}", "prime-rl-metrics.parquet"),
-        steps=[directory(R("rl", "{run}", "seed{seed}", f"step{n}")) for n in checkpoint_steps(WORKFLOW_CONFIG["rl"])],
+        steps=[directory(R("rl", "{run}", "seed{seed}", f"step{n}")) for n in checkpoint_steps(WORKFLOW_CONFIG["rl"]["steps"], WORKFLOW_CONFIG["rl"]["checkpoint_every"])],
     wildcard_constraints:
         run="|".join(PRIME_RL_RUNS),
         seed=r"\d+",

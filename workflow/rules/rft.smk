@@ -15,7 +15,7 @@ rule rft:
         serving=ancient(SERVING_CHECK),  # the vLLM server's interpreter imports vLLM
     output:
         metrics=R("rl", "{run}", "seed{seed}", "metrics.parquet"),
-        checkpoints=[directory(R("rl", "{run}", "seed{seed}", f"step{n}")) for n in checkpoint_steps(WORKFLOW_CONFIG["rl"])],
+        checkpoints=[directory(R("rl", "{run}", "seed{seed}", f"step{n}")) for n in checkpoint_steps(WORKFLOW_CONFIG["rl"]["steps"], WORKFLOW_CONFIG["rl"]["checkpoint_every"])],
     wildcard_constraints:
         run="|".join(RFT_RUNS) or "^$",
         seed=r"\d+",

@@ -451,7 +451,7 @@ class RLSettings(Section):
     """How the local backend hands each update's weights to its running vLLM server (predict.serving.weight_sync):
     memory (shared memory on the CPU, CUDA IPC on a GPU), folder (write .work/policy, the server reloads it), auto
     (memory, the fastest on both). HF checkpoints are written at checkpoint_every steps either way."""
-    lr: Annotated[float, Field(gt=0, description="learning rate")]
+    lr: Annotated[float, Field(ge=0, description="learning rate (0: a control run that leaves the model where it was, as predict signal's lr-0 control)")]
     weight_decay: Annotated[float, Field(ge=0, description="AdamW weight decay")] = 0.0
     grad_clip: Annotated[float, Field(ge=0, description="gradient-norm clip; 0 = none")] = 1.0
     eps_low: Annotated[float, Field(ge=0, description="lower clip of the importance ratio (1 - eps_low)")] = 0.2

@@ -19,7 +19,7 @@ from predict.outputs import write_rows
 from predict.vocabulary import OUTCOMES
 
 if TYPE_CHECKING:
-    from predict.stages import StageConfig
+    from predict.stages import StageView
 
 GOLD_SCHEMA = pa.schema(
     [
@@ -100,24 +100,23 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--summary-out", required=True, help="counts by split and class, parquet")
 
 
-def main(args: argparse.Namespace, config: StageConfig) -> int:
+def main(args: argparse.Namespace, config: StageView) -> int:
     import logging
 
     from predict.outputs import print_table
 
     log = logging.getLogger("predict")
-    verifier = config["verifier"]
-    iso = verifier["isolation"]
+    verifier = config.verifier
     isolation: dict = {}
     rows = check_gold(
         args.data_dir,
-        verifier["gold_splits"],
-        timeout_s=verifier["timeout_s"],
-        memory_mb=verifier["memory_mb"],
-        workers=args.workers if args.workers is not None else verifier["workers"],
-        outcome_labels=verifier["outcome_labels"],
-        require=iso["require"],
-        accept_weaker=iso["accept_weaker"],
+        verifier.gold_splits,
+        timeout_s=verifier.timeout_s,
+        memory_mb=verifier.memory_mb,
+        workers=args.workers if args.workers is not None else verifier.workers,
+        outcome_labels=verifier.outcome_labels,
+        require=verifier.isolation.require,
+        accept_weaker=verifier.isolation.accept_weaker,
         isolation=isolation,
     )
     write_gold_report(rows, args.out, args.summary_out, isolation)

@@ -16,7 +16,7 @@ from predict.serving.interpreter import check_serving_python
 from predict.serving.server import VLLMServer, stop_shared_server
 
 if TYPE_CHECKING:
-    from predict.stages import StageConfig
+    from predict.stages import StageView
 
 
 # `predict check-serving`
@@ -25,11 +25,10 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="write what was checked here (json)")
 
 
-def main(args: argparse.Namespace, config: StageConfig) -> int:
+def main(args: argparse.Namespace, config: StageView) -> int:
     from predict.outputs import console, write_json
 
-    serving = config["serving"]
-    result = check_serving_python(serving.get("python"), serving["device"], timeout_s=args.timeout_s)
+    result = check_serving_python(config.serving.python, config.serving.device, timeout_s=args.timeout_s)
     if args.out:
         write_json(result, args.out)
     console.print(

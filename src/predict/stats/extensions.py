@@ -16,7 +16,7 @@ from predict.stats.metrics import PASS, Evaluation, _rate, class_metrics, confus
 from predict.stats.pairs import _table, compare, load_evaluations
 
 if TYPE_CHECKING:
-    from predict.stages import StageConfig
+    from predict.stages import StageView
 
 # ---------------------------------------------------------------------------------------------------------------
 # Extensions (issue #11)
@@ -157,14 +157,14 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True)
 
 
-def main(args: argparse.Namespace, config: StageConfig) -> int:
+def main(args: argparse.Namespace, config: StageView) -> int:
     from predict.outputs import console, write_table
     from predict.stats.settings import bootstrap_settings, extension_inputs, run_evaluations, val_selection
 
     name = args.extension
-    evals = run_evaluations(config, "extensions", name, args.eval)
-    table = extension_table(name, evals, val_selection(config, evals), **extension_inputs(config, name),
-                            default_test_cost=config["env"]["test_cost"], **bootstrap_settings(config))
+    evals = run_evaluations(config.as_dict, "extensions", name, args.eval)
+    table = extension_table(name, evals, val_selection(config.as_dict, evals), **extension_inputs(config.as_dict, name),
+                            default_test_cost=config.env.test_cost, **bootstrap_settings(config))
     write_table(table, args.out)
     console.print(f"{name}: {table.num_rows} seed row(s) -> {args.out}")
     return 0

@@ -15,7 +15,7 @@ import pyarrow as pa
 from predict.stats.pairs import _table
 
 if TYPE_CHECKING:
-    from predict.stages import StageConfig
+    from predict.stages import StageView
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -150,24 +150,23 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True)
 
 
-def main(args: argparse.Namespace, config: StageConfig) -> int:
+def main(args: argparse.Namespace, config: StageView) -> int:
     import pyarrow.parquet as pq
 
     from predict.outputs import console, write_table
 
-    p = config["power"]
-    discordances = {"config": p["discordance"]}
-    sizes = config["data"]["sizes"]
-    val_tasks = sizes.get("val")
+    p, sizes = config.power, config.data.sizes
+    discordances = {"config": p.discordance}
+    val_tasks = None  # data.sizes has no val (val takes the remainder): the evaluations' n tells it
     if args.pairs:
         pairs = pq.read_table(args.pairs)
         if observed := observed_discordance(pairs):
             discordances["observed A vs B"] = observed
         val_tasks = val_tasks or max((int(n) for n in pairs.column("n").to_pylist()), default=None)  # val's n
     # The report Holm-adjusts A vs B over every seed pairing: that family's size.
-    grid = {"deltas": p["deltas"], "discordances": discordances, "tasks": p["tasks"], "significance": p["significance"],
-            "target": p["target"], "study_tasks": sizes["test"], "val_tasks": val_tasks}
-    table = power_table(**grid, family_size=len(config["seeds"]) ** 2)
+    grid = {"deltas": p.deltas, "discordances": discordances, "tasks": p.tasks, "significance": p.significance,
+            "target": p.target, "study_tasks": sizes.test, "val_tasks": val_tasks}
+    table = power_table(**grid, family_size=len(config.seeds) ** 2)
     # and of one test of the open question's family (its size: the rule's flag, from the run matrix)
     table = with_open_question_power(table, args.open_question_family, **grid)
     write_table(table, args.out)

@@ -4,12 +4,15 @@ slice: the bootstrap settings, the checkpoint selection over val evaluations, an
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from predict.stages import StageView
 
 
-def bootstrap_settings(config: Mapping[str, Any]) -> dict:
+def bootstrap_settings(config: StageView) -> dict[str, Any]:
     """resamples, seed and ci of config evaluation.bootstrap, as keyword arguments."""
-    return dict(config["evaluation"]["bootstrap"])
+    return config.evaluation.bootstrap.model_dump()
 
 
 def extension_inputs(config: Mapping[str, Any], name: str) -> dict[str, Any]:

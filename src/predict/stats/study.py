@@ -44,7 +44,7 @@ from predict.stats.pairs import (
 )
 
 if TYPE_CHECKING:
-    from predict.stages import StageConfig
+    from predict.stages import StageView
 
 CAMPAIGN_SCHEMA = pa.schema([
     ("campaign", pa.string()), ("config_hash", pa.string()), ("time", pa.string()), ("base_model", pa.string()),
@@ -166,10 +166,10 @@ def arguments(p: argparse.ArgumentParser) -> None:
                         "read for analysis, never created (docs/test-campaign.md: re-analysing given files)")
 
 
-def main(args: argparse.Namespace, config: StageConfig) -> int:
+def main(args: argparse.Namespace, config: StageView) -> int:
     import pyarrow.parquet as pq
 
-    from predict.campaign import check_test_inputs, registry_ledger, selection_settings
+    from predict.campaign import check_test_inputs, registry_ledger
     from predict.config import ConfigError
     from predict.outputs import print_table, write_table
     from predict.runs import environments
@@ -177,31 +177,31 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
     from predict.stats.open_question import OPEN_QUESTION, open_question_table
     from predict.stats.settings import bootstrap_settings, extension_inputs
 
-    selection = selection_settings(config)
-    extensions = {name: extension_inputs(config, name) for name in config.get("extensions") or {}}
+    selection = config.evaluation.selection
+    extensions = {name: extension_inputs(config.as_dict, name) for name in config.extensions}
     if args.selection and not Path(args.selection).exists():
         raise ConfigError(f"--selection {args.selection}: file not found (the val statistics' selection.parquet)")
     campaigns: list[dict] = []
     selection_rows = pq.read_table(args.selection).to_pylist() if args.selection else None
     if args.selection:  # test evaluations: only the campaign's files, under its selection and statistics settings
         ledger = Path(args.test_ledger) if args.test_ledger else registry_ledger()
-        campaigns = check_test_inputs(ledger, args.eval, selection_rows, config, STAGES["stats"].reads)
+        campaigns = check_test_inputs(ledger, args.eval, selection_rows, config.as_dict, STAGES["stats"].reads)
     evals = list(load_evaluations(args.eval).values())  # read once: the study's tables and the open question's
     tables = study_stats(
         evals,
-        arms=sorted(config["arms"]),
-        ablations=config.get("ablations") or {},
+        arms=sorted(config.arms),
+        ablations={name: ablation.model_dump() for name, ablation in config.ablations.items()},
         extensions=extensions,
-        reference=config["evaluation"]["reference"],
-        selection_mode=selection["mode"],
-        selection_step=selection.get("step"),
+        reference=config.evaluation.reference,
+        selection_mode=selection.mode,
+        selection_step=selection.step,
         selection=selection_rows,
         campaigns=campaigns,
-        default_test_cost=config["env"]["test_cost"],
+        default_test_cost=config.env.test_cost,
         **bootstrap_settings(config),
     )
     if args.selection:  # the test's open question, from the same campaign files under the same selection
-        tables[OPEN_QUESTION] = open_question_table(evals, selection_rows, environments(config),
+        tables[OPEN_QUESTION] = open_question_table(evals, selection_rows, environments(config.as_dict),
                                                     split="test", **bootstrap_settings(config))
     out = Path(args.out_dir)
     for name, table in tables.items():

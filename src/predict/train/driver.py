@@ -38,16 +38,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from predict.fingerprint import mark_finished, run_fingerprint, start_or_resume
 from predict.runs import RunSpec, checkpoint_steps, resolve_run
 from predict.serving.server import SERVED_NAME
+from predict.stages import StageView, stage_view
 from predict.train.step_metrics import write_metrics
 from predict.train.tracking import RunTracker, TrackingTargets
-
-if TYPE_CHECKING:
-    from predict.stages import StageConfig
 
 log = logging.getLogger(__name__)
 
@@ -95,18 +93,22 @@ class TrainingRun:
     """One run of our trainer (``trainer`` = ``rl`` or ``rft``, also the metrics' ``backend``)."""
 
     job: RLJob
-    config: Mapping[str, Any]
+    config: Mapping[str, Any] | StageView
+    """The stage's slice (a `StageView`, or any config mapping: tests, the learning-signal run); kept as its dict
+    form, which the fingerprint and the modules not yet typed read, beside the typed ``rl`` section."""
     trainer: str
     spec: RunSpec = field(init=False)
 
     def __post_init__(self) -> None:
+        self.view = stage_view(self.config, self.trainer)
+        self.config = self.view.as_dict
         self.spec = resolve_run(self.config, self.job.run)
         if self.spec.trainer != self.trainer:
             raise ValueError(f"run {self.job.run}: trainer {self.spec.trainer}, not {self.trainer} "
                              f"(its stage is `predict {self.spec.trainer}`)")  # fmt: skip
-        self.rl: dict[str, Any] = dict(self.config["rl"])
-        self.steps = int(self.rl["steps"])
-        self.ckpt_steps = set(checkpoint_steps(self.rl))
+        self.rl = self.view.rl  # RLSettings
+        self.steps = self.rl.steps
+        self.ckpt_steps = set(checkpoint_steps(self.rl.steps, self.rl.checkpoint_every))
         self.work = self.job.out_dir / WORK
         self.state_dir = self.work / "state"
         self.step_key = f"{self.trainer}_step"  # in the saved state: steps done
@@ -135,7 +137,7 @@ class TrainingRun:
         """(trainer, steps done, metrics so far): resumed from ``.work/state`` when there is one. Activation
         checkpointing is not part of the state (it changes memory, never the numbers): the config sets it either way."""
         trainer, done, metrics = self._resumed_or_new_trainer(overrides)
-        if self.rl["activation_checkpointing"]:
+        if self.rl.activation_checkpointing:
             trainer.checkpoint_activations()
         return trainer, done, metrics
 
@@ -150,12 +152,12 @@ class TrainingRun:
             return trainer, done, metrics
         rl = self.rl
         kwargs = {
-            "lr": float(rl["lr"]),
-            "weight_decay": float(rl["weight_decay"]),
-            "grad_clip": float(rl["grad_clip"]),
+            "lr": rl.lr,
+            "weight_decay": rl.weight_decay,
+            "grad_clip": rl.grad_clip,
             "device": RL_DEVICE,
-            "dtype": rl["dtype"],
-            "micro_batch_tokens": int(rl["micro_batch_tokens"]),
+            "dtype": rl.dtype,
+            "micro_batch_tokens": rl.micro_batch_tokens,
             "seed": self.job.seed,
         }
         return Trainer(self.job.init, **(kwargs | overrides)), 0, []
@@ -177,7 +179,7 @@ class TrainingRun:
         with VLLMServer.from_serving(
             model_dir,
             self.config["serving"],
-            sequences=int(self.spec.env(self.config)["env"]["concurrency"]),
+            sequences=self.view.env.concurrency,  # the run's env changes test_cost only (RunSpec.env)
             served_model_name=SERVED_NAME,
             worker_extension=worker_extension,
             log_path=self.work / "vllm.log",
@@ -216,7 +218,7 @@ class TrainingRun:
             client="train",
             split="rl",
             tokenizer_dir=str(self.job.init),
-            **({"max_tokens": int(self.rl["max_tokens"])} if self.rl.get("max_tokens") else {}),
+            **({"max_tokens": self.rl.max_tokens} if self.rl.max_tokens else {}),
         )
 
     # -- the steps -----------------------------------------------------------------------------------------------
@@ -239,7 +241,7 @@ class TrainingRun:
     def _run_steps(
         self, trainer: Any, done: int, metrics: list[dict[str, Any]], step_fn: StepFn, stop_after: int | None
     ) -> int | None:
-        state_every = int(self.rl["state_every"])
+        state_every = self.rl.state_every
         for ran, step in enumerate(range(done + 1, self.steps + 1), start=1):
             t_step = time.perf_counter()
             row = {"run": self.job.run, "seed": self.job.seed, "step": step, "backend": self.trainer}
@@ -275,7 +277,7 @@ class TrainingRun:
             _link_tree(src, self.job.out_dir / f"step{step}")
         write_metrics(metrics, self.job.out_dir / "metrics.parquet")
         mark_finished(self.work)  # a later run of this job (--forcerun, outputs removed) starts fresh
-        if not self.rl["keep_state"]:
+        if not self.rl.keep_state:
             for part in STATE_PARTS:
                 shutil.rmtree(self.work / part, ignore_errors=True)
 
@@ -317,17 +319,18 @@ def job_arguments(p: argparse.ArgumentParser, run_help: str, init_help: str) -> 
     p.add_argument("--base-url", default=None, help="roll out against this endpoint (no weight sync; tests)")
 
 
-def job_main(args: argparse.Namespace, config: StageConfig, train: Callable[[RLJob, Any], dict[str, Any]]) -> int:
+def job_main(args: argparse.Namespace, config: StageView, train: Callable[[RLJob, Any], dict[str, Any]]) -> int:
     from predict.config import ConfigError
     from predict.outputs import print_summary
 
     if "rl" not in config:
         raise ConfigError("config: no rl section" + (" (RFT takes its steps and checkpoints from it)"
                                                      if args.stage == "rft" else ""))
-    if (trainer := resolve_run(config, args.run).trainer) != args.stage:
+    if (trainer := resolve_run(config.as_dict, args.run).trainer) != args.stage:
         raise ConfigError(f"run {args.run}: trainer {trainer}; run it with `predict {trainer}`")
     job = RLJob(run=args.run, seed=args.seed, init=Path(args.init), tasks=Path(args.tasks_file),
-                out_dir=Path(args.out_dir), base_url=args.base_url, tracking=TrackingTargets.from_config(config))
+                out_dir=Path(args.out_dir), base_url=args.base_url,
+                tracking=TrackingTargets.from_config(config.as_dict))
     if not job.init.is_dir():
         raise FileNotFoundError(f"--init {job.init}: not a checkpoint folder")
     summary = train(job, config)

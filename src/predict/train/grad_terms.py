@@ -36,28 +36,16 @@ metrics`: ``rl_grad_norm``, ``ce_grad_norm``, ``rl_ce_grad_cosine``) measure it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from predict.train.step_metrics import GRAD_TERM_COLUMNS
 
-__all__ = ["GRAD_TERM_COLUMNS", "TermProbe", "probe_every", "probe_step", "term_groups"]
+__all__ = ["GRAD_TERM_COLUMNS", "TermProbe", "probe_step", "term_groups"]
 
-EVERY_KEY = "grad_terms_every"
-
-
-def probe_every(rl: Mapping[str, Any]) -> int:
-    """``rl.grad_terms_every``, or its default (predict.config.models.RLSettings, the one place it is written)."""
-    from predict.config import config_default
-    from predict.config.models import RLSettings
-
-    value = rl.get(EVERY_KEY)
-    return int(config_default(RLSettings, EVERY_KEY)) if value is None else int(value)
-
-
-def probe_step(rl: Mapping[str, Any], step: int) -> bool:
-    """Whether step `step` (1-based) is measured: every ``rl.grad_terms_every``-th step; never at 0."""
-    every = probe_every(rl)
+def probe_step(every: int, step: int) -> bool:
+    """Whether step `step` (1-based) is measured: every `every`-th step (``rl.grad_terms_every``); never at 0, and
+    never with `every` 0."""
     return every > 0 and step % every == 0
 
 

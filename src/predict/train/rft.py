@@ -36,26 +36,37 @@ import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
+from predict.stages import StageView, stage_view
 from predict.train.driver import RLJob, TrainingRun, epoch_order, job_arguments, job_main
 from predict.train.step_metrics import rollout_metrics
-
-if TYPE_CHECKING:
-    from predict.stages import StageConfig
 
 log = logging.getLogger(__name__)
 
 
-def rft_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The effective ``rft`` section: G, tasks, batch (in rollouts) and lr, with the RL defaults filled in."""
-    rl, rft = dict(config["rl"]), dict(config.get("rft") or {})
-    return {
-        "group_size": int(rft.get("group_size") or rl["group_size"]),
-        "tasks": rft.get("tasks"),
-        "batch_rollouts": int(rft.get("batch_rollouts") or int(rl["tasks_per_step"]) * int(rl["group_size"])),
-        "lr": float(rft.get("lr") or rl["lr"]),
-    }
+@dataclass(frozen=True)
+class EffectiveRFT:
+    """The ``rft`` section as a run uses it: each key left null taken from ``rl`` (`rft_settings`)."""
+
+    group_size: int
+    tasks: int | None
+    batch_rollouts: int
+    lr: float
+
+
+def rft_settings(config: Mapping[str, Any] | StageView) -> EffectiveRFT:
+    """The effective ``rft`` section: G, tasks, batch (in rollouts) and lr, with the RL defaults filled in (a config
+    without an ``rft`` section takes them all from ``rl``)."""
+    view = stage_view(config, "rft")
+    rl, rft = view.rl, getattr(view, "rft", None)
+    return EffectiveRFT(
+        group_size=(rft and rft.group_size) or rl.group_size,
+        tasks=rft and rft.tasks,
+        batch_rollouts=(rft and rft.batch_rollouts) or rl.tasks_per_step * rl.group_size,
+        lr=(rft and rft.lr) or rl.lr,
+    )
 
 
 def rft_tasks(rows: Sequence[Mapping[str, Any]], seed: int, n_tasks: int | None, group: int) -> list[dict]:
@@ -74,7 +85,7 @@ def step_batch(n_kept: int, seed: int, step: int, batch: int) -> list[int]:
     return epoch_order(n_kept, f"rft:{seed}", step, batch) if n_kept else []
 
 
-def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = None) -> dict[str, Any]:
+def run_rft(job: RLJob, config: Mapping[str, Any] | StageView, *, stop_after: int | None = None) -> dict[str, Any]:
     """Run (or resume) one RFT run; returns a summary."""
     from predict.data import load_split
     from predict.env.records import RECORD_SCHEMA, read_records
@@ -90,7 +101,7 @@ def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = N
     if not rollouts_path.exists():
         t = time.perf_counter()
         sink = ResumableParquet(rollouts_path, RECORD_SCHEMA, key=("task_id", "sample"))
-        tasks = rft_tasks(load_split(job.tasks), job.seed, rft["tasks"], rft["group_size"])
+        tasks = rft_tasks(load_split(job.tasks), job.seed, rft.tasks, rft.group_size)
         todo = [task for task in tasks if (task["task_id"], task["sample"]) not in sink.done()]
         if len(todo) < len(tasks):
             log.info("%s seed %d: %d of %d rollouts already sampled", job.run, job.seed, len(tasks) - len(todo),
@@ -109,7 +120,7 @@ def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = N
     log.info("%s seed %d: %d of %d sampled rollouts kept (reward 1)", job.run, job.seed, len(kept), len(records))
 
     def step_fn(step: int, trainer: Any) -> dict[str, Any]:
-        chosen = step_batch(len(kept), job.seed, step, rft["batch_rollouts"])
+        chosen = step_batch(len(kept), job.seed, step, rft.batch_rollouts)
         batch = [s for i in chosen for s in kept[i]]
         row: dict[str, Any] = {"n_sampled": len(records), "n_kept": len(kept), "sample_pass_rate": pass_rate,
                                "n_batch_rollouts": len(chosen), "sample_s": sample_s if step == 1 else 0.0}
@@ -124,7 +135,7 @@ def run_rft(job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = N
         row["update_s"] = time.perf_counter() - t
         return row  # fmt: skip
 
-    trainer, done, metrics = run.open_trainer(lr=rft["lr"])
+    trainer, done, metrics = run.open_trainer(lr=rft.lr)
     stopped = run.run_steps(trainer, done, metrics, step_fn, stop_after=stop_after)
     if stopped is not None:
         return {"run": job.run, "seed": job.seed, "steps_done": stopped, "ran": stopped - done, "complete": False}
@@ -139,5 +150,5 @@ def arguments(p: argparse.ArgumentParser) -> None:
                   init_help="the run's SFT folder (sampled from, fine-tuned)")
 
 
-def main(args: argparse.Namespace, config: StageConfig) -> int:
+def main(args: argparse.Namespace, config: StageView) -> int:
     return job_main(args, config, run_rft)

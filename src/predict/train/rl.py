@@ -44,7 +44,7 @@ from predict.train.grad_terms import probe_step
 from predict.train.step_metrics import GRAD_TERM_COLUMNS, METRIC_COLUMNS, rollout_metrics
 
 if TYPE_CHECKING:
-    from predict.stages import StageConfig
+    from predict.stages import StageView
 
 __all__ = ["SERVED_NAME", "RLJob", "run_rl", "step_tasks"]
 
@@ -62,7 +62,7 @@ def step_tasks(rows: Sequence[Mapping[str, Any]], seed: int, step: int, per_step
 
 
 def run_rl(
-    job: RLJob, config: Mapping[str, Any], *, stop_after: int | None = None, server: Any | None = None
+    job: RLJob, config: Mapping[str, Any] | StageView, *, stop_after: int | None = None, server: Any | None = None
 ) -> dict[str, Any]:
     """Run (or resume) one RL run; returns a summary. `stop_after`: return after that many steps of *this call*
     (tests simulate a kill with it). `server`: a running `VLLMServer` (served as ``SERVED_NAME``, worker extension
@@ -76,19 +76,19 @@ def run_rl(
     run = TrainingRun(job, config, "rl")
     run.start()
     rl, spec = run.rl, run.spec
-    group, per_step = int(rl["group_size"]), int(rl["tasks_per_step"])
+    group, per_step = rl.group_size, rl.tasks_per_step
     settings = SampleSettings(
         predictive=spec.predictive,
         alpha=spec.alpha,
         mask_decision=spec.mask_decision,
-        skip_zero_advantage=bool(rl["skip_zero_advantage"]),
+        skip_zero_advantage=rl.skip_zero_advantage,
     )
-    loss = LossConfig(eps_low=float(rl["eps_low"]), eps_high=float(rl["eps_high"]), kl_coef=float(rl["kl_coef"]))
+    loss = LossConfig(eps_low=rl.eps_low, eps_high=rl.eps_high, kl_coef=rl.kl_coef)
     trainer, done, metrics = run.open_trainer(loss_config=loss)
     tokenizer = load_tokenizer(job.init)
     rows = load_split(job.tasks)
     policy_dir = run.work / "policy"
-    in_memory = resolve_mode(rl["weight_sync"]) == "memory"
+    in_memory = resolve_mode(rl.weight_sync) == "memory"
     handoff = WeightHandoff(f"{job.run}-seed{job.seed}")
 
     def step_fn(step: int, trainer: Any) -> dict[str, Any]:
@@ -110,7 +110,7 @@ def run_rl(
         if samples:
             with run.update_window(srv) as slept:  # a GPU server sleeps through the update (its memory is ours)
                 t_update = time.perf_counter()
-                m = trainer.step(samples, grad_terms=probe_step(rl, step))
+                m = trainer.step(samples, grad_terms=probe_step(rl.grad_terms_every, step))
                 row["update_s"] = time.perf_counter() - t_update
             if slept:
                 row["sleep_s"] = time.perf_counter() - t - row["update_s"]  # the server's sleep and wake-up
@@ -149,5 +149,5 @@ def arguments(p: argparse.ArgumentParser) -> None:
                   init_help="starting checkpoint: the run's SFT folder")
 
 
-def main(args: argparse.Namespace, config: StageConfig) -> int:
+def main(args: argparse.Namespace, config: StageView) -> int:
     return job_main(args, config, run_rl)

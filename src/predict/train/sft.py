@@ -50,7 +50,7 @@ from predict.train.sample import TrainSample
 from predict.train.tracking import RunTracker, TrackingTargets
 
 if TYPE_CHECKING:
-    from predict.stages import StageConfig
+    from predict.stages import StageView
 
 log = logging.getLogger(__name__)
 
@@ -356,10 +356,13 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (the rule's threads:); default all")
 
 
-def main(args: argparse.Namespace, config: StageConfig) -> int:
+def main(args: argparse.Namespace, config: StageView) -> int:
     from predict.outputs import print_summary
 
-    cfg = SFTConfig.from_config(config["sft"])  # no sft section: MissingKey names the stage and the key
+    # SFTConfig from the slice's dict form, as before the typed view: its fields are the resumable state's
+    # fingerprint (a YAML `lr: 1` hashes as 1, the model's value would be 1.0 and make every saved state stale).
+    # No sft section: MissingKey names the stage and the key.
+    cfg = SFTConfig.from_config(config.as_dict["sft"])
     summary = run_sft(
         traces=Path(args.traces),
         base_model=args.base_model,
@@ -368,11 +371,11 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
         state_dir=Path(args.state_dir),
         cfg=cfg,
         arm=args.arm,
-        enable_thinking=config["model"]["enable_thinking"],
-        max_steps=args.max_steps if args.max_steps is not None else config["sft"].get("max_steps"),
+        enable_thinking=config.model.enable_thinking,
+        max_steps=args.max_steps if args.max_steps is not None else config.sft.max_steps,
         threads=args.threads,
-        tracking=TrackingTargets.from_config(config),
-        tracking_config=config,
+        tracking=TrackingTargets.from_config(config.as_dict),
+        tracking_config=config.as_dict,
     )
     print_summary(f"SFT arm {args.arm}: {args.out_dir}", summary, float_format=".4g")
     return 0

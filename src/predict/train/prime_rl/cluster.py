@@ -53,7 +53,7 @@ from predict.train.prime_rl.collect import METRIC_SOURCES, ORCHESTRATOR_LOG, che
 from predict.train.prime_rl.configs import COLOCATE_VAR, MAX_FAILED_SHARE_VAR, colocated_devices, read_toml
 
 if TYPE_CHECKING:
-    from predict.stages import StageConfig
+    from predict.stages import StageConfig, StageView
 
 log = logging.getLogger(__name__)
 PATCHES_DIR = REPO_ROOT / "workflow" / "prime-rl"
@@ -412,17 +412,17 @@ def setup_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="setup.json")
 
 
-def setup_main(args: argparse.Namespace, config: StageConfig) -> int:
+def setup_main(args: argparse.Namespace, config: StageView) -> int:
     """prime-rl at config prime_rl.commit from prime_rl.repo, its venv on prime_rl.python with prime_rl.extras."""
     from predict.outputs import console
     from predict.train.prime_rl.configs import attention_patches
 
-    prime_rl = config["prime_rl"]
+    prime_rl = config.prime_rl
     patches_dir = Path(args.patches_dir) if args.patches_dir else PATCHES_DIR
     summary = setup_prime_rl(
-        prime_rl["repo"], prime_rl["commit"], args.dir, patch=args.patch or PATCH,
-        python=prime_rl["python"], extras=prime_rl["extras"], out=args.out,
-        attention_patches=[patches_dir / name for name in attention_patches(config)],
+        prime_rl.repo, prime_rl.commit, args.dir, patch=args.patch or PATCH,
+        python=prime_rl.python, extras=prime_rl.extras, out=args.out,
+        attention_patches=[patches_dir / name for name in attention_patches(config.as_dict)],
     )  # fmt: skip
     console.print(f"prime-rl at {summary['commit'][:12]} in {args.dir}, PredictAlgorithm registered")
     return 0
@@ -482,7 +482,7 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="rl: the seed (default: from the --run-dir's name, seed<N>)")
 
 
-def train_main(args: argparse.Namespace, config: StageConfig) -> int:
+def train_main(args: argparse.Namespace, config: StageView) -> int:
     from predict.outputs import console
     from predict.train.prime_rl import collect, configs
 
@@ -503,7 +503,7 @@ def train_main(args: argparse.Namespace, config: StageConfig) -> int:
         n = collect.write_rl_metrics(output_dir, metrics, raw, run=run, seed=seed)
         console.print(f"metrics: {n} steps -> {metrics} (prime-rl's own: {raw})")
         # prime-rl wrote its curves live to W&B; TensorBoard gets them at collection
-        if args.tensorboard_dir and config["tracking"]["tensorboard"]:
+        if args.tensorboard_dir and config.tracking.tensorboard:
             collect.mirror_metrics(metrics, Path(args.tensorboard_dir), run=run, seed=seed)
             console.print(f"TensorBoard: {args.tensorboard_dir}")
     else:
