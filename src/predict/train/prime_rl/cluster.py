@@ -49,7 +49,14 @@ from typing import TYPE_CHECKING, Any
 
 from predict.config import REPO_ROOT
 from predict.fingerprint import file_sha256, fingerprint, mark_finished, start_or_resume
-from predict.train.prime_rl.collect import METRIC_SOURCES, ORCHESTRATOR_LOG, check_failed_rollouts, check_open_step
+from predict.train.prime_rl.collect import (
+    METRIC_SOURCES,
+    ORCHESTRATOR_LOG,
+    STABLE,
+    check_failed_rollouts,
+    check_open_step,
+    step_folders,
+)
 from predict.train.prime_rl.configs import COLOCATE_VAR, MAX_FAILED_SHARE_VAR, colocated_devices, read_toml
 
 if TYPE_CHECKING:
@@ -282,11 +289,6 @@ def launch_env(kind: str, table: dict[str, Any], environ: dict[str, str] | None 
 # ---------------------------------------------------------------------------------------------------------------
 # Resume: one step for prime-rl's trainer and orchestrator
 # ---------------------------------------------------------------------------------------------------------------
-def step_folders(ckpt_dir: Path) -> dict[int, Path]:
-    """{step: folder} of prime-rl's ``<ckpt_dir>/step_<N>`` folders."""
-    return {int(d.name[5:]): d for d in ckpt_dir.glob("step_*") if d.name[5:].isdigit()}
-
-
 def align_checkpoints(output_dir: str | Path, *, weights_on_disk: bool) -> int | None:
     """Make a retried ``rl`` run resume its trainer and orchestrator from one step, and return it (None: from
     scratch).
@@ -298,21 +300,22 @@ def align_checkpoints(output_dir: str | Path, *, weights_on_disk: bool) -> int |
     the newest that both checkpointed in full (the trainer's DCP ``.metadata``, written last; the orchestrator's
     ``progress.pt``, written by rename) and, when weights go through files (``weights_on_disk``: prime-rl's
     filesystem broadcast; NCCL hands them over in memory at start), whose weights the inference server can load (a
-    broadcast or checkpoint folder marked STABLE, where prime-rl's orchestrator looks). Step folders past it, on either side, cannot be
-    resumed and are deleted, so that ``-1`` resolves to that step in prime-rl's launcher, trainer and orchestrator.
+    broadcast or checkpoint folder marked STABLE, where prime-rl's orchestrator looks). Step folders past it, on
+    either side, cannot be resumed and are deleted, so that ``-1`` resolves to that step in prime-rl's launcher,
+    trainer and orchestrator.
     With no such step, the orchestrator's folders go too (the run starts from scratch), unless the trainer saved a
     step in full: then `PrimeRLSetupError`, since deleting would throw trained steps away."""
     output_dir = Path(output_dir)
     run = output_dir / "run_default"  # the orchestrator's output_dir under the rl launcher
     trainer, orchestrator = step_folders(output_dir / "checkpoints"), step_folders(run / "checkpoints")
+    trained = sorted(s for s, d in trainer.items() if (d / "trainer" / ".metadata").exists())
     resumable = [
-        s for s in sorted(trainer.keys() & orchestrator.keys())
-        if (trainer[s] / "trainer" / ".metadata").exists() and (orchestrator[s] / "orchestrator" / "progress.pt").exists()
+        s for s in trained
+        if s in orchestrator and (orchestrator[s] / "orchestrator" / "progress.pt").exists()
         and (not weights_on_disk
-             or any((d / "STABLE").exists() for d in (run / "broadcasts" / f"step_{s}", orchestrator[s])))
+             or any((d / STABLE).exists() for d in (run / "broadcasts" / f"step_{s}", orchestrator[s])))
     ]  # fmt: skip
     step = resumable[-1] if resumable else None
-    trained = sorted(s for s, d in trainer.items() if (d / "trainer" / ".metadata").exists())
     if step is None and trained:  # never throw trained steps away: e.g. a ckpt.keep_last that pruned the common step
         raise PrimeRLSetupError(
             f"prime-rl rl in {output_dir}: the trainer's checkpoints (steps {trained}) and the orchestrator's (steps "

@@ -277,14 +277,14 @@ def write_rl_metrics(output_dir: str | Path, out: str | Path, raw_out: str | Pat
     return len(rows)
 
 
+def step_folders(parent: str | Path) -> dict[int, Path]:
+    """{step: folder} of prime-rl's ``<parent>/step_<N>`` folders (weights, checkpoints, broadcasts)."""
+    return {int(d.name[5:]): d for d in Path(parent).glob("step_*") if d.name[5:].isdigit()}
+
+
 def finished_steps(output_dir: str | Path) -> list[int]:
     """Steps whose HF weights prime-rl finished writing (``weights/step_N/STABLE``)."""
-    steps = []
-    for d in (Path(output_dir) / "weights").glob("step_*"):
-        suffix = d.name.removeprefix("step_")
-        if suffix.isdigit() and (d / STABLE).exists():
-            steps.append(int(suffix))
-    return sorted(steps)
+    return sorted(s for s, d in step_folders(Path(output_dir) / "weights").items() if (d / STABLE).exists())
 
 
 def _move(source: Path, dest: Path) -> None:
