@@ -56,6 +56,10 @@ track_peak() {  # the largest device memory in use seen so far (MiB), every proc
 
 case "$phase" in
 sft)
+  # the pipeline's env imports what the last phase's evaluation needs, before 10 minutes go into SFT and RL (a
+  # hand-picked wheel set once lacked verifiers v1's imports: envs/pipeline-offline.sh resolves them)
+  PYTHONPATH="$pipe_path" python3 -c "import verifiers.v1, predict.env.runner, predict.evaluate" \
+    || { echo "the pipeline's env on this node is incomplete (envs/pipeline-offline.sh)"; exit 1; }
   t0=$SECONDS
   PYTHONPATH="$prl_path" predict build-tiny-model --config "$cfg" --out-dir "$R/models/tiny"
   PYTHONPATH="$prl_path" predict prime-rl-config sft --config "$cfg" --arm B --traces "${TRACES:?}" \
