@@ -106,7 +106,8 @@ def job_fingerprint(job: RolloutJob, study_config: Mapping[str, Any] | StageView
     # Field by field, not asdict: asdict rebuilds every mapping it meets, and a config view cannot be rebuilt so.
     settings = {f.name: getattr(job, f.name) for f in fields(job) if f.name not in (
         "tasks_path", "out", "model", "base_url", "test_ledger", "ledger_extra", "seed", "served_model")}
-    return fingerprint(stage_view(study_config, "rollout").as_dict, RESUME_KEYS["rollout"], inputs={"model": job.model, "tasks": job.tasks_path},
+    plain = stage_view(study_config, "rollout").as_dict
+    return fingerprint(plain, RESUME_KEYS["rollout"], inputs={"model": job.model, "tasks": job.tasks_path},
                        seed=job.seed, extra={"job": settings})  # fmt: skip
 
 
@@ -209,8 +210,8 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any] | StageView) -> Pe
     from predict.serving.server import SERVED_NAME, VLLMServer
 
     view = stage_view(study_config, "rollout")
-    isolation = sandbox_isolation(study_config)  # before anything is read: a missing sandbox layer stops the stage
-    tasks, sink, todo = _rollouts(job, study_config)  # guarded (`guard_job`) before anything is written
+    isolation = sandbox_isolation(view)  # before anything is read: a missing sandbox layer stops the stage
+    tasks, sink, todo = _rollouts(job, view)  # guarded (`guard_job`) before anything is written
     log.info("%d rollouts, %d already persisted, %d to run", len(tasks), len(tasks) - len(todo), len(todo))
     ledger_entry = {
         "run": job.run or job.arm,
@@ -246,7 +247,7 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any] | StageView) -> Pe
         t0 = time.perf_counter()
         with server as srv:
             timing["server_start_s"] = time.perf_counter() - t0
-            settings = rollout_settings(job, study_config, base_url=job.base_url or srv.base_url,
+            settings = rollout_settings(job, view, base_url=job.base_url or srv.base_url,
                                         model=srv.model_name if srv is not None else (job.served_model or job.model))
             passed = sum(bool(r["final_pass"]) for r in sink.rows)
             t1 = time.perf_counter()

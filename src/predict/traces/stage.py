@@ -448,7 +448,8 @@ def run_traces(
 
 
 def run_traces_stage(
-    config: Mapping[str, Any] | StageView, run: str, arm_traces: str | Path, tasks: Sequence[Mapping[str, Any]], out: str | Path
+    config: Mapping[str, Any] | StageView, run: str, arm_traces: str | Path, tasks: Sequence[Mapping[str, Any]],
+    out: str | Path,
 ) -> list[dict[str, Any]]:
     """`run_traces` from the base arm's parquet, written to `out`; returns the run's mix table."""
     import pyarrow.parquet as pq  # noqa: PLC0415
