@@ -171,3 +171,23 @@ def test_a_git_that_hangs_leaves_the_commit_unrecorded_instead_of_failing_the_ro
 
     monkeypatch.setattr(rollouts.subprocess, "run", hang)
     assert rollouts._git_commit() is None
+
+
+def test_a_typed_view_fingerprints_and_rolls_out_as_its_plain_slice(study, tasks_file: Path, endpoint,
+                                                                    tmp_path: Path) -> None:
+    """The rollout stage's `main` hands its typed view (`StageView`) on: the job's fingerprint is the plain slice's,
+    byte for byte (a `.partial` folder saved before the view resumes), and the rows are the ones the dict gives."""
+    from predict.stages import stage_config, stage_view
+
+    sliced = stage_config(study, "rollout")
+    view = stage_view(sliced, "rollout")
+    job = _job(tasks_file, tmp_path / "view.parquet", endpoint, n_tasks=1)
+    assert job_fingerprint(job, view) == job_fingerprint(job, sliced)
+    run_job(job, view)
+    run_job(_job(tasks_file, tmp_path / "dict.parquet", endpoint, n_tasks=1), sliced)
+    varying = ("trace_id", "created_at", "wall_s", "model_s", "env_s", "program_s")  # random ids and timings
+
+    def rows(name: str) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if k not in varying} for r in read_rows(tmp_path / name)]
+
+    assert rows("view.parquet") == rows("dict.parquet")

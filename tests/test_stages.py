@@ -91,6 +91,49 @@ def test_typed_stages_get_the_view_and_the_others_the_dict(monkeypatch: pytest.M
     assert isinstance(seen[0], StageView) and seen[0].rl.steps == load_config(REPO / "config" / "local.yaml")["rl"]["steps"]
 
 
+# The stages moved to the typed view with issue 40's last step: their `main`, the flags it needs, a key it reads and
+# one outside its table entry.
+TYPED_LATE = {
+    "rollout": ("predict.rollouts", "main", ["--split", "val", "--model", "m", "--checkpoint", "base", "--arm", "A",
+                                             "--seed", "1", "--out", "out.parquet"], "env", "rl"),
+    "traces": ("predict.traces.stage", "traces_main", ["--out-dir", "out"], "traces", "serving"),
+    "run-traces": ("predict.traces.stage", "run_traces_main", ["--run", "blind_A", "--arm-traces", "A.parquet",
+                                                               "--out", "out.parquet"], "traces", "verifier"),
+}
+
+
+@pytest.mark.parametrize("stage", sorted(TYPED_LATE))
+def test_rollout_and_trace_stages_get_the_typed_view_and_refuse_keys_outside_their_entry(
+    stage: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import importlib
+
+    module, name, argv, inside, outside = TYPED_LATE[stage]
+    seen: list = []
+    monkeypatch.setattr(importlib.import_module(module), name, lambda args, config: seen.append(config) or 0)
+    config = load_config(REPO / "config" / "local.yaml")
+    path = slice_file(config, stage, tmp_path)
+    assert main([stage, "--config-slice", path, "--tasks-file", str(tmp_path / "none.parquet"), *argv]) == 0
+    view = seen[0]
+    assert STAGES[stage].typed and isinstance(view, StageView)
+    assert getattr(view, inside) == getattr(stage_view(config, stage), inside)  # the models, read as attributes
+    assert view.as_dict == config_slice(config, stage)  # the plain slice for fingerprints, unchanged
+    with pytest.raises(SliceError, match=rf"stage '{stage}' read config key '{outside}'.*stages\.py"):
+        getattr(view, outside)
+
+
+def test_the_trace_settings_are_the_typed_section_and_a_mix_mapping_counts_as_before() -> None:
+    from predict.config.models import TraceMix, TracesSettings
+    from predict.traces.stage import mix_counts, traces_settings
+
+    config = load_config(REPO / "config" / "local.yaml")
+    settings = traces_settings(stage_view(config, "traces"))
+    assert isinstance(settings, TracesSettings) and settings.n_recovery == config["traces"]["n_recovery"]
+    # the typed mapping holds every class (the ones left out None): it counts as the mapping the config wrote
+    mix = {"ASSERTION_FAILURE": 2, "TIMEOUT": 1}
+    assert mix_counts(TraceMix(**mix), 7) == mix_counts(mix, 7) == {"ASSERTION_FAILURE": 5, "TIMEOUT": 2}
+
+
 def test_a_listed_key_the_config_leaves_out_reads_as_missing() -> None:
     config = stage_config({"data": {"sizes": {"test": 10}}, "seeds": [1]}, "power")
     assert config.get("power", {"default": 1}) == {"default": 1}

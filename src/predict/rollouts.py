@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -26,9 +26,7 @@ from predict.config import config_default
 from predict.config.models import EvaluationSettings, ExtensionSettings
 from predict.data import load_split
 from predict.outputs import ResumableParquet
-
-if TYPE_CHECKING:
-    from predict.stages import StageConfig
+from predict.stages import StageView, stage_view
 
 __all__ = ["RolloutJob", "SplitGuardError", "roll_out", "run_job"]
 
@@ -86,27 +84,30 @@ def _progress() -> Progress:
     )
 
 
-def sandbox_isolation(study_config: Mapping[str, Any]) -> dict[str, Any]:
+def sandbox_isolation(study_config: Mapping[str, Any] | StageView) -> dict[str, Any]:
     """Hold the sandbox layers that the rollout's checks get (check_once children of this process, as in the agent
-    program) against config verifier.isolation; the record goes into the rollout parquet's metadata."""
+    program) against config verifier.isolation; the record goes into the rollout parquet's metadata. `study_config`:
+    a stage's typed view or any config mapping (evaluate's, the bundle's re-run), read through ``rollout``'s entry."""
     from predict.sandbox import check_isolation, isolation_status  # noqa: PLC0415
 
-    policy = study_config["verifier"]["isolation"]
-    record = check_isolation(isolation_status(), policy["require"], policy["accept_weaker"])
+    policy = stage_view(study_config, "rollout").verifier.isolation
+    record = check_isolation(isolation_status(), policy.require, policy.accept_weaker)
     if record["missing"]:
         log.warning("weaker sandbox isolation accepted: %s not active", ", ".join(record["missing"]))
     return record
 
 
-def job_fingerprint(job: RolloutJob, study_config: Mapping[str, Any]) -> Any:
+def job_fingerprint(job: RolloutJob, study_config: Mapping[str, Any] | StageView) -> Any:
     """What shapes a rollout job's rows (`predict.fingerprint`): the env/verifier/protocol config, the model's and
-    the tasks' content, the seed and the job's own settings; a `.partial` folder resumes only under the same."""
+    the tasks' content, the seed and the job's own settings; a `.partial` folder resumes only under the same.
+    The config is hashed as plain data (a view's ``as_dict``): the bytes a `.partial` folder was saved under."""
     from predict.fingerprint import RESUME_KEYS, fingerprint  # noqa: PLC0415
 
     # Field by field, not asdict: asdict rebuilds every mapping it meets, and a config view cannot be rebuilt so.
     settings = {f.name: getattr(job, f.name) for f in fields(job) if f.name not in (
         "tasks_path", "out", "model", "base_url", "test_ledger", "ledger_extra", "seed", "served_model")}
-    return fingerprint(study_config, RESUME_KEYS["rollout"], inputs={"model": job.model, "tasks": job.tasks_path},
+    plain = stage_view(study_config, "rollout").as_dict
+    return fingerprint(plain, RESUME_KEYS["rollout"], inputs={"model": job.model, "tasks": job.tasks_path},
                        seed=job.seed, extra={"job": settings})  # fmt: skip
 
 
@@ -138,7 +139,7 @@ class PendingOutput:
 
 
 def _rollouts(
-    job: RolloutJob, study_config: Mapping[str, Any]
+    job: RolloutJob, study_config: Mapping[str, Any] | StageView
 ) -> tuple[list[dict[str, Any]], ResumableParquet, list[dict[str, Any]]]:
     """The job's rollouts, its persisted rows (after dropping any persisted under another fingerprint: other inputs
     or settings) and the rollouts not persisted yet."""
@@ -160,13 +161,17 @@ def guard_job(job: RolloutJob, task_ids: Sequence[int]) -> None:
                 admission=admission if admission and "campaign" in admission else None, ledger=job.test_ledger)
 
 
-def rollout_settings(job: RolloutJob, study_config: Mapping[str, Any], *, base_url: str, model: str) -> Any:
+def rollout_settings(job: RolloutJob, study_config: Mapping[str, Any] | StageView, *, base_url: str,
+                     model: str) -> Any:
     """The `predict.env.runner.RolloutSettings` a job's rollouts run under, against the endpoint `base_url` serving
     `model`: the study config's, the job's arm, seed, checkpoint, variant, client and sampling, and, for an
     evaluation, the requests in flight that repeat (`predict.serving.identity.evaluation_concurrency`)."""
     from predict.env.runner import RolloutSettings  # noqa: PLC0415
     from predict.serving.identity import evaluation_concurrency  # noqa: PLC0415
 
+    # RolloutSettings and the serving helpers are shared with RL, RFT and evaluate and take plain data: the
+    # config's own values go into the records (a YAML `temperature: 1` stays 1, as before the typed view)
+    study_config = stage_view(study_config, "rollout").as_dict
     settings = RolloutSettings.from_study_config(
         study_config,
         arm=job.arm,
@@ -186,24 +191,27 @@ def rollout_settings(job: RolloutJob, study_config: Mapping[str, Any], *, base_u
     return settings
 
 
-def remaining_rollouts(job: RolloutJob, study_config: Mapping[str, Any]) -> int:
+def remaining_rollouts(job: RolloutJob, study_config: Mapping[str, Any] | StageView) -> int:
     """How many of the job's rollouts are not persisted yet (0: publishing needs no server)."""
     return len(_rollouts(job, study_config)[2])
 
 
-def run_job(job: RolloutJob, study_config: Mapping[str, Any]) -> dict[str, Any]:
+def run_job(job: RolloutJob, study_config: Mapping[str, Any] | StageView) -> dict[str, Any]:
     """Run (or resume) one rollout job and write its parquet. Returns a short summary."""
     return roll_out(job, study_config).publish()
 
 
-def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
-    """Run (or resume) one rollout job's rollouts, persisting each as it finishes; publish with `.publish()`."""
+def roll_out(job: RolloutJob, study_config: Mapping[str, Any] | StageView) -> PendingOutput:
+    """Run (or resume) one rollout job's rollouts, persisting each as it finishes; publish with `.publish()`.
+    `study_config`: the rollout stage's typed view, or any config mapping (evaluate's, tests'), read through
+    ``rollout``'s table entry."""
     from predict.env.runner import run_rollouts_sync
     from predict.serving.identity import evaluation_environment
     from predict.serving.server import SERVED_NAME, VLLMServer
 
-    isolation = sandbox_isolation(study_config)  # before anything is read: a missing sandbox layer stops the stage
-    tasks, sink, todo = _rollouts(job, study_config)  # guarded (`guard_job`) before anything is written
+    view = stage_view(study_config, "rollout")
+    isolation = sandbox_isolation(view)  # before anything is read: a missing sandbox layer stops the stage
+    tasks, sink, todo = _rollouts(job, view)  # guarded (`guard_job`) before anything is written
     log.info("%d rollouts, %d already persisted, %d to run", len(tasks), len(tasks) - len(todo), len(todo))
     ledger_entry = {
         "run": job.run or job.arm,
@@ -221,22 +229,25 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any]) -> PendingOutput:
 
     timing: dict[str, float] = {}
     if todo:
+        # the serving section goes as plain data to VLLMServer.from_serving and the serving helpers (shared with RL
+        # and evaluate, which hand them the same)
+        serving = view.as_dict["serving"]
         server = (
             contextlib.nullcontext(None)
             if job.base_url
             else VLLMServer.from_serving(
                 job.model,
-                study_config["serving"],
-                sequences=int(study_config["env"]["concurrency"]),
+                serving,
+                sequences=view.env.concurrency,  # an int by the config model: no cast
                 served_model_name=SERVED_NAME,  # records name one model whichever server ran (and one can be shared)
                 log_path=job.out.with_name(job.out.stem + ".vllm.log"),
-                env=evaluation_environment(study_config["serving"]) if job.evaluation else None,
+                env=evaluation_environment(serving) if job.evaluation else None,
             )
         )
         t0 = time.perf_counter()
         with server as srv:
             timing["server_start_s"] = time.perf_counter() - t0
-            settings = rollout_settings(job, study_config, base_url=job.base_url or srv.base_url,
+            settings = rollout_settings(job, view, base_url=job.base_url or srv.base_url,
                                         model=srv.model_name if srv is not None else (job.served_model or job.model))
             passed = sum(bool(r["final_pass"]) for r in sink.rows)
             t1 = time.perf_counter()
@@ -296,12 +307,15 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True)
 
 
-def main(args: argparse.Namespace, config: StageConfig) -> int:
+def main(args: argparse.Namespace, config: StageView) -> int:
     from predict.config import ConfigError
     from predict.outputs import print_summary
     from predict.runs import with_env
 
-    config = with_env(config, test_cost=args.test_cost, max_chained_revisions=args.max_chained_revisions)
+    # the flags' env overrides on the slice's plain data (with_env is shared with the untyped stages), viewed again
+    # through this stage's table entry: what the job reads and what its fingerprint hashes are the overridden env
+    study = stage_view(with_env(config.as_dict, test_cost=args.test_cost,
+                                max_chained_revisions=args.max_chained_revisions), "rollout")
     job = RolloutJob(
         tasks_path=Path(args.tasks_file),
         split=args.split,
@@ -310,15 +324,15 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
         checkpoint=args.checkpoint,
         arm=args.arm,
         seed=args.seed,
-        n_tasks=args.n_tasks if args.n_tasks is not None else config["env"].get("rollout_tasks"),
+        n_tasks=args.n_tasks if args.n_tasks is not None else study.env.rollout_tasks,
         samples=args.samples,
         variant=args.variant,
         protocol=args.protocol,
         client=args.client,
         base_url=args.base_url,
     )  # no test ledger: the test split belongs to the test campaign (`predict evaluate --split test`)
-    if args.arm not in config["arms"]:
-        raise ConfigError(f"{args.config or 'config'}: arms: no arm {args.arm!r} (have {', '.join(config['arms'])})")
-    summary = run_job(job, config)
+    if args.arm not in study.arms:
+        raise ConfigError(f"{args.config or 'config'}: arms: no arm {args.arm!r} (have {', '.join(study.arms)})")
+    summary = run_job(job, study)
     print_summary(f"rollouts: arm {job.arm}, {job.checkpoint}, {job.split}, seed {job.seed}", summary)
     return 0

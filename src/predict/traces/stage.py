@@ -38,23 +38,21 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress, TaskID
 
 from predict.config import allowed_values
-from predict.config.models import TracesSettings
+from predict.config.models import TraceMix, TracesSettings
 from predict.env.protocol import ProtocolConfig, task_prompt
 from predict.outputs import write_rows
 from predict.runs import resolve_run
+from predict.stages import StageView, stage_view
 from predict.traces import mutations
 from predict.traces.render import RECOVERY_STYLES, Trace, TraceError, render, solution_text
 from predict.vocabulary import Outcome
-
-if TYPE_CHECKING:
-    from predict.stages import StageConfig
 
 log = logging.getLogger("predict.traces")
 
@@ -116,9 +114,12 @@ class TracesConfigError(ValueError):
     """A bad traces setting (the message names the key)."""
 
 
-def mix_counts(mix: str | Mapping[str, int], n: int) -> dict[str, int]:
-    """Recovery traces per class for `mix` (a preset or {class: weight}), summing to `n` (largest remainder,
-    ties to the class order of `Outcome`)."""
+def mix_counts(mix: str | Mapping[str, int] | TraceMix, n: int) -> dict[str, int]:
+    """Recovery traces per class for `mix` (a preset or {class: weight}, as a mapping or the config's typed
+    `TraceMix`), summing to `n` (largest remainder, ties to the class order of `Outcome`)."""
+    if isinstance(mix, TraceMix):
+        # the typed section holds every class, the ones the config leaves out as None: the mapping the config wrote
+        mix = mix.model_dump(exclude_none=True)
     if isinstance(mix, str):
         if mix == "study":
             weights: Mapping[str, int] = STUDY_MIX
@@ -195,7 +196,7 @@ def synthesize(
     *,
     n_direct: int,
     n_recovery: int,
-    mix: str | Mapping[str, int],
+    mix: str | Mapping[str, int] | TraceMix,
     seed: int,
     timeout_s: float,
     progress: Progress | None = None,
@@ -355,43 +356,48 @@ def mix_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def traces_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The `traces` section (every key required: config/schema.yaml), checked."""
-    settings = dict(config["traces"])
-    if settings["recovery_style"] not in RECOVERY_STYLES:
+def traces_settings(view: StageView) -> TracesSettings:
+    """The `traces` section (every key required: config/schema.yaml), checked. The model has already refused a
+    bad type or preset; the mix is checked here too because a valid mapping can still name a class no operator
+    reaches or weigh every class zero."""
+    settings: TracesSettings = view.traces  # no traces section: MissingKey names the stage and the key
+    if settings.recovery_style not in RECOVERY_STYLES:
         raise TracesConfigError(f"traces.recovery_style: must be one of {RECOVERY_STYLES}")
-    mix_counts(settings["mix"], settings["n_recovery"])  # validates the mix
+    mix_counts(settings.mix, settings.n_recovery)  # validates the mix
     return settings
 
 
 def run_stage(
-    tasks: Sequence[Mapping[str, Any]], config: Mapping[str, Any], out_dir: str | Path, *, progress: bool = True
+    tasks: Sequence[Mapping[str, Any]], config: Mapping[str, Any] | StageView, out_dir: str | Path, *,
+    progress: bool = True,
 ) -> dict[str, Any]:
-    """Synthesize, render every arm of the config, write ``{arm}.parquet`` and ``tasks.parquet`` under out_dir."""
+    """Synthesize, render every arm of the config, write ``{arm}.parquet`` and ``tasks.parquet`` under out_dir.
+    `config`: the stage's typed view, or any config mapping (the learning-signal run, tests), read through
+    ``traces``' table entry (or the signal's own, when it hands its view)."""
     from predict.sandbox import Verifier  # noqa: PLC0415 - keeps imports of this module light
 
-    settings = traces_settings(config)
-    verifier, env = config["verifier"], config["env"]
+    view = stage_view(config, "traces")
+    settings = traces_settings(view)
+    verifier, env = view.verifier, view.env
     bars = Progress(*Progress.get_default_columns(), MofNCompleteColumn(), console=Console(stderr=True),
                     disable=not progress)
-    with bars, Verifier(timeout_s=verifier["timeout_s"], memory_mb=verifier["memory_mb"],
-                        workers=verifier["workers"], outcome_labels=verifier["outcome_labels"]) as v:
+    with bars, Verifier(timeout_s=verifier.timeout_s, memory_mb=verifier.memory_mb,
+                        workers=verifier.workers, outcome_labels=verifier.outcome_labels) as v:
         synthesis = synthesize(
             tasks,
             v.check_many,
-            n_direct=settings["n_direct"],
-            n_recovery=settings["n_recovery"],
-            mix=settings["mix"],
-            seed=settings["seed"],
-            timeout_s=verifier["timeout_s"],
+            n_direct=settings.n_direct,
+            n_recovery=settings.n_recovery,
+            mix=settings.mix,
+            seed=settings.seed,
+            timeout_s=verifier.timeout_s,
             progress=bars,
         )
     out_dir = Path(out_dir)
     summary: dict[str, Any] = {"n_checks": synthesis.n_checks, "arms": {}}
-    for arm, spec in sorted(config["arms"].items()):
-        protocol = ProtocolConfig.resolve(spec["protocol"], budget=env["budget"],
-                                          revise_costs_call=env["revise_costs_call"])
-        rows = render_arm(synthesis, arm, protocol, recovery_style=settings["recovery_style"], seed=settings["seed"])
+    for arm, spec in sorted(view.arms.items()):
+        protocol = ProtocolConfig.resolve(spec.protocol, budget=env.budget, revise_costs_call=env.revise_costs_call)
+        rows = render_arm(synthesis, arm, protocol, recovery_style=settings.recovery_style, seed=settings.seed)
         write_rows(rows, TRACE_SCHEMA, out_dir / f"{arm}.parquet")
         summary["arms"][arm] = mix_table(rows)
     write_rows(synthesis.tasks, TASKS_SCHEMA, out_dir / "tasks.parquet")
@@ -411,19 +417,22 @@ def trace_of_row(row: Mapping[str, Any], task: Mapping[str, Any]) -> Trace:
 
 
 def run_traces(
-    config: Mapping[str, Any], run: str, arm_rows: Sequence[Mapping[str, Any]], tasks: Sequence[Mapping[str, Any]]
+    config: Mapping[str, Any] | StageView, run: str, arm_rows: Sequence[Mapping[str, Any]],
+    tasks: Sequence[Mapping[str, Any]],
 ) -> list[dict[str, Any]]:
     """The parquet rows of a run with its own SFT: its base arm's traces (`arm_rows`, that arm's parquet) rendered
-    under the run's protocol (see the module docstring). `tasks`: the sft split."""
-    spec = resolve_run(config, run)
+    under the run's protocol (see the module docstring). `tasks`: the sft split. `config`: the stage's typed view,
+    or any config mapping (tests), read through ``run-traces``' table entry."""
+    view = stage_view(config, "run-traces")
+    # resolve_run and the env override are shared with the untyped stages (evaluate, the workflow): plain data
+    spec = resolve_run(view.as_dict, run)
     if not spec.own_sft:
         raise TracesConfigError(f"run {run}: it trains from {spec.sft_run}'s SFT, so it has no traces of its own")
-    settings = traces_settings(config)
+    settings = traces_settings(view)
     by_id = {int(t["task_id"]): t for t in tasks}
     traces, outcomes = [], {}
     for row in arm_rows:
-        if row["arm"] != spec.arm or (row["recovery_style"], row["seed"]) != (settings["recovery_style"],
-                                                                              settings["seed"]):
+        if row["arm"] != spec.arm or (row["recovery_style"], row["seed"]) != (settings.recovery_style, settings.seed):
             raise TraceError(f"task {row['task_id']}: a trace of arm {row['arm']} ({row['recovery_style']}, seed "
                              f"{row['seed']}), not of {spec.arm} under the traces settings: rerun `predict traces`")
         if int(row["task_id"]) not in by_id:
@@ -433,13 +442,14 @@ def run_traces(
         outcomes[(trace.task_id, solution_text(trace.gold))] = Outcome.PASS
         if trace.faulty is not None and trace.verified_class is not None:
             outcomes[(trace.task_id, solution_text(trace.faulty))] = Outcome(trace.verified_class)
-    protocol = ProtocolConfig.from_env(spec.env(config)["env"], spec.protocol, variant=spec.variant)
-    return render_arm(Synthesis(traces, [], outcomes), run, protocol, recovery_style=settings["recovery_style"],
-                      seed=settings["seed"])
+    protocol = ProtocolConfig.from_env(spec.env(view.as_dict)["env"], spec.protocol, variant=spec.variant)
+    return render_arm(Synthesis(traces, [], outcomes), run, protocol, recovery_style=settings.recovery_style,
+                      seed=settings.seed)
 
 
 def run_traces_stage(
-    config: Mapping[str, Any], run: str, arm_traces: str | Path, tasks: Sequence[Mapping[str, Any]], out: str | Path
+    config: Mapping[str, Any] | StageView, run: str, arm_traces: str | Path, tasks: Sequence[Mapping[str, Any]],
+    out: str | Path,
 ) -> list[dict[str, Any]]:
     """`run_traces` from the base arm's parquet, written to `out`; returns the run's mix table."""
     import pyarrow.parquet as pq  # noqa: PLC0415
@@ -455,7 +465,7 @@ def traces_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", required=True, help="writes {arm}.parquet for every arm and tasks.parquet")
 
 
-def traces_main(args: argparse.Namespace, config: StageConfig) -> int:
+def traces_main(args: argparse.Namespace, config: StageView) -> int:
     import time
 
     from predict.data import load_split
@@ -479,7 +489,7 @@ def run_traces_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True)
 
 
-def run_traces_main(args: argparse.Namespace, config: StageConfig) -> int:
+def run_traces_main(args: argparse.Namespace, config: StageView) -> int:
     from predict.data import load_split
     from predict.outputs import print_table
 
