@@ -17,6 +17,10 @@ Rules:
 * Evaluation repeats: its server is batch-invariant on a GPU, else it sends one request at a time
   (`predict.serving.identity.evaluation_environment`, `evaluation_concurrency`); `predict.serving.identity.serving_identity` says what
   its rows then depend on besides the checkpoint and the config (the campaign line records it).
+* The stage reads its slice as the typed view (`predict.stages.StageView`; the evaluate entry on val, evaluate-test
+  on test). What is hashed or recorded (the design hash, the ledger's evaluation section and serving settings, the
+  rollouts' sampling, which their resume fingerprint holds) takes its plain data, ``as_dict``: the same bytes as
+  before the view, so no frozen design, ledger line or `.partial` folder changes with it.
 * On test, every checkpoint of the job is admitted by the campaign (`predict.campaign.TestLedger.admit`: the plan,
   the design, the registry outside results_dir, the weights' hash) before any server starts; the campaign module's
   docstring holds the rules. Selection (`predict.campaign.select`) reads only val evaluations.
