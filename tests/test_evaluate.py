@@ -448,3 +448,24 @@ def test_the_typed_view_hashes_and_records_the_bytes_of_the_slice(study, test_fi
     old = replace(job, sampling={"temperature": 0, "max_tokens": 77}, samples=1, n_tasks=1)
     run_config = resolve_run(sliced, "B").env(sliced)
     assert job_fingerprint(job, run_config).digest == job_fingerprint(old, run_config).digest
+
+
+def test_a_val_evaluation_runs_from_the_stages_typed_slice(study, mbpp_rows: list[dict], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`predict evaluate --config-slice` on val, as the workflow runs it, end to end through the typed view: the
+    rollouts under the evaluation section's sampling, one row per task."""
+    import verifiers.v1.runtimes.subprocess as vf_subprocess
+
+    from predict.cli import main
+    from predict.stages import slice_file
+
+    monkeypatch.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
+    tasks = write_rows([r for r in mbpp_rows if r["task_id"] == 10], MBPP_SCHEMA, tmp_path / "val.parquet")
+    out = tmp_path / "eval" / "A" / "sft" / "val" / "seed42.parquet"
+    with ScriptedEndpoint({"": ["FINAL: no patch"]}) as endpoint:
+        assert main(["evaluate", "--config-slice", slice_file(study, "evaluate", tmp_path / "slices"), "--split",
+                     "val", "--run", "A", "--seed", "42", "--tasks-file", str(tasks), "--checkpoint", "sft", "--model",
+                     "scripted", "--out", str(out), "--base-url", endpoint.base_url]) == 0  # fmt: skip
+        sampling = [r["sampling"] for r in endpoint.requests if "sampling" in r]
+    assert [(r["task_id"], r["arm"], r["split"]) for r in read_rows(out)] == [(10, "A", "val")]
+    assert sampling and all(s.get("temperature") == 0.0 and s.get("max_tokens") == 77 for s in sampling)
