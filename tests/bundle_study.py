@@ -144,7 +144,8 @@ def synthetic_study(root: Path, ledger: Path) -> dict[str, Any]:
     inputs = handed_lists(bundled_files(config))
     rederive_val(config, results, results, inputs=inputs)
     stats = results / "stats"
-    campaign_config = stage_view(config, "evaluate-test", root)  # as the test campaign's stage sees it
+    # as the test campaign's stage sees it, as the plain data the campaign module takes (the stage is typed)
+    campaign_config = stage_view(config, "evaluate-test", root).as_dict
     plan = campaign_from_stats(campaign_config, stats / "metrics.parquet", stats / "selection.parquet")
     selection = read_selection(stats / "selection.parquet")
     models = {entry: checkpoint_folder(config, *entry) for entry in plan}

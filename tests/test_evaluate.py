@@ -290,6 +290,13 @@ def _val_to_test_stats(config, tasks, files, endpoint, tmp_path: Path, main, one
                      "--selection", str(selection), "--val-metrics", str(metrics)]) == 0  # fmt: skip
         lines = [json.loads(line) for line in registry_ledger().read_text().splitlines()]
         assert {(e["run"], e["checkpoint"]) for e in lines if e.get("status") == "done"} == {(a, c) for a in ("A", "B") for c in ("sft", "step2")}
+        # the campaign froze the design of the stage's slice, though main read it through the typed view (issue 40)
+        from predict.campaign import design_config
+        from predict.stages import config_slice
+
+        frozen = config_slice(config, "evaluate-test")
+        (campaign,) = [e for e in lines if e.get("event") == "campaign"]
+        assert campaign["config_hash"] == config_hash(frozen) and campaign["design"] == design_config(frozen)
         for arm in ("A", "B"):
             assert {r["arm"] for c in ("sft", "step2") for r in read_rows(tmp_path / "eval" / arm / c / "test" /
                                                                           "seed42.parquet")} == {arm}  # fmt: skip
@@ -374,3 +381,91 @@ def test_the_ledger_is_read_by_its_file_lines_and_a_torn_line_stops_both_readers
     _ledger_lines(ledger, campaign, "[1, 2]")
     with pytest.raises(SplitGuardError, match=r":2: not a ledger entry \(a JSON list, not an object\)"):
         guard()
+
+
+# -- the typed view (issue 40): `predict evaluate` reads its slice as the typed config models -------------------------
+
+
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_the_stage_main_gets_its_typed_view_and_a_key_outside_its_entry_raises(
+    split: str, study, mbpp_rows: list[dict], test_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`predict evaluate` (val: the evaluate entry; test: evaluate-test) hands its main the StageView: typed reads,
+    a key outside the entry refused naming stage and key, and the declared campaign's reason read from the view.
+    Old code: neither entry was typed, so main got the StageConfig dict."""
+    import predict.evaluate as evaluate_mod
+    from predict.cli import main
+    from predict.stages import STAGES, SliceError, StageView, config_slice, slice_file
+
+    stage = "evaluate-test" if split == "test" else "evaluate"
+    study["evaluation"]["new_campaign"] = "a second look"  # in evaluate-test's entry only
+    seen: list[tuple[Any, dict[str, Any]]] = []
+    monkeypatch.setattr(evaluate_mod, "evaluate_checkpoints", lambda config, **kw: seen.append((config, kw)) or [])
+    val_task = write_rows([r for r in mbpp_rows if r["task_id"] == 10], MBPP_SCHEMA, tmp_path / "val.parquet")
+    tasks = test_file if split == "test" else val_task  # the seal lets only these through
+    out = tmp_path / "eval" / "B" / "sft" / split / "seed42.parquet"
+    assert main(["evaluate", "--config-slice", slice_file(study, stage, tmp_path / "slices"), "--split", split,
+                 "--run", "B", "--seed", "42", "--tasks-file", str(tasks), "--checkpoint", "sft", "--model", "m",
+                 "--out", str(out)]) == 0  # fmt: skip
+    ((config, kw),) = seen
+    assert STAGES[stage].typed and isinstance(config, StageView)
+    assert config.as_dict == config_slice(study, stage)  # the dict form is the slice, unchanged
+    assert type(config.evaluation.samples) is int and config.evaluation.max_tokens == 77
+    assert type(config.env.concurrency) is int and config.env.concurrency == study["env"]["concurrency"]
+    assert kw["new_campaign"] == ("a second look" if split == "test" else None)
+    outside = "power" if split == "test" else "evaluation.new_campaign"
+    with pytest.raises(SliceError, match=rf"stage '{stage}' read config key '{re.escape(outside)}'.*stages\.py"):
+        _ = config.power if split == "test" else config.evaluation.new_campaign
+
+
+def test_the_typed_view_hashes_and_records_the_bytes_of_the_slice(study, test_file: Path, tmp_path: Path) -> None:
+    """What a test evaluation hashes or records comes from the slice's plain data (`StageView.as_dict`), so the view
+    changes no frozen design, ledger line or resume fingerprint: the design hash is the slice's, the ledger's
+    evaluation section is the slice's section, and a YAML `temperature: 0` (an int the model accepts; typed it
+    reads 0.0) reaches the job as the int. Old code: evaluation_job could not read the view at all."""
+    from dataclasses import replace
+
+    from predict.campaign import design_config
+    from predict.rollouts import job_fingerprint
+    from predict.runs import resolve_run
+    from predict.stages import StageView, config_slice, stage_config, stage_input
+
+    study["evaluation"]["temperature"] = 0
+    sliced = config_slice(study, "evaluate-test")
+    view = stage_input(stage_config(study, "evaluate-test"))  # as `predict evaluate --split test` hands it to main
+    assert isinstance(view, StageView) and view.evaluation.temperature == 0.0  # typed: a float
+    job = evaluation_job(view, run="B", checkpoint="step100", split="test", seed=42, tasks_path=test_file,
+                         model="scripted", out=tmp_path / "t.parquet", test_ledger=registry_ledger(),
+                         selection=[{"run": "B", "seed": 42, "checkpoint": "step100"}])  # fmt: skip
+    assert job.ledger_extra is not None
+    design = json.dumps(design_config(sliced), sort_keys=True, separators=(",", ":")).encode()
+    assert job.ledger_extra["config_hash"] == config_hash(sliced) == __import__("hashlib").sha256(design).hexdigest()
+    # the ledger's evaluation section: the bytes the old JSON round trip of the slice's section gave
+    assert json.dumps(job.ledger_extra["evaluation"]) == json.dumps(json.loads(json.dumps(sliced["evaluation"])))
+    assert json.dumps(job.sampling) == '{"temperature": 0, "max_tokens": 77}'
+    assert (job.samples, job.n_tasks) == (sliced["evaluation"]["samples"], sliced["evaluation"]["tasks"])
+    # the resume fingerprint is the one of the job the old code built from the raw values
+    old = replace(job, sampling={"temperature": 0, "max_tokens": 77}, samples=1, n_tasks=1)
+    run_config = resolve_run(sliced, "B").env(sliced)
+    assert job_fingerprint(job, run_config).digest == job_fingerprint(old, run_config).digest
+
+
+def test_a_val_evaluation_runs_from_the_stages_typed_slice(study, mbpp_rows: list[dict], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`predict evaluate --config-slice` on val, as the workflow runs it, end to end through the typed view: the
+    rollouts under the evaluation section's sampling, one row per task."""
+    import verifiers.v1.runtimes.subprocess as vf_subprocess
+
+    from predict.cli import main
+    from predict.stages import slice_file
+
+    monkeypatch.setattr(vf_subprocess, "CACHE_DIR", tmp_path / "verifiers-cache")
+    tasks = write_rows([r for r in mbpp_rows if r["task_id"] == 10], MBPP_SCHEMA, tmp_path / "val.parquet")
+    out = tmp_path / "eval" / "A" / "sft" / "val" / "seed42.parquet"
+    with ScriptedEndpoint({"": ["FINAL: no patch"]}) as endpoint:
+        assert main(["evaluate", "--config-slice", slice_file(study, "evaluate", tmp_path / "slices"), "--split",
+                     "val", "--run", "A", "--seed", "42", "--tasks-file", str(tasks), "--checkpoint", "sft", "--model",
+                     "scripted", "--out", str(out), "--base-url", endpoint.base_url]) == 0  # fmt: skip
+        sampling = [r["sampling"] for r in endpoint.requests if "sampling" in r]
+    assert [(r["task_id"], r["arm"], r["split"]) for r in read_rows(out)] == [(10, "A", "val")]
+    assert sampling and all(s.get("temperature") == 0.0 and s.get("max_tokens") == 77 for s in sampling)

@@ -17,6 +17,10 @@ Rules:
 * Evaluation repeats: its server is batch-invariant on a GPU, else it sends one request at a time
   (`predict.serving.identity.evaluation_environment`, `evaluation_concurrency`); `predict.serving.identity.serving_identity` says what
   its rows then depend on besides the checkpoint and the config (the campaign line records it).
+* The stage reads its slice as the typed view (`predict.stages.StageView`; the evaluate entry on val, evaluate-test
+  on test). What is hashed or recorded (the design hash, the ledger's evaluation section and serving settings, the
+  rollouts' sampling, which their resume fingerprint holds) takes its plain data, ``as_dict``: the same bytes as
+  before the view, so no frozen design, ledger line or `.partial` folder changes with it.
 * On test, every checkpoint of the job is admitted by the campaign (`predict.campaign.TestLedger.admit`: the plan,
   the design, the registry outside results_dir, the weights' hash) before any server starts; the campaign module's
   docstring holds the rules. Selection (`predict.campaign.select`) reads only val evaluations.
@@ -25,13 +29,12 @@ Rules:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from predict.campaign import (
     SplitGuardError,
@@ -46,17 +49,19 @@ from predict.campaign import (
 from predict.rollouts import RolloutJob, remaining_rollouts, roll_out, run_job
 from predict.runs import resolve_run
 from predict.serving.server import SERVED_NAME  # every checkpoint is served under it
-
-if TYPE_CHECKING:
-    from predict.stages import StageConfig
+from predict.stages import StageView, stage_view
 
 log = logging.getLogger(__name__)
 
-def evaluation_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The evaluation section (its defaults filled in at load) as plain data: it goes into rollout jobs and ledger
-    entries, which are copied and serialised (a stage's config view is a dict subclass that dataclasses.asdict
-    cannot rebuild)."""
-    return json.loads(json.dumps(dict(config["evaluation"])))
+Config = Mapping[str, Any] | StageView
+"""What the functions below take: the stage's typed view (`predict evaluate`'s ``main``), or a config mapping (a
+whole config or a slice: tests, the bundle's replay), viewed through the split's stage table entry (`evaluation_view`)."""
+
+
+def evaluation_view(config: Config, split: str) -> StageView:
+    """The typed view of `config`: a view as it is (its own stage's entry), a mapping through the entry of the stage
+    that evaluates `split` (evaluate-test on test, which the ledger's design needs; evaluate otherwise)."""
+    return stage_view(config, "evaluate-test" if split == "test" else "evaluate")
 
 
 def run_identity(config: Mapping[str, Any], run: str) -> tuple[str, str]:
@@ -74,7 +79,7 @@ def selected_checkpoint(selection: Sequence[Mapping[str, Any]], run: str, seed: 
 
 
 def evaluation_job(
-    config: Mapping[str, Any],
+    config: Config,
     *,
     run: str,
     checkpoint: str,
@@ -89,16 +94,22 @@ def evaluation_job(
 ) -> RolloutJob:
     """The rollout job of one greedy evaluation (see the module docstring). On test it needs the ledger and the val
     selection (recorded with each evaluation); the campaign's admission is added by `evaluate_checkpoints`."""
-    spec = resolve_run(config, run)
-    config = spec.env(config)  # the run's test_cost reaches the rollouts (extension expensive_tests_*)
-    ev = evaluation_settings(config)
+    typed = evaluation_view(config, split)
+    ev = typed.evaluation  # a view of EvaluationSettings: the evaluation keys the stage's entry lists
+    # Plain data from here on for what is hashed or recorded (`StageView.as_dict`: the bytes are the slice's, as
+    # before): the design hash, the ledger's evaluation section, and `sampling`, which the rollouts' resume
+    # fingerprint holds (a YAML `temperature: 0` is an int the model accepts; its typed value 0.0 would hash other
+    # bytes and discard a .partial folder). resolve_run and RunSpec.env take the mapping too.
+    spec = resolve_run(typed.as_dict, run)
+    study = spec.env(typed.as_dict)  # the run's test_cost reaches the rollouts (extension expensive_tests_*)
+    evaluation = study["evaluation"]
     ledger_extra = None
     if split == "test":
         if test_ledger is None or selection is None:
             raise SplitGuardError("the test split is evaluated once, by the test campaign (snakemake test), which "
                                   "passes the ledger and the checkpoint selection")
         chosen = selected_checkpoint(selection, run, seed, test_ledger)
-        ledger_extra = {"config_hash": config_hash(config), "selection": chosen, "evaluation": ev}
+        ledger_extra = {"config_hash": config_hash(study), "selection": chosen, "evaluation": evaluation}
     return RolloutJob(
         tasks_path=tasks_path,
         split=split,
@@ -107,25 +118,26 @@ def evaluation_job(
         checkpoint=checkpoint,
         arm=spec.arm,
         seed=seed,
-        n_tasks=ev.get("tasks"),  # null or left out: every task
-        samples=int(ev["samples"]),
+        n_tasks=getattr(ev, "tasks", None),  # null or left out (it has no default to fill in): every task
+        samples=ev.samples,
         variant=spec.variant,
         client="eval",
         base_url=base_url,
         test_ledger=test_ledger if split == "test" else None,
-        sampling={"temperature": ev["temperature"], "max_tokens": ev["max_tokens"]},
+        sampling={"temperature": evaluation["temperature"], "max_tokens": evaluation["max_tokens"]},  # plain: see above
         run=run,
         ledger_extra=ledger_extra,
         evaluation=True,
     )
 
 
-def evaluate(config: Mapping[str, Any], **kw: Any) -> dict[str, Any]:
+def evaluate(config: Config, **kw: Any) -> dict[str, Any]:
     """Run (or resume) one evaluation on val; returns the rollout stage's summary. (The test split goes through
     `evaluate_checkpoints`, which asks the ledger first.)"""
     if kw.get("split") == "test":
         raise SplitGuardError("the test split is evaluated by evaluate_checkpoints, which asks the test ledger")
-    return run_job(evaluation_job(config, **kw), resolve_run(config, kw["run"]).env(config))
+    study = evaluation_view(config, kw["split"]).as_dict  # the rollouts take plain data (their fingerprint hashes it)
+    return run_job(evaluation_job(config, **kw), resolve_run(study, kw["run"]).env(study))
 
 
 @dataclass(frozen=True)
@@ -180,7 +192,7 @@ class CheckpointServer:
 
 
 def evaluate_checkpoints(
-    config: Mapping[str, Any],
+    config: Config,
     *,
     run: str,
     split: str,
@@ -203,6 +215,11 @@ def evaluate_checkpoints(
     guarded (`predict.rollouts.guard_job`) and, on test, every checkpoint admitted."""
     if not checkpoints:
         raise ValueError(f"run {run} seed {seed}: no checkpoint to evaluate")
+    typed = evaluation_view(config, split)
+    # plain data for the campaign (it hashes the design and records the serving settings), the rollouts and
+    # VLLMServer.from_serving; the typed view for what is only read
+    study = typed.as_dict
+    sequences = typed.env.concurrency  # an int: the model's type, no cast (a run's env changes test_cost only)
     if split == "test":
         test_ledger = evaluation_ledger(test_ledger)  # the registry, never a ledger made here
         if selection_path is None or val_metrics is None:
@@ -216,10 +233,10 @@ def evaluate_checkpoints(
     if split == "test":
         assert test_ledger is not None and selection_path is not None and val_metrics is not None
         admissions = TestLedger(test_ledger).admit(  # every checkpoint admitted before any server starts
-            config, campaign_from_stats(config, val_metrics, selection_path),
+            study, campaign_from_stats(study, val_metrics, selection_path),
             [(r, job.checkpoint, sd, job.model) for job, (r, sd) in zip(jobs, owners, strict=True)],
             tasks_path=tasks_path, selection=selection or (),
-            depends_on=serving_dependencies(config["serving"], int(config["env"]["concurrency"])),
+            depends_on=serving_dependencies(study["serving"], sequences),
             origin=results_origin(jobs[0].out),
             new_campaign=new_campaign,
         )
@@ -227,15 +244,15 @@ def evaluate_checkpoints(
                 for job, a in zip(jobs, admissions, strict=True)]  # fmt: skip
     pending = []
     log_path = jobs[0].out.with_name(jobs[0].out.stem + ".vllm.log")
-    with CheckpointServer(config["serving"], log_path, sequences=int(config["env"]["concurrency"])) as server:
+    with CheckpointServer(study["serving"], log_path, sequences=sequences) as server:
         for job, (job_run, _) in zip(jobs, owners, strict=True):
-            study = resolve_run(config, job_run).env(config)
+            run_study = resolve_run(study, job_run).env(study)
             serve_s = 0.0
-            if base_url is None and remaining_rollouts(job, study):
+            if base_url is None and remaining_rollouts(job, run_study):
                 t0 = time.perf_counter()
                 job = replace(job, base_url=server.load(job.model, version=job.checkpoint), served_model=SERVED_NAME)
                 serve_s = time.perf_counter() - t0
-            out = roll_out(job, study)
+            out = roll_out(job, run_study)
             out.summary["serve_s"] = serve_s
             pending.append(out)
         starts, reloads = server.starts, server.reloads
@@ -271,7 +288,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
                         "evaluation.new_campaign); the report lists every campaign with its reason")
 
 
-def main(args: argparse.Namespace, config: StageConfig) -> int:
+def main(args: argparse.Namespace, config: StageView) -> int:
     from predict.outputs import print_summary
 
     n = len(args.checkpoint)
@@ -292,7 +309,10 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
         test_ledger=Path(args.test_ledger) if args.test_ledger else None,
         selection_path=Path(args.selection) if args.selection else None,
         val_metrics=Path(args.val_metrics) if args.val_metrics else None,
-        new_campaign=args.new_campaign or (config["evaluation"].get("new_campaign") if args.split == "test" else None),
+        # evaluation.new_campaign is in evaluate-test's entry only (a val evaluation reading it raises SliceError)
+        # and has no default, so a config without one reads as missing: None
+        new_campaign=args.new_campaign or (getattr(config.evaluation, "new_campaign", None)
+                                           if args.split == "test" else None),
     )
     for summary in summaries:
         run, seed, checkpoint = summary.pop("run"), summary.pop("seed"), summary.pop("checkpoint")

@@ -147,7 +147,7 @@ STAGES: dict[str, Stage] = {
         Stage("evaluate", ("evaluate_{run}",), "evaluation.smk", "evaluate.py",
               "eval/{run}/{checkpoint}/val/seed{seed}.parquet",
               _reads(RUN_MATRIX, ROLLOUT, ("evaluation.temperature", "evaluation.max_tokens", "evaluation.samples",
-                                           "evaluation.tasks"), SPLIT), SPLIT, task_files=("tasks_file",),
+                                           "evaluation.tasks"), SPLIT), SPLIT, task_files=("tasks_file",), typed=True,
               help="greedy pass@1 of a run/seed's checkpoints on a split, one vLLM server (evaluation settings)"),
         # The test campaign (`predict evaluate --split test`) records the frozen design in the checkout's ledger,
         # and a declared campaign's reason.
@@ -155,7 +155,7 @@ STAGES: dict[str, Stage] = {
                                "evaluate_test"),
               "evaluation.smk", "evaluate.py",
               "eval/{run}/{checkpoint}/test/seed{seed}.parquet, ../.test-campaigns/ledger.jsonl",
-              (*DESIGN, "evaluation.new_campaign"), task_files=("tasks_file",),
+              (*DESIGN, "evaluation.new_campaign"), task_files=("tasks_file",), typed=True,
               command=None),
         Stage("stats", ("stats", "test_stats"), "stats.smk", "stats/study.py",
               "stats/*.parquet (STATS_TABLES), test/stats/*.parquet (TEST_STATS_TABLES)",

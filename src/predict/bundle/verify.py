@@ -284,7 +284,9 @@ class Verifier:
             raise CheckFailed(f"{where}: its test task ids are not those MBPP split with the config's seed gives")
         # the bundle's val statistics (re-derived from the rows and compared after this check)
         plan = [tuple(p) for p in campaign["plan"]]
-        derived = campaign_from_stats(stage_view(self.config, "evaluate-test", self.work),
+        # the campaign's slice as its stage reads it, as the plain data the campaign module takes (`as_dict`: the
+        # stage is typed, issue 40)
+        derived = campaign_from_stats(stage_view(self.config, "evaluate-test", self.work).as_dict,
                                       self.root / "stats" / "metrics.parquet", self.root / "stats" / "selection.parquet")
         if plan != derived:
             first = next((a, b) for a, b in zip([*plan, None], [*derived, None], strict=False) if a != b)
