@@ -99,11 +99,13 @@ TYPED_LATE = {
     "traces": ("predict.traces.stage", "traces_main", ["--out-dir", "out"], "traces", "serving"),
     "run-traces": ("predict.traces.stage", "run_traces_main", ["--run", "blind_A", "--arm-traces", "A.parquet",
                                                                "--out", "out.parquet"], "traces", "verifier"),
+    "report": ("predict.report.stage", "main", ["--stats-dir", "stats", "--power", "power.parquet",
+                                                "--out", "index.html"], "power", "rl"),
 }
 
 
 @pytest.mark.parametrize("stage", sorted(TYPED_LATE))
-def test_rollout_and_trace_stages_get_the_typed_view_and_refuse_keys_outside_their_entry(
+def test_the_late_typed_stages_get_the_typed_view_and_refuse_keys_outside_their_entry(
     stage: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     import importlib

@@ -180,7 +180,7 @@ STAGES: dict[str, Stage] = {
               help="per predictive run and seed, over all RL steps: verified vs predicted class counts and shares"),
         Stage("report", ("report",), "report.smk", "report/stage.py", "report/index.html",
               ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power", "data.sizes.test"),
-              help="the study report: one self-contained HTML page from parquet"),
+              typed=True, help="the study report: one self-contained HTML page from parquet"),
         # Beside `all` (workflow/rules/bundle.smk says why): everything the report rests on, for a second party.
         Stage("bundle", ("bundle",), "bundle.smk", "bundle/build.py", "bundle/ (manifest.json), bundle.tar.gz",
               STUDY,

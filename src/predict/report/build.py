@@ -40,6 +40,7 @@ from predict.report.example_rollout import rollout_section
 from predict.report.open_question import open_question_section
 from predict.report.power import power_section
 from predict.report.training import grad_terms_section, training, training_outcomes_section
+from predict.stages import StageView, stage_view
 
 TEST_SECTIONS: tuple[tuple[str, str], ...] = (
     ("test-campaign", "The test campaign: what was frozen, where it ran, every campaign on this test split"),
@@ -108,9 +109,9 @@ def _read(path: Path | None) -> list[dict[str, Any]] | None:
     return pq.read_table(path).to_pylist() if path is not None and Path(path).exists() else None
 
 
-def embedded_default_note(config: Mapping[str, Any]) -> str:
+def embedded_default_note(config: Mapping[str, Any] | StageView) -> str:
     """The header's warning on the embedded default: its numbers are zero by construction, and why."""
-    if str(config["model"]["base"]) != "tiny":
+    if str(stage_view(config, "report").model.base) != "tiny":
         return ""
     return ('<p class="note"><b>This is the embedded default:</b> a randomly initialised tiny Qwen3 that never '
             "solves an MBPP task, so every pass@1, reward, advantage and RL loss on this page is 0 by construction "
@@ -122,7 +123,7 @@ def embedded_default_note(config: Mapping[str, Any]) -> str:
 
 
 def build_report(
-    config: Mapping[str, Any],
+    config: Mapping[str, Any] | StageView,
     *,
     stats_dir: Path,
     ablations: Sequence[Path],
@@ -136,11 +137,14 @@ def build_report(
     training_outcomes: Path | None = None,
     open_question: Path | None = None,
 ) -> Path:
-    """Write the self-contained report page; returns its path."""
+    """Write the self-contained report page; returns its path. `config`: the report stage's typed view (what
+    `predict report` hands it), or a mapping viewed through the report's table entry (tests, the bundle's replay)."""
     from predict.outputs import write_text
     from predict.runs import study_runs
     from predict.stats import TEST_STATS_TABLES
     from predict.train.step_metrics import read_metrics
+
+    view = stage_view(config, "report")
 
     def stat(name: str) -> list[dict[str, Any]] | None:
         return _read(stats_dir / f"{name}.parquet")
@@ -153,7 +157,7 @@ def build_report(
             "study's figures are the test's.</p>")
     # results/rl/{run}/seed{seed}/metrics.parquet -> "{run}/seed{seed}"
     rl = {f"{p.parent.parent.name}/{p.parent.name}": read_metrics(p) if Path(p).exists() else [] for p in rl_metrics}
-    expected = [f"{run}/seed{seed}" for run in study_runs(config) for seed in config["seeds"]]
+    expected = [f"{run}/seed{seed}" for run in study_runs(view.as_dict) for seed in view.seeds]
     task_rows = {r["task_id"]: r for r in (_read(tasks) or [])} if tasks else {}
     test_parts = {"test-campaign": test_campaign, "test-headline": test_headline, "test-first-patch": test_first_patch, "test-revise": test_revise,
                   "test-confusion": test_confusion, "test-ablations": test_ablations}
@@ -172,9 +176,9 @@ def build_report(
         "extensions": extensions_section({Path(p).stem: _read(Path(p)) for p in extensions}),
         "open-question": open_question_section(_read(test_stats_dir / "open_question.parquet") if test_stats_dir
                                                else None, _read(open_question), _read(power)),
-        "power": power_section(_read(power), config),
+        "power": power_section(_read(power), view),
         "training": training(rl, expected),
-        "grad-terms": grad_terms_section(rl, config),
+        "grad-terms": grad_terms_section(rl, view.as_dict),
         "training-outcomes": training_outcomes_section(_read(training_outcomes)),
         "rollout": rollout_section(_read(example), task_rows),
     }
@@ -184,11 +188,11 @@ def build_report(
     sections = "".join(f'<section id="{sid}"><h2>{html.escape(title)}{selonly if sid in val_ids else ""}</h2>'
                        f"{note if sid in val_ids else ''}{body[sid]}</section>" for sid, title in SECTIONS)
     page = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>PREDICT report: '
-            f'{html.escape(config["run_name"])}</title><style>{CSS}</style></head><body>'
+            f'{html.escape(view.run_name)}</title><style>{CSS}</style></head><body>'
             f"<h1>Reactive vs. Predictive Post-Training for Coding Agents</h1>"
-            f'<p class="note">run <b>{html.escape(config["run_name"])}</b>, model '
-            f'{html.escape(str(config["model"]["base"]))}, seeds {", ".join(map(str, config["seeds"]))}; built '
+            f'<p class="note">run <b>{html.escape(view.run_name)}</b>, model '
+            f'{html.escape(str(view.model.base))}, seeds {", ".join(map(str, view.seeds))}; built '
             f'{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())} from parquet only.</p>'
-            f"{embedded_default_note(config)}<nav>{nav}</nav>{sections}"
+            f"{embedded_default_note(view)}<nav>{nav}</nav>{sections}"
             "</body></html>")
     return write_text(page, out)

@@ -7,13 +7,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from predict.report.elements import agg_pyplot, empty, figure, format_value, table
+from predict.stages import StageView, stage_view
 
 
-def power_section(power: list[dict[str, Any]] | None, config: Mapping[str, Any]) -> str:
+def power_section(power: list[dict[str, Any]] | None, config: Mapping[str, Any] | StageView) -> str:
     if not power:
         return empty("No power table yet.")
-    significance, target = config["power"]["significance"], config["power"]["target"]
-    test_n = config["data"]["sizes"]["test"]
+    view = stage_view(config, "report")
+    significance, target, test_n = view.power.significance, view.power.target, view.data.sizes.test
     assumptions = (
         f"<p>What the power is of: the test the statistics run, <b>one seed pairing</b> (one arm's seed against "
         f"the other's) on the {test_n} test tasks, a two-sided exact McNemar test at significance {significance}. "
