@@ -84,7 +84,7 @@ def test_typed_stages_get_the_view_and_the_others_the_dict(monkeypatch: pytest.M
 
     seen = []
     monkeypatch.setattr(rl, "main", lambda args, config: seen.append(config) or 0)
-    assert STAGES["rl"].typed and STAGES["rft"].typed and not STAGES["report"].typed
+    assert STAGES["rl"].typed and STAGES["rft"].typed and not STAGES["bundle"].typed
     path = slice_file(load_config(REPO / "config" / "local.yaml"), "rl", tmp_path)
     main(["rl", "--config-slice", path, "--run", "B", "--seed", "1", "--init", str(tmp_path), "--tasks-file",
           str(tmp_path / "none.parquet"), "--out-dir", str(tmp_path / "out")])
