@@ -30,12 +30,16 @@ server_env() {
   fi
 }
 # The two environments are independent: built side by side (downloads, unpacking and byte-compiling overlap; 3:10
-# one after the other in a fresh clone on 2 cores, docs/wall-time.md). Each one's failure fails the script.
+# one after the other in a fresh clone on 2 cores, docs/wall-time.md). Each one's failure fails the script: the
+# pipeline's under set -e (called plainly: in an `||` list bash would ignore a failing step inside it), the server's
+# through `wait`; a failed pipeline env stops the server's install too (the EXIT trap).
 if [ "$VLLM" = none ]; then
   pipeline_env
 else
   server_env & server=$!
-  pipeline_env || { kill "$server" 2>/dev/null; exit 1; }
+  trap 'pkill -P "$server" 2>/dev/null; kill "$server" 2>/dev/null' EXIT
+  pipeline_env
   wait "$server" || { echo "the inference server's environment (.venv-vllm) failed to install" >&2; exit 1; }
+  trap - EXIT
 fi
 echo "environments ready: .venv $( [ -x .venv-vllm/bin/python ] && echo '+ .venv-vllm')"
