@@ -47,21 +47,20 @@ import sys
 from pathlib import Path
 
 out, limit = Path(sys.argv[1]), int(sys.argv[2]) << 20
-parts: list[list[Path]] = []
-sizes: list[int] = []
+parts: list[list[Path]] = []  # first fit, largest wheel first
 for wheel in sorted((out / "all").glob("*.whl"), key=lambda p: -p.stat().st_size):
     size = wheel.stat().st_size
     if size > limit:
         sys.exit(f"{wheel.name} is {size >> 20} MiB, more than a part holds ({limit >> 20} MiB)")
-    i = next((i for i, s in enumerate(sizes) if s + size <= limit), None)
-    if i is None:
-        parts.append([]), sizes.append(0)
-        i = len(parts) - 1
-    parts[i].append(wheel), sizes.__setitem__(i, sizes[i] + size)
+    fits = [p for p in parts if sum(w.stat().st_size for w in p) + size <= limit]
+    if fits:
+        fits[0].append(wheel)
+    else:
+        parts.append([wheel])
 for i, wheels in enumerate(parts, 1):
     (out / f"part{i}").mkdir()
     for w in wheels:
         shutil.move(w, out / f"part{i}" / w.name)
-    print(f"part{i}: {len(wheels)} wheels, {sizes[i - 1] / 2**20:.1f} MiB")
+    print(f"part{i}: {len(wheels)} wheels, {sum((out / f'part{i}' / w.name).stat().st_size for w in wheels) / 2**20:.1f} MiB")
 (out / "all").rmdir()
 PY
