@@ -8,7 +8,9 @@
 #   resume  the same `predict prime-rl-train rl` again: prime-rl resumes from its last checkpoint (ckpt.resume_step -1),
 #           the job collects the steps, the per-step metrics and TensorBoard; then `predict evaluate` on val of the
 #           last step through the pipeline's own vLLM server
-# Inputs (env): PRL_SITE (prime-rl's site, envs/prime-rl-offline-node.sh), VLLM_SITE (vLLM 0.26's), SERVING_PYTHON (an
+# Inputs (env): PRL_SITE (prime-rl's site, envs/prime-rl-offline-node.sh), VLLM_SITE (vLLM 0.26's), PIPE_SITE (the
+# pipeline's wheels from envs/pipeline-offline.sh, in a folder of their own: on top of vLLM's site they would also
+# reach prime-rl, whose transformers 5.6.2 fails on the pipeline's kernels 0.19), SERVING_PYTHON (an
 # interpreter that imports vLLM, for the pipeline's server), TRACES (an SFT traces parquet of arm B), TASKS (the RL
 # tasks parquet), VAL (the val split parquet), R (where everything goes; default /tmp/prl-check), KILL_WAIT (seconds
 # the kill phase waits for step 1 before it gives up; default 500).
@@ -25,7 +27,7 @@ export PATH="$site/bin:$PATH"
 # tilelang (imported by prime-rl's model registry) loads TVM, which links libz3 from the z3-solver wheel
 export LD_LIBRARY_PATH="$site/z3/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 prl_path="$site:$vsite:$repo/src"   # prime-rl's pins first (transformers 5.6.2, its verifiers)
-pipe_path="$vsite:$repo/src"        # the pipeline's own env
+pipe_path="${PIPE_SITE:?}:$vsite:$repo/src"   # the pipeline's own env
 predict() { python3 -c "import sys; from predict.cli import main; sys.exit(main())" "$@"; }
 cfg="$R/config.yaml"
 if [ ! -f "$cfg" ]; then

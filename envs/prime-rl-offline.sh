@@ -47,6 +47,15 @@ wheels=(
   wandb==0.27.0 wandb-workspaces==0.4.3 z3-solver==4.15.4.0
   tokenizers==0.22.2   # transformers 5.6.2 refuses the image's 0.23.2
   compressed-tensors==0.17.0   # vLLM's MoE oracle imports it when prime-rl's inference server starts
+  # prime-rl's verifiers, renderers and prime-pydantic-config and what they import: in sessions 2-4 on the H200 these
+  # came with the pipeline's wheels in vLLM's site; with the pipeline's own set kept apart (its kernels 0.19 breaks
+  # transformers 5.6.2's import) prime-rl stopped at "No module named 'renderers'" (2026-12-04, evening)
+  aiocontextvars==0.2.2 anthropic==2.16.0 antlr4-python3-runtime==4.13.2 cffi==2.1.1 connectrpc==0.11.1 gepa==0.1.4
+  httpcore2==2.16.2 httpx2==2.16.2 jsonschema==4.26.0 jsonschema-specifications==2025.9.1
+  latex2sympy2-extended==1.11.0 math-verify==0.9.0 mcp==2.0.0 mcp-types==2.0.0 opentelemetry-api==1.45.2
+  prime-pydantic-config==0.4.3 prime-runs==0.1.4 prime-traces==0.0.10 prime-tunnel==0.1.15 protobuf-py==0.1.1
+  protobuf-py-ext==0.1.1 pycparser==3.12 pyjwt==2.15.1 pyqwest==0.12.0 python-multipart==0.0.34 referencing==0.37.0
+  renderers==0.1.12 rpds-py==2026.9.1 sse-starlette==3.7.1 tenacity==9.2.1 truststore==0.10.5
 )
 "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
