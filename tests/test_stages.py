@@ -84,7 +84,7 @@ def test_typed_stages_get_the_view_and_the_others_the_dict(monkeypatch: pytest.M
 
     seen = []
     monkeypatch.setattr(rl, "main", lambda args, config: seen.append(config) or 0)
-    assert STAGES["rl"].typed and STAGES["rft"].typed and not STAGES["bundle"].typed
+    assert STAGES["rl"].typed and STAGES["rft"].typed and not STAGES["signal"].typed
     path = slice_file(load_config(REPO / "config" / "local.yaml"), "rl", tmp_path)
     main(["rl", "--config-slice", path, "--run", "B", "--seed", "1", "--init", str(tmp_path), "--tasks-file",
           str(tmp_path / "none.parquet"), "--out-dir", str(tmp_path / "out")])
@@ -101,6 +101,9 @@ TYPED_LATE = {
                                                                "--out", "out.parquet"], "traces", "verifier"),
     "report": ("predict.report.stage", "main", ["--stats-dir", "stats", "--power", "power.parquet",
                                                 "--out", "index.html"], "power", "rl"),
+    # the bundle reads the whole config (STUDY): no key is outside its entry
+    "bundle": ("predict.bundle.build", "main", ["--files", "f", "--data-manifest", "m.json", "--out-dir", "out",
+                                                "--archive", "out.tar.gz"], "bundle", None),
 }
 
 
@@ -115,11 +118,14 @@ def test_the_late_typed_stages_get_the_typed_view_and_refuse_keys_outside_their_
     monkeypatch.setattr(importlib.import_module(module), name, lambda args, config: seen.append(config) or 0)
     config = load_config(REPO / "config" / "local.yaml")
     path = slice_file(config, stage, tmp_path)
-    assert main([stage, "--config-slice", path, "--tasks-file", str(tmp_path / "none.parquet"), *argv]) == 0
+    tasks = ["--tasks-file", str(tmp_path / "none.parquet")] if stage != "bundle" else []
+    assert main([stage, "--config-slice", path, *tasks, *argv]) == 0
     view = seen[0]
     assert STAGES[stage].typed and isinstance(view, StageView)
     assert getattr(view, inside) == getattr(stage_view(config, stage), inside)  # the models, read as attributes
     assert view.as_dict == config_slice(config, stage)  # the plain slice for fingerprints, unchanged
+    if outside is None:
+        return
     with pytest.raises(SliceError, match=rf"stage '{stage}' read config key '{outside}'.*stages\.py"):
         getattr(view, outside)
 

@@ -183,7 +183,7 @@ STAGES: dict[str, Stage] = {
               typed=True, help="the study report: one self-contained HTML page from parquet"),
         # Beside `all` (workflow/rules/bundle.smk says why): everything the report rests on, for a second party.
         Stage("bundle", ("bundle",), "bundle.smk", "bundle/build.py", "bundle/ (manifest.json), bundle.tar.gz",
-              STUDY,
+              STUDY, typed=True,
               help="bundle the report, its rows, tables, ledger lines and a manifest for `predict verify-bundle`"),
         # The learning-signal run (issue 17): its own traces, SFT and RL runs on a handful of sft tasks.
         Stage("signal", ("signal",), "signal.smk", "train/learning_signal.py", "signal/curves.parquet, verdicts.parquet, signal.png",
