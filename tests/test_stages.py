@@ -101,6 +101,8 @@ TYPED_LATE = {
                                                                "--out", "out.parquet"], "traces", "verifier"),
     "report": ("predict.report.stage", "main", ["--stats-dir", "stats", "--power", "power.parquet",
                                                 "--out", "index.html"], "power", "rl"),
+    "prime-rl-config": ("predict.train.prime_rl.cluster", "config_main", ["rl", "--model", "m", "--output-dir", "o",
+                                                                        "--out", "o.toml"], "prime_rl", "power"),
     # the bundle reads the whole config (STUDY): no key is outside its entry
     "bundle": ("predict.bundle.build", "main", ["--files", "f", "--data-manifest", "m.json", "--out-dir", "out",
                                                 "--archive", "out.tar.gz"], "bundle", None),

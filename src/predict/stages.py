@@ -197,7 +197,7 @@ STAGES: dict[str, Stage] = {
               "train/prime_rl/cluster.py", "sft/{arm}/prime-rl.toml, rl/{run}/seed{seed}/prime-rl.toml",
               _reads(RUN_MATRIX, ROLLOUT, ("prime_rl", "rl", "sft", "model", "seeds", "results_dir"), TRACKING, SPLIT),
               ("tracking", "run_name", *SPLIT), task_files=("tasks_file", "traces"),
-              command="config", help="render a prime-rl rl/sft TOML (and the SFT dataset)"),
+              command="config", typed=True, help="render a prime-rl rl/sft TOML (and the SFT dataset)"),
         Stage("prime-rl-train", ("prime_rl_sft", "prime_rl_rl"), "prime_rl.smk", "train/prime_rl/cluster.py",
               "checkpoints/{arm}/sft/, rl/{run}/seed{seed}/step{N}/, metrics.parquet, prime-rl-metrics.parquet",
               ("tracking",), typed=True,

@@ -60,7 +60,7 @@ from predict.train.prime_rl.collect import (
 from predict.train.prime_rl.configs import COLOCATE_VAR, MAX_FAILED_SHARE_VAR, colocated_devices, read_toml
 
 if TYPE_CHECKING:
-    from predict.stages import StageConfig, StageView
+    from predict.stages import StageView
 
 log = logging.getLogger(__name__)
 PATCHES_DIR = REPO_ROOT / "workflow" / "prime-rl"
@@ -444,7 +444,9 @@ def config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset-dir", help="sft: where to write the messages dataset")
 
 
-def config_main(args: argparse.Namespace, config: StageConfig) -> int:
+def config_main(args: argparse.Namespace, config: StageView) -> int:
+    """The TOML from the stage's typed slice; `configs` renders it from the slice's plain data (``as_dict``: the
+    bytes the job's fingerprint and the TOML have always come from)."""
     from predict.outputs import console
     from predict.train.prime_rl import collect, configs
 
@@ -452,7 +454,7 @@ def config_main(args: argparse.Namespace, config: StageConfig) -> int:
         if args.run is None or args.seed is None or args.tasks_file is None:
             raise ValueError("prime-rl-config rl needs --run, --seed and --tasks-file")
         table = configs.rl_config(
-            config, args.run, args.seed, model=args.model, tasks=args.tasks_file, output_dir=args.output_dir
+            config.as_dict, args.run, args.seed, model=args.model, tasks=args.tasks_file, output_dir=args.output_dir
         )
     else:
         if args.arm is None or args.traces is None or args.dataset_dir is None:
@@ -460,7 +462,7 @@ def config_main(args: argparse.Namespace, config: StageConfig) -> int:
         data = collect.write_sft_dataset(args.traces, args.dataset_dir)
         console.print(f"SFT dataset: {data}")
         table = configs.sft_config(
-            config, args.arm, model=args.model, dataset_dir=args.dataset_dir, output_dir=args.output_dir
+            config.as_dict, args.arm, model=args.model, dataset_dir=args.dataset_dir, output_dir=args.output_dir
         )
     configs.write_toml(table, args.out)
     console.print(f"prime-rl {args.kind} config: {args.out}")
