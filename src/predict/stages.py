@@ -128,7 +128,7 @@ STAGES: dict[str, Stage] = {
               _reads(ROLLOUT, SPLIT), SPLIT, task_files=("tasks_file",), typed=True,
               help="roll a checkpoint out over a split's tasks into parquet (resumes)"),
         Stage("traces", ("sft_traces",), "traces.smk", "traces/stage.py", "sft/traces/{arm}.parquet, tasks.parquet",
-              ("traces", "arms", "env", "verifier", "model.enable_thinking", *SPLIT), SPLIT, task_files=("tasks_file",),
+              ("traces", "arms", "env", "verifier", *SPLIT), SPLIT, task_files=("tasks_file",),
               command="traces", typed=True, help="synthesize both arms' SFT traces (gold + verified mutants) into parquet"),
         # A run with its own SFT (predict.runs: irreversible, blind): its base arm's traces under its own protocol.
         Stage("run-traces", ("run_traces",), "traces.smk", "traces/stage.py", "sft/traces/{run}.parquet",
