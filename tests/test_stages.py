@@ -22,6 +22,7 @@ from predict.stages import (
     slice_file,
     slice_params,
     stage_config,
+    stage_input,
     stage_view,
 )
 
@@ -84,11 +85,13 @@ def test_every_stage_gets_the_typed_view(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
     seen = []
     monkeypatch.setattr(rl, "main", lambda args, config: seen.append(config) or 0)
-    assert all(s.typed for s in STAGES.values())  # issue 40: no stage reads the dict view any more
     path = slice_file(load_config(REPO / "config" / "local.yaml"), "rl", tmp_path)
     main(["rl", "--config-slice", path, "--run", "B", "--seed", "1", "--init", str(tmp_path), "--tasks-file",
           str(tmp_path / "none.parquet"), "--out-dir", str(tmp_path / "out")])
     assert isinstance(seen[0], StageView) and seen[0].rl.steps == load_config(REPO / "config" / "local.yaml")["rl"]["steps"]
+    # issue 40: no stage's main takes the dict view any more
+    config = load_config(REPO / "config" / "local.yaml")
+    assert all(isinstance(stage_input(stage_config(config, name)), StageView) for name in STAGES)
 
 
 # The stages moved to the typed view with issue 40's last step: their `main`, the flags it needs, a key it reads and
@@ -124,7 +127,7 @@ def test_the_late_typed_stages_get_the_typed_view_and_refuse_keys_outside_their_
     tasks = ["--tasks-file", str(tmp_path / "none.parquet")] if "tasks_file" in STAGES[stage].task_files or stage == "report" else []
     assert main([stage, "--config-slice", path, *tasks, *argv]) == 0
     view = seen[0]
-    assert STAGES[stage].typed and isinstance(view, StageView)
+    assert isinstance(view, StageView)
     assert getattr(view, inside) == getattr(stage_view(config, stage), inside)  # the models, read as attributes
     assert view.as_dict == config_slice(config, stage)  # the plain slice for fingerprints, unchanged
     if outside is None:
