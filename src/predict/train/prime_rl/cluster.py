@@ -425,7 +425,7 @@ def setup_main(args: argparse.Namespace, config: StageView) -> int:
     summary = setup_prime_rl(
         prime_rl.repo, prime_rl.commit, args.dir, patch=args.patch or PATCH,
         python=prime_rl.python, extras=prime_rl.extras, out=args.out,
-        attention_patches=[patches_dir / name for name in attention_patches(config.as_dict)],
+        attention_patches=[patches_dir / name for name in attention_patches(config)],
     )  # fmt: skip
     console.print(f"prime-rl at {summary['commit'][:12]} in {args.dir}, PredictAlgorithm registered")
     return 0
@@ -445,8 +445,7 @@ def config_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_main(args: argparse.Namespace, config: StageView) -> int:
-    """The TOML from the stage's typed slice; `configs` renders it from the slice's plain data (``as_dict``: the
-    bytes the job's fingerprint and the TOML have always come from)."""
+    """The TOML from the stage's typed slice (`configs.rl_config`, `configs.sft_config`)."""
     from predict.outputs import console
     from predict.train.prime_rl import collect, configs
 
@@ -454,7 +453,7 @@ def config_main(args: argparse.Namespace, config: StageView) -> int:
         if args.run is None or args.seed is None or args.tasks_file is None:
             raise ValueError("prime-rl-config rl needs --run, --seed and --tasks-file")
         table = configs.rl_config(
-            config.as_dict, args.run, args.seed, model=args.model, tasks=args.tasks_file, output_dir=args.output_dir
+            config, args.run, args.seed, model=args.model, tasks=args.tasks_file, output_dir=args.output_dir
         )
     else:
         if args.arm is None or args.traces is None or args.dataset_dir is None:
@@ -462,7 +461,7 @@ def config_main(args: argparse.Namespace, config: StageView) -> int:
         data = collect.write_sft_dataset(args.traces, args.dataset_dir)
         console.print(f"SFT dataset: {data}")
         table = configs.sft_config(
-            config.as_dict, args.arm, model=args.model, dataset_dir=args.dataset_dir, output_dir=args.output_dir
+            config, args.arm, model=args.model, dataset_dir=args.dataset_dir, output_dir=args.output_dir
         )
     configs.write_toml(table, args.out)
     console.print(f"prime-rl {args.kind} config: {args.out}")
