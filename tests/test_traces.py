@@ -270,3 +270,21 @@ def test_a_starved_check_does_not_change_the_traces(sft: list[dict], verifier: V
     expected = synthesize(sft[:16], honest, **kwargs)
     got = synthesize(sft[:16], busy, **kwargs)
     assert starved and got.traces == expected.traces and got.tasks == expected.tasks
+
+
+def test_the_traces_stage_runs_without_the_chat_template_setting(sft: list[dict], tmp_path: Path) -> None:
+    """The traces are messages, not token ids: the stage never reads ``model.enable_thinking`` (the chat template
+    is the SFT's, which renders them), so its slice leaves it out and the stage still runs, through the typed view
+    that refuses any key outside its entry, to the same bytes as from the whole config. Old code: the entry listed
+    the key, so the slice held ``model``."""
+    from predict.stages import config_slice, slice_file
+
+    config = study_config(n_direct=2, n_recovery=4)
+    assert "model" not in config_slice(config, "traces")
+    tasks = tmp_path / "sft.parquet"
+    write_rows(sft[:8], MBPP_SCHEMA, tasks)
+    path = slice_file(config, "traces", tmp_path)
+    assert main(["traces", "--config-slice", path, "--tasks-file", str(tasks), "--out-dir", str(tmp_path / "sliced")]) == 0
+    run_stage(sft[:8], config, tmp_path / "whole", progress=False)
+    for file in ("A.parquet", "B.parquet", "tasks.parquet"):
+        assert (tmp_path / "sliced" / file).read_bytes() == (tmp_path / "whole" / file).read_bytes(), file

@@ -3,10 +3,10 @@
 Rules this module keeps:
 * ONE table (``STAGES``) says which config sections or keys each stage reads. A key is a dotted path
   (``evaluation.bootstrap``); a section (``rl``) means every key below it.
-* A stage is handed exactly its slice (``config_slice``) and reads it through ``StageView`` (``Stage.typed``: the
-  typed config models, ``config.rl.lr``) or ``StageConfig`` (a dict, the stages not yet moved to the view); both
-  raise ``SliceError`` naming the stage and the key when the stage reads anything the table does not give it: the
-  table cannot go stale silently. Fingerprints, JSON and hashes take the dict form (``StageView.as_dict``), so
+* A stage is handed exactly its slice (``config_slice``) and reads it through ``StageView`` (the typed config
+  models, ``config.rl.lr``; every stage since issue 40); it raises ``SliceError`` naming the stage and the key when
+  the stage reads anything the table does not give it (so does ``StageConfig``, the dict view the workflow reads
+  through): the table cannot go stale silently. Fingerprints, JSON and hashes take the dict form (``StageView.as_dict``), so
   their bytes do not depend on the view. A key the table gives but the config leaves out reads as missing (``KeyError``, so
   ``.get(key, default)`` still works).
 * The workflow passes a slice as a small content-addressed JSON file (``slice_file``) and tracks it as one short
@@ -93,9 +93,6 @@ class Stage:
     task_files: tuple[str, ...] = ()
     """The flags (argparse names) whose files hold the tasks the stage reads (``task_id`` rows: a split, traces):
     `predict.campaign.seal_stage` checks them before the stage starts. The stage must read `SPLIT`."""
-    typed: bool = False
-    """Its `main` takes the slice as a `StageView` (typed models, ``config.rl.lr``), not as the `StageConfig` dict.
-    Stages move to it one by one (issue 40); when all have, this field goes."""
 
     def command_functions(self) -> tuple[str, str, str]:
         """The command's module and the names of its two functions: (module, arguments, main)."""
@@ -113,41 +110,41 @@ STAGES: dict[str, Stage] = {
     s.name: s
     for s in [
         Stage("split", ("split_mbpp",), "data.smk", "split.py", "data/{sft,rl,val,test}.parquet, manifest.json",
-              ("data",), typed=True,
+              ("data",),
               help="read MBPP, split it with a seed, write {sft,rl,val,test}.parquet + manifest.json"),
         Stage("verify-gold", ("verify_gold",), "verifier.smk", "sandbox/gold.py", "verifier/gold.parquet, gold_summary.parquet",
-              ("verifier",), typed=True,
+              ("verifier",),
               help="run the gold solutions through the sandbox: the verifier report"),
         Stage("build-tiny-model", ("build_tiny_model",), "models.smk", "tiny_model.py", "models/tiny/",
-              ("model.tiny",), typed=True,
+              ("model.tiny",),
               help="build a random tiny Qwen3 with the real tokenizer"),
         Stage("check-serving", ("check_serving",), "serving.smk", "serving/stage.py", "serving/check.json",
-              ("serving.python", "serving.device"), typed=True,
+              ("serving.python", "serving.device"),
               help="check that serving.python imports vLLM (before any serving job)"),
         Stage("rollout", ("rollout",), "rollouts.smk", "rollouts.py", "rollouts/{arm}/{checkpoint}/{split}/seed{seed}.parquet",
-              _reads(ROLLOUT, SPLIT), SPLIT, task_files=("tasks_file",), typed=True,
+              _reads(ROLLOUT, SPLIT), SPLIT, task_files=("tasks_file",),
               help="roll a checkpoint out over a split's tasks into parquet (resumes)"),
         Stage("traces", ("sft_traces",), "traces.smk", "traces/stage.py", "sft/traces/{arm}.parquet, tasks.parquet",
-              ("traces", "arms", "env", "verifier", "model.enable_thinking", *SPLIT), SPLIT, task_files=("tasks_file",),
-              command="traces", typed=True, help="synthesize both arms' SFT traces (gold + verified mutants) into parquet"),
+              ("traces", "arms", "env", "verifier", *SPLIT), SPLIT, task_files=("tasks_file",),
+              command="traces", help="synthesize both arms' SFT traces (gold + verified mutants) into parquet"),
         # A run with its own SFT (predict.runs: irreversible, blind): its base arm's traces under its own protocol.
         Stage("run-traces", ("run_traces",), "traces.smk", "traces/stage.py", "sft/traces/{run}.parquet",
               _reads(RUN_MATRIX, ("traces", "env"), SPLIT), SPLIT, task_files=("tasks_file", "arm_traces"),
-              command="run_traces", typed=True, help="render a run's own SFT traces (irreversible, blind: predict.runs) from its base arm's traces"),
+              command="run_traces", help="render a run's own SFT traces (irreversible, blind: predict.runs) from its base arm's traces"),
         Stage("sft", ("train_sft",), "train.smk", "train/sft.py", "checkpoints/{arm}/sft/, sft/{arm}/metrics.parquet",
               _reads(("sft", "model.enable_thinking"), TRACKING, SPLIT), (*TRACKING, *SPLIT), task_files=("traces",),
-              typed=True, help="supervised fine-tuning on rendered traces -> an HF checkpoint (resumes after a kill)"),
+              help="supervised fine-tuning on rendered traces -> an HF checkpoint (resumes after a kill)"),
         Stage("rl", ("rl",), "rl.smk", "train/rl.py", "rl/{run}/seed{seed}/step{N}/, metrics.parquet",
-              _reads(RUN_MATRIX, ROLLOUT, ("rl",), TRACKING, SPLIT), (*TRACKING, *SPLIT), task_files=("tasks_file",), typed=True,
+              _reads(RUN_MATRIX, ROLLOUT, ("rl",), TRACKING, SPLIT), (*TRACKING, *SPLIT), task_files=("tasks_file",),
               help="RL (GRPO) of one run and seed on the rl split: step checkpoints + metrics (resumes)"),
         Stage("rft", ("rft",), "rft.smk", "train/rft.py", "rl/{run}/seed{seed}/step{N}/, metrics.parquet",
               _reads(RUN_MATRIX, ROLLOUT, ("rl", "rft"), TRACKING, SPLIT), (*TRACKING, *SPLIT),
-              task_files=("tasks_file",), typed=True,
+              task_files=("tasks_file",),
               help="rejection-sampling fine-tuning of one RFT extension run and seed (resumes)"),
         Stage("evaluate", ("evaluate_{run}",), "evaluation.smk", "evaluate.py",
               "eval/{run}/{checkpoint}/val/seed{seed}.parquet",
               _reads(RUN_MATRIX, ROLLOUT, ("evaluation.temperature", "evaluation.max_tokens", "evaluation.samples",
-                                           "evaluation.tasks"), SPLIT), SPLIT, task_files=("tasks_file",), typed=True,
+                                           "evaluation.tasks"), SPLIT), SPLIT, task_files=("tasks_file",),
               help="greedy pass@1 of a run/seed's checkpoints on a split, one vLLM server (evaluation settings)"),
         # The test campaign (`predict evaluate --split test`) records the frozen design in the checkout's ledger,
         # and a declared campaign's reason.
@@ -155,32 +152,32 @@ STAGES: dict[str, Stage] = {
                                "evaluate_test"),
               "evaluation.smk", "evaluate.py",
               "eval/{run}/{checkpoint}/test/seed{seed}.parquet, ../.test-campaigns/ledger.jsonl",
-              (*DESIGN, "evaluation.new_campaign"), task_files=("tasks_file",), typed=True,
+              (*DESIGN, "evaluation.new_campaign"), task_files=("tasks_file",),
               command=None),
         Stage("stats", ("stats", "test_stats"), "stats.smk", "stats/study.py",
               "stats/*.parquet (STATS_TABLES), test/stats/*.parquet (TEST_STATS_TABLES)",
-              _reads(RUN_MATRIX, ("evaluation.reference", "evaluation.selection", "evaluation.bootstrap")), typed=True,
+              _reads(RUN_MATRIX, ("evaluation.reference", "evaluation.selection", "evaluation.bootstrap")),
               help="pass@1, paired tests, mechanism metrics and selection from evaluations"),
         Stage("ablations", ("ablation",), "stats.smk", "stats/ablations.py", "ablations/{ablation}.parquet",
-              ("ablations", "evaluation.selection", "evaluation.bootstrap"), typed=True,
+              ("ablations", "evaluation.selection", "evaluation.bootstrap"),
               help="one ablation's table: a row per seed vs its base arm"),
         Stage("extensions", ("extension",), "stats.smk", "stats/extensions.py", "extensions/{extension}.parquet",
-              _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap")), typed=True,
+              _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap")),
               help="one extension's table: a row per seed vs Arm A and Arm B + mechanism"),
         # The open question (issue 28): Arm B vs Arm A within each environment (predict.runs.environments), on val;
         # the test's is a table of `predict stats` (TEST_STATS_TABLES).
         Stage("open-question", ("open_question",), "stats.smk", "stats/open_question.py", "extensions/open_question.parquet",
-              _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap")), typed=True,
+              _reads(RUN_MATRIX, ("evaluation.selection", "evaluation.bootstrap")),
               help="the open question: Arm B vs Arm A within each environment (study, expensive, irreversible, blind)"),
         Stage("power", ("power",), "stats.smk", "stats/power.py", "stats/power.parquet",
-              ("power", "data.sizes", "seeds"), typed=True,
+              ("power", "data.sizes", "seeds"),
               help="exact power of one seed pairing (exact McNemar) per difference, discordance and number of tasks"),
         Stage("training-outcomes", ("training_outcomes",), "report.smk", "stats/training_outcomes.py",
-              "stats/training_outcomes.parquet", (), typed=True,
+              "stats/training_outcomes.parquet", (),
               help="per predictive run and seed, over all RL steps: verified vs predicted class counts and shares"),
         Stage("report", ("report",), "report.smk", "report/stage.py", "report/index.html",
               ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power", "data.sizes.test"),
-              typed=True, help="the study report: one self-contained HTML page from parquet"),
+              help="the study report: one self-contained HTML page from parquet"),
         # Beside `all` (workflow/rules/bundle.smk says why): everything the report rests on, for a second party.
         Stage("bundle", ("bundle",), "bundle.smk", "bundle/build.py", "bundle/ (manifest.json), bundle.tar.gz",
               STUDY,
@@ -191,7 +188,7 @@ STAGES: dict[str, Stage] = {
               help="the learning-signal run: RL visibly raises reward, CE teaches the label"),
         Stage("prime-rl-setup", ("prime_rl_setup",), "prime_rl.smk", "train/prime_rl/cluster.py", ".prime-rl/setup.json",
               ("prime_rl.repo", "prime_rl.commit", "prime_rl.python", "prime_rl.extras", "prime_rl.attn",
-               "prime_rl.dir"), typed=True,
+               "prime_rl.dir"),
               command="setup", help="clone prime-rl at the pinned commit, register PredictAlgorithm, uv sync"),
         Stage("prime-rl-config", ("prime_rl_sft_config", "prime_rl_rl_config"), "prime_rl.smk",
               "train/prime_rl/cluster.py", "sft/{arm}/prime-rl.toml, rl/{run}/seed{seed}/prime-rl.toml",
@@ -200,7 +197,7 @@ STAGES: dict[str, Stage] = {
               command="config", help="render a prime-rl rl/sft TOML (and the SFT dataset)"),
         Stage("prime-rl-train", ("prime_rl_sft", "prime_rl_rl"), "prime_rl.smk", "train/prime_rl/cluster.py",
               "checkpoints/{arm}/sft/, rl/{run}/seed{seed}/step{N}/, metrics.parquet, prime-rl-metrics.parquet",
-              ("tracking",), typed=True,
+              ("tracking",),
               command="train", help="run prime-rl rl/sft on a rendered TOML, collect checkpoints"),
     ]
 }
@@ -405,10 +402,10 @@ def config_slice(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
     return _keys(config, STAGES[stage].reads)
 
 
-def stage_input(config: StageConfig) -> StageConfig | StageView:
-    """The config as its stage's ``main`` takes it: the typed view for a stage marked ``typed`` in the table, else the
-    dict view. One rule for the CLI and for whatever runs a stage in process (the bundle's re-derivation)."""
-    return stage_view(config, config._stage) if STAGES[config._stage].typed else config
+def stage_input(config: StageConfig) -> StageView:
+    """The config as its stage's ``main`` takes it: the typed view of its slice. One rule for the CLI and for whatever
+    runs a stage in process (the bundle's re-derivation)."""
+    return stage_view(config, config._stage)
 
 
 def stage_config(config: Mapping[str, Any], stage: str) -> StageConfig:

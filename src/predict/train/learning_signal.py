@@ -68,7 +68,7 @@ import pyarrow.parquet as pq
 from predict.outputs import write_table
 
 if TYPE_CHECKING:
-    from predict.stages import StageConfig
+    from predict.stages import StageView
 
 log = logging.getLogger(__name__)
 
@@ -438,40 +438,46 @@ def plot(curves: Sequence[Mapping[str, Any]], path: Path) -> Path:
 
 
 def run_signal(
-    config: Mapping[str, Any], out_dir: str | Path, settings: SignalSettings | None = None, *, tracking: Any = None
+    config: Mapping[str, Any] | StageView, out_dir: str | Path, settings: SignalSettings | None = None, *, tracking: Any = None
 ) -> dict:
     """The whole signal run into `out_dir`; returns {"curves", "verdicts", "sft", "passed", "wall_s"}.
-    `tracking` (`predict.train.tracking.TrackingTargets`): its SFT and RL steps go live under ``signal/``."""
+    `tracking` (`predict.train.tracking.TrackingTargets`): its SFT and RL steps go live under ``signal/``.
+    `config`: the stage's typed slice, or any config mapping (tests), read through the signal's table entry; what
+    takes the config as plain data (the traces' protocol, the RL jobs' configs, the seal) gets ``as_dict``."""
     import torch
 
     from predict.campaign import seal_task_ids
     from predict.data import MBPP_SCHEMA, load_mbpp, split_tasks
     from predict.outputs import write_rows
     from predict.serving.server import VLLMServer, default_cache_dir
+    from predict.stages import stage_view
     from predict.tiny_model import cached_tiny_qwen3
     from predict.traces.stage import run_stage
     from predict.train.rl import SERVED_NAME, RLJob, run_rl
     from predict.train.sft import load_tokenizer
 
     settings = settings or SignalSettings()
+    view = stage_view(config, "signal")
+    config = view.as_dict
     out = Path(out_dir)
     t0 = time.perf_counter()
     # A guard, not a measured speed-up: subnormal floats (AdamW's second moments of rarely seen rows can decay into
     # them) are many times slower on x86 CPUs; flushing values below 1e-38 to zero changes nothing that matters.
     # (SFT step times on the shared 2-core box varied 1.5-10 s with the other jobs' load, with and without it.)
     torch.set_flush_denormal(True)
-    data = config["data"]
-    rows = load_mbpp(data["mbpp_path"], hf_fallback=data["hf_fallback"], sha256=data.get("mbpp_sha256"))
-    sft_split = split_tasks(rows, int(data["split_seed"]), data["sizes"])["sft"]
+    data = view.data
+    rows = load_mbpp(data.mbpp_path, hf_fallback=data.hf_fallback, sha256=data.mbpp_sha256)
+    sizes = data.sizes
+    sft_split = split_tasks(rows, data.split_seed, {"sft": sizes.sft, "rl": sizes.rl, "test": sizes.test})["sft"]
     # its tasks come from no file the stage table could name: sealed here, before anything is written
-    seal_task_ids([r["task_id"] for r in sft_split], data, source=f"the sft split of {data['mbpp_path']}",
+    seal_task_ids([r["task_id"] for r in sft_split], config["data"], source=f"the sft split of {data.mbpp_path}",
                   stage="signal")
-    run_stage(sft_split, config, out / "traces", progress=False)
+    run_stage(sft_split, view, out / "traces", progress=False)
 
     base = Path(cached_tiny_qwen3(default_cache_dir() / "models", seed=0, hidden_size=settings.hidden_size,
                                   num_layers=settings.num_layers))  # fmt: skip
     tokenizer = load_tokenizer(base)
-    thinking = config["model"]["enable_thinking"]
+    thinking = view.model.enable_thinking
     chosen = pick_tasks(out / "traces", tokenizer, settings.n_tasks, enable_thinking=thinking)
     chosen = {arm: at_budget(rows, config, arm, settings.budget) for arm, rows in chosen.items()}
     task_ids = sorted({r["task_id"] for r in chosen["A"]})
@@ -486,7 +492,7 @@ def run_signal(
                                enable_thinking=thinking, tracking=live)  # fmt: skip
 
     runs = signal_runs(settings)
-    with VLLMServer.from_serving(out / "sft" / "A", config["serving"], sequences=int(config["env"]["concurrency"]),
+    with VLLMServer.from_serving(out / "sft" / "A", config["serving"], sequences=view.env.concurrency,
                                  served_model_name=SERVED_NAME,
                                  worker_extension=True, log_path=out / "vllm.log") as server:  # fmt: skip
         for r in runs:
@@ -603,7 +609,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
                    help="SFT stops when the gold trace or the faulty prefix is sampled with this probability")
 
 
-def main(args: argparse.Namespace, config: StageConfig) -> int:
+def main(args: argparse.Namespace, config: StageView) -> int:
     from predict.outputs import console
     from predict.train.tracking import TrackingTargets
 
@@ -613,7 +619,7 @@ def main(args: argparse.Namespace, config: StageConfig) -> int:
         "label_steps": args.label_steps,
     }.items() if v is not None}  # fmt: skip
     settings = SignalSettings(**overrides)
-    result = run_signal(config, Path(args.out_dir), settings, tracking=TrackingTargets.from_config(config))
+    result = run_signal(config, Path(args.out_dir), settings, tracking=TrackingTargets.from_config(config.as_dict))
     print_curves(result, console)
     console.print(f"{SANITY_NOTE}; {result['wall_s']:.0f} s; figure: {Path(args.out_dir) / 'signal.png'}")
     if not result["passed"]:  # a finding, not a failed stage: the verdicts are written (and a test asserts them)

@@ -60,7 +60,7 @@ from predict.train.prime_rl.collect import (
 from predict.train.prime_rl.configs import COLOCATE_VAR, MAX_FAILED_SHARE_VAR, colocated_devices, read_toml
 
 if TYPE_CHECKING:
-    from predict.stages import StageConfig, StageView
+    from predict.stages import StageView
 
 log = logging.getLogger(__name__)
 PATCHES_DIR = REPO_ROOT / "workflow" / "prime-rl"
@@ -425,7 +425,7 @@ def setup_main(args: argparse.Namespace, config: StageView) -> int:
     summary = setup_prime_rl(
         prime_rl.repo, prime_rl.commit, args.dir, patch=args.patch or PATCH,
         python=prime_rl.python, extras=prime_rl.extras, out=args.out,
-        attention_patches=[patches_dir / name for name in attention_patches(config.as_dict)],
+        attention_patches=[patches_dir / name for name in attention_patches(config)],
     )  # fmt: skip
     console.print(f"prime-rl at {summary['commit'][:12]} in {args.dir}, PredictAlgorithm registered")
     return 0
@@ -444,7 +444,8 @@ def config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset-dir", help="sft: where to write the messages dataset")
 
 
-def config_main(args: argparse.Namespace, config: StageConfig) -> int:
+def config_main(args: argparse.Namespace, config: StageView) -> int:
+    """The TOML from the stage's typed slice (`configs.rl_config`, `configs.sft_config`)."""
     from predict.outputs import console
     from predict.train.prime_rl import collect, configs
 

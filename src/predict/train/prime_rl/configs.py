@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from predict.runs import resolve_run, sft_runs
+from predict.stages import MissingKey, StageView, stage_view
 
 TASKSET_ID = "predict_mbpp"
 HARNESS_ID = "predict_local_agent"
@@ -109,40 +110,52 @@ class SFTSettings:
     gpus: int
 
 
-def _section(cfg: Mapping[str, Any], *keys: str) -> Mapping[str, Any]:
-    node: Any = cfg
+def typed(cfg: Mapping[str, Any] | StageView) -> StageView:
+    """The config as the typed models (`predict.stages.StageView`): a stage's view as it is (prime-rl-config's, or
+    prime-rl-setup's for `attention_patches`), any other mapping (tests) through prime-rl-config's table entry."""
+    return stage_view(cfg, "prime-rl-config")
+
+
+def _section(view: Any, *keys: str) -> Any:
+    """The typed section or value at `keys`; one the config leaves out is refused, naming it."""
+    node = view
     for i, key in enumerate(keys):
-        if not isinstance(node, Mapping) or key not in node:
-            raise PrimeRLConfigError(f"{'.'.join(keys[: i + 1])}: missing (needed by the prime_rl backend)")
-        node = node[key]
+        try:
+            node = getattr(node, key)
+        except MissingKey:
+            raise PrimeRLConfigError(f"{'.'.join(keys[: i + 1])}: missing (needed by the prime_rl backend)") from None
     return node
 
 
-def rl_settings(cfg: Mapping[str, Any]) -> RLSettings:
+def rl_settings(cfg: Mapping[str, Any] | StageView) -> RLSettings:
     """The study's RL design (section ``rl``, shared with the local trainer) + the cluster's own (``prime_rl``)."""
-    p, r, shared = _section(cfg, "prime_rl"), _section(cfg, "prime_rl", "rl"), _section(cfg, "rl")
+    view = typed(cfg)
+    p, shared = _section(view, "prime_rl"), _section(view, "rl")
+    r = p.rl
+    if r.max_failed_share is None:  # the schema's default is no value: the cluster backend needs one
+        raise PrimeRLConfigError("prime_rl.rl.max_failed_share: missing (needed by the prime_rl backend)")
     return RLSettings(
-        max_steps=int(shared["steps"]),
-        batch_size=int(shared["tasks_per_step"]) * int(shared["group_size"]),
-        group_size=int(shared["group_size"]),
-        lr=float(shared["lr"]),
-        weight_decay=float(shared["weight_decay"]),
-        max_norm=float(shared["grad_clip"]),
-        max_tokens=shared.get("max_tokens"),
-        seq_len=int(p["seq_len"]),
-        train_gpus=int(r["train_gpus"]),
-        infer_gpus=int(r["infer_gpus"]),
-        ckpt_interval=shared.get("checkpoint_every"),
-        max_off_policy_steps=int(r["max_off_policy_steps"]),
-        eps_low=float(shared["eps_low"]),
-        eps_high=float(shared["eps_high"]),
-        kl_coef=float(shared["kl_coef"]),
-        skip_zero_advantage=bool(shared["skip_zero_advantage"]),
+        max_steps=shared.steps,
+        batch_size=shared.tasks_per_step * shared.group_size,
+        group_size=shared.group_size,
+        lr=shared.lr,
+        weight_decay=shared.weight_decay,
+        max_norm=shared.grad_clip,
+        max_tokens=shared.max_tokens,
+        seq_len=p.seq_len,
+        train_gpus=r.train_gpus,
+        infer_gpus=r.infer_gpus,
+        ckpt_interval=shared.checkpoint_every,
+        max_off_policy_steps=r.max_off_policy_steps,
+        eps_low=shared.eps_low,
+        eps_high=shared.eps_high,
+        kl_coef=shared.kl_coef,
+        skip_zero_advantage=shared.skip_zero_advantage,
         # rl.dtype auto is bf16 on a GPU, where prime-rl always trains
-        dtype="bfloat16" if shared["dtype"] == "auto" else str(shared["dtype"]),
-        max_failed_share=float(_section(cfg, "prime_rl", "rl", "max_failed_share")),
-        colocate=bool(r["colocate"]),
-        gpu_memory_utilization=r.get("gpu_memory_utilization"),
+        dtype="bfloat16" if shared.dtype == "auto" else shared.dtype,
+        max_failed_share=r.max_failed_share,
+        colocate=r.colocate,
+        gpu_memory_utilization=r.gpu_memory_utilization,
     )
 
 
@@ -264,29 +277,24 @@ def check_attn_extras(attn: str, extras: list[str] | tuple[str, ...]) -> str:
     return attn
 
 
-def attn_setting(cfg: Mapping[str, Any]) -> str:
+def attn_setting(cfg: Mapping[str, Any] | StageView) -> str:
     """prime-rl's ``attn`` value for the config's ``prime_rl.attn`` (checked against its extras)."""
-    p = _section(cfg, "prime_rl")
-    return check_attn_extras(str(p["attn"]), list(p["extras"]))
+    p = _section(typed(cfg), "prime_rl")
+    return check_attn_extras(p.attn, list(p.extras))
 
 
-def attention_patches(cfg: Mapping[str, Any]) -> list[str]:
+def attention_patches(cfg: Mapping[str, Any] | StageView) -> list[str]:
     """The patch files (in ``workflow/prime-rl/``) the config's attention kernel needs beside the algorithm patch."""
-    p = _section(cfg, "prime_rl")
-    check_attn_extras(str(p["attn"]), list(p["extras"]))
-    return [TORCH_FA2_PATCH] if p["attn"] == TORCH_FA2 else []
+    p = _section(typed(cfg), "prime_rl")
+    check_attn_extras(p.attn, list(p.extras))
+    return [TORCH_FA2_PATCH] if p.attn == TORCH_FA2 else []
 
 
-def sft_settings(cfg: Mapping[str, Any]) -> SFTSettings:
-    p, s = _section(cfg, "prime_rl"), _section(cfg, "prime_rl", "sft")
-    return SFTSettings(
-        max_steps=int(s["max_steps"]),
-        batch_size=int(s["batch_size"]),
-        micro_batch_size=int(s["micro_batch_size"]),
-        lr=float(s["lr"]),
-        seq_len=int(p["seq_len"]),
-        gpus=int(s["gpus"]),
-    )
+def sft_settings(cfg: Mapping[str, Any] | StageView) -> SFTSettings:
+    p = _section(typed(cfg), "prime_rl")
+    s = p.sft
+    return SFTSettings(max_steps=s.max_steps, batch_size=s.batch_size, micro_batch_size=s.micro_batch_size, lr=s.lr,
+                       seq_len=p.seq_len, gpus=s.gpus)
 
 
 def _abs(path: str | Path) -> str:
@@ -302,15 +310,15 @@ def _drop_none(value: Any) -> Any:
     return value
 
 
-def renderer_table(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def renderer_table(cfg: Mapping[str, Any] | StageView) -> dict[str, Any]:
     # The study renders with the Qwen3 template's default generation prompt (config model.enable_thinking).
-    return {"name": RENDERER, "enable_thinking": bool(cfg["model"]["enable_thinking"])}
+    return {"name": RENDERER, "enable_thinking": typed(cfg).model.enable_thinking}
 
 
-def train_sampling(cfg: Mapping[str, Any], s: RLSettings) -> dict[str, Any]:
+def train_sampling(cfg: Mapping[str, Any] | StageView, s: RLSettings) -> dict[str, Any]:
     """The RL rollouts' sampling: ``env.temperature``, and ``rl.max_tokens`` (else ``env.max_tokens``) per call."""
-    env = _section(cfg, "env")
-    return {"temperature": float(env["temperature"]), "max_tokens": int(s.max_tokens or env["max_tokens"])}
+    env = _section(typed(cfg), "env")
+    return {"temperature": env.temperature, "max_tokens": s.max_tokens or env.max_tokens}
 
 
 def env_source(
@@ -366,15 +374,20 @@ def env_source(
 
 
 def rl_config(
-    cfg: Mapping[str, Any], run: str, seed: int, *, model: str | Path, tasks: str | Path, output_dir: str | Path
+    cfg: Mapping[str, Any] | StageView, run: str, seed: int, *, model: str | Path, tasks: str | Path,
+    output_dir: str | Path,
 ) -> dict[str, Any]:
-    """The ``rl`` TOML (as a dict) of one run and seed (the rules in the module doc)."""
+    """The ``rl`` TOML (as a dict) of one run and seed (the rules in the module doc). `cfg`: prime-rl-config's typed
+    slice, or any config mapping (tests); the run matrix, the rollouts' protocol and the W&B targets take its plain
+    data (``as_dict``), as the other stages hand them."""
+    view = typed(cfg)
+    cfg = view.as_dict
     spec = resolve_run(cfg, run)
-    s = rl_settings(cfg)
+    s = rl_settings(view)
     check_rl_design(s)
     check_placement(s)
-    attn = attn_setting(cfg)
-    sampling = train_sampling(cfg, s)
+    attn = attn_setting(view)
+    sampling = train_sampling(view, s)
     if not spec.predictive:
         algo: dict[str, Any] = {"type": "grpo_std"}
     else:
@@ -400,7 +413,7 @@ def rl_config(
             "max_off_policy_steps": s.max_off_policy_steps,
             "algo": algo,
             "post_batch_filters": filters_table(s),
-            "renderer": renderer_table(cfg),
+            "renderer": renderer_table(view),
             "train": {
                 "sampling": {"temperature": sampling["temperature"], "max_completion_tokens": sampling["max_tokens"]},
                 "source": [env_source(cfg, spec, tasks, seed=int(seed), sampling=sampling)],
@@ -462,19 +475,22 @@ def model_ref(model: str | Path) -> str:
 
 
 def sft_config(
-    cfg: Mapping[str, Any], arm: str, *, model: str | Path, dataset_dir: str | Path, output_dir: str | Path
+    cfg: Mapping[str, Any] | StageView, arm: str, *, model: str | Path, dataset_dir: str | Path,
+    output_dir: str | Path,
 ) -> dict[str, Any]:
     """The ``sft`` TOML (as a dict) of one arm, or of a run with its own SFT (`predict.runs.sft_runs`): loss on
-    assistant turns, one final checkpoint."""
+    assistant turns, one final checkpoint. `cfg` as for `rl_config`."""
+    view = typed(cfg)
+    cfg = view.as_dict
     if arm not in (owners := sft_runs(cfg)):
         raise PrimeRLConfigError(f"arms: no arm or run with its own SFT {arm!r} (have {', '.join(owners)})")
-    s = sft_settings(cfg)
+    s = sft_settings(view)
     table = {
         "max_steps": s.max_steps,
         "output_dir": _abs(output_dir),
         "deployment": {"type": "single_node", "num_gpus": s.gpus},
-        "model": {"name": model_ref(model), "attn": attn_setting(cfg)},
-        "renderer": renderer_table(cfg),
+        "model": {"name": model_ref(model), "attn": attn_setting(view)},
+        "renderer": renderer_table(view),
         "data": {
             "type": "sft",
             "name": _abs(dataset_dir),
@@ -482,7 +498,7 @@ def sft_config(
             "seq_len": s.seq_len,
             "batch_size": s.batch_size,
             "micro_batch_size": s.micro_batch_size,
-            "seed": int(cfg["seeds"][0]),
+            "seed": view.seeds[0],
             "loss_mask": {"system": False, "user": False, "assistant": True, "tool": False},
         },
         "optim": {"type": "adamw", "lr": s.lr},
