@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,21 +27,64 @@ from tests.test_prime_rl_failed_rollouts import killed_run
 from tests.test_prime_rl_patch import _verifiers_source, patched_source, skip_unless_required
 
 FLOW = Path(__file__).with_name("prime_rl_real_flow.py")
+ZYGOTE = Path(__file__).with_name("prime_rl_zygote.py")
 
 
-def prime_rl_runtime(tmp_path: Path) -> tuple[str, Path, Path]:
-    """(an interpreter with prime-rl's runtime dependencies, the patched prime-rl tree, verifiers at its pin), or a
-    skip saying what is missing."""
+class PrimeRlPython:
+    """PREDICT_PRIME_RL_PYTHON, started once for the module (tests/prime_rl_zygote.py): `run` is ``subprocess.run(
+    [python, *args], capture_output=True, text=True)`` in a child forked from it, without each child's ~10 s of
+    importing torch and verifiers' dependencies again. The child imports prime-rl, verifiers and predict itself."""
+
+    def __init__(self, python: str, folder: Path) -> None:
+        self.python, self.dir = python, folder
+        self.log = (self.dir / "zygote.log").open("w")
+        self.proc = subprocess.Popen([python, str(ZYGOTE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True)  # fmt: skip
+        self.calls = 0
+        ready = self.proc.stdout.readline() if self.proc.stdout else ""
+        assert ready.strip() == '{"ready": true}', (ready, (self.dir / "zygote.log").read_text())
+
+    def run(self, args: list[str], *, timeout: int, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        assert self.proc.stdin and self.proc.stdout
+        self.calls += 1
+        out, err = self.dir / f"{self.calls}.out", self.dir / f"{self.calls}.err"
+        request = {"argv": args, "env": dict(os.environ if env is None else env), "cwd": os.getcwd(),
+                   "stdout": str(out), "stderr": str(err), "timeout": timeout}  # fmt: skip
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        assert answer, f"the prime-rl zygote died: {(self.dir / 'zygote.log').read_text()[-3000:]}"
+        code = json.loads(answer)["returncode"]
+        return subprocess.CompletedProcess([self.python, *args], code, out.read_text(), err.read_text())
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def prime_rl_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrimeRlPython]:
+    """The module's prime-rl interpreter (PREDICT_PRIME_RL_PYTHON), or a skip saying it is not set."""
     python = os.environ.get("PREDICT_PRIME_RL_PYTHON")
     if not python:
         skip_unless_required("PREDICT_PRIME_RL_PYTHON is not set: an interpreter with prime-rl's runtime dependencies")
+    interpreter = PrimeRlPython(python, tmp_path_factory.mktemp("prime-rl-zygote"))
+    yield interpreter
+    interpreter.close()
+
+
+def prime_rl_runtime(tmp_path: Path, prime_rl_python: PrimeRlPython) -> tuple[PrimeRlPython, Path, Path]:
+    """(the module's interpreter with prime-rl's runtime dependencies, the patched prime-rl tree, verifiers at its
+    pin), or a skip saying what is missing."""
     work = patched_source(tmp_path)
-    return python, work, _verifiers_source(tmp_path, work)
+    return prime_rl_python, work, _verifiers_source(tmp_path, work)
 
 
-def test_predict_algorithm_in_prime_rls_orchestrator(tmp_path: Path) -> None:
-    python, work, vf_src = prime_rl_runtime(tmp_path)
-    result = subprocess.run([python, str(FLOW), str(work), str(vf_src)], capture_output=True, text=True, timeout=900)
+def test_predict_algorithm_in_prime_rls_orchestrator(tmp_path: Path, prime_rl_python: PrimeRlPython) -> None:
+    python, work, vf_src = prime_rl_runtime(tmp_path, prime_rl_python)
+    result = python.run([str(FLOW), str(work), str(vf_src)], timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["registered"]
@@ -72,16 +116,14 @@ def test_predict_algorithm_in_prime_rls_orchestrator(tmp_path: Path) -> None:
 FAILED_FLOW = Path(__file__).with_name("prime_rl_failed_flow.py")
 
 
-def test_a_failed_model_call_never_scores_on_prime_rl(tmp_path: Path) -> None:
+def test_a_failed_model_call_never_scores_on_prime_rl(tmp_path: Path, prime_rl_python: PrimeRlPython) -> None:
     """Our taskset + harness under verifiers at prime-rl's pin, a 404 on the first call, then prime-rl's own TrainSink
     and per-step metrics: the rollout is an error (never a reward of 0), is dropped from its group (the survivors'
     baseline is theirs alone), ships no sample, is counted (n_failed), and a step over the threshold stops the run."""
-    python, work, vf_src = prime_rl_runtime(tmp_path)
+    python, work, vf_src = prime_rl_runtime(tmp_path, prime_rl_python)
     env = {**os.environ, "HOME": str(tmp_path / "home")}
-    result = subprocess.run(
-        [python, str(FAILED_FLOW), str(work), str(vf_src), str(tmp_path / "run")],
-        capture_output=True,
-        text=True,
+    result = python.run(
+        [str(FAILED_FLOW), str(work), str(vf_src), str(tmp_path / "run")],
         timeout=900,
         env=env,
     )
@@ -116,15 +158,17 @@ TRAIN_CLIENT_FLOW = Path(__file__).with_name("prime_rl_train_client_flow.py")
 
 
 @pytest.mark.slow
-def test_the_rendered_seat_rolls_out_through_prime_rls_train_client(tmp_path: Path, tiny_server: Any) -> None:
+def test_the_rendered_seat_rolls_out_through_prime_rls_train_client(
+    tmp_path: Path, tiny_server: Any, prime_rl_python: PrimeRlPython
+) -> None:
     """The rendered RL seat under verifiers at prime-rl's pin with the client prime-rl gives its env server (the
     TrainClient, token in/out) against a real vLLM server: the rollout completes with sampled turns and no error.
     On the H200 every rollout of the first RL run failed with HTTP 502 "TrainClient does not support streaming"."""
-    python, work, vf_src = prime_rl_runtime(tmp_path)
+    python, work, vf_src = prime_rl_runtime(tmp_path, prime_rl_python)
     env = {**os.environ, "HOME": str(tmp_path / "home")}
-    result = subprocess.run(
-        [python, str(TRAIN_CLIENT_FLOW), str(work), str(vf_src), tiny_server.base_url, tiny_server.model_name],
-        capture_output=True, text=True, timeout=600, env=env,
+    result = python.run(
+        [str(TRAIN_CLIENT_FLOW), str(work), str(vf_src), tiny_server.base_url, tiny_server.model_name],
+        timeout=600, env=env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
@@ -138,15 +182,16 @@ PARITY = REPO_ROOT / "benchmarks" / "prime_rl_parity.py"
 
 
 @pytest.mark.slow
-def test_the_parity_tool_rebuilds_a_saved_step_and_gets_one_loss_from_both_trainers(tmp_path: Path, tiny: Path) -> None:
+def test_the_parity_tool_rebuilds_a_saved_step_and_gets_one_loss_from_both_trainers(
+    tmp_path: Path, tiny: Path, prime_rl_python: PrimeRlPython
+) -> None:
     """benchmarks/prime_rl_parity.py (issue 39's parity on a real batch, for the GPU) on a step saved as prime-rl's
     orchestrator saves it: the failed rollout is dropped, the group is scored by PredictAlgorithm (RL samples and
     CE-only samples of weight alpha), and one forward of a real model gives prime-rl's compute_loss and the local
     predict_loss the same loss and the same gradient norm over the model's parameters (float32: exactly)."""
-    python, work, vf_src = prime_rl_runtime(tmp_path)
+    python, work, vf_src = prime_rl_runtime(tmp_path, prime_rl_python)
     traces = tmp_path / "step_1" / "traces.jsonl"
-    made = subprocess.run([python, str(SAVED_TRACES), str(work), str(vf_src), str(traces)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    made = python.run([str(SAVED_TRACES), str(work), str(vf_src), str(traces)], timeout=300)
     assert made.returncode == 0, made.stderr[-3000:]
     out_json = tmp_path / "parity.json"
     # prime-rl's trainer writes a step as several records (as on the H200: perf, optim, loss, time, system); the
@@ -160,11 +205,11 @@ def test_the_parity_tool_rebuilds_a_saved_step_and_gets_one_loss_from_both_train
         {"step": 2, "optim/grad_norm": 9.9, "loss/mean": 9.9},
         {"step": 1, "system/ckpt_disk_free_gib": 40.0},
     ]))  # fmt: skip
-    result = subprocess.run(
-        [python, str(PARITY), "--prime-rl", str(work), "--verifiers", str(vf_src), "--config",
+    result = python.run(
+        [str(PARITY), "--prime-rl", str(work), "--verifiers", str(vf_src), "--config",
          str(REPO_ROOT / "config" / "config.yaml"), "--traces", str(traces), "--model", str(tiny), "--out",
          str(out_json), "--trainer-metrics", str(metrics), "--step", "1"],
-        capture_output=True, text=True, timeout=600,
+        timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(out_json.read_text())
@@ -191,17 +236,18 @@ print(json.dumps({"trainer": trainer, "orchestrator": orchestrator, "weights": w
 """
 
 
-def test_prime_rls_own_resume_resolution_finds_one_step_after_align_checkpoints(tmp_path: Path) -> None:
+def test_prime_rls_own_resume_resolution_finds_one_step_after_align_checkpoints(
+    tmp_path: Path, prime_rl_python: PrimeRlPython
+) -> None:
     """The H200's killed run (trainer checkpoints 1-2, orchestrator 1-3, weights 1-2), resolved by prime-rl's own
     code as its retry does with ``resume_step = -1``: before `align_checkpoints` the orchestrator resumes at 3 and
     finds no weights; after it, launcher, trainer and orchestrator all resume at 2 with step 2's weights."""
-    python, work, _ = prime_rl_runtime(tmp_path)
+    python, work, _ = prime_rl_runtime(tmp_path, prime_rl_python)
     output_dir = tmp_path / "o"
     killed_run(output_dir, {1: True, 2: True}, [1, 2, 3], [1, 2])
 
     def resolve() -> subprocess.CompletedProcess[str]:
-        return subprocess.run([python, "-c", RESOLVE_AS_PRIME_RL, str(work), str(output_dir)],
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        return python.run(["-c", RESOLVE_AS_PRIME_RL, str(work), str(output_dir)], timeout=300)
 
     before = resolve()
     assert before.returncode != 0 and "No weight directory found for checkpoint step 3" in before.stderr

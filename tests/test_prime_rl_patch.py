@@ -201,65 +201,99 @@ def _run_with_prime_rl_configs(code: str, payload: Any, path: list[Path], *, tim
     return json.loads(result.stdout)
 
 
-def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) -> None:
-    """The whole rendered ``rl`` (every run) and ``sft`` TOMLs parse with prime-rl's RLConfig / SFTConfig at the pin
-    (extra keys forbidden), with verifiers at prime-rl's pin resolving our taskset and harness configs by id."""
+VALIDATE_CODE = (
+    "from prime_rl.configs.rl import RLConfig\nfrom prime_rl.configs.sft import SFTConfig\n"
+    "out = {}\n"
+    "for name, t in payload['validate'].items():\n"
+    "    c = (RLConfig if name.startswith('rl/') else SFTConfig).model_validate(t)\n"
+    "    w = [c.trainer.wandb, c.orchestrator.wandb] if name.startswith('rl/') else [c.wandb]\n"
+    "    out[name + '/wandb'] = [None if x is None else [x.project, x.name, x.offline] for x in w]\n"
+    "    if name.startswith('rl/'):\n"
+    "        src = c.orchestrator.train.source[0]\n"
+    "        env = src.env\n"
+    "        out[name] = [type(c.orchestrator.algo).__name__, type(env.taskset).__name__,\n"
+    "                     type(env.agent.harness).__name__, (lambda p: p['variant'] if isinstance(p, dict) else p.variant)(env.agent.harness.protocol),\n"
+    "                     str(c.trainer.output_dir), c.trainer.ckpt.weights is not None,\n"
+    "                     src.group_size, src.algo.type]\n"
+    "        out[name + '/design'] = [c.trainer.loss.type, c.trainer.loss.import_path, c.trainer.loss.kwargs,\n"
+    "            c.trainer.ckpt.resume_step, c.orchestrator.ckpt.resume_step, c.trainer.model.attn,\n"
+    "            c.trainer.model.optimization_dtype, [[f.type, f.enforce] for f in c.orchestrator.post_batch_filters],\n"
+    "            env.taskset.order_seed, str(c.trainer.model.name)]\n"
+    "        out[name + '/serving'] = [c.inference.router, c.inference.gpu_memory_utilization,\n"
+    "            c.weight_broadcast.type, c.orchestrator.weight_broadcast.type, c.trainer.weight_broadcast.type,\n"
+    "            c.trainer.model.attn, c.orchestrator.model.client.base_url, c.inference.server.port]\n"
+    "    else:\n"
+    "        out[name] = [c.data.name, c.renderer.name, c.ckpt.resume_step, c.model.attn]\n"
+    "results['validate'] = out\n"
+)
 
+REWRITE_CODE = (
+    "import tomllib, tomli_w\n"
+    "from prime_rl.configs.rl import RLConfig\nfrom prime_rl.configs.orchestrator import OrchestratorConfig\n"
+    "from prime_rl.utils.config import to_toml_dict\n"
+    "out = {}\n"
+    "for name, t in payload['rewrite'].items():\n"
+    "    c = RLConfig.model_validate(t)\n"
+    "    text = tomli_w.dumps(to_toml_dict(c.orchestrator))  # the launcher's write_subconfigs\n"
+    "    again = OrchestratorConfig.model_validate(tomllib.loads(text))\n"
+    "    dump = lambda o: o.train.source[0].env.model_dump(mode='json')\n"
+    "    out[name] = [dump(again) == dump(c.orchestrator), dump(again)['agent']['harness']['protocol']]\n"
+    "results['rewrite'] = out\n"
+)
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """The rendered TOMLs of the two checks below, parsed by prime-rl's configs at the pin in one child (its imports
+    of prime-rl's configs and verifiers at the pin are ~3 s each time on the 2-core machines): (the folder the
+    tables point into, VALIDATE_CODE's output, REWRITE_CODE's output)."""
     from predict.train.prime_rl import configs
 
+    tmp_path = tmp_path_factory.mktemp("rendered")
     work = patched_source(tmp_path)
     vf_src = _verifiers_source(tmp_path, work)
     cfg = load_config(REPO_ROOT / "config" / "config.yaml")
-    tables = {
+    validate = {
         f"rl/{run}": configs.rl_config(
             cfg, run, 42, model=tmp_path / "sft", tasks=tmp_path / "rl.parquet", output_dir=tmp_path / "out"
         )
         for run in study_runs(cfg)
     }
-    tables["sft/B"] = configs.sft_config(
+    validate["sft/B"] = configs.sft_config(
         cfg, "B", model=cfg["model"]["base"], dataset_dir=tmp_path / "data", output_dir=tmp_path / "sft-out"
     )
     # issue 39: one GPU shared by inference and trainer, prime-rl's FA2 path on PyTorch's kernel
     colocated = {**cfg, "prime_rl": {**cfg["prime_rl"], "attn": "flash_attention_2_torch", "extras": [],
                                      "rl": {**cfg["prime_rl"]["rl"], "colocate": True, "gpu_memory_utilization": 0.3}}}
-    tables["rl/B/colocated"] = configs.rl_config(colocated, "B", 42, model=tmp_path / "sft",
-                                                 tasks=tmp_path / "rl.parquet", output_dir=tmp_path / "out")
+    validate["rl/B/colocated"] = configs.rl_config(colocated, "B", 42, model=tmp_path / "sft",
+                                                   tasks=tmp_path / "rl.parquet", output_dir=tmp_path / "out")
     for mode in ("online", "offline"):  # issue 29: the W&B monitors the renderer emits for tracking.wandb.mode
         tracked = {**cfg, "tracking": {"tensorboard": True, "wandb": {"mode": mode, "project": "predict"}}}
-        tables[f"rl/B/wandb-{mode}"] = configs.rl_config(tracked, "B", 42, model=tmp_path / "sft",
-                                                         tasks=tmp_path / "rl.parquet", output_dir=tmp_path / "out")
-        tables[f"sft/B/wandb-{mode}"] = configs.sft_config(tracked, "B", model=cfg["model"]["base"],
-                                                           dataset_dir=tmp_path / "data", output_dir=tmp_path / "s")
-    code = (
-        "import json, sys\n"
-        "from prime_rl.configs.rl import RLConfig\nfrom prime_rl.configs.sft import SFTConfig\n"
-        "out = {}\n"
-        "for name, t in json.loads(sys.argv[1]).items():\n"
-        "    c = (RLConfig if name.startswith('rl/') else SFTConfig).model_validate(t)\n"
-        "    w = [c.trainer.wandb, c.orchestrator.wandb] if name.startswith('rl/') else [c.wandb]\n"
-        "    out[name + '/wandb'] = [None if x is None else [x.project, x.name, x.offline] for x in w]\n"
-        "    if name.startswith('rl/'):\n"
-        "        src = c.orchestrator.train.source[0]\n"
-        "        env = src.env\n"
-        "        out[name] = [type(c.orchestrator.algo).__name__, type(env.taskset).__name__,\n"
-        "                     type(env.agent.harness).__name__, (lambda p: p['variant'] if isinstance(p, dict) else p.variant)(env.agent.harness.protocol),\n"
-        "                     str(c.trainer.output_dir), c.trainer.ckpt.weights is not None,\n"
-        "                     src.group_size, src.algo.type]\n"
-        "        out[name + '/design'] = [c.trainer.loss.type, c.trainer.loss.import_path, c.trainer.loss.kwargs,\n"
-        "            c.trainer.ckpt.resume_step, c.orchestrator.ckpt.resume_step, c.trainer.model.attn,\n"
-        "            c.trainer.model.optimization_dtype, [[f.type, f.enforce] for f in c.orchestrator.post_batch_filters],\n"
-        "            env.taskset.order_seed, str(c.trainer.model.name)]\n"
-        "        out[name + '/serving'] = [c.inference.router, c.inference.gpu_memory_utilization,\n"
-        "            c.weight_broadcast.type, c.orchestrator.weight_broadcast.type, c.trainer.weight_broadcast.type,\n"
-        "            c.trainer.model.attn, c.orchestrator.model.client.base_url, c.inference.server.port]\n"
-        "    else:\n"
-        "        out[name] = [c.data.name, c.renderer.name, c.ckpt.resume_step, c.model.attn]\n"
-        "print(json.dumps(out))\n"
-    )
+        validate[f"rl/B/wandb-{mode}"] = configs.rl_config(tracked, "B", 42, model=tmp_path / "sft",
+                                                           tasks=tmp_path / "rl.parquet", output_dir=tmp_path / "out")
+        validate[f"sft/B/wandb-{mode}"] = configs.sft_config(tracked, "B", model=cfg["model"]["base"],
+                                                             dataset_dir=tmp_path / "data", output_dir=tmp_path / "s")
+    rewrite = {run: configs.rl_config(cfg, run, 42, model=tmp_path / "sft", tasks=tmp_path / "rl.parquet",
+                                       output_dir=tmp_path / "out") for run in study_runs(cfg)}
+    code = "import json, sys\npayload = json.loads(sys.argv[1])\nresults = {}\n" + VALIDATE_CODE + REWRITE_CODE
     # this checkout's predict first (the venv may hold another editable install of it)
     parsed = _run_with_prime_rl_configs(
-        code, tables, [REPO_ROOT / "src", vf_src, work / "packages" / "prime-rl-configs" / "src"], timeout=600
+        code + "print(json.dumps(results))\n",
+        {"validate": validate, "rewrite": rewrite},
+        [REPO_ROOT / "src", vf_src, work / "packages" / "prime-rl-configs" / "src"],
+        timeout=600,
     )
+    return tmp_path, parsed["validate"], parsed["rewrite"]
+
+
+def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(
+    rendered: tuple[Path, dict[str, Any], dict[str, Any]],
+) -> None:
+    """The whole rendered ``rl`` (every run) and ``sft`` TOMLs parse with prime-rl's RLConfig / SFTConfig at the pin
+    (extra keys forbidden), with verifiers at prime-rl's pin resolving our taskset and harness configs by id."""
+
+    tmp_path, parsed, _ = rendered
+    cfg = load_config(REPO_ROOT / "config" / "config.yaml")
     # W&B only when asked; asked for, both processes of an RL run and SFT log to the project, offline as asked (the
     # rl entrypoint's shared [wandb] refuses offline: the renderer puts an offline monitor in each process instead)
     assert parsed["rl/B/wandb"] == [None, None] and parsed["sft/B/wandb"] == [None]
@@ -300,35 +334,16 @@ def test_rendered_tomls_validate_as_prime_rl_rl_and_sft_configs(tmp_path: Path) 
         ]
 
 
-def test_rendered_rl_tomls_survive_the_rl_launchers_own_rewrite(tmp_path: Path) -> None:
+def test_rendered_rl_tomls_survive_the_rl_launchers_own_rewrite(
+    rendered: tuple[Path, dict[str, Any], dict[str, Any]],
+) -> None:
     """prime-rl's ``rl`` launcher writes each process its own TOML (`write_subconfigs`: ``to_toml_dict`` then
     ``tomli_w``) and the orchestrator parses it again. TOML has no null: a None left inside our harness config (the
     protocol's ``max_model_calls``, a dataclass that prime-rl's encoder does not walk) crashed every rl run at start
     on the H200 (issue 39). Every run's orchestrator table must write and read back to the same environment."""
 
-    from predict.train.prime_rl import configs
-
-    work = patched_source(tmp_path)
-    vf_src = _verifiers_source(tmp_path, work)
+    _, _, parsed = rendered
     cfg = load_config(REPO_ROOT / "config" / "config.yaml")
-    tables = {run: configs.rl_config(cfg, run, 42, model=tmp_path / "sft", tasks=tmp_path / "rl.parquet",
-                                     output_dir=tmp_path / "out") for run in study_runs(cfg)}
-    code = (
-        "import json, sys, tomllib, tomli_w\n"
-        "from prime_rl.configs.rl import RLConfig\nfrom prime_rl.configs.orchestrator import OrchestratorConfig\n"
-        "from prime_rl.utils.config import to_toml_dict\n"
-        "out = {}\n"
-        "for name, t in json.loads(sys.argv[1]).items():\n"
-        "    c = RLConfig.model_validate(t)\n"
-        "    text = tomli_w.dumps(to_toml_dict(c.orchestrator))  # the launcher's write_subconfigs\n"
-        "    again = OrchestratorConfig.model_validate(tomllib.loads(text))\n"
-        "    dump = lambda o: o.train.source[0].env.model_dump(mode='json')\n"
-        "    out[name] = [dump(again) == dump(c.orchestrator), dump(again)['agent']['harness']['protocol']]\n"
-        "print(json.dumps(out))\n"
-    )
-    parsed = _run_with_prime_rl_configs(
-        code, tables, [REPO_ROOT / "src", vf_src, work / "packages" / "prime-rl-configs" / "src"], timeout=600
-    )
     assert set(parsed) == set(study_runs(cfg))
     for run, (same, protocol) in parsed.items():
         assert same, (run, protocol)

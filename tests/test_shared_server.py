@@ -343,9 +343,9 @@ def test_real_reused_server_gives_the_rows_of_a_fresh_one(
     rows = [r for r in mbpp_rows if r["task_id"] in (2, 11, 127)]
     tasks = write_rows(rows, MBPP_SCHEMA, tmp_path / "val.parquet")
 
-    def rollouts(name: str, model: Path, serving: dict[str, Any]) -> list[dict[str, Any]]:
+    def rollouts(name: str, model: Path, serving: dict[str, Any], n_tasks: int = 3) -> list[dict[str, Any]]:
         job = RolloutJob(tasks_path=tasks, split="val", out=tmp_path / name / "seed42.parquet", model=str(model),
-                         checkpoint="sft", arm="B", seed=42, n_tasks=3,
+                         checkpoint="sft", arm="B", seed=42, n_tasks=n_tasks,
                          sampling={"temperature": 0.0, "max_tokens": 64})  # fmt: skip
         run_job(job, {**study, "serving": serving, "env": {**study["env"], "concurrency": CONCURRENCY}})
         return [{k: v for k, v in r.items() if k not in PER_RUN} for r in read_rows(job.out)]
@@ -354,7 +354,8 @@ def test_real_reused_server_gives_the_rows_of_a_fresh_one(
     assert not (tmp_path / "cache" / "serving").exists()  # no lease without serving.shared
     monkeypatch.setattr(predict.serving.server, "default_cache_dir", lambda: shared_vllm_cache)  # the session's
     shared = {**study["serving"], "shared": SESSION_SHARED}
-    rollouts("other", seed1, shared)  # the shared server (started or reused) on other weights
+    # the shared server (started or reused) on other weights: one task is enough to have served them
+    assert len(rollouts("other", seed1, shared, n_tasks=1)) == 1
     pid = json.loads((shared_vllm_cache / "serving" / "server.json").read_text())["pid"]
     reused = rollouts("reused", seed0, shared)  # the same server, seed 0's weights loaded in place
     assert json.loads((shared_vllm_cache / "serving" / "server.json").read_text())["pid"] == pid
