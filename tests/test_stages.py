@@ -18,6 +18,7 @@ from predict.stages import (
     SliceError,
     StageView,
     config_slice,
+    field_value,
     readme_table,
     slice_file,
     slice_params,
@@ -317,3 +318,19 @@ def test_a_stage_with_a_slice_of_the_wrong_stage_fails_in_one_line(tmp_path: Pat
     args = ["verify-gold", "--config-slice", str(tmp_path / "empty.json"), "--data-dir", str(tmp_path)]
     assert main([*args, "--out", str(tmp_path / "g.parquet"), "--summary-out", str(tmp_path / "s.parquet")]) == 2
     assert "stage 'verify-gold': its config sets no 'verifier'" in " ".join(capsys.readouterr().err.split())
+
+
+def test_field_value_types_one_key_as_its_model_without_the_rest_of_its_section() -> None:
+    """What the library code reads instead of int()/float() casts (issue 40): a YAML 1 for a float key is 1.0, an
+    int key stays an int, and the section's other keys (here RLSettings' required ones) are not asked for."""
+    from predict.runs import resolve_run
+
+    lr = field_value(RLSettings, "lr", 1)
+    assert lr == 1.0 and isinstance(lr, float)
+    steps = field_value(RLSettings, "steps", 3)
+    assert steps == 3 and isinstance(steps, int)
+    # a run matrix alone resolves (resolve_run reads env.test_cost and the overlays' alpha through the models)
+    config = {"arms": {"A": {"protocol": "reactive"}, "B": {"protocol": "predictive", "alpha": 1}},
+              "env": {"test_cost": 1}, "ablations": {"b_alpha": {"alpha": 2}}}
+    spec = resolve_run(config, "b_alpha")
+    assert (spec.alpha, spec.test_cost, spec.mask_decision) == (2.0, 1, False) and isinstance(spec.alpha, float)

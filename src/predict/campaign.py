@@ -73,8 +73,8 @@ from pathlib import Path
 from typing import Any
 
 from predict.config import section
-from predict.config.models import EvaluationSettings, SelectionSettings
-from predict.stages import UNTRACKED, Stage, pick, without_keys
+from predict.config.models import EvaluationSettings, SelectionSettings, StudyConfig
+from predict.stages import UNTRACKED, Stage, field_value, pick, without_keys
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,9 @@ def evaluation_seed(config: Mapping[str, Any], run: str, checkpoint: str, seed: 
     """The seed whose test file holds run/checkpoint for `seed`: an arm's reference is evaluated once, under the first
     seed (one SFT checkpoint per arm); everything else under its own seed."""
     reference = _evaluation(config).reference
-    return int(config["seeds"][0]) if run in config["arms"] and checkpoint == reference else int(seed)
+    if run in config["arms"] and checkpoint == reference:
+        return field_value(StudyConfig, "seeds", config["seeds"])[0]
+    return int(seed)
 
 
 def campaign_checkpoints(config: Mapping[str, Any], run: str, seed: int, val_checkpoints: Sequence[str],
@@ -730,8 +732,9 @@ def replay(config: Mapping[str, Any], *, run: str, checkpoint: str, seed: int, m
     if outside := wanted - {int(r["task_id"]) for r in rows}:
         raise SplitGuardError(f"{where}: tasks {first_ids(outside)} were not among the tasks it evaluated: a replay "
                               "re-executes recorded rollouts only")
+    samples = field_value(EvaluationSettings, "samples", evaluation["samples"])  # the line's section, as its model types it
     tasks = [{**r, "sample": k} for r in rows if int(r["task_id"]) in wanted
-             for k in range(int(evaluation["samples"]))]  # as predict.rollouts.select_tasks repeats them
+             for k in range(samples)]  # as predict.rollouts.select_tasks repeats them
     return Replay(campaign["campaign"], run, checkpoint, int(seed), tuple(tasks), dict(entry))
 
 

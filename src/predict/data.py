@@ -234,15 +234,18 @@ def derive_test_split(data: Mapping[str, Any]) -> TestSplit:
     ``sizes``), cut exactly as `predict split` cuts it (`split_tasks`), with no registry and no split file: what every
     stage's seal and the test campaign (`predict.campaign`) hold task ids against. Cached per
     process by the file's identity (path, size, mtime, ctime, inode: a rewrite changes the ctime) and the settings."""
-    path = mbpp_file(data)
-    sizes = data["sizes"]
+    from predict.config import section  # noqa: PLC0415
+    from predict.config.models import DataSettings  # noqa: PLC0415
+
+    settings = section(data, DataSettings)  # the section once, as its model types it (hf_fallback's default there)
+    path, sizes = mbpp_file(data), settings.sizes
     try:
         st = path.stat()
         stamp: tuple[Any, ...] = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     except OSError:
         stamp = (str(path), None)  # missing: the HF fallback (load_mbpp says what is wrong otherwise)
-    return _derive(stamp, str(path), bool(data.get("hf_fallback")), data.get("mbpp_sha256"), int(data["split_seed"]),
-                   (int(sizes["sft"]), int(sizes["rl"]), int(sizes["test"])))
+    return _derive(stamp, str(path), settings.hf_fallback, settings.mbpp_sha256, settings.split_seed,
+                   (sizes.sft, sizes.rl, sizes.test))
 
 
 @functools.lru_cache(maxsize=8)

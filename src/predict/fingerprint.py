@@ -295,11 +295,14 @@ def claim_results_dir(config: Mapping[str, Any], outputs: Iterable[str | Path]) 
     """Refuse to write into ``results_dir`` when another ``run_name`` made it; record this run's name there on its
     first write. Only stages whose ``outputs`` lie under ``results_dir`` claim it (a stage run by hand into a
     scratch folder does not)."""
+    from predict.config.models import StudyConfig  # noqa: PLC0415 (lazy, as above: reading a fingerprint needs no config)
+    from predict.stages import field_value  # noqa: PLC0415
+
     results = Path(config["results_dir"]).resolve()
     if not any(results == Path(p).resolve() or results in Path(p).resolve().parents for p in outputs if p):
         return
     marker = results / RUN_NAME_FILE
-    name = str(config["run_name"])
+    name = field_value(StudyConfig, "run_name", config["run_name"])
     if not marker.exists():
         results.mkdir(parents=True, exist_ok=True)
         tmp = marker.with_name(f"{RUN_NAME_FILE}.{os.getpid()}.tmp")

@@ -46,6 +46,7 @@ from typing import Any
 
 from predict.config import ConfigError, allowed_values, config_default
 from predict.config.models import AblationSettings, ArmSettings, ExtensionSettings, RLSettings
+from predict.stages import RUN_MATRIX, StageView, field_value
 from predict.vocabulary import ENVIRONMENT_VARIANTS, PREDICTIVE_VARIANTS, TRACE_VARIANTS, VARIANTS
 
 TRAINERS = allowed_values(ExtensionSettings, "trainer")  # rl, rft
@@ -87,6 +88,17 @@ class RunSpec:
         return with_env(config, test_cost=self.test_cost)
 
 
+RUNS_VIEW = "runs"
+"""The name `matrix_view` reports in its errors (not a `predict` stage)."""
+
+
+def matrix_view(config: Mapping[str, Any], *more: str) -> StageView:
+    """The config's run-matrix keys (`predict.stages.RUN_MATRIX`, and `more`) as the typed models, read key by key
+    (``env.test_cost`` an int), so a config that sets only these keys reads too. A stage's slice keeps its own key
+    checks underneath; what resolve_run checks itself it still reads through model_construct, for its messages."""
+    return StageView(RUNS_VIEW, config, reads=(*RUN_MATRIX, *more))
+
+
 def with_env(config: Mapping[str, Any], **values: Any) -> Mapping[str, Any]:
     """The config with these ``env`` keys replaced; a value None or equal to the config's keeps it (the config itself
     is returned when nothing changes, a stage's view with its key checks included)."""
@@ -107,7 +119,7 @@ def checkpoint_path(config: Mapping[str, Any], results_dir: str | Path, run: str
     checkpoint names become paths: the workflow (common.smk's checkpoint_model) and the bundle ask here."""
     results = Path(results_dir)
     if checkpoint == "base":
-        base = str(config["model"]["base"])
+        base = matrix_view(config, "model.base").model.base
         return str(results / "models" / "tiny") if base == "tiny" else base
     if checkpoint == "sft":
         return str(results / "checkpoints" / resolve_run(config, run).sft_run / "sft")
@@ -118,7 +130,8 @@ def checkpoint_path(config: Mapping[str, Any], results_dir: str | Path, run: str
 
 def default_mask_decision(config: Mapping[str, Any]) -> bool:
     """rl.mask_decision: the config's, or its default where the config has no `rl` section."""
-    return bool(config["rl"]["mask_decision"] if "rl" in config else config_default(RLSettings, "mask_decision"))
+    view = matrix_view(config)
+    return view.rl.mask_decision if "rl" in view else config_default(RLSettings, "mask_decision")
 
 
 def study_runs(config: Mapping[str, Any]) -> list[str]:
@@ -158,7 +171,8 @@ def resolve_run(config: Mapping[str, Any], run: str) -> RunSpec:
         raise ConfigError(f"run {run!r} is neither an arm, an ablation nor an extension (have {', '.join(known)})")
     arm_settings = ArmSettings.model_construct(**arms[arm])
     protocol = arm_settings.protocol
-    alpha = arm_settings.ce_weight if over is None or over.alpha is None or protocol != "predictive" else float(over.alpha)
+    alpha = arm_settings.ce_weight if over is None or over.alpha is None or protocol != "predictive" \
+        else field_value(type(over), "alpha", over.alpha)
     variant = "none" if over is None else over.variant
     extension = over if isinstance(over, ExtensionSettings) else None
     mask_decision = default_mask_decision(config) if extension is None or extension.mask_decision is None \
@@ -184,8 +198,8 @@ def resolve_run(config: Mapping[str, Any], run: str) -> RunSpec:
         protocol=protocol,
         variant=variant,
         alpha=alpha,
-        test_cost=int(config["env"]["test_cost"] if extension is None or extension.test_cost is None
-                      else extension.test_cost),
+        test_cost=matrix_view(config).env.test_cost if extension is None or extension.test_cost is None
+        else field_value(ExtensionSettings, "test_cost", extension.test_cost),
         mask_decision=mask_decision,
         trainer=trainer,
         kind=kind,
@@ -227,7 +241,7 @@ def environments(config: Mapping[str, Any]) -> list[Environment]:
                 or spec.alpha != arm_alpha:
             continue  # it changes more than the environment
         sides.setdefault((spec.variant, spec.test_cost), {}).setdefault(spec.protocol, []).append(run)
-    default_cost = int(config["env"]["test_cost"])
+    default_cost = matrix_view(config).env.test_cost
     out = []
     for (variant, cost), by_protocol in sides.items():
         name = environment_name(variant, cost, default_cost)

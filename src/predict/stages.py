@@ -291,6 +291,12 @@ def _adapter(model: type[Section], name: str) -> pydantic.TypeAdapter:
     return pydantic.TypeAdapter(model.model_fields[name].annotation)
 
 
+def field_value(model: type[Section], name: str, value: Any) -> Any:
+    """One key's value as its model types it (a YAML ``1`` for a float key reads 1.0), without validating the rest
+    of its section: for code that builds a section unvalidated to raise its own messages (predict.runs)."""
+    return _adapter(model, name).validate_python(value)
+
+
 class StageView:
     """A stage's slice as its typed config models: a key the stage's table entry gives whole reads as its model's
     value (``view.rl`` an `RLSettings`, ``view.rl.lr`` a float even where the YAML wrote ``1``, ``view.arms`` a dict

@@ -63,12 +63,14 @@ def replay_test_rollouts(config: Mapping[str, Any], picks: Sequence[Pick], model
     one vLLM server reloading each checkpoint in place as an evaluation job does); returns their rows, in order.
     Writes only under `scratch`. The coordinator's switch point: the test campaign's own replay entry, where there
     is one, goes here."""
+    from predict.config.models import EnvSettings  # noqa: PLC0415
     from predict.data import load_split  # noqa: PLC0415
     from predict.env.runner import run_rollouts_sync  # noqa: PLC0415
     from predict.evaluate import CheckpointServer, evaluation_job  # noqa: PLC0415
     from predict.rollouts import rollout_settings, sandbox_isolation  # noqa: PLC0415
     from predict.runs import resolve_run  # noqa: PLC0415
     from predict.serving.server import SERVED_NAME  # noqa: PLC0415
+    from predict.stages import field_value  # noqa: PLC0415
 
     tasks = {int(r["task_id"]): r for r in load_split(tasks_path)}
     sandbox_isolation(config)  # the sandbox layers the evaluation's checks had, or a refusal naming the missing one
@@ -79,7 +81,7 @@ def replay_test_rollouts(config: Mapping[str, Any], picks: Sequence[Pick], model
         groups.setdefault((pick.run, pick.checkpoint, pick.seed), []).append(pick)
     # Sized as the evaluation's server was (evaluate.py): the same sequences in flight, so the same rows.
     with CheckpointServer({**config["serving"], "shared": None}, scratch / "vllm.log",
-                          sequences=int(config["env"]["concurrency"])) as server:
+                          sequences=field_value(EnvSettings, "concurrency", config["env"]["concurrency"])) as server:
         for (run, checkpoint, seed), mine in groups.items():
             model = models[(run, checkpoint, seed)]
             job = evaluation_job(config, run=run, checkpoint=checkpoint, split="test", seed=seed, tasks_path=tasks_path,

@@ -159,8 +159,10 @@ class Verifier:
         return f"config: a valid, filled study config, design hash {digest[:16]}..."
 
     def check_split(self) -> str:
+        from predict.config.models import DataSettings  # noqa: PLC0415
         from predict.data import MBPP_SCHEMA, SPLITS, content_hash, load_mbpp, split_tasks  # noqa: PLC0415
         from predict.outputs import write_rows  # noqa: PLC0415
+        from predict.stages import field_value  # noqa: PLC0415
 
         data, recorded = self.config["data"], self.manifest["data"]
         mbpp = self.mbpp or _checkout_path(data["mbpp_path"])
@@ -174,7 +176,8 @@ class Verifier:
             raise CheckFailed(f"{MANIFEST} data: split seed {recorded.get('split_seed')}, the config's is "
                               f"{data['split_seed']}")
         # hf_fallback=False: a reviewer re-derives from the file checked above, never from a download.
-        splits = split_tasks(load_mbpp(mbpp, hf_fallback=False), int(data["split_seed"]), data["sizes"])
+        seed = field_value(DataSettings, "split_seed", data["split_seed"])
+        splits = split_tasks(load_mbpp(mbpp, hf_fallback=False), seed, data["sizes"])
         where = {int(r["task_id"]): name for name in SPLITS for r in splits[name]}
         bundled = recorded["splits"]
         for name in SPLITS:
@@ -197,10 +200,13 @@ class Verifier:
     def check_rows(self) -> str:
         import pyarrow.parquet as pq  # noqa: PLC0415
 
+        from predict.config.models import EvaluationSettings  # noqa: PLC0415
         from predict.rollouts import select_tasks  # noqa: PLC0415
+        from predict.stages import field_value  # noqa: PLC0415
         from predict.stats.metrics import EVAL_PATH  # noqa: PLC0415
 
         ev = self.config["evaluation"]
+        samples = field_value(EvaluationSettings, "samples", ev["samples"])
         rollouts = 0
         for rel in (r for r in self.manifest["files"] if r.startswith("eval/")):
             m = EVAL_PATH.search(rel)
@@ -218,7 +224,7 @@ class Verifier:
                     raise CheckFailed(f"{rel} row {i}: its split/checkpoint/seed {r['split']}/{r['checkpoint']}/"
                                       f"{r['seed']} are not its path's")
             planned = {(int(t["task_id"]), int(t["sample"])) for t in select_tasks(
-                [{"task_id": t} for t in self.split_ids[split]], ev.get("tasks"), int(ev["samples"]))}  # fmt: skip
+                [{"task_id": t} for t in self.split_ids[split]], ev.get("tasks"), samples)}  # fmt: skip
             held = [(int(r["task_id"]), int(r["sample"])) for r in rows]
             if len(set(held)) != len(held):
                 task, sample = next(k for k in held if held.count(k) > 1)

@@ -119,9 +119,12 @@ def server_gpu_args(serving: Mapping[str, Any], model: str | Path, *, sequences:
         if total is None or not (folder / "config.json").is_file():
             raise ValueError(f"cannot derive the vLLM server's GPU share for {model} (no GPU visible, or no "
                              "config.json): set serving.gpu_memory_utilization")  # fmt: skip
+        from predict.config.models import ServingSettings  # noqa: PLC0415
+        from predict.stages import field_value  # noqa: PLC0415
+
         shape = ModelShape.from_folder(folder)
-        share = serving_share(shape, max_model_len=int(serving["max_model_len"]), sequences=sequences,
-                              total_bytes=total)  # fmt: skip
+        max_model_len = field_value(ServingSettings, "max_model_len", serving["max_model_len"])
+        share = serving_share(shape, max_model_len=max_model_len, sequences=sequences, total_bytes=total)
         log.info("%s", colocation_report(shape, share, total))
     return ["--gpu-memory-utilization", f"{float(share):.2f}", "--enable-sleep-mode"]
 

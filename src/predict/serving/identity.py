@@ -13,13 +13,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from predict.config.models import ServingSettings
 from predict.serving.server import base_environment, default_python
+from predict.stages import field_value
 
 
 def batch_invariant(serving: Mapping[str, Any]) -> bool:
     """Whether evaluation serving is batch-invariant: ``serving.batch_invariant`` on a GPU. vLLM offers it on NVIDIA
     compute capability >= 8.0 only; the CPU build has no batch-invariant kernels, so CPU serving never is."""
-    return serving["device"] == "gpu" and bool(serving["batch_invariant"])
+    return serving["device"] == "gpu" and field_value(ServingSettings, "batch_invariant", serving["batch_invariant"])
 
 
 def evaluation_environment(serving: Mapping[str, Any]) -> dict[str, str]:

@@ -73,6 +73,7 @@ from predict.serving.process import (
     _process_start,
     _stop_group,
 )
+from predict.stages import field_value
 
 __all__ = ["GENERATE_COMPAT_MIDDLEWARE", "SERVED_NAME", "WORKER_EXT_CLS", "SharedServer", "VLLMServer", "VLLMServerError",
            "base_environment", "default_cache_dir", "default_python", "stop_shared_server"]
@@ -267,7 +268,7 @@ class VLLMServer:
                     "startup_timeout_s": serving["startup_timeout_s"], "extra_args": extra_args, **kw}  # fmt: skip
         shared = serving["shared"]
         if shared is not None:
-            return SharedServer(model, idle_s=float(shared["idle_s"]), **settings)
+            return SharedServer(model, idle_s=field_value(SharedServerSettings, "idle_s", shared["idle_s"]), **settings)
         return cls(model, **settings)
 
     def __init__(

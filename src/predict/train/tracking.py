@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from predict.config import ConfigError, section
-from predict.config.models import TrackingSettings, WandbSettings
+from predict.config.models import StudyConfig, TrackingSettings, WandbSettings
+from predict.stages import field_value
 
 log = logging.getLogger(__name__)
 
@@ -99,12 +100,12 @@ class TrackingTargets:
             tracking = section(config, TrackingSettings, "tracking")
         except ConfigError as e:
             raise TrackingError(str(e)) from None
-        results = Path(str(config["results_dir"]))
+        results = Path(field_value(StudyConfig, "results_dir", config["results_dir"]))
         return cls(
             tensorboard_root=results / "tensorboard" if tracking.tensorboard else None,
             wandb=tracking.wandb,
             wandb_dir=results / "wandb",
-            group=str(config["run_name"]),
+            group=field_value(StudyConfig, "run_name", config["run_name"]),
         )
 
     def under(self, name: str) -> TrackingTargets:
