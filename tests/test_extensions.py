@@ -225,6 +225,14 @@ def test_edit_on_revise_mask_decision_and_rft_rows(tmp_path: Path, arms: list[st
     assert f["rft_minus_rl"] == pytest.approx(0.1) and math.isnan(f["revise_precision"])
 
 
+def test_an_extension_spec_without_its_arm_is_refused_not_defaulted(tmp_path: Path, arms: list[str]) -> None:
+    """The base arm's default lives on the config model (resolve_run applies it); a spec that names no arm is an
+    error naming the extension, not a second default of "B"."""
+    with pytest.raises(ValueError, match="edit_on_revise: its spec names no base_arm or arm"):
+        extension_table("edit_on_revise", arms, _selection(arms), spec={"variant": "edit_on_revise"},
+                        default_test_cost=1, resamples=200, seed=0, ci=0.95)
+
+
 def test_extensions_stage_writes_a_row_per_seed(tmp_path: Path, arms: list[str]) -> None:
     config = load_config(REPO / "config" / "local.yaml")
     ext_b = _evals(tmp_path, "expensive_tests_B", "B", [PASS_KEEP] * 5 + [FAIL_KEEP] * 5)

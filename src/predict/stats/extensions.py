@@ -95,7 +95,10 @@ def extension_table(
     expensive-tests metric subtracts from (the other arm at the same test cost; default the other base arm)."""
     evals = load_evaluations(paths)
     chosen = {(s["run"], s["seed"]): s for s in selection}
-    base_arm = str(spec.get("base_arm") or spec.get("arm") or "B")
+    # the run's arm as predict.runs resolved it (its model's default base_arm applied there, not again here)
+    base_arm = spec.get("base_arm") or spec.get("arm")
+    if base_arm is None:
+        raise ValueError(f"extension {extension}: its spec names no base_arm or arm (a predict.runs.RunSpec's fields)")
     mechanism = extension_mechanism(spec, default_test_cost)
     other = counterpart or ("A" if base_arm == "B" else "B")
 
