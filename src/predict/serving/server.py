@@ -266,8 +266,7 @@ class VLLMServer:
         extra_args = [*server_gpu_args(serving, model, sequences=sequences), *kw.pop("extra_args", [])]
         settings = {"python": serving["python"], "device": serving["device"], "max_model_len": serving["max_model_len"],
                     "startup_timeout_s": serving["startup_timeout_s"], "extra_args": extra_args, **kw}  # fmt: skip
-        shared = serving["shared"]
-        if shared is not None:
+        if (shared := serving["shared"]) is not None:
             return SharedServer(model, idle_s=field_value(SharedServerSettings, "idle_s", shared["idle_s"]), **settings)
         return cls(model, **settings)
 
