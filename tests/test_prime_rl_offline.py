@@ -7,11 +7,14 @@ CMD. A stand-in ``prime-rl`` wheel (same dist name, entry points of the same sha
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import zipfile
 from pathlib import Path
+
+import pytest
 
 from predict.config import REPO_ROOT
 
@@ -94,3 +97,50 @@ def test_a_later_install_into_a_package_already_there_keeps_what_the_first_put_t
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "1"
     assert (site / "bin" / "sft").exists()
+
+
+# What prime-rl, prime-rl-configs and its pinned verifiers declare that envs/prime-rl-offline.sh's wheel list does not
+# carry, each with where it comes from instead. Everything else they declare must be in the node image's list
+# (envs/offline-node-image.txt), in vLLM's site (../shared/tools/vllm-gpu/build_parts.sh), or in the wheel list.
+ELSEWHERE = {
+    "vllm": "vLLM's own site (../shared/tools/vllm-gpu)",
+    "prime-rl-configs": "built from the pinned tree (prime-rl-offline.sh, step 1)",
+    "verifiers": "built from the pinned tree (prime-rl-offline.sh, step 1)",
+    "torchtitan": "a git-pinned tree (OUT/trees)",
+    "dion": "a git-pinned tree (OUT/trees)",
+    "mooncake-transfer-engine": "never imported on one GPU: prime-rl's multi-node KV transfer",
+    "ring-flash-attn": "never imported on one GPU: context parallelism (cp = 1)",
+    "openai-agents": "never imported: verifiers' agents integration, not its v1 harness",
+}
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[\[=<>~!; ]", r.strip().strip('"'))[0].lower().replace("_", "-") for r in requirements if r.strip()}
+
+
+def test_the_offline_wheels_cover_what_prime_rl_declares() -> None:
+    """On the H200, prime-rl stopped at "No module named 'renderers'" once the pipeline's wheels (which had brought
+    renderers, prime-pydantic-config and verifiers' imports into vLLM's site) were kept apart: its own wheel list
+    had never carried them."""
+    import tomllib
+
+    tree = Path(os.environ.get("PREDICT_PRIME_RL_SRC", "/nonexistent"))
+    vllm_parts = REPO_ROOT.parent / "shared" / "tools" / "vllm-gpu" / "build_parts.sh"
+    if not (tree / "pyproject.toml").is_file():
+        from tests.test_prime_rl_patch import skip_unless_required
+
+        skip_unless_required("needs PREDICT_PRIME_RL_SRC (the pinned tree)")
+    if not vllm_parts.is_file():
+        pytest.skip("needs ../shared/tools/vllm-gpu (what vLLM's site brings to the node)")
+    declared: set[str] = set()
+    for pyproject in (tree / "pyproject.toml", tree / "packages" / "prime-rl-configs" / "pyproject.toml",
+                      tree / "deps" / "verifiers" / "pyproject.toml"):
+        declared |= _names(tomllib.loads(pyproject.read_text())["project"]["dependencies"])
+    image = _names([line for line in (REPO_ROOT / "envs" / "offline-node-image.txt").read_text().splitlines()
+                    if not line.startswith("#")])
+    script = (REPO_ROOT / "envs" / "prime-rl-offline.sh").read_text()
+    wheels = _names(re.findall(r"([A-Za-z0-9_.-]+)==", script.split("wheels=(", 1)[1].split("\n)", 1)[0]))
+    download = re.search(r"\$DL -d \.vp2/wheels (.*?)\n(?!\s)", vllm_parts.read_text(), flags=re.S)[1]
+    vllm_site = _names(download.replace("\\\n", " ").split())
+    missing = sorted(declared - image - wheels - vllm_site - set(ELSEWHERE))
+    assert missing == [], f"prime-rl declares these, and no wheel, image or site on the node carries them: {missing}"
