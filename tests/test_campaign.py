@@ -20,13 +20,14 @@ from predict.campaign import (
     SplitGuardError,
     TestLedger,
     campaign_plan,
+    campaign_view,
     check_test_inputs,
     registry_ledger,
     select,
     test_task_ids,
 )
-from predict.config import load_config, with_defaults
-from predict.config.models import SelectionSettings
+from predict.config import fill_section, load_config, with_defaults
+from predict.config.models import EvaluationSettings, SelectionSettings
 from predict.data import MBPP_SCHEMA, derive_test_split
 from predict.evaluate import CheckpointEval, evaluate_checkpoints
 from predict.outputs import read_rows, write_rows
@@ -155,7 +156,7 @@ def test_the_campaign_line_records_what_its_rows_depend_on(study, test_split: Pa
         "vllm_version": serving_identity(study["serving"], concurrency=4)["vllm_version"], "device": "cpu",
         "batch_invariant": False, "concurrency": 1}  # the CPU has no batch invariance: one request at a time
     assert depends["device_name"] and depends["serving"]["device"] == "cpu" and "python" not in depends["serving"]
-    assert campaign["task_ids"] == sorted(derive_test_split(study["data"]).task_ids) and campaign["selection"] == [{"run": "A", "seed": 42,
+    assert campaign["task_ids"] == sorted(derive_test_split(campaign_view(study).data).task_ids) and campaign["selection"] == [{"run": "A", "seed": 42,
                                                                            "checkpoint": "step2"}]
 
 
@@ -234,8 +235,9 @@ def test_each_arms_sft_is_evaluated_on_test_once_and_serves_every_seed(tmp_path:
     """Old code: the plan evaluated A's one SFT checkpoint on test once per RL seed."""
     from .synthetic import PASS_KEEP, rollout, write_eval
 
+    # the evaluation section as a loaded config holds it (its defaults filled in: the campaign reads it typed)
     config = {"arms": {"A": {"protocol": "reactive"}}, "ablations": {}, "extensions": {}, "seeds": [42, 43],
-              "evaluation": {"reference": "sft"}}
+              "evaluation": fill_section(EvaluationSettings, {"reference": "sft"})}
     val = {("A", s): ["sft", "step2"] for s in (42, 43)}
     assert campaign_plan(config, val, {("A", 42): "step2", ("A", 43): "step2"}) == [
         ("A", "sft", 42), ("A", "step2", 42), ("A", "step2", 43)]

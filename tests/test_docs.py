@@ -132,7 +132,7 @@ def missing_module_names(path: Path, root: Path = REPO) -> list[str]:
             if module:
                 break
         where = f"{path.relative_to(root)}:{line_of(text, match.start())}: `{token}`"
-        if module is None or len(parts) == 1 or (module.name == "__init__.py" and not defines(module, rest[0])):
+        if module is None or len(parts) == 1 or (module.name == "__init__.py" and rest and not defines(module, rest[0])):
             problems.append(f"{where} is no module under src/predict")
         elif rest and not all(defines(module, name) for name in rest):
             problems.append(f"{where}: {module.relative_to(root)} defines no {'.'.join(rest)}")

@@ -72,9 +72,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from predict.config import section
-from predict.config.models import EvaluationSettings, SelectionSettings, StudyConfig
-from predict.stages import UNTRACKED, Stage, field_value, pick, without_keys
+from predict.config.models import DataSettings, EvaluationSettings, ModelSettings, SelectionSettings, StudyConfig
+from predict.stages import UNTRACKED, Stage, StageView, field_value, pick, stage_view, without_keys
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +106,21 @@ def first_ids(ids: Iterable[int], n: int = 6) -> str:
 # -- checkpoint selection ---------------------------------------------------------------------------------------------
 
 
-def selection_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``evaluation.selection``, its defaults filled in (a config left without one selects fixed step 100)."""
-    return section(config, SelectionSettings, "evaluation", "selection").model_dump()
+CAMPAIGN_STAGE = "evaluate-test"
+"""The stage table entry of the test campaign: the one stage whose task file must be the test split, and the entry
+through which this module reads a plain config mapping (a whole config, a test's) as typed sections."""
 
 
-def _evaluation(config: Mapping[str, Any]) -> EvaluationSettings:
-    return section(config, EvaluationSettings, "evaluation")
+def campaign_view(config: Mapping[str, Any] | StageView) -> StageView:
+    """The typed view this module reads a config through: a stage's own view or slice as it is (its entry says
+    what it may read), any other mapping through the campaign's entry (`CAMPAIGN_STAGE`)."""
+    return stage_view(config, CAMPAIGN_STAGE)
+
+
+def selection_settings(config: Mapping[str, Any] | StageView) -> dict[str, Any]:
+    """``evaluation.selection`` as its model types it; a config left without one selects the model's default."""
+    selection = getattr(campaign_view(config).evaluation, "selection", None)  # MissingSection reads as left out
+    return (selection or SelectionSettings()).model_dump()
 
 
 def step_of(checkpoint: str) -> int | None:
@@ -180,7 +187,7 @@ def base_model_identity(config: Mapping[str, Any]) -> str:
     """The base model a campaign is keyed on: ``model.base``, and for the embedded default's random tiny Qwen3 its
     builder's settings (so it can never be mistaken for the paper's base model, nor one tiny model for another)."""
     model = config.get("model") or {}
-    base = str(model.get("base"))
+    base = field_value(ModelSettings, "base", model.get("base"))  # typed by its field; the tiny settings stay plain
     return f"{base}:{json.dumps(model.get('tiny') or {}, sort_keys=True)}" if base == "tiny" else base
 
 
@@ -218,7 +225,7 @@ CampaignEntry = tuple[str, str, int]  # (run, checkpoint, seed)
 def evaluation_seed(config: Mapping[str, Any], run: str, checkpoint: str, seed: int) -> int:
     """The seed whose test file holds run/checkpoint for `seed`: an arm's reference is evaluated once, under the first
     seed (one SFT checkpoint per arm); everything else under its own seed."""
-    reference = _evaluation(config).reference
+    reference = campaign_view(config).evaluation.reference
     if run in config["arms"] and checkpoint == reference:
         return field_value(StudyConfig, "seeds", config["seeds"])[0]
     return int(seed)
@@ -229,7 +236,7 @@ def campaign_checkpoints(config: Mapping[str, Any], run: str, seed: int, val_che
     """A run/seed's test evaluations (see the module docstring): for an arm its reference under the first seed only,
     the checkpoint selection chose on val, and any of ``evaluation.test_checkpoints`` it was evaluated at on val.
     The selected checkpoint is dropped where it is the reference, evaluated under the first seed."""
-    ev = _evaluation(config)
+    ev = campaign_view(config).evaluation
     reference = ev.reference
     wanted = [reference] if run in config["arms"] and reference else []
     wanted += [selected, *ev.test_checkpoints]
@@ -435,7 +442,7 @@ class TestLedger:
         from predict.data import derive_test_split  # noqa: PLC0415
         from predict.fingerprint import input_identity  # noqa: PLC0415
 
-        split = derive_test_split(config["data"])  # the split is the config's, never the file's
+        split = derive_test_split(campaign_view(config).data)  # the split is the config's, never the file's
         check_campaign_tasks(tasks_path, split)
         split_hash, base, digest = split.sha256, base_model_identity(config), config_hash(config)
         ident = campaign_id(split_hash, base, digest)
@@ -611,11 +618,7 @@ def guard_tasks(*, split: str, tasks_path: Path, task_ids: Iterable[int], run: s
 
 # -- the seal: no stage but the campaign reads a test task ------------------------------------------------------------
 
-CAMPAIGN_STAGE = "evaluate-test"
-"""The stage table entry of the test campaign: the one stage whose task file must be the test split."""
-
-
-def sealed_sources(data: Mapping[str, Any], ledger: Path | None = None) -> list[tuple[frozenset[int], str]]:
+def sealed_sources(data: DataSettings, ledger: Path | None = None) -> list[tuple[frozenset[int], str]]:
     """Every sealed set of task ids with why it is sealed (see the module docstring): the config's own test split,
     then the registry's registered splits and evaluated campaigns. `ledger`: the registry (default the checkout's,
     `registry_ledger`); a missing registry adds nothing and is not created."""
@@ -634,7 +637,7 @@ def sealed_sources(data: Mapping[str, Any], ledger: Path | None = None) -> list[
     return sources
 
 
-def seal_task_ids(task_ids: Iterable[int], data: Mapping[str, Any], *, source: str | Path, stage: str,
+def seal_task_ids(task_ids: Iterable[int], data: DataSettings, *, source: str | Path, stage: str,
                   ledger: Path | None = None) -> None:
     """Refuse (`SplitGuardError`) when any of `task_ids` (read from `source`) is sealed."""
     ids = {int(t) for t in task_ids}
@@ -649,7 +652,7 @@ def seal_task_ids(task_ids: Iterable[int], data: Mapping[str, Any], *, source: s
         "tasks of the sft, rl or val split (results/data/{sft,rl,val}.parquet from `predict split`)")
 
 
-def seal_file(path: str | Path, data: Mapping[str, Any], *, stage: str, ledger: Path | None = None) -> None:
+def seal_file(path: str | Path, data: DataSettings, *, stage: str, ledger: Path | None = None) -> None:
     """`seal_task_ids` of a task-keyed parquet's ``task_id`` column (a split, traces)."""
     from predict.data import task_ids_of  # noqa: PLC0415
 
@@ -665,10 +668,11 @@ def seal_stage(stage: Stage, args: argparse.Namespace, config: Mapping[str, Any]
     for dest in stage.task_files:
         if (value := getattr(args, dest, None)) is None or not Path(value).exists():
             continue
+        data = stage_view(config, stage.name).data  # every entry with task files reads SPLIT (the stage table)
         if stage.name == CAMPAIGN_STAGE:
-            check_campaign_tasks(Path(value), derive_test_split(config["data"]))
+            check_campaign_tasks(Path(value), derive_test_split(data))
         else:
-            seal_file(value, config["data"], stage=stage.name)
+            seal_file(value, data, stage=stage.name)
 
 
 @dataclass(frozen=True)
@@ -692,7 +696,7 @@ def replay(config: Mapping[str, Any], *, run: str, checkpoint: str, seed: int, m
     records as done (a reviewer's ``verify-bundle --rerun K``), to compare them with the recorded rows.
 
     Cleared only when the ledger (default the checkout's registry; never created, locked or written) records the
-    evaluation (run, checkpoint, seed) as ``done`` in a campaign on the test split of ``config["data"]``, under the
+    evaluation (run, checkpoint, seed) as ``done`` in a campaign on the test split of the config's ``data``, under the
     same design (`predict.campaign.config_hash`) and the same weights (`model`'s content,
     `predict.fingerprint.input_identity`), and every one of `task_ids` was among the tasks it evaluated. Refused
     otherwise (`SplitGuardError`, naming what differs). The caller rolls `Replay.tasks` out in memory (e.g.
@@ -705,7 +709,7 @@ def replay(config: Mapping[str, Any], *, run: str, checkpoint: str, seed: int, m
     if not ledger.exists():
         raise SplitGuardError(f"{ledger}: no such ledger; a replay re-executes test rollouts a ledger records as "
                               "done: name the campaign's ledger (it is read, never created)")
-    split = derive_test_split(config["data"])
+    split = derive_test_split(campaign_view(config).data)
     entries = [e for _, e in read_ledger(ledger)]
     campaigns = {e["campaign"]: e for e in entries
                  if e.get("event") == "campaign" and e.get("split_sha256") == split.sha256}  # fmt: skip

@@ -17,12 +17,15 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from predict.outputs import write_json, write_rows
+
+if TYPE_CHECKING:
+    from predict.config.models import DataSettings
 
 SPLITS: tuple[str, ...] = ("sft", "rl", "val", "test")
 
@@ -218,10 +221,10 @@ class TestSplit:
         return f"the test split of {self.source} (split seed {self.seed}, {len(self.rows)} tasks)"
 
 
-def mbpp_file(data: Mapping[str, Any]) -> Path:
+def mbpp_file(data: DataSettings) -> Path:
     """``data.mbpp_path`` as a stage finds it: from the working directory (the workflow runs in the repository),
     else from the repository root, which the config documents it as relative to."""
-    path = Path(data["mbpp_path"])
+    path = Path(data.mbpp_path)
     if path.is_absolute() or path.exists():
         return path
     from predict.config import REPO_ROOT  # noqa: PLC0415
@@ -229,22 +232,18 @@ def mbpp_file(data: Mapping[str, Any]) -> Path:
     return path if not (REPO_ROOT / path).exists() else REPO_ROOT / path
 
 
-def derive_test_split(data: Mapping[str, Any]) -> TestSplit:
-    """The test split of a config's ``data`` section (``mbpp_path`` checked against ``mbpp_sha256``, ``split_seed``,
+def derive_test_split(data: DataSettings) -> TestSplit:
+    """The test split of a config's typed ``data`` section (``mbpp_path`` checked against ``mbpp_sha256``, ``split_seed``,
     ``sizes``), cut exactly as `predict split` cuts it (`split_tasks`), with no registry and no split file: what every
     stage's seal and the test campaign (`predict.campaign`) hold task ids against. Cached per
     process by the file's identity (path, size, mtime, ctime, inode: a rewrite changes the ctime) and the settings."""
-    from predict.config import section  # noqa: PLC0415
-    from predict.config.models import DataSettings  # noqa: PLC0415
-
-    settings = section(data, DataSettings)  # the section once, as its model types it (hf_fallback's default there)
-    path, sizes = mbpp_file(data), settings.sizes
+    path, sizes = mbpp_file(data), data.sizes
     try:
         st = path.stat()
         stamp: tuple[Any, ...] = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     except OSError:
         stamp = (str(path), None)  # missing: the HF fallback (load_mbpp says what is wrong otherwise)
-    return _derive(stamp, str(path), settings.hf_fallback, settings.mbpp_sha256, settings.split_seed,
+    return _derive(stamp, str(path), data.hf_fallback, data.mbpp_sha256, data.split_seed,
                    (sizes.sft, sizes.rl, sizes.test))
 
 

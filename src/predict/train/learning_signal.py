@@ -470,7 +470,7 @@ def run_signal(
     sizes = data.sizes
     sft_split = split_tasks(rows, data.split_seed, {"sft": sizes.sft, "rl": sizes.rl, "test": sizes.test})["sft"]
     # its tasks come from no file the stage table could name: sealed here, before anything is written
-    seal_task_ids([r["task_id"] for r in sft_split], config["data"], source=f"the sft split of {data.mbpp_path}",
+    seal_task_ids([r["task_id"] for r in sft_split], data, source=f"the sft split of {data.mbpp_path}",
                   stage="signal")
     run_stage(sft_split, view, out / "traces", progress=False)
 
