@@ -397,3 +397,75 @@ def test_mirrored_defaults_equal_the_models():
 
 # A mirrored class field: `name: type = literal  # mirrors the config default (Model.key)`.
 DATACLASS_FIELD = re.compile(r"^\s+(?P<key>[a-z_]+)\s*:\s*[^=()]+=\s*(?P<lit>" + LITERAL + r")\s*(?:#.*)?$")
+
+
+# -- no hand cast of a config value (issue 40): the models type every value, `field_value` one key of a plain section
+
+CASTS = {"int", "float", "str", "bool"}
+# Names that hold (a part of) the study's config: the sections' own names and what the code calls a config or a view.
+CONFIG_RECEIVERS = {"config", "cfg", "study", "study_config", "settings", "view", "typed", "section"}
+
+
+def _config_read(node: ast.expr, keys: set[str], receivers: set[str]) -> bool:
+    """Whether `node` reads a config value: `config_default(...)`, or a config key of a config-holding name
+    (``rl["lr"]``, ``model.get("base")``, ``view.model.base``, ``config.alpha``)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "config_default":
+        return True
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in keys:
+        holder = node.value
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+          and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in keys):
+        holder = node.func.value
+    elif isinstance(node, ast.Attribute) and node.attr in keys:
+        holder = node.value
+    else:
+        return False
+    name = holder.id if isinstance(holder, ast.Name) else holder.attr if isinstance(holder, ast.Attribute) else None
+    return name in receivers
+
+
+def hand_casts(files: list[Path] | None = None) -> list[str]:
+    """file:line: text of every int()/float()/str()/bool() of a config value outside predict.config."""
+    keys = _config_keys()
+    receivers = CONFIG_RECEIVERS | {name for model in _sections() for name, field in model.model_fields.items()
+                                    if any(sections_in(field.annotation))}  # the sections' names: rl, model, data...
+    hits = []
+    for path in files or [p for p in _sources() if p.suffix == ".py" and "/predict/config/" not in p.as_posix()]:
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines), filename=str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CASTS
+                    and len(node.args) == 1 and _config_read(node.args[0], keys, receivers)):
+                hits.append(f"{_shown(path)}:{node.lineno}: {lines[node.lineno - 1].strip()[:110]}")
+    return hits
+
+
+def _sections() -> list[type[Section]]:
+    found: list[type[Section]] = []
+
+    def walk(model: type[Section]) -> None:
+        found.append(model)
+        for field in model.model_fields.values():
+            for sub in sections_in(field.annotation):
+                if sub is not None and sub not in found:
+                    walk(sub)
+
+    walk(StudyConfig)
+    return found
+
+
+def test_no_hand_cast_of_a_config_value():
+    hits = hand_casts()
+    assert not hits, ("casts of config values (read the typed view, or `predict.stages.field_value` for one key of a "
+                      "plain section; the models give each value its type):\n" + "\n".join(hits))
+
+
+def test_the_cast_scan_sees_each_form(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        'a = float(rl["lr"])\nb = int(rl["group_size"])\nc = str(model.get("base"))\n'           # 1-3
+        'd = float(config_default(SharedServerSettings, "idle_s"))\ne = str(view.model.base)\n'  # 4-5
+        'f = float(config.alpha)\ng = bool(config.mask_decision)\n'                               # 6-7
+        'h = int(row["seed"])\ni = int(hf_config["hidden_size"])\nj = float(lr)\n'                # 8-10 data, not config
+        'k = str(path)\nl = int(r.get("seed"))\n'                                                 # 11-12
+    )
+    assert sorted(int(h.split(":")[1]) for h in hand_casts([sample])) == [1, 2, 3, 4, 5, 6, 7]

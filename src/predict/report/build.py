@@ -111,7 +111,7 @@ def _read(path: Path | None) -> list[dict[str, Any]] | None:
 
 def embedded_default_note(config: Mapping[str, Any] | StageView) -> str:
     """The header's warning on the embedded default: its numbers are zero by construction, and why."""
-    if str(stage_view(config, "report").model.base) != "tiny":
+    if stage_view(config, "report").model.base != "tiny":
         return ""
     return ('<p class="note"><b>This is the embedded default:</b> a randomly initialised tiny Qwen3 that never '
             "solves an MBPP task, so every pass@1, reward, advantage and RL loss on this page is 0 by construction "
@@ -191,7 +191,7 @@ def build_report(
             f'{html.escape(view.run_name)}</title><style>{CSS}</style></head><body>'
             f"<h1>Reactive vs. Predictive Post-Training for Coding Agents</h1>"
             f'<p class="note">run <b>{html.escape(view.run_name)}</b>, model '
-            f'{html.escape(str(view.model.base))}, seeds {", ".join(map(str, view.seeds))}; built '
+            f'{html.escape(view.model.base)}, seeds {", ".join(map(str, view.seeds))}; built '
             f'{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())} from parquet only.</p>'
             f"{embedded_default_note(view)}<nav>{nav}</nav>{sections}"
             "</body></html>")

@@ -55,15 +55,17 @@ class ModelShape:
     weight_bytes: int
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], dtype: str = "bfloat16") -> ModelShape:
-        h, layers, vocab = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]), int(cfg["vocab_size"])
-        head_dim = int(cfg.get("head_dim") or h // int(cfg["num_attention_heads"]))
-        q, kv = int(cfg["num_attention_heads"]) * head_dim, int(cfg["num_key_value_heads"]) * head_dim
-        inter = int(cfg["intermediate_size"])
+    def from_config(cls, hf_config: Mapping[str, Any], dtype: str = "bfloat16") -> ModelShape:
+        """From a checkpoint's Hugging Face ``config.json`` (not the study's config: its values are cast here)."""
+        h, layers = int(hf_config["hidden_size"]), int(hf_config["num_hidden_layers"])
+        vocab = int(hf_config["vocab_size"])
+        head_dim = int(hf_config.get("head_dim") or h // int(hf_config["num_attention_heads"]))
+        q, kv = int(hf_config["num_attention_heads"]) * head_dim, int(hf_config["num_key_value_heads"]) * head_dim
+        inter = int(hf_config["intermediate_size"])
         per_layer = h * q * 2 + h * kv * 2 + 3 * h * inter + 2 * h + 2 * head_dim  # projections, MLP, norms
-        embeddings = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
+        embeddings = vocab * h * (1 if hf_config.get("tie_word_embeddings") else 2)
         parameters = layers * per_layer + embeddings + h
-        size = _DTYPE_BYTES.get(str(cfg.get("dtype") or cfg.get("torch_dtype") or dtype), 2)
+        size = _DTYPE_BYTES.get(str(hf_config.get("dtype") or hf_config.get("torch_dtype") or dtype), 2)
         return cls(parameters=parameters, kv_bytes_per_token=2 * layers * kv * size, weight_bytes=parameters * size)
 
     @classmethod

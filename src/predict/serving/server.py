@@ -120,7 +120,7 @@ def default_cache_dir() -> Path:
     return _REPO_ROOT / ".cache" if in_repo else Path.home() / ".cache" / "predict"
 
 
-def default_python(device: Literal["cpu", "gpu"] = "cpu") -> str:
+def default_python(device: Literal["cpu", "gpu"]) -> str:
     """Interpreter for the server: ``<repo>/.venv-vllm/bin/python`` on CPU when present, else ours."""
     if device == "cpu":
         cand = _REPO_ROOT / ".venv-vllm" / "bin" / "python"
@@ -686,7 +686,7 @@ class SharedServer:
       and a reload gives bit-identical weights (tests/test_shared_server.py compares the rows).
     """
 
-    DEFAULT_IDLE_S = float(config_default(SharedServerSettings, "idle_s"))  # a lease made outside a config
+    DEFAULT_IDLE_S: float = field_value(SharedServerSettings, "idle_s", config_default(SharedServerSettings, "idle_s"))
     LOCK, STATE, HOLDER = "lease.lock", "server.json", "holder.json"
 
     def __init__(self, model: Path | str, *, idle_s: float = DEFAULT_IDLE_S, state_dir: Path | None = None,

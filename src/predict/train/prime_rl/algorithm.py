@@ -194,8 +194,8 @@ class PredictAlgorithm(GRPOStdAlgorithm):
 
     def __init__(self, config: Any, policy_pool: Any, tokenizer: Any = None):
         super().__init__(config, policy_pool)
-        self.alpha = float(config.alpha)
-        self.mask_decision = bool(config.mask_decision)
+        self.alpha = config.alpha  # typed by prime-rl's PredictAlgoConfig (float, bool): no casts
+        self.mask_decision = config.mask_decision
         self.tokenizer_name = config.tokenizer
         self.tokenizer = tokenizer
         self.counts: Counter = Counter()
