@@ -84,13 +84,13 @@ def _progress() -> Progress:
     )
 
 
-def sandbox_isolation(study_config: Mapping[str, Any] | StageView) -> dict[str, Any]:
+def sandbox_isolation(view: StageView) -> dict[str, Any]:
     """Hold the sandbox layers that the rollout's checks get (check_once children of this process, as in the agent
-    program) against config verifier.isolation; the record goes into the rollout parquet's metadata. `study_config`:
-    a stage's typed view or any config mapping (evaluate's, the bundle's re-run), read through ``rollout``'s entry."""
+    program) against config verifier.isolation; the record goes into the rollout parquet's metadata. `view`: the
+    job's typed view (`roll_out`'s; the bundle's re-run views its config through ``rollout``'s entry)."""
     from predict.sandbox import check_isolation, isolation_status  # noqa: PLC0415
 
-    policy = stage_view(study_config, "rollout").verifier.isolation
+    policy = view.verifier.isolation
     record = check_isolation(isolation_status(), policy.require, policy.accept_weaker)
     if record["missing"]:
         log.warning("weaker sandbox isolation accepted: %s not active", ", ".join(record["missing"]))
@@ -100,14 +100,19 @@ def sandbox_isolation(study_config: Mapping[str, Any] | StageView) -> dict[str, 
 def job_fingerprint(job: RolloutJob, study_config: Mapping[str, Any] | StageView) -> Any:
     """What shapes a rollout job's rows (`predict.fingerprint`): the env/verifier/protocol config, the model's and
     the tasks' content, the seed and the job's own settings; a `.partial` folder resumes only under the same.
-    The config is hashed as plain data (a view's ``as_dict``): the bytes a `.partial` folder was saved under."""
+    `study_config`: a view or any config mapping, read through ``rollout``'s entry."""
+    return _fingerprint(job, stage_view(study_config, "rollout"))
+
+
+def _fingerprint(job: RolloutJob, view: StageView) -> Any:
+    """`job_fingerprint` of a view. The config is hashed as plain data (``as_dict``): the bytes a `.partial` folder
+    was saved under."""
     from predict.fingerprint import RESUME_KEYS, fingerprint  # noqa: PLC0415
 
     # Field by field, not asdict: asdict rebuilds every mapping it meets, and a config view cannot be rebuilt so.
     settings = {f.name: getattr(job, f.name) for f in fields(job) if f.name not in (
         "tasks_path", "out", "model", "base_url", "test_ledger", "ledger_extra", "seed", "served_model")}
-    plain = stage_view(study_config, "rollout").as_dict
-    return fingerprint(plain, RESUME_KEYS["rollout"], inputs={"model": job.model, "tasks": job.tasks_path},
+    return fingerprint(view.as_dict, RESUME_KEYS["rollout"], inputs={"model": job.model, "tasks": job.tasks_path},
                        seed=job.seed, extra={"job": settings})  # fmt: skip
 
 
@@ -138,9 +143,7 @@ class PendingOutput:
         return self.summary
 
 
-def _rollouts(
-    job: RolloutJob, study_config: Mapping[str, Any] | StageView
-) -> tuple[list[dict[str, Any]], ResumableParquet, list[dict[str, Any]]]:
+def _rollouts(job: RolloutJob, view: StageView) -> tuple[list[dict[str, Any]], ResumableParquet, list[dict[str, Any]]]:
     """The job's rollouts, its persisted rows (after dropping any persisted under another fingerprint: other inputs
     or settings) and the rollouts not persisted yet."""
     from predict.env.records import RECORD_SCHEMA
@@ -148,7 +151,7 @@ def _rollouts(
 
     tasks = select_tasks(load_split(job.tasks_path), job.n_tasks, job.samples)
     guard_job(job, [t["task_id"] for t in tasks])  # before the .partial folder (or a server) exists
-    sink = resumable_rows(job.out, RECORD_SCHEMA, ("task_id", "sample"), job_fingerprint(job, study_config))
+    sink = resumable_rows(job.out, RECORD_SCHEMA, ("task_id", "sample"), _fingerprint(job, view))
     done = sink.done()
     return tasks, sink, [t for t in tasks if (t["task_id"], t["sample"]) not in done]
 
@@ -161,8 +164,7 @@ def guard_job(job: RolloutJob, task_ids: Sequence[int]) -> None:
                 admission=admission if admission and "campaign" in admission else None, ledger=job.test_ledger)
 
 
-def rollout_settings(job: RolloutJob, study_config: Mapping[str, Any] | StageView, *, base_url: str,
-                     model: str) -> Any:
+def rollout_settings(job: RolloutJob, view: StageView, *, base_url: str, model: str) -> Any:
     """The `predict.env.runner.RolloutSettings` a job's rollouts run under, against the endpoint `base_url` serving
     `model`: the study config's, the job's arm, seed, checkpoint, variant, client and sampling, and, for an
     evaluation, the requests in flight that repeat (`predict.serving.identity.evaluation_concurrency`)."""
@@ -171,7 +173,7 @@ def rollout_settings(job: RolloutJob, study_config: Mapping[str, Any] | StageVie
 
     # RolloutSettings and the serving helpers are shared with RL, RFT and evaluate and take plain data: the
     # config's own values go into the records (a YAML `temperature: 1` stays 1, as before the typed view)
-    study_config = stage_view(study_config, "rollout").as_dict
+    study_config = view.as_dict
     settings = RolloutSettings.from_study_config(
         study_config,
         arm=job.arm,
@@ -193,7 +195,7 @@ def rollout_settings(job: RolloutJob, study_config: Mapping[str, Any] | StageVie
 
 def remaining_rollouts(job: RolloutJob, study_config: Mapping[str, Any] | StageView) -> int:
     """How many of the job's rollouts are not persisted yet (0: publishing needs no server)."""
-    return len(_rollouts(job, study_config)[2])
+    return len(_rollouts(job, stage_view(study_config, "rollout"))[2])
 
 
 def run_job(job: RolloutJob, study_config: Mapping[str, Any] | StageView) -> dict[str, Any]:

@@ -70,10 +70,11 @@ def replay_test_rollouts(config: Mapping[str, Any], picks: Sequence[Pick], model
     from predict.rollouts import rollout_settings, sandbox_isolation  # noqa: PLC0415
     from predict.runs import resolve_run  # noqa: PLC0415
     from predict.serving.server import SERVED_NAME  # noqa: PLC0415
-    from predict.stages import field_value  # noqa: PLC0415
+    from predict.stages import field_value, stage_view  # noqa: PLC0415
 
     tasks = {int(r["task_id"]): r for r in load_split(tasks_path)}
-    sandbox_isolation(config)  # the sandbox layers the evaluation's checks had, or a refusal naming the missing one
+    # the sandbox layers the evaluation's checks had, or a refusal naming the missing one
+    sandbox_isolation(stage_view(config, "rollout"))
     scratch.mkdir(parents=True, exist_ok=True)
     out: dict[Pick, dict[str, Any]] = {}
     groups: dict[tuple[str, str, int], list[Pick]] = {}
@@ -88,7 +89,8 @@ def replay_test_rollouts(config: Mapping[str, Any], picks: Sequence[Pick], model
                                  model=model, out=scratch / "never-written.parquet", test_ledger=ledger,
                                  selection=selection)  # fmt: skip
             base_url = server.load(model, version=checkpoint)
-            settings = rollout_settings(job, resolve_run(config, run).env(config), base_url=base_url, model=SERVED_NAME)
+            run_view = stage_view(resolve_run(config, run).env(config), "rollout")
+            settings = rollout_settings(job, run_view, base_url=base_url, model=SERVED_NAME)
             rows = run_rollouts_sync([{**tasks[p.task_id], "sample": p.sample} for p in mine], settings)
             by_task = {(int(r["task_id"]), int(r["sample"])): r for r in rows}
             out.update({p: by_task[(p.task_id, p.sample)] for p in mine})
