@@ -45,6 +45,9 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="also write the numbers as JSON here")
     ap.add_argument("--enforce-eager", action="store_true",
                     help="serve without CUDA graphs and torch.compile (is a fresh server's difference theirs?)")
+    ap.add_argument("--max-num-seqs", type=int, default=None,
+                    help="vLLM's --max-num-seqs: at most this many sequences in one engine step (docs/gpu.md: do the "
+                         "co-resident sequences decide whether fresh servers give the same rows?)")
     args = ap.parse_args()
 
     import verifiers.v1.runtimes.subprocess as vf_subprocess
@@ -74,6 +77,7 @@ def main() -> int:
         "tasks": len(tasks),
         "max_tokens": ev["max_tokens"],
         "enforce_eager": args.enforce_eager,
+        "max_num_seqs": args.max_num_seqs,
         "modes": {},
     }
 
@@ -90,7 +94,9 @@ def main() -> int:
         for server in range(args.servers):
             t0 = time.perf_counter()
             with VLLMServer.from_serving(model, serving, sequences=max(args.concurrency), served_model_name=SERVED_NAME,
-                                         env=env, **({"enforce_eager": True} if args.enforce_eager else {})) as srv:  # fmt: skip
+                                         env=env, **({"enforce_eager": True} if args.enforce_eager else {}),
+                                         extra_args=[] if args.max_num_seqs is None else
+                                         ["--max-num-seqs", str(args.max_num_seqs)]) as srv:  # fmt: skip
                 starts.append(time.perf_counter() - t0)
                 run_rollouts_sync(tasks, settings(srv.base_url, max(args.concurrency), "warm-up"))
                 for repeat in range(args.repeats):
