@@ -181,11 +181,11 @@ def small_test_campaign(root: Path) -> tuple[list[Path], list[dict[str, Any]], d
 def write_test_split(config: dict[str, Any], path: Path) -> Path:
     """The test split of `config`'s data section (predict.data.derive_test_split) as `predict split` writes it: the
     only tasks file a test campaign takes."""
-    from predict.campaign import campaign_view
-    from predict.data import MBPP_SCHEMA, derive_test_split
+    from predict.campaign import campaign_test_split
+    from predict.data import MBPP_SCHEMA
     from predict.outputs import write_rows
 
-    return write_rows(derive_test_split(campaign_view(config).data).rows, MBPP_SCHEMA, path)
+    return write_rows(campaign_test_split(config).rows, MBPP_SCHEMA, path)
 
 
 def record_campaign(ledger: Path, config: dict[str, Any], paths: Sequence[Path],

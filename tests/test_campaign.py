@@ -20,7 +20,7 @@ from predict.campaign import (
     SplitGuardError,
     TestLedger,
     campaign_plan,
-    campaign_view,
+    campaign_test_split,
     check_test_inputs,
     registry_ledger,
     select,
@@ -28,7 +28,7 @@ from predict.campaign import (
 )
 from predict.config import fill_section, load_config, with_defaults
 from predict.config.models import EvaluationSettings, SelectionSettings
-from predict.data import MBPP_SCHEMA, derive_test_split
+from predict.data import MBPP_SCHEMA
 from predict.evaluate import CheckpointEval, evaluate_checkpoints
 from predict.outputs import read_rows, write_rows
 from predict.stages import STAGES
@@ -156,7 +156,7 @@ def test_the_campaign_line_records_what_its_rows_depend_on(study, test_split: Pa
         "vllm_version": serving_identity(study["serving"], concurrency=4)["vllm_version"], "device": "cpu",
         "batch_invariant": False, "concurrency": 1}  # the CPU has no batch invariance: one request at a time
     assert depends["device_name"] and depends["serving"]["device"] == "cpu" and "python" not in depends["serving"]
-    assert campaign["task_ids"] == sorted(derive_test_split(campaign_view(study).data).task_ids) and campaign["selection"] == [{"run": "A", "seed": 42,
+    assert campaign["task_ids"] == sorted(campaign_test_split(study).task_ids) and campaign["selection"] == [{"run": "A", "seed": 42,
                                                                            "checkpoint": "step2"}]
 
 

@@ -17,9 +17,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from predict.campaign import SplitGuardError, TestLedger, campaign_view, registry_ledger, split_history
+from predict.campaign import SplitGuardError, TestLedger, campaign_test_split, registry_ledger, split_history
 from predict.config import load_config
-from predict.data import MBPP_SCHEMA, derive_test_split, split_tasks
+from predict.data import MBPP_SCHEMA, split_tasks
 from predict.outputs import read_rows, write_rows
 from predict.stats import SELECTION_SCHEMA
 
@@ -182,7 +182,7 @@ def test_a_refused_rollout_or_evaluation_leaves_nothing_behind_and_starts_no_ser
     from predict.evaluate import CheckpointEval, evaluate_checkpoints
     from predict.rollouts import RolloutJob, run_job
 
-    register_split(registry_ledger(), splits["test"], derive_test_split(campaign_view(study).data).sha256)
+    register_split(registry_ledger(), splits["test"], campaign_test_split(study).sha256)
     tasks = write_rows(splits["test"][:2], MBPP_SCHEMA, tmp_path / "val.parquet")
     out = tmp_path / "rollouts" / "seed42.parquet"
     with pytest.raises(SplitGuardError, match=r"val\.parquet: 2 of its tasks are test tasks"):
@@ -335,7 +335,7 @@ def test_a_fresh_campaign_starts_where_no_history_exists(study: dict, endpoint: 
     assert not registry_ledger().exists()
     assert main(_evaluate_test(study, test, tmp_path / "results", "step2", endpoint)) == 0
     (campaign,) = TestLedger(registry_ledger()).campaigns()
-    assert campaign["split_sha256"] == derive_test_split(campaign_view(study).data).sha256
+    assert campaign["split_sha256"] == campaign_test_split(study).sha256
 
 
 def test_test_ledger_at_a_new_path_is_refused_and_never_created(study: dict, endpoint: Any, tmp_path: Path,
@@ -436,12 +436,12 @@ def test_replay_clears_only_recorded_rollouts_and_writes_nowhere(study: dict, en
     assert main(_evaluate_test(study, test, tmp_path / "results", "step2", endpoint)) == 0
     ledger = registry_ledger()
     before = {p: p.read_bytes() for p in ledger.parent.iterdir()}
-    first = sorted(derive_test_split(campaign_view(study).data).task_ids)[0]
+    first = sorted(campaign_test_split(study).task_ids)[0]
     cleared = replay(study, run="B", checkpoint="step2", seed=42, model="scripted", task_ids=[first])
     assert [(t["task_id"], t["sample"]) for t in cleared.tasks] == [(first, 0)]
     assert cleared.done["status"] == "done" and cleared.done["sha256"]
     refusals = {
-        "were not among the tasks it evaluated": dict(task_ids=[sorted(derive_test_split(campaign_view(study).data).task_ids)[1]]),
+        "were not among the tasks it evaluated": dict(task_ids=[sorted(campaign_test_split(study).task_ids)[1]]),
         "has no done test evaluation": dict(checkpoint="sft"),
         "is not the checkpoint the ledger recorded": dict(model=str(tmp_path)),
     }
@@ -457,7 +457,7 @@ def test_replay_clears_only_recorded_rollouts_and_writes_nowhere(study: dict, en
                ledger=tmp_path / "none" / "ledger.jsonl")
     assert {p: p.read_bytes() for p in ledger.parent.iterdir()} == before and not (tmp_path / "none").exists()
     # the split's registry lines, read only: its campaign, started and done
-    history = split_history(ledger, derive_test_split(campaign_view(study).data).sha256)
+    history = split_history(ledger, campaign_test_split(study).sha256)
     assert [e.get("event") or e.get("status") for e in history] == ["campaign", "started", "done"]
     assert split_history(ledger, "another split") == []
 
@@ -469,6 +469,6 @@ def test_the_campaigns_split_is_derived_with_no_registry_and_no_split_file(study
     (tmp_path / "slice.json").write_text(json.dumps({"data": study["data"]}))
     assert main(["split", "--config-slice", str(tmp_path / "slice.json"), "--out-dir", str(tmp_path / "data")]) == 0
     manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())["splits"]["test"]
-    split = derive_test_split(campaign_view(study).data)
+    split = campaign_test_split(study)
     assert split.sha256 == manifest["content_sha256"] and sorted(split.task_ids) == manifest["task_ids"]
     assert re.fullmatch(r"the test split of .*mbpp\.jsonl \(split seed 42, 500 tasks\)", split.describe())

@@ -70,10 +70,13 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from predict.config.models import DataSettings, EvaluationSettings, ModelSettings, SelectionSettings, StudyConfig
 from predict.stages import UNTRACKED, Stage, StageView, field_value, pick, stage_view, without_keys
+
+if TYPE_CHECKING:
+    from predict.data import TestSplit
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +120,18 @@ def campaign_view(config: Mapping[str, Any] | StageView) -> StageView:
     return stage_view(config, CAMPAIGN_STAGE)
 
 
+def campaign_test_split(config: Mapping[str, Any] | StageView) -> TestSplit:
+    """The test split of the config's typed ``data`` section (`predict.data.derive_test_split`), read through
+    `campaign_view`: the split a campaign is keyed on, never a file's."""
+    from predict.data import derive_test_split  # noqa: PLC0415
+
+    return derive_test_split(campaign_view(config).data)
+
+
 def selection_settings(config: Mapping[str, Any] | StageView) -> dict[str, Any]:
     """``evaluation.selection`` as its model types it; a config left without one selects the model's default."""
     selection = getattr(campaign_view(config).evaluation, "selection", None)  # MissingSection reads as left out
-    return (selection or SelectionSettings()).model_dump()
+    return (selection if selection is not None else SelectionSettings()).model_dump()
 
 
 def step_of(checkpoint: str) -> int | None:
@@ -439,10 +450,9 @@ class TestLedger:
         """Admit these evaluations ((run, checkpoint, seed, model) each) into the campaign of this split, base model
         and design, recording the campaign on its first evaluation; refuse (see the module docstring) naming the
         ledger and what differs. Every evaluation is admitted before any server starts."""
-        from predict.data import derive_test_split  # noqa: PLC0415
         from predict.fingerprint import input_identity  # noqa: PLC0415
 
-        split = derive_test_split(campaign_view(config).data)  # the split is the config's, never the file's
+        split = campaign_test_split(config)
         check_campaign_tasks(tasks_path, split)
         split_hash, base, digest = split.sha256, base_model_identity(config), config_hash(config)
         ident = campaign_id(split_hash, base, digest)
@@ -702,14 +712,13 @@ def replay(config: Mapping[str, Any], *, run: str, checkpoint: str, seed: int, m
     otherwise (`SplitGuardError`, naming what differs). The caller rolls `Replay.tasks` out in memory (e.g.
     `predict.env.runner.run_rollouts_sync`) and writes the rows nowhere: not into results, not into the ledger, and
     never through `predict.rollouts` or `predict evaluate`, which persist and record."""
-    from predict.data import derive_test_split  # noqa: PLC0415
     from predict.fingerprint import input_identity  # noqa: PLC0415
 
     ledger = Path(ledger) if ledger is not None else registry_ledger()
     if not ledger.exists():
         raise SplitGuardError(f"{ledger}: no such ledger; a replay re-executes test rollouts a ledger records as "
                               "done: name the campaign's ledger (it is read, never created)")
-    split = derive_test_split(campaign_view(config).data)
+    split = campaign_test_split(config)
     entries = [e for _, e in read_ledger(ledger)]
     campaigns = {e["campaign"]: e for e in entries
                  if e.get("event") == "campaign" and e.get("split_sha256") == split.sha256}  # fmt: skip
