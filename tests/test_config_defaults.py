@@ -192,19 +192,24 @@ def _receiver(before: str) -> str:
     return match[1] if match else ""
 
 
-def _config_keys() -> set[str]:
-    """Every key name of the models (a section's too)."""
-    keys: set[str] = set()
+def _sections() -> list[type[Section]]:
+    """The study config's model and every section model below it (an entry's too: arms, ablations...), once each."""
+    found: list[type[Section]] = []
 
     def walk(model: type[Section]) -> None:
-        for name, field in model.model_fields.items():
-            keys.add(name)
+        found.append(model)
+        for field in model.model_fields.values():
             for sub in sections_in(field.annotation):
-                if sub is not None:
+                if sub is not None and sub not in found:
                     walk(sub)
 
     walk(StudyConfig)
-    return keys
+    return found
+
+
+def _config_keys() -> set[str]:
+    """Every key name of the models (a section's too)."""
+    return {name for model in _sections() for name in model.model_fields}
 
 
 def _defaults_by_name() -> dict[str, list[tuple[str, Any]]]:
@@ -437,20 +442,6 @@ def hand_casts(files: list[Path] | None = None) -> list[str]:
                     and len(node.args) == 1 and _config_read(node.args[0], keys, receivers)):
                 hits.append(f"{_shown(path)}:{node.lineno}: {lines[node.lineno - 1].strip()[:110]}")
     return hits
-
-
-def _sections() -> list[type[Section]]:
-    found: list[type[Section]] = []
-
-    def walk(model: type[Section]) -> None:
-        found.append(model)
-        for field in model.model_fields.values():
-            for sub in sections_in(field.annotation):
-                if sub is not None and sub not in found:
-                    walk(sub)
-
-    walk(StudyConfig)
-    return found
 
 
 def test_no_hand_cast_of_a_config_value():
