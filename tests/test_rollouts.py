@@ -78,6 +78,9 @@ def test_rollout_stage_writes_one_row_per_rollout(study, tasks_file: Path, endpo
     assert {(r["arm"], r["seed"], r["checkpoint"], r["split"]) for r in rows} == {("A", 42, "base", "val")}
     assert [r["final_pass"] for r in rows] == [True, False]
     assert summary["pass_rate"] == 0.5 and summary["ran"] == 2
+    # an endpoint was given: no server started here, so no start time is claimed (evaluate, which starts its own and
+    # hands its URL, printed "server_start_s 0.000" beside its 191 s serve_s on the H200, 2026-12-05)
+    assert "server_start_s" not in summary and summary["rollouts_s"] > 0
     assert {r["protocol"] for r in rows} == {"reactive"}  # arm A's protocol in the config
     isolation = json.loads(pq.read_schema(out).metadata[b"predict.isolation"])  # the sandbox layers of its checks
     assert isolation["missing"] == [] and set(isolation["required"]) <= set(isolation["active"])

@@ -248,7 +248,8 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any] | StageView) -> Pe
         )
         t0 = time.perf_counter()
         with server as srv:
-            timing["server_start_s"] = time.perf_counter() - t0
+            if srv is not None:  # started here; with job.base_url the caller's server (evaluate reports its serve_s)
+                timing["server_start_s"] = time.perf_counter() - t0
             settings = rollout_settings(job, view, base_url=job.base_url or srv.base_url,
                                         model=srv.model_name if srv is not None else (job.served_model or job.model))
             passed = sum(bool(r["final_pass"]) for r in sink.rows)
