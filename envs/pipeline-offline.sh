@@ -7,7 +7,7 @@
 # What is carried: every distribution of the pipeline venv (.venv, the resolved closure of pyproject's deps) that the
 # node lacks (NODE_PACKAGES, default envs/offline-node-image.txt) and a run imports (not the dev tools, wandb, or
 # PuLP: Snakemake runs without it with --scheduler greedy), at the venv's versions. The few with no wheel on the
-# index (connection_pool, appdirs: pure Python) are built here. Parts hold at most PART_MB (default 60) so that each
+# index (connection_pool, appdirs: pure Python) are built here. Parts hold at most PART_MB (default 56) so that each
 # fits a 64 MiB transfer. Why: a hand-picked set missed docstring_parser and prime_sandboxes (verifiers v1's imports)
 # on the H200 on 2026-12-04, found only when the RL run's val evaluation started (docs/prime-rl.md).
 set -euo pipefail
@@ -41,26 +41,4 @@ while read -r req; do
     || { echo "no wheel for $req, and it does not build here" >&2; exit 1; }
 done < "$out/requirements.txt"
 # into parts of at most PART_MB, largest first
-"$py" - "$out" "${PART_MB:-60}" <<'PY'
-import shutil
-import sys
-from pathlib import Path
-
-out, limit = Path(sys.argv[1]), int(sys.argv[2]) << 20
-parts: list[list[Path]] = []  # first fit, largest wheel first
-for wheel in sorted((out / "all").glob("*.whl"), key=lambda p: -p.stat().st_size):
-    size = wheel.stat().st_size
-    if size > limit:
-        sys.exit(f"{wheel.name} is {size >> 20} MiB, more than a part holds ({limit >> 20} MiB)")
-    fits = [p for p in parts if sum(w.stat().st_size for w in p) + size <= limit]
-    if fits:
-        fits[0].append(wheel)
-    else:
-        parts.append([wheel])
-for i, wheels in enumerate(parts, 1):
-    (out / f"part{i}").mkdir()
-    for w in wheels:
-        shutil.move(w, out / f"part{i}" / w.name)
-    print(f"part{i}: {len(wheels)} wheels, {sum((out / f'part{i}' / w.name).stat().st_size for w in wheels) / 2**20:.1f} MiB")
-(out / "all").rmdir()
-PY
+"$py" "$repo/envs/parts.py" "$out/all" "$out" "${PART_MB:-56}"

@@ -5,7 +5,7 @@
 # `uv run --frozen --no-sync <rl|sft> @ toml`). Then, in the shell that runs the stages:
 #   export PATH=SITE/bin:$PATH PYTHONPATH=SITE:<vLLM's site>:<this checkout>/src
 # SITE comes first: prime-rl's pins (transformers 5.6.2, its verifiers, prime-sandboxes 0.2.33) shadow the image's.
-# Usage: bash envs/prime-rl-offline-node.sh SITE DIR...   (DIRs holding *.whl and *.tgz, e.g. OUT/wheels OUT/trees)
+# Usage: bash envs/prime-rl-offline-node.sh SITE DIR...   (DIRs holding *.whl and *.tgz: OUT/partN, in calls of their own if need be)
 set -euo pipefail
 site="$(realpath -m "${1:?usage: envs/prime-rl-offline-node.sh SITE DIR...}")"; shift
 mkdir -p "$site/bin"

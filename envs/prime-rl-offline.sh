@@ -7,9 +7,11 @@
 # Usage: bash envs/prime-rl-offline.sh OUT [VENDOR]
 #   OUT/prime-rl/   the prime-rl tree at the pin (VENDOR's tarballs), our patches applied (predict-algorithm, and
 #                   torch-attention for prime_rl.attn flash_attention_2_torch: no flash-attn wheel needed)
-#   OUT/wheels/     prime-rl, prime-rl-configs and its pinned verifiers as wheels, plus what their imports need that
-#                   the node's image lacks (the list below), for CPython 3.12 manylinux x86_64
-#   OUT/trees/      torchtitan and dion as source tarballs: prime-rl pins them to git commits (no wheel on PyPI)
+#   OUT/part1/, OUT/part2/, ...   each at most PART_MB (default 56), so each travels in one device call beside a
+#                   checkout of a few MiB (envs/parts.py):
+#       prime-rl, prime-rl-configs and its pinned verifiers as wheels, plus what their imports need that the node's
+#       image lacks (the list below), for CPython 3.12 manylinux x86_64; and torchtitan and dion as source tarballs
+#       (*.tgz: prime-rl pins them to git commits, no wheel on PyPI). 134 MiB in all on 2026-12-05.
 # The node's image must already hold torch 2.11 (prime-rl's pin), and vLLM 0.26 comes separately
 # (../shared/tools/vllm-gpu/ or prime-rl's own wheel URL): neither is in OUT.
 # Needs: python3.12 with pip (wheels are built from the trees), network to PyPI, git mirrors of torchtitan and dion
@@ -25,7 +27,8 @@ for candidate in python3.12 "$HOME/.pyenv/versions/3.12.1/bin/python"; do
   "$candidate" -c "import sys; assert sys.version_info[:2] == (3, 12)" 2>/dev/null && py="$candidate"
 done
 [ -n "$py" ] || { echo "no python3.12 found: set PREDICT_PYTHON312" >&2; exit 2; }
-mkdir -p "$out/wheels" "$out/trees"
+rm -rf "$out/all" "$out"/part[0-9]*
+mkdir -p "$out/all"
 
 # 1. the tree, patched exactly as prime-rl-setup patches it
 rm -rf "$out/prime-rl"
@@ -33,7 +36,7 @@ tar -xzf "$vendor/prime-rl-60bc2954.tar.gz" -C "$out"
 tar -xzf "$vendor/verifiers-d30a3f48.tar.gz" -C "$out/prime-rl/deps"
 (cd "$out/prime-rl" && git apply "$here/workflow/prime-rl/predict-algorithm.patch" \
   && git apply "$here/workflow/prime-rl/torch-attention.patch")
-"$py" -m pip wheel -q --no-deps -w "$out/wheels" "$out/prime-rl" "$out/prime-rl/packages/prime-rl-configs" \
+"$py" -m pip wheel -q --no-deps -w "$out/all" "$out/prime-rl" "$out/prime-rl/packages/prime-rl-configs" \
   "$out/prime-rl/deps/verifiers"
 
 # 2. what prime-rl's sft, trainer, orchestrator and inference entry points import at start and the node's image
@@ -60,7 +63,7 @@ wheels=(
 "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
-  -d "$out/wheels" "${wheels[@]}"
+  -d "$out/all" "${wheels[@]}"
 
 # 3. the git-pinned trees (uv.lock: torchtitan 23e4dfc; dion d891eeb, or the closest commit a mirror has: prime-rl
 #    only imports its Muon, which the study's AdamW never uses)
@@ -73,10 +76,10 @@ tree() {  # NAME URL REV PACKAGE_DIR [head: the mirror's HEAD stands in when REV
     rev=HEAD
   fi
   # only the package folder: nothing else of the tree is needed (and a partial mirror may lack the rest's blobs)
-  git --git-dir="$tmp/repo" archive --format=tar.gz -o "$out/trees/$1.tgz" "$rev" "$4"
+  git --git-dir="$tmp/repo" archive --format=tar.gz -o "$out/all/$1.tgz" "$rev" "$4"
   rm -rf "$tmp"
 }
 tree torchtitan "${TORCHTITAN_GIT:-https://github.com/pytorch/torchtitan}" 23e4dfca5ca52587dbaf18f67bee8d73e875df5b torchtitan
 tree dion "${DION_GIT:-https://github.com/samsja/dion.git}" d891eebbd950a6ff11d9b5f806282e33df83df9d dion head
-du -sh "$out/wheels" "$out/trees"
-echo "copy $out to the node, then: bash envs/prime-rl-offline-node.sh SITE $out/wheels $out/trees"
+"$py" "$here/envs/parts.py" "$out/all" "$out" "${PART_MB:-56}"
+echo "copy each $out/partN to the node (a call each), then there: bash envs/prime-rl-offline-node.sh SITE DIR_OF_PART"
