@@ -2,6 +2,9 @@
 # prime-rl on ONE GPU of a node without network, through the project's own stages (issue 39; docs/prime-rl.md,
 # "Seen on a GPU"): a check of the cluster path, not a result. After envs/prime-rl-offline-node.sh, from the
 # checkout's root, one phase per call (each well inside 10 minutes):
+#   data    (seconds; run by sft when TRACES is not given) `predict split` and `predict traces` of this config, then
+#           the first two direct and two recovery traces of arm B (by task id) -> $R/data/traces-B-4.parquet, their
+#           tasks -> tasks-4.parquet, and val.parquet: TRACES, TASKS and VAL's defaults
 #   sft     a random Qwen3-0.6B shape (real tokenizer) -> `predict prime-rl-config sft` -> `predict prime-rl-train sft`
 #   kill    `predict prime-rl-config rl` (Arm B, PredictAlgorithm) -> `predict prime-rl-train rl`, killed (SIGKILL, the
 #           whole tree: a lost node) once step 2 has started
@@ -12,12 +15,12 @@
 # pipeline's wheels from envs/pipeline-offline.sh, in a folder of their own: on top of vLLM's site they would also
 # reach prime-rl, whose transformers 5.6.2 fails on the pipeline's kernels 0.19), SERVING_PYTHON (an
 # interpreter that imports vLLM, for the pipeline's server), TRACES (an SFT traces parquet of arm B), TASKS (the RL
-# tasks parquet), VAL (the val split parquet), R (where everything goes; default /tmp/prl-check), KILL_WAIT (seconds
-# the kill phase waits for step 1 before it gives up; default 500).
+# tasks parquet), VAL (the val split parquet): the three made by `data` unless given; R (where everything goes;
+# default /tmp/prl-check), KILL_WAIT (seconds the kill phase waits for step 1 before it gives up; default 500).
 # A random model writes no prediction and earns no reward, so every RL batch would be empty (prime-rl skips such a
 # step and stops after 10): TRACES is a few traces and TASKS their own tasks, which SFT teaches it to write.
 set -euo pipefail
-phase="${1:?usage: envs/prime-rl-offline-check.sh sft|kill|resume}"
+phase="${1:?usage: envs/prime-rl-offline-check.sh data|sft|kill|resume}"
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 site="${PRL_SITE:-/tmp/prl-site}"
 vsite="${VLLM_SITE:-/tmp/site}"
@@ -56,15 +59,38 @@ track_peak() {  # the largest device memory in use seen so far (MiB), every proc
   (( now > peak )) && peak=$now || true
 }
 
+data="$R/data"
 case "$phase" in
+data)
+  # the pipeline's own stages on this config (MBPP ships in resources/): no parquet has to travel to the node
+  PYTHONPATH="$pipe_path" predict split --config "$cfg" --out-dir "$data"
+  PYTHONPATH="$pipe_path" predict traces --config "$cfg" --tasks-file "$data/sft.parquet" --out-dir "$R/traces"
+  PYTHONPATH="$pipe_path" python3 - "$R/traces/B.parquet" "$data" <<'PY'
+import sys
+from pathlib import Path
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+traces, data = pq.read_table(sys.argv[1]), Path(sys.argv[2])
+rows = sorted(traces.select(["task_id", "role"]).to_pylist(), key=lambda r: r["task_id"])
+picked = [r["task_id"] for role in ("direct", "recovery") for r in [r for r in rows if r["role"] == role][:2]]
+if len(picked) != 4:
+    sys.exit(f"{sys.argv[1]}: wanted two direct and two recovery traces, found tasks {picked}")
+pq.write_table(traces.filter(pc.is_in(traces["task_id"], value_set=pa.array(picked))), data / "traces-B-4.parquet")
+sft = pq.read_table(data / "sft.parquet")
+pq.write_table(sft.filter(pc.is_in(sft["task_id"], value_set=pa.array(picked))), data / "tasks-4.parquet")
+print(f"arm B's traces of tasks {picked} -> {data / 'traces-B-4.parquet'}, their tasks -> {data / 'tasks-4.parquet'}")
+PY
+  ;;
 sft)
+  [ -n "${TRACES:-}" ] || bash "$0" data
   # the pipeline's env imports what the last phase's evaluation needs, before 10 minutes go into SFT and RL (a
   # hand-picked wheel set once lacked verifiers v1's imports: envs/pipeline-offline.sh resolves them)
   PYTHONPATH="$pipe_path" python3 -c "import verifiers.v1, predict.env.runner, predict.evaluate" \
     || { echo "the pipeline's env on this node is incomplete (envs/pipeline-offline.sh)"; exit 1; }
   t0=$SECONDS
   PYTHONPATH="$prl_path" predict build-tiny-model --config "$cfg" --out-dir "$R/models/tiny"
-  PYTHONPATH="$prl_path" predict prime-rl-config sft --config "$cfg" --arm B --traces "${TRACES:?}" \
+  PYTHONPATH="$prl_path" predict prime-rl-config sft --config "$cfg" --arm B --traces "${TRACES:-$data/traces-B-4.parquet}" \
     --dataset-dir "$R/sft/B/prime-rl-data" --model "$R/models/tiny" --output-dir "$R/sft/B/prime-rl" \
     --out "$R/sft/B/prime-rl.toml"
   t1=$SECONDS
@@ -73,7 +99,7 @@ sft)
   echo "phase sft: model + config $((t1 - t0)) s, prime-rl sft $((SECONDS - t1)) s"
   ;;
 kill)
-  PYTHONPATH="$prl_path" predict prime-rl-config rl --config "$cfg" --run B --seed 42 --tasks-file "${TASKS:?}" \
+  PYTHONPATH="$prl_path" predict prime-rl-config rl --config "$cfg" --run B --seed 42 --tasks-file "${TASKS:-$data/tasks-4.parquet}" \
     --model "$R/checkpoints/B/sft" --output-dir "$od" --out "$R/rl/B/seed42/prime-rl.toml"
   t0=$SECONDS
   PYTHONPATH="$prl_path" setsid python3 -c "import sys; from predict.cli import main; sys.exit(main())" \
@@ -99,9 +125,9 @@ resume)
   echo "phase resume: prime-rl rl resumed and finished in $((SECONDS - t0)) s; device peak ${peak} MiB"
   last="$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['last'])" "$R/rl/B/seed42/checkpoints.json")"
   t1=$SECONDS
-  PYTHONPATH="$pipe_path" predict evaluate --config "$cfg" --run B --split val --seed 42 --tasks-file "${VAL:?}" \
+  PYTHONPATH="$pipe_path" predict evaluate --config "$cfg" --run B --split val --seed 42 --tasks-file "${VAL:-$data/val.parquet}" \
     --checkpoint "step$last" --model "$R/rl/B/seed42/step$last" --out "$R/eval/val/B/seed42/step$last.parquet"
   echo "phase resume: val evaluation of step$last in $((SECONDS - t1)) s"
   ;;
-*) echo "unknown phase $phase" >&2; exit 2 ;;
+*) echo "unknown phase $phase (data, sft, kill or resume)" >&2; exit 2 ;;
 esac

@@ -144,3 +144,24 @@ def test_the_offline_wheels_cover_what_prime_rl_declares() -> None:
     vllm_site = _names(download.replace("\\\n", " ").split())
     missing = sorted(declared - image - wheels - vllm_site - set(ELSEWHERE))
     assert missing == [], f"prime-rl declares these, and no wheel, image or site on the node carries them: {missing}"
+
+
+def test_the_gpu_check_derives_its_four_traces_on_the_node(tmp_path: Path) -> None:
+    """envs/prime-rl-offline-check.sh's `data` phase (run by `sft` when no TRACES is given): the split and the traces
+    from the pipeline's own stages, then arm B's first two direct and two recovery traces and their tasks. Until
+    2026-12-05 these parquets were made by hand and carried to the H200; a fresh checkout had none."""
+    import pyarrow.parquet as pq
+
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    env = {**os.environ, "R": str(tmp_path / "check"), "PIPE_SITE": site, "SERVING_PYTHON": sys.executable,
+           "VLLM_SITE": str(tmp_path / "no-vllm"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    result = subprocess.run(["bash", str(REPO_ROOT / "envs" / "prime-rl-offline-check.sh"), "data"], cwd=REPO_ROOT,
+                            env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = tmp_path / "check" / "data"
+    traces = pq.read_table(data / "traces-B-4.parquet").to_pylist()
+    assert sorted((r["role"], r["task_id"]) for r in traces) == [("direct", 1), ("direct", 20), ("recovery", 13),
+                                                                  ("recovery", 21)]  # fmt: skip
+    assert {r["arm"] for r in traces} == {"B"}
+    assert sorted(r["task_id"] for r in pq.read_table(data / "tasks-4.parquet").to_pylist()) == [1, 13, 20, 21]
+    assert pq.read_table(data / "val.parquet").num_rows == 50  # the paper split's val, what `resume` evaluates on
