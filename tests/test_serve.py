@@ -133,6 +133,24 @@ def test_gpu_command_has_no_cpu_settings(model_dir: Path) -> None:
     assert srv.model_name == str(model_dir.resolve())  # no served name: vLLM names it by the model path
 
 
+def test_a_cpu_server_computes_with_the_same_threads_whoever_starts_it(model_dir: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU server started inside a Snakemake job (which sets OMP_NUM_THREADS, MKL_NUM_THREADS, ... to the rule's
+    threads) and one started from a shell must compute alike: on 2026-12-05 CI's `verify-bundle --rerun` re-executed a
+    campaign rollout from a shell and got another greedy token where logits were near-tied."""
+    from predict.serving.process import CPU_THREAD_VARIABLES
+
+    for var in CPU_THREAD_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    from_a_shell = VLLMServer(model_dir, **SIZES, python="/x/bin/python", port=1).environment()
+    for var in CPU_THREAD_VARIABLES:
+        monkeypatch.setenv(var, "7")  # a job of a rule with threads: 7
+    from_a_job = VLLMServer(model_dir, **SIZES, python="/x/bin/python", port=1).environment()
+    assert {v: from_a_shell.get(v) for v in CPU_THREAD_VARIABLES} == dict.fromkeys(CPU_THREAD_VARIABLES, "1")
+    assert {v: from_a_job.get(v) for v in CPU_THREAD_VARIABLES} == dict.fromkeys(CPU_THREAD_VARIABLES, "1")
+    assert "OMP_NUM_THREADS" in CPU_THREAD_VARIABLES and "MKL_NUM_THREADS" in CPU_THREAD_VARIABLES  # the two seen
+
+
 def test_evaluation_serves_batch_invariant_on_a_gpu_and_one_request_at_a_time_elsewhere(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -87,6 +87,25 @@ def _cpu_list() -> str:
     return ",".join(str(c) for c in cpus)
 
 
+# The thread counts of the BLAS and OpenMP libraries in a CPU server's process: fixed, whoever starts it. Snakemake
+# gives a job's processes OMP_NUM_THREADS=<the rule's threads> (and MKL_, OPENBLAS_, ...), so a server started inside
+# a job ran MKL on one thread and one started from a shell on every core, and greedy rows differed where logits were
+# near-tied: on 2026-12-05 CI's `verify-bundle --rerun 3` re-executed a test rollout with a token repeated 9 times
+# where the campaign's row had 8, and checked out once these were 1 in the shell too. One is what every server of
+# `all` has run with (its rules ask for one thread); vLLM's own kernels take their threads from
+# VLLM_CPU_OMP_THREADS_BIND.
+CPU_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                        "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # fmt: skip
+
+
+def cpu_server_environment(kv_cache_gib: float) -> dict[str, str]:
+    """What a CPU vLLM server's environment sets: one engine process, its KV cache, its OpenMP threads bound to this
+    process's CPUs, and the libraries' thread counts (`CPU_THREAD_VARIABLES`)."""
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}",
+            "VLLM_CPU_OMP_THREADS_BIND": _cpu_list(), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+            **dict.fromkeys(CPU_THREAD_VARIABLES, "1")}  # fmt: skip
+
+
 def _stat_fields(pid: int | str) -> list[str]:
     """/proc/<pid>/stat's fields after "(comm)": state ppid pgrp ... (field 3 on); [] when the process is gone.
     comm may contain spaces/parens, so the split is at the last ")"."""

@@ -72,6 +72,7 @@ from predict.serving.process import (
     _pdeathsig_preexec,
     _process_start,
     _stop_group,
+    cpu_server_environment,
 )
 from predict.stages import field_value
 
@@ -398,10 +399,7 @@ class VLLMServer:
             env["HF_HUB_OFFLINE"] = "1"
             env["TRANSFORMERS_OFFLINE"] = "1"
         if self.device == "cpu":
-            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-            env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.kv_cache_gib:g}"
-            env["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_list()
-            env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+            env.update(cpu_server_environment(self.kv_cache_gib))  # threads fixed: the same rows whoever starts it
         if self.worker_extension or self.sleep_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"  # enables /collective_rpc, /reset_prefix_cache, /sleep and /wake_up
         if self.worker_extension or (self.enable_scale_out and self.generate_token_compat):
