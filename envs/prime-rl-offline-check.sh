@@ -59,27 +59,26 @@ track_peak() {  # the largest device memory in use seen so far (MiB), every proc
   (( now > peak )) && peak=$now || true
 }
 
-data="$R/data"
+data="$R/data" data_traces="$R/data/traces-B-4.parquet" data_tasks="$R/data/tasks-4.parquet"  # what `data` writes
+traces="${TRACES:-$data_traces}" tasks="${TASKS:-$data_tasks}" val="${VAL:-$data/val.parquet}"
 case "$phase" in
 data)
   # the pipeline's own stages on this config (MBPP ships in resources/): no parquet has to travel to the node
   PYTHONPATH="$pipe_path" predict split --config "$cfg" --out-dir "$data"
   PYTHONPATH="$pipe_path" predict traces --config "$cfg" --tasks-file "$data/sft.parquet" --out-dir "$R/traces"
-  PYTHONPATH="$pipe_path" python3 - "$R/traces/B.parquet" "$data" <<'PY'
+  PYTHONPATH="$pipe_path" python3 - "$R/traces/B.parquet" "$data/sft.parquet" "$data_traces" "$data_tasks" <<'PY'
 import sys
-from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-traces, data = pq.read_table(sys.argv[1]), Path(sys.argv[2])
+traces, sft, traces_out, tasks_out = pq.read_table(sys.argv[1]), pq.read_table(sys.argv[2]), *sys.argv[3:]
 rows = sorted(traces.select(["task_id", "role"]).to_pylist(), key=lambda r: r["task_id"])
 picked = [r["task_id"] for role in ("direct", "recovery") for r in [r for r in rows if r["role"] == role][:2]]
 if len(picked) != 4:
     sys.exit(f"{sys.argv[1]}: wanted two direct and two recovery traces, found tasks {picked}")
-pq.write_table(traces.filter(pc.is_in(traces["task_id"], value_set=pa.array(picked))), data / "traces-B-4.parquet")
-sft = pq.read_table(data / "sft.parquet")
-pq.write_table(sft.filter(pc.is_in(sft["task_id"], value_set=pa.array(picked))), data / "tasks-4.parquet")
-print(f"arm B's traces of tasks {picked} -> {data / 'traces-B-4.parquet'}, their tasks -> {data / 'tasks-4.parquet'}")
+pq.write_table(traces.filter(pc.is_in(traces["task_id"], value_set=pa.array(picked))), traces_out)
+pq.write_table(sft.filter(pc.is_in(sft["task_id"], value_set=pa.array(picked))), tasks_out)
+print(f"arm B's traces of tasks {picked} -> {traces_out}, their tasks -> {tasks_out}")
 PY
   ;;
 sft)
@@ -90,7 +89,7 @@ sft)
     || { echo "the pipeline's env on this node is incomplete (envs/pipeline-offline.sh)"; exit 1; }
   t0=$SECONDS
   PYTHONPATH="$prl_path" predict build-tiny-model --config "$cfg" --out-dir "$R/models/tiny"
-  PYTHONPATH="$prl_path" predict prime-rl-config sft --config "$cfg" --arm B --traces "${TRACES:-$data/traces-B-4.parquet}" \
+  PYTHONPATH="$prl_path" predict prime-rl-config sft --config "$cfg" --arm B --traces "$traces" \
     --dataset-dir "$R/sft/B/prime-rl-data" --model "$R/models/tiny" --output-dir "$R/sft/B/prime-rl" \
     --out "$R/sft/B/prime-rl.toml"
   t1=$SECONDS
@@ -99,7 +98,7 @@ sft)
   echo "phase sft: model + config $((t1 - t0)) s, prime-rl sft $((SECONDS - t1)) s"
   ;;
 kill)
-  PYTHONPATH="$prl_path" predict prime-rl-config rl --config "$cfg" --run B --seed 42 --tasks-file "${TASKS:-$data/tasks-4.parquet}" \
+  PYTHONPATH="$prl_path" predict prime-rl-config rl --config "$cfg" --run B --seed 42 --tasks-file "$tasks" \
     --model "$R/checkpoints/B/sft" --output-dir "$od" --out "$R/rl/B/seed42/prime-rl.toml"
   t0=$SECONDS
   PYTHONPATH="$prl_path" setsid python3 -c "import sys; from predict.cli import main; sys.exit(main())" \
@@ -125,7 +124,7 @@ resume)
   echo "phase resume: prime-rl rl resumed and finished in $((SECONDS - t0)) s; device peak ${peak} MiB"
   last="$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['last'])" "$R/rl/B/seed42/checkpoints.json")"
   t1=$SECONDS
-  PYTHONPATH="$pipe_path" predict evaluate --config "$cfg" --run B --split val --seed 42 --tasks-file "${VAL:-$data/val.parquet}" \
+  PYTHONPATH="$pipe_path" predict evaluate --config "$cfg" --run B --split val --seed 42 --tasks-file "$val" \
     --checkpoint "step$last" --model "$R/rl/B/seed42/step$last" --out "$R/eval/val/B/seed42/step$last.parquet"
   echo "phase resume: val evaluation of step$last in $((SECONDS - t1)) s"
   ;;
