@@ -234,9 +234,9 @@ def mbpp_file(data: DataSettings) -> Path:
 
 def derive_test_split(data: DataSettings) -> TestSplit:
     """The test split of a config's typed ``data`` section (``mbpp_path`` checked against ``mbpp_sha256``,
-    ``split_seed``, ``sizes``), cut exactly as `predict split` cuts it (`split_tasks`), with no registry and no split file: what every
-    stage's seal and the test campaign (`predict.campaign`) hold task ids against. Cached per
-    process by the file's identity (path, size, mtime, ctime, inode: a rewrite changes the ctime) and the settings."""
+    ``split_seed``, ``sizes``), cut exactly as `predict split` cuts it (`split_tasks`), with no registry and no split
+    file: what every stage's seal and the test campaign (`predict.campaign`) hold task ids against. Cached per process
+    by the file's identity (path, size, mtime, ctime, inode: a rewrite changes the ctime) and the settings."""
     path, sizes = mbpp_file(data), data.sizes
     try:
         st = path.stat()
