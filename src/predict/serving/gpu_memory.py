@@ -11,8 +11,8 @@ Rules it follows:
    a hundredth. ``serving.gpu_memory_utilization`` overrides it.
 2. **Every job of a run asks for the same server** (`server_gpu_args` depends on the config and the model's shape
    only, never on the job), so one shared server (``serving.shared``) serves them all without a restart.
-3. **The trainer's side is estimated too** (`trainer_bytes`: bf16 weights, their Kahan buffers, float32 AdamW moments
-   and bf16 gradients: 14 bytes a parameter, activations apart) and `colocation_report` says, in one line for the
+3. **The trainer's side is estimated too** (`trainer_bytes`: bf16 weights, their Kahan buffers, bf16 AdamW moments
+   and bf16 gradients: 10 bytes a parameter, activations apart) and `colocation_report` says, in one line for the
    job's log, whether both fit; it never refuses (the activations depend on the batch), it tells.
 4. **Peak memory per job** (`GpuMemoryWatch`): the device-wide peak (every process on the GPU: the trainer and the
    vLLM server) sampled through NVML (``nvidia-ml-py``; ``nvidia-smi`` where it is missing) and this process's own
@@ -40,9 +40,9 @@ SERVER_OVERHEAD_BYTES = 4 * GIB
 """What a GPU vLLM server holds besides weights and KV cache: the profiled activations of one prefill chunk, CUDA
 graphs, the sampler's buffers and the CUDA context: an allowance with a margin; what the H200 runs measured is in
 docs/gpu.md."""
-TRAINER_BYTES_PER_PARAM = 14
-"""The local trainer's bytes per parameter in bf16 (predict.train.optim): weights 2, Kahan buffer 2, AdamW's float32
-moments 8, gradients 2."""
+TRAINER_BYTES_PER_PARAM = 10
+"""The local trainer's bytes per parameter in bf16 (predict.train.optim): weights 2, Kahan buffer 2, AdamW's two
+moments 4 (bf16, stochastically rounded), gradients 2 (`tests/test_train_bf16.py` counts them on the optimizer)."""
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 

@@ -12,6 +12,7 @@
   loss, exact save/resume).
 * `optim`   - `KahanAdamW`: AdamW for bf16 weights whose small updates are kept (the trainer's optimizer below
   float32).
+* `mlp`     - the SwiGLU MLP that makes its down projection's input again in the backward (the trainer's, on a GPU).
 * `sft`     - `predict sft`: rendering traces into samples and the SFT stage.
 * `rl`      - `predict rl`: the local RL backend (rollouts against a running vLLM, one `Trainer` step, in-place
   weight sync), resumable; runs = arms + ablations.

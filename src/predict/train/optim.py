@@ -10,14 +10,23 @@ Rules it follows:
   float32 sum of all updates to about 16 significant bits, deterministically, for 2 bytes a weight (a float32
   master copy costs 4 and a second weight copy in the step). Nothing is lost; a weight's bf16 value moves once its
   accumulated update reaches half an ulp. `effective_weight` gives ``p + c``.
-* The moments (exp_avg, exp_avg_sq) are float32: a bf16 second moment with beta2 = 0.999 cannot move by 0.1 % a step.
+* The moments (exp_avg, exp_avg_sq) of a bf16 weight are bf16 too, rounded *stochastically* (``moments =
+  "bfloat16"``, the default): up or down at random, up with the probability of the fraction of an ulp, so that a
+  second moment with beta2 = 0.999, which moves by 0.1 % a step (a quarter of bf16's resolution), follows its float32
+  course in expectation instead of sticking (rounded to nearest it would stick). Float32 moments (``moments =
+  "float32"``) cost 4 more bytes a weight, 15 GiB at the 4B shape, which the SFT memory target (1.1x the plain bf16
+  loop's) cannot afford. The weight itself stays Kahan-compensated, so what the moments' rounding adds is noise in
+  the step size (`tests/test_train_bf16.py` measures it), not lost updates. The random bits are a hash of the
+  element's index, the step and the parameter's position: no generator state, so a resumed run rounds exactly as an
+  unbroken one.
+  Float16 weights keep float32 moments (bf16's range, fp16's precision: no use).
 * The arithmetic is torch's AdamW (decoupled weight decay, bias corrections, eps added after the square root), in
   float32. On CUDA one fused kernel per parameter (torch.compile, dynamic shapes: a single compile serves every
   parameter; the hyperparameters travel as a device tensor, so an lr schedule never recompiles); elsewhere, or if
   compiling fails, the same function runs eagerly.
 * A float32 parameter gets no buffer (``p + c`` would be ``p``): the trainer keeps torch's own AdamW for float32, so
   the CPU/float32 path stays bit-for-bit what it was.
-* `state_dict` / `load_state_dict` carry the buffers and the float32 moments exactly (torch's loader would cast
+* `state_dict` / `load_state_dict` carry the buffers and the moments exactly (torch's loader would cast
   every state tensor to the parameter's dtype), so a resumed run continues as if never stopped.
 """
 
@@ -25,33 +34,65 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-__all__ = ["KahanAdamW", "effective_weight"]
+__all__ = ["KahanAdamW", "effective_weight", "rounding_seed"]
 
 _log = logging.getLogger(__name__)
 
 
+def _random_bits(like: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
+    """16 random bits (int32 in [0, 65536)) for each element of the flat tensor `like`: Thomas Mueller's 32-bit
+    integer hash of the element's index plus `seed` (an int64 scalar tensor). Stateless: the same (index, seed) gives
+    the same bits on any run, device or resume. Compiled, the index is generated inside the kernel (nothing
+    allocated)."""
+    x = (torch.arange(like.numel(), device=like.device, dtype=torch.int64) + seed) & 0xFFFFFFFF
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & 0xFFFFFFFF
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & 0xFFFFFFFF
+    return (((x >> 16) ^ x) & 0xFFFF).to(torch.int32)
+
+
+def _store(dst: torch.Tensor, value: torch.Tensor, seed: torch.Tensor) -> None:
+    """``dst.copy_(value)``; into bf16, rounded stochastically: the 16 bits bf16 drops from the float32 value get
+    random bits added before they are cut, which carries into the kept bits with the probability of their fraction
+    (sign and magnitude are separate in a float, so this holds for negative values too)."""
+    if dst.dtype != torch.bfloat16:
+        dst.copy_(value)
+        return
+    bits = (value.view(torch.int32) + _random_bits(value, seed)) & -65536
+    dst.copy_(bits.view(torch.float32))  # exact: the low 16 bits are zero
+
+
 def _step_kahan(
-    p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, c: torch.Tensor, hyper: torch.Tensor
+    p: torch.Tensor,
+    g: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    c: torch.Tensor,
+    hyper: torch.Tensor,
+    seeds: torch.Tensor,
 ) -> None:
     """One AdamW update of a flattened low-precision parameter with its compensation buffer, in place.
 
     hyper (float32, p's device): lr, beta1, 1 - beta1, beta2, 1 - beta2, eps, weight_decay, bias_correction1,
     sqrt(bias_correction2); the differences come from float64 as in torch (1 - float32(0.999) is 1.3e-5 off).
+    seeds (int64, 2): the stochastic rounding's seeds of the two moments when they are bf16 (unused otherwise). The
+    step uses the moments' float32 values; only what is stored is rounded.
     """
     lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, wd, bc1, bc2_sqrt = hyper.unbind(0)
     gf = g.float()
-    m.lerp_(gf, one_minus_beta1)
-    v.mul_(beta2).add_(gf * gf * one_minus_beta2)
+    mf = m.float().lerp(gf, one_minus_beta1)
+    vf = v.float() * beta2 + gf * gf * one_minus_beta2
     pf = p.float()
-    update = -lr * wd * pf - (lr / bc1) * m / (v.sqrt() / bc2_sqrt + eps)
+    update = -lr * wd * pf - (lr / bc1) * mf / (vf.sqrt() / bc2_sqrt + eps)
     y = update + c.float()  # the update plus what earlier roundings took
     new_p = (pf + y).to(p.dtype)
     c.copy_(y - (new_p.float() - pf))  # what this rounding took (new_p - pf is exact: both are bf16 values)
     p.copy_(new_p)
+    _store(m, mf, seeds[0])
+    _store(v, vf, seeds[1])
 
 
 class CompiledOrEager:
@@ -83,8 +124,20 @@ _KERNEL = CompiledOrEager(
 )
 
 
+Moments = Literal["bfloat16", "float32"]
+_SEED_SALTS = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D)  # odd 32-bit constants: step, parameter position, moment
+
+
+def rounding_seed(step: int, position: int, moment: int) -> int:
+    """The stochastic rounding's seed of one moment (0: exp_avg, 1: exp_avg_sq) of the parameter at `position` (in
+    the optimizer's parameter order) at `step`: a 32-bit mix, the same on every run."""
+    a, b, c = _SEED_SALTS
+    return ((step * a) ^ (position * b) ^ ((moment + 1) * c)) & 0xFFFFFFFF
+
+
 class KahanAdamW(torch.optim.Optimizer):
-    """AdamW whose low-precision parameters keep every update (see the module docstring)."""
+    """AdamW whose low-precision parameters keep every update (see the module docstring). `moments`: the dtype of a
+    bf16 parameter's moments ("bfloat16", stochastically rounded, or "float32"); other dtypes keep float32 ones."""
 
     def __init__(
         self,
@@ -93,10 +146,18 @@ class KahanAdamW(torch.optim.Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
+        moments: Moments = "bfloat16",
     ) -> None:
         if lr < 0 or eps < 0 or weight_decay < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"KahanAdamW: bad hyperparameters lr={lr} betas={betas} eps={eps} wd={weight_decay}")
+        if moments not in ("bfloat16", "float32"):
+            raise ValueError(f"KahanAdamW: moments must be 'bfloat16' or 'float32', not {moments!r}")
+        self.moments = moments
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+
+    def moment_dtype(self, p: torch.Tensor) -> torch.dtype:
+        """The dtype `p`'s moments are kept in."""
+        return torch.bfloat16 if p.dtype == torch.bfloat16 and self.moments == "bfloat16" else torch.float32
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
@@ -104,22 +165,38 @@ class KahanAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        position = -1
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             hyper: dict[tuple[torch.device, int], torch.Tensor] = {}  # one small tensor per device and step
+            todo: list[tuple[int, torch.Tensor]] = []
             for p in group["params"]:
+                position += 1
                 if p.grad is None:
                     continue
                 if p.grad.is_sparse:
                     raise RuntimeError("KahanAdamW does not support sparse gradients")
+                todo.append((position, p))
+            # every seed of the step in one device tensor per device and step (one copy, not one per parameter)
+            seeds: dict[tuple[torch.device, int], torch.Tensor] = {}
+            rows: dict[tuple[torch.device, int], list[list[int]]] = {}
+            for pos, p in todo:
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+                    dtype = self.moment_dtype(p)
+                    state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
                 if p.dtype != torch.float32 and "compensation" not in state:
                     state["compensation"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
+                step = int(state["step"])
+                rows.setdefault((p.device, step), []).append([rounding_seed(step, pos, 0), rounding_seed(step, pos, 1)])
+            for key, values in rows.items():
+                seeds[key] = torch.tensor(values, dtype=torch.int64, device=key[0])
+            taken: dict[tuple[torch.device, int], int] = {}
+            for _, p in todo:
+                state = self.state[p]
                 step = int(state["step"])
                 key = (p.device, step)
                 if key not in hyper:
@@ -135,6 +212,8 @@ class KahanAdamW(torch.optim.Optimizer):
                         (1 - beta2**step) ** 0.5,
                     ]
                     hyper[key] = torch.tensor(values, dtype=torch.float32, device=p.device)
+                row = taken.get(key, 0)
+                taken[key] = row + 1
                 comp = state.get("compensation")
                 if comp is None:  # float32: plain AdamW (a scratch buffer, rounding takes nothing)
                     comp = torch.zeros_like(p)
@@ -145,19 +224,20 @@ class KahanAdamW(torch.optim.Optimizer):
                     state["exp_avg_sq"].view(-1),
                     comp.view(-1),
                     hyper[key],
+                    seeds[key][row],
                 )
         return loss
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """torch's loader, then the state tensors again as saved (its loader casts them to each parameter's dtype)."""
+        """torch's loader, then the state tensors again as saved (its loader casts them to each parameter's dtype);
+        moments saved in another dtype (a state of torch's AdamW, or of the other `moments`) are cast to this one's."""
         super().load_state_dict(state_dict)
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
         for pid, p in zip(saved_ids, params, strict=True):
             for key, value in state_dict["state"].get(pid, {}).items():
                 if isinstance(value, torch.Tensor) and key != "step":
-                    # moments are float32 here even when a state saved by torch's AdamW held them in bf16
-                    dtype = torch.float32 if key in ("exp_avg", "exp_avg_sq") else value.dtype
+                    dtype = self.moment_dtype(p) if key in ("exp_avg", "exp_avg_sq") else value.dtype
                     self.state[p][key] = value.to(device=p.device, dtype=dtype, copy=True)
 
 

@@ -16,10 +16,11 @@ One optimizer step (`Trainer.step`) takes a list of `TrainSample`s and
   are freed at once (`ChunkedLMLoss`, the fused-linear-loss idea of liger-kernel, here with our own loss);
 * clips the gradient norm and takes one AdamW step: torch's (fused on CUDA) on float32 weights; on bfloat16/float16
   weights `predict.train.optim.KahanAdamW`, whose compensation buffer keeps the updates that rounding to 8
-  significant bits would drop (plain AdamW on bf16 weights at lr 1e-6 moved 1.9 % of them on a 4B model).
+  significant bits would drop (plain AdamW on bf16 weights at lr 1e-6 moved 1.9 % of them on a 4B model); its
+  moments are bf16, stochastically rounded.
 
 On CUDA, liger-kernel's RMSNorm, SwiGLU and RoPE kernels are patched in when it is importable (``liger=None``:
-auto). A micro-batch with no rl weight and one ce weight (SFT) is exactly a summed cross-entropy, so there liger's
+auto), and each MLP keeps gate and up only for its backward (`predict.train.mlp`). A micro-batch with no rl weight and one ce weight (SFT) is exactly a summed cross-entropy, so there liger's
 fused linear cross-entropy replaces `ChunkedLMLoss`; everything else (GRPO ratios need per-token logprobs) goes
 through `ChunkedLMLoss`.
 
@@ -49,6 +50,7 @@ import torch
 from predict.serving import weight_sync
 from predict.train.grad_terms import TermProbe, term_groups
 from predict.train.loss import LossConfig, predict_loss
+from predict.train.mlp import recompute_mlp_inputs
 from predict.train.optim import CompiledOrEager, KahanAdamW
 from predict.train.sample import TrainSample
 
@@ -495,6 +497,8 @@ class Trainer:
                 from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
                 self._fused_ce = LigerFusedLinearCrossEntropyLoss(reduction="sum")
+        if self.device.type == "cuda":  # the MLP's widest activation made again in the backward (train/mlp.py)
+            recompute_mlp_inputs(self.model)
         self.model.train()
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer: torch.optim.Optimizer
