@@ -156,11 +156,12 @@ def _check_kahan(torch) -> dict:
         kernel = optim._KERNEL if name == "compiled" else optim._step_kahan
         for step in range(1, 51):
             g = (torch.randn(n, device="cuda", generator=gen) * 1e-3 + 1e-4).bfloat16()
+            seeds = [optim.rounding_seed(step, k) for k in (0, 1)]
             hyper = torch.tensor(
-                [1e-6, 0.9, 0.1, 0.999, 1e-3, 1e-8, 0.0, 1 - 0.9**step, (1 - 0.999**step) ** 0.5], device="cuda"
+                [1e-6, 0.9, 0.1, 0.999, 1e-3, 1e-8, 0.0, 1 - 0.9**step, (1 - 0.999**step) ** 0.5, *seeds],
+                device="cuda",
             )
-            seeds = torch.tensor([optim.rounding_seed(step, 0, k) for k in (0, 1)], device="cuda")
-            kernel(p, g, m, v, c, hyper, seeds)
+            kernel(p, g, m, v, c, hyper, 0)
             if name == "plain":
                 c.zero_()
         held[name] = p.float() + c.float() - p0.float()

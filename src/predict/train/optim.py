@@ -17,7 +17,7 @@ Rules it follows:
   "float32"``) cost 4 more bytes a weight, 15 GiB at the 4B shape, which the SFT memory target (1.1x the plain bf16
   loop's) cannot afford. The weight itself stays Kahan-compensated, so what the moments' rounding adds is noise in
   the step size (`tests/test_train_bf16.py` measures it), not lost updates. The random bits are a hash of the
-  element's index, the step and the parameter's position: no generator state, so a resumed run rounds exactly as an
+  weight's index among all the optimizer's weights and of the step: no generator state, so a resumed run rounds exactly as an
   unbroken one.
   Float16 weights keep float32 moments (bf16's range, fp16's precision: no use).
 * The arithmetic is torch's AdamW (decoupled weight decay, bias corrections, eps added after the square root), in
@@ -43,45 +43,41 @@ __all__ = ["KahanAdamW", "effective_weight", "rounding_seed"]
 _log = logging.getLogger(__name__)
 
 
-def _random_bits(like: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
+def _random_bits(like: torch.Tensor, offset: int, seed: torch.Tensor) -> torch.Tensor:
     """16 random bits (int32 in [0, 65536)) for each element of the flat tensor `like`: Thomas Mueller's 32-bit
-    integer hash of the element's index plus `seed` (an int64 scalar tensor). Stateless: the same (index, seed) gives
-    the same bits on any run, device or resume. Compiled, the index is generated inside the kernel (nothing
-    allocated)."""
-    x = (torch.arange(like.numel(), device=like.device, dtype=torch.int64) + seed) & 0xFFFFFFFF
+    integer hash of the element's index among all the optimizer's weights (`offset` + its index in `like`) mixed
+    with `seed` (a scalar tensor holding an integer below 2^24). Stateless: the same weight at the same step gets the
+    same bits on any run, device or resume. Compiled, the index is made inside the kernel (nothing allocated)."""
+    index = torch.arange(like.numel(), device=like.device, dtype=torch.int64) + offset
+    x = (index & 0xFFFFFFFF) ^ seed.to(torch.int64)
     x = (((x >> 16) ^ x) * 0x45D9F3B) & 0xFFFFFFFF
     x = (((x >> 16) ^ x) * 0x45D9F3B) & 0xFFFFFFFF
     return (((x >> 16) ^ x) & 0xFFFF).to(torch.int32)
 
 
-def _store(dst: torch.Tensor, value: torch.Tensor, seed: torch.Tensor) -> None:
+def _store(dst: torch.Tensor, value: torch.Tensor, offset: int, seed: torch.Tensor) -> None:
     """``dst.copy_(value)``; into bf16, rounded stochastically: the 16 bits bf16 drops from the float32 value get
     random bits added before they are cut, which carries into the kept bits with the probability of their fraction
     (sign and magnitude are separate in a float, so this holds for negative values too)."""
     if dst.dtype != torch.bfloat16:
         dst.copy_(value)
         return
-    bits = (value.view(torch.int32) + _random_bits(value, seed)) & -65536
+    bits = (value.view(torch.int32) + _random_bits(value, offset, seed)) & -65536
     dst.copy_(bits.view(torch.float32))  # exact: the low 16 bits are zero
 
 
 def _step_kahan(
-    p: torch.Tensor,
-    g: torch.Tensor,
-    m: torch.Tensor,
-    v: torch.Tensor,
-    c: torch.Tensor,
-    hyper: torch.Tensor,
-    seeds: torch.Tensor,
+    p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, c: torch.Tensor, hyper: torch.Tensor, offset: int
 ) -> None:
     """One AdamW update of a flattened low-precision parameter with its compensation buffer, in place.
 
     hyper (float32, p's device): lr, beta1, 1 - beta1, beta2, 1 - beta2, eps, weight_decay, bias_correction1,
-    sqrt(bias_correction2); the differences come from float64 as in torch (1 - float32(0.999) is 1.3e-5 off).
-    seeds (int64, 2): the stochastic rounding's seeds of the two moments when they are bf16 (unused otherwise). The
-    step uses the moments' float32 values; only what is stored is rounded.
+    sqrt(bias_correction2) (the differences come from float64 as in torch: 1 - float32(0.999) is 1.3e-5 off), and
+    the step's two rounding seeds (`rounding_seed`) for bf16 moments. `offset`: where the parameter's weights start
+    among all the optimizer's (the rounding's index). The step uses the moments' float32 values; only what is stored
+    is rounded.
     """
-    lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, wd, bc1, bc2_sqrt = hyper.unbind(0)
+    lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, wd, bc1, bc2_sqrt, seed_m, seed_v = hyper.unbind(0)
     gf = g.float()
     mf = m.float().lerp(gf, one_minus_beta1)
     vf = v.float() * beta2 + gf * gf * one_minus_beta2
@@ -91,8 +87,8 @@ def _step_kahan(
     new_p = (pf + y).to(p.dtype)
     c.copy_(y - (new_p.float() - pf))  # what this rounding took (new_p - pf is exact: both are bf16 values)
     p.copy_(new_p)
-    _store(m, mf, seeds[0])
-    _store(v, vf, seeds[1])
+    _store(m, mf, offset, seed_m)
+    _store(v, vf, offset, seed_v)
 
 
 class CompiledOrEager:
@@ -125,14 +121,12 @@ _KERNEL = CompiledOrEager(
 
 
 Moments = Literal["bfloat16", "float32"]
-_SEED_SALTS = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D)  # odd 32-bit constants: step, parameter position, moment
 
 
-def rounding_seed(step: int, position: int, moment: int) -> int:
-    """The stochastic rounding's seed of one moment (0: exp_avg, 1: exp_avg_sq) of the parameter at `position` (in
-    the optimizer's parameter order) at `step`: a 32-bit mix, the same on every run."""
-    a, b, c = _SEED_SALTS
-    return ((step * a) ^ (position * b) ^ ((moment + 1) * c)) & 0xFFFFFFFF
+def rounding_seed(step: int, moment: int) -> int:
+    """The stochastic rounding's seed of one moment (0: exp_avg, 1: exp_avg_sq) at `step`: a 24-bit mix (exact in
+    the float32 tensor that carries it), the same on every run."""
+    return ((step * 0x9E3779B1) ^ ((moment + 1) * 0xC2B2AE3D)) & 0xFFFFFF
 
 
 class KahanAdamW(torch.optim.Optimizer):
@@ -165,22 +159,16 @@ class KahanAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        position = -1
+        offset = 0  # where each parameter's weights start among all the optimizer's: the rounding's index
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             hyper: dict[tuple[torch.device, int], torch.Tensor] = {}  # one small tensor per device and step
-            todo: list[tuple[int, torch.Tensor]] = []
             for p in group["params"]:
-                position += 1
+                start, offset = offset, offset + p.numel()
                 if p.grad is None:
                     continue
                 if p.grad.is_sparse:
                     raise RuntimeError("KahanAdamW does not support sparse gradients")
-                todo.append((position, p))
-            # every seed of the step in one device tensor per device and step (one copy, not one per parameter)
-            seeds: dict[tuple[torch.device, int], torch.Tensor] = {}
-            rows: dict[tuple[torch.device, int], list[list[int]]] = {}
-            for pos, p in todo:
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.tensor(0.0)
@@ -190,13 +178,6 @@ class KahanAdamW(torch.optim.Optimizer):
                 if p.dtype != torch.float32 and "compensation" not in state:
                     state["compensation"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
-                step = int(state["step"])
-                rows.setdefault((p.device, step), []).append([rounding_seed(step, pos, 0), rounding_seed(step, pos, 1)])
-            for key, values in rows.items():
-                seeds[key] = torch.tensor(values, dtype=torch.int64, device=key[0])
-            taken: dict[tuple[torch.device, int], int] = {}
-            for _, p in todo:
-                state = self.state[p]
                 step = int(state["step"])
                 key = (p.device, step)
                 if key not in hyper:
@@ -210,10 +191,10 @@ class KahanAdamW(torch.optim.Optimizer):
                         group["weight_decay"],
                         1 - beta1**step,
                         (1 - beta2**step) ** 0.5,
+                        rounding_seed(step, 0),
+                        rounding_seed(step, 1),
                     ]
                     hyper[key] = torch.tensor(values, dtype=torch.float32, device=p.device)
-                row = taken.get(key, 0)
-                taken[key] = row + 1
                 comp = state.get("compensation")
                 if comp is None:  # float32: plain AdamW (a scratch buffer, rounding takes nothing)
                     comp = torch.zeros_like(p)
@@ -224,7 +205,7 @@ class KahanAdamW(torch.optim.Optimizer):
                     state["exp_avg_sq"].view(-1),
                     comp.view(-1),
                     hyper[key],
-                    seeds[key][row],
+                    start,
                 )
         return loss
 
