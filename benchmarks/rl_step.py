@@ -37,6 +37,7 @@ import argparse
 import concurrent.futures as cf
 import json
 import random
+import re
 import sys
 import tempfile
 import time
@@ -332,8 +333,14 @@ def run_steps(args: argparse.Namespace, trainer: Any, server: Any, generate: Any
         if gpu:
             row["trainer_peak_gib"] = torch.cuda.max_memory_allocated() / GIB
         t = time.perf_counter()
-        server.push_weights(handoff.write(trainer.handoff_state()), version=str(step))
+        manifest = handoff.write(trainer.handoff_state())
+        row["sync_handoff_s"] = time.perf_counter() - t  # the trainer's side: the IPC handles
+        answers = server.push_weights(manifest, version=str(step))
         row["sync_memory_s"] = time.perf_counter() - t
+        # what the worker itself spent (open the handles, reload the layers): the rest is HTTP, pause and resume
+        worker = [float(x) for a in answers for x in re.findall(r"([0-9.]+)s in worker", str(a))]
+        if worker:
+            row["sync_worker_s"] = max(worker)
         row["step_s"] = row["rollout_s"] + row["samples_s"] + row["update_s"] + row["sleep_s"] + row["sync_memory_s"]
         if not args.no_folder:  # the folder path into the same server, beside the step (not part of it)
             t = time.perf_counter()
@@ -346,7 +353,8 @@ def run_steps(args: argparse.Namespace, trainer: Any, server: Any, generate: Any
     return rows
 
 
-STEP_KEYS = ["rollout_s", "samples_s", "update_s", "sleep_s", "sync_memory_s", "sync_folder_s", "step_s", "update_mfu"]
+STEP_KEYS = ["rollout_s", "samples_s", "update_s", "sleep_s", "sync_memory_s", "sync_handoff_s", "sync_worker_s",
+             "sync_folder_s", "step_s", "update_mfu"]
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
