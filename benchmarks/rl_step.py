@@ -281,6 +281,7 @@ def main() -> int:
             finally:
                 watch.stop()
             variant = {"micro_batch_tokens": micro_batch_tokens, "activation_checkpointing": checkpointing,
+                       "liger_kernels": trainer.liger,
                        "trainer_setup_s": setup_s, **summarise(rows), "device_peak_gib": watch.peak_bytes / GIB,
                        "trainer_peak_gib": max((r.get("trainer_peak_gib", 0.0) for r in rows), default=0.0),
                        "rows": rows}  # fmt: skip
