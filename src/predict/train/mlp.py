@@ -15,6 +15,7 @@ Rules it follows:
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
@@ -24,32 +25,30 @@ import torch.nn.functional as F
 __all__ = ["SwiGLUDown", "recompute_mlp_inputs"]
 
 
+@functools.cache
+def _liger_swiglu() -> tuple[Any, Any] | None:
+    """liger's SwiGLU forward and backward kernels, looked up once; None where liger is not importable."""
+    try:
+        from liger_kernel.ops.swiglu import swiglu_backward, swiglu_forward
+    except ImportError:
+        return None
+    return swiglu_forward, swiglu_backward
+
+
 def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    if gate.is_cuda:
-        try:
-            from liger_kernel.ops.swiglu import swiglu_forward
-        except ImportError:
-            pass
-        else:
-            return swiglu_forward(gate, up)[2]
-    return F.silu(gate) * up
+    liger = _liger_swiglu() if gate.is_cuda else None
+    return liger[0](gate, up)[2] if liger else F.silu(gate) * up
 
 
 def _silu_mul_backward(
     gate: torch.Tensor, up: torch.Tensor, grad: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if gate.is_cuda:
-        try:
-            from liger_kernel.ops.swiglu import swiglu_backward
-        except ImportError:
-            pass
-        else:  # writes the two gradients into gate's and up's buffers (theirs to use: the graph is done with them)
-            return swiglu_backward(gate, up, grad)
-    g = gate.float()
-    sig = torch.sigmoid(g)
-    silu = g * sig
-    grad_up = (grad.float() * silu).to(up.dtype)
-    grad_gate = (grad.float() * (silu * (1 - sig) + sig) * up.float()).to(gate.dtype)
+    liger = _liger_swiglu() if gate.is_cuda else None
+    if liger:  # writes the two gradients into gate's and up's buffers (theirs to use: the graph is done with them)
+        return liger[1](gate, up, grad)
+    with torch.enable_grad():  # torch's own derivative of silu(gate) * up
+        gate, up = gate.detach().requires_grad_(), up.detach().requires_grad_()
+        grad_gate, grad_up = torch.autograd.grad(F.silu(gate) * up, (gate, up), grad)
     return grad_gate, grad_up
 
 

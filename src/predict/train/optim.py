@@ -17,9 +17,8 @@ Rules it follows:
   "float32"``) cost 4 more bytes a weight, 15 GiB at the 4B shape, which the SFT memory target (1.1x the plain bf16
   loop's) cannot afford. The weight itself stays Kahan-compensated, so what the moments' rounding adds is noise in
   the step size (`tests/test_train_bf16.py` measures it), not lost updates. The random bits are a hash of the
-  weight's index among all the optimizer's weights and of the step: no generator state, so a resumed run rounds exactly as an
-  unbroken one.
-  Float16 weights keep float32 moments (bf16's range, fp16's precision: no use).
+  weight's index among all the optimizer's weights and of the step: no generator state, so a resumed run rounds
+  exactly as an unbroken one. Float16 weights keep float32 moments (bf16's range, fp16's precision: no use).
 * The arithmetic is torch's AdamW (decoupled weight decay, bias corrections, eps added after the square root), in
   float32. On CUDA one fused kernel per parameter (torch.compile, dynamic shapes: a single compile serves every
   parameter; the hyperparameters travel as a device tensor, so an lr schedule never recompiles); elsewhere, or if
@@ -67,7 +66,13 @@ def _store(dst: torch.Tensor, value: torch.Tensor, offset: int, seed: torch.Tens
 
 
 def _step_kahan(
-    p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, c: torch.Tensor, hyper: torch.Tensor, offset: int
+    p: torch.Tensor,
+    g: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    c: torch.Tensor,
+    hyper: torch.Tensor,
+    offset: int,
 ) -> None:
     """One AdamW update of a flattened low-precision parameter with its compensation buffer, in place.
 

@@ -20,9 +20,9 @@ One optimizer step (`Trainer.step`) takes a list of `TrainSample`s and
   moments are bf16, stochastically rounded.
 
 On CUDA, liger-kernel's RMSNorm, SwiGLU and RoPE kernels are patched in when it is importable (``liger=None``:
-auto), and each MLP keeps gate and up only for its backward (`predict.train.mlp`). A micro-batch with no rl weight and one ce weight (SFT) is exactly a summed cross-entropy, so there liger's
-fused linear cross-entropy replaces `ChunkedLMLoss`; everything else (GRPO ratios need per-token logprobs) goes
-through `ChunkedLMLoss`.
+auto), and each MLP keeps gate and up only for its backward (`predict.train.mlp`). A micro-batch with no rl weight
+and one ce weight (SFT) is exactly a summed cross-entropy, so there liger's fused linear cross-entropy replaces
+`ChunkedLMLoss`; everything else (GRPO ratios need per-token logprobs) goes through `ChunkedLMLoss`.
 
 `token_logprobs` gives per-token logprobs without gradient (same chunking). `save_checkpoint` writes an HF folder
 (weights in the base checkpoint's dtype + tokenizer files) that vLLM and transformers load; `save_state` /
