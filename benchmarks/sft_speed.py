@@ -139,8 +139,9 @@ def _check_kahan(torch) -> dict:
     """KahanAdamW's step on the same synthetic gradients (50 steps of lr 1e-6 on 1M weights of ~0.02: every update
     below half an ulp) in four forms: float32 weights and moments (the reference), bf16 + compensation + bf16 moments
     eager and compiled, and bf16 with the compensation dropped after every step (plain AdamW on bf16).
-    ``kahan_realised`` / ``kahan_drift``: the compiled bf16 held update against the float32 one; ``kahan_eager_realised``: the same for
-    eager (compiled = eager when the compensation survives compilation); ``plain_realised``: plain bf16."""
+    ``kahan_realised`` / ``kahan_drift``: the compiled bf16 held update against the float32 one;
+    ``kahan_eager_realised``: the same for eager (compiled = eager when the compensation survives compilation);
+    ``plain_realised``: plain bf16."""
     from predict.train import optim
 
     torch.manual_seed(2)
