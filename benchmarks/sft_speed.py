@@ -154,6 +154,7 @@ def _check_kahan(torch) -> dict:
         m, v = torch.zeros_like(p), torch.zeros_like(p)  # bf16 moments (stochastically rounded) beside bf16 weights
         gen = torch.Generator(device="cuda").manual_seed(3)
         kernel = optim._KERNEL if name == "compiled" else optim._step_kahan
+        first_index = torch.zeros((), dtype=torch.int32, device="cuda")  # the weights' index starts at 0
         for step in range(1, 51):
             g = (torch.randn(n, device="cuda", generator=gen) * 1e-3 + 1e-4).bfloat16()
             seeds = [optim.rounding_seed(step, k) for k in (0, 1)]
@@ -161,7 +162,7 @@ def _check_kahan(torch) -> dict:
                 [1e-6, 0.9, 0.1, 0.999, 1e-3, 1e-8, 0.0, 1 - 0.9**step, (1 - 0.999**step) ** 0.5, *seeds],
                 device="cuda",
             )
-            kernel(p, g, m, v, c, hyper, 0)
+            kernel(p, g, m, v, c, hyper, first_index)
             if name == "plain":
                 c.zero_()
         held[name] = p.float() + c.float() - p0.float()

@@ -198,3 +198,25 @@ def test_the_gpu_memory_arithmetic_counts_what_the_optimizer_holds() -> None:
     opt.step()
     state = sum(v.nbytes for k, v in opt.state[p].items() if k != "step")
     assert (p.nbytes + p.grad.nbytes + state) / p.numel() == TRAINER_BYTES_PER_PARAM
+
+
+def _uint32_hash(index: int, seed: int) -> int:
+    """The stochastic rounding's hash as written for unsigned 32-bit integers (Python ints, no wrapping tricks)."""
+    x = (index & 0xFFFFFFFF) ^ seed
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & 0xFFFFFFFF
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & 0xFFFFFFFF
+    return ((x >> 16) ^ x) & 0xFFFF
+
+
+@pytest.mark.parametrize("start", [0, 2**31 - 3, 2**32 - 2, 3 * 2**31 + 5])
+def test_the_int32_rounding_hash_is_the_unsigned_32_bit_hash(start: int) -> None:
+    """The kernel hashes in int32 (a GPU multiplies int64 in several instructions) with wrapping products and masked
+    shifts: its bits must be those of the unsigned hash, also where a 4B model's weight indices pass 2^31 and 2^32."""
+    from predict.train.optim import _random_bits, rounding_seed
+
+    seed = rounding_seed(7, 1)
+    like = torch.empty(6)
+    first = torch.tensor((start + 2**31) % 2**32 - 2**31, dtype=torch.int32)  # as KahanAdamW hands it over
+    got = _random_bits(like, first, torch.tensor(float(seed))).tolist()
+    assert got == [_uint32_hash(start + i, seed) for i in range(6)]
+

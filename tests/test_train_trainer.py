@@ -253,3 +253,36 @@ def test_the_rl_driver_checkpoints_activations_as_the_config_says_on_start_and_r
     run.resumable = True
     resumed, _, _ = run.open_trainer()
     assert all(layer.gradient_checkpointing == checkpointing for layer in resumed.model.model.layers)
+
+
+@pytest.mark.parametrize("grad_clip", [1.0, 0.0])
+def test_the_step_reads_the_gradient_norm_after_queuing_the_optimizer(tiny: Path, grad_clip: float,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading the norm waits for the GPU; before the optimizer's step that left the GPU idle while KahanAdamW made
+    its ~400 per-parameter launches. The step must queue the optimizer first and report the same norm."""
+    trainer = Trainer(tiny, lr=1e-3, device="cpu", micro_batch_tokens=8192, weight_decay=0.0, grad_clip=grad_clip,
+                      dtype="float32", seed=0)  # fmt: skip
+    events: list[str] = []
+    wrapped = "clip_grad_norm_" if grad_clip else "get_total_norm"
+    real_norm, real_step = getattr(torch.nn.utils, wrapped), trainer.optimizer.step
+
+    class Norm(torch.Tensor):
+        def __float__(self) -> float:
+            events.append("norm read")
+            return super().__float__()
+
+    def norm(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        value = real_norm(*args, **kwargs)
+        expected.append(float(value))
+        return value.as_subclass(Norm)
+
+    def step(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        events.append("optimizer step")
+        return real_step(*args, **kwargs)
+
+    expected: list[float] = []
+    monkeypatch.setattr(torch.nn.utils, wrapped, norm)
+    monkeypatch.setattr(trainer.optimizer, "step", step)
+    out = trainer.step(_samples())
+    assert events == ["optimizer step", "norm read"]
+    assert out["grad_norm"] == expected[0] > 0

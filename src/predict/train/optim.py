@@ -42,19 +42,22 @@ __all__ = ["KahanAdamW", "effective_weight", "rounding_seed"]
 _log = logging.getLogger(__name__)
 
 
-def _random_bits(like: torch.Tensor, offset: int, seed: torch.Tensor) -> torch.Tensor:
+def _random_bits(like: torch.Tensor, offset: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
     """16 random bits (int32 in [0, 65536)) for each element of the flat tensor `like`: Thomas Mueller's 32-bit
-    integer hash of the element's index among all the optimizer's weights (`offset` + its index in `like`) mixed
-    with `seed` (a scalar tensor holding an integer below 2^24). Stateless: the same weight at the same step gets the
-    same bits on any run, device or resume. Compiled, the index is made inside the kernel (nothing allocated)."""
-    index = torch.arange(like.numel(), device=like.device, dtype=torch.int64) + offset
-    x = (index & 0xFFFFFFFF) ^ seed.to(torch.int64)
-    x = (((x >> 16) ^ x) * 0x45D9F3B) & 0xFFFFFFFF
-    x = (((x >> 16) ^ x) * 0x45D9F3B) & 0xFFFFFFFF
-    return (((x >> 16) ^ x) & 0xFFFF).to(torch.int32)
+    integer hash of the element's index among all the optimizer's weights (`offset`, an int32 tensor holding the
+    parameter's first index modulo 2^32, plus its index in `like`) mixed with `seed` (a scalar tensor holding an
+    integer below 2^24). Stateless: the same weight at the same step gets the same bits on any run, device or resume.
+
+    In int32, not int64: a GPU multiplies 64-bit integers in several instructions, and the hash is most of the
+    kernel's arithmetic. Additions and products wrap modulo 2^32 and the shifts are made logical by a mask, so the
+    bits are those of the unsigned 32-bit hash (`tests/test_train_bf16.py` checks them against it in int64)."""
+    x = (torch.arange(like.numel(), device=like.device, dtype=torch.int32) + offset) ^ seed.to(torch.int32)
+    x = (((x >> 16) & 0xFFFF) ^ x) * 0x45D9F3B
+    x = (((x >> 16) & 0xFFFF) ^ x) * 0x45D9F3B
+    return (((x >> 16) & 0xFFFF) ^ x) & 0xFFFF
 
 
-def _store(dst: torch.Tensor, value: torch.Tensor, offset: int, seed: torch.Tensor) -> None:
+def _store(dst: torch.Tensor, value: torch.Tensor, offset: torch.Tensor, seed: torch.Tensor) -> None:
     """``dst.copy_(value)``; into bf16, rounded stochastically: the 16 bits bf16 drops from the float32 value get
     random bits added before they are cut, which carries into the kept bits with the probability of their fraction
     (sign and magnitude are separate in a float, so this holds for negative values too)."""
@@ -72,15 +75,16 @@ def _step_kahan(
     v: torch.Tensor,
     c: torch.Tensor,
     hyper: torch.Tensor,
-    offset: int,
+    offset: torch.Tensor,
 ) -> None:
     """One AdamW update of a flattened low-precision parameter with its compensation buffer, in place.
 
     hyper (float32, p's device): lr, beta1, 1 - beta1, beta2, 1 - beta2, eps, weight_decay, bias_correction1,
     sqrt(bias_correction2) (the differences come from float64 as in torch: 1 - float32(0.999) is 1.3e-5 off), and
     the step's two rounding seeds (`rounding_seed`) for bf16 moments. `offset`: where the parameter's weights start
-    among all the optimizer's (the rounding's index). The step uses the moments' float32 values; only what is stored
-    is rounded.
+    among all the optimizer's (the rounding's index), an int32 tensor (`_first_index`): a Python int would make the
+    compiled kernel guard on it (and specialise a second graph for 0). The step uses the moments' float32 values;
+    only what is stored is rounded.
     """
     lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, wd, bc1, bc2_sqrt, seed_m, seed_v = hyper.unbind(0)
     gf = g.float()
@@ -152,11 +156,24 @@ class KahanAdamW(torch.optim.Optimizer):
         if moments not in ("bfloat16", "float32"):
             raise ValueError(f"KahanAdamW: moments must be 'bfloat16' or 'float32', not {moments!r}")
         self.moments = moments
+        # (group, position) -> (first index, that index modulo 2^32 as an int32 tensor on the weight's device)
+        self._first_indices: dict[tuple[int, int], tuple[int, torch.Tensor]] = {}
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
 
     def moment_dtype(self, p: torch.Tensor) -> torch.dtype:
         """The dtype `p`'s moments are kept in."""
         return torch.bfloat16 if p.dtype == torch.bfloat16 and self.moments == "bfloat16" else torch.float32
+
+    def _first_index(self, key: tuple[int, int], p: torch.Tensor, start: int) -> torch.Tensor:
+        """`start`, where `p`'s weights start among all the optimizer's, as the kernel takes it: modulo 2^32 in an
+        int32 tensor on p's device, made once (a copy to the GPU per parameter and step would cost more than the
+        kernel)."""
+        cached = self._first_indices.get(key)
+        if cached is None or cached[0] != start:
+            wrapped = (start + 2**31) % 2**32 - 2**31
+            cached = (start, torch.tensor(wrapped, dtype=torch.int32, device=p.device))
+            self._first_indices[key] = cached
+        return cached[1]
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
@@ -165,10 +182,10 @@ class KahanAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         offset = 0  # where each parameter's weights start among all the optimizer's: the rounding's index
-        for group in self.param_groups:
+        for g, group in enumerate(self.param_groups):
             beta1, beta2 = group["betas"]
             hyper: dict[tuple[torch.device, int], torch.Tensor] = {}  # one small tensor per device and step
-            for p in group["params"]:
+            for i, p in enumerate(group["params"]):
                 start, offset = offset, offset + p.numel()
                 if p.grad is None:
                     continue
@@ -199,7 +216,10 @@ class KahanAdamW(torch.optim.Optimizer):
                         rounding_seed(step, 0),
                         rounding_seed(step, 1),
                     ]
-                    hyper[key] = torch.tensor(values, dtype=torch.float32, device=p.device)
+                    # from pinned memory, not blocking: a plain copy to the GPU waits for all queued work (the
+                    # backward), which would leave the GPU idle while this loop launches its ~400 kernels
+                    pinned = torch.tensor(values, dtype=torch.float32, pin_memory=p.is_cuda)
+                    hyper[key] = pinned.to(p.device, non_blocking=True)
                 comp = state.get("compensation")
                 if comp is None:  # float32: plain AdamW (a scratch buffer, rounding takes nothing)
                     comp = torch.zeros_like(p)
@@ -210,7 +230,7 @@ class KahanAdamW(torch.optim.Optimizer):
                     state["exp_avg_sq"].view(-1),
                     comp.view(-1),
                     hyper[key],
-                    start,
+                    self._first_index((g, i), p, start),
                 )
         return loss
 

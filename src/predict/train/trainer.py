@@ -592,14 +592,15 @@ class Trainer:
             loss.backward()
         if probe is not None:
             probe.measure()  # before clipping, which scales the gradient in place
+        # The norm stays a tensor until the optimizer's kernels are queued: reading it waits for the GPU, which
+        # would then idle while the optimizer's per-parameter launches are made.
         if self.grad_clip and self.grad_clip > 0:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         else:
-            grad_norm = float(
-                torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
-            )
+            norm = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = float(norm)
         self.step_count += 1
         n_clipped = metrics.pop("n_clipped", 0.0)
         out = {k: float(metrics.get(k, 0.0)) for k in ("loss", "rl_loss", "ce_loss")}
