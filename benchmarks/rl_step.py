@@ -37,7 +37,6 @@ import argparse
 import concurrent.futures as cf
 import json
 import random
-import re
 import sys
 import tempfile
 import time
@@ -339,9 +338,10 @@ def run_steps(args: argparse.Namespace, trainer: Any, server: Any, generate: Any
         answers = server.push_weights(manifest, version=str(step))
         row["sync_memory_s"] = time.perf_counter() - t
         # what the worker itself spent (open the handles, reload the layers): the rest is HTTP, pause and resume
-        worker = [float(x) for a in answers for x in re.findall(r"([0-9.]+)s in worker", str(a))]
+        worker = [a for a in answers if isinstance(a, dict) and "worker_s" in a]  # RLWorkerExt.load_from_memory's
         if worker:
-            row["sync_worker_s"] = max(worker)
+            row["sync_worker_s"] = max(a["worker_s"] for a in worker)
+            row["sync_how"] = worker[0].get("how")
         row["step_s"] = row["rollout_s"] + row["samples_s"] + row["update_s"] + row["sleep_s"] + row["sync_memory_s"]
         if not args.no_folder:  # the folder path into the same server, beside the step (not part of it)
             t = time.perf_counter()

@@ -152,14 +152,26 @@ class RLWorkerExt:
             return "lm_head repacked"
         return "no lm_head to repack"
 
-    def reload_from_path(self, weights_path: str) -> str:
+    def reload_from_path(self, weights_path: str) -> dict[str, Any]:
         t = time.perf_counter()
         self.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]  # vLLM worker method
         msg = self.refresh_tied_lm_head()
-        return f"{msg}; {time.perf_counter() - t:.3f}s in worker"
+        return {"how": "layerwise reload", "lm_head": msg, "worker_s": time.perf_counter() - t}
 
-    def load_from_memory(self, manifest: dict[str, Any]) -> str:
-        """Load a `predict.serving.weight_sync` handoff in place; refused whole (`HandoffError`) when it does not fit."""
+    def loads_in_place(self) -> bool:
+        """Whether a handoff can be copied straight into the served parameters: an unquantized model on a GPU, where
+        vLLM processes no weight after loading (its unquantized linear and embedding methods re-pack on the CPU
+        only). The model's own ``load_weights`` then writes each tensor into the storage the server reads (CUDA
+        graphs keep their pointers), with no copy of a layer in between. Elsewhere (the CPU's packed linears, a
+        quantized model) vLLM's layerwise ``reload_weights``, which remakes each layer, loads it, processes it and
+        copies it back: 0.16 s of the 0.22 s sync at the 4B shape on an H200."""
+        device = getattr(self.model_runner, "device", None)
+        quantization = getattr(self.model_runner.vllm_config.model_config, "quantization", None)
+        return getattr(device, "type", None) == "cuda" and quantization is None
+
+    def load_from_memory(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Load a `predict.serving.weight_sync` handoff in place; refused whole (`HandoffError`) when it does not fit.
+        Returns what it did: ``how`` (see `loads_in_place`), ``tensors``, ``lm_head`` and ``worker_s`` (seconds)."""
         import torch
 
         t = time.perf_counter()
@@ -168,13 +180,20 @@ class RLWorkerExt:
         device = getattr(self.model_runner, "device", None)
         index = device.index if getattr(device, "type", None) == "cuda" else None
         buffers, keep = open_buffers(torch, manifest, index)
+        in_place = self.loads_in_place()
         try:
-            self.reload_weights(weights_iterator=tensor_views(torch, manifest, buffers))  # type: ignore[attr-defined]
+            weights = tensor_views(torch, manifest, buffers)
+            if in_place:
+                with torch.no_grad():
+                    self.model_runner.get_model().load_weights(weights)
+            else:
+                self.reload_weights(weights_iterator=weights)  # type: ignore[attr-defined]
             msg = self.refresh_tied_lm_head()
         finally:
             del buffers
             close_mappings(keep)
-        return f"{msg}; {len(manifest['tensors'])} tensors from memory, {time.perf_counter() - t:.3f}s in worker"
+        return {"how": "load_weights in place" if in_place else "layerwise reload", "tensors": len(manifest["tensors"]),
+                "lm_head": msg, "worker_s": time.perf_counter() - t}  # fmt: skip
 
 
 # --- ASGI middleware ------------------------------------------------------------------------------
