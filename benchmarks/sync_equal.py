@@ -1,0 +1,104 @@
+"""Does an in-memory weight handoff serve exactly what a folder reload serves? On the GPU, where the worker loads a
+handoff straight into the served parameters (`RLWorkerExt.loads_in_place`), or on the CPU build (layerwise reload).
+
+    python benchmarks/sync_equal.py --device gpu --vllm-python .venv-vllm/bin/python [--enforce-eager] [--out f.json]
+
+One server on the tiny random Qwen3 of seed 0 (`predict.tiny_model`): greedy tokens and logprobs of three prompts,
+then the seed-1 weights from their folder (`VLLMServer.reload_weights`), back to seed 0, the seed-1 weights in memory
+(`VLLMServer.push_weights`: CUDA IPC from tensors on the GPU, or shared memory on the CPU), and seed 0 in memory
+again. ``memory_equals_folder``: the in-memory seed 1 gave exactly the folder's tokens and logprobs;
+``memory_back_equals_start``: the in-memory seed 0 gave exactly what the server started with. Also the worker's
+answers (which path, seconds) and each reload's wall time. CPU counterpart in the tests: tests/test_rl_vllm.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = [list(range(1000, 1040)), list(range(2000, 2017)), [7, 8, 9] * 11]
+
+
+def generate(srv: Any, ids: list[int], n: int = 12) -> tuple[list[int], list[float]]:
+    body = {"model": srv.model_name, "token_ids": ids, "return_token_ids": True,
+            "sampling_params": {"max_tokens": n, "temperature": 0.0, "logprobs": 1, "ignore_eos": True}}  # fmt: skip
+    req = urllib.request.Request(srv.root_url + "/inference/v1/generate", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=120) as r:
+        choice = json.loads(r.read())["choices"][0]
+    return list(choice["token_ids"]), [e["logprob"] for e in choice["logprobs"]["content"]]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", choices=["cpu", "gpu"], default="gpu")
+    ap.add_argument("--vllm-python", default=None, help="the vLLM env's interpreter (default: the device's)")
+    ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs or torch.compile (a faster start)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    sys.path.insert(0, str(REPO / "src"))
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from predict.serving.server import VLLMServer
+    from predict.serving.weight_sync import WeightHandoff, handoff_state
+    from predict.tiny_model import cached_tiny_qwen3
+
+    work = Path(tempfile.mkdtemp(prefix="sync_equal"))
+    seed0, seed1 = (Path(cached_tiny_qwen3(work / "models", seed=s)) for s in (0, 1))
+    served = work / "served"
+    shutil.copytree(seed0, served)
+    on = "cuda" if args.device == "gpu" else "cpu"
+
+    def state(folder: Path) -> dict[str, Any]:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+        return {k: v.to(on) for k, v in handoff_state(model, torch.bfloat16).items()}
+
+    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "device": args.device,
+                              "enforce_eager": args.enforce_eager}  # fmt: skip
+    t = time.perf_counter()
+    srv = VLLMServer(served, max_model_len=4096, startup_timeout_s=600, python=args.vllm_python, device=args.device,
+                     served_model_name="tiny", worker_extension=True, log_path=work / "vllm.log",
+                     enforce_eager=args.enforce_eager or None)  # fmt: skip
+    srv.start()
+    result["server_start_s"] = time.perf_counter() - t
+
+    def timed(key: str, fn: Any) -> Any:
+        t0 = time.perf_counter()
+        out = fn()
+        result[key] = time.perf_counter() - t0
+        return out
+
+    try:
+        start = [generate(srv, p) for p in PROMPTS]
+        timed("folder_reload_s", lambda: srv.reload_weights(seed1, version="1-folder"))
+        from_folder = [generate(srv, p) for p in PROMPTS]
+        srv.reload_weights(seed0, version="0-folder")
+        back = [generate(srv, p) for p in PROMPTS]
+        with WeightHandoff("sync-equal") as handoff:
+            new, old = state(seed1), state(seed0)
+            result["answers"] = timed("memory_sync_s", lambda: srv.push_weights(handoff.write(new), version="1"))
+            from_memory = [generate(srv, p) for p in PROMPTS]
+            srv.push_weights(handoff.write(old), version="0")
+            memory_back = [generate(srv, p) for p in PROMPTS]
+    finally:
+        srv.stop()
+    result |= {"folder_changes_outputs": from_folder != start, "folder_back_equals_start": back == start,
+               "memory_equals_folder": from_memory == from_folder, "memory_back_equals_start": memory_back == start}
+    print(json.dumps(result, indent=1, default=str))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    ok = result["folder_changes_outputs"] and result["memory_equals_folder"] and result["memory_back_equals_start"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
