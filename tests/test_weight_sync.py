@@ -125,7 +125,7 @@ class _FakeModel:
         return set(self.loaded)
 
 
-def _fake_worker(folder: Path, device_type: str, quantization: str | None) -> object:
+def _fake_worker(folder: Path, device_type: str, quantization: str | None, kv_cache: str = "auto") -> object:
     """An RLWorkerExt mixed into a stand-in of vLLM's worker: what it loads, and by which path."""
     from types import SimpleNamespace
 
@@ -135,7 +135,8 @@ def _fake_worker(folder: Path, device_type: str, quantization: str | None) -> ob
         def __init__(self) -> None:
             self.model = _FakeModel()
             self.reloaded: dict[str, object] = {}
-            config = SimpleNamespace(model_config=SimpleNamespace(model=str(folder), quantization=quantization))
+            config = SimpleNamespace(model_config=SimpleNamespace(model=str(folder), quantization=quantization),
+                                     cache_config=SimpleNamespace(cache_dtype=kv_cache))
             device = SimpleNamespace(type=device_type, index=None)
             self.model_runner = SimpleNamespace(vllm_config=config, device=device, get_model=lambda: self.model)
 
@@ -145,18 +146,19 @@ def _fake_worker(folder: Path, device_type: str, quantization: str | None) -> ob
     return Worker()
 
 
-@pytest.mark.parametrize(("device_type", "quantization", "how"), [("cuda", None, "load_weights in place"),
-                                                                   ("cpu", None, "layerwise reload"),
-                                                                   ("cuda", "fp8", "layerwise reload")])  # fmt: skip
+@pytest.mark.parametrize(("device_type", "quantization", "kv_cache", "how"),
+                         [("cuda", None, "auto", "load_weights in place"), ("cpu", None, "auto", "layerwise reload"),
+                          ("cuda", "fp8", "auto", "layerwise reload"), ("cuda", None, "fp8", "layerwise reload")])
 def test_an_unquantized_model_on_a_gpu_loads_the_handoff_in_place(
-    trained: tuple, device_type: str, quantization: str | None, how: str
+    trained: tuple, device_type: str, quantization: str | None, kv_cache: str, how: str
 ) -> None:
     """On a GPU an unquantized model's weights need no processing after loading, so the handoff goes straight into
     the served parameters (the model's load_weights), not through vLLM's layerwise reload (which remakes every layer:
-    0.16 s of the 0.22 s sync at the 4B shape); the CPU (packed linears) and quantized models keep the reload. Either
-    way every tensor arrives as the trainer wrote it, and the answer says which path and how long."""
+    0.16 s of the 0.22 s sync at the 4B shape); the CPU (packed linears), quantized models and an fp8 KV cache
+    (attention scales) keep the reload. Either way every tensor arrives as the trainer wrote it, and the answer
+    says which path and how long."""
     trainer, folder = trained
-    worker = _fake_worker(folder, device_type, quantization)
+    worker = _fake_worker(folder, device_type, quantization, kv_cache)
     with WeightHandoff("test-path") as handoff:
         state = trainer.handoff_state()
         answer = worker.load_from_memory(handoff.write(state))  # type: ignore[attr-defined]

@@ -163,11 +163,13 @@ class RLWorkerExt:
         vLLM processes no weight after loading (its unquantized linear and embedding methods re-pack on the CPU
         only). The model's own ``load_weights`` then writes each tensor into the storage the server reads (CUDA
         graphs keep their pointers), with no copy of a layer in between. Elsewhere (the CPU's packed linears, a
-        quantized model) vLLM's layerwise ``reload_weights``, which remakes each layer, loads it, processes it and
-        copies it back: 0.16 s of the 0.22 s sync at the 4B shape on an H200."""
+        quantized model or KV cache) vLLM's layerwise ``reload_weights``, which remakes each layer, loads it,
+        processes it and copies it back: 0.16 s of the 0.22 s sync at the 4B shape on an H200."""
+        config = self.model_runner.vllm_config
         device = getattr(self.model_runner, "device", None)
-        quantization = getattr(self.model_runner.vllm_config.model_config, "quantization", None)
-        return getattr(device, "type", None) == "cuda" and quantization is None
+        quantization = getattr(config.model_config, "quantization", None)
+        kv_cache = getattr(getattr(config, "cache_config", None), "cache_dtype", "auto")  # fp8: attention has scales
+        return getattr(device, "type", None) == "cuda" and quantization is None and kv_cache == "auto"
 
     def load_from_memory(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Load a `predict.serving.weight_sync` handoff in place; refused whole (`HandoffError`) when it does not fit.
