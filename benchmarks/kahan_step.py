@@ -92,8 +92,7 @@ def bits_equal(torch: Any, optim: Any) -> bool:
         x = (((x >> 16) ^ x) * 0x45D9F3B) & 0xFFFFFFFF
         x = (((x >> 16) ^ x) * 0x45D9F3B) & 0xFFFFFFFF
         ref = ((x >> 16) ^ x) & 0xFFFF
-        first = torch.tensor((start + 2**31) % 2**32 - 2**31, dtype=torch.int32, device="cuda")
-        if not torch.equal(hashed(like, first, seed).long(), ref):
+        if not torch.equal(hashed(like, optim.first_index_tensor(start, "cuda"), seed).long(), ref):
             return False
     return True
 

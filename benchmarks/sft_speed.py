@@ -154,7 +154,7 @@ def _check_kahan(torch) -> dict:
         m, v = torch.zeros_like(p), torch.zeros_like(p)  # bf16 moments (stochastically rounded) beside bf16 weights
         gen = torch.Generator(device="cuda").manual_seed(3)
         kernel = optim._KERNEL if name == "compiled" else optim._step_kahan
-        first_index = torch.zeros((), dtype=torch.int32, device="cuda")  # the weights' index starts at 0
+        first_index = optim.first_index_tensor(0, "cuda")  # the weights' index starts at 0
         for step in range(1, 51):
             g = (torch.randn(n, device="cuda", generator=gen) * 1e-3 + 1e-4).bfloat16()
             seeds = [optim.rounding_seed(step, k) for k in (0, 1)]

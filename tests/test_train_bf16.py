@@ -212,11 +212,9 @@ def _uint32_hash(index: int, seed: int) -> int:
 def test_the_int32_rounding_hash_is_the_unsigned_32_bit_hash(start: int) -> None:
     """The kernel hashes in int32 (a GPU multiplies int64 in several instructions) with wrapping products and masked
     shifts: its bits must be those of the unsigned hash, also where a 4B model's weight indices pass 2^31 and 2^32."""
-    from predict.train.optim import _random_bits, rounding_seed
+    from predict.train.optim import _random_bits, first_index_tensor, rounding_seed
 
     seed = rounding_seed(7, 1)
     like = torch.empty(6)
-    first = torch.tensor((start + 2**31) % 2**32 - 2**31, dtype=torch.int32)  # as KahanAdamW hands it over
-    got = _random_bits(like, first, torch.tensor(float(seed))).tolist()
+    got = _random_bits(like, first_index_tensor(start), torch.tensor(float(seed))).tolist()
     assert got == [_uint32_hash(start + i, seed) for i in range(6)]
-

@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["KahanAdamW", "effective_weight", "rounding_seed"]
+__all__ = ["KahanAdamW", "effective_weight", "first_index_tensor", "rounding_seed"]
 
 _log = logging.getLogger(__name__)
 
@@ -55,6 +55,11 @@ def _random_bits(like: torch.Tensor, offset: torch.Tensor, seed: torch.Tensor) -
     x = (((x >> 16) & 0xFFFF) ^ x) * 0x45D9F3B
     x = (((x >> 16) & 0xFFFF) ^ x) * 0x45D9F3B
     return (((x >> 16) & 0xFFFF) ^ x) & 0xFFFF
+
+
+def first_index_tensor(start: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A parameter's first weight index as `_random_bits` takes it: modulo 2^32, in an int32 scalar tensor."""
+    return torch.tensor((start + 2**31) % 2**32 - 2**31, dtype=torch.int32, device=device)
 
 
 def _store(dst: torch.Tensor, value: torch.Tensor, offset: torch.Tensor, seed: torch.Tensor) -> None:
@@ -165,13 +170,11 @@ class KahanAdamW(torch.optim.Optimizer):
         return torch.bfloat16 if p.dtype == torch.bfloat16 and self.moments == "bfloat16" else torch.float32
 
     def _first_index(self, key: tuple[int, int], p: torch.Tensor, start: int) -> torch.Tensor:
-        """`start`, where `p`'s weights start among all the optimizer's, as the kernel takes it: modulo 2^32 in an
-        int32 tensor on p's device, made once (a copy to the GPU per parameter and step would cost more than the
-        kernel)."""
+        """`first_index_tensor` of `start`, where `p`'s weights start among all the optimizer's, on p's device, made
+        once (a copy to the GPU per parameter and step would cost more than the kernel)."""
         cached = self._first_indices.get(key)
         if cached is None or cached[0] != start:
-            wrapped = (start + 2**31) % 2**32 - 2**31
-            cached = (start, torch.tensor(wrapped, dtype=torch.int32, device=p.device))
+            cached = (start, first_index_tensor(start, p.device))
             self._first_indices[key] = cached
         return cached[1]
 
