@@ -17,10 +17,11 @@ One step is what `predict.train.rl` does around a real vLLM server colocated wit
   non-zero. The environment itself is not run (its cost: benchmarks/rollout_throughput.py).
 * samples: `predict.train.from_rollouts.build_samples` (Arm B, alpha 1).
 * update: one `Trainer.step`, inside `TrainingRun.update_window`: on the GPU the server sleeps through it (level 2:
-  its weights and KV cache go, the trainer has the memory) and wakes after (``sleep_s`` = sleep + wake-up).
+  its weights and KV cache go, the trainer has the memory) and wakes after (``sleep_s`` = sleep + wake-ups).
 * sync: the new weights into the running server in memory (CUDA IPC, `VLLMServer.push_weights`), the production
-  path; ``sync_folder_s`` times the folder path into the same server once per step beside it (save the HF folder +
-  `reload_weights`), outside the step.
+  path, inside the window as `predict.train.rl` does it (`UpdateWindow.sync`: the server's weights wake, load, then
+  its KV cache wakes); ``sync_folder_s`` times the folder path into the same server once per step beside it (save
+  the HF folder + `reload_weights`), outside the step.
 
 Beside it, in the same run and on the same prompts, the stand-in this benchmark used before vLLM ran on the GPU:
 ``model.generate`` of an inference copy in the trainer's process (``standin_rollout_s``, measured once, before the
@@ -320,24 +321,34 @@ def run_steps(args: argparse.Namespace, trainer: Any, server: Any, generate: Any
         row |= {"n_samples": len(samples), "ce_samples": counts.ce_samples}
         if gpu:
             torch.cuda.reset_peak_memory_stats()
+        sync_row: dict[str, Any] = {}
+
+        # inside the window: into the server's weights, its KV cache asleep (the loop's values bound now)
+        def push(drain: bool, step: int = step, sync_row: dict[str, Any] = sync_row) -> list[Any]:
+            t = time.perf_counter()
+            manifest = handoff.write(trainer.handoff_state())
+            sync_row["sync_handoff_s"] = time.perf_counter() - t  # the trainer's side: the IPC handles
+            answers = server.push_weights(manifest, version=str(step), drain=drain)
+            sync_row["sync_memory_s"] = time.perf_counter() - t
+            return answers
+
         t = time.perf_counter()
-        with TrainingRun.update_window(server) as slept:
+        with TrainingRun.update_window(server) as window:
             sync()
             t_update = time.perf_counter()
             m = trainer.step(samples)
             sync()
             row["update_s"] = time.perf_counter() - t_update
-        row["sleep_s"] = time.perf_counter() - t - row["update_s"] if slept else 0.0
+            if gpu:
+                row["trainer_peak_gib"] = torch.cuda.max_memory_allocated() / GIB
+            answers = window.sync(push)
+        row |= sync_row
+        # the server's sleep and wake-ups: the window less the update and the sync inside it
+        row["sleep_s"] = time.perf_counter() - t - row["update_s"] - row["sync_memory_s"] if window.slept else 0.0
         row |= {k: m[k] for k in ("loss", "rl_loss", "ce_loss", "n_rl_tokens", "n_ce_tokens", "n_tokens")}
         row["update_mfu"] = update_flops(cfg, samples) / row["update_s"] / PEAK_FLOPS
-        if gpu:
-            row["trainer_peak_gib"] = torch.cuda.max_memory_allocated() / GIB
-        t = time.perf_counter()
-        manifest = handoff.write(trainer.handoff_state())
-        row["sync_handoff_s"] = time.perf_counter() - t  # the trainer's side: the IPC handles
-        answers = server.push_weights(manifest, version=str(step))
-        row["sync_memory_s"] = time.perf_counter() - t
-        # what the worker itself spent (open the handles, reload the layers): the rest is HTTP, pause and resume
+        # what the worker itself spent (open the handles, load the weights): the rest is HTTP (and pause, resume
+        # where the engine was awake)
         worker = [a for a in answers if isinstance(a, dict) and "worker_s" in a]  # RLWorkerExt.load_from_memory's
         if worker:
             row["sync_worker_s"] = max(a["worker_s"] for a in worker)

@@ -9,6 +9,15 @@ then the seed-1 weights from their folder (`VLLMServer.reload_weights`), back to
 again. ``memory_equals_folder``: the in-memory seed 1 gave exactly the folder's tokens and logprobs;
 ``memory_back_equals_start``: the in-memory seed 0 gave exactly what the server started with. Also the worker's
 answers (which path, seconds) and each reload's wall time. CPU counterpart in the tests: tests/test_rl_vllm.py.
+
+On the GPU two more (the server runs in sleep mode, as the GPU configs start it):
+
+* ``asleep_equals_folder``: seed 1 handed over as an RL step does it (`predict.train.driver.UpdateWindow`): level 2
+  sleep, the weights woken alone, loaded with no pause, then the KV cache woken.
+* ``producer``: another process (a trainer's stand-in) hands seed 0 over from one allocation padded by
+  ``--pad-gib`` and exits. Whether torch's "Producer process has been terminated before all shared CUDA tensors
+  released" appears in its stderr, and the device's used memory before it started and after it exited: if the
+  server still mapped the handoff, the padded allocation would stay (``held_after_exit_gib`` near the pad).
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +35,28 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [list(range(1000, 1040)), list(range(2000, 2017)), [7, 8, 9] * 11]
+PRODUCER_WARNING = "Producer process has been terminated"
+
+# A trainer's stand-in: seed 0's tensors in one CUDA allocation padded to hold more, handed over, then exit.
+PRODUCER = """
+import sys, torch
+sys.path.insert(0, {src!r})
+from transformers import AutoModelForCausalLM
+from predict.serving.server import VLLMServer
+from predict.serving.weight_sync import WeightHandoff, handoff_state
+state = handoff_state(AutoModelForCausalLM.from_pretrained({folder!r}, dtype=torch.bfloat16), torch.bfloat16)
+sizes = [t.numel() * t.element_size() for t in state.values()]
+block = torch.empty(sum(sizes) + int({pad_gib} * 2**30), dtype=torch.uint8, device="cuda")
+views, offset = {{}}, 0
+for (name, t), n in zip(state.items(), sizes):
+    views[name] = block[offset:offset + n].view(t.dtype).view(t.shape)
+    views[name].copy_(t)
+    offset += n
+srv = VLLMServer({served!r}, max_model_len=4096, device="gpu", port={port}, served_model_name="tiny",
+                 worker_extension=True, python={python!r})
+with WeightHandoff("producer") as handoff:
+    print(srv.push_weights(handoff.write(views), version="producer"), flush=True)
+"""
 
 
 def generate(srv: Any, ids: list[int], n: int = 12) -> tuple[list[int], list[float]]:
@@ -37,11 +69,28 @@ def generate(srv: Any, ids: list[int], n: int = 12) -> tuple[list[int], list[flo
     return list(choice["token_ids"]), [e["logprob"] for e in choice["logprobs"]["content"]]
 
 
+def producer(args: argparse.Namespace, srv: Any, folder: Path, served: Path) -> dict[str, Any]:
+    """Run `PRODUCER` in a process of its own: its warning, and the device memory it leaves held after it exits."""
+    from predict.serving.gpu_memory import GIB, _sampler
+
+    sample = _sampler()
+    before = sample()[0]
+    code = PRODUCER.format(src=str(REPO / "src"), folder=str(folder), pad_gib=args.pad_gib, served=str(served),
+                           port=srv.port, python=srv.python)  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    time.sleep(2.0)  # the driver frees an exited process's memory asynchronously
+    after = sample()[0]
+    return {"rc": out.returncode, "warning": PRODUCER_WARNING in out.stderr, "pad_gib": args.pad_gib,
+            "held_after_exit_gib": (after - before) / GIB, "stdout": out.stdout[-2000:],
+            "stderr": out.stderr[-3000:]}  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=["cpu", "gpu"], default="gpu")
     ap.add_argument("--vllm-python", default=None, help="the vLLM env's interpreter (default: the device's)")
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs or torch.compile (a faster start)")
+    ap.add_argument("--pad-gib", type=float, default=2.0, help="the producer's allocation beyond its tensors")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     sys.path.insert(0, str(REPO / "src"))
@@ -51,6 +100,7 @@ def main() -> int:
     from predict.serving.server import VLLMServer
     from predict.serving.weight_sync import WeightHandoff, handoff_state
     from predict.tiny_model import cached_tiny_qwen3
+    from predict.train.driver import TrainingRun
 
     work = Path(tempfile.mkdtemp(prefix="sync_equal"))
     seed0, seed1 = (Path(cached_tiny_qwen3(work / "models", seed=s)) for s in (0, 1))
@@ -67,7 +117,8 @@ def main() -> int:
     t = time.perf_counter()
     srv = VLLMServer(served, max_model_len=4096, startup_timeout_s=600, python=args.vllm_python, device=args.device,
                      served_model_name="tiny", worker_extension=True, log_path=work / "vllm.log",
-                     enforce_eager=args.enforce_eager or None)  # fmt: skip
+                     enforce_eager=args.enforce_eager or None,
+                     extra_args=["--enable-sleep-mode"] if args.device == "gpu" else [])  # fmt: skip
     srv.start()
     result["server_start_s"] = time.perf_counter() - t
 
@@ -89,6 +140,14 @@ def main() -> int:
             from_memory = [generate(srv, p) for p in PROMPTS]
             srv.push_weights(handoff.write(old), version="0")
             memory_back = [generate(srv, p) for p in PROMPTS]
+            if args.device == "gpu":  # as an RL step syncs: into the weights alone, the KV cache asleep
+                with TrainingRun.update_window(srv) as window:
+                    timed("asleep_sync_s", lambda: window.sync(
+                        lambda drain: srv.push_weights(handoff.write(new), version="1-asleep", drain=drain)))
+                result["asleep_equals_folder"] = [generate(srv, p) for p in PROMPTS] == from_folder
+        if args.device == "gpu":
+            result["producer"] = producer(args, srv, seed0, served)
+            result["after_producer_equals_start"] = [generate(srv, p) for p in PROMPTS] == start
     finally:
         srv.stop()
     result |= {"folder_changes_outputs": from_folder != start, "folder_back_equals_start": back == start,
@@ -97,6 +156,7 @@ def main() -> int:
     if args.out:
         args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
     ok = result["folder_changes_outputs"] and result["memory_equals_folder"] and result["memory_back_equals_start"]
+    ok = ok and result.get("asleep_equals_folder", True) and result.get("after_producer_equals_start", True)
     return 0 if ok else 1
 
 

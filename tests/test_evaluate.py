@@ -209,7 +209,7 @@ class FakeServer:
         FakeServer.log.append(("start", self.model))
         return self
 
-    def reload_weights(self, weights_dir, *, version=None) -> list[str]:
+    def reload_weights(self, weights_dir, *, version=None, drain=True) -> list[str]:
         FakeServer.log.append(("reload", str(weights_dir)))
         return []
 

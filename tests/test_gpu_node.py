@@ -5,9 +5,11 @@ released shapes. What ran on the GPU itself: docs/gpu.md."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -104,27 +106,37 @@ class RecordingServer:
         self.calls.append(f"sleep {level}")
         return True
 
-    def wake_up(self) -> bool:
-        self.calls.append("wake_up")
+    def wake_up(self, tags: tuple[str, ...] | None = None) -> bool:
+        self.calls.append(" ".join(["wake_up", *(tags or ())]))
         return True
 
 
-def test_the_update_runs_while_the_server_sleeps_and_it_wakes_before_the_sync() -> None:
+def test_the_update_runs_while_the_server_sleeps_and_the_sync_loads_its_weights_before_its_kv_cache_wakes() -> None:
     from predict.train.driver import TrainingRun
 
     server = RecordingServer()
-    with TrainingRun.update_window(server) as slept:
+    with TrainingRun.update_window(server) as window:
         server.calls.append("update")
-    assert slept and server.calls == ["sleep 2", "update", "wake_up"]
-    # a failed update still wakes the server (the next lease or step needs it)
+        window.sync(lambda drain: server.calls.append(f"push drain={drain}"))
+    # no pause, prefix-cache reset or resume: the engine schedules nothing while its KV cache sleeps
+    assert window.slept and server.calls == ["sleep 2", "update", "wake_up weights", "push drain=False",
+                                             "wake_up kv_cache"]  # fmt: skip
+    # a failed update still wakes the server, whole (the next lease or step needs it)
     server.calls.clear()
     with pytest.raises(RuntimeError), TrainingRun.update_window(server):
         raise RuntimeError("out of memory")
     assert server.calls == ["sleep 2", "wake_up"]
-    # the CPU, a server without sleep mode, or none: nothing happens
+    # a refused handoff after the weights woke: the KV cache still wakes, the weights are not woken twice
+    server.calls.clear()
+    with pytest.raises(RuntimeError), TrainingRun.update_window(server) as window:
+        window.sync(lambda drain: (_ for _ in ()).throw(RuntimeError("weight handoff refused")))
+    assert server.calls == ["sleep 2", "wake_up weights", "wake_up kv_cache"]
+    # the CPU, a server without sleep mode, or none: nothing sleeps and the sync drains
     for quiet in (None, type("Awake", (), {"sleep_mode": False})()):
-        with TrainingRun.update_window(quiet) as slept:
-            assert not slept
+        pushed: list[bool] = []
+        with TrainingRun.update_window(quiet) as window:
+            window.sync(pushed.append)
+        assert not window.slept and pushed == [True]
 
 
 def test_the_gpu_configs_validate_and_the_profile_plans_the_slice() -> None:
@@ -204,14 +216,12 @@ def test_the_scale_out_flag_goes_only_to_a_vllm_that_knows_it(tmp_path: Path) ->
     assert "--middleware" in VLLMServer(model, **SIZES, python=old, device="gpu").command()
 
 
-def test_a_vllm_without_version_tags_still_takes_the_weights(tmp_path: Path) -> None:
-    """vLLM 0.26 has no /update_weight_version: the reload is done all the same and the tag is not asked again."""
+@contextlib.contextmanager
+def fake_vllm_http(seen: list[str]) -> Iterator[int]:
+    """A local HTTP server that records each POST's path (query included) and answers {} (404 for vLLM 0.26's
+    missing /update_weight_version); yields its port."""
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
-
-    from predict.serving.server import VLLMServer
-
-    seen: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: object) -> None:
@@ -219,7 +229,7 @@ def test_a_vllm_without_version_tags_still_takes_the_weights(tmp_path: Path) -> 
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            seen.append(self.path.split("?")[0])
+            seen.append(self.path)
             code, body = (404, b'{"detail": "Not Found"}') if self.path == "/update_weight_version" else (200, b"{}")
             self.send_response(code)
             self.send_header("Content-Length", str(len(body)))
@@ -229,10 +239,36 @@ def test_a_vllm_without_version_tags_still_takes_the_weights(tmp_path: Path) -> 
     httpd = HTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
-        server = VLLMServer(_folder(tmp_path), **SIZES, device="gpu", port=httpd.server_address[1], worker_extension=True)
-        server.reload_weights(tmp_path, version="1")
-        server.reload_weights(tmp_path, version="2")
+        yield httpd.server_address[1]
     finally:
         httpd.shutdown()
-    assert seen == ["/pause", "/collective_rpc", "/reset_prefix_cache", "/resume", "/update_weight_version",
-                    "/pause", "/collective_rpc", "/reset_prefix_cache", "/resume"]  # fmt: skip
+
+
+def test_a_vllm_without_version_tags_still_takes_the_weights(tmp_path: Path) -> None:
+    """vLLM 0.26 has no /update_weight_version: the reload is done all the same and the tag is not asked again."""
+    from predict.serving.server import VLLMServer
+
+    seen: list[str] = []
+    with fake_vllm_http(seen) as port:
+        server = VLLMServer(_folder(tmp_path), **SIZES, device="gpu", port=port, worker_extension=True)
+        server.reload_weights(tmp_path, version="1")
+        server.reload_weights(tmp_path, version="2")
+    assert [path.split("?")[0] for path in seen] == [
+        "/pause", "/collective_rpc", "/reset_prefix_cache", "/resume", "/update_weight_version",
+        "/pause", "/collective_rpc", "/reset_prefix_cache", "/resume"]  # fmt: skip
+
+
+def test_a_sync_into_a_sleeping_server_wakes_its_parts_by_tag_and_neither_pauses_nor_resets(tmp_path: Path) -> None:
+    """vLLM's sleep paused the scheduler and cleared the prefix cache: the weights wake alone, load with no pause,
+    reset or resume, then the KV cache wakes (which resumes scheduling)."""
+    from predict.serving.server import VLLMServer
+
+    seen: list[str] = []
+    with fake_vllm_http(seen) as port:
+        server = VLLMServer(_folder(tmp_path), **SIZES, device="gpu", port=port, worker_extension=True,
+                            extra_args=["--enable-sleep-mode"])  # fmt: skip
+        server.wake_up(("weights",))
+        server.push_weights({"tensors": [], "buffers": []}, drain=False)
+        server.reload_weights(tmp_path, drain=False)
+        server.wake_up(("kv_cache",))
+    assert seen == ["/wake_up?tags=weights", "/collective_rpc", "/collective_rpc", "/wake_up?tags=kv_cache"]

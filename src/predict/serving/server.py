@@ -55,6 +55,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -564,40 +565,53 @@ class VLLMServer:
         self._http("POST", f"/sleep?level={int(level)}&mode=wait", timeout=300)
         return True
 
-    def wake_up(self) -> bool:
-        """Take the memory back after `sleep` (a no-op on an awake server, or one without sleep mode)."""
-        if not self.sleep_mode or not (self._http("GET", "/is_sleeping", timeout=60) or {}).get("is_sleeping"):
+    def wake_up(self, tags: Sequence[str] | None = None) -> bool:
+        """Take the memory back after `sleep` (a no-op on an awake server, or one without sleep mode). ``tags`` wakes
+        a part, each once: ``("weights",)`` to load new weights while the KV cache sleeps and the engine schedules
+        nothing (`predict.train.driver.UpdateWindow.sync`), then ``("kv_cache",)``, which resumes scheduling."""
+        if not self.sleep_mode:
+            return False
+        if tags is not None:
+            self._http("POST", "/wake_up?" + urllib.parse.urlencode([("tags", t) for t in tags]), timeout=300)
+            return True
+        if not (self._http("GET", "/is_sleeping", timeout=60) or {}).get("is_sleeping"):
             return False
         self._http("POST", "/wake_up", timeout=300)
         return True
 
     # -- weight reload (needs worker_extension=True) -----------------------------------------------
 
-    def reload_weights(self, weights_dir: Path | str, *, version: str | None = None) -> list[str]:
+    def reload_weights(self, weights_dir: Path | str, *, version: str | None = None, drain: bool = True) -> list[str]:
         """Load ``weights_dir``'s safetensors into the running server in place (same architecture): pause (drain
         in-flight requests) -> worker ``reload_from_path`` -> reset prefix cache (cached KV blocks were computed with
-        the old weights) -> resume; optionally tag ``version``. Returns the workers' messages."""
+        the old weights) -> resume; optionally tag ``version``. Returns the workers' messages. ``drain=False`` skips
+        the pause, reset and resume, for a server whose engine schedules nothing and holds no prefix cache: its
+        KV cache asleep (vLLM's sleep pauses the scheduler and clears that cache; `wake_up` by tags)."""
         path = str(Path(weights_dir).expanduser().resolve())
-        return self._worker_update("reload_from_path", path, version=version, what=f"weight reload from {path}")
+        return self._worker_update("reload_from_path", path, version=version, drain=drain,
+                                   what=f"weight reload from {path}")  # fmt: skip
 
-    def push_weights(self, manifest: Mapping[str, Any], *, version: str | None = None) -> list[str]:
+    def push_weights(self, manifest: Mapping[str, Any], *, version: str | None = None, drain: bool = True) -> list[str]:
         """Load an in-memory handoff (`predict.serving.weight_sync.WeightHandoff.write`'s manifest) into the running server
-        in place, as `reload_weights` does a folder. A handoff that does not fit the served model is refused before
-        any weight changes (`VLLMServerError` naming the tensor); the previous weights keep serving."""
-        return self._worker_update("load_from_memory", dict(manifest), version=version, what="in-memory weight sync")
+        in place, as `reload_weights` does a folder (``drain`` likewise). A handoff that does not fit the served model
+        is refused before any weight changes (`VLLMServerError` naming the tensor); the previous weights keep serving."""
+        return self._worker_update("load_from_memory", dict(manifest), version=version, drain=drain,
+                                   what="in-memory weight sync")  # fmt: skip
 
-    def _worker_update(self, method: str, arg: Any, *, version: str | None, what: str) -> list[str]:
+    def _worker_update(self, method: str, arg: Any, *, version: str | None, drain: bool, what: str) -> list[str]:
         if not self.worker_extension:
             raise VLLMServerError(f"{what} needs VLLMServer(..., worker_extension=True)")
         try:
-            self._http("POST", "/pause?mode=wait", timeout=300)
+            if drain:
+                self._http("POST", "/pause?mode=wait", timeout=300)
             try:
                 res = self._http("POST", "/collective_rpc", {"method": method, "args": [arg]}, timeout=600)
-                reset = self._http("POST", "/reset_prefix_cache", timeout=60)
+                reset = self._http("POST", "/reset_prefix_cache", timeout=60) if drain else None
                 if isinstance(reset, dict) and reset.get("success") is False:
                     raise VLLMServerError(f"reset_prefix_cache failed: {reset}")
             finally:
-                self._http("POST", "/resume", timeout=60)
+                if drain:
+                    self._http("POST", "/resume", timeout=60)
             if version is not None and self._tags_versions:
                 try:
                     self._http("POST", "/update_weight_version", {"new_version": version}, timeout=60)
@@ -615,52 +629,6 @@ class VLLMServer:
 
 # --- one server shared by the jobs of a run (config serving.shared) ---------------------------------------------
 
-# What a server keeps from the checkpoint it started on and an in-place weight reload does not replace: the model's
-# config (architecture, dtype) and generation config (vLLM's sampling defaults), minus names and versions, and the
-# tokenizer files (the chat template included). A checkpoint that differs in any of them gets a fresh server.
-_CONFIG_NAMES = ("_name_or_path", "transformers_version")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                    "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")  # fmt: skip
-
-
-def _model_config(path: Path, cache_dir: Path) -> dict[str, Any]:
-    """config.json as transformers reads it, names left out. Why not the file as written: one model is written in
-    two layouts (the tiny base: ``rope_theta``, ``torch_dtype``; a checkpoint our trainer saves: ``rope_parameters``,
-    ``dtype``, ``layer_types``), which must share a server. Cached per file content (``<cache>/configs/``), so
-    transformers (~2 s to import) is imported once per layout, not once per job. A config transformers cannot read
-    is compared as written."""
-    raw = (path / "config.json").read_bytes()
-    cached = cache_dir / "configs" / f"{hashlib.sha256(raw).hexdigest()}.json"
-    known = _read_json(cached)
-    if known is not None:
-        return known
-    try:
-        from transformers import AutoConfig  # noqa: PLC0415 (the pipeline env has it; imported only on a miss)
-
-        data = AutoConfig.from_pretrained(str(path)).to_dict()
-    except Exception:  # noqa: BLE001 - not a config transformers knows: the file itself is the identity
-        data = json.loads(raw)
-    text = json.dumps({k: v for k, v in data.items() if k not in _CONFIG_NAMES}, sort_keys=True, default=str)
-    write_text(text, cached)
-    return json.loads(text)  # as JSON has it, so equal to what a later lookup returns
-
-
-def _model_identity(model: Path | str, cache_dir: Path) -> dict[str, Any]:
-    path = Path(model).expanduser()
-    if not path.is_dir():
-        return {"hub_id": str(model)}  # no folder to reload from: another id is another server
-    identity: dict[str, Any] = {}
-    if (path / "config.json").is_file():
-        identity["config.json"] = _model_config(path, cache_dir)
-    if (path / "generation_config.json").is_file():
-        data = json.loads((path / "generation_config.json").read_text())
-        identity["generation_config.json"] = {k: v for k, v in data.items() if k not in _CONFIG_NAMES}
-    for name in _TOKENIZER_FILES:
-        if (path / name).is_file():
-            identity[name] = hashlib.sha256((path / name).read_bytes()).hexdigest()
-    return identity
-
-
 class SharedServer:
     """A lease on the one vLLM server that every job of a local run shares (config ``serving.shared``).
 
@@ -672,7 +640,7 @@ class SharedServer:
     * ``<state_dir>/server.json`` records the server (pid = process group, its start time, port, log, and the key it
       was started with). A lease reuses it only when that process is alive, was started with the same key
       (`key`: interpreter, device, context length, served name, flags, environment, the worker extension's code, and
-      the model's `_model_identity`) and answers ``/health`` with our served name; it then loads the requested
+      the model's `predict.serving.identity.model_identity`) and answers ``/health`` with our served name; it then loads the requested
       checkpoint's weights in place (`VLLMServer.reload_weights`: pause, reload, prefix cache reset, resume), every
       time, since a rerun may have rewritten a checkpoint under the same path. Otherwise the old server is stopped
       (the reason logged) and a new one started, detached from the job (no parent-death kill), and recorded as soon
@@ -719,11 +687,11 @@ class SharedServer:
         state = _read_json(self.state_dir / self.STATE)
         return int(state["pid"]) if state else None
 
-    def reload_weights(self, weights_dir: Path | str, *, version: str | None = None) -> list[str]:
-        return self.server.reload_weights(weights_dir, version=version)
+    def reload_weights(self, weights_dir: Path | str, *, version: str | None = None, drain: bool = True) -> list[str]:
+        return self.server.reload_weights(weights_dir, version=version, drain=drain)
 
-    def push_weights(self, manifest: Mapping[str, Any], *, version: str | None = None) -> list[str]:
-        return self.server.push_weights(manifest, version=version)
+    def push_weights(self, manifest: Mapping[str, Any], *, version: str | None = None, drain: bool = True) -> list[str]:
+        return self.server.push_weights(manifest, version=version, drain=drain)
 
     @property
     def sleep_mode(self) -> bool:
@@ -732,12 +700,14 @@ class SharedServer:
     def sleep(self, level: int = 2) -> bool:
         return self.server.sleep(level)
 
-    def wake_up(self) -> bool:
-        return self.server.wake_up()
+    def wake_up(self, tags: Sequence[str] | None = None) -> bool:
+        return self.server.wake_up(tags)
 
     # -- the key ------------------------------------------------------------------------------------------------
     def key(self) -> dict[str, Any]:
         """Everything a started server cannot change: two leases with equal keys may share it."""
+        from predict.serving.identity import model_identity  # noqa: PLC0415 (identity imports this module)
+
         s = self.server
         ext = Path(__file__).with_name("worker_ext.py").read_bytes()
         key = {"python": os.path.abspath(shutil.which(s.python) or s.python), "device": s.device,
@@ -746,7 +716,7 @@ class SharedServer:
                 "enforce_eager": s.enforce_eager, "kv_cache_gib": s.kv_cache_gib, "offline": s.offline,
                 "extra_args": s.extra_args, "env": s.env, "cpus": _cpu_list(), "cache_dir": str(s.cache_dir),
                 "worker_extension": hashlib.sha256(ext).hexdigest(),
-                "model": _model_identity(s.model, self.state_dir)}  # fmt: skip
+                "model": model_identity(s.model, self.state_dir)}  # fmt: skip
         return json.loads(json.dumps(key))  # as server.json holds it, so the two compare equal
 
     # -- the lease ----------------------------------------------------------------------------------------------

@@ -72,6 +72,45 @@ class RLJob:
     """Where each step's metrics row goes live (`predict.train.tracking`); None: nowhere but metrics.parquet."""
 
 
+@dataclass
+class UpdateWindow:
+    """The server's side of one update (`TrainingRun.update_window`): asleep through it, or not at all."""
+
+    server: Any | None
+    """The server that sleeps through the update; None where nothing slept."""
+    asleep: tuple[str, ...] = ("weights", "kv_cache")
+    """vLLM's memory tags still asleep (each wakes once: a second wake of a tag would map its memory twice)."""
+
+    @property
+    def slept(self) -> bool:
+        return self.server is not None
+
+    def wake(self, tags: tuple[str, ...]) -> None:
+        """Wake the named parts that still sleep; what the update cached goes back to the driver first, or the server
+        cannot take its memory back."""
+        tags = tuple(t for t in tags if t in self.asleep)
+        if self.server is None or not tags:
+            return
+        import torch
+
+        torch.cuda.empty_cache()
+        self.server.wake_up(tags if len(tags) < 2 else None)
+        self.asleep = tuple(t for t in self.asleep if t not in tags)
+
+    def sync(self, push: Callable[[bool], Any]) -> Any:
+        """Hand the update's weights over: ``push(drain)`` loads them (`VLLMServer.push_weights` or
+        `reload_weights` with ``drain``). Into a sleeping server: its weights wake alone, the weights load with no
+        pause, prefix-cache reset or resume (vLLM's sleep paused the scheduler and cleared that cache; nothing is
+        scheduled until the KV cache is awake), then the KV cache wakes and scheduling resumes. That saves the
+        pause's fixed 20 ms sleep and three HTTP calls of the 4B step's sync (docs/gpu.md). Elsewhere: ``push(True)``."""
+        if self.server is None:
+            return push(True)
+        self.wake(("weights",))
+        result = push(False)
+        self.wake(("kv_cache",))
+        return result
+
+
 def epoch_order(n: int, seed: str, step: int, per_step: int) -> list[int]:
     """Which of `n` items step `step` (1-based) takes, `per_step` a step: each epoch's own shuffle, seeded by
     ``f"{seed}:{epoch}"``, so a resumed run takes exactly what it would have taken."""
@@ -188,20 +227,17 @@ class TrainingRun:
 
     @staticmethod
     @contextlib.contextmanager
-    def update_window(server: Any) -> Iterator[bool]:
+    def update_window(server: Any) -> Iterator[UpdateWindow]:
         """An update beside a GPU server in sleep mode: the server gives its weights and KV cache back for the
-        update (level 2 sleep) and takes its memory back after it, before the new weights are handed over (every
-        caller syncs right after: the weights a level 2 sleep dropped are replaced then). Elsewhere (the CPU, a
-        server without sleep mode, no server) it does nothing. Yields whether the server slept."""
+        update (level 2 sleep); the caller hands the new weights over with `UpdateWindow.sync` inside the window, and
+        whatever still sleeps wakes when it closes (after a failed update too: the next lease or step needs the
+        server). Elsewhere (the CPU, a server without sleep mode, no server) the window is a plain sync."""
         slept = bool(server is not None and getattr(server, "sleep_mode", False) and server.sleep(2))
+        window = UpdateWindow(server if slept else None)
         try:
-            yield slept
+            yield window
         finally:
-            if slept:
-                import torch
-
-                torch.cuda.empty_cache()  # what the update cached goes back to the driver, or the server cannot wake
-                server.wake_up()
+            window.wake(("weights", "kv_cache"))
 
     def rollout_settings(self, server: Any, checkpoint: str) -> Any:
         """The training rollouts' settings against `server` (or ``job.base_url``)."""

@@ -106,28 +106,32 @@ def run_rl(
         row |= {k: v for k, v in asdict(counts).items() if k in METRIC_COLUMNS}  # the counts the schema declares
         row["n_ce_samples"] = sum(s.kind == "ce" for s in samples)
 
+        def push(drain: bool) -> None:  # the new weights into the server (UpdateWindow.sync: drain or not)
+            t_sync = time.perf_counter()
+            if in_memory:
+                srv.push_weights(handoff.write(trainer.handoff_state()), version=str(step), drain=drain)
+            else:
+                trainer.save_checkpoint(policy_dir)
+                srv.reload_weights(policy_dir, version=str(step), drain=drain)
+            row["sync_s"] = time.perf_counter() - t_sync
+
         t = time.perf_counter()
+        row["sync_s"] = 0.0
         if samples:
-            with run.update_window(srv) as slept:  # a GPU server sleeps through the update (its memory is ours)
+            with run.update_window(srv) as window:  # a GPU server sleeps through the update (its memory is ours)
                 t_update = time.perf_counter()
                 m = trainer.step(samples, grad_terms=probe_step(rl.grad_terms_every, step))
                 row["update_s"] = time.perf_counter() - t_update
-            if slept:
-                row["sleep_s"] = time.perf_counter() - t - row["update_s"]  # the server's sleep and wake-up
+                if srv is not None:
+                    window.sync(push)
+            if window.slept:  # the server's sleep and wake-ups (the sync inside the window is not theirs)
+                row["sleep_s"] = time.perf_counter() - t - row["update_s"] - row["sync_s"]
             row |= {k: m.get(k) for k in ("loss", "rl_loss", "ce_loss", "clip_frac", "grad_norm", "lr",
                                           *GRAD_TERM_COLUMNS)}  # fmt: skip
             row |= {k: int(m[k]) for k in ("n_rl_tokens", "n_ce_tokens", "n_samples", "n_tokens")}
         else:
             row["update_s"] = time.perf_counter() - t
         row["updated"] = bool(samples)
-
-        t = time.perf_counter()
-        if samples and srv is not None and in_memory:
-            srv.push_weights(handoff.write(trainer.handoff_state()), version=str(step))
-        elif samples and srv is not None:
-            trainer.save_checkpoint(policy_dir)
-            srv.reload_weights(policy_dir, version=str(step))
-        row["sync_s"] = time.perf_counter() - t
         return row
 
     t0 = time.perf_counter()
