@@ -14,10 +14,13 @@ On the GPU two more (the server runs in sleep mode, as the GPU configs start it)
 
 * ``asleep_equals_folder``: seed 1 handed over as an RL step does it (`predict.train.driver.UpdateWindow`): level 2
   sleep, the weights woken alone, loaded with no pause, then the KV cache woken.
-* ``producer``: another process (a trainer's stand-in) hands seed 0 over from one allocation padded by
-  ``--pad-gib`` and exits. Whether torch's "Producer process has been terminated before all shared CUDA tensors
-  released" appears in its stderr, and the device's used memory before it started and after it exited: if the
-  server still mapped the handoff, the padded allocation would stay (``held_after_exit_gib`` near the pad).
+* ``producers``: another process (a trainer's stand-in) hands seed 0 over from one allocation padded by
+  ``--pad-gib`` and exits, once holding its tensors to the end (``keeps``, as a trainer holds its model) and once
+  freeing them first (``frees``). For each: whether torch's "Producer process has been terminated before all shared
+  CUDA tensors released" appears in its stderr, and the device's used memory before it started and after it exited.
+  torch warns when, at exit, the producer still holds a tensor it shared or one a consumer has not released
+  (torch/csrc/CudaIPCTypes.cpp): a warning in ``frees`` would mean the server kept the handoff, and so would
+  ``held_after_exit_gib`` near the pad.
 """
 
 from __future__ import annotations
@@ -56,6 +59,11 @@ srv = VLLMServer({served!r}, max_model_len=4096, device="gpu", port={port}, serv
                  worker_extension=True, python={python!r})
 with WeightHandoff("producer") as handoff:
     print(srv.push_weights(handoff.write(views), version="producer"), flush=True)
+if {free}:  # its shared tensors freed before it exits: what torch's warning then says is about the server
+    import gc
+    del views, block, t
+    gc.collect()
+    torch.cuda.ipc_collect()
 """
 
 
@@ -69,14 +77,14 @@ def generate(srv: Any, ids: list[int], n: int = 12) -> tuple[list[int], list[flo
     return list(choice["token_ids"]), [e["logprob"] for e in choice["logprobs"]["content"]]
 
 
-def producer(args: argparse.Namespace, srv: Any, folder: Path, served: Path) -> dict[str, Any]:
+def producer(args: argparse.Namespace, srv: Any, folder: Path, served: Path, *, free: bool) -> dict[str, Any]:
     """Run `PRODUCER` in a process of its own: its warning, and the device memory it leaves held after it exits."""
     from predict.serving.gpu_memory import GIB, _sampler
 
     sample = _sampler()
     before = sample()[0]
     code = PRODUCER.format(src=str(REPO / "src"), folder=str(folder), pad_gib=args.pad_gib, served=str(served),
-                           port=srv.port, python=srv.python)  # fmt: skip
+                           port=srv.port, python=srv.python, free=free)  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     time.sleep(2.0)  # the driver frees an exited process's memory asynchronously
     after = sample()[0]
@@ -146,7 +154,8 @@ def main() -> int:
                         lambda drain: srv.push_weights(handoff.write(new), version="1-asleep", drain=drain)))
                 result["asleep_equals_folder"] = [generate(srv, p) for p in PROMPTS] == from_folder
         if args.device == "gpu":
-            result["producer"] = producer(args, srv, seed0, served)
+            result["producers"] = {how: producer(args, srv, seed0, served, free=how == "frees")
+                                   for how in ("keeps", "frees")}  # fmt: skip
             result["after_producer_equals_start"] = [generate(srv, p) for p in PROMPTS] == start
     finally:
         srv.stop()
