@@ -214,6 +214,10 @@ def main() -> int:
     ap.add_argument("--trainers", nargs="+", default=None, metavar="TOKENS[:ckpt]",
                     help="trainer variants run one after another against the one server: micro-batch tokens, "
                          "':ckpt' for rl.activation_checkpointing (default: --micro-batch-tokens, no checkpointing)")
+    ap.add_argument("--sync-orders", nargs="+", choices=["asleep", "awake"], default=["asleep"],
+                    help="each trainer variant once per order: 'asleep' syncs into the weights while the KV cache "
+                         "sleeps (UpdateWindow.sync, the RL loop's); 'awake' wakes all, then pauses, syncs, resumes "
+                         "(the loop's order before 2026-12-05, evening)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -235,7 +239,8 @@ def main() -> int:
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "args": {k: str(v) for k, v in vars(args).items()}}
 
-    variants = [(int(v.split(":")[0]), v.endswith(":ckpt")) for v in args.trainers or [str(args.micro_batch_tokens)]]
+    variants = [(int(v.split(":")[0]), v.endswith(":ckpt"), order == "asleep")
+                for v in args.trainers or [str(args.micro_batch_tokens)] for order in args.sync_orders]  # fmt: skip
 
     if not args.no_standin:  # the stand-in's rollout on the same prompts, before the server holds any memory
         from transformers import AutoModelForCausalLM
@@ -268,7 +273,7 @@ def main() -> int:
     handoff = WeightHandoff("bench")
     result["variants"] = []
     try:
-        for micro_batch_tokens, checkpointing in variants:
+        for micro_batch_tokens, checkpointing, asleep in variants:
             t0 = time.perf_counter()
             trainer = Trainer(model, lr=1e-6, device=args.device, dtype="bfloat16" if gpu else "float32",
                               micro_batch_tokens=micro_batch_tokens, weight_decay=0.0, grad_clip=1.0, seed=0)  # fmt: skip
@@ -277,11 +282,12 @@ def main() -> int:
             setup_s = time.perf_counter() - t0
             watch = GpuMemoryWatch(interval_s=0.05).start()
             try:
-                rows = run_steps(args, trainer, server, generate, handoff, watch, tok, tasks, cfg, work, sync, gpu)
+                rows = run_steps(args, trainer, server, generate, handoff, watch, tok, tasks, cfg, work, sync, gpu,
+                                 asleep=asleep)  # fmt: skip
             finally:
                 watch.stop()
             variant = {"micro_batch_tokens": micro_batch_tokens, "activation_checkpointing": checkpointing,
-                       "liger_kernels": trainer.liger,
+                       "sync_order": "asleep" if asleep else "awake", "liger_kernels": trainer.liger,
                        "trainer_setup_s": setup_s, **summarise(rows), "device_peak_gib": watch.peak_bytes / GIB,
                        "trainer_peak_gib": max((r.get("trainer_peak_gib", 0.0) for r in rows), default=0.0),
                        "rows": rows}  # fmt: skip
@@ -294,15 +300,18 @@ def main() -> int:
         handoff.close()
         server.stop()
     if len(variants) == 1:  # the layout of the earlier JSON files
-        result |= {k: v for k, v in result.pop("variants")[0].items() if k not in ("micro_batch_tokens", "activation_checkpointing")}
+        result |= {k: v for k, v in result.pop("variants")[0].items()
+                   if k not in ("micro_batch_tokens", "activation_checkpointing", "sync_order")}  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 
 def run_steps(args: argparse.Namespace, trainer: Any, server: Any, generate: Any, handoff: Any, watch: Any, tok: Any,
-              tasks: list[dict], cfg: dict, work: Path, sync: Any, gpu: bool) -> list[dict[str, Any]]:  # fmt: skip
-    """Warm-up + timed steps of one trainer against the running server: the rows, one per step."""
+              tasks: list[dict], cfg: dict, work: Path, sync: Any, gpu: bool, *, asleep: bool = True,
+              ) -> list[dict[str, Any]]:  # fmt: skip
+    """Warm-up + timed steps of one trainer against the running server: the rows, one per step. `asleep`: the sync
+    loads into the server's weights while its KV cache sleeps (`UpdateWindow.sync`); else it wakes whole first."""
     import torch
 
     from predict.serving.gpu_memory import GIB
@@ -341,7 +350,11 @@ def run_steps(args: argparse.Namespace, trainer: Any, server: Any, generate: Any
             row["update_s"] = time.perf_counter() - t_update
             if gpu:
                 row["trainer_peak_gib"] = torch.cuda.max_memory_allocated() / GIB
-            answers = window.sync(push)
+            if asleep:
+                answers = window.sync(push)
+            else:  # the earlier order: everything awake, then pause, load, reset the prefix cache, resume
+                window.wake(("weights", "kv_cache"))
+                answers = push(True)
         row |= sync_row
         # the server's sleep and wake-ups: the window less the update and the sync inside it
         row["sleep_s"] = time.perf_counter() - t - row["update_s"] - row["sync_memory_s"] if window.slept else 0.0
@@ -381,7 +394,8 @@ def report(args: argparse.Namespace, model: Path, variant: dict[str, Any], resul
     mean = variant["mean"]
     print(f"\nRL step on {args.device} ({model}), {args.tasks}x{args.group} rollouts, {args.new_tokens}+{args.pred_tokens} "
           f"new tokens through vLLM, micro-batches of {variant['micro_batch_tokens']} tokens"
-          f"{', activation checkpointing' if variant['activation_checkpointing'] else ''}; mean of "
+          f"{', activation checkpointing' if variant['activation_checkpointing'] else ''}, sync order "
+          f"{variant['sync_order']}; mean of "
           f"{variant['timed_steps']} steps after {args.warmup} warm-up:")  # fmt: skip
     for k in STEP_KEYS[:-1]:
         if k in mean:
