@@ -55,7 +55,8 @@ for (name, t), n in zip(state.items(), sizes):
     views[name] = block[offset:offset + n].view(t.dtype).view(t.shape)
     views[name].copy_(t)
     offset += n
-srv = VLLMServer({served!r}, max_model_len=4096, device="gpu", port={port}, served_model_name="tiny",
+srv = VLLMServer({served!r}, max_model_len=4096, startup_timeout_s=600, device="gpu", port={port},
+                 served_model_name="tiny",
                  worker_extension=True, python={python!r})
 with WeightHandoff("producer") as handoff:
     print(srv.push_weights(handoff.write(views), version="producer"), flush=True)
