@@ -65,6 +65,7 @@ from typing import Any, Literal
 from predict.config import config_default
 from predict.config.models import SharedServerSettings
 from predict.outputs import write_text
+from predict.serving.model_identity import model_identity
 from predict.serving.process import (
     _SUPERVISOR,
     _cpu_list,
@@ -593,8 +594,9 @@ class VLLMServer:
 
     def push_weights(self, manifest: Mapping[str, Any], *, version: str | None = None, drain: bool = True) -> list[str]:
         """Load an in-memory handoff (`predict.serving.weight_sync.WeightHandoff.write`'s manifest) into the running server
-        in place, as `reload_weights` does a folder (``drain`` likewise). A handoff that does not fit the served model
-        is refused before any weight changes (`VLLMServerError` naming the tensor); the previous weights keep serving."""
+        in place, as `reload_weights` does a folder (``drain`` likewise). A handoff that does not fit the served
+        model is refused before any weight changes (`VLLMServerError` naming the tensor); the previous weights keep
+        serving."""
         return self._worker_update("load_from_memory", dict(manifest), version=version, drain=drain,
                                    what="in-memory weight sync")  # fmt: skip
 
@@ -640,7 +642,7 @@ class SharedServer:
     * ``<state_dir>/server.json`` records the server (pid = process group, its start time, port, log, and the key it
       was started with). A lease reuses it only when that process is alive, was started with the same key
       (`key`: interpreter, device, context length, served name, flags, environment, the worker extension's code, and
-      the model's `predict.serving.identity.model_identity`) and answers ``/health`` with our served name; it then loads the requested
+      the model's `model_identity`) and answers ``/health`` with our served name; it then loads the requested
       checkpoint's weights in place (`VLLMServer.reload_weights`: pause, reload, prefix cache reset, resume), every
       time, since a rerun may have rewritten a checkpoint under the same path. Otherwise the old server is stopped
       (the reason logged) and a new one started, detached from the job (no parent-death kill), and recorded as soon
@@ -706,8 +708,6 @@ class SharedServer:
     # -- the key ------------------------------------------------------------------------------------------------
     def key(self) -> dict[str, Any]:
         """Everything a started server cannot change: two leases with equal keys may share it."""
-        from predict.serving.identity import model_identity  # noqa: PLC0415 (identity imports this module)
-
         s = self.server
         ext = Path(__file__).with_name("worker_ext.py").read_bytes()
         key = {"python": os.path.abspath(shutil.which(s.python) or s.python), "device": s.device,
