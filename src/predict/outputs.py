@@ -131,6 +131,14 @@ class ResumableParquet:
         return self.out
 
 
+def read_json(path: str | Path) -> Any:
+    """The JSON in `path`; None when it is missing or not JSON (half-written by a job that died, or never written)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 def write_json(obj: Any, path: str | Path) -> Path:
     """Write JSON atomically, keys sorted so the file is byte-stable."""
     return write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", path)

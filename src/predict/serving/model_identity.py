@@ -4,13 +4,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
-from predict.outputs import write_text
+from predict.outputs import read_json, write_text
 
 # What a server keeps from the checkpoint it started on and an in-place weight reload does not replace: the model's
 # config (architecture, dtype) and generation config (vLLM's sampling defaults), minus names and versions, and the
@@ -28,9 +27,9 @@ def _model_config(path: Path, cache_dir: Path) -> dict[str, Any]:
     is compared as written."""
     raw = (path / "config.json").read_bytes()
     cached = cache_dir / "configs" / f"{hashlib.sha256(raw).hexdigest()}.json"
-    if cached.is_file():
-        with contextlib.suppress(json.JSONDecodeError):
-            return json.loads(cached.read_text())
+    known = read_json(cached)
+    if known is not None:
+        return known
     try:
         from transformers import AutoConfig  # noqa: PLC0415 (the pipeline env has it; imported only on a miss)
 

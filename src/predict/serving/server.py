@@ -64,7 +64,7 @@ from typing import Any, Literal
 
 from predict.config import config_default
 from predict.config.models import SharedServerSettings
-from predict.outputs import write_text
+from predict.outputs import read_json, write_text
 from predict.serving.model_identity import model_identity
 from predict.serving.process import (
     _SUPERVISOR,
@@ -150,14 +150,6 @@ def _tail(path: Path, lines: int = 40, max_bytes: int = 65536) -> str:
     except OSError as e:
         return f"(cannot read {path}: {e})"
     return "\n".join(data.splitlines()[-lines:])
-
-
-def _read_json(path: Path) -> Any:
-    """The JSON in `path`; None when it is missing or not JSON (half-written by a job that died, or never written)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def _served_models(root_url: str) -> dict[str, Any] | None:
@@ -686,7 +678,7 @@ class SharedServer:
 
     @property
     def pid(self) -> int | None:
-        state = _read_json(self.state_dir / self.STATE)
+        state = read_json(self.state_dir / self.STATE)
         return int(state["pid"]) if state else None
 
     def reload_weights(self, weights_dir: Path | str, *, version: str | None = None, drain: bool = True) -> list[str]:
@@ -735,7 +727,7 @@ class SharedServer:
         fd = os.open(self.state_dir / self.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             if not _flock(fd, wait_s=0):
-                holder = _read_json(self.state_dir / self.HOLDER) or {}
+                holder = read_json(self.state_dir / self.HOLDER) or {}
                 log.info("waiting for the shared vLLM server (%s), leased by %s", self.state_dir, holder)
                 _flock(fd)
         except BaseException:
@@ -780,7 +772,7 @@ class SharedServer:
         self._acquire()
         try:
             key = self.key()
-            state = _read_json(self.state_dir / self.STATE)
+            state = read_json(self.state_dir / self.STATE)
             why = self._reusable(state, key)
             if not why:
                 assert state is not None
@@ -853,7 +845,7 @@ def stop_shared_server(cache_dir: Path | None = None, *, wait_s: float = 60.0) -
     try:
         if not _flock(fd, wait_s):
             log.warning("the shared vLLM server is still leased after %.0f s; stopping it anyway", wait_s)
-        state = _read_json(state_dir / SharedServer.STATE)
+        state = read_json(state_dir / SharedServer.STATE)
         if state is None:
             return "no shared vLLM server recorded"
         (state_dir / SharedServer.STATE).unlink(missing_ok=True)
