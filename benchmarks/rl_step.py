@@ -315,7 +315,7 @@ def run_steps(args: argparse.Namespace, trainer: Any, server: Any, generate: Any
     import torch
 
     from predict.serving.gpu_memory import GIB
-    from predict.train.driver import TrainingRun
+    from predict.train.driver import SLEEP_TAGS, TrainingRun
     from predict.train.from_rollouts import SampleSettings, build_samples
 
     rows = []
@@ -353,7 +353,7 @@ def run_steps(args: argparse.Namespace, trainer: Any, server: Any, generate: Any
             if asleep:
                 answers = window.sync(push)
             else:  # the earlier order: everything awake, then pause, load, reset the prefix cache, resume
-                window.wake(("weights", "kv_cache"))
+                window.wake(SLEEP_TAGS)
                 answers = push(True)
         row |= sync_row
         # the server's sleep and wake-ups: the window less the update and the sync inside it

@@ -72,13 +72,17 @@ class RLJob:
     """Where each step's metrics row goes live (`predict.train.tracking`); None: nowhere but metrics.parquet."""
 
 
+SLEEP_TAGS = ("weights", "kv_cache")
+"""vLLM's memory tags, the parts a level 2 sleep gives back and `VLLMServer.wake_up` can wake one by one."""
+
+
 @dataclass
 class UpdateWindow:
     """The server's side of one update (`TrainingRun.update_window`): asleep through it, or not at all."""
 
     server: Any | None
     """The server that sleeps through the update; None where nothing slept."""
-    asleep: tuple[str, ...] = ("weights", "kv_cache")
+    asleep: tuple[str, ...] = SLEEP_TAGS
     """vLLM's memory tags still asleep (each wakes once: a second wake of a tag would map its memory twice)."""
 
     @property
@@ -94,7 +98,7 @@ class UpdateWindow:
         import torch
 
         torch.cuda.empty_cache()
-        self.server.wake_up(tags if len(tags) < 2 else None)
+        self.server.wake_up(None if set(tags) == set(SLEEP_TAGS) else tags)  # all of it: a plain wake-up
         self.asleep = tuple(t for t in self.asleep if t not in tags)
 
     def sync(self, push: Callable[[bool], Any]) -> Any:
@@ -237,7 +241,7 @@ class TrainingRun:
         try:
             yield window
         finally:
-            window.wake(("weights", "kv_cache"))
+            window.wake(SLEEP_TAGS)
 
     def rollout_settings(self, server: Any, checkpoint: str) -> Any:
         """The training rollouts' settings against `server` (or ``job.base_url``)."""
