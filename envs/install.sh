@@ -8,9 +8,14 @@
 #               verifiers needs openai<3; config `serving.python` points at it (.venv-vllm/bin/python in both
 #               configs), and the check_serving rule imports vLLM with it before any serving job.
 #   PREDICT_VLLM=cpu|gpu|none   which server env to build (PREDICT_SKIP_VLLM=1 = none)
+# A node without network: `bash envs/install.sh --offline DIR` makes both from a folder that
+# `python3 envs/offline.py build DIR` made where there is network (docs/gpu.md), with no index at all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
+if [ "${1:-}" = --offline ]; then
+  exec "$PY" envs/offline.py install "${2:?usage: bash envs/install.sh --offline DIR}" "${@:3}"
+fi
 
 VLLM="${PREDICT_VLLM:-cpu}"
 [ "${PREDICT_SKIP_VLLM:-0}" != 1 ] || VLLM=none

@@ -1,12 +1,9 @@
-"""Pack a folder's files into parts that each fit one call to a device without network, which takes at most 64 MiB a
-call, the checkout included (docs/gpu.md, docs/prime-rl.md).
+"""Pack a folder's files into parts of at most a given size, for a transport with a size limit per transfer.
 
     python3 envs/parts.py SRC OUT LIMIT_MB      # SRC/* -> OUT/part1, OUT/part2, ... ; SRC is removed
 
-First fit, largest file first. A file larger than a part is an error naming it. Used by envs/pipeline-offline.sh and
-envs/prime-rl-offline.sh. Why a limit below 64: the checkout travels too (about 3 MiB), and the call that carries
-vLLM's `.vp2` (42 MiB) has room for about 20 MiB more (seen on the H200, 2026-12-05), so PART_MB=20 makes parts
-that fit beside it.
+First fit, largest file first. A file larger than a part is an error naming it (envs/offline.py's `--part-mb` cuts
+such files into pieces and joins them on the node). Used by envs/offline.py and envs/prime-rl-offline.sh (PART_MB).
 """
 
 from __future__ import annotations

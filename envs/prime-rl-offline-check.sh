@@ -11,10 +11,11 @@
 #   resume  the same `predict prime-rl-train rl` again: prime-rl resumes from its last checkpoint (ckpt.resume_step -1),
 #           the job collects the steps, the per-step metrics and TensorBoard; then `predict evaluate` on val of the
 #           last step through the pipeline's own vLLM server
-# Inputs (env): PRL_SITE (prime-rl's site, envs/prime-rl-offline-node.sh), VLLM_SITE (vLLM 0.26's), PIPE_SITE (the
-# pipeline's wheels from envs/pipeline-offline.sh, in a folder of their own: on top of vLLM's site they would also
-# reach prime-rl, whose transformers 5.6.2 fails on the pipeline's kernels 0.19), SERVING_PYTHON (an
-# interpreter that imports vLLM, for the pipeline's server), TRACES (an SFT traces parquet of arm B), TASKS (the RL
+# Inputs (env), defaults from `bash envs/install.sh --offline DIR` of a folder built with --prime-rl: PRL_SITE
+# (prime-rl's site, .prime-rl/site), VLLM_SITE (vLLM 0.26's: .venv-vllm's site-packages), PIPE_SITE (the pipeline's:
+# .venv's site-packages, in a path of their own: on top of vLLM's site they would also reach prime-rl, whose
+# transformers 5.6.2 fails on the pipeline's kernels 0.19), SERVING_PYTHON (an interpreter that imports vLLM, for the
+# pipeline's server: .venv-vllm/bin/python), TRACES (an SFT traces parquet of arm B), TASKS (the RL
 # tasks parquet), VAL (the val split parquet): the three made by `data` unless given; R (where everything goes;
 # default /tmp/prl-check), KILL_WAIT (seconds the kill phase waits for step 1 before it gives up; default 500).
 # A random model writes no prediction and earns no reward, so every RL batch would be empty (prime-rl skips such a
@@ -22,8 +23,11 @@
 set -euo pipefail
 phase="${1:?usage: envs/prime-rl-offline-check.sh data|sft|kill|resume}"
 repo="$(cd "$(dirname "$0")/.." && pwd)"
-site="${PRL_SITE:-/tmp/prl-site}"
-vsite="${VLLM_SITE:-/tmp/site}"
+purelib() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null; }
+site="${PRL_SITE:-$repo/.prime-rl/site}"
+vsite="${VLLM_SITE:-$(purelib "$repo/.venv-vllm/bin/python")}"
+PIPE_SITE="${PIPE_SITE:-$(purelib "$repo/.venv/bin/python")}"
+SERVING_PYTHON="${SERVING_PYTHON:-$repo/.venv-vllm/bin/python}"
 R="${R:-/tmp/prl-check}"
 mkdir -p "$R/logs"
 export PATH="$site/bin:$PATH"
@@ -84,9 +88,9 @@ PY
 sft)
   [ -n "${TRACES:-}" ] || bash "$0" data
   # the pipeline's env imports what the last phase's evaluation needs, before 10 minutes go into SFT and RL (a
-  # hand-picked wheel set once lacked verifiers v1's imports: envs/pipeline-offline.sh resolves them)
+  # hand-picked wheel set once lacked verifiers v1's imports: envs/offline.py resolves them)
   PYTHONPATH="$pipe_path" python3 -c "import verifiers.v1, predict.env.runner, predict.evaluate" \
-    || { echo "the pipeline's env on this node is incomplete (envs/pipeline-offline.sh)"; exit 1; }
+    || { echo "the pipeline's env on this node is incomplete (bash envs/install.sh --offline DIR)"; exit 1; }
   t0=$SECONDS
   PYTHONPATH="$prl_path" predict build-tiny-model --config "$cfg" --out-dir "$R/models/tiny"
   PYTHONPATH="$prl_path" predict prime-rl-config sft --config "$cfg" --arm B --traces "$traces" \

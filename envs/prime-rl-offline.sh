@@ -7,8 +7,8 @@
 # Usage: bash envs/prime-rl-offline.sh OUT [VENDOR]
 #   OUT/prime-rl/   the prime-rl tree at the pin (VENDOR's tarballs), our patches applied (predict-algorithm, and
 #                   torch-attention for prime_rl.attn flash_attention_2_torch: no flash-attn wheel needed)
-#   OUT/part1/, OUT/part2/, ...   each at most PART_MB (default 56), so each travels in one device call beside a
-#                   checkout of a few MiB (envs/parts.py):
+#   OUT/all/        the wheels and source tarballs (with PART_MB set: OUT/part1/, OUT/part2/, ... of at most PART_MB
+#                   MiB each instead, envs/parts.py):
 #       prime-rl, prime-rl-configs and its pinned verifiers as wheels, plus what their imports need that the node's
 #       image lacks (the list below), for CPython 3.12 manylinux x86_64; and torchtitan and dion as source tarballs
 #       (*.tgz: prime-rl pins them to git commits, no wheel on PyPI). 134 MiB in all on 2026-12-05.
@@ -81,5 +81,9 @@ tree() {  # NAME URL REV PACKAGE_DIR [head: the mirror's HEAD stands in when REV
 }
 tree torchtitan "${TORCHTITAN_GIT:-https://github.com/pytorch/torchtitan}" 23e4dfca5ca52587dbaf18f67bee8d73e875df5b torchtitan
 tree dion "${DION_GIT:-https://github.com/samsja/dion.git}" d891eebbd950a6ff11d9b5f806282e33df83df9d dion head
-"$py" "$here/envs/parts.py" "$out/all" "$out" "${PART_MB:-56}"
-echo "copy each $out/partN to the node (a call each), then there: bash envs/prime-rl-offline-node.sh SITE DIR_OF_PART"
+if [ -n "${PART_MB:-}" ]; then
+  "$py" "$here/envs/parts.py" "$out/all" "$out" "$PART_MB"
+  echo "copy each $out/partN to the node, then there: bash envs/prime-rl-offline-node.sh SITE $out/part*"
+else
+  echo "copy $out to the node, then there: bash envs/prime-rl-offline-node.sh SITE $out/all"
+fi
