@@ -133,6 +133,15 @@ def test_gpu_command_has_no_cpu_settings(model_dir: Path) -> None:
     assert srv.model_name == str(model_dir.resolve())  # no served name: vLLM names it by the model path
 
 
+def test_a_gpu_server_samples_with_vllms_own_sampler_whatever_is_installed(model_dir: Path) -> None:
+    """On a node built from the offline folder FlashInfer is absent; vLLM would pick its sampler where it is present.
+    The project sets the choice, so the sampled tokens do not depend on the install (issue 57)."""
+    gpu = VLLMServer(model_dir, **SIZES, device="gpu", python="/x/bin/python", port=1).environment()
+    assert gpu["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    cpu = VLLMServer(model_dir, **SIZES, device="cpu", python="/x/bin/python", port=1).environment()
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in cpu
+
+
 def test_a_cpu_server_computes_with_the_same_threads_whoever_starts_it(model_dir: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU server started inside a Snakemake job (which sets OMP_NUM_THREADS, MKL_NUM_THREADS, ... to the rule's

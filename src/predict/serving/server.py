@@ -394,6 +394,10 @@ class VLLMServer:
             env["TRANSFORMERS_OFFLINE"] = "1"
         if self.device == "cpu":
             env.update(cpu_server_environment(self.kv_cache_gib))  # threads fixed: the same rows whoever starts it
+        else:
+            # vLLM's own sampler on every GPU server: which sampler runs must not depend on whether FlashInfer happens
+            # to be installed (the offline folder, envs/offline.py, leaves it out; a node without it would fail).
+            env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
         if self.worker_extension or self.sleep_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"  # enables /collective_rpc, /reset_prefix_cache, /sleep and /wake_up
         if self.worker_extension or (self.enable_scale_out and self.generate_token_compat):
