@@ -1,9 +1,10 @@
 """The README fits on a screen and every page it sends a reader to is there.
 
 README.md holds what a researcher needs to run the study (at most README_MAX_LINES lines); the rest lives in docs/,
-one page per topic, each linked from the README. Every relative link in README.md and docs/*.md resolves to a file
-of the checkout (and to a heading, where it names an anchor), and every repository path or `predict.*` name written
-in backticks exists: a module that moves without its docs fails here, naming the page, the line and the path.
+one page per topic, each linked from the README; a guide's dated measurements live in its log,
+benchmarks/log/<topic>.md, which the guide links. Every relative link in README.md, docs/*.md and the logs resolves
+to a file of the checkout (and to a heading, where it names an anchor), and every repository path or `predict.*` name
+written in backticks exists: a module that moves without its docs fails here, naming the page, the line and the path.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
+LOGS = REPO / "benchmarks" / "log"
+"""The dated measurements logs, one per topic, beside the benchmarks' JSON; the guides in docs/ link them."""
 README_MAX_LINES = 200
 """Issue 27: a README a researcher reads in five minutes."""
 
@@ -30,7 +33,7 @@ NOT_MODULES = {"predict.isolation": "the parquet schema-metadata key of the isol
 
 
 def pages() -> list[Path]:
-    return [README, *sorted(DOCS.glob("*.md"))]
+    return [README, *sorted(DOCS.glob("*.md")), *sorted(LOGS.glob("*.md"))]
 
 
 def prose(path: Path) -> str:
@@ -161,6 +164,16 @@ def test_every_docs_page_is_linked_from_the_readme() -> None:
     linked = {(README.parent / target.partition("#")[0]).resolve() for _, target in links(README)}
     unlinked = [str(p.relative_to(REPO)) for p in sorted(DOCS.glob("*.md")) if p.resolve() not in linked]
     assert not unlinked, f"docs pages no README link leads to: {unlinked}"
+
+
+def test_every_measurements_log_is_linked_from_a_guide() -> None:
+    """A log no guide links is a log nobody finds: its guide says today's numbers and sends the reader there."""
+    logs = sorted(LOGS.glob("*.md"))
+    assert logs, "benchmarks/log/ holds no measurements log"
+    linked = {(page.parent / target.partition("#")[0]).resolve()
+              for page in DOCS.glob("*.md") for _, target in links(page)}
+    orphans = [str(p.relative_to(REPO)) for p in logs if p.resolve() not in linked]
+    assert not orphans, f"measurements logs no page of docs/ links: {orphans}"
 
 
 def test_the_two_set_up_commands_are_the_ones_ci_runs() -> None:

@@ -255,9 +255,9 @@ def killed_run(output_dir: Path, trainer: dict[int, bool], orchestrator: list[in
 def test_a_killed_rl_run_resumes_trainer_and_orchestrator_from_one_step(
     tmp_path: Path, trainer: dict[int, bool], orchestrator: list[int], broadcasts: list[int], resumed: int | None
 ) -> None:
-    """On the H200 (docs/prime-rl.md, third session) a run killed during its step 2 held trainer checkpoints 1-2 and
-    orchestrator checkpoints 1-3; with resume_step -1 the retry's orchestrator resumed at 3 and stopped: "No weight
-    directory found for checkpoint step 3"."""
+    """On the H200 (benchmarks/log/prime-rl.md, third session) a run killed during its step 2 held trainer checkpoints
+    1-2 and orchestrator checkpoints 1-3; with resume_step -1 the retry's orchestrator resumed at 3 and stopped: "No
+    weight directory found for checkpoint step 3"."""
     output_dir = tmp_path / "o"
     table = {"output_dir": str(output_dir), "ckpt": {"resume_step": -1}, "weight_broadcast": {"type": "filesystem"}}
     toml = configs.write_toml(table, tmp_path / "rl.toml")
