@@ -46,8 +46,9 @@ def main() -> int:
     ap.add_argument("--enforce-eager", action="store_true",
                     help="serve without CUDA graphs and torch.compile (is a fresh server's difference theirs?)")
     ap.add_argument("--max-num-seqs", type=int, default=None,
-                    help="vLLM's --max-num-seqs: at most this many sequences in one engine step (docs/gpu.md: do the "
-                         "co-resident sequences decide whether fresh servers give the same rows?)")
+                    help="vLLM's --max-num-seqs: at most this many sequences in one engine step "
+                         "(benchmarks/log/gpu.md: do the co-resident sequences decide whether fresh servers give "
+                         "the same rows?)")
     args = ap.parse_args()
 
     import verifiers.v1.runtimes.subprocess as vf_subprocess

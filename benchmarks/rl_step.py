@@ -29,7 +29,7 @@ server starts, its copy freed after). Peak memory: the device-wide peak over the
 trainer, `predict.serving.gpu_memory.GpuMemoryWatch`) and the trainer's own (torch).
 
 Targets (issue 37, one H200, Qwen3-4B shape, 8 x 4 rollouts, 256 + 24 new tokens): step at most 6 s, sleep + wake +
-sync at most 5 % of the step, peak at most 80 GiB. Results: docs/gpu.md and ``rl_step_h200_vllm.json``.
+sync at most 5 % of the step, peak at most 80 GiB. Results: benchmarks/log/gpu.md and ``rl_step_h200_vllm.json``.
 """
 
 from __future__ import annotations

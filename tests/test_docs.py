@@ -154,8 +154,9 @@ def test_every_relative_link_resolves(page: Path) -> None:
     assert not broken_links(page), "\n".join(broken_links(page))
 
 
-@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize("page", [README, *sorted(DOCS.glob("*.md"))], ids=lambda p: str(p.relative_to(REPO)))
 def test_every_backticked_path_and_module_name_exists(page: Path) -> None:
+    """Guides only: a measurements log is history, and may name a script that has since been replaced."""
     problems = missing_code_paths(page) + missing_module_names(page)
     assert not problems, "\n".join(problems)
 
@@ -174,6 +175,19 @@ def test_every_measurements_log_is_linked_from_a_guide() -> None:
               for page in DOCS.glob("*.md") for _, target in links(page)}
     orphans = [str(p.relative_to(REPO)) for p in logs if p.resolve() not in linked]
     assert not orphans, f"measurements logs no page of docs/ links: {orphans}"
+
+
+DATED_HEADING = re.compile(r"\b20\d\d-\d\d-\d\d\b|\bsession\b", flags=re.I)
+"""A heading that names a date or a session heads a dated measurement log, not a guide's section."""
+
+
+@pytest.mark.parametrize("page", sorted(DOCS.glob("*.md")), ids=lambda p: str(p.relative_to(REPO)))
+def test_no_guide_holds_a_dated_log(page: Path) -> None:
+    """Guides say how to use a thing and today's numbers; dated runs live in benchmarks/log/<topic>.md."""
+    dated = [f"{page.relative_to(REPO)}:{line_of(prose(page), m.start())}: {m.group(1)}"
+             for m in HEADING.finditer(prose(page)) if DATED_HEADING.search(m.group(1))]
+    assert not dated, ("dated sections in a guide (move them verbatim to benchmarks/log/<topic>.md and keep today's "
+                       "numbers with a link):\n" + "\n".join(dated))
 
 
 def test_the_two_set_up_commands_are_the_ones_ci_runs() -> None:

@@ -1,7 +1,7 @@
 """The one-node GPU path, checked on the CPU where its code can be reached: the memory arithmetic that sizes a
 colocated vLLM server, the flags every GPU server starts with, the order of sleep / update / wake-up / weight sync
 in an RL step (against a recording stand-in server), the GPU configs and their profile, and the tiny builder's
-released shapes. What ran on the GPU itself: docs/gpu.md."""
+released shapes. What ran on the GPU itself: benchmarks/log/gpu.md."""
 
 from __future__ import annotations
 

@@ -464,8 +464,8 @@ class RLSettings(Section):
     dtype: Annotated[Literal["auto", "float32", "bfloat16"], Field(description="training dtype; auto = bf16 on GPU, fp32 on CPU")] = "auto"
     activation_checkpointing: bool = False
     """Local backend: each decoder layer keeps only its input and runs its forward again in the backward, so a
-    micro-batch's activations shrink to one layer's (the 4B RL step at 16,384-token micro-batches: docs/gpu.md) for
-    about a third more update time. The update is the same, so no finished run reruns when it changes
+    micro-batch's activations shrink to one layer's (the 4B RL step, 16,384-token micro-batches:
+    benchmarks/log/gpu.md) for about a third more update time. The update is the same, so no finished run reruns when it changes
     (src/predict/stages.py UNTRACKED)."""
     grad_terms_every: Annotated[int, Field(ge=0)] = 1
     """Measure the RL and CE terms' gradient norms and cosine (metrics rl_grad_norm, ce_grad_norm, rl_ce_grad_cosine;

@@ -554,9 +554,9 @@ class VLLMServer:
 
     def sleep(self, level: int = 2) -> bool:
         """Give the GPU memory back while the trainer needs it: level 2 drops the weights and the KV cache (0.09 s
-        for the 4B shape; level 1's copy of the weights to the CPU costs 7.6 s: docs/gpu.md). The weights must be
-        loaded again after `wake_up` (every caller does: an RL step pushes its update, a shared lease reloads its
-        checkpoint). Returns False (nothing done) on a server without sleep mode."""
+        for the 4B shape; level 1's copy of the weights to the CPU costs 7.6 s: benchmarks/log/gpu.md). The weights
+        must be loaded again after `wake_up` (every caller does: an RL step pushes its update, a shared lease reloads
+        its checkpoint). Returns False (nothing done) on a server without sleep mode."""
         if not self.sleep_mode:
             return False
         self._http("POST", f"/sleep?level={int(level)}&mode=wait", timeout=300)

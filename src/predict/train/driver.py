@@ -106,7 +106,8 @@ class UpdateWindow:
         `reload_weights` with ``drain``). Into a sleeping server: its weights wake alone, the weights load with no
         pause, prefix-cache reset or resume (vLLM's sleep paused the scheduler and cleared that cache; nothing is
         scheduled until the KV cache is awake), then the KV cache wakes and scheduling resumes. That saves the
-        pause's fixed 20 ms sleep and three HTTP calls of the 4B step's sync (docs/gpu.md). Elsewhere: ``push(True)``."""
+        pause's fixed 20 ms sleep and three HTTP calls of the 4B sync (benchmarks/log/gpu.md). Elsewhere:
+        ``push(True)``."""
         if self.server is None:
             return push(True)
         self.wake(("weights",))

@@ -511,8 +511,8 @@ class Trainer:
     def checkpoint_activations(self) -> None:
         """rl.activation_checkpointing: each decoder layer keeps only its input and runs its forward again in the
         backward, so a micro-batch's activations shrink from every layer's (~4 MB a token at the 4B shape) to one
-        layer's plus the layer inputs, for about a third more update time (docs/gpu.md). The recomputed forward is the
-        same kernels on the same inputs, so the update is the same (tests/test_train_trainer.py checks the weights).
+        layer's plus the layer inputs, for a third more update time (benchmarks/log/gpu.md). The recomputed forward is
+        the same kernels on the same inputs, so the update is the same (tests/test_train_trainer.py checks the weights).
         How a step runs, not what it computes: not part of the saved state; the RL driver sets it from the config on
         every start and resume."""
         enable = getattr(self.model, "activation_checkpointing_enable", None)  # transformers >= 5.25's name
