@@ -23,9 +23,10 @@ import pytest
 from .conftest import REPO
 
 OFFLINE = REPO / "envs" / "offline.py"
-NO_NETWORK = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "HTTP_PROXY":
-              "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9", "PIP_INDEX_URL": "http://127.0.0.1:9/simple"}  # fmt: skip
-PY = "%d.%d" % sys.version_info[:2]
+NOWHERE = "http://127.0.0.1:9"
+NO_NETWORK = {"http_proxy": NOWHERE, "https_proxy": NOWHERE, "HTTP_PROXY": NOWHERE, "HTTPS_PROXY": NOWHERE,
+              "PIP_INDEX_URL": f"{NOWHERE}/simple"}  # fmt: skip
+PY = "{}.{}".format(*sys.version_info[:2])
 
 
 def _norm(name: str) -> str:
