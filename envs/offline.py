@@ -16,8 +16,8 @@ What the folder holds (`build`):
 pieces), for a transport with a size limit; copy every part into one folder on the node and install from it.
 
 What the install does (`install`, run by the node's python3, the interpreter that holds the base):
-* checks first, and stops with one line naming what is wrong before anything is made: the folder's Python and
-  platform against this node's, every wheel and piece present with its sha256, the base packages the folder expects
+* checks first, and stops with one line naming what is wrong before anything is made: the folder's Python, platform
+  and glibc against this node's, every wheel and piece present with its sha256, the base packages the folder expects
   (torch ...) importable here, and for vLLM's GPU build an NVIDIA driver (nvidia-smi);
 * makes each environment with `venv --without-pip` plus a `.pth` that puts the base's site-packages after the
   environment's own (what `--system-site-packages` does, also where the base python is itself a virtualenv, whose
@@ -229,7 +229,8 @@ def download(resolver: str, pins: list[str], dest: Path, python: str, glibc: str
         name = norm(pin.split("==")[0]).replace("-", "_")
         built = [w for w in dest.glob("*.whl") if norm(w.name.split("-")[0]).replace("-", "_") == name]
         if built and not all(w.name.endswith("-none-any.whl") for w in built):
-            raise OfflineError(f"{pin} has no wheel for {machine} and is not pure Python: build it on the node's image")
+            raise OfflineError(f"{pin} has no wheel for CPython {python} on {machine} with glibc {glibc} or older, and "
+                               "is not pure Python: give the node's own --glibc, or build that wheel on the node")  # fmt: skip
 
 
 def source_copy(dest: Path) -> Path:
@@ -593,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("dir", help="a new folder")
     b.add_argument("--python-version", default="3.12", help="the node's Python, major.minor (default 3.12)")
     b.add_argument("--machine", default="x86_64", help="the node's machine (default x86_64)")
-    b.add_argument("--glibc", default="2.28", help="the oldest glibc of the node (default 2.28, vLLM's baseline)")
+    b.add_argument("--glibc", default="2.35", help="the node's glibc, `ldd --version` (default 2.35: Ubuntu 22.04)")
     b.add_argument("--base", default=str(NODE_IMAGE), help="the node's distributions (pip list --format=freeze)")
     b.add_argument("--extras", default=PIPELINE_EXTRAS, help=f"the project's extras (default {PIPELINE_EXTRAS})")
     b.add_argument("--vllm", choices=["gpu", "none"], default="gpu", help="vLLM's GPU build, or none")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -80,7 +81,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder, built once for this Python from PyPI (the pipeline's wheels; vLLM's GPU build is not for a CPU)."""
     out = tmp_path_factory.mktemp("offline") / "folder"
     built = offline("build", str(out), "--python-version", PY, "--vllm", "none", "--extras", "train,track",
-                    "--resolver", sys.executable)  # fmt: skip
+                    "--glibc", platform.libc_ver()[1], "--resolver", sys.executable)  # fmt: skip
     assert built.returncode == 0, built.stderr + built.stdout
     return out
 
