@@ -1,4 +1,4 @@
-"""The test campaign has no side door (issue 26, src/predict/campaign.py): one ledger per checkout whatever the
+"""The test campaign has no side door (issue 26, src/predict/campaign/): one ledger per checkout whatever the
 results_dir or run_name, keyed on the test split and the base model; a second design on them only when declared;
 a resume only with the weights it started; test statistics only from the campaign's own files under its selection
 and statistics settings; test tasks guarded by id, not by file name; each arm's SFT evaluated on test once; the

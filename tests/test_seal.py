@@ -1,8 +1,8 @@
-"""The test split, sealed (src/predict/campaign.py: the seal, the campaign): no stage reaches a test task outside its
-campaign, whatever file, name, folder or ledger state it is handed. One test per door that was open: test tasks
-under any file name through every stage that reads tasks; the campaign keyed on the test split, not on its file
-(a subset, a superset); a missing ledger where a campaign left traces; --test-ledger at a new path; a same-size,
-same-mtime rewrite of a resumable input. Each refusal names the file, the first task ids and what to do."""
+"""The test split, sealed (src/predict/campaign/: seal.py, the seal; admission.py, the campaign): no stage reaches a
+test task outside its campaign, whatever file, name, folder or ledger state it is handed. One test per door that was
+open: test tasks under any file name through every stage that reads tasks; the campaign keyed on the test split, not on
+its file (a subset, a superset); a missing ledger where a campaign left traces; --test-ledger at a new path; a
+same-size, same-mtime rewrite of a resumable input. Each refusal names the file, the first task ids and what to do."""
 
 from __future__ import annotations
 
