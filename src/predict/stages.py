@@ -147,12 +147,14 @@ STAGES: dict[str, Stage] = {
                                            "evaluation.tasks"), SPLIT), SPLIT, task_files=("tasks_file",),
               help="greedy pass@1 of a run/seed's checkpoints on a split, one vLLM server (evaluation settings)"),
         # The test campaign (`predict evaluate --split test`) records the frozen design in the checkout's ledger,
-        # and a declared campaign's reason.
+        # and a declared campaign's reason. It reads results_dir for one thing, untracked: the study's results
+        # folder, where a fresh campaign looks for the history of one the ledger does not record
+        # (predict.campaign.history); the design hash leaves it out.
         Stage("evaluate-test", ("evaluate_test_{run}", "evaluate_test_reference_{run}", "evaluate_test_campaign",
                                "evaluate_test"),
               "evaluation.smk", "evaluate.py",
               "eval/{run}/{checkpoint}/test/seed{seed}.parquet, ../.test-campaigns/ledger.jsonl",
-              (*DESIGN, "evaluation.new_campaign"), task_files=("tasks_file",),
+              (*DESIGN, "evaluation.new_campaign", "results_dir"), ("results_dir",), task_files=("tasks_file",),
               command=None),
         Stage("stats", ("stats", "test_stats"), "stats.smk", "stats/study.py",
               "stats/*.parquet (STATS_TABLES), test/stats/*.parquet (TEST_STATS_TABLES)",

@@ -6,7 +6,8 @@ Rules:
   evaluation. Its line records the design hash and design (`predict.campaign.design`), the plan, the val selection,
   what its results depend on (vLLM version, device, serving flags: `serving_dependencies`), where it was run from
   (`results_origin`), and the reason when it was declared.
-* A fresh start only where no history is missing (`predict.campaign.history`).
+* A fresh start only where no history is missing, in the study's results folder or the output's
+  (`predict.campaign.history`).
 * Refused, each naming the ledger and what differs: a second campaign on the same key under another design unless it
   is declared (``--new-campaign "why"``; the report then lists every campaign on the split with its reason); an
   evaluation outside the plan; a second evaluation of an entry (``done``); a resume whose weights differ from those its
@@ -34,7 +35,7 @@ from predict.campaign.design import (
     design_config,
 )
 from predict.campaign.errors import SplitGuardError
-from predict.campaign.history import refuse_missing_history
+from predict.campaign.history import history_folders, refuse_missing_history
 from predict.campaign.ledger import append_entry, entry_key, ledger_lock, ledger_time, read_ledger
 from predict.campaign.plan import CampaignEntry
 
@@ -115,16 +116,16 @@ class TestLedger:
         split_hash, base, digest = split.sha256, base_model_identity(config), config_hash(config)
         ident = campaign_id(split_hash, base, digest)
         weights = {(r, c, int(s)): input_identity(m) for r, c, s, m in evaluations}
+        history = history_folders(config, origin)  # the study's results_dir and the output's folder, both
         if not self.path.exists():  # ledger_lock would create its folder: refuse first where history is missing
-            refuse_missing_history(self.path, [], split_hash, (origin or {}).get("results_dir"))
+            refuse_missing_history(self.path, [], split_hash, history)
         with ledger_lock(self.path):
             entries = read_ledger(self.path)
             same_key = [e for _, e in entries if e.get("event") == "campaign" and e.get("split_sha256") == split_hash
                         and e.get("base_model") == base]  # fmt: skip
             campaign = next((e for e in same_key if e.get("campaign") == ident), None)
             if not same_key:  # a fresh start on this split and base model: only where no history is missing
-                refuse_missing_history(self.path, [e for _, e in entries], split_hash,
-                                       (origin or {}).get("results_dir"))
+                refuse_missing_history(self.path, [e for _, e in entries], split_hash, history)
             if campaign is None:
                 if same_key and not new_campaign:
                     last = same_key[-1]

@@ -2,10 +2,13 @@
 
 Rules:
 
-* A campaign starts fresh on a split and base model only where the ledger holds none and the results folder holds
-  no trace of one (`history_traces`): test evaluations or their ``.partial`` folders the ledger does not know, test
+* A campaign starts fresh on a split and base model only where the ledger holds none and no results folder holds a
+  trace of one (`history_traces`): test evaluations or their ``.partial`` folders the ledger does not know, test
   statistics, a report with a test section, an older per-results ledger, ledger lines of a campaign whose line is
   gone. `refuse_missing_history` refuses naming the ledger and what it found.
+* History counts wherever it is (`history_folders`): the study's results folder (the config's ``results_dir``) and
+  the folder the evaluation writes into (`predict.campaign.admission.results_origin` of its output), both. An output
+  written outside the results folder never hides the frozen campaign's evaluations inside it.
 """
 
 from __future__ import annotations
@@ -15,14 +18,22 @@ from pathlib import Path
 from typing import Any
 
 from predict.campaign.errors import SplitGuardError
+from predict.campaign.view import campaign_view
+from predict.stages import StageView
 
 
-def history_traces(results_dir: str | Path | None, entries: Sequence[Mapping[str, Any]],
+def history_folders(config: Mapping[str, Any] | StageView, origin: Mapping[str, Any] | None) -> list[Path]:
+    """Every folder a campaign's history may lie in: the config's ``results_dir`` (left out: none; relative: to the
+    working directory, as the stages resolve it) and `origin`'s (where the evaluation writes), each once."""
+    study = getattr(campaign_view(config), "results_dir", None)  # MissingSection reads as left out
+    folders = [Path(f) for f in (study, (origin or {}).get("results_dir")) if f]
+    return list({f.resolve(): f for f in folders}.values())
+
+
+def history_traces(results_dirs: Sequence[str | Path], entries: Sequence[Mapping[str, Any]],
                    split_sha256: str) -> list[str]:
-    """What in `results_dir` and in the ledger's `entries` shows that a test campaign ran there that the ledger does
-    not record (see the module docstring), each in a few words; empty when there is none."""
-    from predict.fingerprint import file_sha256  # noqa: PLC0415
-
+    """What in `results_dirs` (`history_folders`) and in the ledger's `entries` shows that a test campaign ran that
+    the ledger does not record (see the module docstring), each in a few words; empty when there is none."""
     campaigns = {e.get("campaign") for e in entries if e.get("event") == "campaign"}
     on_split = any(e.get("event") == "campaign" and e.get("split_sha256") == split_sha256 for e in entries)
     known_out = {str(Path(e["out"]).resolve()) for e in entries if e.get("out") and "status" in e}
@@ -31,9 +42,17 @@ def history_traces(results_dir: str | Path | None, entries: Sequence[Mapping[str
     if orphans := [e for e in entries if "status" in e and e.get("campaign") not in campaigns]:
         found.append(f"{len(orphans)} started/done line(s) of campaign(s) the ledger has no campaign line for "
                      f"({', '.join(sorted({str(e.get('campaign')) for e in orphans})[:3])})")
-    results = Path(results_dir) if results_dir else None
-    if results is None or not results.is_dir():
-        return found
+    for results in map(Path, results_dirs):
+        if results.is_dir():
+            found += _folder_traces(results, known_out, known_sha, on_split)
+    return found
+
+
+def _folder_traces(results: Path, known_out: set[str], known_sha: set[str], on_split: bool) -> list[str]:
+    """`history_traces` of one results folder."""
+    from predict.fingerprint import file_sha256  # noqa: PLC0415
+
+    found = []
     for out in sorted(results.glob("eval/*/*/test/seed*.parquet")):
         if str(out.resolve()) not in known_out and file_sha256(out) not in known_sha:
             found.append(f"test evaluation {out}")
@@ -53,9 +72,9 @@ def history_traces(results_dir: str | Path | None, entries: Sequence[Mapping[str
 
 
 def refuse_missing_history(ledger: Path, entries: Sequence[Mapping[str, Any]], split_sha256: str,
-                           results_dir: str | Path | None) -> None:
+                           results_dirs: Sequence[str | Path]) -> None:
     """Refuse to start a test campaign afresh where `history_traces` finds one the ledger does not record."""
-    if found := history_traces(results_dir, entries, split_sha256):
+    if found := history_traces(results_dirs, entries, split_sha256):
         state = "is missing" if not ledger.exists() else "records no test campaign on this split and base model"
         raise SplitGuardError(
             f"{ledger} {state}, yet a campaign's traces exist: {'; '.join(found[:6])}"
