@@ -321,7 +321,8 @@ def test_selection_has_one_default_and_one_owner() -> None:
 
 PINNED = Path(__file__).parent / "data" / "campaign_pin"
 """The evaluate-test slices of config/config.yaml and config/local.yaml as the workflow wrote them at d7db7ef (the
-last commit with src/predict/campaign.py one module), and the ledger lines that code wrote for them (ledger.jsonl)."""
+last commit with src/predict/campaign.py one module), the ledger lines that code wrote for them (ledger.jsonl), and
+config/config.yaml whole as it loaded then (config-whole.json: names, paths, power, cluster, bundle, tracking)."""
 PINNED_DESIGNS = {  # slice -> (design hash, campaign id), as the code at d7db7ef computed them
     "config": ("13ee664b149d4cbf922c84ed2c029cff0d24d95e9ce85969b7a24efadf72a15c", "374c7972068b107e"),
     "local": ("c57b02d5cfbe212819a7e928bcf8a5cda86a56a2600116bcd097de3b58daac71", "1c247cb919647e83"),
@@ -354,6 +355,8 @@ def test_the_design_hash_and_the_campaign_line_are_the_bytes_the_old_code_wrote(
     for name, (digest, ident) in PINNED_DESIGNS.items():
         fixed, admission = _admit_pinned(ledger, name, tmp_path)
         assert (config_hash(fixed), admission.campaign) == (digest, ident), name
+    # the whole config hashes to its slice's design: every key the design leaves out is still left out
+    assert config_hash(json.loads((PINNED / "config-whole.json").read_text())) == PINNED_DESIGNS["config"][0]
     assert ledger.read_text().count("\n") == 2 and _timeless(ledger.read_text()) == _timeless(old)
     kept = tmp_path / "old" / "ledger.jsonl"
     kept.parent.mkdir()
