@@ -56,7 +56,7 @@ def val_checkpoints(config: Mapping[str, Any], run: str) -> list[str]:
 
 @contextmanager
 def registry(ledger: Path):
-    """`predict split` registers the test split with this ledger (predict.campaign.registry_ledger)."""
+    """`predict split` registers the test split with this ledger (predict.campaign.ledger.registry_ledger)."""
     old = os.environ.get("PREDICT_TEST_CAMPAIGNS")
     os.environ["PREDICT_TEST_CAMPAIGNS"] = str(ledger)
     try:

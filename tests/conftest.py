@@ -42,8 +42,8 @@ def tiny() -> Path:
 
 @pytest.fixture(autouse=True)
 def campaign_registry(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test its own campaign ledger (predict.campaign.registry_ledger), never the checkout's: the checkout's
-    registry refuses a second campaign on the same test split, and tests run many."""
+    """Every test its own campaign ledger (predict.campaign.ledger.registry_ledger), never the checkout's: the
+    checkout's registry refuses a second campaign on the same test split, and tests run many."""
     ledger = tmp_path_factory.mktemp("campaigns") / "ledger.jsonl"
     monkeypatch.setenv("PREDICT_TEST_CAMPAIGNS", str(ledger))
     return ledger

@@ -199,6 +199,10 @@ def record_campaign(ledger: Path, config: dict[str, Any], paths: Sequence[Path],
 
     tasks = write_test_split(config, ledger.with_name("synthetic-test-tasks.parquet"))
     plan = [(ev.run, ev.checkpoint, ev.seed) for ev in map(read_evaluation, paths)]
+    # The campaign looks for history in the study's results_dir; config/local.yaml's is the checkout's results/,
+    # which may hold a real campaign this ledger does not know (CI runs `all` before the tests). These files are
+    # admitted after they exist, from wherever the caller wrote them: the results folder here is one of their own.
+    config = {**config, "results_dir": str(ledger.with_name("synthetic-results"))}
     admitted = TestLedger(ledger).admit(config, plan, [(*e, "synthetic") for e in plan], tasks_path=tasks,
                                         selection=selection)
     for (run, checkpoint, seed), admission, path in zip(plan, admitted, paths, strict=True):

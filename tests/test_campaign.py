@@ -1,4 +1,4 @@
-"""The test campaign has no side door (issue 26, src/predict/campaign.py): one ledger per checkout whatever the
+"""The test campaign has no side door (issue 26, src/predict/campaign/): one ledger per checkout whatever the
 results_dir or run_name, keyed on the test split and the base model; a second design on them only when declared;
 a resume only with the weights it started; test statistics only from the campaign's own files under its selection
 and statistics settings; test tasks guarded by id, not by file name; each arm's SFT evaluated on test once; the
@@ -22,6 +22,7 @@ from predict.campaign import (
     campaign_plan,
     campaign_test_split,
     check_test_inputs,
+    config_hash,
     registry_ledger,
     select,
     test_task_ids,
@@ -42,8 +43,11 @@ SOLVE = 'CALL apply_patch {"find": "# Write your function here.", "replace": "de
 
 
 @pytest.fixture
-def study() -> dict[str, Any]:
+def study(tmp_path: Path) -> dict[str, Any]:
     config = load_config(REPO / "config" / "local.yaml")
+    # a results folder of its own: the campaign looks for history in the study's results_dir, and the checkout's
+    # results/ may hold a real campaign (CI runs `all` before the tests) that this test's ledger does not know
+    config["results_dir"] = str(tmp_path / "results")
     config["evaluation"]["tasks"] = 2  # the test split's first two tasks: enough for the ledger's rules
     return config
 
@@ -311,3 +315,52 @@ def test_selection_has_one_default_and_one_owner() -> None:
     holders = [p.relative_to(REPO).as_posix() for p in (REPO / "src" / "predict").rglob("*.py")
                if literal.search(p.read_text())]
     assert holders == [], holders
+
+
+# -- existing ledgers stay valid -------------------------------------------------------------------------------------
+
+PINNED = Path(__file__).parent / "data" / "campaign_pin"
+"""The evaluate-test slices of config/config.yaml and config/local.yaml as the workflow wrote them at d7db7ef (the
+last commit with src/predict/campaign.py one module), the ledger lines that code wrote for them (ledger.jsonl), and
+config/config.yaml whole as it loaded then (config-whole.json: names, paths, power, cluster, bundle, tracking)."""
+PINNED_DESIGNS = {  # slice -> (design hash, campaign id), as the code at d7db7ef computed them
+    "config": ("13ee664b149d4cbf922c84ed2c029cff0d24d95e9ce85969b7a24efadf72a15c", "374c7972068b107e"),
+    "local": ("c57b02d5cfbe212819a7e928bcf8a5cda86a56a2600116bcd097de3b58daac71", "1c247cb919647e83"),
+}
+
+
+def _admit_pinned(ledger: Path, name: str, tmp_path: Path) -> tuple[dict[str, Any], Any]:
+    """The admission the pinned ledger's line of `name` recorded, made again by today's code."""
+    fixed = json.loads((PINNED / f"{name}-evaluate-test.json").read_text())
+    tasks = write_test_split(fixed, tmp_path / f"test-{name}.parquet")
+    (admission,) = TestLedger(ledger).admit(
+        fixed, [("A", "sft", 42), ("A", "step100", 42), ("B", "sft", 42), ("B", "step100", 42)],
+        [("A", "step100", 42, "the-weights")], tasks_path=tasks,
+        selection=[{"run": r, "seed": 42, "checkpoint": "step100", "mode": "fixed"} for r in ("A", "B")],
+        depends_on={"vllm_version": "0.0.0", "device_name": "cpu", "serving": {"device": "cpu"}},
+        origin={"results_dir": "/nowhere/results", "run_name": name})
+    return fixed, admission
+
+
+def _timeless(ledger_text: str) -> str:
+    return re.sub(r'"time": "[^"]*"', '"time": "(when)"', ledger_text)
+
+
+def test_the_design_hash_and_the_campaign_line_are_the_bytes_the_old_code_wrote(tmp_path: Path) -> None:
+    """A frozen campaign stays frozen across refactors: the design hash of a fixed slice and the campaign line its
+    admission writes are byte for byte what the code before the campaign package wrote (its time stamp aside), and a
+    ledger that code wrote admits the same evaluation into its own campaign, appending nothing."""
+    old = (PINNED / "ledger.jsonl").read_text()
+    ledger = tmp_path / "new" / "ledger.jsonl"
+    for name, (digest, ident) in PINNED_DESIGNS.items():
+        fixed, admission = _admit_pinned(ledger, name, tmp_path)
+        assert (config_hash(fixed), admission.campaign) == (digest, ident), name
+    # the whole config hashes to its slice's design: every key the design leaves out is still left out
+    assert config_hash(json.loads((PINNED / "config-whole.json").read_text())) == PINNED_DESIGNS["config"][0]
+    assert ledger.read_text().count("\n") == 2 and _timeless(ledger.read_text()) == _timeless(old)
+    kept = tmp_path / "old" / "ledger.jsonl"
+    kept.parent.mkdir()
+    kept.write_text(old)
+    for name, (_, ident) in PINNED_DESIGNS.items():
+        assert _admit_pinned(kept, name, tmp_path)[1].campaign == ident
+    assert kept.read_text() == old

@@ -30,8 +30,11 @@ SOLVE_TEST = ('CALL apply_patch {"find": "# Write your function here.", "replace
 
 
 @pytest.fixture
-def study() -> dict[str, Any]:
+def study(tmp_path: Path) -> dict[str, Any]:
     config = load_config(REPO / "config" / "local.yaml")
+    # a results folder of its own: the campaign looks for history in the study's results_dir, and the checkout's
+    # results/ may hold a real campaign (CI runs `all` before the tests) that this test's ledger does not know
+    config["results_dir"] = str(tmp_path / "results")
     config["env"]["temperature"] = 1.0
     config["evaluation"].update({"temperature": 0.0, "max_tokens": 77, "tasks": 1})
     return config

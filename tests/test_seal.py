@@ -1,8 +1,8 @@
-"""The test split, sealed (src/predict/campaign.py: the seal, the campaign): no stage reaches a test task outside its
-campaign, whatever file, name, folder or ledger state it is handed. One test per door that was open: test tasks
-under any file name through every stage that reads tasks; the campaign keyed on the test split, not on its file
-(a subset, a superset); a missing ledger where a campaign left traces; --test-ledger at a new path; a same-size,
-same-mtime rewrite of a resumable input. Each refusal names the file, the first task ids and what to do."""
+"""The test split, sealed (src/predict/campaign/: seal.py, the seal; admission.py, the campaign): no stage reaches a
+test task outside its campaign, whatever file, name, folder or ledger state it is handed. One test per door that was
+open: test tasks under any file name through every stage that reads tasks; the campaign keyed on the test split, not on
+its file (a subset, a superset); a missing ledger where a campaign left traces; --test-ledger at a new path; a
+same-size, same-mtime rewrite of a resumable input. Each refusal names the file, the first task ids and what to do."""
 
 from __future__ import annotations
 
@@ -325,6 +325,34 @@ def test_a_deleted_ledger_with_a_campaigns_files_present_is_a_refusal(
     assert f"restore {registry_ledger()}" in err
     assert not registry_ledger().parent.exists() and len(endpoint.requests) == requests
     assert not (results / "eval" / "B" / "step2").exists()
+
+
+@pytest.mark.parametrize("registry", ["moved away", "a new file"])
+def test_history_in_the_studys_results_dir_counts_whatever_folder_the_output_is_in(
+    registry: str, study: dict, endpoint: Any, tmp_path: Path, capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Old code looked for a campaign's traces beside the output only (`results_origin` of --out): with the registry
+    moved away, or PREDICT_TEST_CAMPAIGNS naming a ledger not written yet, a test evaluation whose --out lay outside
+    the results folder started a new campaign although the study's results_dir held the frozen campaign's test
+    evaluations. History counts wherever it is: the config's results_dir and the output's folder both."""
+    from predict.cli import main
+
+    test = write_test_split(study, tmp_path / "data" / "test.parquet")
+    results = Path(study["results_dir"])
+    assert main(_evaluate_test(study, test, results, "sft", endpoint)) == 0
+    evaluation = results / "eval" / "B" / "sft" / "test" / "seed42.parquet"
+    if registry == "moved away":
+        shutil.move(registry_ledger().parent, tmp_path / "moved-registry")
+    else:
+        monkeypatch.setenv("PREDICT_TEST_CAMPAIGNS", str(tmp_path / "new-registry" / "ledger.jsonl"))
+    requests = len(endpoint.requests)
+    elsewhere = tmp_path / "elsewhere"  # a results-shaped folder of its own, holding no trace of the campaign
+    assert main(_evaluate_test(study, test, elsewhere, "step2", endpoint)) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{registry_ledger()} is missing, yet a campaign's traces exist: test evaluation {evaluation}" in err, err
+    assert not registry_ledger().parent.exists() and len(endpoint.requests) == requests
+    assert not (elsewhere / "eval").exists()
 
 
 def test_a_fresh_campaign_starts_where_no_history_exists(study: dict, endpoint: Any, tmp_path: Path) -> None:

@@ -242,7 +242,10 @@ def test_a_design_edit_after_the_campaign_stops_at_the_ledger_and_keeps_the_test
     # the campaign admitted under the frozen design, in the ledger the stages find (PREDICT_TEST_CAMPAIGNS here), on
     # the test split with its rows (the faked run's files are empty)
     tasks = write_test_split(frozen, workdir / "results" / "data" / "test.parquet")
-    TestLedger(registry_ledger()).admit(frozen, campaign, [(run, checkpoint, seed, "m")], tasks_path=tasks)
+    # admitted without its results folder: the faked run's test evaluations are there already, and they are this
+    # campaign's, not a history the ledger lost (results_dir is no part of the design: the same campaign id)
+    admitted = {key: value for key, value in frozen.items() if key != "results_dir"}
+    TestLedger(registry_ledger()).admit(admitted, campaign, [(run, checkpoint, seed, "m")], tasks_path=tasks)
     evaluation = workdir / "results" / "eval" / run / checkpoint / "test" / f"seed{seed}.parquet"
     evaluation.write_bytes(b"the frozen test evaluation")
     config["prime_rl"]["seq_len"] = 1024  # part of the frozen design

@@ -35,9 +35,9 @@ OUTPUT_ARGS = ("out", "out_dir", "metrics_out", "state_dir", "output_dir", "data
 def _config(args: argparse.Namespace) -> StageConfig:
     """The stage's slice of its config (predict.stages): whole config files (--config, --config-json) are cut to the
     slice too, so a stage reads only what the stage table lists, however it is run. Then, before anything is written:
-    the test split's seal (`predict.campaign.seal_stage`: the stage's task files hold no test task). A stage run with a
-    whole config refuses a results_dir that another run_name made (`predict.fingerprint.claim_results_dir`; under
-    Snakemake the workflow's onstart checks it once, since a slice holds neither name nor folder)."""
+    the test split's seal (`predict.campaign.seal.seal_stage`: the stage's task files hold no test task). A stage run
+    with a whole config refuses a results_dir that another run_name made (`predict.fingerprint.claim_results_dir`;
+    under Snakemake the workflow's onstart checks it once, since a slice holds neither name nor folder)."""
     from predict.campaign import seal_stage
 
     if getattr(args, "config_slice", None):

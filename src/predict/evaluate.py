@@ -21,9 +21,9 @@ Rules:
   on test). What is hashed or recorded (the design hash, the ledger's evaluation section and serving settings, the
   rollouts' sampling, which their resume fingerprint holds) takes its plain data, ``as_dict``: the same bytes as
   before the view, so no frozen design, ledger line or `.partial` folder changes with it.
-* On test, every checkpoint of the job is admitted by the campaign (`predict.campaign.TestLedger.admit`: the plan,
-  the design, the registry outside results_dir, the weights' hash) before any server starts; the campaign module's
-  docstring holds the rules. Selection (`predict.campaign.select`) reads only val evaluations.
+* On test, every checkpoint of the job is admitted by the campaign (`predict.campaign.admission.TestLedger.admit`:
+  the plan, the design, the registry outside results_dir, the weights' hash) before any server starts; the campaign
+  package's modules hold the rules. Selection (`predict.campaign.selection.select`) reads only val evaluations.
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def evaluate_checkpoints(
     where the run's jobs share one server: workflow/rules/evaluation.smk); all are admitted together.
     `base_url`: an endpoint already serving (tests); then no server is started and nothing is reloaded. On test:
     the val statistics' `selection_path` and `val_metrics`, and, for a declared second campaign on the split,
-    `new_campaign` (its reason); the ledger is the checkout's registry (`predict.campaign.evaluation_ledger`:
+    `new_campaign` (its reason); the ledger is the checkout's registry (`predict.campaign.ledger.evaluation_ledger`:
     `test_ledger` may only name it). No job's rows are persisted and no server starts before its tasks are
     guarded (`predict.rollouts.guard_job`) and, on test, every checkpoint admitted."""
     if not checkpoints:

@@ -3,7 +3,7 @@
 This is the `predict rollout` stage. Finished rollouts are persisted one by one (`ResumableParquet`),
 so an interrupted run resumes where it stopped and never redoes a finished rollout. The test split is
 *touched once*: a job whose tasks include a test task runs only as an evaluation its campaign admitted
-(`predict.campaign.guard_tasks`, by task id), and its ``started`` and ``done`` lines go to the campaign's ledger.
+(`predict.campaign.seal.guard_tasks`, by task id), and its ``started`` and ``done`` lines go to the campaign's ledger.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def _rollouts(job: RolloutJob, view: StageView) -> tuple[list[dict[str, Any]], R
 
 
 def guard_job(job: RolloutJob, task_ids: Sequence[int]) -> None:
-    """`predict.campaign.guard_tasks` for this job: a test task only in an evaluation its campaign admitted."""
+    """`predict.campaign.seal.guard_tasks` for this job: a test task only in an evaluation its campaign admitted."""
     admission = dict(job.ledger_extra or {}) if job.test_ledger is not None else None
     guard_tasks(split=job.split, tasks_path=job.tasks_path, task_ids=task_ids, run=job.run or job.arm,
                 checkpoint=job.checkpoint, seed=job.seed,

@@ -21,7 +21,7 @@ Rules this module keeps:
 * Each stage's command (its flags and its ``main``) lives in its own module (``Stage.command``); predict.cli only
   registers them.
 * A stage that reads tasks names the flags that hold them (``Stage.task_files``) and reads ``data`` (`SPLIT`,
-  untracked: it shapes no result): `predict.campaign.seal_stage` checks those files against the test split before
+  untracked: it shapes no result): `predict.campaign.seal.seal_stage` checks those files against the test split before
   the stage starts.
 * The README's stage table is rendered from here (``readme_table``) and a test keeps the two equal.
 """
@@ -46,7 +46,7 @@ RUN_MATRIX = ("arms", "ablations", "extensions", "env.test_cost", "rl.mask_decis
 # What one rollout in the coding environment reads (predict.rollouts, env/runner.py): the protocol, the sandbox, the
 # chat template, the server.
 ROLLOUT = ("arms", "env", "verifier", "model.enable_thinking", "serving")
-# The frozen design the test campaign's ledger hashes (predict.campaign.design_config): every section of
+# The frozen design the test campaign's ledger hashes (predict.campaign.design.design_config): every section of
 # the config models but its NOT_RESULT_SHAPING keys (names, paths, power, cluster sizes), so a power edit never reruns
 # the campaign (tests/test_stages.py: the slice's hash is the whole config's). The bootstrap is in it:
 # the test's statistics settings are frozen with the campaign.
@@ -55,8 +55,8 @@ DESIGN = ("data", "verifier", "model", "sft", "serving", "env", "traces", "arms"
               "temperature", "max_tokens", "samples", "tasks", "checkpoints", "extension_checkpoints", "reference",
               "test_checkpoints", "selection", "bootstrap")))
 
-# What the test split's seal reads (predict.campaign.seal_stage): the split's definition, to derive the test task ids
-# in any clone.
+# What the test split's seal reads (predict.campaign.seal.seal_stage): the split's definition, to derive the test
+# task ids in any clone.
 # Untracked where a stage reads it for the seal alone (`Stage.untracked`): the tasks file it checks already carries
 # the split, so an edit here reruns nothing a new split would not.
 SPLIT = ("data",)
@@ -92,7 +92,7 @@ class Stage:
     """The command's one line in `predict --help` (here, so that listing the stages imports none of them)."""
     task_files: tuple[str, ...] = ()
     """The flags (argparse names) whose files hold the tasks the stage reads (``task_id`` rows: a split, traces):
-    `predict.campaign.seal_stage` checks them before the stage starts. The stage must read `SPLIT`."""
+    `predict.campaign.seal.seal_stage` checks them before the stage starts. The stage must read `SPLIT`."""
 
     def command_functions(self) -> tuple[str, str, str]:
         """The command's module and the names of its two functions: (module, arguments, main)."""
@@ -147,12 +147,14 @@ STAGES: dict[str, Stage] = {
                                            "evaluation.tasks"), SPLIT), SPLIT, task_files=("tasks_file",),
               help="greedy pass@1 of a run/seed's checkpoints on a split, one vLLM server (evaluation settings)"),
         # The test campaign (`predict evaluate --split test`) records the frozen design in the checkout's ledger,
-        # and a declared campaign's reason.
+        # and a declared campaign's reason. It reads results_dir for one thing, untracked: the study's results
+        # folder, where a fresh campaign looks for the history of one the ledger does not record
+        # (predict.campaign.history); the design hash leaves it out.
         Stage("evaluate-test", ("evaluate_test_{run}", "evaluate_test_reference_{run}", "evaluate_test_campaign",
                                "evaluate_test"),
               "evaluation.smk", "evaluate.py",
               "eval/{run}/{checkpoint}/test/seed{seed}.parquet, ../.test-campaigns/ledger.jsonl",
-              (*DESIGN, "evaluation.new_campaign"), task_files=("tasks_file",),
+              (*DESIGN, "evaluation.new_campaign", "results_dir"), ("results_dir",), task_files=("tasks_file",),
               command=None),
         Stage("stats", ("stats", "test_stats"), "stats.smk", "stats/study.py",
               "stats/*.parquet (STATS_TABLES), test/stats/*.parquet (TEST_STATS_TABLES)",

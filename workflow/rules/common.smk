@@ -219,7 +219,7 @@ def EVALS(runs=None, split="val"):
     ]
 
 
-# The test campaign (src/predict/campaign.py): per run and seed the checkpoint selection chose on val and
+# The test campaign (src/predict/campaign/plan.py): per run and seed the checkpoint selection chose on val and
 # evaluation.test_checkpoints; for the arms also evaluation.reference, once, under the first seed. With
 # evaluation.selection.mode `fixed` the choice is known now: each run/seed's test checkpoints are one job, and each
 # arm's reference another; with `best_val` it is known once the val statistics exist: the `stats` checkpoint, then
@@ -329,7 +329,7 @@ def REPORT_EXAMPLE(wildcards=None):
 
 # The evaluation jobs (workflow/rules/evaluation.smk): one per run, seed and split, all of its checkpoints (the test
 # campaign: one job in all when serving on the CPU, CPU_SERVING). The test
-# campaign's jobs find the checkout's one campaign ledger themselves (src/predict/campaign.py: registry_ledger): it
+# campaign's jobs find the checkout's one campaign ledger themselves (src/predict/campaign/ledger.py: registry_ledger): it
 # is no param, so where it lives (PREDICT_TEST_CAMPAIGNS in the tests) never replans a job.
 
 

@@ -46,7 +46,7 @@ for _run in EVAL_RUNS():
 
 # The test campaign, after selection on val. The stage refuses, naming the ledger: an evaluation outside the
 # campaign's list, a second evaluation, other weights on resume, an undeclared second campaign on the split
-# (src/predict/campaign.py: TestLedger).
+# (src/predict/campaign/admission.py: TestLedger).
 # A test evaluation reruns only when the frozen design (its slice: params) or its checkpoints change, and the ledger
 # then stops the run. The val statistics are ancient() inputs: they must exist first, but `stats` rewriting them (a
 # fix of `predict stats` rerun, another pyarrow: no new design) must not replan evaluations the ledger refuses to repeat. Sound, since what a test

@@ -379,7 +379,7 @@ class EvaluationSettings(Section):
     new_campaign: Annotated[str | None, Field(json_schema_extra=NO_DEFAULT)] = None
     """Declares a second test campaign on the same test split and base model under another design, and why (also
     `predict evaluate --new-campaign`). Without it the checkout's campaign ledger (.test-campaigns/ledger.jsonl,
-    src/predict/campaign.py) refuses one; with it the report lists every campaign on the split with its reason. Not
+    src/predict/campaign/admission.py) refuses one; with it the report lists every campaign on the split with its reason. Not
     part of the design."""
     bootstrap: Annotated[BootstrapSettings, Field(default_factory=BootstrapSettings)]
 

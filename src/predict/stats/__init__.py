@@ -39,10 +39,11 @@ test: `TEST_STATS_TABLES`), `results/ablations/` and `results/extensions/`. Rule
   ``rft_minus_rl`` (pass@1 minus the same arm's RL run at its selected checkpoint).
 * Ablations (`ablation_table`): the ablation and its base arm at their own selected checkpoints; Arm A's pass@1
   (the deficit) at Arm A's OWN selected checkpoint.
-* Checkpoint selection reads only val (`predict.campaign.select_checkpoints`, whose docstring has its rules): the
-  campaign module owns it, its settings' one default and the test campaign; the stats tables only use it.
-* On test an arm's reference (SFT) is evaluated once, under the first seed (`predict.campaign.evaluation_seed`), and
-  serves every seed's comparison with it.
+* Checkpoint selection reads only val (`predict.campaign.selection.select_checkpoints`, whose module docstring has
+  its rules): the campaign package owns it, its settings' one default and the test campaign; the stats tables only
+  use it.
+* On test an arm's reference (SFT) is evaluated once, under the first seed (`predict.campaign.plan.evaluation_seed`),
+  and serves every seed's comparison with it.
 * Power (`power_table`) matches the test that is run: ONE seed pairing (no test pools seeds) on n paired tasks,
   exact McNemar, two-sided, at level ``power.significance``. At discordance rate d (share of tasks where the two
   disagree) and pass@1 difference delta, the discordant count D ~ Binomial(n, d) and the first arm's wins among

@@ -3,8 +3,9 @@ the consequences cannot be cheaply observed after acting (Arm A's way)? Arm B vs
 
 This is the `predict open-question` stage (val: ``results/extensions/open_question.parquet``) and, on test, a table
 `predict stats` writes beside `predict.stats.TEST_STATS_TABLES` (``results/test/stats/open_question.parquet``) from
-the test campaign's files, which `predict.campaign.check_test_inputs` holds against the ledger first: one code path
-for both splits, as for the extension tables. (`predict.stats` cannot call this module: it builds on that one.)
+the test campaign's files, which `predict.campaign.statistics_inputs.check_test_inputs` holds against the ledger
+first: one code path for both splits, as for the extension tables. (`predict.stats` cannot call this module: it
+builds on that one.)
 Rules:
 
 * Environments come from `predict.runs.environments` (the one owner of the pairing): the study (arms A and B),

@@ -26,8 +26,8 @@ def extension_inputs(config: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 
 def val_selection(config: Mapping[str, Any], evals: Iterable[Any]) -> Any:
-    """The checkpoint selection (`predict.campaign.select`, config evaluation.selection) over these val evaluations:
-    the same function `predict stats` writes selection.parquet with. (Not that file: it needs every run's
+    """The checkpoint selection (`predict.campaign.selection.select`, config evaluation.selection) over these val
+    evaluations: the same function `predict stats` writes selection.parquet with. (Not that file: it needs every run's
     evaluations, and one ablation's or extension's table builds only what it compares.)"""
     from predict.campaign import select
     from predict.stats.metrics import mechanism_metrics

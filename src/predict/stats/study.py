@@ -85,8 +85,8 @@ def study_stats(
     """Every statistics table from a set of evaluation files of ONE split, keyed and ordered as `STATS_TABLES`
     (val: the selection is made here) or `TEST_STATS_TABLES` (test: `selection` is the val selection, required;
     the ablation and extension tables are made here too, and `campaigns`, the ledger's campaigns on this split from
-    `predict.campaign.check_test_inputs`, becomes the campaigns table). `extensions`: name -> {"spec": ...,
-    "counterpart": ...} (see `extension_table`)."""
+    `predict.campaign.statistics_inputs.check_test_inputs`, becomes the campaigns table). `extensions`: name ->
+    {"spec": ..., "counterpart": ...} (see `extension_table`)."""
     evals = load_evaluations(paths)
     splits = sorted({k[2] for k in evals})
     if len(splits) > 1:
