@@ -241,3 +241,37 @@ def test_every_docs_page_the_code_points_to_exists() -> None:
     assert named, "no source names a docs page: the scan found nothing to check"
     missing = sorted(f"{src}: {page}" for src, page in named if not (REPO / page).is_file())
     assert not missing, "pages the code names that docs/ lacks:\n" + "\n".join(missing)
+
+
+CONFIG_FILE = re.compile(r"\.(ya?ml|json)$")
+
+
+def swallowed_targets(text: str) -> list[str]:
+    """Targets written after `--configfile` on a snakemake command line: the option takes every word up to the next
+    option, so `--configfile config/gpu-slice.yaml all` reads a config file named 'all' and runs nothing."""
+    found = []
+    for line in text.splitlines():
+        words = line.strip().lstrip("#").split()
+        if not any(w.endswith("snakemake") for w in words) or "--configfile" not in words:
+            continue
+        for i, word in enumerate(words):
+            if word != "--configfile":
+                continue
+            for value in words[i + 1:]:
+                if value.startswith("-") or value.startswith("#") or value in {"&&", "||", ";", "|"}:
+                    break
+                if not CONFIG_FILE.search(value.strip("`")):
+                    found.append(f"{value!r} in: {line.strip()}")
+    return found
+
+
+def test_no_documented_snakemake_command_puts_a_target_after_configfile() -> None:
+    """Seen on the H200 (2026-12-06): the guide's slice command, `... --configfile config/gpu-slice.yaml all`, stopped
+    at once with "No such file or directory: 'all'". Guides, configs, profiles and CI name the target first."""
+    tops = ("docs", "config", "workflow", "envs", ".ci")
+    sources = [README, *(p for top in tops for p in (REPO / top).rglob("*")
+                         if p.is_file() and p.suffix in {".md", ".yaml", ".sh", ".smk", ""})]
+    bad = [f"{p.relative_to(REPO)}: {hit}" for p in sources for hit in swallowed_targets(p.read_text(errors="replace"))]
+    assert not bad, "\n".join(bad)
+    assert swallowed_targets("snakemake --profile x --configfile config/gpu-slice.yaml all") == [
+        "'all' in: snakemake --profile x --configfile config/gpu-slice.yaml all"]
