@@ -35,9 +35,7 @@ from inspect_ai.viewer import TaskSamplesColumn, TaskSamplesView, ViewerConfig
 from predict.env.protocol import ProtocolConfig, task_prompt
 from predict.env.records import patch_steps, step_labels
 from predict.inspect_logs.sources import Pair, Source
-from predict.vocabulary import Outcome
 
-PASS = Outcome.PASS.value
 # What one patch carries into the sample's ``patches`` metadata (protocol.Step's fields of the same names).
 PATCH_FIELDS = ("index", "prediction", "decision_sampled", "decision", "forced", "reverted", "outcome", "outcome_seen",
                 "edited_from", "revision_depth")
@@ -47,10 +45,15 @@ PAIR_VALUES = ("both pass", "both fail")  # and "only <run> passes"
 
 
 def protocol_config(row: Mapping[str, Any]) -> ProtocolConfig:
-    """The episode's protocol as the row records it (its budget is the resolved one: already scaled)."""
-    return ProtocolConfig(protocol=row["protocol"], variant=row["variant"], budget=int(row["budget"]),
-                          revise_costs_call=bool(row["revise_costs_call"]), test_cost=int(row["test_cost"] or 1),
-                          max_chained_revisions=int(row["max_chained_revisions"] or 2))  # fmt: skip
+    """The episode's protocol as the row records it (its budget is the resolved one: already scaled; a knob the row
+    leaves null takes the protocol's own default)."""
+    knobs = ("protocol", "variant", "budget", "revise_costs_call", "test_cost", "max_chained_revisions")
+    return ProtocolConfig(**{k: row[k] for k in knobs if row.get(k) is not None})
+
+
+def served_model(row: Mapping[str, Any]) -> str:
+    """The model name the row records (the name it was served under); Inspect needs one where a row has none."""
+    return str(row["model"]) if row.get("model") is not None else "(no model recorded)"
 
 
 def sample_id(row: Mapping[str, Any]) -> tuple[int, int]:
@@ -165,7 +168,7 @@ def episode_sample(row: Mapping[str, Any], task: Mapping[str, Any], source: Sour
     """One row as one sample (the module rules)."""
     ident, epoch = sample_id(row)
     msgs = messages(row, task)
-    model = row.get("model") or "unknown"
+    model = served_model(row)
     last = next((m.text for m in reversed(msgs) if m.role == "assistant"), "")
     usage = ({model: ModelUsage(input_tokens=int(row["n_input_tokens"]), output_tokens=int(row["n_output_tokens"]),
                                 total_tokens=int(row["n_input_tokens"]) + int(row["n_output_tokens"]))}
@@ -237,7 +240,7 @@ def eval_log(rows: Sequence[Mapping[str, Any]], tasks: Mapping[int, Mapping[str,
         task=f"predict/{source.run}", task_id=digest[:22], task_display_name=source.label,
         task_args={"run": source.run, "checkpoint": source.checkpoint, "split": source.split, "seed": source.seed},
         dataset=EvalDataset(name=f"mbpp {source.split}", location=source.path, samples=len(ids), sample_ids=ids),
-        model=first.get("model") or "unknown", config=EvalConfig(epochs=max((sample_id(r)[1] for r in rows), default=1)),
+        model=served_model(first), config=EvalConfig(epochs=max((sample_id(r)[1] for r in rows), default=1)),
         metadata=metadata, viewer=_viewer(),
     )
     return EvalLog(status="success", eval=spec, results=results(rows, samples), samples=samples,
