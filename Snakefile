@@ -75,7 +75,7 @@ rule test:
         rules.test_stats.output,
 
 
-# The whole study: the design, the test campaign and the report.
+# The whole study: the design, the test campaign, the report and every episode as an Inspect log.
 # The default target, so that plain `snakemake --report results/report.zip` reports the whole study.
 rule all:
     default_target: True
@@ -83,3 +83,4 @@ rule all:
         rules.design.input,
         rules.test.input,
         rules.report.output,
+        rules.inspect_logs.output,

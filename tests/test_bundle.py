@@ -380,6 +380,39 @@ def test_the_bundle_refuses_a_test_evaluation_the_ledger_does_not_record(study: 
                      archive=copy / "bundle.tar.gz", ledger=ledger)
 
 
+def test_the_inspect_logs_are_an_optional_part_listed_and_hashed(study: tuple[dict[str, Any], Path, Path],
+                                                                  tmp_path: Path) -> None:
+    """Issue 62: the Inspect logs (`predict inspect-logs`) go into the bundle under inspect/ when the workflow hands
+    them over, listed and hashed like every file; the bundle is available with them (and checks out without them:
+    every test above), and a log changed afterwards is named like any file."""
+    from predict.bundle.build import build_bundle
+    from predict.bundle.verify import CheckFailed, Verifier
+    from predict.inspect_logs.stage import export
+    from tests.bundle_study import bundled_files
+
+    config, _, ledger = study
+    results = Path(config["results_dir"])
+    logs = tmp_path / "inspect"
+    export(config, evals=[results / "eval"], tasks_files=[results / "data" / f"{s}.parquet" for s in ("val", "test")],
+           out_dir=logs, ledger=ledger)
+    bundle = tmp_path / "bundle"
+    build_bundle(config, files=[results / rel for rel in bundled_files(config)],
+                 data_manifest=results / "data" / "manifest.json", out_dir=bundle, archive=tmp_path / "bundle.tar.gz",
+                 example=results / EXAMPLE, ledger=ledger, inspect_logs=logs)
+    data = manifest(bundle)
+    assert data["report"]["inspect_logs"] == "inspect/"
+    held = {rel for rel in data["files"] if rel.startswith("inspect/")}
+    assert held == {f"inspect/{p.relative_to(logs).as_posix()}" for p in logs.rglob("*") if p.is_file()}
+    assert {"inspect/logs.json", "inspect/A/step2/test/seed42.eval", "inspect/B/step2/val/seed42.eval"} <= held
+    # the level the logs take part in (the others re-derive the numbers from the rows alone: tests above)
+    checks = Verifier(bundle, tmp_path / "work")
+    assert "files:" in checks.check_manifest() + checks.check_files() and checks.check_complete()
+    log = bundle / "inspect" / "A" / "step2" / "test" / "seed42.eval"
+    log.write_bytes(log.read_bytes() + b"\0")
+    with pytest.raises(CheckFailed, match="inspect/A/step2/test/seed42.eval: sha256"):
+        checks.check_files()
+
+
 def test_values_compare_bit_for_bit() -> None:
     from predict.bundle.rederive import same, table_difference
 

@@ -209,13 +209,15 @@ def test_a_files_name_never_decides(study: dict, splits: dict, tmp_path: Path, e
 
 def test_every_stage_flag_that_names_tasks_is_sealed() -> None:
     """A stage flag that hands it tasks (a split, traces) is in its stage table entry, so the seal checks it; a new
-    stage or flag cannot slip past. The report's --tasks-file only prints the example's task text."""
+    stage or flag cannot slip past. The report's --tasks-file only prints the example's task text; inspect-logs' only
+    renders the prompts of the evaluations it admitted (its own seal: tests/test_inspect_logs.py)."""
     import argparse
 
     from predict.cli import _stage_command
     from predict.stages import STAGES
 
-    task_flags, display_only = {"tasks_file", "traces", "arm_traces"}, {("report", "tasks_file")}
+    task_flags, display_only = {"tasks_file", "traces", "arm_traces"}, {("report", "tasks_file"),
+                                                                        ("inspect-logs", "tasks_file")}
     for stage in STAGES.values():
         if stage.command is None:
             continue

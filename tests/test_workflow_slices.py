@@ -22,10 +22,12 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 LOCAL = yaml.safe_load((REPO / "config" / "local.yaml").read_text())
-DOWNSTREAM_OF_EVALUATIONS = {"stats", "ablation", "extension", "open_question", "power", "report", "all"}
+# inspect_logs: every evaluation (val and test) as an Inspect log, so it follows the evaluations, never the tables.
+DOWNSTREAM_OF_EVALUATIONS = {"stats", "ablation", "extension", "open_question", "power", "report", "inspect_logs",
+                             "all"}
 # The test campaign (part of `all`): it reruns when the frozen design or its checkpoints change (and the ledger then
-# stops the run), never because the val statistics were rewritten.
-TEST_CAMPAIGN = {"evaluate_test", "test_stats"}
+# stops the run), never because the val statistics were rewritten; the Inspect logs of its evaluations follow it.
+TEST_CAMPAIGN = {"evaluate_test", "test_stats", "inspect_logs"}
 
 
 def snakemake(workdir: Path, config: Path, *args: str) -> str:

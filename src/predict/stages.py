@@ -180,6 +180,11 @@ STAGES: dict[str, Stage] = {
         Stage("report", ("report",), "report.smk", "report/stage.py", "report/index.html",
               ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power", "data.sizes.test"),
               help="the study report: one self-contained HTML page from parquet"),
+        # Every episode browsable in Inspect's viewer (issue 62): reads the runs (their pairs) and the split (the seal).
+        # Its --tasks-file only renders the prompts of the files it admitted (predict.inspect_logs: the seal).
+        Stage("inspect-logs", ("inspect_logs",), "report.smk", "inspect_logs/stage.py",
+              "inspect/{run}/{checkpoint}/{split}/seed{seed}.eval, logs.json", _reads(RUN_MATRIX, SPLIT), SPLIT,
+              help="every evaluation (and RL step, on request) as an Inspect log for `inspect view`, the arms paired"),
         # Beside `all` (workflow/rules/bundle.smk says why): everything the report rests on, for a second party.
         Stage("bundle", ("bundle",), "bundle.smk", "bundle/build.py", "bundle/ (manifest.json), bundle.tar.gz",
               STUDY,

@@ -21,6 +21,8 @@ rule bundle:
         data=R("data", "manifest.json"),
         example=REPORT_EXAMPLE,
         snakemake_report=[SNAKEMAKE_REPORT] if Path(SNAKEMAKE_REPORT).exists() else [],
+        # every episode as an Inspect log (report.smk: inspect_logs), an optional part verify-bundle never requires
+        inspect_logs=rules.inspect_logs.output[0],
     output:
         # the folder's manifest, not the folder: Snakemake marks a directory() output with a file of its own, which
         # would be a file in the bundle that its manifest does not list
@@ -30,6 +32,7 @@ rule bundle:
         **SLICE("bundle"),
         out_dir=lambda w, output: os.path.dirname(output.manifest),
         snakemake_report=lambda w, input: " ".join(f"--snakemake-report {shlex.quote(p)}" for p in input.snakemake_report),
+        inspect_logs=lambda w, input: os.path.dirname(input.inspect_logs),
     log:
         LOG("bundle"),
     benchmark:
@@ -38,5 +41,6 @@ rule bundle:
         "../../envs/pipeline.yaml"
     shell:
         "predict bundle --config-slice {params.config:q} --files {input.files:q} --data-manifest {input.data:q}"
-        " --report-example {input.example:q} {params.snakemake_report} --out-dir {params.out_dir:q}"
+        " --report-example {input.example:q} {params.snakemake_report} --inspect-logs {params.inspect_logs:q}"
+        " --out-dir {params.out_dir:q}"
         " --archive {output.archive:q} > {log:q} 2>&1"

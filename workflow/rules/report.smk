@@ -2,6 +2,7 @@
 
 
 localrules:
+    inspect_logs,
     report,
     training_outcomes,
 
@@ -61,3 +62,28 @@ rule report:
         " --power {input.power:q} --example {input.example:q}"
         " --tasks-file {input.tasks:q} --rl-metrics {params.rl_metrics}"
         " --training-outcomes {input.training_outcomes:q} --out {output:q} > {log:q} 2>&1"
+
+
+# Every episode browsable (src/predict/inspect_logs/, docs/inspect-logs.md): each val and test evaluation as one Inspect
+# log under results/inspect/, the arms paired task by task; read with `.venv/bin/inspect view --log-dir results/inspect`.
+# Test evaluations go in only as the campaign ledger records them (the stage checks; the ledger is no param, as for the
+# campaign's own jobs). The output is Inspect's manifest of the folder, written last: the stage replaces the folder
+# whole, so a log of an earlier design never survives beside the new ones.
+rule inspect_logs:
+    input:
+        evals=lambda w: EVALS() + TEST_EVALS(w),
+        tasks=[R("data", "val.parquet"), R("data", "test.parquet")],
+    output:
+        R("inspect", "logs.json"),
+    params:
+        **SLICE("inspect-logs"),
+        out_dir=lambda w, output: os.path.dirname(output[0]),
+    log:
+        LOG("inspect_logs"),
+    benchmark:
+        BENCH("inspect_logs")
+    conda:
+        "../../envs/pipeline.yaml"
+    shell:
+        "predict inspect-logs --config-slice {params.config:q} --evals {input.evals:q} --tasks-file {input.tasks:q}"
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"

@@ -14,6 +14,9 @@ times or owners):
 * ``rl/{run}/seed{seed}/metrics.parquet``, ``sft/{run}/metrics.parquet``: the training metrics tables;
 * ``ledger.jsonl``: the campaign registry's lines for this test split (its registration, every campaign on it, with
   its reason, and every ``started``/``done`` line of those campaigns), as the registry holds them;
+* ``inspect/`` (optional: where the workflow exported them, `predict inspect-logs`): every evaluation as an Inspect log
+  and Inspect's ``logs.json``, to browse the episodes with ``inspect view --log-dir inspect``; listed and hashed like
+  every file, never required by verify-bundle (nothing is re-derived from them);
 * ``weights/...`` (only with config ``bundle.weights``): the evaluated checkpoints, under their results path;
 * ``manifest.json`` (`MANIFEST_KEYS`): the filled config and its design hash, the code commit (dirty or not, the
   diff's hash), MBPP's hash and the split's task ids, both environments' package versions, vLLM's version and the
@@ -42,6 +45,8 @@ LEDGER = "ledger.jsonl"
 REPORT = "report/index.html"
 SNAKEMAKE_REPORT = "report/snakemake-report.zip"
 WEIGHTS = "weights"
+INSPECT_LOGS = "inspect"
+"""The Inspect logs' folder in the bundle (optional: predict.inspect_logs)."""
 ARCHIVE_ROOT = "bundle"
 """The archive's one top-level folder."""
 

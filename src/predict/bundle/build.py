@@ -6,7 +6,8 @@ Rules:
 * The stage copies the files it is handed (every one under ``results_dir``: the workflow hands it the report, the
   evaluations, the statistics tables and the training metrics) to their results path in the bundle, and adds the
   campaign registry's lines for this test split (`ledger_lines`) and, where one was made, Snakemake's report
-  archive. The old bundle folder is replaced whole: a file of an earlier bundle never survives into a new one.
+  archive, and the Inspect logs (`predict inspect-logs`) when it is handed them, under ``inspect/``. The old bundle
+  folder is replaced whole: a file of an earlier bundle never survives into a new one.
 * Every bundled test evaluation must be one the ledger records ``done`` with its sha256, all of ONE campaign, and
   each checkpoint's content hash (`predict.fingerprint.input_identity`, the hash the campaign recorded) must equal
   the ledger's: otherwise the stage stops, naming the file or checkpoint (a bundle of results the ledger does not
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from predict.bundle import (
     ARCHIVE_ROOT,
     FORMAT,
+    INSPECT_LOGS,
     LEDGER,
     MANIFEST,
     REPORT,
@@ -235,7 +237,7 @@ def write_archive(folder: Path, archive: Path) -> Path:
 
 def manifest(config: StageView, *, campaign: Mapping[str, Any] | None, data_manifest: Mapping[str, Any],
              checkpoint_entries: Sequence[Mapping[str, Any]], example: str | None, snakemake_report: bool,
-             bundled: Sequence[str], files: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+             bundled: Sequence[str], files: Mapping[str, Mapping[str, Any]], inspect_logs: bool = False) -> dict[str, Any]:
     """The manifest (predict.bundle.MANIFEST_KEYS), from what `build_bundle` gathered; `bundled`: the results files
     in the order the workflow handed them."""
     from predict.bundle.rederive import handed_lists  # noqa: PLC0415
@@ -271,7 +273,8 @@ def manifest(config: StageView, *, campaign: Mapping[str, Any] | None, data_mani
                     "host": host_devices()},
         "checkpoints": list(checkpoint_entries),
         "report": {"page": REPORT, "example": example,
-                   "snakemake_report": SNAKEMAKE_REPORT if snakemake_report else None},
+                   "snakemake_report": SNAKEMAKE_REPORT if snakemake_report else None,
+                   "inspect_logs": f"{INSPECT_LOGS}/" if inspect_logs else None},
         "inputs": handed_lists(list(bundled)),
         "files": dict(files),
     }
@@ -279,9 +282,10 @@ def manifest(config: StageView, *, campaign: Mapping[str, Any] | None, data_mani
 
 def build_bundle(config: Mapping[str, Any] | StageView, *, files: Sequence[str | Path], data_manifest: Path, out_dir: Path,
                  archive: Path, example: str | Path | None = None, snakemake_report: Path | None = None,
-                 ledger: Path | None = None) -> dict[str, Any]:
+                 ledger: Path | None = None, inspect_logs: Path | None = None) -> dict[str, Any]:
     """Write the bundle folder and its archive (see the module docstring); returns the manifest. `config`: the
-    stage's typed slice, or any config mapping (tests), read through the bundle's table entry."""
+    stage's typed slice, or any config mapping (tests), read through the bundle's table entry. `inspect_logs`: the
+    export's folder (results/inspect), optional."""
     from predict.campaign import registry_ledger  # noqa: PLC0415
     from predict.outputs import write_json  # noqa: PLC0415
     from predict.stages import stage_view  # noqa: PLC0415
@@ -314,6 +318,10 @@ def build_bundle(config: Mapping[str, Any] | StageView, *, files: Sequence[str |
     if snakemake_report is not None:
         (staging / SNAKEMAKE_REPORT).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(snakemake_report, staging / SNAKEMAKE_REPORT)
+    if inspect_logs is not None:
+        if not (Path(inspect_logs) / "logs.json").is_file():
+            raise BundleError(f"{inspect_logs}: no logs.json: not a folder `predict inspect-logs` wrote")
+        shutil.copytree(inspect_logs, staging / INSPECT_LOGS)
     if config.bundle.weights:
         for entry in (e for e in ckpts if e["path"] is not None):
             entry["weights"] = f"{WEIGHTS}/{entry['path']}"
@@ -324,7 +332,7 @@ def build_bundle(config: Mapping[str, Any] | StageView, *, files: Sequence[str |
               for rel in bundle_files(staging)}  # fmt: skip
     written = manifest(config, campaign=campaign, data_manifest=splits, checkpoint_entries=ckpts,
                        example=rel_example, snakemake_report=snakemake_report is not None, bundled=list(copies),
-                       files=hashed)
+                       files=hashed, inspect_logs=inspect_logs is not None)
     write_json(written, staging / MANIFEST)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(staging, out_dir)
@@ -339,6 +347,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report-example", default=None, help="the evaluation the report renders a rollout from")
     p.add_argument("--snakemake-report", default=None, help="Snakemake's report archive (results/report.zip)")
     p.add_argument("--test-ledger", default=None, help="the campaign registry (default: the checkout's)")
+    p.add_argument("--inspect-logs", default=None,
+                   help="the Inspect logs' folder (results/inspect, `predict inspect-logs`); optional")
     p.add_argument("--out-dir", required=True, help="results/bundle")
     p.add_argument("--archive", required=True, help="results/bundle.tar.gz")
 
@@ -353,6 +363,7 @@ def main(args: argparse.Namespace, config: StageView) -> int:
         archive=Path(args.archive), example=args.report_example,
         snakemake_report=Path(args.snakemake_report) if args.snakemake_report else None,
         ledger=Path(args.test_ledger) if args.test_ledger else None,
+        inspect_logs=Path(args.inspect_logs) if args.inspect_logs else None,
     )
     size = sum(f["bytes"] for f in written["files"].values())
     console.print(f"bundle: {len(written['files'])} files, {size / 1e6:.2f} MB, {len(written['checkpoints'])} "

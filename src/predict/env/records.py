@@ -159,6 +159,24 @@ def patch_steps(steps: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [s for s in steps if s.get("applied")]
 
 
+def step_labels(step: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What one step did, as short labels each with its kind ("pass", "fail", "revise" or ""): its action and status,
+    and its prediction, decision (forced or not) and, on an apply_patch step, the verified outcome (``seen`` by the
+    model or a hidden ``shadow``). The report's example rollout and the Inspect logs (predict.inspect_logs) label a
+    step with these."""
+    labels = [(step.get("action") or "?", "")]
+    if status := step.get("status"):
+        labels.append((status, {"success": "pass", "error": "fail", "failed": "fail"}.get(status, "")))
+    if step.get("prediction"):
+        labels.append((f"predicted {step['prediction']}", ""))
+    if decision := step.get("decision"):
+        labels.append((f"{decision}{' (forced)' if step.get('forced') else ''}", "revise" if decision == "REVISE" else ""))
+    if step.get("outcome") and step.get("action") == "apply_patch":
+        seen = "seen" if step.get("outcome_seen") else "shadow"
+        labels.append((f"verified {step['outcome']} ({seen})", "pass" if step["outcome"] == "PASS" else "fail"))
+    return labels
+
+
 def _tokens(trace: Any) -> list[dict[str, Any]] | None:
     nodes = list(getattr(trace, "nodes", None) or [])
     if not any(n.token_ids for n in nodes):

@@ -7,6 +7,7 @@ import html
 from collections.abc import Mapping
 from typing import Any
 
+from predict.env.records import step_labels
 from predict.report.elements import empty
 
 
@@ -31,17 +32,7 @@ def rollout_section(rows: list[dict[str, Any]] | None, tasks: Mapping[int, Mappi
         out.append(f"<pre>{html.escape(str(task.get('text', '')))}\n\n"
                    f"{html.escape(chr(10).join(task.get('test_list') or []))}</pre>")
     for s in row.get("steps") or []:
-        tags = [_tag(s.get("action") or "?")]
-        if s.get("status"):
-            tags.append(_tag(s["status"], {"success": "pass", "error": "fail", "failed": "fail"}.get(s["status"], "")))
-        if s.get("prediction"):
-            tags.append(_tag(f"predicted {s['prediction']}"))
-        if s.get("decision"):
-            tags.append(_tag(f"{s['decision']}{' (forced)' if s.get('forced') else ''}",
-                             "revise" if s["decision"] == "REVISE" else ""))
-        if s.get("outcome") and s.get("action") == "apply_patch":
-            seen = "seen" if s.get("outcome_seen") else "shadow"
-            tags.append(_tag(f"verified {s['outcome']} ({seen})", "pass" if s["outcome"] == "PASS" else "fail"))
+        tags = [_tag(text, kind) for text, kind in step_labels(s)]
         out.append(f'<div class="step"><b>step {s.get("index")}</b> {"".join(tags)}'
                    f"<pre>{html.escape(s.get('reply') or '')}</pre>"
                    + (f"<pre>&rarr; {html.escape(s['result'])}</pre>" if s.get("result") else "") + "</div>")
