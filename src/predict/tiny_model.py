@@ -109,7 +109,7 @@ def parameter_count(settings: TinyModelSettings) -> int:
     """Parameters of the model `settings` (config model.tiny) builds, without building it: the qwen3-4b shape has
     4,022,468,096 tied and 4,411,424,256 untied."""
     dims = _dimensions(settings.shape, settings.hidden_size, settings.num_layers)
-    cfg = {**dims, "vocab_size": QWEN3_VOCAB_SIZE, "tie_word_embeddings": bool(settings.tie_word_embeddings)}
+    cfg = {**dims, "vocab_size": QWEN3_VOCAB_SIZE, "tie_word_embeddings": settings.tie_word_embeddings is True}
     return sum(int(np.prod(shape)) for shape, _ in _tensor_shapes(cfg).values())
 
 
