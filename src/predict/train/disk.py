@@ -96,7 +96,7 @@ def training_needs(
     checkpoints: Sequence[Path],
     state_dir: Path,
     state_saves: int,
-    keep_state: bool = False,
+    keep_state: bool,
     served_copy: Path | None = None,
     state_links_checkpoint: bool = False,
 ) -> list[DiskNeed]:
@@ -200,7 +200,8 @@ def workflow_needs(config: Mapping[str, Any], results: Path) -> list[DiskNeed] |
                                         dtype=training_dtype(sft["dtype"], sft_device),
                                         checkpoints=[results / "checkpoints" / run / "sft"],
                                         state_dir=results / "sft" / run / "state",
-                                        state_saves=sft_state_saves(sft.get("max_steps"), sft["save_every"]))  # fmt: skip
+                                        state_saves=sft_state_saves(sft.get("max_steps"), sft["save_every"]),
+                                        keep_state=False)  # fmt: skip
     if "rl" in config:
         rl = config["rl"]
         steps = checkpoint_steps(rl["steps"], rl["checkpoint_every"])

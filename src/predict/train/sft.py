@@ -255,10 +255,9 @@ def run_sft(
     fp = fingerprint({"sft": asdict(cfg), "model": {"enable_thinking": enable_thinking}}, RESUME_KEYS["sft"],
                      inputs={"traces": traces, "base_model": base_model}, seed=cfg.seed,
                      extra={"arm": arm, "max_steps": max_steps})  # fmt: skip
-    resuming = start_or_resume(state_dir, fp, what=f"SFT arm {arm}") and Trainer.read_state_info(trainer_dir) is not None
-    _check_disk(base_model, out_dir, trainer_dir, cfg, total, (Trainer.read_state_info(trainer_dir) or {}).get("step", 0),
-                arm)  # fmt: skip
-    if resuming:
+    saved = Trainer.read_state_info(trainer_dir) if start_or_resume(state_dir, fp, what=f"SFT arm {arm}") else None
+    _check_disk(base_model, out_dir, trainer_dir, cfg, total, saved["step"] if saved else 0, arm)
+    if saved is not None:
         trainer = Trainer.resume(trainer_dir, device=cfg.device)
         saved_rows = state_dir / "metrics.parquet"
         rows = pq.read_table(saved_rows).to_pylist() if saved_rows.is_file() else []
@@ -339,7 +338,7 @@ def _check_disk(base_model: str, out_dir: Path, trainer_dir: Path, cfg: SFTConfi
     device = cfg.device if cfg.device != "auto" else ("gpu" if torch.cuda.is_available() else "cpu")
     needs = training_needs(f"SFT {arm}", out_dir.parent, parameters=parameters,
                            dtype=training_dtype(cfg.dtype, device), checkpoints=[out_dir], state_dir=trainer_dir,
-                           state_saves=sft_state_saves(total, cfg.save_every, done))  # fmt: skip
+                           state_saves=sft_state_saves(total, cfg.save_every, done), keep_state=False)  # fmt: skip
     check_disk(needs, out_dir.parent, what=f"SFT arm {arm}")
 
 
