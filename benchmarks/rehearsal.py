@@ -6,9 +6,9 @@ minutes each, and its numbers collected into ``benchmarks/rehearsal_<card>.json`
     python benchmarks/rehearsal.py collect        # -> benchmarks/rehearsal_<card>.json (whatever has run so far)
 
 ``start`` runs, one after another: the RL steps first (``results/rl/{A,B}/seed42``: the model, SFT and RL, the
-numbers a slot must not lose), then ``all`` (evaluations, the test campaign, statistics, report), then vLLM alone on
-the RL step's rollouts (`vllm_alone`: the same tasks, prompts and reply lengths at several concurrencies with the
-whole card and no trainer resident; ``--no-vllm-alone`` skips it). Called again after a kill or a lost machine it
+numbers a slot must not lose), then vLLM alone on the RL step's rollouts (`vllm_alone`: the same tasks, prompts and
+reply lengths at several concurrencies with the whole card and no trainer resident; ``--no-vllm-alone`` skips it),
+then ``all`` (evaluations, the test campaign, statistics, report). Called again after a kill or a lost machine it
 starts again, and Snakemake reruns only what is missing (the profile's rerun-incomplete; a killed RL job resumes from
 its last state). Beside the run it samples the results disk's used bytes and the GPU's used memory every 2 s
 (``results/rehearsal/samples.tsv``), from which ``collect`` gives each job's disk peak.
@@ -62,7 +62,15 @@ def start(args: argparse.Namespace) -> int:
     if status.get("pid") and _alive(status["pid"]) and status.get("state") == "running":
         print(f"already running: pid {status['pid']} (python benchmarks/rehearsal.py wait)")
         return 0
-    cmd = [sys.executable, str(Path(__file__).resolve()), "drive", "--config", str(args.config)]
+    config = args.config
+    if args.vllm_python:  # the node's vLLM interpreter: the same config with serving.python pointing at it
+        import yaml
+
+        raw = yaml.safe_load(args.config.read_text())
+        raw["serving"]["python"] = args.vllm_python
+        config = state / "config.yaml"
+        config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "drive", "--config", str(config)]
     cmd += ["--no-vllm-alone"] if args.no_vllm_alone else []
     log = open(state / "drive.log", "a")  # noqa: SIM115 - the child keeps it
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -79,20 +87,29 @@ def drive(args: argparse.Namespace) -> int:
     threading.Thread(target=_sample, args=(results, state / "samples.tsv", stop), daemon=True).start()
     seeds, arms = config["seeds"], sorted(config["arms"])
     rl_targets = [str(results.relative_to(REPO) / "rl" / a / f"seed{s}" / "metrics.parquet") for a in arms for s in seeds]
-    phases = [("rl", rl_targets), ("all", ["all"])]
+    # RL first (the numbers a short slot must keep), then vLLM alone on the card the RL phase's shared server left
+    # (it stops when Snakemake ends), then the rest of `all`. A phase done before is not run again.
+    phases = [("rl", rl_targets), ("vllm_alone", None), ("all", ["all"])]
     rc = 0
     for name, targets in phases:
+        if name == "vllm_alone" and (args.no_vllm_alone or (state / "vllm_alone.json").is_file()):
+            continue
         _write(state / "status.json", {"pid": os.getpid(), "state": "running", "phase": name, "since": time.time()})
-        cmd = [sys.executable, "-m", "snakemake", "--profile", "workflow/profiles/gpu", "--configfile",
-               str(args.config), "--scheduler", "greedy", *targets]  # fmt: skip
-        with open(state / f"snakemake-{name}.log", "a") as log:
-            rc = subprocess.call(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        if targets is None:  # a measurement beside the run: its failure is recorded and the run goes on
+            try:
+                vllm_alone(config, state / "vllm_alone.json")
+                _write(state / f"phase-{name}.json", {"rc": 0, "ended": time.time()})
+            except Exception as e:  # noqa: BLE001
+                _write(state / f"phase-{name}.json", {"rc": 1, "error": repr(e)[-2000:], "ended": time.time()})
+            continue
+        else:
+            cmd = [sys.executable, "-m", "snakemake", "--profile", "workflow/profiles/gpu", "--configfile",
+                   str(args.config), "--scheduler", "greedy", *targets]  # fmt: skip
+            with open(state / f"snakemake-{name}.log", "a") as log:
+                rc = subprocess.call(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         _write(state / f"phase-{name}.json", {"rc": rc, "ended": time.time()})
         if rc:
             break
-    if not rc and not args.no_vllm_alone:
-        _write(state / "status.json", {"pid": os.getpid(), "state": "running", "phase": "vllm_alone"})
-        rc = vllm_alone(config, args.config, state / "vllm_alone.json")
     stop.set()
     _write(state / "status.json", {"pid": os.getpid(), "state": "failed" if rc else "done", "rc": rc})
     return rc
@@ -149,7 +166,7 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 
 # --- vLLM alone ------------------------------------------------------------------------------------------------
-def vllm_alone(config: dict[str, Any], config_path: Path, out: Path, concurrencies: tuple[int, ...] = (8, 32, 128)) -> int:
+def vllm_alone(config: dict[str, Any], out: Path, concurrencies: tuple[int, ...] = (8, 32, 128)) -> int:
     """The RL step's rollouts (Arm A's first step: its 16 tasks x 8, the env's prompts and max_tokens) against vLLM
     alone: one server on Arm A's step-1 checkpoint with the card's default share (0.9), no trainer resident, at each
     concurrency 2 x c episodes of that step's list (at most all 128). Generated tokens/s per concurrency."""
@@ -343,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--config", type=Path, default=CONFIG)
         if name in ("start", "drive"):
             p.add_argument("--no-vllm-alone", action="store_true", help="skip vLLM alone after the run")
+            p.add_argument("--vllm-python", default=None, help="the node's vLLM interpreter (serving.python)")
         if name == "wait":
             p.add_argument("--timeout", type=float, default=540, help="return after this many seconds (exit 3)")
         if name == "collect":

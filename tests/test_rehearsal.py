@@ -120,3 +120,18 @@ def test_collect_reads_a_runs_files_into_the_issues_numbers(rehearsal, tmp_path:
     assert spread["background"] == pytest.approx(2.0 / 5 / 414.3, abs=1e-4)
     assert spread["foreground"] == pytest.approx((30.0 / 5 + 8.0 / 25) / 414.3, abs=1e-4)
     assert got["vllm_alone"] is None and got["rl_rollout_vs_vllm_alone"] is None  # not run: said, not invented
+
+
+def test_no_gpu_job_of_the_rehearsal_can_be_killed_by_the_gpu_rules_runtime() -> None:
+    """The GPU rules' `runtime` (common.smk: 240 serving, 1,440 RL, 480 SFT minutes, hand-set) is a request a cluster
+    executor enforces; the gpu profile runs Snakemake's local executor, which never reads it, and sets no runtime
+    limit of its own. So a rehearsal job ends when its work does, however its minutes compare (its RL job's estimate
+    is ~10 minutes); its only clock is serving.startup_timeout_s, 900 s against starts of 100-180 s."""
+    import snakemake.executors.local as local
+
+    profile = yaml.safe_load((REPO / "workflow" / "profiles" / "gpu" / "config.yaml").read_text())
+    assert "executor" not in profile and "slurm" not in json.dumps(profile)  # the local executor
+    assert "runtime" not in profile.get("resources", {})
+    assert not any("runtime" in str(r) for r in profile.get("default-resources", []) or [])
+    assert "runtime" not in Path(local.__file__).read_text().replace("runtime_", "")  # it never reads the resource
+    assert load_config(REPO / "config" / "gpu-rehearsal.yaml")["serving"]["startup_timeout_s"] >= 600
