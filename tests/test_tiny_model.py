@@ -147,3 +147,27 @@ def test_the_stage_reads_model_tiny_typed_and_its_defaults_when_left_out(big_tmp
         want = TinyModelSettings(**(tiny or {}))
         assert (config["hidden_size"], config["num_hidden_layers"]) == (want.hidden_size, want.num_layers)
         shutil.rmtree(out)
+
+
+def test_a_released_shape_can_be_built_tied_as_released(big_tmp: Path) -> None:
+    """model.tiny.tie_word_embeddings: the Qwen3-4B shape as released has 4.02B parameters (tied); untied, 4.41B.
+    The stage builds what the key says (tied: no lm_head tensor), and leaves today's untied model when it is left
+    out."""
+    from predict.cli import main
+    from predict.config.models import TinyModelSettings
+    from predict.tiny_model import parameter_count
+
+    assert parameter_count(TinyModelSettings(shape="qwen3-4b", tie_word_embeddings=True)) == 4_022_468_096
+    assert parameter_count(TinyModelSettings(shape="qwen3-4b")) == 4_411_424_256
+    for tie in (True, False, None):
+        tiny = {"hidden_size": 32, "num_layers": 1, **({"tie_word_embeddings": tie} if tie is not None else {})}
+        path = big_tmp / f"slice-tie-{tie}.json"
+        path.write_text(json.dumps({"model": {"tiny": tiny}}))
+        out = big_tmp / f"stage-tie-{tie}"
+        assert main(["build-tiny-model", "--config-slice", str(path), "--out-dir", str(out), "--dtype", "float32"]) == 0
+        assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is bool(tie)
+        names = set(_header(out / "model.safetensors")) - {"__metadata__"}
+        assert ("lm_head.weight" in names) is not bool(tie)
+        n = sum(int(np.prod(v["shape"])) for k, v in _header(out / "model.safetensors").items() if k != "__metadata__")
+        assert n == parameter_count(TinyModelSettings(**tiny))
+        shutil.rmtree(out)

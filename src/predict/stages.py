@@ -216,7 +216,9 @@ STAGES: dict[str, Stage] = {
 # key fails naming it.
 WORKFLOW = ("run_name", "results_dir", "backend", "seeds", *RUN_MATRIX, "evaluation", "cluster", "serving.device",
             "sft.device", "model.base", "verifier.workers", "rl.steps", "rl.checkpoint_every", "prime_rl.dir",
-            "prime_rl.sft", "prime_rl.rl")
+            "prime_rl.sft", "prime_rl.rl",
+            # the disk a run needs, checked before its first job (predict.train.disk.check_workflow_disk)
+            "model.tiny", "sft.dtype", "sft.save_every", "sft.max_steps", "rl.state_every", "rl.keep_state", "rl.dtype")
 WORKFLOW_VIEW = "workflow"
 """The name `workflow_config`'s view reports in its errors (not a `predict` stage)."""
 

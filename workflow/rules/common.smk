@@ -30,10 +30,14 @@ RESULTS = Path(WORKFLOW_CONFIG["results_dir"])
 
 # results/ records which run_name made it; a run of another config stops here, before any job, naming both (its
 # stages get slices without the name, so the workflow checks once). Dry-runs never claim: onstart is skipped there.
+# Then the disk: a run whose checkpoints, states and served copies cannot fit stops here, naming each and its bytes
+# (predict.train.disk; the jobs check their own again as they start).
 onstart:
     from predict.fingerprint import claim_results_dir
+    from predict.train.disk import check_workflow_disk
 
     claim_results_dir(WORKFLOW_CONFIG, [RESULTS])
+    check_workflow_disk(WORKFLOW_CONFIG, RESULTS)
 
 
 envvars:

@@ -151,6 +151,10 @@ class TinyModelSettings(Section):
     hidden_size: Annotated[int, Field(ge=8, description="hidden size")] = 64
     num_layers: Annotated[int, Field(ge=1, description="decoder layers")] = 2
     shape: Annotated[Literal["qwen3-0.6b", "qwen3-4b"] | None, Field(description="a released Qwen3's shape instead (random weights)", json_schema_extra=NO_DEFAULT)] = None
+    tie_word_embeddings: Annotated[bool | None, Field(json_schema_extra=NO_DEFAULT), NOT_NULL] = None
+    """The lm_head shares the embedding's weights, as the released Qwen3-0.6B and Qwen3-4B do (the qwen3-4b shape:
+    4.02B parameters tied, 4.41B untied). Left out: untied, the tiny model's way (vLLM-CPU's in-place reload leaves a
+    tied lm_head's packed copy stale: src/predict/tiny_model.py); GPU servers reload a tied one."""
 
 
 class ModelSettings(Section):

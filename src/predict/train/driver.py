@@ -22,7 +22,8 @@ Rules it follows:
    ``metrics.parquet`` when published), and as each step ends the same row to the job's trackers
    (``job.tracking``, `predict.train.tracking`: TensorBoard under ``rl/{run}/seed{seed}``, W&B when asked),
    started in `start`, before any rollout or update, at the step the run resumes from.
-6. **Disk**: once published, the resumable state (``.work/state``, ``.work/policy``, ``.work/checkpoints``) is
+6. **Disk**: a run checks at its start that its checkpoints, state and served copy fit its disk
+   (`predict.train.disk`); once published, the resumable state (``.work/state``, ``.work/policy``, ``.work/checkpoints``) is
    deleted (about 50 GB per run at 4B); ``rl.keep_state: true`` keeps it. The step rollouts and logs stay.
 """
 
@@ -166,8 +167,33 @@ class TrainingRun:
                              seed=self.job.seed)  # fmt: skip
         what = f"{self.trainer.upper()} {self.job.run} seed {self.job.seed}"
         self.resumable = start_or_resume(self.work, fp, what=what)
-        self.tracker.start(self.steps_saved())  # a tracker that cannot start stops the run here (rule 5)
+        done = self.steps_saved()
+        self.check_disk(done, what)
+        self.tracker.start(done)  # a tracker that cannot start stops the run here (rule 5)
         return self.resumable
+
+    def check_disk(self, done: int, what: str) -> None:
+        """Rule 6's other side: a run whose checkpoints, state and served copy cannot fit its disk stops before its
+        first step, naming each (`predict.train.disk`)."""
+        import torch
+
+        from predict.train import disk
+
+        parameters = disk.model_parameters(self.job.init)
+        if parameters is None:
+            return
+        dtype = disk.training_dtype(self.rl.dtype, "gpu" if RL_DEVICE == "auto" and torch.cuda.is_available() else "cpu")
+        ckpts, every = sorted(self.ckpt_steps), self.rl.state_every
+        needs = disk.training_needs(what, self.job.out_dir, parameters=parameters, dtype=dtype,
+                                    checkpoints=[self.work / "checkpoints" / f"step{n}" for n in ckpts if n > done],
+                                    state_dir=self.state_dir,
+                                    state_saves=disk.rl_state_saves(self.steps, done, every, ckpts),
+                                    keep_state=self.rl.keep_state,
+                                    served_copy=self.work / "policy" if done else None,
+                                    state_links_checkpoint=disk.rl_states_link_checkpoints(self.steps, done, every,
+                                                                                           ckpts, dtype))  # fmt: skip
+        check_disk = disk.check_disk
+        check_disk(needs, self.job.out_dir, what=what)
 
     def steps_saved(self) -> int:
         """Steps done by the saved state `open_trainer` resumes (0 when it starts fresh)."""
@@ -275,9 +301,25 @@ class TrainingRun:
         """Steps done+1..steps; returns the last step when `stop_after` steps of this call ran first (a
         simulated kill), else None."""
         try:
-            return self._run_steps(trainer, done, metrics, step_fn, stop_after)
+            stopped = self._run_steps(trainer, done, metrics, step_fn, stop_after)
+            self._note_writes(trainer, metrics, trainer.wait_saves)  # the last state is whole before anything reads it
+            return stopped
         finally:
-            self.tracker.close()
+            try:  # a failed step still leaves its last save whole (the writer finishes it), then fails
+                trainer.wait_saves()
+            finally:
+                self.tracker.close()
+
+    def _note_writes(self, trainer: Any, metrics: list[dict[str, Any]], wait: Callable[[], Any] | None = None) -> None:
+        """The seconds each save's folders took to write, in the rows of the steps that saved them (written beside
+        the later steps, they are known later; `wait` first waits for the one still being written)."""
+        if wait is not None:
+            wait()
+        rows = {row["step"]: row for row in metrics}
+        for step, took in trainer.take_written().items():
+            if step in rows:
+                rows[step] |= {"checkpoint_write_s": took.get("checkpoint"), "state_write_s": took.get("state")}
+        write_metrics(metrics, self.work / "metrics.parquet")
 
     def _run_steps(
         self, trainer: Any, done: int, metrics: list[dict[str, Any]], step_fn: StepFn, stop_after: int | None
@@ -287,20 +329,25 @@ class TrainingRun:
             t_step = time.perf_counter()
             row = {"run": self.job.run, "seed": self.job.seed, "step": step, "backend": self.trainer}
             row |= step_fn(step, trainer)
-            t = time.perf_counter()
-            if step in self.ckpt_steps:
-                trainer.save_checkpoint(self.work / "checkpoints" / f"step{step}")
-            row["step_s"] = time.perf_counter() - t_step
+            row["step_s"] = time.perf_counter() - t_step  # the step without its saves (save_s)
             row["finished_at"] = time.time()
             metrics.append(row)
             # Live before the state is saved: a kill between the two reruns this step, whose point the resumed
             # writer purges; logged after it, a kill in between would lose the step's point for good.
             self.tracker.log(row, step)
-            if step % state_every == 0 or step in self.ckpt_steps or step == self.steps:
-                trainer.save_state(self.state_dir, extra={self.step_key: step, "metrics": metrics, "run": self.job.run})
-            row["save_s"] = time.perf_counter() - t
+            # The saves are written in the background while the next steps roll out (Trainer.save): the step waits
+            # only for the copies off the device and for a previous save still being written. A kill before the
+            # state's folder is renamed into place resumes from the previous state.
+            keep_state = step % state_every == 0 or step in self.ckpt_steps or step == self.steps
+            row["save_s"] = trainer.save(
+                checkpoint=self.work / "checkpoints" / f"step{step}" if step in self.ckpt_steps else None,
+                state=self.state_dir if keep_state else None,
+                extra={self.step_key: step, "metrics": metrics, "run": self.job.run},
+                background=True,
+                tag=step,
+            )
             self.tracker.log({"save_s": row["save_s"]}, step)
-            write_metrics(metrics, self.work / "metrics.parquet")
+            self._note_writes(trainer, metrics)
             log.info("%s seed %d step %d/%d: reward %s, loss %s, %.1f s", self.job.run, self.job.seed, step,
                      self.steps, row.get("reward_mean"), row.get("loss"), row["step_s"])  # fmt: skip
             if stop_after is not None and ran >= stop_after:

@@ -17,8 +17,8 @@ One run = one (run, seed): ``run`` is an arm (``A``, ``B``) or an ablation of th
    default) hands them over without files (`VLLMServer.push_weights`: shared memory on the CPU, CUDA IPC on a
    GPU); ``folder`` writes them as an HF folder (``.work/policy``) and the server reloads it
    (`VLLMServer.reload_weights`). Either way the HF checkpoints are written only at ``rl.checkpoint_every`` steps
-   (`predict.train.driver`), and a run (re)starts by writing ``.work/policy`` from its saved state and serving
-   that, so a kill after a handoff and before the step's state is saved loses nothing: the resumed run's server
+   (`predict.train.driver`), and a resumed run starts by writing ``.work/policy`` from its saved state and serving
+   that (a fresh one serves its SFT folder), so a kill after a handoff and before the step's state is saved loses nothing: the resumed run's server
    holds the last saved weights again.
 
 Around the steps (serving, resume, checkpoints, publishing, the metrics log, deleting the state once published)
@@ -137,8 +137,12 @@ def run_rl(
     t0 = time.perf_counter()
     stopped, srv = None, None  # srv: the server step_fn rolls out against, set by run.serve below
     if done < run.steps:
-        trainer.save_checkpoint(policy_dir)
-        with handoff, run.serve(policy_dir, worker_extension=True, shared=server) as srv:
+        # A fresh run serves its SFT folder itself (the trainer's weights are those); a resumed one writes its saved
+        # weights for the server first (the served copy: 8 GB and about 8 s at 4B that a fresh run need not spend).
+        served = policy_dir if done else job.init
+        if done:
+            trainer.save_checkpoint(policy_dir)
+        with handoff, run.serve(served, worker_extension=True, shared=server) as srv:
             stopped = run.run_steps(trainer, done, metrics, step_fn, stop_after=stop_after)
     if stopped is not None:
         return {"run": job.run, "seed": job.seed, "steps_done": stopped, "ran": stopped - done, "complete": False}

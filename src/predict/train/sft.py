@@ -255,7 +255,9 @@ def run_sft(
     fp = fingerprint({"sft": asdict(cfg), "model": {"enable_thinking": enable_thinking}}, RESUME_KEYS["sft"],
                      inputs={"traces": traces, "base_model": base_model}, seed=cfg.seed,
                      extra={"arm": arm, "max_steps": max_steps})  # fmt: skip
-    if start_or_resume(state_dir, fp, what=f"SFT arm {arm}") and Trainer.read_state_info(trainer_dir) is not None:
+    saved = Trainer.read_state_info(trainer_dir) if start_or_resume(state_dir, fp, what=f"SFT arm {arm}") else None
+    _check_disk(base_model, out_dir, trainer_dir, cfg, total, saved["step"] if saved else 0, arm)
+    if saved is not None:
         trainer = Trainer.resume(trainer_dir, device=cfg.device)
         saved_rows = state_dir / "metrics.parquet"
         rows = pq.read_table(saved_rows).to_pylist() if saved_rows.is_file() else []
@@ -276,8 +278,8 @@ def run_sft(
     tracker = RunTracker(tracking, stage="sft", run=arm, config=tracking_config,
                          id_file=state_dir / "wandb-id").start(trainer.step_count)  # fmt: skip
 
-    def save_state() -> None:
-        trainer.save_state(trainer_dir)
+    def save_state() -> None:  # written beside the next steps (Trainer.save); a resume drops rows past its step
+        trainer.save(state=trainer_dir, background=True)
         write_rows(rows, METRICS_SCHEMA, state_dir / "metrics.parquet")
 
     with _progress(progress) as bar, tracker:
@@ -320,6 +322,24 @@ def run_sft(
         "last_loss": last.get("loss", float("nan")),
         "train_time_s": sum(r["time_s"] for r in rows),
     }
+
+
+def _check_disk(base_model: str, out_dir: Path, trainer_dir: Path, cfg: SFTConfig, total: int, done: int,
+                arm: str) -> None:
+    """The checkpoint and the state this SFT will write fit its disk, or it stops before its first step, naming
+    both (`predict.train.disk`)."""
+    import torch
+
+    from predict.train.disk import check_disk, model_parameters, sft_state_saves, training_dtype, training_needs
+
+    parameters = model_parameters(base_model)
+    if parameters is None:
+        return
+    device = cfg.device if cfg.device != "auto" else ("gpu" if torch.cuda.is_available() else "cpu")
+    needs = training_needs(f"SFT {arm}", out_dir.parent, parameters=parameters,
+                           dtype=training_dtype(cfg.dtype, device), checkpoints=[out_dir], state_dir=trainer_dir,
+                           state_saves=sft_state_saves(total, cfg.save_every, done), keep_state=False)  # fmt: skip
+    check_disk(needs, out_dir.parent, what=f"SFT arm {arm}")
 
 
 def _progress(enabled: bool) -> Any:

@@ -23,7 +23,8 @@ How the study's figures come out of the columns:
   A patch is every applied patch of `predict.env.records.patch_steps` (edit-on-REVISE replacements included),
   counted the same way on every backend.
 * the trainer's own bookkeeping: sample building (``prediction_points``, ``masked_labels``, ``unaligned``, ...),
-  RFT's sampling (``n_sampled``, ``n_kept``, ``sample_pass_rate``), time split (``*_s``), ``finished_at``.
+  RFT's sampling (``n_sampled``, ``n_kept``, ``sample_pass_rate``), time split (``*_s``: ``save_s`` is what the step waited for its saves, ``checkpoint_write_s`` and
+  ``state_write_s`` their folders' writing, in the background beside the next steps), ``finished_at``.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ METRICS_SCHEMA = pa.schema(
         ("n_sampled", _I), ("n_kept", _I), ("sample_pass_rate", _F), ("n_batch_rollouts", _I),
         # time
         ("rollout_s", _F), ("samples_s", _F), ("sample_s", _F), ("update_s", _F), ("sleep_s", _F), ("sync_s", _F),
-        ("save_s", _F),
+        ("save_s", _F), ("checkpoint_write_s", _F), ("state_write_s", _F),
         ("step_s", _F), ("finished_at", _F),
     ]
 )  # fmt: skip

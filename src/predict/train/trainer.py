@@ -32,14 +32,13 @@ killed run continues from its last saved state. Both write to a temp folder and 
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import json
 import os
 import random
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +52,7 @@ from predict.train.loss import LossConfig, predict_loss
 from predict.train.mlp import recompute_mlp_inputs
 from predict.train.optim import CompiledOrEager, KahanAdamW
 from predict.train.sample import TrainSample
+from predict.train.saves import HostCopies, Snapshot, atomic_dir, settle_dir
 
 __all__ = ["ATTN_IMPLEMENTATION", "ChunkedLMLoss", "Trainer", "pack_micro_batches", "packed_attention"]
 
@@ -398,22 +398,6 @@ def _pack(samples: Sequence[TrainSample], device: torch.device, *, weighted_only
 # --------------------------------------------------------------------------------------------------------------
 # The trainer
 # --------------------------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _atomic_dir(final: Path) -> Iterator[Path]:
-    """A fresh folder to write into that then replaces ``final`` (a reader sees the old folder or the new one, never
-    half of one)."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    yield tmp
-    old = final.parent / f".{final.name}.old-{os.getpid()}"
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -489,6 +473,10 @@ class Trainer:
         self.liger = False
         self._fused_ce: Any = None  # liger's fused linear CE for pure-CE steps (see `step`)
         self._term_probe: TermProbe | None = None  # made by the first step that measures the gradient terms
+        self._host_copies = HostCopies()  # `save`'s buffers off the device, reused from save to save
+        self._writer: Any = None  # `save`'s writer thread, made by the first save in the background
+        self._pending: Any = None  # the save it is writing
+        self.written: dict[Any, dict[str, float]] = {}  # `take_written`: tagged saves written, and how long each took
         if liger is not False and self.device.type == "cuda":
             self.liger = _apply_liger(self.model)
             if liger and not self.liger:
@@ -654,9 +642,8 @@ class Trainer:
 
         AutoTokenizer.from_pretrained(self.model_dir).save_pretrained(dst)
 
-    def _save_model(self, dst: Path, dtype: str) -> None:
-        state = {k: v.detach().to("cpu", _DTYPES[dtype]) for k, v in self.model.state_dict().items()}
-        self.model.save_pretrained(dst, state_dict=state)
+    def _write_model(self, dst: Path, state: dict[str, torch.Tensor], dtype: str) -> None:
+        self.model.save_pretrained(dst, state_dict=dict(state))  # it drops tied keys from the dict it is given
         cfg_path = dst / "config.json"
         cfg = json.loads(cfg_path.read_text())
         cfg.pop("_attn_implementation_autoset", None)
@@ -674,31 +661,111 @@ class Trainer:
 
     def save_checkpoint(self, out_dir: str | Path) -> Path:
         """HF folder (weights in the base checkpoint's dtype + tokenizer), written atomically."""
-        final = Path(out_dir)
-        with _atomic_dir(final) as tmp:
-            self._save_model(tmp, self.save_dtype)
-            tmp.chmod(0o755)
-        return final
+        self.save(checkpoint=out_dir)
+        return Path(out_dir)
 
     def save_state(self, out_dir: str | Path, extra: dict[str, Any] | None = None) -> Path:
         """Everything a resumed run needs: weights (training dtype), AdamW state, step, RNG; atomic."""
-        final = Path(out_dir)
-        with _atomic_dir(final) as tmp:
-            self._save_model(tmp, self.dtype)
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save(_rng_state(), tmp / "rng.pt")
-            info = {
-                "step": self.step_count,
-                "model_dir": self.model_dir,
-                "save_dtype": self.save_dtype,
-                "kwargs": self._init_kwargs,
-                "extra": extra or {},
-            }
-            (tmp / STATE_FILE).write_text(json.dumps(info, indent=2) + "\n")
-        return final
+        self.save(state=out_dir, extra=extra)
+        return Path(out_dir)
+
+    def save(
+        self,
+        *,
+        checkpoint: str | Path | None = None,
+        state: str | Path | None = None,
+        extra: dict[str, Any] | None = None,
+        background: bool = False,
+        tag: Any = None,
+    ) -> float:
+        """Save an HF checkpoint and/or the resumable state as they are now; returns the seconds the caller waited.
+
+        The tensors are first copied off the device (`HostCopies`); the files are then written from those copies, each
+        folder into a temp folder renamed into place. With ``background`` the writing runs on the trainer's writer
+        thread while the caller goes on training (as torchtitan's asynchronous checkpointing does): the caller waits
+        only for the copies and for the previous save still being written (one at a time: its buffers are reused), and
+        `wait_saves` waits for the last one and raises what failed there. A kill while a folder is written leaves the
+        previous one whole (`settle_dir`). The bytes are those of a save in the foreground: one writer for both.
+        ``tag`` names the save in `written` once its folders are written (the RL driver: the step). A state saved with
+        a checkpoint in its own dtype links the checkpoint's files instead of writing them again (8 GB at 4B)."""
+        if checkpoint is None and state is None:
+            return 0.0
+        t0 = time.perf_counter()
+        self.wait_saves()
+        dtypes = list(dict.fromkeys([*([self.save_dtype] if checkpoint is not None else []),
+                                     *([self.dtype] if state is not None else [])]))  # fmt: skip
+        copies = self._host_copies
+        snap = Snapshot({d: self._weights_copy(d) for d in dtypes})
+        if state is not None:
+            snap.optimizer = copies.tree("optimizer", self.optimizer.state_dict())
+            snap.rng = _rng_state()
+            snap.info = {"step": self.step_count, "model_dir": self.model_dir, "save_dtype": self.save_dtype,
+                         "kwargs": self._init_kwargs, "extra": json.loads(json.dumps(extra or {}))}  # fmt: skip
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the copies are in the buffers before training moves on
+        paths = (Path(checkpoint) if checkpoint is not None else None, Path(state) if state is not None else None)
+        if background:
+            from concurrent.futures import ThreadPoolExecutor
+
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-save")
+            self._pending = self._writer.submit(self._write, snap, *paths, tag)
+        else:
+            self._write(snap, *paths, tag)
+        return time.perf_counter() - t0
+
+    def _weights_copy(self, dtype: str) -> dict[str, torch.Tensor]:
+        """The model's state dict off the device in `dtype`; a tied lm_head is the embedding's one copy."""
+        out: dict[str, torch.Tensor] = {}
+        seen: dict[int, torch.Tensor] = {}
+        for k, v in self.model.state_dict().items():
+            key = v.data_ptr()
+            if key not in seen:
+                seen[key] = self._host_copies.copy(("model", dtype, k), v, _DTYPES[dtype])
+            out[k] = seen[key]
+        return out
+
+    def wait_saves(self) -> dict[str, float]:
+        """Wait for a save still being written (`save` with ``background``); its error, if it failed, is raised here.
+        Returns the seconds its folders took to write ({"checkpoint": s, "state": s}; {} when none was pending)."""
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else {}
+
+    def take_written(self) -> dict[Any, dict[str, float]]:
+        """{tag: seconds each folder took to write} of the tagged saves written since the last call."""
+        out, self.written = self.written, {}
+        return out
+
+    def _write(self, snap: Snapshot, checkpoint: Path | None, state: Path | None, tag: Any = None) -> dict[str, float]:
+        took: dict[str, float] = {}
+        if checkpoint is not None:
+            t = time.perf_counter()
+            with atomic_dir(checkpoint) as tmp:
+                self._write_model(tmp, snap.weights[self.save_dtype], self.save_dtype)
+                tmp.chmod(0o755)
+            took["checkpoint"] = time.perf_counter() - t
+        if state is not None:
+            t = time.perf_counter()
+            with atomic_dir(state) as tmp:
+                if checkpoint is not None and self.dtype == self.save_dtype:  # the same files: linked, written once
+                    for f in checkpoint.iterdir():
+                        try:
+                            os.link(f, tmp / f.name)
+                        except OSError:  # a file system without hard links
+                            shutil.copy2(f, tmp / f.name)
+                else:
+                    self._write_model(tmp, snap.weights[self.dtype], self.dtype)
+                torch.save(snap.optimizer, tmp / "optimizer.pt")
+                torch.save(snap.rng, tmp / "rng.pt")
+                (tmp / STATE_FILE).write_text(json.dumps(snap.info, indent=2) + "\n")  # last: the folder is whole
+            took["state"] = time.perf_counter() - t
+        if tag is not None:
+            self.written[tag] = took
+        return took
 
     @staticmethod
     def read_state_info(state_dir: str | Path) -> dict[str, Any] | None:
+        settle_dir(Path(state_dir))  # a save killed between its renames: the last whole state goes back first
         path = Path(state_dir) / STATE_FILE
         return json.loads(path.read_text()) if path.is_file() else None
 

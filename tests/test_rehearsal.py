@@ -1,0 +1,137 @@
+"""The 4B rehearsal (issue 58): config/gpu-rehearsal.yaml cuts counts and never a shape of the one-node design, and
+benchmarks/rehearsal.py reads a run's files into the numbers the issue asks for."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from predict.cli import merge_config_files
+from predict.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+# Every per-episode, per-step and serving setting the rehearsal keeps from config/config.yaml + config/gpu.yaml.
+KEPT = ["env.budget", "env.max_tokens", "env.temperature", "env.concurrency", "env.test_cost", "env.revise_costs_call",
+        "serving.max_model_len", "serving.device", "serving.batch_invariant", "serving.shared", "backend",
+        "rl.group_size", "rl.tasks_per_step", "rl.micro_batch_tokens", "rl.state_every", "rl.activation_checkpointing",
+        "rl.lr", "rl.eps_low", "rl.eps_high", "rl.kl_coef", "rl.dtype", "rl.weight_sync", "rl.keep_state",
+        "sft.max_seq_len", "sft.micro_batch_tokens", "sft.batch_tokens", "sft.lr", "sft.save_every", "sft.dtype",
+        "evaluation.temperature", "evaluation.max_tokens", "evaluation.samples", "evaluation.reference",
+        "model.enable_thinking", "data.split_seed", "data.sizes", "traces", "arms", "verifier"]  # fmt: skip
+CUT = {"seeds", "rl.steps", "rl.checkpoint_every", "rl.skip_zero_advantage", "sft.max_steps", "evaluation.tasks",
+       "evaluation.checkpoints", "evaluation.selection", "ablations", "extensions", "data.hf_fallback"}  # fmt: skip
+
+
+def _get(config: dict, key: str) -> object:
+    for part in key.split("."):
+        config = config.get(part) if isinstance(config, dict) else None
+    return config
+
+
+def test_the_rehearsal_keeps_every_shape_of_the_one_node_design() -> None:
+    design = merge_config_files(REPO / "config" / "config.yaml", REPO / "config" / "gpu.yaml")
+    design = {k: v for k, v in design.items() if k != "prime_rl"}
+    path = REPO / "config" / "gpu-rehearsal.yaml"
+    rehearsal = yaml.safe_load(path.read_text())
+    assert [k for k in KEPT if _get(rehearsal, k) != _get(design, k)] == []
+    assert "gpu_memory_utilization" not in rehearsal["serving"]  # derived, as config/gpu.yaml's null says
+    tiny = load_config(path)["model"]["tiny"]
+    assert (tiny["shape"], tiny["tie_word_embeddings"]) == ("qwen3-4b", True)  # the release: 4.02B, tied
+    text = path.read_text()
+    cut_lines = [line for line in text.splitlines() if "# cut" in line]
+    assert [k for k in CUT if not any(k.split(".")[-1] in line for line in cut_lines)] == []  # each cut is marked...
+    assert "ablations" not in rehearsal and "extensions" not in rehearsal
+    for line in text.splitlines():  # ...with its reason beside it
+        if "# cut" in line:
+            assert len(line.split("# cut", 1)[1]) > 10, line
+    assert load_config(path)["rl"]["steps"] == 1 and load_config(path)["seeds"] == [42]
+
+
+@pytest.fixture(scope="module")
+def rehearsal():
+    spec = importlib.util.spec_from_file_location("rehearsal", REPO / "benchmarks" / "rehearsal.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _touch(path: Path, text: str, mtime: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.utime(path, (mtime, mtime))
+
+
+def test_collect_reads_a_runs_files_into_the_issues_numbers(rehearsal, tmp_path: Path) -> None:
+    """Synthetic files in the layout a run writes: Snakemake benchmarks, the jobs' logs, the disk and GPU samples,
+    the SFT and RL metrics tables and an evaluation; `collect` gives each job its wall time, tokens/s, device and disk
+    peaks, and the RL step split with its MFU and the saves spread over the design's intervals."""
+    from predict.outputs import write_rows
+    from predict.train.sft import METRICS_SCHEMA as SFT_SCHEMA
+    from predict.train.step_metrics import write_metrics
+
+    results, logs = tmp_path / "results", tmp_path / "logs"
+    config = yaml.safe_load((REPO / "config" / "gpu-rehearsal.yaml").read_text())
+    config["results_dir"] = str(results)
+    cfg = tmp_path / "rehearsal.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    t0 = 1_000_000.0
+    _touch(results / "benchmarks" / "rl" / "A" / "seed42.tsv", header + "500.0\t0:08:20\t1\t1\t1\t1\t0\t0\t90\t400\n",
+           t0 + 500)  # fmt: skip
+    _touch(logs / "gpu-rehearsal" / "rl" / "A" / "seed42.log",
+           "... peak GPU memory: 50.0 of 79 GiB on the device (every process, the vLLM server included)\n"
+           "... peak GPU memory: 61.5 of 79 GiB on the device (every process, the vLLM server included); this process"
+           " (torch) 44.0 GiB\n", t0 + 500)  # fmt: skip
+    _touch(results / "benchmarks" / "train_sft" / "A.tsv", header + "60.0\t0:01:00\t1\t1\t1\t1\t0\t0\t90\t50\n", t0 - 10)
+    write_rows([{"arm": "A", "step": 1, "epoch": 0, "loss": 1.0, "ce_loss": 1.0, "lr": 1e-5, "grad_norm": 1.0,
+                 "time_s": 2.0, "n_samples": 40, "n_tokens": 30_000, "n_ce_tokens": 9000, "tokens_per_s": 15_000.0}],
+               SFT_SCHEMA, results / "sft" / "A" / "metrics.parquet")  # fmt: skip
+    _touch(results / "rehearsal" / "samples.tsv",
+           "".join(f"{t0 + t}\t{int((20 + t / 50) * 1e9)}\t{int(40 * 2**30)}\n" for t in range(-20, 520, 2)), t0)
+    step = {"run": "A", "seed": 42, "step": 1, "backend": "rl", "n_rollouts": 128, "n_output_tokens": 524_288,
+            "rollout_s": 360.0, "samples_s": 4.0, "update_s": 50.0, "n_tokens": 600_000, "sleep_s": 0.1, "sync_s": 0.2,
+            "step_s": 414.3, "save_s": 2.0, "checkpoint_write_s": 8.0, "state_write_s": 30.0}  # fmt: skip
+    write_metrics([step], results / "rl" / "A" / "seed42" / "metrics.parquet")
+    out = tmp_path / "rehearsal_test.json"
+    assert rehearsal.main(["collect", "--config", str(cfg), "--card", "test", "--out", str(out),
+                           "--logs-dir", str(logs)]) == 0  # fmt: skip
+    got = json.loads(out.read_text())
+    assert got["card"] == "test" and got["shape"].endswith("4,022,468,096 parameters")
+    jobs = {j["job"]: j for j in got["jobs"]}
+    rl = jobs["rl/A/seed42"]
+    assert (rl["wall_s"], rl["device_peak_gib"], rl["device_gib"]) == (500.0, 61.5, 79.0)  # the job's last peak line
+    assert rl["tokens"] == 524_288 and rl["tokens_per_s"] == pytest.approx(524_288 / 500, abs=0.1)
+    assert rl["disk_peak_gb"] == pytest.approx(30.0, abs=0.05)  # 20 GB + 500 s / 50 at its end
+    assert rl["disk_growth_peak_gb"] == pytest.approx(10.0, abs=0.1)
+    sft = jobs["train_sft/A"]
+    assert (sft["tokens"], sft["tokens_are"], sft["tokens_per_s"]) == (30_000, "trained", 500.0)
+    assert sft["device_peak_gib"] is None  # no log: no peak, not a made-up one
+    (split,) = got["rl_steps"]
+    assert split["episodes_per_s"] == pytest.approx(128 / 360, abs=1e-4)
+    assert split["generated_tokens_per_s"] == pytest.approx(524_288 / 360, abs=1e-3)
+    assert split["update_mfu"] == pytest.approx(6 * 4_022_468_096 * 600_000 / (50 * 989e12), abs=1e-4)
+    spread = split["saves_spread_share"]
+    assert (spread["state_every"], spread["checkpoint_every"]) == (5, 25)  # the design's, config/config.yaml
+    assert spread["background"] == pytest.approx(2.0 / 5 / 414.3, abs=1e-4)
+    assert spread["foreground"] == pytest.approx((30.0 / 5 + 8.0 / 25) / 414.3, abs=1e-4)
+    assert got["vllm_alone"] is None and got["rl_rollout_vs_vllm_alone"] is None  # not run: said, not invented
+
+
+def test_no_gpu_job_of_the_rehearsal_can_be_killed_by_the_gpu_rules_runtime() -> None:
+    """The GPU rules' `runtime` (common.smk: 240 serving, 1,440 RL, 480 SFT minutes, hand-set) is a request a cluster
+    executor enforces; the gpu profile runs Snakemake's local executor, which never reads it, and sets no runtime
+    limit of its own. So a rehearsal job ends when its work does, however its minutes compare (its RL job's estimate
+    is ~10 minutes); its only clock is serving.startup_timeout_s, 900 s against starts of 100-180 s."""
+    import snakemake.executors.local as local
+
+    profile = yaml.safe_load((REPO / "workflow" / "profiles" / "gpu" / "config.yaml").read_text())
+    assert "executor" not in profile and "slurm" not in json.dumps(profile)  # the local executor
+    assert "runtime" not in profile.get("resources", {})
+    assert not any("runtime" in str(r) for r in profile.get("default-resources", []) or [])
+    assert "runtime" not in Path(local.__file__).read_text().replace("runtime_", "")  # it never reads the resource
+    assert load_config(REPO / "config" / "gpu-rehearsal.yaml")["serving"]["startup_timeout_s"] >= 600
