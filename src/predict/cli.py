@@ -104,6 +104,12 @@ def _verify_bundle(args: argparse.Namespace) -> int:
     return verify_main(args)
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from predict.plan.command import main as plan_main
+
+    return plan_main(args)
+
+
 def _stage_command(name: str) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[..., int]]:
     """The stage's `arguments` and `main`, from the module its stage table entry names (imported only when run)."""
     module, arguments, main = STAGES[name].command_functions()
@@ -144,6 +150,13 @@ def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
         verify_arguments(p)
         p.set_defaults(func=_verify_bundle)
+    p = sub.add_parser("plan", help="what the study costs before it runs: GPU-hours, wall time, memory and disk per "
+                       "job and in total, from Snakemake's dry-run and a device kind's calibration (docs/plan.md)")
+    if words is None or "plan" in named:
+        from predict.plan.command import arguments as plan_arguments
+
+        plan_arguments(p)
+        p.set_defaults(func=_plan)
     for stage in STAGES.values():
         if stage.command is None:
             continue
