@@ -13,15 +13,14 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import yaml
 from rich.logging import RichHandler
 from rich.markup import escape
 
-from predict.config import ConfigError, config_from_json, load_config, load_config_slice
+from predict.config import ConfigError, config_from_json, load_config, load_config_slice, merge_config_files
 from predict.fingerprint import ResultsDirError, claim_results_dir
 from predict.outputs import console
 from predict.rollouts import SplitGuardError
@@ -70,20 +69,6 @@ def _check_config(args: argparse.Namespace) -> int:
                 os.unlink(f.name)
         console.print(f"[green]ok[/green] {spec}")
     return 0
-
-
-def merge_config_files(*paths: Path) -> dict[str, Any]:
-    """The YAML files merged in turn, nested mappings key by key (Snakemake's `update_config`)."""
-
-    def update(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-        for key, value in over.items():
-            base[key] = update(dict(base.get(key) or {}), value) if isinstance(value, Mapping) and isinstance(base.get(key), Mapping) else value
-        return base
-
-    merged: dict[str, Any] = {}
-    for path in paths:
-        update(merged, yaml.safe_load(path.read_text()) or {})
-    return merged
 
 
 def _config_schema(args: argparse.Namespace) -> int:

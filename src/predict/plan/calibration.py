@@ -9,6 +9,8 @@ Rules:
   ...). The plan uses a figure only where every condition it names equals the job's; anything else is "not
   calibrated", and the job says which figure at which conditions it lacks. Nothing is scaled from another shape,
   length or card.
+* What the work itself is (tokens per SFT trace, the bytes a stage writes, the trainer state per parameter) is the
+  same on every device: ``workload.json`` holds it, beside every kind's own figures.
 * A figure known to be missing is written down as such (``value`` null, ``missing``: what would give it), so the
   plan can say where it will come from.
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 CALIBRATION_DIR = Path("benchmarks") / "calibration"
+WORKLOAD = "workload"
 
 
 class CalibrationError(ValueError):
@@ -49,11 +52,13 @@ class Calibration:
     figures: dict[str, list[dict[str, Any]]]
     path: Path | None = None
     sources: list[str] = field(default_factory=list)
+    workload: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """`WORKLOAD`'s figures: the work itself (tokens per trace, bytes written), the same on every device."""
 
     def entry(self, name: str, at: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         """The calibrated entry of `name` whose conditions all equal `at`'s, else None."""
         at = dict(at or {})
-        for entry in self.figures.get(name, []):
+        for entry in self.figures.get(name, []) + self.workload.get(name, []):
             if entry.get("value") is None:
                 continue
             if all(k in at and at[k] == v for k, v in (entry.get("at") or {}).items()):
@@ -63,7 +68,7 @@ class Calibration:
     def missing_reason(self, name: str, at: Mapping[str, Any] | None = None) -> str:
         """What the calibration says about a figure it lacks at these conditions (a recorded gap), else ''."""
         at = dict(at or {})
-        for entry in self.figures.get(name, []):
+        for entry in self.figures.get(name, []) + self.workload.get(name, []):
             if entry.get("value") is None and all(at.get(k) == v for k, v in (entry.get("at") or {}).items()):
                 return str(entry.get("missing") or "")
         return ""
@@ -74,18 +79,21 @@ def calibration_path(repo: Path, kind: str) -> Path:
 
 
 def known_kinds(repo: Path) -> list[str]:
-    return sorted(p.stem for p in (repo / CALIBRATION_DIR).glob("*.json"))
+    return sorted(p.stem for p in (repo / CALIBRATION_DIR).glob("*.json") if p.stem != WORKLOAD)
 
 
 def load_calibration(repo: Path, kind: str) -> Calibration:
     path = calibration_path(repo, kind)
-    if not path.is_file():
+    if kind == WORKLOAD or not path.is_file():
         kinds = ", ".join(known_kinds(repo)) or "none"
         raise CalibrationError(f"no calibration for device kind {kind!r} ({path.relative_to(repo)} does not exist; "
                                f"calibrated kinds: {kinds}; benchmarks/calibrate.py writes them)")
     try:
         data = json.loads(path.read_text())
+        shared = calibration_path(repo, WORKLOAD)
+        workload = json.loads(shared.read_text())["figures"] if shared.is_file() else {}
         return Calibration(kind=data["kind"], device=data["device"], cores=int(data["cores"]),
-                           figures=data["figures"], path=path, sources=list(data.get("sources", [])))
+                           figures=data["figures"], path=path, sources=list(data.get("sources", [])),
+                           workload=workload)
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise CalibrationError(f"{path}: not a calibration file ({e})") from None

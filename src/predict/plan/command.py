@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from predict.config import ConfigError, with_defaults
+from predict.config import ConfigError, merge_config_files, with_defaults
 from predict.plan.calibration import CalibrationError, load_calibration
 from predict.plan.costs import TARGET_RULES, JobCost, Pricer
 from predict.plan.dag import dry_run, parse_dry_run
@@ -54,8 +54,6 @@ def _config_files(spec: str | None, profile: Path) -> list[Path]:
 
 def load_study(files: Sequence[Path]) -> dict[str, Any]:
     """The files merged in turn, as Snakemake merges a --configfile list, validated with defaults filled in."""
-    from predict.cli import merge_config_files
-
     for f in files:
         if not f.is_file():
             raise ConfigError(f"config file {f} does not exist")

@@ -202,9 +202,11 @@ class Pricer:
 
     def _train_sft(self, job: Job, cost: JobCost) -> None:
         sft, traces = self.config["sft"], self.config["traces"]
-        protocol = self.config["arms"][job.wildcards["arm"]]["protocol"]
+        from predict.runs import resolve_run
+
+        run = resolve_run(self.config, job.wildcards["arm"])  # an arm, or a run with its own SFT (irreversible_A)
         n_traces = int(traces["n_direct"]) + int(traces["n_recovery"])
-        per_trace = self.figure(cost, "sft_tokens_per_trace", protocol=protocol,
+        per_trace = self.figure(cost, "sft_tokens_per_trace", protocol=run.protocol, variant=run.variant,
                                 recovery_style=traces["recovery_style"], mix=str(traces["mix"]))
         tokens = None if per_trace is None else per_trace * n_traces * int(sft["epochs"])
         cost.units = {"tokens": tokens, "traces": n_traces, "epochs": sft["epochs"]}
