@@ -34,6 +34,10 @@ sys.path.insert(0, str(REPO / "src"))
 
 from predict.plan.costs import DTYPE_BYTES, family, model_facts  # noqa: E402
 
+# Figures of the work itself, not of the device: tokens per SFT trace (the real Qwen3 tokenizer), the bytes the data
+# and statistics stages write, an HF folder's files beside its weights, the trainer state's bytes per parameter.
+WORKLOAD = ("sft_tokens_per_trace", "output_bytes", "checkpoint_extra_bytes", "checkpoint_bytes_per_param",
+            "state_bytes_per_param")
 REHEARSAL_MISSING = "the 4B rehearsal gives it: benchmarks/rehearsal_{card}.json (config/gpu-rehearsal.yaml)"
 
 
@@ -85,6 +89,7 @@ def cpu(measured_name: str) -> Figures:
     from predict.plan.calibration import Calibration
     from predict.plan.command import load_study
     from predict.plan.costs import Pricer
+    from predict.runs import resolve_run
 
     f = Figures()
     m = _load(measured_name)
@@ -183,11 +188,15 @@ def cpu(measured_name: str) -> Figures:
               f"{src}: jobs[train_sft]", "median of wall - tokens at that rate", **at)
         n_traces = traces["n_direct"] + traces["n_recovery"]
         for j in sft_jobs:
-            protocol = config["arms"][j["wildcards"]["arm"]]["protocol"]
+            run = resolve_run(config, j["wildcards"]["arm"])
             f.add("sft_tokens_per_trace", j["sft"]["tokens"] / (j["sft"]["epochs"] * n_traces), "tokens",
-                  f"{src}: jobs[train_sft].sft.tokens", f"tokens / (epochs x {n_traces} traces), Arm "
-                  f"{j['wildcards']['arm']}", protocol=protocol, recovery_style=traces["recovery_style"],
-                  mix=str(traces["mix"]))  # fmt: skip
+                  f"{src}: jobs[train_sft].sft.tokens", f"tokens / (epochs x {n_traces} traces), run "
+                  f"{j['wildcards']['arm']}", protocol=run.protocol, variant=run.variant,
+                  recovery_style=traces["recovery_style"], mix=str(traces["mix"]))  # fmt: skip
+        per_param = _median(j["checkpoint_weights_bytes"] for j in sft_jobs) / model.params
+        f.add("checkpoint_bytes_per_param", per_param, "bytes/param",
+              f"{src}: jobs[train_sft].checkpoint_weights_bytes",
+              f"an SFT checkpoint's safetensors / {model.params:,} parameters (saved bf16 whatever the training dtype)")
         extra = _median(j["checkpoint_bytes"] - j["checkpoint_weights_bytes"] for j in sft_jobs)
         f.add("checkpoint_extra_bytes", extra, "bytes", f"{src}: jobs[train_sft].checkpoint_bytes",
               "an HF checkpoint folder's bytes beside its safetensors (tokenizer, configs)")
@@ -319,7 +328,14 @@ def main() -> int:
     if not measured:
         print("no benchmarks/plan_measured_cpu_*.json: run benchmarks/plan_check.py measure first")
         return 1
-    outputs = [cpu(measured[0].name).write("cpu", "2-core CPU (the development machine), vLLM's CPU build", 2),
+    cpu_figures = cpu(measured[0].name)
+    workload = Figures()
+    for name in WORKLOAD:  # what the study's data and trainer make, on any device
+        if name in cpu_figures.figures:
+            workload.figures[name] = cpu_figures.figures.pop(name)
+    workload.sources = set(cpu_figures.sources)
+    outputs = [workload.write("workload", "device-independent: the study's data, traces and trainer state", 0),
+               cpu_figures.write("cpu", "2-core CPU (the development machine), vLLM's CPU build", 2),
                h200().write("h200", "one NVIDIA H200 (141 GiB), 16 cores", 16),
                h100().write("h100", "one NVIDIA H100 80GB, 16 cores", 16)]
     for out in outputs:

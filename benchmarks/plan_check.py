@@ -35,6 +35,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from predict.plan.costs import TARGET_RULES  # noqa: E402
 from predict.plan.dag import Job, parse_dry_run  # noqa: E402
 
 _STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
@@ -158,7 +159,7 @@ def compare(args: argparse.Namespace) -> int:
     planned = {_key(r["rule"], json.loads(r["wildcards"])): r for r in result["jobs"]}
     rows, misses = [], 0
     for m in measured["jobs"]:
-        if m.get("wall_s") is None:
+        if m.get("wall_s") is None or m["rule"] in TARGET_RULES:
             continue
         p = planned.get(_key(m["rule"], m["wildcards"]))
         predicted = p and p["planned_s"]

@@ -146,10 +146,12 @@ class Pricer:
         return min(int(n), size) if n else size
 
     def checkpoint_bytes(self, dtype: str) -> float | None:
-        if self.model.params is None:
+        """An HF checkpoint folder: its weights as saved (bf16 whatever the training dtype: the measured bytes per
+        parameter) and the files beside them."""
+        per_param, extra = self.cal.entry("checkpoint_bytes_per_param"), self.cal.entry("checkpoint_extra_bytes")
+        if self.model.params is None or per_param is None or extra is None:
             return None
-        extra = self.cal.entry("checkpoint_extra_bytes")
-        return self.model.params * DTYPE_BYTES.get(dtype, 4) + (float(extra["value"]) if extra else 0.0)
+        return self.model.params * float(per_param["value"]) + float(extra["value"])
 
     def serving_at(self, max_tokens: int) -> dict[str, Any]:
         return {"shape": self.model.shape, "max_tokens": max_tokens,
@@ -231,7 +233,11 @@ class Pricer:
         cost.missing, cost.units["load_missing"] = cost.missing[:missing], cost.missing[missing:]
 
     def _eval_key(self) -> str:
-        return "batch_invariant" if self.config["serving"].get("batch_invariant") else "default"
+        """The server an evaluation leases: batch-invariant where serving is (the GPU build; a server started
+        without it starts again), else the one RL leases too."""
+        from predict.serving.identity import batch_invariant
+
+        return "batch_invariant" if batch_invariant(self.config["serving"]) else "default"
 
     def _evaluate(self, job: Job, cost: JobCost) -> None:
         split = "test" if cost.family == "evaluate_test" else "val"
