@@ -347,20 +347,59 @@ def _timeless(ledger_text: str) -> str:
 
 
 def test_the_design_hash_and_the_campaign_line_are_the_bytes_the_old_code_wrote(tmp_path: Path) -> None:
-    """A frozen campaign stays frozen across refactors: the design hash of a fixed slice and the campaign line its
-    admission writes are byte for byte what the code before the campaign package wrote (its time stamp aside), and a
-    ledger that code wrote admits the same evaluation into its own campaign, appending nothing."""
+    """A frozen campaign stays frozen across refactors: the design hash the code before the campaign package wrote
+    for a fixed slice is still one of its design hashes (`design_hashes`: the scheduling keys left the design in
+    issue 60, so today's hash is new), the campaign line a fresh ledger gets is that code's line but for the hash, the
+    id and the keys that left, and a ledger that code wrote admits the same evaluation into its own campaign,
+    appending nothing."""
+    from predict.campaign import base_model_identity, campaign_id, campaign_test_split, design_hashes
+
     old = (PINNED / "ledger.jsonl").read_text()
     ledger = tmp_path / "new" / "ledger.jsonl"
     for name, (digest, ident) in PINNED_DESIGNS.items():
         fixed, admission = _admit_pinned(ledger, name, tmp_path)
-        assert (config_hash(fixed), admission.campaign) == (digest, ident), name
+        assert design_hashes(fixed) == [config_hash(fixed), digest], name
+        today = campaign_id(campaign_test_split(fixed).sha256, base_model_identity(fixed), config_hash(fixed))
+        assert admission.campaign == today != ident, name
     # the whole config hashes to its slice's design: every key the design leaves out is still left out
-    assert config_hash(json.loads((PINNED / "config-whole.json").read_text())) == PINNED_DESIGNS["config"][0]
-    assert ledger.read_text().count("\n") == 2 and _timeless(ledger.read_text()) == _timeless(old)
+    whole = json.loads((PINNED / "config-whole.json").read_text())
+    assert design_hashes(whole) == design_hashes(json.loads((PINNED / "config-evaluate-test.json").read_text()))
+    assert design_hashes(whole)[1] == PINNED_DESIGNS["config"][0]
+    new_lines = [json.loads(line) for line in ledger.read_text().splitlines()]
+    old_lines = [json.loads(line) for line in old.splitlines()]
+    assert len(new_lines) == len(old_lines) == 2
+    for new, was in zip(new_lines, old_lines, strict=True):
+        for runtime in ("rl", "sft"):
+            del was["design"]["prime_rl"][runtime]["runtime"]
+        changed = {k for k in new.keys() | was.keys() if new.get(k) != was.get(k)}
+        assert changed == {"config_hash", "campaign", "time"}, changed
     kept = tmp_path / "old" / "ledger.jsonl"
     kept.parent.mkdir()
     kept.write_text(old)
     for name, (_, ident) in PINNED_DESIGNS.items():
         assert _admit_pinned(kept, name, tmp_path)[1].campaign == ident
     assert kept.read_text() == old
+
+
+def test_a_time_limit_is_scheduling_not_design_and_an_old_ledger_still_holds(tmp_path: Path) -> None:
+    """prime-rl's time limits (prime_rl.rl.runtime, prime_rl.sft.runtime) say how long SLURM lets a job run, not what
+    it computes (issue 60): editing one keeps the design hash, reruns no job of the test campaign, and a ledger the
+    earlier code froze with the old limit admits the evaluation into that campaign, appending nothing."""
+    from predict.stages import slice_params
+
+    fixed = json.loads((PINNED / "config-evaluate-test.json").read_text())
+    longer = json.loads(json.dumps(fixed))
+    longer["prime_rl"]["rl"]["runtime"], longer["prime_rl"]["sft"]["runtime"] = 2880, 480
+    assert config_hash(longer) == config_hash(fixed)
+    assert slice_params(longer, "evaluate-test") == slice_params(fixed, "evaluate-test")
+    kept = tmp_path / "ledger.jsonl"
+    kept.write_text((PINNED / "ledger.jsonl").read_text())
+    tasks = write_test_split(longer, tmp_path / "test.parquet")
+    (admission,) = TestLedger(kept).admit(
+        longer, [("A", "sft", 42), ("A", "step100", 42), ("B", "sft", 42), ("B", "step100", 42)],
+        [("A", "step100", 42, "the-weights")], tasks_path=tasks,
+        selection=[{"run": r, "seed": 42, "checkpoint": "step100", "mode": "fixed"} for r in ("A", "B")],
+        depends_on={"vllm_version": "0.0.0", "device_name": "cpu", "serving": {"device": "cpu"}},
+        origin={"results_dir": "/nowhere/results", "run_name": "config"})
+    assert admission.campaign == PINNED_DESIGNS["config"][1]
+    assert kept.read_text() == (PINNED / "ledger.jsonl").read_text()

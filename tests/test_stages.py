@@ -291,8 +291,8 @@ def test_every_stage_command_lives_where_the_table_says_and_takes_its_slice() ->
         loaded = importlib.import_module(module)
         assert callable(getattr(loaded, arguments)) and callable(getattr(loaded, stage_main)), name
     (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
-    # and the commands that are no workflow stage (no rule, no slice): configs, serving, verifying a bundle
-    assert set(sub.choices) == commands | {"check-config", "config-schema", "serve", "verify-bundle"}
+    # and the commands that are no workflow stage (no rule, no slice): configs, serving, verifying a bundle, the plan
+    assert set(sub.choices) == commands | {"check-config", "config-schema", "serve", "verify-bundle", "plan"}
     for name in commands:
         flags = {flag for action in sub.choices[name]._actions for flag in action.option_strings}
         assert {"--config", "--config-json", "--config-slice"} <= flags, name

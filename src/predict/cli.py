@@ -13,15 +13,14 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import yaml
 from rich.logging import RichHandler
 from rich.markup import escape
 
-from predict.config import ConfigError, config_from_json, load_config, load_config_slice
+from predict.config import ConfigError, config_from_json, load_config, load_config_slice, merge_config_files
 from predict.fingerprint import ResultsDirError, claim_results_dir
 from predict.outputs import console
 from predict.rollouts import SplitGuardError
@@ -72,20 +71,6 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def merge_config_files(*paths: Path) -> dict[str, Any]:
-    """The YAML files merged in turn, nested mappings key by key (Snakemake's `update_config`)."""
-
-    def update(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-        for key, value in over.items():
-            base[key] = update(dict(base.get(key) or {}), value) if isinstance(value, Mapping) and isinstance(base.get(key), Mapping) else value
-        return base
-
-    merged: dict[str, Any] = {}
-    for path in paths:
-        update(merged, yaml.safe_load(path.read_text()) or {})
-    return merged
-
-
 def _config_schema(args: argparse.Namespace) -> int:
     from predict.config.schema import write_schema
 
@@ -102,6 +87,12 @@ def _verify_bundle(args: argparse.Namespace) -> int:
     from predict.bundle.verify import main as verify_main
 
     return verify_main(args)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from predict.plan.command import main as plan_main
+
+    return plan_main(args)
 
 
 def _stage_command(name: str) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[..., int]]:
@@ -144,6 +135,13 @@ def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
         verify_arguments(p)
         p.set_defaults(func=_verify_bundle)
+    p = sub.add_parser("plan", help="what the study costs before it runs: GPU-hours, wall time, memory and disk per "
+                       "job and in total, from Snakemake's dry-run and a device kind's calibration (docs/plan.md)")
+    if words is None or "plan" in named:
+        from predict.plan.command import arguments as plan_arguments
+
+        plan_arguments(p)
+        p.set_defaults(func=_plan)
     for stage in STAGES.values():
         if stage.command is None:
             continue

@@ -64,10 +64,14 @@ SPLIT = ("data",)
 # The whole config, every top-level key (the bundle's manifest records it filled in).
 STUDY = tuple(StudyConfig.model_fields)
 
+# How long the scheduler lets a job run (SLURM's time limit for prime-rl's jobs): scheduling, not design (issue 60;
+# the plan says how long a job takes). Out of the test campaign's design hash (predict.campaign.design, which still
+# finds ledgers written while they were in it), and an edit reruns nothing.
+SCHEDULING = ("prime_rl.rl.runtime", "prime_rl.sft.runtime")
 # Keys a stage reads that shape no result (see the rules above): how jobs are served, a declared test campaign's
 # reason (predict.campaign: declaring it, or leaving it out once the campaign is recorded, must replan nothing), and
 # where training curves go live.
-UNTRACKED = ("serving.shared", "evaluation.new_campaign", "tracking", "rl.activation_checkpointing")
+UNTRACKED = ("serving.shared", "evaluation.new_campaign", "tracking", "rl.activation_checkpointing", *SCHEDULING)
 # Where a training job's curves go live (predict.train.tracking): the section, the log root under results_dir, the
 # W&B group. A training stage reads run_name and results_dir for that alone, so they are untracked there
 # (`Stage.untracked`): adding tracking reran no finished training job.

@@ -141,7 +141,7 @@ class Verifier:
     # -- functional -----------------------------------------------------------------------------------------------
 
     def check_config(self) -> str:
-        from predict.campaign import config_differences, config_hash  # noqa: PLC0415
+        from predict.campaign import config_differences, design_hashes  # noqa: PLC0415
         from predict.config import ConfigError, validate_config, with_defaults  # noqa: PLC0415
 
         try:
@@ -153,9 +153,9 @@ class Verifier:
             raise CheckFailed(f"{MANIFEST} config: not the filled config this code fills in (differs in "
                               f"{', '.join(config_differences(self.config, filled)[:6])}): verify at the bundle's "
                               f"commit, {self.manifest['code'].get('commit')}")
-        if (digest := config_hash(self.config)) != self.manifest["design_hash"]:
-            raise CheckFailed(f"{MANIFEST}: design_hash {self.manifest['design_hash'][:16]}... is not its config's, "
-                              f"{digest[:16]}...")
+        digest = self.manifest["design_hash"]
+        if digest not in (hashes := design_hashes(self.config)):  # a bundle of earlier code: the hash it wrote then
+            raise CheckFailed(f"{MANIFEST}: design_hash {digest[:16]}... is not its config's, {hashes[0][:16]}...")
         return f"config: a valid, filled study config, design hash {digest[:16]}..."
 
     def check_split(self) -> str:
@@ -258,6 +258,7 @@ class Verifier:
             config_differences,
             config_hash,
             design_config,
+            frozen_under,
             read_ledger,
         )
         from predict.data import content_hash, load_split  # noqa: PLC0415
@@ -279,7 +280,7 @@ class Verifier:
             if e.get("event") == "campaign" and e.get("split_sha256") != split_hash:
                 raise CheckFailed(f"{LEDGER}:{n}: campaign {e.get('campaign')} is on another test split "
                                   f"({str(e.get('split_sha256'))[:16]}...) than the one MBPP gives ({split_hash[:16]}...)")
-        if campaign["config_hash"] != config_hash(self.config):
+        if not frozen_under(campaign, self.config):
             changed = config_differences(campaign.get("design"), design_config(self.config))
             raise CheckFailed(f"{where} froze design hash {campaign['config_hash'][:16]}..., the bundled config's is "
                               f"{config_hash(self.config)[:16]}...: it differs in {', '.join(changed[:6]) or 'the design'}")

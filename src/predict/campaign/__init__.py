@@ -30,6 +30,8 @@ from predict.campaign.design import (
     config_differences,
     config_hash,
     design_config,
+    design_hashes,
+    frozen_under,
 )
 from predict.campaign.errors import SplitGuardError, StatsInputError, first_ids
 from predict.campaign.history import history_traces, refuse_missing_history
@@ -62,7 +64,7 @@ __all__ = [
     "CAMPAIGN_STAGE", "NOT_RESULT_SHAPING", "REGISTRY_ENV", "Admission", "CampaignEntry", "Replay", "SplitGuardError",
     "StatsInputError", "TestLedger", "base_model_identity", "campaign_checkpoints", "campaign_from_stats",
     "campaign_id", "campaign_plan", "campaign_test_split", "campaign_view", "check_campaign_tasks",
-    "check_test_inputs", "config_differences", "config_hash", "design_config", "evaluation_ledger",
+    "check_test_inputs", "config_differences", "config_hash", "design_config", "design_hashes", "frozen_under", "evaluation_ledger",
     "evaluation_seed", "first_ids", "guard_tasks", "history_traces", "ledger_lock", "planned_selection",
     "read_ledger", "read_selection", "refuse_missing_history", "register_split", "registry_ledger", "replay",
     "results_origin", "seal_file", "seal_stage", "seal_task_ids", "sealed_sources", "select", "select_checkpoints",

@@ -33,6 +33,7 @@ from predict.campaign.design import (
     config_differences,
     config_hash,
     design_config,
+    frozen_under,
 )
 from predict.campaign.errors import SplitGuardError
 from predict.campaign.history import history_folders, refuse_missing_history
@@ -124,6 +125,9 @@ class TestLedger:
             same_key = [e for _, e in entries if e.get("event") == "campaign" and e.get("split_sha256") == split_hash
                         and e.get("base_model") == base]  # fmt: skip
             campaign = next((e for e in same_key if e.get("campaign") == ident), None)
+            if campaign is None:  # the same design as earlier code filed it (a key has left the design since)
+                campaign = next((e for e in same_key if frozen_under(e, config)), None)
+                ident = campaign["campaign"] if campaign is not None else ident
             if not same_key:  # a fresh start on this split and base model: only where no history is missing
                 refuse_missing_history(self.path, [e for _, e in entries], split_hash, history)
             if campaign is None:

@@ -6,6 +6,9 @@ Rules:
   the registry live, the power grid, SLURM sizes, how jobs are served). The bootstrap is part of it: the test's
   statistics settings are frozen with it. The hash is sha256 of the design as canonical JSON: the bytes every ledger
   line recorded, so a refactor that changes them invalidates every frozen campaign (tests/test_campaign.py pins them).
+* A key that leaves the design (prime-rl's time limits, issue 60) changes the hash; `design_hashes` also gives the
+  hashes earlier code wrote for the same config, and a campaign filed under any of them is this config's campaign: a
+  ledger written before stays valid, and a fresh ledger records today's hash.
 * A campaign is keyed on the test split (`campaign_test_split`: `predict.data.derive_test_split` of the design's
   ``data`` section, its content hash, the manifest's ``content_sha256`` of test), never on the file it is handed, and
   the base model (`base_model_identity`: the embedded default's tiny model is never the paper's base model);
@@ -25,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from predict.campaign.errors import SplitGuardError, first_ids
 from predict.campaign.view import campaign_view
 from predict.config.models import ModelSettings
-from predict.stages import UNTRACKED, StageView, field_value, without_keys
+from predict.stages import SCHEDULING, UNTRACKED, StageView, field_value, without_keys
 
 if TYPE_CHECKING:
     from predict.data import TestSplit
@@ -35,6 +38,9 @@ if TYPE_CHECKING:
 # reason, and what the bundle a reviewer checks holds (predict.bundle: weights or not). Changing them is not a new
 # design, so the campaign's hash leaves them out.
 NOT_RESULT_SHAPING = ("run_name", "results_dir", "power", "cluster", "bundle", *UNTRACKED)
+# The designs ledgers were written under before a key left the design, newest first: each is NOT_RESULT_SHAPING
+# less the keys that left since. The scheduling keys (stages.SCHEDULING: prime-rl's time limits) left in issue 60.
+EARLIER_DESIGNS = (tuple(k for k in NOT_RESULT_SHAPING if k not in SCHEDULING),)
 
 
 def design_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -42,9 +48,35 @@ def design_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return without_keys(config, NOT_RESULT_SHAPING)
 
 
+def _digest(design: Any) -> str:
+    return hashlib.sha256(json.dumps(design, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def config_hash(config: Mapping[str, Any]) -> str:
     """sha256 of the design (`design_config`) as canonical JSON: what the ledger records."""
-    return hashlib.sha256(json.dumps(design_config(config), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return _digest(design_config(config))
+
+
+def design_hashes(config: Mapping[str, Any]) -> list[str]:
+    """The config's design hash, then the hashes earlier code filed the same design under (`EARLIER_DESIGNS`): a
+    campaign a ledger froze then is this config's campaign still, so ledgers already written stay valid."""
+    hashes = [config_hash(config)]
+    for left_out in EARLIER_DESIGNS:
+        if (digest := _digest(without_keys(config, left_out))) not in hashes:
+            hashes.append(digest)
+    return hashes
+
+
+def frozen_under(campaign: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
+    """Whether a ledger's campaign line froze this config's design: its hash is the config's, or it was written
+    before a key left the design (`EARLIER_DESIGNS`) and its recorded design, which its hash vouches for, is today's
+    once those keys are dropped (whatever values they had then: a time limit edited since changes no design)."""
+    if campaign.get("config_hash") == config_hash(config):
+        return True
+    design = campaign.get("design")
+    if not isinstance(design, Mapping) or _digest(design) != campaign.get("config_hash"):
+        return False
+    return without_keys(design, NOT_RESULT_SHAPING) == design_config(config)
 
 
 def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:

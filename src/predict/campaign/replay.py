@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from predict.campaign.design import campaign_test_split, config_differences, config_hash, design_config
+from predict.campaign.design import campaign_test_split, config_differences, design_config, frozen_under
 from predict.campaign.errors import SplitGuardError, first_ids
 from predict.campaign.ledger import read_ledger, registry_ledger
 from predict.config.models import EvaluationSettings
@@ -65,7 +65,7 @@ def replay(config: Mapping[str, Any], *, run: str, checkpoint: str, seed: int, m
                               "records can be replayed")
     entry = done[-1]
     campaign = campaigns[entry["campaign"]]
-    if config_hash(config) != campaign["config_hash"]:
+    if not frozen_under(campaign, config):
         changed = config_differences(campaign.get("design"), design_config(config))
         raise SplitGuardError(f"{where}: the replay's config differs from the frozen design of campaign "
                               f"{campaign['campaign']} in {', '.join(changed[:8]) or 'the design'}: replay under it")

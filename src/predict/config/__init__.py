@@ -256,6 +256,22 @@ def _json_config(text: str, source: str) -> dict[str, Any]:
     return config
 
 
+def merge_config_files(*paths: Path) -> dict[str, Any]:
+    """The YAML files merged in turn, nested mappings key by key (Snakemake's `update_config`): what a profile's
+    configfile list, or `--configfile A B`, makes."""
+
+    def update(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+        for key, value in over.items():
+            nested = isinstance(value, Mapping) and isinstance(base.get(key), Mapping)
+            base[key] = update(dict(base.get(key) or {}), value) if nested else value
+        return base
+
+    merged: dict[str, Any] = {}
+    for path in paths:
+        update(merged, yaml.safe_load(Path(path).read_text()) or {})
+    return merged
+
+
 def config_from_json(text: str) -> dict[str, Any]:
     """A config passed inline as JSON (how Snakemake hands its merged config to a stage), validated, defaults in."""
     return with_defaults(_json_config(text, "--config-json"), source="--config-json")

@@ -1,0 +1,347 @@
+"""Derive the plan's per-unit figures, one file per device kind, from the measured JSON in benchmarks/.
+
+    .venv/bin/python benchmarks/calibrate.py        # -> benchmarks/calibration/{cpu,h100,h200}.json
+
+No figure is typed in here: each comes from a named file and field, with how it was derived (`predict.plan`'s
+calibration rules). What no file gives yet is written down as missing, with what would give it; re-run this
+script once that file lands (`benchmarks/rehearsal_<card>.json`, the 4B rehearsal: the rollout at the paper's reply
+length, HF and state saves, the evaluation at 4B) and the figures fill in.
+
+The sources:
+
+* cpu: ``plan_measured_cpu_*.json`` (benchmarks/plan_check.py measure: the embedded default run on the 2-core box).
+  Its figures are per job as the local profile ran it (two jobs beside one shared vLLM server, other work on the
+  machine), waits for the server's lease and the machine's load included: they price that profile on that box.
+* h200: ``gpu_slice_h200.json`` (the GPU slice's per-job wall times and device peaks, transcribed from
+  benchmarks/log/gpu.md), ``rl_step_h200_inplace_sync.json`` and ``rl_step_h200_vllm.json`` (the 4B RL step),
+  ``sft_speed_h200_int32.json`` (4B SFT), ``rehearsal_h200.json`` when it exists.
+* h100: ``rl_step_h100_sync_orders.json`` (the 4B RL step), ``eval_repeat_h100_cold_warm.json`` (the slice's server
+  start), ``rehearsal_h100.json`` when it exists.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks"
+sys.path.insert(0, str(REPO / "src"))
+
+from predict.plan.costs import DTYPE_BYTES, family, model_facts  # noqa: E402
+
+# Figures of the work itself, not of the device: tokens per SFT trace (the real Qwen3 tokenizer), the bytes the data
+# and statistics stages write, an HF folder's files beside its weights, the trainer state's bytes per parameter.
+WORKLOAD = ("sft_tokens_per_trace", "output_bytes", "checkpoint_extra_bytes", "checkpoint_bytes_per_param",
+            "state_bytes_per_param")
+REHEARSAL_MISSING = "the 4B rehearsal gives it: benchmarks/rehearsal_{card}.json (config/gpu-rehearsal.yaml)"
+
+
+class Figures:
+    def __init__(self) -> None:
+        self.figures: dict[str, list[dict[str, Any]]] = {}
+        self.sources: set[str] = set()
+
+    def add(self, name: str, value: float | None, unit: str, source: str, how: str, **at: Any) -> None:
+        entry = {"value": None if value is None else round(float(value), 6), "unit": unit, "at": at,
+                 "source": source, "how": how}  # fmt: skip
+        self.figures.setdefault(name, []).append(entry)
+        self.sources.add(source.split(":")[0])
+
+    def missing(self, name: str, why: str, **at: Any) -> None:
+        self.figures.setdefault(name, []).append({"value": None, "at": at, "missing": why})
+
+    def write(self, kind: str, device: str, cores: int) -> Path:
+        out = BENCH / "calibration" / f"{kind}.json"
+        out.parent.mkdir(exist_ok=True)
+        body = {"kind": kind, "device": device, "cores": cores, "derived_by": "benchmarks/calibrate.py",
+                "sources": sorted(self.sources), "figures": self.figures}  # fmt: skip
+        out.write_text(json.dumps(body, indent=1) + "\n")
+        return out
+
+
+def _load(name: str) -> dict[str, Any] | None:
+    path = BENCH / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _median(values: Iterable[float]) -> float:
+    return statistics.median(list(values))
+
+
+def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least squares y = a + b x; with one distinct x, a = 0 and b the mean ratio."""
+    xs = {x for x, _ in points}
+    if len(xs) < 2:
+        return 0.0, sum(y for _, y in points) / sum(x for x, _ in points)
+    n, sx, sy = len(points), sum(x for x, _ in points), sum(y for _, y in points)
+    sxx, sxy = sum(x * x for x, _ in points), sum(x * y for x, y in points)
+    b = (n * sxy - sx * sy) / (n * sxx - sx * sx)
+    return (sy - b * sx) / n, b
+
+
+# --- the CPU: the embedded default, measured ------------------------------------------------------------------------
+def cpu(measured_name: str) -> Figures:
+    from predict.plan.calibration import Calibration
+    from predict.plan.command import load_study
+    from predict.plan.costs import Pricer
+    from predict.runs import resolve_run
+
+    f = Figures()
+    m = _load(measured_name)
+    src = measured_name
+    config = load_study([REPO / c for c in m["config"]])
+    model = model_facts(config, REPO)
+    pricer = Pricer(config, Calibration("cpu", "", 2, {}), REPO)
+    jobs = [j for j in m["jobs"] if j.get("wall_s") is not None]
+    by_family: dict[str, list[dict[str, Any]]] = {}
+    for j in jobs:
+        by_family.setdefault(family(j["rule"]), []).append(j)
+    serving_families = {"evaluate", "evaluate_test", "rl", "rft", "rollout"}
+    for fam, js in by_family.items():
+        f.add("host_peak_mib", max(j["max_rss_mib"] for j in js), "MiB", f"{src}: jobs[].max_rss_mib",
+              f"the largest peak RSS of the {len(js)} {fam} job(s)", family=fam, shape=model.shape)
+        if fam in serving_families or fam == "train_sft":
+            continue
+        at = {"rule": fam, **({"shape": model.shape} if fam == "build_tiny_model" else {})}
+        f.add("job_s", _median(j["wall_s"] for j in js), "s", f"{src}: jobs[].wall_s",
+              f"median of the {len(js)} {fam} job(s)' wall time", **at)
+        if fam != "build_tiny_model":
+            f.add("output_bytes", _median(j["output_bytes"] for j in js), "bytes", f"{src}: jobs[].output_bytes",
+                  f"median bytes of the {fam} job(s)' outputs", rule=fam)
+    loads = [j for j in jobs if j.get("server")]
+    for kind in ("start", "reload"):
+        seen = [j["load_s"] for j in loads if j["server"] == kind]
+        if seen:
+            f.add(f"serving_{kind}_s", _median(seen), "s", f"{src}: jobs[].load_s",
+                  f"median of {len(seen)} shared-server {kind}s the job logs noted", shape=model.shape)
+    # evaluation: (wall - load) = fixed + episodes x per episode, fitted over every evaluation job
+    ev = by_family.get("evaluate", []) + by_family.get("evaluate_test", [])
+    if ev:
+        pts = []
+        for j in ev:
+            split = "test" if family(j["rule"]) == "evaluate_test" else "val"
+            episodes = (j["checkpoints"] or len(j["outputs"])) * pricer.eval_tasks(split)
+            pts.append((episodes, j["wall_s"] - (j.get("load_s") or 0)))
+        a, b = _fit(pts)
+        at = pricer.serving_at(int(config["evaluation"]["max_tokens"]))
+        how = f"least squares over {len(pts)} evaluation jobs: wall - server load = fixed + episodes x per episode"
+        f.add("eval_job_fixed_s", a, "s", f"{src}: jobs[].wall_s, load_s", how, **at)
+        f.add("eval_episode_s", b, "s/episode", f"{src}: jobs[].wall_s, load_s", how, **at)
+        per = sum(j["output_bytes"] for j in ev) / sum(p[0] for p in pts)
+        f.add("eval_bytes_per_episode", per, "bytes", f"{src}: jobs[].output_bytes", "evaluation bytes / episodes",
+              **at)
+    # RL: the steady steps (after the first, which warms the server and the trainer up) give the per-unit figures;
+    # what a job takes beyond its steps at those rates is its fixed part
+    rl_jobs = by_family.get("rl", [])
+    if rl_jobs:
+        rl = config["rl"]
+        steady = [s for j in rl_jobs for s in j["steps"] if s["step"] > 1]
+        every = [s for j in rl_jobs for s in j["steps"]]
+        at = pricer.serving_at(pricer._rl_tokens())
+        ep_s = sum(s["rollout_s"] for s in steady) / sum(s["n_rollouts"] for s in steady)
+        tok = sum(s["n_tokens"] for s in every) / sum(s["n_rollouts"] for s in every)
+        rate = sum(s["n_tokens"] for s in steady) / sum(s["update_s"] for s in steady)
+        parts = ("samples_s", "sample_s", "sleep_s", "sync_s")
+        other = statistics.mean(sum(s.get(k) or 0 for k in parts) for s in steady)
+        save = statistics.mean(s.get("save_s") or 0 for s in every)
+        src_steps = f"{src}: jobs[rl].steps[]"
+        f.add("rl_rollout_episode_s", ep_s, "s/episode", src_steps,
+              "rollout_s / n_rollouts over the steps after the first", **at)
+        f.add("rl_tokens_per_episode", tok, "tokens", src_steps, "n_tokens / n_rollouts over every step", **at)
+        f.add("rl_update_tokens_per_s", rate, "tokens/s", src_steps,
+              "n_tokens / update_s over the steps after the first",
+              shape=model.shape, dtype=rl["dtype"], micro_batch_tokens=rl["micro_batch_tokens"],
+              activation_checkpointing=bool(rl.get("activation_checkpointing", False)))
+        f.add("rl_sleep_sync_s", other, "s/step", src_steps, "samples + sleep + sync per step after the first",
+              shape=model.shape)
+        f.add("rl_save_s_per_step", save, "s/step", src_steps, "save_s per step",
+              shape=model.shape, dtype=rl["dtype"], checkpoint_every=rl["checkpoint_every"],
+              state_every=rl["state_every"])
+        per_step = ep_s * rl["tasks_per_step"] * rl["group_size"] * (1 + tok / rate / ep_s) + other + save
+        fixed = _median(j["wall_s"] - (j.get("load_s") or 0) - rl["steps"] * per_step for j in rl_jobs)
+        f.add("rl_job_fixed_s", fixed, "s", f"{src}: jobs[rl].wall_s, load_s",
+              f"median over {len(rl_jobs)} RL jobs of wall - server load - steps at the rates above", shape=model.shape)
+        if m.get("rl_state_bytes_max") and model.params:
+            f.add("state_bytes_per_param", m["rl_state_bytes_max"] / model.params, "bytes/param",
+                  f"{src}: rl_state_bytes_max", "the largest .work/state seen while RL ran / parameters",
+                  dtype=rl["dtype"])
+    if by_family.get("rft"):
+        rl, rft = config["rl"], config.get("rft") or {}
+        at = {**pricer.serving_at(pricer._rl_tokens()), "steps": int(rl["steps"]), "tasks": rft.get("tasks"),
+              "group_size": rft.get("group_size") or rl["group_size"]}
+        f.add("rft_job_s", _median(x["wall_s"] - (x.get("load_s") or 0) for x in by_family["rft"]), "s",
+              f"{src}: jobs[rft].wall_s, load_s", "median wall - server load of the RFT jobs (at these counts only)",
+              **at)
+    sft_jobs = by_family.get("train_sft", [])
+    if sft_jobs:
+        sft, traces = config["sft"], config["traces"]
+        rate = sum(j["sft"]["tokens"] for j in sft_jobs) / sum(j["sft"]["train_s"] for j in sft_jobs)
+        at = {"shape": model.shape, "dtype": sft["dtype"], "device": pricer._sft_device()}
+        f.add("sft_tokens_per_s", rate, "tokens/s", f"{src}: jobs[train_sft].sft",
+              "tokens / training seconds, both arms (side by side, one thread each)", **at)
+        f.add("sft_job_fixed_s", _median(j["wall_s"] - j["sft"]["tokens"] / rate for j in sft_jobs), "s",
+              f"{src}: jobs[train_sft]", "median of wall - tokens at that rate", **at)
+        n_traces = traces["n_direct"] + traces["n_recovery"]
+        for j in sft_jobs:
+            run = resolve_run(config, j["wildcards"]["arm"])
+            f.add("sft_tokens_per_trace", j["sft"]["tokens"] / (j["sft"]["epochs"] * n_traces), "tokens",
+                  f"{src}: jobs[train_sft].sft.tokens", f"tokens / (epochs x {n_traces} traces), run "
+                  f"{j['wildcards']['arm']}", protocol=run.protocol, variant=run.variant,
+                  recovery_style=traces["recovery_style"], mix=str(traces["mix"]))  # fmt: skip
+        per_param = _median(j["checkpoint_weights_bytes"] for j in sft_jobs) / model.params
+        f.add("checkpoint_bytes_per_param", per_param, "bytes/param",
+              f"{src}: jobs[train_sft].checkpoint_weights_bytes",
+              f"an SFT checkpoint's safetensors / {model.params:,} parameters (saved bf16 whatever the training dtype)")
+        extra = _median(j["checkpoint_bytes"] - j["checkpoint_weights_bytes"] for j in sft_jobs)
+        f.add("checkpoint_extra_bytes", extra, "bytes", f"{src}: jobs[train_sft].checkpoint_bytes",
+              "an HF checkpoint folder's bytes beside its safetensors (tokenizer, configs)")
+    return f
+
+
+# --- the GPUs ----------------------------------------------------------------------------------------------------
+def rl_step_figures(f: Figures, name: str, variant: dict[str, Any], shape: str, server_start: float | None) -> None:
+    rows = [r for r in variant["rows"] if not r.get("warmup")]
+    rate = sum(r["n_tokens"] for r in rows) / sum(r["update_s"] for r in rows)
+    at = {"shape": shape, "dtype": "bfloat16", "micro_batch_tokens": variant["micro_batch_tokens"],
+          "activation_checkpointing": variant["activation_checkpointing"]}
+    f.add("rl_update_tokens_per_s", rate, "tokens/s", f"{name}: rows[].n_tokens, update_s",
+          "tokens / update seconds over the timed steps", **at)
+    f.add("rl_sleep_sync_s", statistics.mean((r.get("sleep_s") or 0) + (r.get("sync_memory_s") or 0)
+                                             + (r.get("samples_s") or 0) for r in rows), "s/step",
+          f"{name}: rows[].sleep_s, sync_memory_s, samples_s", "mean over the timed steps", shape=shape)
+    f.add("device_peak_gib", variant["device_peak_gib"], "GiB", f"{name}: device_peak_gib",
+          "the benchmark's device-wide peak (NVML)", family="rl", **{k: v for k, v in at.items() if k != "dtype"})
+    if server_start:
+        f.add("serving_start_s", server_start, "s", f"{name}: server_start_s", "vLLM's start on the 4B shape",
+              shape=shape)
+
+
+def gpu_missing(f: Figures, card: str, config: dict[str, Any]) -> None:
+    """The 4B figures only a rehearsal (or the study itself) gives: written down as missing."""
+    why = REHEARSAL_MISSING.format(card=card)
+    env, rl, ev = config["env"], config["rl"], config["evaluation"]
+    serving = {"shape": "qwen3-4b", "concurrency": env["concurrency"]}
+    f.missing("rl_rollout_episode_s", why, max_tokens=rl.get("max_tokens") or env["max_tokens"], **serving)
+    f.missing("rl_tokens_per_episode", why, max_tokens=rl.get("max_tokens") or env["max_tokens"], **serving)
+    f.missing("eval_episode_s", why, max_tokens=ev["max_tokens"], **serving)
+    f.missing("rl_save_s_per_step", why + " (HF save and state save GB/s)", shape="qwen3-4b")
+    f.missing("state_bytes_per_param", why, dtype=rl["dtype"])
+    f.missing("sft_job_fixed_s", why + " (the 4B HF save)", shape="qwen3-4b")
+
+
+def rehearsal(f: Figures, card: str) -> None:
+    """Fill in from benchmarks/rehearsal_<card>.json (benchmarks/rehearsal.py collect), when it has run."""
+    name = f"rehearsal_{card}.json"
+    r = _load(name)
+    if r is None:
+        return
+    from predict.plan.command import load_study
+
+    config = load_study([REPO / r["config"]])
+    model = model_facts(config, REPO)
+    env, rl = config["env"], config["rl"]
+    steps = [s for s in r.get("rl_steps", []) if s.get("step", 0) > 1 and s.get("episodes")]
+    if steps:
+        at = {"shape": model.shape, "max_tokens": rl.get("max_tokens") or env["max_tokens"],
+              "concurrency": env["concurrency"]}
+        f.add("rl_rollout_episode_s", sum(s["rollout_s"] for s in steps) / sum(s["episodes"] for s in steps),
+              "s/episode", f"{name}: rl_steps[].rollout_s, episodes", "over the steps after the first", **at)
+        f.add("rl_tokens_per_episode", sum(s["update_tokens"] for s in steps) / sum(s["episodes"] for s in steps),
+              "tokens", f"{name}: rl_steps[].update_tokens", "update tokens / episodes", **at)
+        f.add("rl_save_s_per_step", statistics.mean(s.get("save_waited_s") or 0 for s in steps), "s/step",
+              f"{name}: rl_steps[].save_waited_s", "what the step waited for its saves", shape=model.shape,
+              dtype=rl["dtype"], checkpoint_every=rl["checkpoint_every"], state_every=rl["state_every"])
+        writes = [s["hf_save_write_s"] for s in steps if s.get("hf_save_write_s")]
+        if writes and model.params:
+            f.add("hf_save_gb_per_s", model.params * DTYPE_BYTES[rl["dtype"]] / 1e9 / statistics.mean(writes), "GB/s",
+                  f"{name}: rl_steps[].hf_save_write_s", "checkpoint bytes / write seconds", shape=model.shape)
+    for job in r.get("jobs", []):
+        stage = job["job"].split("/")[0]
+        if job.get("device_peak_gib") is not None:
+            fam = family(stage if stage != "evaluate_test" else "evaluate_test")
+            at = {}
+            if fam in ("rl", "rft"):
+                at = {"micro_batch_tokens": rl["micro_batch_tokens"],
+                      "activation_checkpointing": bool(rl.get("activation_checkpointing", False))}
+            f.add("device_peak_gib", job["device_peak_gib"], "GiB", f"{name}: jobs[].device_peak_gib",
+                  f"job {job['job']}", family=fam, shape=model.shape, **at)
+
+
+def h200() -> Figures:
+    from predict.plan.command import load_study
+
+    f = Figures()
+    name = "gpu_slice_h200.json"
+    s = _load(name)
+    for job in s["jobs"]:
+        fam = family(job["rule"])
+        if fam in ("train_sft", "rl", "evaluate", "evaluate_test"):
+            if job.get("device_peak_gib") is not None:
+                at = ({"micro_batch_tokens": s["rl"]["micro_batch_tokens"],
+                       "activation_checkpointing": s["rl"]["activation_checkpointing"]} if fam == "rl" else {})
+                f.add("device_peak_gib", max(job["device_peak_gib"]), "GiB", f"{name}: jobs[{job['rule']}]",
+                      "the largest device-wide peak the slice's job logs printed", family=fam, shape=s["shape"], **at)
+            continue
+        at = {"rule": fam, **({"shape": s["shape"]} if fam == "build_tiny_model" else {})}
+        f.add("job_s", max(job["wall_s"]), "s", f"{name}: jobs[{job['rule']}].wall_s",
+              "the slice's wall time (of a range, its upper end)", **at)
+    rl_step_figures(f, "rl_step_h200_inplace_sync.json", {**_load("rl_step_h200_inplace_sync.json"),
+                    "micro_batch_tokens": 8192, "activation_checkpointing": True}, "qwen3-4b",
+                    _load("rl_step_h200_inplace_sync.json")["server_start_s"])
+    vllm = _load("rl_step_h200_vllm.json")
+    f.add("serving_reload_s", vllm["mean"]["sync_folder_s"], "s", "rl_step_h200_vllm.json: mean.sync_folder_s",
+          "a checkpoint folder loaded into the running 4B server", shape="qwen3-4b")
+    sft = next(r for r in _load("sft_speed_h200_int32.json")["runs"] if r["path"] == "ours")
+    f.add("sft_tokens_per_s", sft["tok_s"], "tokens/s", "sft_speed_h200_int32.json: runs[ours].tok_s",
+          "our trainer at the 4B shape, 4 x 2048 tokens", shape="qwen3-4b", dtype="bfloat16", device="gpu")
+    f.add("device_peak_gib", sft["peak_gib"], "GiB", "sft_speed_h200_int32.json: runs[ours].peak_gib",
+          "torch's peak at 4 x 2048 tokens", family="train_sft", shape="qwen3-4b")
+    gpu_missing(f, "h200", load_study([REPO / "config" / "config.yaml", REPO / "config" / "gpu.yaml"]))
+    rehearsal(f, "h200")
+    return f
+
+
+def h100() -> Figures:
+    from predict.plan.command import load_study
+
+    f = Figures()
+    d = _load("rl_step_h100_sync_orders.json")
+    variant = next(v for v in d["variants"] if v["sync_order"] == "asleep")
+    rl_step_figures(f, "rl_step_h100_sync_orders.json", variant, "qwen3-4b", d["server_start_s"])
+    e = _load("eval_repeat_h100_cold_warm.json")
+    starts = e["modes"]["invariant"]["server_start_s"]
+    f.add("serving_start_s", max(starts), "s", "eval_repeat_h100_cold_warm.json: modes.invariant.server_start_s",
+          "the slice's model, an empty compile cache (the larger of two starts)", shape="qwen3-0.6b")
+    gpu_missing(f, "h100", load_study([REPO / "config" / "config.yaml", REPO / "config" / "gpu.yaml"]))
+    f.missing("sft_tokens_per_s", "no SFT benchmark on an H100 yet (benchmarks/sft_speed.py gpu)", shape="qwen3-4b")
+    rehearsal(f, "h100")
+    return f
+
+
+def main() -> int:
+    measured = sorted(BENCH.glob("plan_measured_cpu_*.json"))
+    if not measured:
+        print("no benchmarks/plan_measured_cpu_*.json: run benchmarks/plan_check.py measure first")
+        return 1
+    cpu_figures = cpu(measured[0].name)
+    workload = Figures()
+    for name in WORKLOAD:  # what the study's data and trainer make, on any device
+        if name in cpu_figures.figures:
+            workload.figures[name] = cpu_figures.figures.pop(name)
+    workload.sources = set(cpu_figures.sources)
+    outputs = [workload.write("workload", "device-independent: the study's data, traces and trainer state", 0),
+               cpu_figures.write("cpu", "2-core CPU (the development machine), vLLM's CPU build", 2),
+               h200().write("h200", "one NVIDIA H200 (141 GiB), 16 cores", 16),
+               h100().write("h100", "one NVIDIA H100 80GB, 16 cores", 16)]
+    for out in outputs:
+        print(out.relative_to(REPO))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

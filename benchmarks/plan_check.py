@@ -1,0 +1,214 @@
+"""The plan against the run: what `predict plan` predicted beside what a finished run took, per job and in total.
+
+Two steps, each its own JSON in benchmarks/:
+
+1. ``measure``: read a finished run: Snakemake's log (each job's start and end, the run's wall time), each job's
+   benchmark file (wall time, peak RSS), its own log (the shared server started or reused, and how long that took; a
+   GPU job's device peak), its metrics (SFT tokens and training time; RL step times), the bytes its outputs hold,
+   and the largest RL state seen on disk while it ran (``--state-sizes``: the poller's lines, `du -sb` of each
+   ``.work/state``). ``benchmarks/calibrate.py`` derives the per-unit figures from this file.
+
+       .venv/bin/python benchmarks/plan_check.py measure --name cpu_embedded_default \\
+           --config config/local.yaml --profile local --device cpu --state-sizes /tmp/state_sizes.txt
+
+2. ``compare``: run the plan for the same config, profile and device (the calibration as it is now) and put each
+   job's planned wall time beside the measured one, and the totals (wall time within 20 %, each job within 30 %,
+   each GPU job's device peak within 10 %: the issue's checks). Prints the table docs/plan.md shows.
+
+       .venv/bin/python benchmarks/plan_check.py compare --name cpu_embedded_default
+
+A plan calibrated on the very run it is compared with is an in-sample check: ``compare --measured`` names another
+run's file for an out-of-sample one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from predict.plan.costs import TARGET_RULES  # noqa: E402
+from predict.plan.dag import Job, parse_dry_run  # noqa: E402
+
+_STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
+_FINISHED = re.compile(r"^Finished jobid: (\d+)")
+_STARTED_SERVER = re.compile(r"started on .*? in ([\d.]+) s")
+_REUSED_SERVER = re.compile(r"loaded in place in ([\d.]+) s")
+_DEVICE_PEAK = re.compile(r"peak GPU memory: ([\d.]+) of")
+
+
+def _time(text: str) -> float:
+    return dt.datetime.strptime(re.sub(r" +", " ", text), "%a %b %d %H:%M:%S %Y").timestamp()
+
+
+def read_run_log(path: Path) -> tuple[list[Job], dict[int, float], dict[int, float]]:
+    """The jobs of a run's Snakemake log, with each job's start and end time."""
+    text = path.read_text()
+    jobs = parse_dry_run(text)
+    starts: dict[int, float] = {}
+    ends: dict[int, float] = {}
+    stamp, pending = None, []
+    for line in text.splitlines():
+        if m := _STAMP.match(line):
+            stamp = _time(m.group(1))
+        elif re.match(r"^(local)?(rule|checkpoint) \w+:$", line):
+            pending.append(stamp)
+        elif m := _FINISHED.match(line):
+            ends[int(m.group(1))] = stamp
+    for job, start in zip(jobs, pending, strict=True):
+        starts[job.jobid] = start
+    return jobs, starts, ends
+
+
+def _tsv(path: Path) -> dict[str, float]:
+    head, values = path.read_text().splitlines()[:2]
+    pairs = zip(head.split("\t"), values.split("\t"), strict=True)
+    return {k: float(v) if re.match(r"^[\d.]+$", v) else v for k, v in pairs}
+
+
+def _bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+
+
+def _flat_log(path: Path | None) -> str:
+    if path is None or not path.is_file():
+        return ""
+    return re.sub(r"\s+", " ", re.sub(r"\n\s*(?:\[[^\]]*\])?\s*(?:INFO|WARNING)?\s{2,}", " ", path.read_text()))
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist() if path.is_file() else []
+
+
+def measure_job(job: Job, start: float | None, end: float | None, run_dir: Path) -> dict[str, Any]:
+    row: dict[str, Any] = {"jobid": job.jobid, "rule": job.rule, "job": job.label, "wildcards": job.wildcards,
+                           "start": start, "end": end, "checkpoints": len(job.flag_values("--checkpoint")),
+                           "outputs": job.outputs, "gpus": job.resource("gpu")}
+    if job.benchmark and (run_dir / job.benchmark).is_file():
+        bench = _tsv(run_dir / job.benchmark)
+        row |= {"wall_s": bench["s"], "max_rss_mib": bench["max_rss"], "mean_load": bench.get("mean_load")}
+    elif start is not None and end is not None:  # a rule without a benchmark (check_serving): Snakemake's log
+        row |= {"wall_s": end - start, "wall_from": "the Snakemake log (whole seconds)", "max_rss_mib": 0.0}
+    row["output_bytes"] = sum(_bytes(run_dir / o) for o in job.outputs)
+    log = _flat_log(run_dir / job.log if job.log else None)
+    if m := _STARTED_SERVER.search(log):
+        row |= {"server": "start", "load_s": float(m.group(1))}
+    elif m := _REUSED_SERVER.search(log):
+        row |= {"server": "reload", "load_s": float(m.group(1))}
+    if peaks := _DEVICE_PEAK.findall(log):
+        row["device_peak_gib"] = max(map(float, peaks))
+    if job.rule == "train_sft":
+        metrics = _rows(run_dir / job.outputs[1]) if len(job.outputs) > 1 else []
+        row["sft"] = {"tokens": sum(r["n_tokens"] for r in metrics), "train_s": sum(r["time_s"] for r in metrics),
+                      "steps": len(metrics), "epochs": max((r["epoch"] for r in metrics), default=-1) + 1}
+        ckpt = run_dir / job.outputs[0]
+        row["checkpoint_bytes"] = _bytes(ckpt)
+        row["checkpoint_weights_bytes"] = sum(_bytes(p) for p in ckpt.glob("*.safetensors"))
+    if job.rule in ("rl", "rft"):
+        keys = ("step", "n_rollouts", "n_tokens", "rollout_s", "samples_s", "sample_s", "update_s", "sleep_s",
+                "sync_s", "save_s", "step_s")
+        row["steps"] = [{k: r.get(k) for k in keys} for r in _rows(run_dir / job.outputs[0])]
+    return row
+
+
+def measure(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir).resolve()
+    log = Path(args.snakemake_log) if args.snakemake_log else max((run_dir / ".snakemake" / "log").glob("*.log"))
+    jobs, starts, ends = read_run_log(log)
+    rows = [measure_job(j, starts.get(j.jobid), ends.get(j.jobid), run_dir) for j in jobs]
+    state = 0
+    if args.state_sizes and Path(args.state_sizes).is_file():
+        state = max((int(line.split()[1]) for line in Path(args.state_sizes).read_text().splitlines()
+                     if len(line.split()) == 3), default=0)  # fmt: skip
+    times = [t for t in (*starts.values(), *ends.values()) if t is not None]
+    out = {
+        "what": f"the run of {args.config} with --profile {args.profile}, measured by benchmarks/plan_check.py",
+        "date": dt.date.today().isoformat(), "device": args.device, "config": args.config.split("+"),
+        "profile": args.profile, "snakemake_log": log.name,
+        "wall_s": max(times) - min(times), "rl_state_bytes_max": state or None,
+        "mean_load": statistics.mean(r["mean_load"] for r in rows if r.get("mean_load") is not None),
+        "jobs": rows,
+    }  # fmt: skip
+    path = REPO / "benchmarks" / f"plan_measured_{args.name}.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"{path.relative_to(REPO)}: {len(rows)} jobs, wall {out['wall_s']:.0f} s")
+    return 0
+
+
+def _key(rule: str, wildcards: dict[str, str]) -> str:
+    return rule + json.dumps(wildcards, sort_keys=True)
+
+
+def compare(args: argparse.Namespace) -> int:
+    from predict.plan.command import plan
+
+    measured = json.loads((REPO / "benchmarks" / (args.measured or f"plan_measured_{args.name}.json")).read_text())
+    result = plan("+".join(measured["config"]), measured["profile"], measured["device"])
+    planned = {_key(r["rule"], json.loads(r["wildcards"])): r for r in result["jobs"]}
+    rows, misses = [], 0
+    for m in measured["jobs"]:
+        if m.get("wall_s") is None or m["rule"] in TARGET_RULES:
+            continue
+        p = planned.get(_key(m["rule"], m["wildcards"]))
+        predicted = p and p["planned_s"]
+        ratio = predicted / m["wall_s"] if predicted else None
+        within = ratio is not None and abs(ratio - 1) <= 0.30
+        misses += not within
+        peak = None
+        if m.get("device_peak_gib") and p and p["device_peak_gib"]:
+            peak = p["device_peak_gib"] / m["device_peak_gib"]
+        rows.append({"job": m["job"], "measured_s": m["wall_s"], "planned_s": predicted,
+                     "ratio": None if ratio is None else round(ratio, 3), "within_30pct": within,
+                     "device_peak_ratio": peak})  # fmt: skip
+    total_ratio = result["totals"]["wall_s"] / measured["wall_s"]
+    out = {"measured": measured.get("snakemake_log"), "calibration": result["device"]["calibration"],
+           "in_sample": args.measured is None, "total_planned_s": result["totals"]["wall_s"],
+           "total_measured_s": round(measured["wall_s"], 1), "total_ratio": round(total_ratio, 3),
+           "total_within_20pct": abs(total_ratio - 1) <= 0.20, "jobs_within_30pct": len(rows) - misses,
+           "jobs": len(rows), "rows": rows}  # fmt: skip
+    path = REPO / "benchmarks" / f"plan_check_{args.name}.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print("| job | measured s | planned s | planned / measured |\n| --- | ---: | ---: | ---: |")
+    for r in rows:
+        planned_s = "n/c" if r["planned_s"] is None else f"{r['planned_s']:.1f}"
+        ratio = "n/c" if r["ratio"] is None else f"{r['ratio']:.2f}" + ("" if r["within_30pct"] else " *")
+        print(f"| {r['job']} | {r['measured_s']:.1f} | {planned_s} | {ratio} |")
+    print(f"| **the run** | **{out['total_measured_s']:.0f}** | **{out['total_planned_s']:.0f}** | "
+          f"**{out['total_ratio']:.2f}** |")
+    print(f"{out['jobs_within_30pct']} of {out['jobs']} jobs within 30 %; total within 20 %: "
+          f"{out['total_within_20pct']} ({path.relative_to(REPO)})")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="what", required=True)
+    m = sub.add_parser("measure")
+    m.add_argument("--name", required=True)
+    m.add_argument("--config", required=True, help="the run's config file(s), FILE[+FILE]")
+    m.add_argument("--profile", default="local")
+    m.add_argument("--device", default="cpu")
+    m.add_argument("--run-dir", default=str(REPO), help="where the run ran (its results/, logs/, .snakemake/)")
+    m.add_argument("--snakemake-log", default=None, help="default: the newest under .snakemake/log/")
+    m.add_argument("--state-sizes", default=None, help="lines 'time bytes folder' of the RL state seen on disk")
+    c = sub.add_parser("compare")
+    c.add_argument("--name", required=True)
+    c.add_argument("--measured", default=None, help="another run's plan_measured_*.json (out of sample)")
+    args = ap.parse_args()
+    return measure(args) if args.what == "measure" else compare(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,307 @@
+"""What one job costs: its work in units (episodes, steps, tokens, checkpoints) from the config and the job itself,
+priced by the calibration's per-unit figures.
+
+Rules:
+
+* A job's work comes from the config and from Snakemake's job (its wildcards, outputs and command), never from a
+  count of our own: an evaluation job serves the checkpoints its command names, a test campaign job every entry it
+  lists.
+* Every part of a job's time is a calibrated figure times a unit count. A part whose figure the calibration lacks
+  at the job's conditions (`predict.plan.calibration`) is left out of ``known_s`` and named in ``missing``: the
+  job's time is then "not calibrated" (``wall_s`` None) and ``known_s`` is only what the calibrated parts add up to.
+* A serving job pays the server's start or its reload of this checkpoint, then its work. Which of the two is the
+  schedule's to say (`predict.plan.schedule`): ``load`` holds both prices.
+* Rollout figures hold for a reply length and a concurrency, whatever the weights: a random model's replies run to
+  the length cap, so a figure measured on one is an upper bound for a trained model at the same cap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from predict.plan.calibration import Calibration, Missing
+from predict.plan.dag import Job
+
+# Rules that only name targets: nothing runs.
+TARGET_RULES = {"all", "design", "test"}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def family(rule: str) -> str:
+    """The rule a job prices as: the per-run evaluation rules are one family each."""
+    if rule.startswith("evaluate_test"):
+        return "evaluate_test"
+    if rule.startswith("evaluate_"):
+        return "evaluate"
+    return rule
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The model a study trains, as far as cost goes: its shape, whether its weights are random, its size."""
+
+    shape: str
+    weights: str  # "random" (the embedded default's and the slices' built model) or "trained"
+    params: int | None
+    tied: bool
+
+
+def model_facts(config: Mapping[str, Any], repo: Path) -> ModelFacts:
+    """Shape and parameter count of `model.base`: the built tiny model's settings, a local folder's config.json, or
+    a released Qwen3 shape its name names (`predict.tiny_model.SHAPES`)."""
+    import json
+
+    from predict.tiny_model import QWEN3_VOCAB_SIZE, SHAPES, TINY_DIMENSIONS, _tensor_shapes
+
+    model = config.get("model") or {}
+    base = str(model.get("base"))
+    if base == "tiny":
+        tiny = model.get("tiny") or {}
+        shape = tiny.get("shape")
+        dims = dict(SHAPES[shape]) if shape else {**TINY_DIMENSIONS, "hidden_size": tiny.get("hidden_size", 64),
+                                                  "num_hidden_layers": tiny.get("num_layers", 2)}
+        key = shape or f"tiny-h{dims['hidden_size']}-l{dims['num_hidden_layers']}"
+        cfg, weights, tied = {**dims, "vocab_size": QWEN3_VOCAB_SIZE, "tie_word_embeddings": False}, "random", False
+    else:
+        folder = (repo / base) if not Path(base).is_absolute() else Path(base)
+        weights = "trained"
+        if (folder / "config.json").is_file():
+            cfg = json.loads((folder / "config.json").read_text())
+            cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+            key = next((k for k, d in SHAPES.items() if all(cfg.get(n) == v for n, v in d.items())),
+                       f"h{cfg['hidden_size']}-l{cfg['num_hidden_layers']}")
+        else:
+            key = next((k for k in SHAPES if k in base.lower().replace("_", "-")), base)
+            if key not in SHAPES:
+                return ModelFacts(key, weights, None, False)
+            # the released Qwen3 checkpoints up to 4B tie the embedding and the head
+            cfg = {**SHAPES[key], "vocab_size": QWEN3_VOCAB_SIZE, "tie_word_embeddings": True}
+        tied = bool(cfg.get("tie_word_embeddings"))
+    params = sum(math.prod(shape) for shape, _ in _tensor_shapes(cfg).values())
+    return ModelFacts(key, weights, params, tied)
+
+
+@dataclass
+class JobCost:
+    job: Job
+    family: str
+    gpus: float = 0.0
+    startup_s: float = 0.0  # beside other jobs
+    work_s: float = 0.0  # the job's own work (under the lease for a serving job)
+    load: dict[str, float | None] = field(default_factory=dict)  # "start" / "reload": the lease's first part
+    server_key: str | None = None  # a lease on a server started with another key pays "start"
+    missing: list[Missing] = field(default_factory=list)
+    device_peak_gib: float | None = None
+    host_peak_mib: float | None = None
+    disk_bytes: float | None = 0.0  # what it leaves on disk
+    transient_bytes: float | None = 0.0  # what it holds on disk while it runs (RL state), deleted after
+    units: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def serving(self) -> bool:
+        return self.server_key is not None
+
+
+class Pricer:
+    """Prices jobs of one config on one calibration."""
+
+    def __init__(self, config: Mapping[str, Any], cal: Calibration, repo: Path) -> None:
+        self.config, self.cal, self.repo = config, cal, repo
+        self.model = model_facts(config, repo)
+        self.device = "gpu" if config["serving"]["device"] == "gpu" else "cpu"
+
+    # -- figures ------------------------------------------------------------------------------------------------
+    def figure(self, cost: JobCost, name: str, **at: Any) -> float | None:
+        entry = self.cal.entry(name, at)
+        if entry is None:
+            cost.missing.append(Missing(name, tuple(at.items()), self.cal.missing_reason(name, at)))
+            return None
+        return float(entry["value"])
+
+    def _add(self, cost: JobCost, value: float | None, times: float = 1.0, *, startup: bool = False) -> None:
+        if value is None:
+            return
+        if startup:
+            cost.startup_s += value * times
+        else:
+            cost.work_s += value * times
+
+    # -- units --------------------------------------------------------------------------------------------------
+    def split_size(self, split: str) -> int:
+        data = self.config["data"]
+        sizes = data["sizes"]
+        if split != "val":
+            return int(sizes[split])
+        path = self.repo / data["mbpp_path"]
+        total = sum(1 for line in path.read_text().splitlines() if line.strip())
+        return total - sum(int(v) for v in sizes.values())
+
+    def eval_tasks(self, split: str) -> int:
+        n = self.config["evaluation"].get("tasks")
+        size = self.split_size(split)
+        return min(int(n), size) if n else size
+
+    def checkpoint_bytes(self, dtype: str) -> float | None:
+        """An HF checkpoint folder: its weights as saved (bf16 whatever the training dtype: the measured bytes per
+        parameter) and the files beside them."""
+        per_param, extra = self.cal.entry("checkpoint_bytes_per_param"), self.cal.entry("checkpoint_extra_bytes")
+        if self.model.params is None or per_param is None or extra is None:
+            return None
+        return self.model.params * float(per_param["value"]) + float(extra["value"])
+
+    def serving_at(self, max_tokens: int) -> dict[str, Any]:
+        return {"shape": self.model.shape, "max_tokens": max_tokens,
+                "concurrency": int(self.config["env"]["concurrency"])}
+
+    # -- jobs ---------------------------------------------------------------------------------------------------
+    def price(self, job: Job) -> JobCost:
+        fam = family(job.rule)
+        cost = JobCost(job, fam, gpus=job.resource("gpu"))
+        if job.rule in TARGET_RULES:
+            return cost
+        method = getattr(self, "_" + fam, None)
+        if fam.startswith("prime_rl"):
+            cost.missing.append(Missing(f"job_s.{fam}", (("device", self.cal.kind),),
+                                        "prime-rl's jobs have not run on a calibrated device"))
+        elif method is not None:
+            method(job, cost)
+        else:
+            self._fixed(job, cost)
+        if cost.gpus and fam not in ("check_serving",):
+            cost.device_peak_gib = self.figure(cost, "device_peak_gib", family=fam, shape=self.model.shape,
+                                               **self._peak_at(fam))
+        host = self.cal.entry("host_peak_mib", {"family": fam, "shape": self.model.shape})
+        cost.host_peak_mib = float(host["value"]) if host else None
+        return cost
+
+    def _peak_at(self, fam: str) -> dict[str, Any]:
+        if fam in ("rl", "rft"):
+            rl = self.config["rl"]
+            return {"micro_batch_tokens": rl["micro_batch_tokens"],
+                    "activation_checkpointing": bool(rl.get("activation_checkpointing", False))}
+        return {}
+
+    def _fixed(self, job: Job, cost: JobCost) -> None:
+        """A job with no unit count of its own (data, statistics, the report): its rule's measured seconds."""
+        self._add(cost, self.figure(cost, "job_s", rule=cost.family))
+        self._outputs_disk(job, cost)
+
+    def _outputs_disk(self, job: Job, cost: JobCost) -> None:
+        entry = self.cal.entry("output_bytes", {"rule": cost.family})
+        if entry is None:
+            cost.disk_bytes = None
+            cost.missing.append(Missing("output_bytes", (("rule", cost.family),)))
+        else:
+            cost.disk_bytes = float(entry["value"])
+
+    def _build_tiny_model(self, job: Job, cost: JobCost) -> None:
+        self._add(cost, self.figure(cost, "job_s", rule="build_tiny_model", shape=self.model.shape))
+        cost.disk_bytes = self.checkpoint_bytes("bfloat16")
+
+    def _train_sft(self, job: Job, cost: JobCost) -> None:
+        sft, traces = self.config["sft"], self.config["traces"]
+        from predict.runs import resolve_run
+
+        run = resolve_run(self.config, job.wildcards["arm"])  # an arm, or a run with its own SFT (irreversible_A)
+        n_traces = int(traces["n_direct"]) + int(traces["n_recovery"])
+        per_trace = self.figure(cost, "sft_tokens_per_trace", protocol=run.protocol, variant=run.variant,
+                                recovery_style=traces["recovery_style"], mix=str(traces["mix"]))
+        tokens = None if per_trace is None else per_trace * n_traces * int(sft["epochs"])
+        cost.units = {"tokens": tokens, "traces": n_traces, "epochs": sft["epochs"]}
+        at = {"shape": self.model.shape, "dtype": sft["dtype"], "device": self._sft_device()}
+        self._add(cost, self.figure(cost, "sft_job_fixed_s", **at))
+        rate = self.figure(cost, "sft_tokens_per_s", **at)
+        if rate is not None and tokens is not None:
+            self._add(cost, tokens / rate)
+        cost.disk_bytes = self.checkpoint_bytes(sft["dtype"])
+
+    def _sft_device(self) -> str:
+        device = self.config["sft"].get("device", "auto")
+        return self.device if device == "auto" else device
+
+    def _serving_job(self, cost: JobCost, key: str) -> None:
+        at = {"shape": self.model.shape}
+        cost.server_key = key
+        missing = len(cost.missing)
+        cost.load = {"start": self.figure(cost, "serving_start_s", **at),
+                     "reload": self.figure(cost, "serving_reload_s", **at)}
+        # which one the lease pays is the schedule's: a gap in either counts once it is the one paid
+        cost.missing, cost.units["load_missing"] = cost.missing[:missing], cost.missing[missing:]
+
+    def _eval_key(self) -> str:
+        """The server an evaluation leases: batch-invariant where serving is (the GPU build; a server started
+        without it starts again), else the one RL leases too."""
+        from predict.serving.identity import batch_invariant
+
+        return "batch_invariant" if batch_invariant(self.config["serving"]) else "default"
+
+    def _evaluate(self, job: Job, cost: JobCost) -> None:
+        split = "test" if cost.family == "evaluate_test" else "val"
+        checkpoints = len(job.flag_values("--checkpoint")) or len(job.outputs)
+        episodes = checkpoints * self.eval_tasks(split) * int(self.config["evaluation"].get("samples", 1))
+        cost.units = {"checkpoints": checkpoints, "episodes": episodes}
+        self._serving_job(cost, self._eval_key())
+        at = self.serving_at(int(self.config["evaluation"]["max_tokens"]))
+        self._add(cost, self.figure(cost, "eval_job_fixed_s", **at))
+        self._add(cost, self.figure(cost, "eval_episode_s", **at), episodes)
+        per_episode = self.cal.entry("eval_bytes_per_episode", at)
+        cost.disk_bytes = float(per_episode["value"]) * episodes if per_episode else None
+        if per_episode is None:
+            cost.missing.append(Missing("eval_bytes_per_episode", tuple(at.items())))
+
+    _evaluate_test = _evaluate
+
+    def _rl_tokens(self) -> int:
+        rl = self.config["rl"]
+        return int(rl.get("max_tokens") or self.config["env"]["max_tokens"])
+
+    def _rl(self, job: Job, cost: JobCost) -> None:
+        rl = self.config["rl"]
+        steps, episodes = int(rl["steps"]), int(rl["tasks_per_step"]) * int(rl["group_size"])
+        checkpoints = steps // int(rl["checkpoint_every"])
+        cost.units = {"steps": steps, "episodes_per_step": episodes, "checkpoints": checkpoints}
+        self._serving_job(cost, "default")
+        at = self.serving_at(self._rl_tokens())
+        update_at = {"shape": self.model.shape, "dtype": rl["dtype"], "micro_batch_tokens": rl["micro_batch_tokens"],
+                     "activation_checkpointing": bool(rl.get("activation_checkpointing", False))}
+        self._add(cost, self.figure(cost, "rl_job_fixed_s", shape=self.model.shape))
+        self._add(cost, self.figure(cost, "rl_rollout_episode_s", **at), steps * episodes)
+        tokens = self.figure(cost, "rl_tokens_per_episode", **at)
+        rate = self.figure(cost, "rl_update_tokens_per_s", **update_at)
+        if tokens is not None and rate is not None:
+            self._add(cost, steps * episodes * tokens / rate)
+        self._add(cost, self.figure(cost, "rl_sleep_sync_s", shape=self.model.shape), steps)
+        self._add(cost, self.figure(cost, "rl_save_s_per_step", shape=self.model.shape, dtype=rl["dtype"],
+                                    checkpoint_every=rl["checkpoint_every"], state_every=rl["state_every"]), steps)
+        ckpt = self.checkpoint_bytes(rl["dtype"])
+        cost.disk_bytes = None if ckpt is None else ckpt * checkpoints
+        if not rl.get("keep_state"):
+            state = self.cal.entry("state_bytes_per_param", {"dtype": rl["dtype"]})
+            cost.transient_bytes = (state["value"] * self.model.params
+                                    if state and self.model.params else None)  # fmt: skip
+            if cost.transient_bytes is None:
+                cost.missing.append(Missing("state_bytes_per_param", (("dtype", rl["dtype"]),),
+                                            self.cal.missing_reason("state_bytes_per_param", {"dtype": rl["dtype"]})))
+
+    def _rft(self, job: Job, cost: JobCost) -> None:
+        rl, rft = self.config["rl"], self.config.get("rft") or {}
+        cost.units = {"steps": rl["steps"], "tasks": rft.get("tasks"), "group": rft.get("group_size")}
+        self._serving_job(cost, "default")
+        at = {**self.serving_at(self._rl_tokens()), "steps": int(rl["steps"]), "tasks": rft.get("tasks"),
+              "group_size": rft.get("group_size") or rl["group_size"]}
+        self._add(cost, self.figure(cost, "rft_job_s", **at))
+        ckpt = self.checkpoint_bytes(rl["dtype"])
+        cost.disk_bytes = None if ckpt is None else ckpt * (int(rl["steps"]) // int(rl["checkpoint_every"]))
+
+    def _rollout(self, job: Job, cost: JobCost) -> None:
+        tasks = self.config["env"].get("rollout_tasks") or self.split_size(job.wildcards.get("split", "val"))
+        cost.units = {"episodes": tasks}
+        self._serving_job(cost, "default")
+        at = self.serving_at(int(self.config["env"]["max_tokens"]))
+        self._add(cost, self.figure(cost, "eval_job_fixed_s", **at))
+        self._add(cost, self.figure(cost, "rollout_episode_s", **at), tasks)
+        cost.disk_bytes = None

@@ -1,0 +1,220 @@
+"""`predict plan` (issue 60): Snakemake's own dry-run read back, jobs priced by a device kind's calibration, laid out
+by the profile's parallelism; what has no calibration shown as such; bad input one line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from predict.cli import main
+from predict.plan.calibration import Calibration, load_calibration
+from predict.plan.costs import JobCost, Pricer, model_facts
+from predict.plan.dag import Job, parse_dry_run
+from predict.plan.schedule import Capacity, lay_out
+
+REPO = Path(__file__).resolve().parents[1]
+
+DRY_RUN = """\
+Building DAG of jobs...
+[Sun Dec  6 04:04:11 2026]
+localrule split_mbpp:
+    input: resources/mbpp/mbpp.jsonl
+    output: results/data/sft.parquet, results/data/val.parquet, results/data/manifest.json
+    log: logs/local/split_mbpp.log
+    jobid: 1
+    benchmark: results/benchmarks/split_mbpp.tsv
+    reason: Forced execution
+    resources: tmpdir=/tmp
+Shell command: predict split --out-dir results/data > logs/local/split_mbpp.log 2>&1
+
+[Sun Dec  6 04:04:11 2026]
+rule train_sft:
+    input: results/data/sft.parquet
+    output: results/checkpoints/A/sft, results/sft/A/metrics.parquet
+    log: logs/local/train_sft/A.log
+    jobid: 5
+    benchmark: results/benchmarks/train_sft/A.tsv
+    reason: Forced execution
+    wildcards: arm=A
+    threads: 2
+    resources: tmpdir=/tmp, runtime=120, mem_mb=8000
+Shell command: predict sft --arm A --out-dir results/checkpoints/A/sft > logs/local/train_sft/A.log 2>&1
+
+[Sun Dec  6 04:04:11 2026]
+rule evaluate_A:
+    input: results/data/val.parquet, results/checkpoints/A/sft/config.json
+    output: results/eval/A/sft/val/seed42.parquet, results/eval/A/step2/val/seed42.parquet
+    log: logs/local/evaluate/A/val/seed42.log
+    jobid: 24
+    reason: Forced execution
+    wildcards: seed=42
+    resources: tmpdir=/tmp, runtime=120, vllm_server=1, mem_mb=8000
+Shell command: predict evaluate --split val --checkpoint sft --model x --checkpoint step2 --model y --out z > l 2>&1
+
+[Sun Dec  6 04:04:11 2026]
+localrule all:
+    input: results/eval/A/sft/val/seed42.parquet
+    jobid: 0
+    reason: Forced execution
+    resources: tmpdir=/tmp
+
+Job stats:
+"""
+
+
+def test_the_dry_run_is_read_back_job_by_job_with_its_dependencies() -> None:
+    jobs = {j.jobid: j for j in parse_dry_run(DRY_RUN)}
+    assert sorted(jobs) == [0, 1, 5, 24]
+    sft, ev = jobs[5], jobs[24]
+    assert (sft.rule, sft.wildcards, sft.threads, sft.local) == ("train_sft", {"arm": "A"}, 2, False)
+    assert jobs[1].local and jobs[1].benchmark == "results/benchmarks/split_mbpp.tsv"
+    assert sft.deps == [1]
+    # a file under a folder another job makes (the SFT checkpoint) depends on that job
+    assert ev.deps == [1, 5] and ev.resource("vllm_server") == 1
+    assert ev.flag_values("--checkpoint") == ["sft", "step2"]
+    assert jobs[0].deps == [24]
+
+
+def _cal(**figures: list[dict]) -> Calibration:
+    return Calibration("test", "a test device", 2, figures)
+
+
+def test_a_figure_holds_only_at_its_conditions_and_a_gap_says_where_it_comes_from() -> None:
+    cal = _cal(eval_episode_s=[{"value": 2.0, "at": {"shape": "s", "max_tokens": 96}},
+                               {"value": None, "at": {"shape": "qwen3-4b"}, "missing": "the rehearsal gives it"}])
+    assert cal.entry("eval_episode_s", {"shape": "s", "max_tokens": 96, "concurrency": 4})["value"] == 2.0
+    assert cal.entry("eval_episode_s", {"shape": "s", "max_tokens": 512}) is None  # never scaled to another length
+    assert cal.entry("eval_episode_s", {"shape": "qwen3-4b", "max_tokens": 512}) is None
+    assert cal.missing_reason("eval_episode_s", {"shape": "qwen3-4b", "max_tokens": 512}) == "the rehearsal gives it"
+
+
+def _config() -> dict:
+    from predict.config import load_config
+
+    return load_config(REPO / "config" / "local.yaml")
+
+
+def test_an_evaluation_job_is_priced_per_episode_of_the_checkpoints_it_serves() -> None:
+    config = _config()
+    shape = model_facts(config, REPO).shape
+    at = {"shape": shape, "max_tokens": 96, "concurrency": 4}
+    cal = _cal(eval_episode_s=[{"value": 1.5, "at": at}], eval_job_fixed_s=[{"value": 10.0, "at": at}],
+               eval_bytes_per_episode=[{"value": 100.0, "at": at}],
+               serving_start_s=[{"value": 30.0, "at": {"shape": shape}}],
+               serving_reload_s=[{"value": 0.5, "at": {"shape": shape}}])
+    (ev,) = [j for j in parse_dry_run(DRY_RUN) if j.rule == "evaluate_A"]
+    cost = Pricer(config, cal, REPO).price(ev)
+    # 2 checkpoints x evaluation.tasks (4) episodes
+    assert cost.units["episodes"] == 8 and not cost.missing
+    assert cost.work_s == pytest.approx(10.0 + 8 * 1.5) and cost.disk_bytes == 800.0
+    assert cost.load == {"start": 30.0, "reload": 0.5}
+
+
+def test_a_job_without_its_figure_is_not_calibrated_and_names_what_it_lacks() -> None:
+    config = _config()
+    (sft,) = [j for j in parse_dry_run(DRY_RUN) if j.rule == "train_sft"]
+    cost = Pricer(config, _cal(), REPO).price(sft)
+    names = {m.name for m in cost.missing}
+    assert {"sft_tokens_per_trace", "sft_tokens_per_s", "sft_job_fixed_s"} <= names
+    assert cost.work_s == 0.0
+
+
+def _cost(jobid: int, seconds: float, deps=(), threads=1, serving=None, load=None, disk=0.0) -> JobCost:
+    job = Job(jobid=jobid, rule=f"r{jobid}", threads=threads, deps=list(deps),
+              resources={"vllm_server": "1"} if serving else {})
+    return JobCost(job, job.rule, work_s=seconds, server_key=serving, load=load or {}, disk_bytes=disk)
+
+
+def test_the_layout_keeps_dependencies_and_cores_and_pays_one_server_start() -> None:
+    costs = [_cost(1, 10, disk=5), _cost(2, 20, [1], disk=1), _cost(3, 20, [1], disk=1), _cost(4, 20, [1], disk=1),
+             _cost(5, 5, [2, 3, 4], serving="default", load={"start": 30, "reload": 1}),
+             _cost(6, 5, [5], serving="default", load={"start": 30, "reload": 1}),
+             _cost(7, 5, [6], serving="batch_invariant", load={"start": 30, "reload": 1})]
+    layout = lay_out(costs, Capacity(cores=2, shared_server=True))
+    s = layout.slots
+    assert s[2].start == s[3].start == 10 and s[4].start == 30  # two cores: the third waits
+    assert (s[5].load, s[6].load, s[7].load) == ("start", "reload", "start")  # another key starts it again
+    assert s[5].wall_s == 35 and s[6].wall_s == 6
+    assert layout.wall_s == 50 + 35 + 6 + 35 and not layout.lower_bound
+    assert layout.disk_peak_bytes == 8
+    # one core: everything in a row
+    assert lay_out(costs[:4], Capacity(cores=1)).wall_s == 70
+    # without a shared server every serving job starts its own
+    assert {s.load for j, s in lay_out(costs, Capacity(cores=2)).slots.items() if j >= 5} == {"start"}
+
+
+def test_an_uncalibrated_job_makes_the_totals_a_lower_bound() -> None:
+    from predict.plan.calibration import Missing
+
+    cost = _cost(1, 10)
+    cost.missing.append(Missing("job_s", (("rule", "r1"),)))
+    assert lay_out([cost], Capacity(cores=2)).lower_bound
+
+
+def test_the_model_facts_count_the_parameters_of_the_shape() -> None:
+    config = _config()
+    tiny = model_facts(config, REPO)
+    assert tiny.shape == "tiny-h64-l2" and tiny.weights == "random" and 19e6 < tiny.params < 20e6  # ~19.6M
+    paper = model_facts({**config, "model": {"base": "models/Qwen3-4B-Base"}}, REPO)
+    assert paper.shape == "qwen3-4b" and paper.tied and 4.0e9 < paper.params < 4.03e9  # 4.02B, tied
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--profile", "laptop"], "unknown profile 'laptop'"),
+    (["--device", "a100"], "no calibration for device kind 'a100'"),
+    (["--config", "BAD"], "rl.steps"),
+    (["--config", "config/missing.yaml"], "does not exist"),
+])  # fmt: skip
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, capsys, argv: list[str], says: str) -> None:
+    bad = tmp_path / "bad.yaml"
+    config = yaml.safe_load((REPO / "config" / "local.yaml").read_text())
+    config["rl"]["steps"] = "many"
+    bad.write_text(yaml.safe_dump(config))
+    argv = [str(bad) if a == "BAD" else a for a in argv]
+    out = tmp_path / "plan" / "plan.json"
+    assert main(["plan", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and says in " ".join(err.split()), err
+    assert not out.parent.exists()
+
+
+def test_the_calibrations_in_the_repository_read_and_name_their_sources() -> None:
+    for kind in ("cpu", "h100", "h200"):
+        cal = load_calibration(REPO, kind)
+        assert cal.sources and all((REPO / "benchmarks" / s).is_file() for s in cal.sources), kind
+        for name, entries in cal.figures.items():
+            for e in entries:
+                assert e.get("value") is not None or e.get("missing"), (kind, name)
+                if e.get("value") is not None:
+                    assert (REPO / "benchmarks" / e["source"].split(":")[0]).is_file(), (kind, name)
+
+
+def test_the_paper_on_one_gpu_shows_what_the_rehearsal_has_not_given_yet() -> None:
+    """The one-node study on an H200: the 4B rollout at the paper's reply length is not calibrated until the
+    rehearsal's JSON lands, and the plan says so instead of guessing."""
+    cal = load_calibration(REPO, "h200")
+    if (REPO / "benchmarks" / "rehearsal_h200.json").is_file():
+        pytest.skip("the rehearsal has landed: its figures are in")
+    from predict.plan.command import load_study
+
+    config = load_study([REPO / "config" / "config.yaml", REPO / "config" / "gpu.yaml"])
+    job = Job(jobid=1, rule="rl", wildcards={"run": "A", "seed": "42"}, resources={"gpu": "1", "vllm_server": "1"})
+    cost = Pricer(config, cal, REPO).price(job)
+    missing = {m.name: m for m in cost.missing}
+    assert "rl_rollout_episode_s" in missing and "rehearsal_h200.json" in missing["rl_rollout_episode_s"].why
+    assert cost.device_peak_gib is not None  # the 4B step's peak at 8,192 tokens with checkpointing is measured
+
+
+def test_plan_of_the_embedded_default_comes_from_snakemakes_dag(tmp_path: Path) -> None:
+    """The real dry-run: every job Snakemake's `-n all` lists is priced, on the CPU calibration, and written."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--out", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    rules = [j["rule"] for j in plan["jobs"]]
+    assert rules.count("rl") == 13 and rules.count("train_sft") == 2 and "evaluate_test_campaign" in rules
+    assert plan["device"]["calibration"] == "benchmarks/calibration/cpu.json"
+    assert plan["totals"]["wall_s"] > 0 and out.with_suffix(".parquet").is_file()
