@@ -48,7 +48,7 @@ class Figures:
 
     def add(self, name: str, value: float | None, unit: str, source: str, how: str, **at: Any) -> None:
         entry = {"value": None if value is None else round(float(value), 6), "unit": unit, "at": at,
-                 "source": source, "how": how}  # fmt: skip
+                 "source": source, "how": how}
         self.figures.setdefault(name, []).append(entry)
         self.sources.add(source.split(":")[0])
 
@@ -59,7 +59,7 @@ class Figures:
         out = BENCH / "calibration" / f"{kind}.json"
         out.parent.mkdir(exist_ok=True)
         body = {"kind": kind, "device": device, "cores": cores, "derived_by": "benchmarks/calibrate.py",
-                "sources": sorted(self.sources), "figures": self.figures}  # fmt: skip
+                "sources": sorted(self.sources), "figures": self.figures}
         out.write_text(json.dumps(body, indent=1) + "\n")
         return out
 
@@ -192,7 +192,7 @@ def cpu(measured_name: str) -> Figures:
             f.add("sft_tokens_per_trace", j["sft"]["tokens"] / (j["sft"]["epochs"] * n_traces), "tokens",
                   f"{src}: jobs[train_sft].sft.tokens", f"tokens / (epochs x {n_traces} traces), run "
                   f"{j['wildcards']['arm']}", protocol=run.protocol, variant=run.variant,
-                  recovery_style=traces["recovery_style"], mix=str(traces["mix"]))  # fmt: skip
+                  recovery_style=traces["recovery_style"], mix=str(traces["mix"]))
         per_param = _median(j["checkpoint_weights_bytes"] for j in sft_jobs) / model.params
         f.add("checkpoint_bytes_per_param", per_param, "bytes/param",
               f"{src}: jobs[train_sft].checkpoint_weights_bytes",

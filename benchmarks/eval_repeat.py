@@ -65,7 +65,7 @@ def main() -> int:
     config = load_config(args.config)
     data, ev, serving = config["data"], config["evaluation"], {**config["serving"], "shared": None}
     val = sorted(split_tasks(load_mbpp(data["mbpp_path"], hf_fallback=data["hf_fallback"]), int(data["split_seed"]), data["sizes"])["val"],
-                 key=lambda r: r["task_id"])  # fmt: skip
+                 key=lambda r: r["task_id"])
     tasks = [{**r, "split": "val"} for r in val[: args.tasks or ev["tasks"] or len(val)]]
     model = args.model or cached_tiny_qwen3(default_cache_dir() / "models", seed=0)
     modes = args.modes or ["config"]
@@ -86,7 +86,7 @@ def main() -> int:
         return RolloutSettings.from_study_config(
             config, arm="A", seed=1, checkpoint=checkpoint, base_url=base_url, model=SERVED_NAME,
             temperature=ev["temperature"], max_tokens=ev["max_tokens"], concurrency=concurrency, split="val",
-        )  # fmt: skip
+        )
 
     for mode in modes:
         env = evaluation_environment(serving) if mode == "config" else MODE_ENV[mode]
@@ -97,7 +97,7 @@ def main() -> int:
             with VLLMServer.from_serving(model, serving, sequences=max(args.concurrency), served_model_name=SERVED_NAME,
                                          env=env, **({"enforce_eager": True} if args.enforce_eager else {}),
                                          extra_args=[] if args.max_num_seqs is None else
-                                         ["--max-num-seqs", str(args.max_num_seqs)]) as srv:  # fmt: skip
+                                         ["--max-num-seqs", str(args.max_num_seqs)]) as srv:
                 starts.append(time.perf_counter() - t0)
                 run_rollouts_sync(tasks, settings(srv.base_url, max(args.concurrency), "warm-up"))
                 for repeat in range(args.repeats):
@@ -108,7 +108,7 @@ def main() -> int:
                         rows = [{k: v for k, v in r.items() if k not in PER_RUN} for r in rows]
                         runs.append({"server": server, "repeat": repeat, "concurrency": c, "wall_s": wall, "rows": rows})
                         print(f"{mode}: server {server}, repeat {repeat}, concurrency {c}: {wall:.1f} s, "
-                              f"{sum(r['n_model_calls'] for r in rows)} calls", flush=True)  # fmt: skip
+                              f"{sum(r['n_model_calls'] for r in rows)} calls", flush=True)
         first = runs[0]["rows"]
         by_concurrency = {}
         for c in args.concurrency:
@@ -133,7 +133,7 @@ def main() -> int:
     print(json.dumps({k: v for k, v in result.items() if k != "modes"}, indent=1))
     for mode, r in result["modes"].items():
         print(f"{mode}: repeats {r['repeats']} (rows differing from the first run: {r['tasks_whose_rows_differ_from_the_first_run']}); "
-              + ", ".join(f"concurrency {c}: {s['mean_wall_s']} s" for c, s in r["settings"].items()))  # fmt: skip
+              + ", ".join(f"concurrency {c}: {s['mean_wall_s']} s" for c, s in r["settings"].items()))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -65,7 +65,7 @@ def step_samples(rollouts: int, seq: int, sampled: int, ce_per_rollout: int, ce_
         w = [0.0] * (seq - sampled) + [1.0] * sampled
         adv = 1.0 if r % 2 else -1.0
         out.append(TrainSample(token_ids=ids, mask=[x > 0 for x in w], logprobs=[0.0] * seq,
-                               advantages=[adv * x for x in w], rl_weights=w, ce_weights=[0.0] * seq, kind="rl"))  # fmt: skip
+                               advantages=[adv * x for x in w], rl_weights=w, ce_weights=[0.0] * seq, kind="rl"))
         for c in range(ce_per_rollout):
             n = ce_prefix + 4
             ce_ids = ids[: ce_prefix - 10 * c] + torch.randint(0, 151000, (n - ce_prefix + 10 * c,), generator=gen).tolist()
@@ -76,7 +76,7 @@ def step_samples(rollouts: int, seq: int, sampled: int, ce_per_rollout: int, ce_
 def old_trainer_class(ref: str) -> Any:
     """`Trainer` as commit `ref` had it (its module loaded under its own name beside today's)."""
     source = subprocess.run(["git", "show", f"{ref}:src/predict/train/trainer.py"], cwd=REPO, check=True,
-                            capture_output=True, text=True).stdout  # fmt: skip
+                            capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "trainer_old.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("predict_trainer_old", path)
@@ -126,7 +126,7 @@ def bench_shape(name: str, args: argparse.Namespace, model_dir: Path, old_cls: A
     if old_cls is not None:
         trainers["old"] = old_cls(model_dir, **kwargs)
     run = {"off": lambda t: t.step(samples, grad_terms=False), "on": lambda t: t.step(samples, grad_terms=True),
-           "old": lambda t: t.step(samples)}  # fmt: skip
+           "old": lambda t: t.step(samples)}
     cpu: dict[str, list[float]] = {k: [] for k in trainers}
     wall: dict[str, list[float]] = {k: [] for k in trainers}
     seen: dict[str, Any] = {}
@@ -142,7 +142,7 @@ def bench_shape(name: str, args: argparse.Namespace, model_dir: Path, old_cls: A
                     probe.append(sum(PROBE_CPU_S))
             if key == "on":
                 seen = {k: m.get(k) for k in ("grad_norm", "rl_grad_norm", "ce_grad_norm", "rl_ce_grad_cosine",
-                                              "n_micro_batches")}  # fmt: skip
+                                              "n_micro_batches")}
             elif key in ("off", "old"):
                 seen[f"n_micro_batches_{key}"] = m["n_micro_batches"]
     med = {k: statistics.median(v) for k, v in cpu.items()}
@@ -150,7 +150,7 @@ def bench_shape(name: str, args: argparse.Namespace, model_dir: Path, old_cls: A
            "n_tokens": sum(len(s.token_ids) for s in samples), "step_cpu_s": med,
            "step_wall_s": {k: statistics.median(v) for k, v in wall.items()},
            "measured_over_unmeasured": med["on"] / med["off"], "probe_cpu_s": statistics.median(probe),
-           "probe_share_of_unmeasured_step": statistics.median(probe) / med["off"], "norms_seen": seen}  # fmt: skip
+           "probe_share_of_unmeasured_step": statistics.median(probe) / med["off"], "norms_seen": seen}
     if "old" in med:
         out["unmeasured_over_old"] = med["off"] / med["old"]
     return out
@@ -193,7 +193,7 @@ def main() -> None:
                 "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
                 "repeat": args.repeat, "old_ref": args.old_ref,
                 "shape_args": {k: getattr(args, k) for k in ("seq", "sampled", "ce_per_rollout", "ce_prefix")},
-                "date": time.strftime("%Y-%m-%d"), "results": results}  # fmt: skip
+                "date": time.strftime("%Y-%m-%d"), "results": results}
         args.out.write_text(json.dumps(meta, indent=2) + "\n")
 
 

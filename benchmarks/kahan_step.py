@@ -79,7 +79,7 @@ def bench(torch: Any, make: Any, steps: int = 8, warmup: int = 3) -> dict[str, f
         return sorted(x)[len(x) // 2]
 
     return {"first_step_s": first, "launch_s": median(launch), "gpu_s": median(gpu), "step_s": median(total),
-            "peak_gib": peak}  # fmt: skip
+            "peak_gib": peak}
 
 
 def bits_equal(torch: Any, optim: Any) -> bool:
@@ -109,7 +109,7 @@ def main() -> int:
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
                               "device": torch.cuda.get_device_name(), "weights": sum(
                                   torch.Size(s).numel() for s in SHAPES), "tensors": len(SHAPES),
-                              "bits_equal": bits_equal(torch, optim), "optimizers": {}}  # fmt: skip
+                              "bits_equal": bits_equal(torch, optim), "optimizers": {}}
     runs: dict[str, Any] = {
         "torch fused AdamW (bf16 moments, updates lost)": lambda ps: torch.optim.AdamW(
             ps, lr=1e-6, weight_decay=0.0, fused=True
@@ -125,7 +125,7 @@ def main() -> int:
     for name, make in runs.items():
         result["optimizers"][name] = row = bench(torch, make)
         print(f"{name:<52} launch {row['launch_s'] * 1e3:6.1f} ms  GPU {row['gpu_s'] * 1e3:6.1f} ms  "
-              f"step {row['step_s'] * 1e3:6.1f} ms  peak {row['peak_gib']:5.1f} GiB", flush=True)  # fmt: skip
+              f"step {row['step_s'] * 1e3:6.1f} ms  peak {row['peak_gib']:5.1f} GiB", flush=True)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0

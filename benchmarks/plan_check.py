@@ -131,7 +131,7 @@ def measure(args: argparse.Namespace) -> int:
     state = 0
     if args.state_sizes and Path(args.state_sizes).is_file():
         state = max((int(line.split()[1]) for line in Path(args.state_sizes).read_text().splitlines()
-                     if len(line.split()) == 3), default=0)  # fmt: skip
+                     if len(line.split()) == 3), default=0)
     times = [t for t in (*starts.values(), *ends.values()) if t is not None]
     out = {
         "what": f"the run of {args.config} with --profile {args.profile}, measured by benchmarks/plan_check.py",
@@ -140,7 +140,7 @@ def measure(args: argparse.Namespace) -> int:
         "wall_s": max(times) - min(times), "rl_state_bytes_max": state or None,
         "mean_load": statistics.mean(r["mean_load"] for r in rows if r.get("mean_load") is not None),
         "jobs": rows,
-    }  # fmt: skip
+    }
     path = REPO / "benchmarks" / f"plan_measured_{args.name}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"{path.relative_to(REPO)}: {len(rows)} jobs, wall {out['wall_s']:.0f} s")
@@ -171,13 +171,13 @@ def compare(args: argparse.Namespace) -> int:
             peak = p["device_peak_gib"] / m["device_peak_gib"]
         rows.append({"job": m["job"], "measured_s": m["wall_s"], "planned_s": predicted,
                      "ratio": None if ratio is None else round(ratio, 3), "within_30pct": within,
-                     "device_peak_ratio": peak})  # fmt: skip
+                     "device_peak_ratio": peak})
     total_ratio = result["totals"]["wall_s"] / measured["wall_s"]
     out = {"measured": measured.get("snakemake_log"), "calibration": result["device"]["calibration"],
            "in_sample": args.measured is None, "total_planned_s": result["totals"]["wall_s"],
            "total_measured_s": round(measured["wall_s"], 1), "total_ratio": round(total_ratio, 3),
            "total_within_20pct": abs(total_ratio - 1) <= 0.20, "jobs_within_30pct": len(rows) - misses,
-           "jobs": len(rows), "rows": rows}  # fmt: skip
+           "jobs": len(rows), "rows": rows}
     path = REPO / "benchmarks" / f"plan_check_{args.name}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print("| job | measured s | planned s | planned / measured |\n| --- | ---: | ---: | ---: |")

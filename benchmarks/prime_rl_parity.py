@@ -196,9 +196,9 @@ def main() -> int:
 
         batch = {"logprobs": pad([stream(s, "inference_logprobs") for s in samples]),
                  "advantages": pad([stream(s, "advantages") for s in samples]),
-                 "rl_weights": pad(rl_w), "ce_weights": pad(ce_w)}  # fmt: skip
+                 "rl_weights": pad(rl_w), "ce_weights": pad(ce_w)}
         loss, _ = predict_loss(pad(new), batch, LocalLossConfig(design.eps_low, design.eps_high, design.kl_coef),
-                               n_rl=n_rl, n_ce=n_ce)  # fmt: skip
+                               n_rl=n_rl, n_ce=n_ce)
         loss.backward()
         return float(loss.detach()), grad_norm()
 
@@ -211,7 +211,7 @@ def main() -> int:
         "prime_rl": {"loss": p_loss, "grad_norm": p_norm}, "local": {"loss": l_loss, "grad_norm": l_norm},
         "loss_rel_diff": abs(p_loss - l_loss) / max(abs(l_loss), 1e-12),
         "grad_norm_rel_diff": abs(p_norm - l_norm) / max(l_norm, 1e-12),
-    }  # fmt: skip
+    }
     if args.trainer_metrics is not None:
         result["prime_rl_logged"] = logged_loss_and_grad_norm(args.trainer_metrics, args.step)
     text = json.dumps(result, indent=1)

@@ -72,7 +72,7 @@ def start(args: argparse.Namespace) -> int:
         config.write_text(yaml.safe_dump(raw, sort_keys=False))
     cmd = [sys.executable, str(Path(__file__).resolve()), "drive", "--config", str(config)]
     cmd += ["--no-vllm-alone"] if args.no_vllm_alone else []
-    log = open(state / "drive.log", "a")  # noqa: SIM115 - the child keeps it
+    log = open(state / "drive.log", "a")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     print(f"started pid {proc.pid}: {' '.join(cmd)}; log {state / 'drive.log'}")
     return 0
@@ -99,12 +99,12 @@ def drive(args: argparse.Namespace) -> int:
             try:
                 vllm_alone(config, state / "vllm_alone.json")
                 _write(state / f"phase-{name}.json", {"rc": 0, "ended": time.time()})
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 _write(state / f"phase-{name}.json", {"rc": 1, "error": repr(e)[-2000:], "ended": time.time()})
             continue
         else:
             cmd = [sys.executable, "-m", "snakemake", "--profile", "workflow/profiles/gpu", "--configfile",
-                   str(args.config), "--scheduler", "greedy", *targets]  # fmt: skip
+                   str(args.config), "--scheduler", "greedy", *targets]
             with open(state / f"snakemake-{name}.log", "a") as log:
                 rc = subprocess.call(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         _write(state / f"phase-{name}.json", {"rc": rc, "ended": time.time()})
@@ -184,18 +184,18 @@ def vllm_alone(config: dict[str, Any], out: Path, concurrencies: tuple[int, ...]
     serving = {**config["serving"], "shared": None, "gpu_memory_utilization": 0.9}
     numbers: list[dict[str, Any]] = []
     with VLLMServer.from_serving(model, serving, sequences=max(concurrencies), served_model_name=SERVED_NAME,
-                                 log_path=out.with_suffix(".vllm.log")) as server:  # fmt: skip
+                                 log_path=out.with_suffix(".vllm.log")) as server:
         for c in concurrencies:
             run = TrainingRun(RLJob(run="A", seed=seed, init=model, tasks=results / "data" / "rl.parquet",
                                     out_dir=out.parent / "vllm_alone"),
-                              {**config, "env": {**config["env"], "concurrency": c}}, "rl")  # fmt: skip
+                              {**config, "env": {**config["env"], "concurrency": c}}, "rl")
             batch = tasks[: min(len(tasks), 2 * c)]
             t = time.perf_counter()
             records = run_rollouts_sync(batch, run.rollout_settings(server, f"vllm-alone-c{c}"))
             wall = time.perf_counter() - t
             tokens = sum(r.get("n_output_tokens") or 0 for r in records)
             numbers.append({"concurrency": c, "episodes": len(records), "wall_s": wall, "generated_tokens": tokens,
-                            "generated_tokens_per_s": tokens / wall, "episodes_per_s": len(records) / wall})  # fmt: skip
+                            "generated_tokens_per_s": tokens / wall, "episodes_per_s": len(records) / wall})
             _write(out, {"model": str(model), "rows": numbers})
     return 0
 
@@ -266,7 +266,7 @@ def jobs(results: Path, logs: Path, reference: str | None = None) -> list[dict[s
             "device_gib": float(peaks[-1][1]) if peaks else None,
             "disk_peak_gb": round(max(s[1] for s in window) / GB, 2) if window else None,
             "disk_growth_peak_gb": round((max(s[1] for s in window) - window[0][1]) / GB, 2) if window else None,
-        })  # fmt: skip
+        })
     return out
 
 
@@ -285,11 +285,11 @@ def rl_split(results: Path, config: dict[str, Any], design: dict[str, Any], para
                    "update_mfu": _div(6 * parameters * (r.get("n_tokens") or 0), (r.get("update_s") or 0) * PEAK_FLOPS),
                    "sleep_wake_s": r.get("sleep_s"), "sync_s": r.get("sync_s"),
                    "save_waited_s": r.get("save_s"), "hf_save_write_s": r.get("checkpoint_write_s"),
-                   "state_save_write_s": r.get("state_write_s")}  # fmt: skip
+                   "state_save_write_s": r.get("state_write_s")}
             every_state, every_ckpt = design["rl"]["state_every"], design["rl"]["checkpoint_every"]
             if step:
                 row["shares"] = {k: _div(row[k], step) for k in ("rollout_s", "samples_s", "update_s", "sleep_wake_s",
-                                                                  "sync_s")}  # fmt: skip
+                                                                  "sync_s")}
                 # Spread over the design's intervals: the state every state_every steps, the HF checkpoint every
                 # checkpoint_every. In the background the step waits for the copies only (save_waited_s); written in
                 # the foreground it would wait for the folders too.
@@ -297,7 +297,7 @@ def rl_split(results: Path, config: dict[str, Any], design: dict[str, Any], para
                     "background": _div((row["save_waited_s"] or 0) / every_state, step),
                     "foreground": _div((row["state_save_write_s"] or 0) / every_state
                                        + (row["hf_save_write_s"] or 0) / every_ckpt, step),
-                    "state_every": every_state, "checkpoint_every": every_ckpt}  # fmt: skip
+                    "state_every": every_state, "checkpoint_every": every_ckpt}
             out.append(row)
     return out
 
@@ -341,7 +341,7 @@ def collect(args: argparse.Namespace) -> int:
 def _card() -> str:
     try:
         name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=20).stdout.splitlines()[0]  # fmt: skip
+                              text=True, timeout=20).stdout.splitlines()[0]
     except (OSError, IndexError, subprocess.SubprocessError):
         return "cpu"
     return re.sub(r"[^a-z0-9]+", "_", re.sub(r"^nvidia\s+", "", name.lower())).strip("_").split("_")[0]

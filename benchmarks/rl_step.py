@@ -48,7 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 # The model shape and peak FLOP/s of the SFT benchmark, so the two MFUs are counted alike.
-from sft_speed import PEAK_FLOPS, QWEN3_4B  # noqa: E402  (benchmarks/ is the script's folder on sys.path)
+from sft_speed import PEAK_FLOPS, QWEN3_4B
 
 PREDICTION_LINE = "<PREDICTION>PASS</PREDICTION> <DECISION>KEEP</DECISION>"
 
@@ -66,7 +66,7 @@ def update_flops(cfg: dict, samples: list[Any]) -> float:
 
 def load_tasks(path: Path | None, n: int) -> list[dict]:
     if path is None:
-        return [{"task_id": i, "text": f"Write a function f{i}(x) that returns x * {i}.", "test_list": [f"assert f{i}(2) == {2 * i}"]} for i in range(n)]  # fmt: skip
+        return [{"task_id": i, "text": f"Write a function f{i}(x) that returns x * {i}.", "test_list": [f"assert f{i}(2) == {2 * i}"]} for i in range(n)]
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return rows[:n]
 
@@ -88,9 +88,9 @@ class VLLMGenerator:
     def _one(self, prompt: list[int], new_tokens: int, seed: int) -> tuple[list[int], list[float]]:
         body = {"model": self.server.model_name, "prompt": prompt, "max_tokens": new_tokens, "min_tokens": new_tokens,
                 "ignore_eos": True, "temperature": 1.0, "top_p": 1.0, "logprobs": 0, "return_token_ids": True,
-                "seed": seed}  # fmt: skip
+                "seed": seed}
         req = urllib.request.Request(self.server.base_url + "/completions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})  # fmt: skip
+                                     {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=600) as r:
             choice = json.loads(r.read())["choices"][0]
         return list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
@@ -119,7 +119,7 @@ class TransformersGenerator:
         with torch.no_grad():
             out = self.gen.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
                                     top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens, output_logits=True,
-                                    return_dict_in_generate=True, pad_token_id=self.pad_id)  # fmt: skip
+                                    return_dict_in_generate=True, pad_token_id=self.pad_id)
         seq = out.sequences[:, width:]
         lps = torch.stack([torch.log_softmax(lg.float(), -1) for lg in out.logits], 1)
         lp = lps.gather(-1, seq.unsqueeze(-1)).squeeze(-1)
@@ -137,7 +137,7 @@ def rollouts(generate: Any, tok: Any, tasks: list[dict], group: int, args: argpa
     first = generate([p + scaffold for p in prompts], args.new_tokens, 2 * step)
     user = tok.encode(f"<|im_end|>\n<|im_start|>user\n{RESULT_PATCH_APPLIED}<|im_end|>\n").ids
     second = generate([p + scaffold + c + user + scaffold for p, (c, _) in zip(prompts, first, strict=True)],
-                      args.pred_tokens, 2 * step + 1)  # fmt: skip
+                      args.pred_tokens, 2 * step + 1)
     line = tok.encode(PREDICTION_LINE).ids
     if args.pred_tokens < len(line):
         raise SystemExit(f"--pred-tokens must be >= {len(line)} (the injected prediction line)")
@@ -153,7 +153,7 @@ def rollouts(generate: Any, tok: Any, tasks: list[dict], group: int, args: argpa
              "logprobs": []},
             {"parent": 2, "role": "assistant", "sampled": True, "token_ids": scaffold + c2,
              "mask": [False] * len(scaffold) + [True] * len(c2), "logprobs": l2},
-        ]  # fmt: skip
+        ]
         outcome = rng.choice(["PASS", "ASSERTION_FAILURE", "RUNTIME_ERROR"])
         steps = [
             {"index": 0, "action": "apply_patch", "applied": True, "outcome": outcome, "outcome_seen": False},
@@ -161,7 +161,7 @@ def rollouts(generate: Any, tok: Any, tasks: list[dict], group: int, args: argpa
         ]
         reward = float(rng.random() < 0.5)
         records.append({"rollout_key": f"B|0|bench|{task['task_id']}|{s}", "task_id": task["task_id"], "ok": True,
-                        "reward": reward, "steps": steps, "tokens": nodes})  # fmt: skip
+                        "reward": reward, "steps": steps, "tokens": nodes})
     return records
 
 
@@ -183,7 +183,7 @@ def build_model(args: argparse.Namespace, folder: Path) -> Path:
     torch.manual_seed(0)
     with torch.device(args.device):
         net = AutoModelForCausalLM.from_config(Qwen3Config(**{**QWEN3_4B, "tie_word_embeddings": not args.untied}, bos_token_id=151643, eos_token_id=151645),
-                                               dtype=torch.bfloat16)  # fmt: skip
+                                               dtype=torch.bfloat16)
     net.save_pretrained(folder)
     del net
     for name in TOKENIZER_FILES:
@@ -240,13 +240,13 @@ def main() -> int:
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "args": {k: str(v) for k, v in vars(args).items()}}
 
     variants = [(int(v.split(":")[0]), v.endswith(":ckpt"), order == "asleep")
-                for v in args.trainers or [str(args.micro_batch_tokens)] for order in args.sync_orders]  # fmt: skip
+                for v in args.trainers or [str(args.micro_batch_tokens)] for order in args.sync_orders]
 
     if not args.no_standin:  # the stand-in's rollout on the same prompts, before the server holds any memory
         from transformers import AutoModelForCausalLM
 
         gen = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16 if gpu else torch.float32,
-                                                   attn_implementation="sdpa").to(args.device).eval()  # fmt: skip
+                                                   attn_implementation="sdpa").to(args.device).eval()
         standin = TransformersGenerator(torch, gen, tok.token_to_id("<|endoftext|>"))
         times = []
         for step in range(2):  # one warm-up
@@ -262,10 +262,10 @@ def main() -> int:
             torch.cuda.empty_cache()
 
     serving = {"device": "gpu" if gpu else "cpu", "python": args.vllm_python or default_python("gpu" if gpu else "cpu"),
-               "max_model_len": args.max_model_len, "startup_timeout_s": 900, "shared": None}  # fmt: skip
+               "max_model_len": args.max_model_len, "startup_timeout_s": 900, "shared": None}
     t = time.perf_counter()
     server = VLLMServer.from_serving(model, serving, sequences=args.tasks * args.group, served_model_name=SERVED_NAME,
-                                     worker_extension=True, log_path=work / "vllm.log").start()  # fmt: skip
+                                     worker_extension=True, log_path=work / "vllm.log").start()
     result["server_start_s"] = time.perf_counter() - t
     result["server_args"] = server.extra_args
     print(f"vLLM server up in {result['server_start_s']:.1f} s ({' '.join(server.extra_args)})", flush=True)
@@ -276,21 +276,21 @@ def main() -> int:
         for micro_batch_tokens, checkpointing, asleep in variants:
             t0 = time.perf_counter()
             trainer = Trainer(model, lr=1e-6, device=args.device, dtype="bfloat16" if gpu else "float32",
-                              micro_batch_tokens=micro_batch_tokens, weight_decay=0.0, grad_clip=1.0, seed=0)  # fmt: skip
+                              micro_batch_tokens=micro_batch_tokens, weight_decay=0.0, grad_clip=1.0, seed=0)
             if checkpointing:
                 trainer.checkpoint_activations()
             setup_s = time.perf_counter() - t0
             watch = GpuMemoryWatch(interval_s=0.05).start()
             try:
                 rows = run_steps(args, trainer, server, generate, handoff, watch, tok, tasks, cfg, work, sync, gpu,
-                                 asleep=asleep)  # fmt: skip
+                                 asleep=asleep)
             finally:
                 watch.stop()
             variant = {"micro_batch_tokens": micro_batch_tokens, "activation_checkpointing": checkpointing,
                        "sync_order": "asleep" if asleep else "awake", "liger_kernels": trainer.liger,
                        "trainer_setup_s": setup_s, **summarise(rows), "device_peak_gib": watch.peak_bytes / GIB,
                        "trainer_peak_gib": max((r.get("trainer_peak_gib", 0.0) for r in rows), default=0.0),
-                       "rows": rows}  # fmt: skip
+                       "rows": rows}
             result["variants"].append(variant)
             report(args, model, variant, result)
             del trainer
@@ -301,7 +301,7 @@ def main() -> int:
         server.stop()
     if len(variants) == 1:  # the layout of the earlier JSON files
         result |= {k: v for k, v in result.pop("variants")[0].items()
-                   if k not in ("micro_batch_tokens", "activation_checkpointing", "sync_order")}  # fmt: skip
+                   if k not in ("micro_batch_tokens", "activation_checkpointing", "sync_order")}
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
@@ -309,7 +309,7 @@ def main() -> int:
 
 def run_steps(args: argparse.Namespace, trainer: Any, server: Any, generate: Any, handoff: Any, watch: Any, tok: Any,
               tasks: list[dict], cfg: dict, work: Path, sync: Any, gpu: bool, *, asleep: bool = True,
-              ) -> list[dict[str, Any]]:  # fmt: skip
+              ) -> list[dict[str, Any]]:
     """Warm-up + timed steps of one trainer against the running server: the rows, one per step. `asleep`: the sync
     loads into the server's weights while its KV cache sleeps (`UpdateWindow.sync`); else it wakes whole first."""
     import torch
@@ -396,14 +396,14 @@ def report(args: argparse.Namespace, model: Path, variant: dict[str, Any], resul
           f"new tokens through vLLM, micro-batches of {variant['micro_batch_tokens']} tokens"
           f"{', activation checkpointing' if variant['activation_checkpointing'] else ''}, sync order "
           f"{variant['sync_order']}; mean of "
-          f"{variant['timed_steps']} steps after {args.warmup} warm-up:")  # fmt: skip
+          f"{variant['timed_steps']} steps after {args.warmup} warm-up:")
     for k in STEP_KEYS[:-1]:
         if k in mean:
             print(f"  {k:<14} {mean[k]:8.3f} s {mean[k] / mean['step_s']:6.1%}")
     print(f"  update MFU {mean['update_mfu']:.1%}; sleep + wake + sync {mean['sleep_and_sync_share']:.1%} of the step; "
           f"stand-in rollout {result.get('standin_rollout_s', float('nan')):.2f} s; peak GPU memory "
           f"{variant['device_peak_gib']:.1f} GiB on the device, {variant['trainer_peak_gib']:.1f} GiB the trainer's",
-          flush=True)  # fmt: skip
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ SCRIPTS = {
     "reactive": [READ, ADD, TEST, FIX, TEST, FINAL],
     "predictive": [READ, ADD, "<PREDICTION>PASS</PREDICTION> <DECISION>KEEP</DECISION>", TEST, FIX,
                    "<PREDICTION>PASS</PREDICTION> <DECISION>KEEP</DECISION>", TEST, FINAL],
-}  # fmt: skip
+}
 MARKER = {"reactive": "[protocol:reactive]", "predictive": "[protocol:predictive]"}
 
 
@@ -119,7 +119,7 @@ def main() -> int:
     ap.add_argument("--model", choices=["scripted", "vllm"], default="scripted")
     ap.add_argument("--mbpp", default=str(REPO / "resources" / "mbpp" / "mbpp.jsonl"))
     ap.add_argument("--tasks", type=int, default=8,
-                    help="rollouts per run (scripted: at least 2 per slot of the concurrency)")  # fmt: skip
+                    help="rollouts per run (scripted: at least 2 per slot of the concurrency)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--protocols", nargs="+", default=["reactive"], choices=["reactive", "predictive"])
     ap.add_argument("--harness", nargs="+", default=["process", "in_process"], choices=["process", "in_process"])
@@ -166,10 +166,10 @@ def main() -> int:
         base_url = server if isinstance(server, str) else server.base_url
         for harness in args.harness:  # warm-up: the train client's tokenizer, the sandbox pool, the server
             warm = RolloutSettings.of(base_url=base_url, model=served_model, client=args.client, concurrency=4,
-                                      max_tokens=args.max_tokens, in_process=harness == "in_process")  # fmt: skip
+                                      max_tokens=args.max_tokens, in_process=harness == "in_process")
             run_rollouts_sync(tasks_for("reactive", 4), warm)
         table = Table("protocol", "harness", "concurrency", "rollouts/s", "model calls/s", "wall s/rollout", "model s",
-                      "env s", "grade s", "harness s", "host CPU s", title=f"model {args.model}, client {args.client}")  # fmt: skip
+                      "env s", "grade s", "harness s", "host CPU s", title=f"model {args.model}, client {args.client}")
         for protocol in args.protocols:
             for concurrency in args.concurrency:
                 n = max(args.tasks, 2 * concurrency) if args.model == "scripted" else args.tasks
@@ -178,7 +178,7 @@ def main() -> int:
                         base_url=base_url, model=served_model, protocol=protocol, client=args.client,
                         max_tokens=args.max_tokens, concurrency=concurrency, in_process=harness == "in_process",
                         arm="A" if protocol == "reactive" else "B", seed=1, checkpoint="bench",
-                    )  # fmt: skip
+                    )
                     row, bad = run_row(tasks_for(protocol, n), settings, grade_s)
                     if bad:
                         console.print(f"[red]{len(bad)} rollouts failed[/red]: {bad[0]}")
@@ -187,7 +187,7 @@ def main() -> int:
                     table.add_row(protocol, harness, str(concurrency),
                                   *(f"{row[k]:.3f}" for k in ("rollouts_per_s", "model_calls_per_s", "wall_s",
                                                                "model_s", "env_s", "grade_s", "harness_s",
-                                                               "host_cpu_s")))  # fmt: skip
+                                                               "host_cpu_s")))
         console.print(table)
     if args.out:
         Path(args.out).write_text(json.dumps({**meta, "runs": results}, indent=1) + "\n")

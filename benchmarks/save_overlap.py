@@ -33,7 +33,7 @@ def _model(hidden: int, layers: int, inter: int) -> torch.nn.Module:
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=151936, hidden_size=hidden, num_hidden_layers=layers, intermediate_size=inter,
                       num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 256), head_dim=64,
-                      tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645)  # fmt: skip
+                      tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645)
     return Qwen3ForCausalLM(cfg)
 
 
@@ -46,7 +46,7 @@ def _samples(n: int, length: int) -> list:
         ids = torch.randint(0, 151000, (length,), generator=g).tolist()
         w = [0.0] * 16 + [1.0] * (length - 16)
         out.append(TrainSample(token_ids=ids, mask=[x > 0 for x in w], logprobs=[0.0] * length,
-                               advantages=[0.0] * length, rl_weights=[0.0] * length, ce_weights=w, kind="sft"))  # fmt: skip
+                               advantages=[0.0] * length, rl_weights=[0.0] * length, ce_weights=w, kind="sft"))
     return out
 
 
@@ -55,7 +55,7 @@ def run(mode: str, args: argparse.Namespace, tiny: Path, work: Path) -> dict:
 
     trainer = Trainer(tiny, lr=1e-4, weight_decay=0.0, grad_clip=1.0, device="cpu", dtype=args.dtype,
                       micro_batch_tokens=args.micro_batch_tokens, seed=0,
-                      model=_model(args.hidden, args.layers, args.intermediate))  # fmt: skip
+                      model=_model(args.hidden, args.layers, args.intermediate))
     params = sum(p.numel() for p in trainer.model.parameters())
     samples = _samples(args.samples, args.length)
     steps, waits, writes = [], [], []
@@ -66,7 +66,7 @@ def run(mode: str, args: argparse.Namespace, tiny: Path, work: Path) -> dict:
         steps.append(time.perf_counter() - t)
         if mode != "none":
             waits.append(trainer.save(checkpoint=work / mode / "ckpt", state=work / mode / "state",
-                                      extra={"step": step}, background=mode == "background", tag=step))  # fmt: skip
+                                      extra={"step": step}, background=mode == "background", tag=step))
     t = time.perf_counter()
     trainer.wait_saves()
     last_wait = time.perf_counter() - t
@@ -77,7 +77,7 @@ def run(mode: str, args: argparse.Namespace, tiny: Path, work: Path) -> dict:
             "mean_save_waited_s": round(statistics.mean(waits[1:]), 3) if waits else 0.0,
             "writes_s": [round(w, 3) for w in writes], "last_save_waited_at_end_s": round(last_wait, 3),
             "wall_s": round(wall, 3),
-            "state_bytes": sum(f.stat().st_size for f in (work / mode / "state").iterdir()) if mode != "none" else 0}  # fmt: skip
+            "state_bytes": sum(f.stat().st_size for f in (work / mode / "state").iterdir()) if mode != "none" else 0}
 
 
 def main() -> int:
@@ -114,7 +114,7 @@ def main() -> int:
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
         "date": time.strftime("%Y-%m-%d"),
         "model": {"hidden": args.hidden, "layers": args.layers, "intermediate": args.intermediate, "dtype": args.dtype,
-                  "parameters": none["parameters"]},  # fmt: skip
+                  "parameters": none["parameters"]},
         "batch": {"samples": args.samples, "length": args.length},
         "runs": rows,
         "last_state_bytes_equal": same,
@@ -123,7 +123,7 @@ def main() -> int:
             "background": round(bg_row["mean_save_waited_s"] / (bg_row["mean_step_s"] + bg_row["mean_save_waited_s"]), 3),
         },
         "wall_vs_no_saves": {"foreground": round(fg_row["wall_s"] / none["wall_s"], 3),
-                             "background": round(bg_row["wall_s"] / none["wall_s"], 3)},  # fmt: skip
+                             "background": round(bg_row["wall_s"] / none["wall_s"], 3)},
     }
     print(json.dumps(summary, indent=1))
     if args.out:

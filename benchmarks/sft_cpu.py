@@ -56,7 +56,7 @@ def lm_head(tokens: int, repeat: int) -> None:
     diff = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(tiled, eager, strict=True))
     t_eager, t_tiled = cpu_seconds(lambda: step(False), repeat), cpu_seconds(lambda: step(True), repeat)
     print(f"lm_head fwd+bwd, {tokens} tokens x {VOCAB} vocab: eager {t_eager:.3f} s, vocabulary tiles "
-          f"{t_tiled:.3f} s: {t_eager / t_tiled:.2f}x (gradients differ by {diff:.1e} relative)")  # fmt: skip
+          f"{t_tiled:.3f} s: {t_eager / t_tiled:.2f}x (gradients differ by {diff:.1e} relative)")
 
 
 def adamw(repeat: int) -> None:
@@ -68,7 +68,7 @@ def adamw(repeat: int) -> None:
         opt = torch.optim.AdamW(params, lr=1e-3, fused=fused)
         times[fused] = cpu_seconds(opt.step, repeat)
     print(f"AdamW step, {sum(p.numel() for p in params) / 1e6:.1f}M weights: foreach {times[False]:.3f} s, fused "
-          f"{times[True]:.3f} s: {times[False] / times[True]:.1f}x")  # fmt: skip
+          f"{times[True]:.3f} s: {times[False] / times[True]:.1f}x")
 
 
 def main() -> None:

@@ -447,7 +447,7 @@ def run_gpu(args: argparse.Namespace) -> None:
 
         try:
             lost = lost_updates(torch, files)
-        except Exception as e:  # noqa: BLE001 - the speed table still prints
+        except Exception as e:
             print(f"lost updates: failed ({type(e).__name__}: {e})")
         for r in results:
             r |= lost.get(f"{r.get('path')}:{r.get('batch')}", {})

@@ -70,9 +70,9 @@ if {free}:  # its shared tensors freed before it exits: what torch's warning the
 
 def generate(srv: Any, ids: list[int], n: int = 12) -> tuple[list[int], list[float]]:
     body = {"model": srv.model_name, "token_ids": ids, "return_token_ids": True,
-            "sampling_params": {"max_tokens": n, "temperature": 0.0, "logprobs": 1, "ignore_eos": True}}  # fmt: skip
+            "sampling_params": {"max_tokens": n, "temperature": 0.0, "logprobs": 1, "ignore_eos": True}}
     req = urllib.request.Request(srv.root_url + "/inference/v1/generate", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})  # fmt: skip
+                                 {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as r:
         choice = json.loads(r.read())["choices"][0]
     return list(choice["token_ids"]), [e["logprob"] for e in choice["logprobs"]["content"]]
@@ -85,13 +85,13 @@ def producer(args: argparse.Namespace, srv: Any, folder: Path, served: Path, *, 
     sample = _sampler()
     before = sample()[0]
     code = PRODUCER.format(src=str(REPO / "src"), folder=str(folder), pad_gib=args.pad_gib, served=str(served),
-                           port=srv.port, python=srv.python, free=free)  # fmt: skip
+                           port=srv.port, python=srv.python, free=free)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     time.sleep(2.0)  # the driver frees an exited process's memory asynchronously
     after = sample()[0]
     return {"rc": out.returncode, "warning": PRODUCER_WARNING in out.stderr, "pad_gib": args.pad_gib,
             "held_after_exit_gib": (after - before) / GIB, "stdout": out.stdout[-2000:],
-            "stderr": out.stderr[-3000:]}  # fmt: skip
+            "stderr": out.stderr[-3000:]}
 
 
 def main() -> int:
@@ -122,12 +122,12 @@ def main() -> int:
         return {k: v.to(on) for k, v in handoff_state(model, torch.bfloat16).items()}
 
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "device": args.device,
-                              "enforce_eager": args.enforce_eager}  # fmt: skip
+                              "enforce_eager": args.enforce_eager}
     t = time.perf_counter()
     srv = VLLMServer(served, max_model_len=4096, startup_timeout_s=600, python=args.vllm_python, device=args.device,
                      served_model_name="tiny", worker_extension=True, log_path=work / "vllm.log",
                      enforce_eager=args.enforce_eager or None,
-                     extra_args=["--enable-sleep-mode"] if args.device == "gpu" else [])  # fmt: skip
+                     extra_args=["--enable-sleep-mode"] if args.device == "gpu" else [])
     srv.start()
     result["server_start_s"] = time.perf_counter() - t
 
@@ -156,7 +156,7 @@ def main() -> int:
                 result["asleep_equals_folder"] = [generate(srv, p) for p in PROMPTS] == from_folder
         if args.device == "gpu":
             result["producers"] = {how: producer(args, srv, seed0, served, free=how == "frees")
-                                   for how in ("keeps", "frees")}  # fmt: skip
+                                   for how in ("keeps", "frees")}
             result["after_producer_equals_start"] = [generate(srv, p) for p in PROMPTS] == start
     finally:
         srv.stop()

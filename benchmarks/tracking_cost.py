@@ -42,7 +42,7 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         settings = TrackingTargets(Path(tmp) / "tb", wandb=WandbSettings(mode="offline" if args.wandb else "disabled"),
-                                   wandb_dir=Path(tmp) / "wandb", group="bench")  # fmt: skip
+                                   wandb_dir=Path(tmp) / "wandb", group="bench")
         t = time.perf_counter()
         tracker = RunTracker(settings, stage="rl", run="B", seed=1).start(0)
         start_s = time.perf_counter() - t
@@ -54,7 +54,7 @@ def main() -> None:
         tracker.close()
     mean = statistics.mean(costs)
     print(f"start {start_s * 1e3:.1f} ms; log one row ({len(METRICS_SCHEMA)} columns): mean {mean * 1e3:.3f} ms, "
-          f"max {max(costs) * 1e3:.3f} ms over {args.steps} steps")  # fmt: skip
+          f"max {max(costs) * 1e3:.3f} ms over {args.steps} steps")
     if args.metrics:
         steps = [r["step_s"] for r in read_metrics(args.metrics) if r.get("step_s")]
         step_s = statistics.mean(steps)

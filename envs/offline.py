@@ -142,7 +142,7 @@ def find_resolver(version: str, given: str | None) -> str:
     for c in filter(None, candidates):
         try:
             out = subprocess.run([c, "-c", "import sys, pip; print('%d.%d' % sys.version_info[:2])"],
-                                 capture_output=True, text=True, timeout=60)  # fmt: skip
+                                 capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired):
             continue
         if out.returncode == 0 and out.stdout.strip() == version:
@@ -163,9 +163,9 @@ def resolve(resolver: str, requirements: list[str], skip: set[str], work: Path, 
     those are the base's business). {normalised name: {"name", "version", "skipped"}} of what is reached."""
     report = work / f"{label}-report.json"
     run([resolver, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed", "--report", str(report),
-         *requirements], f"resolving {label} ({' '.join(requirements)})", env=pip_env())  # fmt: skip
+         *requirements], f"resolving {label} ({' '.join(requirements)})", env=pip_env())
     pruned = run([resolver, "-c", _PRUNE, str(report), json.dumps(sorted(skip)), json.dumps(requirements)],
-                 f"walking {label}'s dependencies")  # fmt: skip
+                 f"walking {label}'s dependencies")
     return json.loads(pruned.stdout)
 
 
@@ -215,29 +215,29 @@ def download(resolver: str, pins: list[str], dest: Path, python: str, glibc: str
     pins_file = work / f"pins-{len(list(work.glob('pins-*')))}.txt"
     pins_file.write_text("\n".join(pins) + "\n")
     flags = ["--no-deps", "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
-             *platform_flags(glibc, machine), "-d", str(dest)]  # fmt: skip
+             *platform_flags(glibc, machine), "-d", str(dest)]
     proc = subprocess.run([resolver, "-m", "pip", "download", "-q", *flags, "-r", str(pins_file)],
-                          capture_output=True, text=True, env=pip_env())  # fmt: skip
+                          capture_output=True, text=True, env=pip_env())
     if proc.returncode == 0:
         return
     for pin in pins:  # one of them has no wheel: find which, and build those that are pure Python
         if subprocess.run([resolver, "-m", "pip", "download", "-q", *flags, pin], capture_output=True,
-                          env=pip_env()).returncode == 0:  # fmt: skip
+                          env=pip_env()).returncode == 0:
             continue
         run([resolver, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), pin],
-            f"{pin} has no wheel for CPython {python} on {machine} and building one", env=pip_env())  # fmt: skip
+            f"{pin} has no wheel for CPython {python} on {machine} and building one", env=pip_env())
         name = norm(pin.split("==")[0]).replace("-", "_")
         built = [w for w in dest.glob("*.whl") if norm(w.name.split("-")[0]).replace("-", "_") == name]
         if built and not all(w.name.endswith("-none-any.whl") for w in built):
             raise OfflineError(f"{pin} has no wheel for CPython {python} on {machine} with glibc {glibc} or older, and "
-                               "is not pure Python: give the node's own --glibc, or build that wheel on the node")  # fmt: skip
+                               "is not pure Python: give the node's own --glibc, or build that wheel on the node")
 
 
 def source_copy(dest: Path) -> Path:
     """The checkout's files as git sees them (tracked, and untracked but not ignored): setuptools builds in the tree
     it is given, so the checkout itself gets no build/ folder, and no .venv or results/ goes into the wheel."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True)  # fmt: skip
+                            capture_output=True)
     if listed.returncode != 0:  # not a git checkout (an unpacked archive): its files, less environments and outputs
         shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns(".venv*", "results", "logs", ".git", "build"))
         return dest
@@ -292,7 +292,7 @@ def build(args: argparse.Namespace) -> int:
         commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
         print(f"the project as a wheel ({REPO})", flush=True)
         run([resolver, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(source_copy(work / "src"))],
-            "building the project's wheel", env=pip_env())  # fmt: skip
+            "building the project's wheel", env=pip_env())
         project = next(wheels.glob("predict-*.whl"))
         # pip itself, from the folder: the node's venvs are made without it (ensurepip may be missing there)
         download(resolver, ["pip"], wheels, args.python_version, args.glibc, args.machine, work)
@@ -301,7 +301,7 @@ def build(args: argparse.Namespace) -> int:
         wanted = {"pipeline": [f"{project}[{args.extras}]" if args.extras else str(project)]}
         if args.vllm == "gpu":
             wanted["vllm"] = [ln.split("#")[0].strip() for ln in VLLM_GPU.read_text().splitlines()
-                              if ln.split("#")[0].strip()]  # fmt: skip
+                              if ln.split("#")[0].strip()]
         for env, requirements in wanted.items():
             print(f"resolving {ENVS[env]} for CPython {args.python_version} ...", flush=True)
             leave = LEAVE_OUT[env]
@@ -309,10 +309,10 @@ def build(args: argparse.Namespace) -> int:
             carried = [(d["name"], d["version"]) for n, d in reached.items() if not d["skipped"]]
             from_base = {d["name"]: d["version"] for n, d in reached.items() if n in base}
             left_out += [{"what": f"{ENVS[env]}: {d['name']}=={d['version']}", "why": leave[n]}
-                         for n, d in reached.items() if n in leave and n not in base]  # fmt: skip
+                         for n, d in reached.items() if n in leave and n not in base]
             pins = [f"{n}=={v}" for n, v in carried if norm(n) != "predict"]
             print(f"  {len(reached)} distributions: {len(carried)} carried, {len(from_base)} from the node's base",
-                  flush=True)  # fmt: skip
+                  flush=True)
             download(resolver, pins, wheels, args.python_version, args.glibc, args.machine, work)
             envs[ENVS[env]] = {"install": sorted(f"{n}=={v}" for n, v in carried), "from_base": from_base}
         envs[ENVS["pipeline"]]["install"].append(f"pip=={_version_of(wheels, 'pip')}")
@@ -325,7 +325,7 @@ def build(args: argparse.Namespace) -> int:
         if args.prime_rl:
             print("prime-rl's runtime (envs/prime-rl-offline.sh) ...", flush=True)
             run(["bash", str(REPO / "envs" / "prime-rl-offline.sh"), str(out / "prime-rl")],
-                "building prime-rl's runtime", env={k: v for k, v in os.environ.items() if k != "PART_MB"})  # fmt: skip
+                "building prime-rl's runtime", env={k: v for k, v in os.environ.items() if k != "PART_MB"})
         files = {f.name: {"sha256": sha256(f), "bytes": f.stat().st_size} for f in sorted(wheels.iterdir())}
         manifest = {
             "format": FORMAT,
@@ -421,14 +421,14 @@ def assemble(folder: Path) -> None:
         m = PIECE.match(name)
         target = m.group("name") if m else name
         whole.setdefault(target, []).append((int(m.group("index")) if m else 1, int(m.group("count")) if m else 1,
-                                             path))  # fmt: skip
+                                             path))
     for target, pieces in whole.items():
         count = pieces[0][1]
         have = sorted(i for i, _, _ in pieces)
         if have != list(range(1, count + 1)):
             missing = sorted(set(range(1, count + 1)) - set(have))
             raise OfflineError(f"{folder}: {target.replace('__', '/')} lacks piece(s) {missing} of {count}: copy "
-                               "every part of the folder to the node")  # fmt: skip
+                               "every part of the folder to the node")
         dest = folder.joinpath(*target.split("__"))
         dest.parent.mkdir(parents=True, exist_ok=True)
         with open(dest, "wb") as f:
@@ -460,17 +460,17 @@ def preflight(folder: Path, python: str) -> dict:
     manifest = json.loads(manifest_path.read_text())
     if manifest.get("format") != FORMAT:
         raise OfflineError(f"{manifest_path}: format {manifest.get('format')}, this checkout reads {FORMAT}: "
-                           "build the folder with this checkout")  # fmt: skip
+                           "build the folder with this checkout")
     node = json.loads(run([python, "-c", _NODE_PROBE], f"running {python}").stdout)
     if node["python"] != manifest["python"]:
         raise OfflineError(f"{folder} was built for CPython {manifest['python']}; this node's {python} is "
-                           f"{node['python']}: build it again with --python-version {node['python']}")  # fmt: skip
+                           f"{node['python']}: build it again with --python-version {node['python']}")
     if node["machine"] != manifest["machine"]:
         raise OfflineError(f"{folder} was built for {manifest['machine']}; this node is {node['machine']}: build it "
-                           f"again with --machine {node['machine']}")  # fmt: skip
+                           f"again with --machine {node['machine']}")
     if node["glibc"] and version_tuple(node["glibc"]) < version_tuple(manifest["glibc"]):
         raise OfflineError(f"{folder} was built for glibc {manifest['glibc']} or newer; this node has "
-                           f"{node['glibc']}: build it again with --glibc {node['glibc']}")  # fmt: skip
+                           f"{node['glibc']}: build it again with --glibc {node['glibc']}")
     for name, meta in manifest["wheels"].items():
         path = folder / "wheels" / name
         if not path.is_file():
@@ -482,13 +482,13 @@ def preflight(folder: Path, python: str) -> dict:
     if missing:
         raise OfflineError(f"this node's {python} lacks {', '.join(missing)}, which {folder} expects from the node's "
                            "base: use the interpreter that holds them (--python), or build with a --base that does "
-                           "not name them")  # fmt: skip
+                           "not name them")
     if any(env.get("gpu") for env in manifest["envs"].values()):
         smi = shutil.which("nvidia-smi")
         ok = smi is not None and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
         if not ok:
             raise OfflineError("no NVIDIA GPU driver on this node (nvidia-smi " + ("failed" if smi else "not found")
-                               + f"): {folder} holds vLLM's GPU build, which cannot run here")  # fmt: skip
+                               + f"): {folder} holds vLLM's GPU build, which cannot run here")
     return manifest
 
 
@@ -527,7 +527,7 @@ def make_env(root: Path, name: str, spec: dict, folder: Path, python: str) -> No
     env_python = env / "bin" / "python"
     base_sites = json.loads(run([python, "-c", _BASE_SITE], "reading the base's site-packages").stdout)
     own_site = Path(run([str(env_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                        f"reading {name}'s site").stdout.strip())  # fmt: skip
+                        f"reading {name}'s site").stdout.strip())
     # After the environment's own site-packages: the folder's wheels win over the base's copies of a package.
     lines = [f"import site; site.addsitedir({s!r})" for s in base_sites if Path(s) != own_site]
     (own_site / "_predict_node_base.pth").write_text("\n".join(lines) + "\n")
@@ -538,7 +538,7 @@ def make_env(root: Path, name: str, spec: dict, folder: Path, python: str) -> No
     env_vars = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | quiet_pip
     # pip runs from its own wheel (a zip pip can run from): the node needs no ensurepip.
     run([str(env_python), f"{pip_wheel}/pip", "install", "-q", "--no-index", "--no-deps", "--no-warn-script-location",
-         *files], f"installing {len(files)} wheels into {name}", env=env_vars)  # fmt: skip
+         *files], f"installing {len(files)} wheels into {name}", env=env_vars)
 
 
 CHECKS = {
@@ -566,11 +566,11 @@ def install(args: argparse.Namespace) -> int:
                 env.rename(kept[env])
             made.append(env)
             print(f"{name}: {len(spec['install'])} wheels from the folder, {len(spec['from_base'])} packages from "
-                  f"{python}", flush=True)  # fmt: skip
+                  f"{python}", flush=True)
             make_env(root, name, spec, folder, python)
             for check in CHECKS.get(name, []):
                 run([str(env / check[0]), *check[1:]], f"checking {name} ({' '.join(check)})", cwd=root,
-                    env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")})  # fmt: skip
+                    env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")})
     except BaseException:
         for env in made:
             shutil.rmtree(env, ignore_errors=True)
@@ -581,7 +581,7 @@ def install(args: argparse.Namespace) -> int:
         shutil.rmtree(old, ignore_errors=True)
     if manifest.get("prime_rl"):  # its own site, apart from .venv: its pins (transformers 5.6.2) would clash
         run(["bash", str(REPO / "envs" / "prime-rl-offline-node.sh"), str(root / ".prime-rl" / "site"),
-             str(folder / "prime-rl" / "all")], "installing prime-rl's runtime", cwd=root)  # fmt: skip
+             str(folder / "prime-rl" / "all")], "installing prime-rl's runtime", cwd=root)
         print(f"prime-rl: {root / '.prime-rl' / 'site'} (envs/prime-rl-offline-check.sh reads it from there)")
     print(f"environments ready from {folder} in {time.time() - t0:.0f} s: " + " + ".join(manifest["envs"]))
     return 0
@@ -599,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--extras", default=PIPELINE_EXTRAS, help=f"the project's extras (default {PIPELINE_EXTRAS})")
     b.add_argument("--vllm", choices=["gpu", "none"], default="gpu", help="vLLM's GPU build, or none")
     b.add_argument("--gpu-arch", choices=["sm90", "all"], default="all",
-                   help="sm90 (H100, H200): leave out vLLM's kernels for other GPU generations")  # fmt: skip
+                   help="sm90 (H100, H200): leave out vLLM's kernels for other GPU generations")
     b.add_argument("--prime-rl", action="store_true", help="prime-rl's runtime too (the cluster backend)")
     b.add_argument("--part-mb", type=int, default=0, help="split into parts of at most this many MiB")
     b.add_argument("--resolver", help="a python of the node's version with pip, here (default: found)")

@@ -75,7 +75,7 @@ def _tiny_server(tiny_models: tuple[Path, Path], tmp_path_factory: pytest.TempPa
 
     log = tmp_path_factory.mktemp("tiny-server") / "vllm.log"
     srv = VLLMServer(tiny_models[0], max_model_len=4096, startup_timeout_s=300, python=default_python("cpu"),
-                     served_model_name="tiny", worker_extension=True, log_path=log)  # fmt: skip
+                     served_model_name="tiny", worker_extension=True, log_path=log)
     try:
         yield srv
     finally:

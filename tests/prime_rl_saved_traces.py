@@ -42,17 +42,17 @@ def main(prl: str, vf_src: str, out: str) -> None:
             vf.MessageNode(parent=n["parent"], message={"role": n["role"], "content": "x"}, sampled=n["sampled"],
                            token_ids=n["token_ids"], mask=n["mask"], logprobs=n["logprobs"])
             for n in trace_nodes(result, enc, scaffold=enc("<|im_start|>assistant\n"))
-        ]  # fmt: skip
+        ]
         rollouts.append(Rollout(task={"type": "mbpp", "data": {"id": "mbpp/7", "prompt": "p"}}, agent={"config": {}},
                                 nodes=nodes, info={"agent_result": result}, rewards={"tests_pass": {"score": reward}},
-                                ok=True, env_name="predict_mbpp", group_id=group))  # fmt: skip
+                                ok=True, env_name="predict_mbpp", group_id=group))
     failed = Rollout(task={"type": "mbpp", "data": {"id": "mbpp/7", "prompt": "p"}}, agent={"config": {}},
-                     env_name="predict_mbpp", group_id=group)  # fmt: skip
+                     env_name="predict_mbpp", group_id=group)
     failed.record_error(RuntimeError("HTTP 502"))
     rollouts.append(failed)
     for r in rollouts:
         r.record_run(vf.TrainRunInfo(id="run", step=1), env_name=r.env_name, group_id=str(r.group_id),
-                     episode_id=r.episode_id, policy_version=0)  # fmt: skip
+                     episode_id=r.episode_id, policy_version=0)
     save_rollouts([r.to_record() for r in rollouts], Path(out))
 
 

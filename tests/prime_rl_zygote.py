@@ -27,7 +27,7 @@ import traceback
 PRELOAD = (
     "torch", "numpy", "sympy", "mpmath", "networkx", "latex2sympy2_extended", "math_verify", "anthropic", "openai",
     "httpx", "aiohttp", "pydantic", "beartype", "jinja2", "msgspec", "loguru", "tokenizers",
-)  # fmt: skip
+)
 
 
 def child(request: dict) -> int:
@@ -37,7 +37,7 @@ def child(request: dict) -> int:
     os.environ.clear()
     os.environ.update(request["env"])
     for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                            (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):  # fmt: skip
+                            (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
         opened = os.open(path, flags, 0o644)
         os.dup2(opened, fd)
         os.close(opened)

@@ -82,7 +82,7 @@ class ScriptedEndpoint:
             self._loop = loop
             try:
                 loop.run_until_complete(self._serve())
-            except BaseException as e:  # noqa: BLE001 - reported to start()
+            except BaseException as e:
                 errors.append(e)
                 ready.set()
                 return

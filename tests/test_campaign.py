@@ -71,11 +71,11 @@ def _val_stats(folder: Path, runs: tuple[str, ...] = ("A",), seeds: tuple[int, .
     folder.mkdir(parents=True, exist_ok=True)
     selection = write_rows([{"run": r, "seed": s, "mode": "fixed", "step": 2, "checkpoint": "step2",
                              "val_pass_at_1": 0.5, "fallback": False} for r in runs for s in seeds],
-                           SELECTION_SCHEMA, folder / "selection.parquet")  # fmt: skip
+                           SELECTION_SCHEMA, folder / "selection.parquet")
     metrics = write_rows([{"run": r, "checkpoint": c, "split": "val", "seed": s}
                           for r in runs for s in seeds for c in ("sft", "step2")],
                          pa.schema([("run", pa.string()), ("checkpoint", pa.string()), ("split", pa.string()),
-                                    ("seed", pa.int64())]), folder / "metrics.parquet")  # fmt: skip
+                                    ("seed", pa.int64())]), folder / "metrics.parquet")
     return selection, metrics
 
 
@@ -248,7 +248,7 @@ def test_each_arms_sft_is_evaluated_on_test_once_and_serves_every_seed(tmp_path:
     # and the test statistics pair seed 43's RL with the one SFT evaluation
     paths = [write_eval(tmp_path, "A", c, s, [rollout(t, [PASS_KEEP], arm="A", seed=s, checkpoint=c, split="test")
                                               for t in range(4)], split="test")
-             for c, s in (("sft", 42), ("step2", 42), ("step2", 43))]  # fmt: skip
+             for c, s in (("sft", 42), ("step2", 42), ("step2", 43))]
     selection = [{"run": "A", "seed": s, "mode": "fixed", "step": 2, "checkpoint": "step2", "val_pass_at_1": 0.5,
                   "fallback": False} for s in (42, 43)]
     tables = study_stats(paths, arms=["A"], selection=selection, resamples=100, reference="sft",

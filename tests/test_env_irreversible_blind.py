@@ -73,7 +73,7 @@ def _script() -> list[str]:
         patch("", "y"), patch("nope", "y"), TEST, patch(STUB_LINE, BAD), predict("ASSERTION_FAILURE", "REVISE"),
         patch(STUB_LINE, BAD), "garbage", TEST, patch("x + y", "x * y"), predict("PASS", "KEEP"), READ, TEST,
         "FINAL: done",
-    ]  # fmt: skip
+    ]
 
 
 def study_fingerprint() -> str:
@@ -145,13 +145,13 @@ def test_irreversible_the_first_test_that_runs_ends_the_episode_unseen(protocol:
     p, t = next(s for s in ep.steps if s.action == "apply_patch"), ep.steps[-1]
     # the test ran (its outcome is recorded) but never reached the model: test and patch are unseen
     assert (t.action, t.cost, t.outcome, t.outcome_seen, t.result_sent) == (
-        "python_test", 1, "ASSERTION_FAILURE", False, False)  # fmt: skip
+        "python_test", 1, "ASSERTION_FAILURE", False, False)
     assert (p.outcome, p.outcome_seen, p.outcome_step) == ("ASSERTION_FAILURE", False, None)
     assert ep.solution == sol(BAD) == p.patched_code  # graded on exactly the state it tested
     assert tests.calls == {sol(BAD): 1}
     s = ep.summary()
     assert (s["stop_reason"], s["n_tests"], s["n_test_calls"], s["final_solution"], s["calls_used"]) == (
-        "final_test", 1, 1, sol(BAD), 3)  # fmt: skip
+        "final_test", 1, 1, sol(BAD), 3)
     with pytest.raises(RuntimeError, match="already ended"):
         ep.step(patch("x + y", "x * y"))  # nothing after the test can change the graded state
 
@@ -237,7 +237,7 @@ def test_blind_a_python_test_call_is_an_invalid_action_that_runs_nothing(protoco
     assert ep.step(TEST) == UNAVAILABLE
     step = ep.steps[0]
     assert (step.action, step.tool, step.status, step.error, step.cost, step.outcome) == (
-        "invalid", "python_test", "error", "test_unavailable", 1, None)  # fmt: skip
+        "invalid", "python_test", "error", "test_unavailable", 1, None)
     assert not tests.calls and ep.calls_used == 1 and not ep.done
     assert ep.summary()["n_tests"] == 0 and ep.summary()["n_errors"] == 1
     # the other error messages name only the tools there are
@@ -259,12 +259,12 @@ def test_blind_every_patch_gets_a_hidden_shadow_and_the_final_state_is_graded(pr
     run(ep, replies)
     patches = patch_steps([s.to_dict() for s in ep.steps])
     assert [(p["outcome"], p["outcome_seen"], p["outcome_step"]) for p in patches] == [
-        ("ASSERTION_FAILURE", False, None), ("PASS", False, None)]  # fmt: skip
+        ("ASSERTION_FAILURE", False, None), ("PASS", False, None)]
     assert (ep.stop_reason, ep.solution, ep.calls_used) == ("final", sol(GOOD), 4)
     assert tests.calls == {sol(BAD): 1, sol(GOOD): 1}  # shadows only: the python_test call ran nothing
     s = ep.summary()
     assert (s["n_tests"], s["n_test_calls"], s["first_patch_outcome"], s["final_solution"]) == (
-        0, 0, "ASSERTION_FAILURE", sol(GOOD))  # fmt: skip
+        0, 0, "ASSERTION_FAILURE", sol(GOOD))
 
 
 def test_blind_arm_b_predicts_and_revises_on_shadow_labels() -> None:
@@ -275,7 +275,7 @@ def test_blind_arm_b_predicts_and_revises_on_shadow_labels() -> None:
     assert results == [RESULT_PATCH_APPLIED, RESULT_PATCH_REVERTED, RESULT_PATCH_APPLIED, RESULT_PATCH_KEPT]
     revised, kept = ep.steps[0], ep.steps[2]
     assert (revised.prediction, revised.decision, revised.reverted, revised.outcome) == (
-        "ASSERTION_FAILURE", "REVISE", True, "ASSERTION_FAILURE")  # fmt: skip
+        "ASSERTION_FAILURE", "REVISE", True, "ASSERTION_FAILURE")
     assert (kept.prediction, kept.outcome, kept.outcome_seen) == ("PASS", None, None)  # untested until the end
     assert ep.step("FINAL: done") is None
     assert (kept.outcome, kept.outcome_seen, ep.stop_reason) == ("PASS", False, "final")
@@ -304,7 +304,7 @@ def observations(protocol: str, variant: str, outcome: Outcome) -> list[str]:
     b = protocol == "predictive"
     replies = [READ, patch(STUB_LINE, BAD), *([predict("RUNTIME_ERROR", "REVISE"), patch(STUB_LINE, BAD)] * b),
                *keep(protocol), TEST, READ, patch("x + y", "x - y"), *(["garbage"] * b), "CALL python_test {}",
-               "FINAL: done"]  # fmt: skip
+               "FINAL: done"]
     seen = [ep.config.system_prompt()]
     for reply in replies:
         if ep.done:
@@ -338,7 +338,7 @@ def test_blind_steps_keep_the_hidden_outcome_for_training_only() -> None:
     run(ep, [ADD_PATCH, predict("PASS", "KEEP"), "FINAL: x"])
     p = ep.steps[0]
     assert (p.outcome, p.outcome_seen, p.outcome_detail) == (
-        "RUNTIME_ERROR", False, "Traceback: the hidden test output of RUNTIME_ERROR")  # fmt: skip
+        "RUNTIME_ERROR", False, "Traceback: the hidden test output of RUNTIME_ERROR")
     assert all("RUNTIME_ERROR" not in (s.result or "") for s in ep.steps)
 
 
@@ -353,13 +353,13 @@ def test_records_round_trip(protocol: str, variant: str, tmp_path: Path) -> None
             "variant": variant}
     graded = Outcome.ASSERTION_FAILURE.value if variant == "irreversible" else Outcome.PASS.value  # the task's check
     row = build_record(meta=meta, task={"task_id": 1}, agent_result=result, final_verdict={"outcome": graded},
-                       reward=float(graded == "PASS"), ok=True, error=None, wall_s=0.1)  # fmt: skip
+                       reward=float(graded == "PASS"), ok=True, error=None, wall_s=0.1)
     (back,) = read_records(write_records([row], tmp_path / "r.parquet"))
     assert (back["variant"], back["protocol"], back["test_cost"], back["budget"]) == (variant, protocol, 2, 9)
     patches = patch_steps(back["steps"])
     if variant == "irreversible":  # the test ended it: one patch, graded on the tested (failing) state
         assert (back["stop_reason"], back["n_tests"], back["n_test_calls"], back["calls_used"]) == (
-            "final_test", 1, 2, 3)  # fmt: skip
+            "final_test", 1, 2, 3)
         assert back["final_solution"] == sol(BAD) and len(patches) == 1
         assert (back["final_pass"], back["recovered"], back["reward"]) == (False, False, 0.0)
     else:  # blind: the test call was invalid, both patches shadowed, the final state graded

@@ -149,7 +149,7 @@ def scripted_case_rollouts(cases: Mapping[str, tuple[str, list[str]]], settings:
         return await asyncio.gather(*(
             run_rollouts(rows[group], RolloutSettings.of(base_url=endpoint.base_url, model="scripted", **overrides))
             for group, overrides in settings.items()
-        ))  # fmt: skip
+        ))
 
     try:
         batches = asyncio.run(main())
@@ -218,7 +218,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, mbpp_path: Path) -> Any:
         runs = []
         for group, overrides in SETTINGS.items():
             settings = RolloutSettings.of(base_url=endpoint.base_url, model="scripted", seed=7, concurrency=4,
-                                          **overrides, **mode)  # fmt: skip
+                                          **overrides, **mode)
             runs.append(run_rollouts(rows_by_group[group], settings))
         return await asyncio.gather(*runs)
 

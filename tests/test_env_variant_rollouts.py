@@ -84,7 +84,7 @@ def test_irreversible_predictive_revises_then_its_test_is_final(run: CaseRun) ->
     assert (rec["stop_reason"], rec["reward"], rec["final_outcome"], rec["n_revised"]) == ("final_test", 1.0, "PASS", 1)
     revised, kept = patch_steps(rec["steps"])
     assert (revised["outcome"], revised["outcome_seen"], revised["prediction"]) == (
-        "ASSERTION_FAILURE", False, "ASSERTION_FAILURE")  # fmt: skip
+        "ASSERTION_FAILURE", False, "ASSERTION_FAILURE")
     assert (kept["outcome"], kept["outcome_seen"], kept["decision"]) == ("PASS", False, "KEEP")
 
 
@@ -94,7 +94,7 @@ def test_blind_reactive_tests_nothing_and_is_graded_at_final(run: CaseRun) -> No
     assert run.results(marker) == [RESULT_PATCH_APPLIED, UNAVAILABLE, RESULT_PATCH_APPLIED]
     assert (rec["stop_reason"], rec["n_tests"], rec["calls_used"], rec["reward"]) == ("final", 0, 3, 1.0)
     assert [(p["outcome"], p["outcome_seen"]) for p in patch_steps(rec["steps"])] == [
-        ("ASSERTION_FAILURE", False), ("PASS", False)]  # fmt: skip
+        ("ASSERTION_FAILURE", False), ("PASS", False)]
     assert (rec["steps"][1]["tool"], rec["steps"][1]["error"]) == ("python_test", "test_unavailable")
 
 
@@ -109,4 +109,4 @@ def test_blind_predictive_never_sees_an_outcome(run: CaseRun) -> None:
                 assert not any(cls in message["content"] for cls in OUTCOMES), message["content"]
     assert (rec["stop_reason"], rec["reward"], rec["n_tests"], rec["ever_revised"]) == ("final", 1.0, 0, True)
     assert [(p["outcome"], p["prediction"]) for p in patch_steps(rec["steps"])] == [
-        ("ASSERTION_FAILURE", "ASSERTION_FAILURE"), ("PASS", "PASS")]  # fmt: skip
+        ("ASSERTION_FAILURE", "ASSERTION_FAILURE"), ("PASS", "PASS")]

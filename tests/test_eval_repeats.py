@@ -64,13 +64,13 @@ def test_real_evaluation_and_sampled_rollouts_repeat_across_servers_and_concurre
         config = {**study, "env": {**study["env"], "concurrency": concurrency}}
         out = tmp_path / name / "A" / "sft" / "val" / "seed1.parquet"
         evaluate_checkpoints(config, run="A", split="val", seed=1, tasks_path=tasks,
-                             checkpoints=[CheckpointEval("sft", str(model), out)])  # fmt: skip
+                             checkpoints=[CheckpointEval("sft", str(model), out)])
         return comparable(read_rows(out))
 
     def sampled(name: str) -> list[dict[str, Any]]:
         job = RolloutJob(tasks_path=tasks, split="val", out=tmp_path / name / "seed3.parquet", model=str(model),
                          checkpoint="rl-A-step0", arm="A", seed=3, n_tasks=SAMPLED_TASKS,
-                         sampling={"temperature": 1.0, "max_tokens": 32})  # fmt: skip
+                         sampling={"temperature": 1.0, "max_tokens": 32})
         run_job(job, {**study, "env": {**study["env"], "concurrency": 1}})
         return comparable(read_rows(job.out))
 

@@ -233,7 +233,7 @@ def test_one_server_per_run_and_seed_reloaded_between_checkpoints(study, task_fi
         for folder in folders:
             folder.mkdir()
         evals = [CheckpointEval(c.name, str(c), tmp_path / "eval" / "A" / c.name / "val" / "seed42.parquet")
-                 for c in folders]  # fmt: skip
+                 for c in folders]
         summaries = evaluate_checkpoints(study, run="A", split="val", seed=42, tasks_path=task_file, checkpoints=evals)
         assert FakeServer.log == [("start", str(folders[0])), ("reload", str(folders[1])),
                                   ("reload", str(folders[2])), ("stop", str(folders[0]))]
@@ -287,10 +287,10 @@ def _val_to_test_stats(config, tasks, files, endpoint, tmp_path: Path, main, one
     if one_job:
         args = [a for arm in ("A", "B") for e in files("test", ["sft", "step2"], arm)
                 for a in ("--run", arm, "--seed", "42", "--checkpoint", e.checkpoint, "--model", e.model, "--out",
-                          str(e.out))]  # fmt: skip
+                          str(e.out))]
         assert main(["evaluate", "--config-json", json.dumps(config), "--split", "test", "--tasks-file",
                      str(tasks["test"]), *args, "--base-url", endpoint.base_url,
-                     "--selection", str(selection), "--val-metrics", str(metrics)]) == 0  # fmt: skip
+                     "--selection", str(selection), "--val-metrics", str(metrics)]) == 0
         lines = [json.loads(line) for line in registry_ledger().read_text().splitlines()]
         assert {(e["run"], e["checkpoint"]) for e in lines if e.get("status") == "done"} == {(a, c) for a in ("A", "B") for c in ("sft", "step2")}
         # the campaign froze the design of the stage's slice, though main read it through the typed view (issue 40)
@@ -302,7 +302,7 @@ def _val_to_test_stats(config, tasks, files, endpoint, tmp_path: Path, main, one
         assert campaign["config_hash"] == config_hash(frozen) and campaign["design"] == design_config(frozen)
         for arm in ("A", "B"):
             assert {r["arm"] for c in ("sft", "step2") for r in read_rows(tmp_path / "eval" / arm / c / "test" /
-                                                                          "seed42.parquet")} == {arm}  # fmt: skip
+                                                                          "seed42.parquet")} == {arm}
     else:
         for arm in ("A", "B"):
             evaluate_checkpoints(config, run=arm, split="test", seed=42, tasks_path=tasks["test"],
@@ -327,7 +327,7 @@ def test_an_evaluation_resumes_only_rows_of_the_same_checkpoint_and_settings(
     from predict.rollouts import job_fingerprint
 
     kw = dict(run="B", checkpoint="base", split="val", seed=42, tasks_path=task_file, model="scripted",
-              base_url=endpoint.base_url)  # fmt: skip
+              base_url=endpoint.base_url)
     evaluate(study, **kw, out=tmp_path / "first.parquet")
     (row,) = read_rows(tmp_path / "first.parquet")
     out = tmp_path / "eval" / "B" / "base" / "val" / "seed42.parquet"
@@ -409,7 +409,7 @@ def test_the_stage_main_gets_its_typed_view_and_a_key_outside_its_entry_raises(
     out = tmp_path / "eval" / "B" / "sft" / split / "seed42.parquet"
     assert main(["evaluate", "--config-slice", slice_file(study, stage, tmp_path / "slices"), "--split", split,
                  "--run", "B", "--seed", "42", "--tasks-file", str(tasks), "--checkpoint", "sft", "--model", "m",
-                 "--out", str(out)]) == 0  # fmt: skip
+                 "--out", str(out)]) == 0
     ((config, kw),) = seen
     assert isinstance(config, StageView)
     assert config.as_dict == config_slice(study, stage)  # the dict form is the slice, unchanged
@@ -439,7 +439,7 @@ def test_the_typed_view_hashes_and_records_the_bytes_of_the_slice(study, test_fi
     assert isinstance(view, StageView) and view.evaluation.temperature == 0.0  # typed: a float
     job = evaluation_job(view, run="B", checkpoint="step100", split="test", seed=42, tasks_path=test_file,
                          model="scripted", out=tmp_path / "t.parquet", test_ledger=registry_ledger(),
-                         selection=[{"run": "B", "seed": 42, "checkpoint": "step100"}])  # fmt: skip
+                         selection=[{"run": "B", "seed": 42, "checkpoint": "step100"}])
     assert job.ledger_extra is not None
     design = json.dumps(design_config(sliced), sort_keys=True, separators=(",", ":")).encode()
     assert job.ledger_extra["config_hash"] == config_hash(sliced) == __import__("hashlib").sha256(design).hexdigest()
@@ -468,7 +468,7 @@ def test_a_val_evaluation_runs_from_the_stages_typed_slice(study, mbpp_rows: lis
     with ScriptedEndpoint({"": ["FINAL: no patch"]}) as endpoint:
         assert main(["evaluate", "--config-slice", slice_file(study, "evaluate", tmp_path / "slices"), "--split",
                      "val", "--run", "A", "--seed", "42", "--tasks-file", str(tasks), "--checkpoint", "sft", "--model",
-                     "scripted", "--out", str(out), "--base-url", endpoint.base_url]) == 0  # fmt: skip
+                     "scripted", "--out", str(out), "--base-url", endpoint.base_url]) == 0
         sampling = [r["sampling"] for r in endpoint.requests if "sampling" in r]
     assert [(r["task_id"], r["arm"], r["split"]) for r in read_rows(out)] == [(10, "A", "val")]
     assert sampling and all(s.get("temperature") == 0.0 and s.get("max_tokens") == 77 for s in sampling)

@@ -256,7 +256,7 @@ def test_the_test_campaign_takes_the_open_question_runs_like_the_other_rl_extens
     ev = config["evaluation"]
     val = {(run, seed): (ev["checkpoints"] if run in config["arms"] else ev["extension_checkpoints"]
                          if run in config["extensions"] else [c for c in ev["checkpoints"] if c != "sft"])
-           for run in study_runs(config) for seed in config["seeds"]}  # fmt: skip
+           for run in study_runs(config) for seed in config["seeds"]}
     plan = campaign_plan(config, val, planned_selection(config, val))
     of = {run: [(c, s) for r, c, s in plan if r == run] for run in study_runs(config)}
     for run in ("irreversible_A", "irreversible_B", "blind_A", "blind_B"):

@@ -86,10 +86,10 @@ def test_every_job_of_a_run_asks_for_the_same_server(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(gpu_memory, "gpu_total_bytes", lambda: H200)
     serving = {"device": "gpu", "python": sys.executable, "max_model_len": 4096, "startup_timeout_s": 60,
-               "shared": {"idle_s": 60}}  # fmt: skip
+               "shared": {"idle_s": 60}}
     leases = [VLLMServer.from_serving(_folder(tmp_path / str(i)) if i else _folder(tmp_path), serving, sequences=8,
-                                      cache_dir=tmp_path / "c", **kw)  # fmt: skip
-              for i, kw in enumerate([{}, {"log_path": tmp_path / "x.log"}])]  # fmt: skip
+                                      cache_dir=tmp_path / "c", **kw)
+              for i, kw in enumerate([{}, {"log_path": tmp_path / "x.log"}])]
     assert leases[0].server.extra_args == leases[1].server.extra_args
     assert leases[0].sleep_mode
 
@@ -120,7 +120,7 @@ def test_the_update_runs_while_the_server_sleeps_and_the_sync_loads_its_weights_
         window.sync(lambda drain: server.calls.append(f"push drain={drain}"))
     # no pause, prefix-cache reset or resume: the engine schedules nothing while its KV cache sleeps
     assert window.slept and server.calls == ["sleep 2", "update", "wake_up weights", "push drain=False",
-                                             "wake_up kv_cache"]  # fmt: skip
+                                             "wake_up kv_cache"]
     # a failed update still wakes the server, whole (the next lease or step needs it)
     server.calls.clear()
     with pytest.raises(RuntimeError), TrainingRun.update_window(server):
@@ -142,18 +142,18 @@ def test_the_update_runs_while_the_server_sleeps_and_the_sync_loads_its_weights_
 def test_the_gpu_configs_validate_and_the_profile_plans_the_slice() -> None:
     predict = [sys.executable, "-c", "import sys; from predict.cli import main; sys.exit(main())"]
     out = subprocess.run([*predict, "check-config", "config/gpu-slice.yaml", "config/config.yaml+config/gpu.yaml"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     # an overlay is checked as the profile merges it: a bad key in it is named with the files
     bad = subprocess.run([*predict, "check-config", "config/config.yaml+tests/data/bad_gpu_overlay.yaml"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+                         capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "config/config.yaml+tests/data/bad_gpu_overlay.yaml: serving.gpu_memory_utilization" in bad.stdout + bad.stderr
     snakemake = Path(sys.executable).with_name("snakemake")
     plan = subprocess.run([str(snakemake), "--profile", "workflow/profiles/gpu", "--configfile", "config/gpu-slice.yaml",
-                           "-n", "all"], cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+                           "-n", "all"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-3000:]
     counts = {line.split()[0]: int(line.split()[1]) for line in plan.stdout.splitlines()
-              if len(line.split()) == 2 and line.split()[1].isdigit()}  # fmt: skip
+              if len(line.split()) == 2 and line.split()[1].isdigit()}
     assert counts["train_sft"] == 2 and counts["rl"] == 2 and counts["evaluate_test_A"] == 1  # both arms, no extras
 
 
@@ -164,8 +164,8 @@ def test_the_tiny_builder_writes_a_released_shape(tmp_path: Path, monkeypatch: p
     written: dict[str, tuple[int, ...]] = {}
     monkeypatch.setattr(tiny, "_init_tensor", lambda name, shape, kind, seed, std: np.zeros((1,), np.float32))
     monkeypatch.setattr(tiny, "_save_safetensors", lambda tensors, path, dtype: path.write_bytes(b""))
-    real_shapes = tiny._tensor_shapes
-    monkeypatch.setattr(tiny, "_tensor_shapes", lambda cfg: written.update({k: v[0] for k, v in real_shapes(cfg).items()}) or real_shapes(cfg))
+    real_shapes = tiny.tensor_shapes
+    monkeypatch.setattr(tiny, "tensor_shapes", lambda cfg: written.update({k: v[0] for k, v in real_shapes(cfg).items()}) or real_shapes(cfg))
     build_tiny_qwen3(tmp_path / "m", shape="qwen3-0.6b")
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
     assert {k: cfg[k] for k in SHAPES["qwen3-0.6b"]} == SHAPES["qwen3-0.6b"]
@@ -227,7 +227,7 @@ def fake_vllm_http(seen: list[str]) -> Iterator[int]:
         def log_message(self, *args: object) -> None:
             pass
 
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             seen.append(self.path)
             code, body = (404, b'{"detail": "Not Found"}') if self.path == "/update_weight_version" else (200, b"{}")
@@ -255,7 +255,7 @@ def test_a_vllm_without_version_tags_still_takes_the_weights(tmp_path: Path) -> 
         server.reload_weights(tmp_path, version="2")
     assert [path.split("?")[0] for path in seen] == [
         "/pause", "/collective_rpc", "/reset_prefix_cache", "/resume", "/update_weight_version",
-        "/pause", "/collective_rpc", "/reset_prefix_cache", "/resume"]  # fmt: skip
+        "/pause", "/collective_rpc", "/reset_prefix_cache", "/resume"]
 
 
 def test_a_sync_into_a_sleeping_server_wakes_its_parts_by_tag_and_neither_pauses_nor_resets(tmp_path: Path) -> None:
@@ -266,7 +266,7 @@ def test_a_sync_into_a_sleeping_server_wakes_its_parts_by_tag_and_neither_pauses
     seen: list[str] = []
     with fake_vllm_http(seen) as port:
         server = VLLMServer(_folder(tmp_path), **SIZES, device="gpu", port=port, worker_extension=True,
-                            extra_args=["--enable-sleep-mode"])  # fmt: skip
+                            extra_args=["--enable-sleep-mode"])
         server.wake_up(("weights",))
         server.push_weights({"tensors": [], "buffers": []}, drain=False)
         server.reload_weights(tmp_path, drain=False)

@@ -28,7 +28,7 @@ def _small_model(tie: bool = False):
 
     cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-                      tie_word_embeddings=tie)  # fmt: skip
+                      tie_word_embeddings=tie)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # bf16-representable, so the float32 and bfloat16 trainers start from the same weights
@@ -54,7 +54,7 @@ def rl_sample(ids: list[int], start: int, advantage: float, logprobs: list[float
     w = [0.0] * start + [1.0] * (n - start)
     lp = logprobs or [0.0] * n
     return TrainSample(token_ids=ids, mask=[x > 0 for x in w], logprobs=[a if x else 0.0 for a, x in zip(lp, w, strict=True)],
-                       advantages=[advantage * x for x in w], rl_weights=w, ce_weights=[0.0] * n, kind="rl")  # fmt: skip
+                       advantages=[advantage * x for x in w], rl_weights=w, ce_weights=[0.0] * n, kind="rl")
 
 
 def ce_sample(ids: list[int], start: int, alpha: float) -> TrainSample:
@@ -113,7 +113,7 @@ def test_a_step_with_both_gives_both_norms_and_the_cosine_of_a_direct_computatio
         logprobs.append(torch.cat([torch.zeros(1), lp]))
     new_lp = torch.cat(logprobs)[None]
     streams = {k: torch.tensor([x for s in samples for x in getattr(s, k)])[None]
-               for k in ("logprobs", "advantages", "rl_weights", "ce_weights")}  # fmt: skip
+               for k in ("logprobs", "advantages", "rl_weights", "ce_weights")}
     n_rl, n_ce = sum(s.n_rl_tokens for s in samples), sum(s.n_ce_tokens for s in samples)
     rl_only = {**streams, "ce_weights": torch.zeros_like(streams["ce_weights"])}
     ce_only = {**streams, "rl_weights": torch.zeros_like(streams["rl_weights"])}
@@ -152,7 +152,7 @@ def test_measuring_leaves_the_update_bit_identical(model_dir: Path, dtype: str) 
     the Kahan compensation equal bit for bit, and so do the steps' losses and gradient norms."""
     a, b = (Trainer(model_dir, model=_small_model(), lr=1e-3, device="cpu", dtype=dtype, micro_batch_tokens=48,
             weight_decay=0.0, grad_clip=1.0, seed=0)
-            for _ in range(2))  # fmt: skip
+            for _ in range(2))
     samples = arm_b_step(a)
     for step in range(3):
         ma, mb = a.step(samples, grad_terms=True), b.step(samples, grad_terms=False)
@@ -198,7 +198,7 @@ def test_the_schedule_is_every_kth_step_with_its_default_in_the_models() -> None
 def test_the_columns_are_in_the_metrics_schema(tmp_path: Path) -> None:
     assert set(GRAD_TERM_COLUMNS) <= set(METRIC_COLUMNS)
     row = {"run": "B", "seed": 1, "step": 1, "backend": "rl", "rl_grad_norm": 0.2, "ce_grad_norm": 30.0,
-           "rl_ce_grad_cosine": -0.01}  # fmt: skip
+           "rl_ce_grad_cosine": -0.01}
     (back,) = read_metrics(write_metrics([row], tmp_path / "metrics.parquet"))
     assert {c: back[c] for c in GRAD_TERM_COLUMNS} == {c: row[c] for c in GRAD_TERM_COLUMNS}
 
@@ -217,20 +217,20 @@ def test_the_report_plots_arm_b_and_its_ablations_and_says_prime_rl_does_not_mea
         steps = [{"run": run, "seed": seed, "step": s, "backend": backend, "updated": True, "loss": 1.0,
                   **({"rl_grad_norm": rl[s - 1], "ce_grad_norm": ce[s - 1],
                       "rl_ce_grad_cosine": -0.02 * s if ce[s - 1] else None} if rl is not None else {})}
-                 for s in range(1, 4)]  # fmt: skip
+                 for s in range(1, 4)]
         return write_metrics(steps, tmp_path / "rl" / run / f"seed{seed}" / "metrics.parquet")
 
     paths = [rows("B", 42, "rl", [0.13, 0.2, 0.34], [17.0, 30.0, 45.0]), rows("alpha0", 42, "rl", [0.2, 0.3, 0.25],
-             [0.0, 0.0, 0.0]), rows("A", 42, "rl", [0.3, 0.3, 0.3], [0.0, 0.0, 0.0]), rows("B", 43, "prime_rl", None, None)]  # fmt: skip
+             [0.0, 0.0, 0.0]), rows("A", 42, "rl", [0.3, 0.3, 0.3], [0.0, 0.0, 0.0]), rows("B", 43, "prime_rl", None, None)]
     config = load_config(REPO / "config" / "local.yaml")
     page = build_report(config, stats_dir=tmp_path / "none", ablations=[], power=tmp_path / "none.parquet",
-                        out=tmp_path / "index.html", rl_metrics=paths).read_text()  # fmt: skip
+                        out=tmp_path / "index.html", rl_metrics=paths).read_text()
     section = page.split('<section id="grad-terms">')[1].split("</section>")[0]
     assert 'alt="gradient terms per step"' in section
     body = section.split("<tbody>")[1].split("</tbody>")[0]
     cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in body.split("</tr>")[:-1]]
     assert cells == [["B/seed42", "3 of 3", "0.200", "30.000", "132.353", "-0.040"],
-                     ["alpha0/seed42", "3 of 3", "0.250", "0.000", "0.000", "–"]]  # fmt: skip
+                     ["alpha0/seed42", "3 of 3", "0.250", "0.000", "0.000", "–"]]
     assert "does not measure these" in section and "Runs on it: B/seed43" in section
 
 
@@ -245,10 +245,10 @@ def test_the_learning_signal_run_prints_the_norms_of_alpha_1_and_alpha_0(tmp_pat
     for run, ce in (("B-alpha1", 31.5), ("B-alpha0", 0.0)):
         write_metrics([{"run": run, "seed": 1, "step": s, "backend": "rl", "rl_grad_norm": 0.25 * s,
                         "ce_grad_norm": ce, "rl_ce_grad_cosine": -0.0123 if ce else None} for s in (1, 2)],
-                      tmp_path / "rl" / run / "metrics.parquet")  # fmt: skip
+                      tmp_path / "rl" / run / "metrics.parquet")
     rows = grad_term_rows(tmp_path, runs)
     assert [(r["name"], r["alpha"], r["step"]) for r in rows] == [("B-alpha1", 1.0, 1), ("B-alpha1", 1.0, 2),
-                                                                  ("B-alpha0", 0.0, 1), ("B-alpha0", 0.0, 2)]  # fmt: skip
+                                                                  ("B-alpha0", 0.0, 1), ("B-alpha0", 0.0, 2)]
     console = Console(record=True, width=140)
     print_grad_terms({"grad_terms": rows}, console)
     text = console.export_text()
@@ -257,4 +257,4 @@ def test_the_learning_signal_run_prints_the_norms_of_alpha_1_and_alpha_0(tmp_pat
     assert cells == [["B-alpha1", "1", "1", "0.25", "31.5", "126", "-0.0123"],
                      ["B-alpha1", "1", "2", "0.5", "31.5", "63", "-0.0123"],
                      ["B-alpha0", "0", "1", "0.25", "0", "0", "-"],
-                     ["B-alpha0", "0", "2", "0.5", "0", "0", "-"]]  # fmt: skip
+                     ["B-alpha0", "0", "2", "0.5", "0", "0", "-"]]

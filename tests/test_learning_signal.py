@@ -38,10 +38,10 @@ from .conftest import REPO, SESSION_SHARED
 
 def curve(name: str, arm: str, lr: float, rewards: list[float | None], labels: list[float] | None = None) -> list[dict]:
     rows = [{"name": name, "arm": arm, "lr": lr, "step": 0, "reward_mean": None,
-             "label_logprob": labels[0] if labels else None}]  # fmt: skip
+             "label_logprob": labels[0] if labels else None}]
     for step, r in enumerate(rewards, start=1):
         rows.append({"name": name, "arm": arm, "lr": lr, "step": step, "reward_mean": r,
-                     "label_logprob": labels[step] if labels else None})  # fmt: skip
+                     "label_logprob": labels[step] if labels else None})
     return rows
 
 
@@ -66,7 +66,7 @@ def test_verdicts_need_the_mean_rise_every_seed_above_the_control_and_a_flat_con
     rows = seed1 + seed2 + control + arm_b
     checks = by_check(verdicts(rows, s))
     assert set(checks) == {"reward rise, mean over the seeds", "reward rise, A-seed1", "reward rise, A-seed2",
-                           "reward rise, A-lr0", "label log-prob rise, alpha 1 minus alpha 0"}  # fmt: skip
+                           "reward rise, A-lr0", "label log-prob rise, alpha 1 minus alpha 0"}
     mean = checks["reward rise, mean over the seeds"]
     assert mean["rise"] == pytest.approx((0.4 + 0.075) / 2) and mean["margin"] == 0.2 and mean["holds"]
     assert (mean["first"], mean["last"]) == (pytest.approx(0.275), pytest.approx(0.5125))
@@ -100,9 +100,9 @@ def test_traces_and_rollouts_of_the_signal_run_share_its_budget() -> None:
     study = ProtocolConfig.from_env(config["env"], "reactive").system_prompt()
     head = [{"role": "system", "content": study}, {"role": "user", "content": "task"}]
     whole = {"task_id": 7, "role": "gold", "n_tool_calls": 3,
-             "messages": [*head, {"role": "assistant", "content": "FINAL: done"}]}  # fmt: skip
+             "messages": [*head, {"role": "assistant", "content": "FINAL: done"}]}
     prefix = {"task_id": 8, "role": "faulty", "n_tool_calls": 2,
-              "messages": [*head, {"role": "assistant", "content": patch_line(STUB_FIND, "x = 1")}]}  # fmt: skip
+              "messages": [*head, {"role": "assistant", "content": patch_line(STUB_FIND, "x = 1")}]}
     (swapped,) = at_budget([whole], config, "A", 4)
     assert swapped["messages"][0]["content"] == ProtocolConfig.resolve("reactive", budget=4).system_prompt()
     assert swapped["messages"][0]["content"] != study and swapped["messages"][1:] == whole["messages"][1:]
@@ -134,12 +134,12 @@ def test_the_start_point_forks_each_task_between_its_gold_and_its_faulty_patch()
     fixed = [say("user", "applied"), say("assistant", TEST), say("user", "passed")]
     direct = {"task_id": 1, "role": "direct", "n_tool_calls": 3,
               "messages": [*head[:1], say("user", "TASK 1"), *head[2:], say("assistant", patch_line(STUB_FIND, "g1")),
-                           *fixed, say("assistant", "FINAL: one")]}  # fmt: skip
+                           *fixed, say("assistant", "FINAL: one")]}
     faulty, gold = patch_line(STUB_FIND, "bad5"), patch_line(STUB_FIND, "good5")
     recovery = {"task_id": 5, "role": "recovery", "faulty_message": 4, "gold_code": "good5", "faulty_code": "bad5",
                 "messages": [*head, say("assistant", faulty), say("user", "applied"), say("assistant", TEST),
                              say("user", "failed"), say("assistant", "CALL apply_patch {}"), *fixed,
-                             say("assistant", "FINAL: five")]}  # fmt: skip
+                             say("assistant", "FINAL: five")]}
     g, f = fork_traces([direct, recovery], [5])
     assert (g["role"], f["role"]) == ("gold", "faulty") and g["n_tool_calls"] == f["n_tool_calls"] == 2
     assert g["messages"] == [*head, say("assistant", gold)]

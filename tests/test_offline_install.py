@@ -26,7 +26,7 @@ from .conftest import REPO
 OFFLINE = REPO / "envs" / "offline.py"
 NOWHERE = "http://127.0.0.1:9"
 NO_NETWORK = {"http_proxy": NOWHERE, "https_proxy": NOWHERE, "HTTP_PROXY": NOWHERE, "HTTPS_PROXY": NOWHERE,
-              "PIP_INDEX_URL": f"{NOWHERE}/simple"}  # fmt: skip
+              "PIP_INDEX_URL": f"{NOWHERE}/simple"}
 PY = "{}.{}".format(*sys.version_info[:2])
 
 
@@ -37,7 +37,7 @@ def _norm(name: str) -> str:
 def make_base(root: Path) -> Path:
     """A virtualenv whose packages are exactly the node image's names that this interpreter has (linked, not copied)."""
     names = {_norm(ln.split("==")[0].strip()) for ln in (REPO / "envs" / "offline-node-image.txt").read_text().splitlines()
-             if ln.strip() and not ln.startswith("#")}  # fmt: skip
+             if ln.strip() and not ln.startswith("#")}
     site = root / "image-site"
     site.mkdir(parents=True)
     for dist in distributions():
@@ -50,7 +50,7 @@ def make_base(root: Path) -> Path:
     venv.EnvBuilder(with_pip=False).create(root / "image")
     python = root / "image" / "bin" / "python"
     purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+                             capture_output=True, text=True, check=True).stdout.strip()
     Path(purelib, "image.pth").write_text(f"import site; site.addsitedir({str(site)!r})\n")
     return python
 
@@ -58,7 +58,7 @@ def make_base(root: Path) -> Path:
 def checkout_copy(dest: Path) -> Path:
     """The tracked files of this checkout (with their working-tree content): a fresh clone without .venv."""
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                           capture_output=True, check=True).stdout.decode().split("\0")  # fmt: skip
+                           capture_output=True, check=True).stdout.decode().split("\0")
     for rel in filter(None, files):
         if (REPO / rel).is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -68,7 +68,7 @@ def checkout_copy(dest: Path) -> Path:
 
 def offline(*args: str, python: str | Path = sys.executable, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([str(python), str(OFFLINE), *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+                          env={**os.environ, **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder, built once for this Python from PyPI (the pipeline's wheels; vLLM's GPU build is not for a CPU)."""
     out = tmp_path_factory.mktemp("offline") / "folder"
     built = offline("build", str(out), "--python-version", PY, "--vllm", "none", "--extras", "train,track",
-                    "--glibc", platform.libc_ver()[1], "--resolver", sys.executable)  # fmt: skip
+                    "--glibc", platform.libc_ver()[1], "--resolver", sys.executable)
     assert built.returncode == 0, built.stderr + built.stdout
     return out
 
@@ -113,13 +113,13 @@ def test_the_folder_installs_with_no_index_and_the_slice_dry_runs_from_it(
     assert done.returncode == 0, done.stderr + done.stdout
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | NO_NETWORK
     where = subprocess.run([repo / ".venv/bin/python", "-c", "import predict, torch; print(predict.__file__)"],
-                           capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
+                           capture_output=True, text=True, env=env, cwd=tmp_path)
     assert where.returncode == 0, where.stderr
     assert where.stdout.strip().startswith(str(repo / ".venv")), where.stdout  # the folder's wheel, not a checkout
     helped = subprocess.run([repo / ".venv/bin/predict", "--help"], capture_output=True, text=True, env=env, cwd=repo)
     assert helped.returncode == 0 and "evaluate" in helped.stdout, helped.stderr
     dry = subprocess.run([repo / ".venv/bin/snakemake", "--profile", "workflow/profiles/gpu", "--configfile",
-                          "config/gpu-slice.yaml", "-n", "all"], capture_output=True, text=True, env=env, cwd=repo)  # fmt: skip
+                          "config/gpu-slice.yaml", "-n", "all"], capture_output=True, text=True, env=env, cwd=repo)
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "rule train_sft" in dry.stdout + dry.stderr and "rule rl" in dry.stdout + dry.stderr
 
@@ -146,7 +146,7 @@ def _fake_folder(tmp_path: Path, **changes) -> Path:
     folder = tmp_path / "folder"
     (folder / "wheels").mkdir(parents=True)
     manifest = {"format": 1, "python": PY, "machine": os.uname().machine, "glibc": "2.17", "wheels": {},
-                "envs": {".venv": {"install": [], "from_base": {}}}, "left_out": []}  # fmt: skip
+                "envs": {".venv": {"install": [], "from_base": {}}}, "left_out": []}
     manifest.update(changes)
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
@@ -179,7 +179,7 @@ def test_bad_input_is_one_line_and_nothing_is_made(tmp_path: Path, changes: dict
 def test_a_part_missing_on_the_node_is_named(tmp_path: Path) -> None:
     folder = tmp_path / "folder"
     for part, name in (("part1", "manifest.json"), ("part2", "wheels__big-1.0-py3-none-any.whl.piece1of3"),
-                       ("part3", "wheels__big-1.0-py3-none-any.whl.piece3of3")):  # fmt: skip
+                       ("part3", "wheels__big-1.0-py3-none-any.whl.piece3of3")):
         (folder / part).mkdir(parents=True)
         (folder / part / name).write_text("{}")
     root = tmp_path / "root"

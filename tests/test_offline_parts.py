@@ -34,7 +34,7 @@ def test_parts_fit_the_limit_and_carry_every_file_once(tmp_path: Path) -> None:
     }
     _files(tmp_path / "all", sizes)
     result = subprocess.run([sys.executable, str(PARTS), str(tmp_path / "all"), str(tmp_path), "60"],
-                            capture_output=True, text=True)  # fmt: skip
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     parts = sorted(p for p in tmp_path.iterdir() if p.name.startswith("part"))
     carried = [f.name for p in parts for f in p.iterdir()]
@@ -49,7 +49,7 @@ def test_parts_fit_the_limit_and_carry_every_file_once(tmp_path: Path) -> None:
 def test_a_file_larger_than_a_part_is_refused_by_name(tmp_path: Path) -> None:
     _files(tmp_path / "all", {"huge.whl": 61, "small.whl": 1})
     result = subprocess.run([sys.executable, str(PARTS), str(tmp_path / "all"), str(tmp_path), "60"],
-                            capture_output=True, text=True)  # fmt: skip
+                            capture_output=True, text=True)
     assert result.returncode == 1
     assert "huge.whl" in result.stderr and "61.0 MiB" in result.stderr
     assert sorted(os.listdir(tmp_path / "all")) == ["huge.whl", "small.whl"]  # nothing moved

@@ -167,7 +167,7 @@ def test_the_model_facts_count_the_parameters_of_the_shape() -> None:
     (["--device", "a100"], "no calibration for device kind 'a100'"),
     (["--config", "BAD"], "rl.steps"),
     (["--config", "config/missing.yaml"], "does not exist"),
-])  # fmt: skip
+])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, capsys, argv: list[str], says: str) -> None:
     bad = tmp_path / "bad.yaml"
     config = yaml.safe_load((REPO / "config" / "local.yaml").read_text())

@@ -89,7 +89,7 @@ def test_a_watched_run_is_stopped_at_a_step_with_too_many_failures(tmp_path: Pat
 def test_a_watched_run_that_stays_within_the_threshold_finishes(tmp_path: Path) -> None:
     write_steps(tmp_path, step_line(1, 4, ProviderError=1))
     run_watched([sys.executable, "-c", "import time; time.sleep(0.5)"], lambda: check_failed_rollouts(tmp_path, 0.25),
-                poll_s=0.1)  # fmt: skip
+                poll_s=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +170,7 @@ def test_a_step_in_progress_that_can_no_longer_stay_within_the_threshold_stops_t
     check_open_step(tmp_path, 0.25, 16)  # 5: the step could still finish within the share
     write_log(tmp_path, FAILED_LINE)
     with pytest.raises(FailedRolloutsError, match=r"^6 rollouts failed .*max_failed_share 0.25 \(5.3\).*The first: "
-                       r"HarnessError: harness 'predict_local_agent' exited 97: HTTP 502"):  # fmt: skip
+                       r"HarnessError: harness 'predict_local_agent' exited 97: HTTP 502"):
         check_open_step(tmp_path, 0.25, 16)
     check_open_step(tmp_path, 1.0, 16)  # a share of 1 allows every failure
     # failures a finished step already counted are judged by check_failed_rollouts, not again here
@@ -200,7 +200,7 @@ def test_launch_stops_an_rl_run_whose_every_rollout_fails_before_any_step(
         {"output_dir": str(tmp_path / "o"), "env_vars": {MAX_FAILED_SHARE_VAR: "0.25"},
          "orchestrator": {"batch_size": 16}},
         tmp_path / "rl.toml",
-    )  # fmt: skip
+    )
     uv = tmp_path / "uv"
     uv.write_text(FAKE_UV_FAILING.format(python=sys.executable, line=FAILED_LINE))
     uv.chmod(0o755)
@@ -280,7 +280,7 @@ def test_a_retry_never_deletes_trained_steps_the_orchestrator_cannot_resume(tmp_
     killed_run(output_dir, {5: True}, [6], [5])
     before = sorted(str(p.relative_to(output_dir)) for p in output_dir.rglob("*"))
     with pytest.raises(cluster.PrimeRLSetupError, match=r"trainer's checkpoints \(steps \[5\]\) and the "
-                       r"orchestrator's \(steps \[6\]\) share no step"):  # fmt: skip
+                       r"orchestrator's \(steps \[6\]\) share no step"):
         cluster.align_checkpoints(output_dir, weights_on_disk=True)
     assert sorted(str(p.relative_to(output_dir)) for p in output_dir.rglob("*")) == before
 

@@ -138,7 +138,7 @@ def test_setup_applies_the_attention_patch_only_where_asked(paper: dict[str, Any
         applied.clear()
         cfg = with_prime_rl(paper, attn=attn, extras=extras)
         args = type("Args", (), {"dir": str(tmp_path / "prl"), "patch": None, "patches_dir": None,
-                                 "out": str(tmp_path / "setup.json")})()  # fmt: skip
+                                 "out": str(tmp_path / "setup.json")})()
         cluster.setup_main(args, stage_input(stage_config(cfg, "prime-rl-setup")))  # as the CLI hands it
         assert applied == expected
 

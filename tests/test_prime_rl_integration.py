@@ -39,7 +39,7 @@ class PrimeRlPython:
         self.python, self.dir = python, folder
         self.log = (self.dir / "zygote.log").open("w")
         self.proc = subprocess.Popen([python, str(ZYGOTE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True)  # fmt: skip
+                                     stderr=self.log, text=True)
         self.calls = 0
         ready = self.proc.stdout.readline() if self.proc.stdout else ""
         assert ready.strip() == '{"ready": true}', (ready, (self.dir / "zygote.log").read_text())
@@ -49,7 +49,7 @@ class PrimeRlPython:
         self.calls += 1
         out, err = self.dir / f"{self.calls}.out", self.dir / f"{self.calls}.err"
         request = {"argv": args, "env": dict(os.environ if env is None else env), "cwd": os.getcwd(),
-                   "stdout": str(out), "stderr": str(err), "timeout": timeout}  # fmt: skip
+                   "stdout": str(out), "stderr": str(err), "timeout": timeout}
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         answer = self.proc.stdout.readline()
@@ -169,7 +169,7 @@ def test_the_rendered_seat_rolls_out_through_prime_rls_train_client(
     result = python.run(
         [str(TRAIN_CLIENT_FLOW), str(work), str(vf_src), tiny_server.base_url, tiny_server.model_name],
         timeout=600, env=env,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["ok"] and out["errors"] == [], out
@@ -204,13 +204,13 @@ def test_the_parity_tool_rebuilds_a_saved_step_and_gets_one_loss_from_both_train
         {"step": 1, "time/step": 133.7},
         {"step": 2, "optim/grad_norm": 9.9, "loss/mean": 9.9},
         {"step": 1, "system/ckpt_disk_free_gib": 40.0},
-    ]))  # fmt: skip
+    ]))
     result = python.run(
         [str(PARITY), "--prime-rl", str(work), "--verifiers", str(vf_src), "--config",
          str(REPO_ROOT / "config" / "config.yaml"), "--traces", str(traces), "--model", str(tiny), "--out",
          str(out_json), "--trainer-metrics", str(metrics), "--step", "1"],
         timeout=600,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(out_json.read_text())
     assert (out["groups"], out["rollouts"], out["failed_dropped"]) == (1, 2, 1)

@@ -60,7 +60,7 @@ def test_node_install_keeps_the_console_scripts_and_uv_run_reaches_them(tmp_path
     )
     prime = _wheel(tmp_path, "prime-rl", {"prime_rl/__init__.py": "", "prime_rl/entrypoints/__init__.py": "",
                                           "prime_rl/entrypoints/rl.py": main_py},
-                   {"rl": "prime_rl.entrypoints.rl:main"})  # fmt: skip
+                   {"rl": "prime_rl.entrypoints.rl:main"})
     other = _wheel(tmp_path, "other-thing", {"other_thing/__init__.py": ""}, {"other": "other_thing:x"})
     site = tmp_path / "site"
     bin_dir = Path(sys.executable).parent
@@ -72,7 +72,7 @@ def test_node_install_keeps_the_console_scripts_and_uv_run_reaches_them(tmp_path
     assert script.exists() and 'if __name__ == "__main__":' in script.read_text()
     run_env = {**env, "PATH": f"{site / 'bin'}{os.pathsep}{env['PATH']}", "PYTHONPATH": str(site)}
     result = subprocess.run(["uv", "run", "--frozen", "--no-sync", "rl", "@", "x.toml"], env=run_env,
-                            capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines() == ["rl ['@', 'x.toml'] worker"]
     refused = subprocess.run(["uv", "sync"], env=run_env, capture_output=True, text=True, cwd=tmp_path)
@@ -85,7 +85,7 @@ def test_a_later_install_into_a_package_already_there_keeps_what_the_first_put_t
     'prime_rl.entrypoints'"), and prime-rl's sft would not start."""
     prime = _wheel(tmp_path, "prime-rl", {"prime_rl/__init__.py": "", "prime_rl/entrypoints/__init__.py": "",
                                           "prime_rl/entrypoints/sft.py": "def main():\n    return 0\n"},
-                   {"sft": "prime_rl.entrypoints.sft:main"})  # fmt: skip
+                   {"sft": "prime_rl.entrypoints.sft:main"})
     configs = _wheel(tmp_path, "prime-rl-configs", {"prime_rl/configs/__init__.py": "X = 1\n"}, {})
     site = tmp_path / "site"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
@@ -93,7 +93,7 @@ def test_a_later_install_into_a_package_already_there_keeps_what_the_first_put_t
     subprocess.run(["bash", NODE, site, configs], check=True, env=env, capture_output=True)
     probe = "import prime_rl.entrypoints.sft, prime_rl.configs; print(prime_rl.configs.X)"
     result = subprocess.run([sys.executable, "-c", probe], env={**env, "PYTHONPATH": str(site)},
-                            capture_output=True, text=True)  # fmt: skip
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "1"
     assert (site / "bin" / "sft").exists()
@@ -156,12 +156,12 @@ def test_the_gpu_check_derives_its_four_traces_on_the_node(tmp_path: Path) -> No
     env = {**os.environ, "R": str(tmp_path / "check"), "PIPE_SITE": site, "SERVING_PYTHON": sys.executable,
            "VLLM_SITE": str(tmp_path / "no-vllm"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     result = subprocess.run(["bash", str(REPO_ROOT / "envs" / "prime-rl-offline-check.sh"), "data"], cwd=REPO_ROOT,
-                            env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+                            env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     data = tmp_path / "check" / "data"
     traces = pq.read_table(data / "traces-B-4.parquet").to_pylist()
     assert sorted((r["role"], r["task_id"]) for r in traces) == [("direct", 1), ("direct", 20), ("recovery", 13),
-                                                                  ("recovery", 21)]  # fmt: skip
+                                                                  ("recovery", 21)]
     assert {r["arm"] for r in traces} == {"B"}
     assert sorted(r["task_id"] for r in pq.read_table(data / "tasks-4.parquet").to_pylist()) == [1, 13, 20, 21]
     assert pq.read_table(data / "val.parquet").num_rows == 50  # the paper split's val, what `resume` evaluates on

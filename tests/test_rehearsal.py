@@ -22,9 +22,9 @@ KEPT = ["env.budget", "env.max_tokens", "env.temperature", "env.concurrency", "e
         "rl.lr", "rl.eps_low", "rl.eps_high", "rl.kl_coef", "rl.dtype", "rl.weight_sync", "rl.keep_state",
         "sft.max_seq_len", "sft.micro_batch_tokens", "sft.batch_tokens", "sft.lr", "sft.save_every", "sft.dtype",
         "evaluation.temperature", "evaluation.max_tokens", "evaluation.samples", "evaluation.reference",
-        "model.enable_thinking", "data.split_seed", "data.sizes", "traces", "arms", "verifier"]  # fmt: skip
+        "model.enable_thinking", "data.split_seed", "data.sizes", "traces", "arms", "verifier"]
 CUT = {"seeds", "rl.steps", "rl.checkpoint_every", "rl.skip_zero_advantage", "sft.max_steps", "evaluation.tasks",
-       "evaluation.checkpoints", "evaluation.selection", "ablations", "extensions", "data.hf_fallback"}  # fmt: skip
+       "evaluation.checkpoints", "evaluation.selection", "ablations", "extensions", "data.hf_fallback"}
 
 
 def _get(config: dict, key: str) -> object:
@@ -82,24 +82,24 @@ def test_collect_reads_a_runs_files_into_the_issues_numbers(rehearsal, tmp_path:
     header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
     t0 = 1_000_000.0
     _touch(results / "benchmarks" / "rl" / "A" / "seed42.tsv", header + "500.0\t0:08:20\t1\t1\t1\t1\t0\t0\t90\t400\n",
-           t0 + 500)  # fmt: skip
+           t0 + 500)
     _touch(logs / "gpu-rehearsal" / "rl" / "A" / "seed42.log",
            "... peak GPU memory: 50.0 of 79 GiB on the device (every process, the vLLM server included)\n"
            "... peak GPU memory: 61.5 of 79 GiB on the device (every process, the vLLM server included); this process"
-           " (torch) 44.0 GiB\n", t0 + 500)  # fmt: skip
+           " (torch) 44.0 GiB\n", t0 + 500)
     _touch(results / "benchmarks" / "train_sft" / "A.tsv", header + "60.0\t0:01:00\t1\t1\t1\t1\t0\t0\t90\t50\n", t0 - 10)
     write_rows([{"arm": "A", "step": 1, "epoch": 0, "loss": 1.0, "ce_loss": 1.0, "lr": 1e-5, "grad_norm": 1.0,
                  "time_s": 2.0, "n_samples": 40, "n_tokens": 30_000, "n_ce_tokens": 9000, "tokens_per_s": 15_000.0}],
-               SFT_SCHEMA, results / "sft" / "A" / "metrics.parquet")  # fmt: skip
+               SFT_SCHEMA, results / "sft" / "A" / "metrics.parquet")
     _touch(results / "rehearsal" / "samples.tsv",
            "".join(f"{t0 + t}\t{int((20 + t / 50) * 1e9)}\t{int(40 * 2**30)}\n" for t in range(-20, 520, 2)), t0)
     step = {"run": "A", "seed": 42, "step": 1, "backend": "rl", "n_rollouts": 128, "n_output_tokens": 524_288,
             "rollout_s": 360.0, "samples_s": 4.0, "update_s": 50.0, "n_tokens": 600_000, "sleep_s": 0.1, "sync_s": 0.2,
-            "step_s": 414.3, "save_s": 2.0, "checkpoint_write_s": 8.0, "state_write_s": 30.0}  # fmt: skip
+            "step_s": 414.3, "save_s": 2.0, "checkpoint_write_s": 8.0, "state_write_s": 30.0}
     write_metrics([step], results / "rl" / "A" / "seed42" / "metrics.parquet")
     out = tmp_path / "rehearsal_test.json"
     assert rehearsal.main(["collect", "--config", str(cfg), "--card", "test", "--out", str(out),
-                           "--logs-dir", str(logs)]) == 0  # fmt: skip
+                           "--logs-dir", str(logs)]) == 0
     got = json.loads(out.read_text())
     assert got["card"] == "test" and got["shape"].endswith("4,022,468,096 parameters")
     jobs = {j["job"]: j for j in got["jobs"]}

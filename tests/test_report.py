@@ -83,7 +83,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     write_metrics([{"run": "B", "seed": 42, "step": step, "backend": "rl", "loss": 1 / (1 + step), "updated": True,
                     **rollout_metrics([rollout(t, [p], seed=42, checkpoint=f"rl-step{step}")
                                        for t, p in enumerate(SCRIPTS["B"][: 4 + step])])}
-                   for step in range(1, 7)], rl)  # fmt: skip
+                   for step in range(1, 7)], rl)
     html_path = root / "report" / "index.html"
     example = next(e for e in evals if "/B/step100/" in e)
     assert main(["report", "--config-json", config_json, "--stats-dir", str(stats), "--ablations", *ablations,

@@ -134,7 +134,7 @@ def test_resumes_after_sigkill_never_from_step_zero(tiny: Path, tasks: Path, end
     cmd = [
         sys.executable, "-m", "predict.cli", "rl", "--config-json", json.dumps(config), "--run", "B", "--seed", "43",
         "--init", str(tiny), "--tasks-file", str(tasks), "--out-dir", str(out), "--base-url", endpoint.base_url,
-    ]  # fmt: skip
+    ]
     env = {**os.environ, "HOME": str(tmp_path / "home")}
     state = out / ".work" / "state" / "trainer.json"
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -309,7 +309,7 @@ def test_on_a_gpu_server_each_update_runs_asleep_and_the_weights_arrive_before_i
         ("folder", "0"),
         ("sleep", "2"), ("wake_up", "weights"), ("memory", "1"), ("wake_up", "kv_cache"),
         ("sleep", "2"), ("wake_up", "weights"), ("memory", "2"), ("wake_up", "kv_cache"),
-    ]  # fmt: skip
+    ]
     assert server.drained == [True, False, False]  # the start's folder load drains; the asleep syncs need not
     rows = pq.read_table(job.out_dir / "metrics.parquet").to_pylist()
     assert all(r["sleep_s"] is not None and r["sleep_s"] >= 0 and r["update_s"] > 0 for r in rows)

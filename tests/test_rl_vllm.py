@@ -152,7 +152,7 @@ def test_rl_steps_through_the_real_server_with_weight_sync(
     # one lease for the whole run (started, or reused from the session's earlier leases): one note in the job's log,
     # naming the server server.json records
     notes = [line for line in (job.out_dir / ".work" / "vllm.log").read_text().splitlines()
-             if "shared vLLM server pid" in line]  # fmt: skip
+             if "shared vLLM server pid" in line]
     assert len(notes) == 1, notes
     pid = json.loads((shared_vllm_cache / "serving" / "server.json").read_text())["pid"]
     assert f"shared vLLM server pid {pid} " in notes[0]

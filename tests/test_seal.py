@@ -239,7 +239,7 @@ def _val_stats(folder: Path) -> tuple[Path, Path]:
                              "val_pass_at_1": 0.5, "fallback": False}], SELECTION_SCHEMA, folder / "selection.parquet")
     metrics = write_rows([{"run": "B", "checkpoint": c, "split": "val", "seed": 42} for c in ("sft", "step2")],
                          pa.schema([("run", pa.string()), ("checkpoint", pa.string()), ("split", pa.string()),
-                                    ("seed", pa.int64())]), folder / "metrics.parquet")  # fmt: skip
+                                    ("seed", pa.int64())]), folder / "metrics.parquet")
     return selection, metrics
 
 

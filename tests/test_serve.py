@@ -190,7 +190,7 @@ def test_evaluation_serves_batch_invariant_on_a_gpu_and_one_request_at_a_time_el
                                                     port=1).environment()
     # evaluation asks for it: its jobs are marked, its checkpoint server passes the environment on
     job = evaluation_job(paper, run="A", checkpoint="sft", split="val", seed=1, tasks_path=tmp_path / "val.parquet",
-                         model=str(model_dir), out=tmp_path / "out.parquet")  # fmt: skip
+                         model=str(model_dir), out=tmp_path / "out.parquet")
     assert job.evaluation
     started: list[dict[str, Any]] = []
 

@@ -99,7 +99,7 @@ def fake(tmp_path: Path) -> Iterator[dict[str, Any]]:
     events.touch()
     cache = tmp_path / "cache"
     yield {"python": sys.executable, "cache_dir": cache, "startup_timeout_s": 20, "max_model_len": 4096,
-           "env": {"PYTHONPATH": str(tmp_path / "fakepkg"), "FAKE_EVENTS": str(events)}}  # fmt: skip
+           "env": {"PYTHONPATH": str(tmp_path / "fakepkg"), "FAKE_EVENTS": str(events)}}
     stop_shared_server(cache, wait_s=5)
 
 
@@ -138,7 +138,7 @@ def test_second_lease_reuses_the_server_and_loads_its_weights(tmp_path: Path, fa
         assert not lease.started and lease.pid == pid and lease.base_url == url
     assert time.perf_counter() - t0 < 5
     assert _events(fake) == [f"start {first}", "post /pause", f"reload {second}", "post /reset_prefix_cache",
-                             "post /resume", "post /update_weight_version"]  # fmt: skip
+                             "post /resume", "post /update_weight_version"]
     # the same path again is reloaded too: a rerun may have rewritten the checkpoint in place
     with SharedServer(second, **fake) as lease:
         assert lease.pid == pid
@@ -156,7 +156,7 @@ def test_a_gpu_lease_sleeps_when_released_and_wakes_before_its_weights(tmp_path:
         pass
     assert _events(fake) == [f"start {first}", "post /sleep?level=2&mode=wait",
                              "post /wake_up", "post /pause", f"reload {second}", "post /reset_prefix_cache",
-                             "post /resume", "post /update_weight_version", "post /sleep?level=2&mode=wait"]  # fmt: skip
+                             "post /resume", "post /update_weight_version", "post /sleep?level=2&mode=wait"]
 
 
 @pytest.mark.parametrize("change", ["dtype", "max_model_len", "tokenizer"])
@@ -189,11 +189,11 @@ QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attentio
          "initializer_range": 0.02, "intermediate_size": 256, "max_position_embeddings": 40960, "max_window_layers": 2,
          "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
          "sliding_window": None, "use_sliding_window": False, "tie_word_embeddings": False, "use_cache": True,
-         "vocab_size": 151936}  # fmt: skip
+         "vocab_size": 151936}
 BASE_LAYOUT = {**QWEN3, "rope_scaling": None, "rope_theta": 1000000.0, "torch_dtype": "bfloat16", "dtype": "bfloat16",
-               "transformers_version": "4.51.0"}  # fmt: skip
+               "transformers_version": "4.51.0"}
 TRAINER_LAYOUT = {**QWEN3, "dtype": "bfloat16", "layer_types": ["full_attention", "full_attention"], "pad_token_id": None,
-                  "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "transformers_version": "5.24.0"}  # fmt: skip
+                  "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "transformers_version": "5.24.0"}
 
 
 def test_a_trained_checkpoint_shares_the_base_models_server(tmp_path: Path, fake: dict[str, Any]) -> None:
@@ -346,7 +346,7 @@ def test_real_reused_server_gives_the_rows_of_a_fresh_one(
     def rollouts(name: str, model: Path, serving: dict[str, Any], n_tasks: int = 3) -> list[dict[str, Any]]:
         job = RolloutJob(tasks_path=tasks, split="val", out=tmp_path / name / "seed42.parquet", model=str(model),
                          checkpoint="sft", arm="B", seed=42, n_tasks=n_tasks,
-                         sampling={"temperature": 0.0, "max_tokens": 64})  # fmt: skip
+                         sampling={"temperature": 0.0, "max_tokens": 64})
         run_job(job, {**study, "serving": serving, "env": {**study["env"], "concurrency": CONCURRENCY}})
         return [{k: v for k, v in r.items() if k not in PER_RUN} for r in read_rows(job.out)]
 

@@ -42,7 +42,7 @@ DIRECT = Trace(1, "direct", PROMPT, "multiply_int", GOOD)
 RECOVERY = Trace(2, "recovery", PROMPT, "multiply_int", GOOD, BAD, "op", "m", "ASSERTION_FAILURE")
 OUTCOMES = {solution_text(GOOD): Outcome.PASS, solution_text(BAD): Outcome.ASSERTION_FAILURE}
 OPEN_QUESTION = {"irreversible_A": ("A", "irreversible"), "irreversible_B": ("B", "irreversible"),
-                 "blind_A": ("A", "blind"), "blind_B": ("B", "blind")}  # fmt: skip
+                 "blind_A": ("A", "blind"), "blind_B": ("B", "blind")}
 
 
 def verified(code: str) -> Outcome:
@@ -166,7 +166,7 @@ def test_run_traces_are_the_arms_traces_under_the_runs_own_episode(run: str) -> 
     rows = run_traces(own_sft_config(), run, arm_rows(arm), [TASK | {"task_id": 1}, TASK])
     expected = render_arm(Synthesis([DIRECT, RECOVERY], [], {(t, s): o for t in (1, 2) for s, o in OUTCOMES.items()}),
                           run, ProtocolConfig.resolve(resolve_run(own_sft_config(), run).protocol, variant),
-                          recovery_style="revise", seed=42)  # fmt: skip
+                          recovery_style="revise", seed=42)
     assert rows == expected
     for base, row in zip(arm_rows(arm), rows, strict=True):
         assert row["arm"] == run and row["protocol"] == base["protocol"]
@@ -216,7 +216,7 @@ def test_run_traces_stage_replays_through_the_sandbox_with_reward_one(
     for run, (arm, variant) in OPEN_QUESTION.items():
         out = tmp_path / f"{run}.parquet"
         argv = ["run-traces", "--config-json", json.dumps(config), "--run", run, "--tasks-file", str(tasks),
-                "--arm-traces", str(tmp_path / f"{arm}.parquet"), "--out", str(out)]  # fmt: skip
+                "--arm-traces", str(tmp_path / f"{arm}.parquet"), "--out", str(out)]
         assert main(argv) == 0
         table = pq.read_table(out)
         assert table.schema == TRACE_SCHEMA and table.num_rows == 6
@@ -228,7 +228,7 @@ def test_run_traces_stage_replays_through_the_sandbox_with_reward_one(
             said = assistant(row["messages"])
             answers = [episode.step(r) for r in said]
             assert [a for a in answers if a is not None] == [m["content"] for m in row["messages"][2:]
-                                                             if m["role"] == "user"]  # fmt: skip
+                                                             if m["role"] == "user"]
             assert episode.done and answers[-1] is None and episode.calls_used == row["n_tool_calls"]
             graded = verifier.check(episode.solution, task["test_list"], task["test_setup_code"])
             assert graded.outcome is Outcome.PASS, (run, row["task_id"])
@@ -237,5 +237,5 @@ def test_run_traces_stage_replays_through_the_sandbox_with_reward_one(
                 assert first.outcome == row["verified_class"] and first.outcome_seen is False
     again = tmp_path / "again.parquet"
     argv = ["run-traces", "--config-json", json.dumps(config), "--run", "blind_B", "--tasks-file", str(tasks),
-            "--arm-traces", str(tmp_path / "B.parquet"), "--out", str(again)]  # fmt: skip
+            "--arm-traces", str(tmp_path / "B.parquet"), "--out", str(again)]
     assert main(argv) == 0 and again.read_bytes() == (tmp_path / "blind_B.parquet").read_bytes()  # byte-identical

@@ -62,7 +62,7 @@ def killed_and_resumed(tiny: Path, tasks: Path, endpoint: Any, tmp_path_factory:
     root = tmp_path_factory.mktemp("results")
     settings = TrackingTargets(root / "tensorboard")
     job = RLJob(run="B", seed=42, init=tiny, tasks=tasks, out_dir=root / "rl" / "B" / "seed42",
-                base_url=endpoint.base_url, tracking=settings)  # fmt: skip
+                base_url=endpoint.base_url, tracking=settings)
     config = study(steps=4, state_every=2, checkpoint_every=4)
     killed = run_rl(job, config, stop_after=3)
     assert not killed["complete"] and killed["steps_done"] == 3
@@ -95,7 +95,7 @@ def test_event_files_hold_the_curves_at_their_steps_once(killed_and_resumed: dic
     scalars = read_scalars(root / "tensorboard" / "rl" / "B" / "seed42")
     rows = {r["step"]: r for r in pq.read_table(job.out_dir / "metrics.parquet").to_pylist()}
     for column in ("reward_mean", "loss", "rl_loss", "ce_loss", "grad_norm", "pred_PASS", "pred_ASSERTION_FAILURE",
-                   "verified_PASS", "n_revise"):  # fmt: skip
+                   "verified_PASS", "n_revise"):
         points = scalars[column_tag(column)]
         # step 3 of the first attempt purged; step 4, whose state was saved as the second attempt died, is there
         assert [s for s, _ in points] == [1, 2, 3, 4], (column, points)
@@ -110,7 +110,7 @@ def test_tensorboard_serves_the_study_and_renders_in_headless_chromium(killed_an
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     tb = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(root), "--port", str(port),
-                           "--host", "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                           "--host", "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(120):
@@ -128,7 +128,7 @@ def test_tensorboard_serves_the_study_and_renders_in_headless_chromium(killed_an
         shot = tmp_path / "tensorboard.png"
         subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000",
                         "--virtual-time-budget=15000", f"--screenshot={shot}", f"{url}/#timeseries"],
-                       check=True, timeout=120, capture_output=True)  # fmt: skip
+                       check=True, timeout=120, capture_output=True)
         assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
         if os.environ.get("PREDICT_SCREENSHOT_DIR"):
             shutil.copy(shot, Path(os.environ["PREDICT_SCREENSHOT_DIR"]) / shot.name)
@@ -166,7 +166,7 @@ def test_wandb_offline_run_from_the_cli_holds_the_rows(tiny: Path, tasks: Path, 
     config["tracking"] = {"tensorboard": True, "wandb": {"mode": "offline", "project": "predict-test", "entity": None}}
     out_dir = tmp_path / "results" / "rl" / "B" / "seed42"
     assert main(["rl", "--config-json", json.dumps(config), "--run", "B", "--seed", "42", "--init", str(tiny),
-                 "--tasks-file", str(tasks), "--out-dir", str(out_dir), "--base-url", endpoint.base_url]) == 0  # fmt: skip
+                 "--tasks-file", str(tasks), "--out-dir", str(out_dir), "--base-url", endpoint.base_url]) == 0
     rows = pq.read_table(out_dir / "metrics.parquet").to_pylist()
     (run_dir,) = (tmp_path / "results" / "wandb" / "wandb").glob("offline-run-*")
     records = wandb_records(run_dir)
@@ -177,13 +177,13 @@ def test_wandb_offline_run_from_the_cli_holds_the_rows(tiny: Path, tasks: Path, 
     run_config = {u.key: json.loads(u.value_json) for u in run.config.update}
     assert run_config["rl"]["steps"] == 2 and "arms" in run_config  # the stage's slice
     history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
-               for r in records if r.WhichOneof("record_type") == "history"]  # fmt: skip
+               for r in records if r.WhichOneof("record_type") == "history"]
     assert [h["_step"] for h in history] == [1, 2]
     for h, row in zip(history, rows, strict=True):
         assert h == {**h, **{k: pytest.approx(v) for k, v in scalar_tags(row).items()}}
     # the embedded default's TensorBoard run of the same job
     assert [s for s, _ in read_scalars(tmp_path / "results" / "tensorboard" / "rl" / "B" / "seed42")
-            ["rollout/reward_mean"]] == [1, 2]  # fmt: skip
+            ["rollout/reward_mean"]] == [1, 2]
 
 
 def test_a_tracker_that_cannot_start_stops_the_run_before_training(
@@ -192,7 +192,7 @@ def test_a_tracker_that_cannot_start_stops_the_run_before_training(
     monkeypatch.setitem(sys.modules, "wandb", None)  # the package is not installed
     settings = TrackingTargets(tmp_path / "tb", wandb=WandbSettings(mode="offline"), wandb_dir=tmp_path / "wandb")
     job = RLJob(run="A", seed=1, init=tiny, tasks=tasks, out_dir=tmp_path / "A", base_url=endpoint.base_url,
-                tracking=settings)  # fmt: skip
+                tracking=settings)
     with pytest.raises(TrackingError, match=r"^tracking\.wandb\.mode: offline but the wandb package is missing"):
         run_rl(job, study(steps=1))
     assert not (job.out_dir / ".work" / "metrics.parquet").exists() and not (job.out_dir / ".work" / "rollouts").exists()
@@ -266,7 +266,7 @@ def test_sft_writes_its_curve_under_sft_arm(tiny: Path, tmp_path: Path) -> None:
     cfg = SFTConfig(lr=3e-3, epochs=1, batch_tokens=600, save_every=0, device="cpu", micro_batch_tokens=1500)
     run_sft(traces=traces, base_model=tiny, out_dir=tmp_path / "ckpt",
             metrics_out=tmp_path / "m.parquet", state_dir=tmp_path / "state", cfg=cfg, arm="A", progress=False,
-            tracking=TrackingTargets(tmp_path / "tb"), enable_thinking=True)  # fmt: skip
+            tracking=TrackingTargets(tmp_path / "tb"), enable_thinking=True)
     rows = pq.read_table(tmp_path / "m.parquet").to_pylist()
     scalars = read_scalars(tmp_path / "tb" / "sft" / "A")
     assert [s for s, _ in scalars["loss/loss"]] == [r["step"] for r in rows] == [1, 2]  # a trace a step
@@ -278,7 +278,7 @@ def test_prime_rl_metrics_are_mirrored_at_collection(tmp_path: Path) -> None:
     from predict.train.step_metrics import write_metrics
 
     rows = [{"run": "B", "seed": 1, "step": s, "backend": "prime_rl", "reward_mean": s / 10, "loss": 1 / s,
-             "pred_PASS": s} for s in (2, 1, 3)]  # fmt: skip
+             "pred_PASS": s} for s in (2, 1, 3)]
     write_metrics(rows, tmp_path / "metrics.parquet")
     log_dir = mirror_metrics(tmp_path / "metrics.parquet", tmp_path / "tb", run="B", seed=1)
     assert log_dir == tmp_path / "tb" / "rl" / "B" / "seed1"
@@ -364,7 +364,7 @@ def test_the_tracker_is_imported_only_where_used(tmp_path: Path) -> None:
     code = ("import sys; from predict.train.tracking import RunTracker, TrackingTargets; "
             "RunTracker(TrackingTargets(None), stage='rl', run='A', seed=1).start(0).log({'loss': 1.0}, 1); "
             "import predict.train.rl, predict.train.sft, predict.train.learning_signal; "
-            "print(sorted(m for m in ('wandb', 'tensorboard', 'torch.utils.tensorboard') if m in sys.modules))")  # fmt: skip
+            "print(sorted(m for m in ('wandb', 'tensorboard', 'torch.utils.tensorboard') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO / "src")})  # fmt: skip
+                         env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     assert out.stdout.strip() == "[]"

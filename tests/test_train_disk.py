@@ -123,6 +123,6 @@ def test_an_sft_job_that_cannot_fit_its_disk_stops_before_its_first_step(
     _free(monkeypatch, 10**6)
     with pytest.raises(DiskSpaceError, match="SFT arm A needs") as refused:
         run_sft(traces=traces, base_model=tiny, out_dir=tmp_path / "ckpt", metrics_out=tmp_path / "m.parquet",
-                state_dir=tmp_path / "state", cfg=cfg, arm="A", enable_thinking=True, progress=False)  # fmt: skip
+                state_dir=tmp_path / "state", cfg=cfg, arm="A", enable_thinking=True, progress=False)
     assert "SFT A: 1 HF checkpoint(s) (ckpt)" in str(refused.value) and "the resumable state" in str(refused.value)
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "state" / "trainer").exists()

@@ -55,7 +55,7 @@ def step_records(step: int, arm: str = "B") -> list[dict[str, Any]]:
 def local_rows(run: str, seed: int, steps: int = 3, arm: str = "B") -> list[dict[str, Any]]:
     """What `predict rl` logs for its rollouts: the driver's row identity plus `rollout_metrics` of each step."""
     return [{"run": run, "seed": seed, "step": s, "backend": "rl", **rollout_metrics(step_records(s, arm)),
-             "loss": 1.0 / s, "updated": True, **LOCAL_TIMES} for s in range(1, steps + 1)]  # fmt: skip
+             "loss": 1.0 / s, "updated": True, **LOCAL_TIMES} for s in range(1, steps + 1)]
 
 
 def prime_rl_output(tmp: Path, steps: int = 3, retried: int | None = 2) -> Path:
@@ -68,16 +68,16 @@ def prime_rl_output(tmp: Path, steps: int = 3, retried: int | None = 2) -> Path:
         per_rollout = [rollout_trace_metrics({"agent_result": {"steps": r["steps"],
                                                                "summary": {"budget_exhausted": r["budget_exhausted"]}},
                                               "final_verdict": {"outcome": r["final_outcome"]}}, r["reward"])
-                       for r in records]  # fmt: skip
+                       for r in records]
         line: dict[str, Any] = {"step": step, "time": 1000.0 + step, "progress/rollouts": len(records) + 1,
                                 "progress/input_tokens": 100 * step, "progress/output_tokens": 10 * step,
                                 "time/step": PRIME_RL_TIMES["time/step"], f"train/agg/all/{AGENT}/error/Cancelled": 1.0,
-                                f"train/agg/all/{AGENT}/reward/mean": 0.4}  # fmt: skip
+                                f"train/agg/all/{AGENT}/reward/mean": 0.4}
         for name in per_rollout[0]:
             values = [m[name] for m in per_rollout]
             prefix = f"train/agg/all/{AGENT}/metrics/{name}"
             line |= {f"{prefix}/mean": sum(values) / len(values), f"{prefix}/max": max(values),
-                     f"{prefix}/min": min(values)}  # fmt: skip
+                     f"{prefix}/min": min(values)}
             line[f"train/agg/effective/{AGENT}/metrics/{name}/mean"] = values[0]  # another subset: not read
         orch.append(line)
         trainer += [{"step": step, "time": 1.0, "loss/mean": 0.5 / step, "entropy/all/mean": 2.0},
@@ -172,7 +172,7 @@ def test_report_and_training_outcomes_from_both_backends(tmp_path: Path) -> None
     html = tmp_path / "index.html"
     assert main(["report", "--config-json", config, "--stats-dir", str(tmp_path / "none"), "--power",
                  str(tmp_path / "none.parquet"), "--rl-metrics", *paths, "--training-outcomes", str(outcomes),
-                 "--out", str(html)]) == 0  # fmt: skip
+                 "--out", str(html)]) == 0
     page = html.read_text()
     training = page.split('id="training"')[1].split("</section>")[0]
     assert 'alt="training curves"' in training and "No RL metrics yet for" in training  # other runs missing

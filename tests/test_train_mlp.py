@@ -17,7 +17,7 @@ def _model():
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     cfg = Qwen3Config(vocab_size=256, hidden_size=32, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=8, max_position_embeddings=128)  # fmt: skip
+                      num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
 

@@ -32,7 +32,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _trainer(tiny: Path) -> Trainer:
     return Trainer(tiny, lr=1e-3, weight_decay=0.0, grad_clip=1.0, device="cpu", dtype="float32",
-                   micro_batch_tokens=64, seed=0)  # fmt: skip
+                   micro_batch_tokens=64, seed=0)
 
 
 def _bytes(folder: Path) -> dict[str, bytes]:
@@ -158,7 +158,7 @@ def test_a_kill_between_the_states_files_resumes_from_the_last_whole_state(tiny:
     state = tmp_path / "state"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
     done = subprocess.run([sys.executable, "-c", KILLED_MID_SAVE, str(tiny), str(state)], env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 9, done.stderr[-2000:]
     assert [p.name for p in tmp_path.glob(".state.tmp-*")]  # the half-written state is there...
     resumed = Trainer.resume(state, device="cpu")

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from predict.env.protocol import (  # noqa: E402
+from predict.env.protocol import (
     RESULT_PATCH_APPLIED,
     RESULT_PATCH_KEPT,
     RESULT_TESTS_PASSED,
@@ -21,7 +21,7 @@ from predict.env.protocol import (  # noqa: E402
     read_result,
     task_prompt,
 )
-from predict.train.sft import (  # noqa: E402
+from predict.train.sft import (
     SFTConfig,
     TraceError,
     lr_at,
@@ -219,7 +219,7 @@ def test_sft_state_from_other_traces_or_settings_is_not_resumed(tiny: Path, tmp_
     cfg = SFTConfig(lr=3e-3, epochs=2, batch_tokens=600, save_every=2, device="cpu", micro_batch_tokens=600)
     paths = {"traces": traces, "base_model": tiny, "out_dir": tmp_path / "ckpt",
              "metrics_out": tmp_path / "metrics.parquet", "state_dir": tmp_path / "state", "arm": "B",
-             "progress": False, "max_steps": 4, "enable_thinking": True}  # fmt: skip
+             "progress": False, "max_steps": 4, "enable_thinking": True}
     real_step = Trainer.step
     calls: list[int] = []
 
@@ -282,7 +282,7 @@ def test_sft_trains_on_the_threads_it_was_given(tiny: Path, tmp_path: Path) -> N
     try:
         torch.set_num_threads(2)
         sft.run_sft(traces=traces, base_model=tiny, out_dir=tmp_path / "ckpt", metrics_out=tmp_path / "m.parquet",
-                    state_dir=tmp_path / "state", cfg=cfg, arm="A", progress=False, max_steps=1, threads=1, enable_thinking=True)  # fmt: skip
+                    state_dir=tmp_path / "state", cfg=cfg, arm="A", progress=False, max_steps=1, threads=1, enable_thinking=True)
     finally:
         Trainer.step = real_step
         torch.set_num_threads(before)

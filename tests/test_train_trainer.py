@@ -216,7 +216,7 @@ def test_activation_checkpointing_recomputes_each_layer_and_gives_the_same_updat
 
     def run(checkpointing: bool) -> tuple[Trainer, int]:
         trainer = Trainer(tiny, lr=3e-3, device="cpu", seed=0, weight_decay=0.0, grad_clip=1.0, dtype="auto",
-                          micro_batch_tokens=8192)  # fmt: skip
+                          micro_batch_tokens=8192)
         if checkpointing:
             trainer.checkpoint_activations()
         calls = []
@@ -261,7 +261,7 @@ def test_the_step_reads_the_gradient_norm_after_queuing_the_optimizer(tiny: Path
     """Reading the norm waits for the GPU; before the optimizer's step that left the GPU idle while KahanAdamW made
     its ~400 per-parameter launches. The step must queue the optimizer first and report the same norm."""
     trainer = Trainer(tiny, lr=1e-3, device="cpu", micro_batch_tokens=8192, weight_decay=0.0, grad_clip=grad_clip,
-                      dtype="float32", seed=0)  # fmt: skip
+                      dtype="float32", seed=0)
     events: list[str] = []
     wrapped = "clip_grad_norm_" if grad_clip else "get_total_norm"
     real_norm, real_step = getattr(torch.nn.utils, wrapped), trainer.optimizer.step
@@ -271,12 +271,12 @@ def test_the_step_reads_the_gradient_norm_after_queuing_the_optimizer(tiny: Path
             events.append("norm read")
             return super().__float__()
 
-    def norm(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def norm(*args, **kwargs):
         value = real_norm(*args, **kwargs)
         expected.append(float(value))
         return value.as_subclass(Norm)
 
-    def step(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def step(*args, **kwargs):
         events.append("optimizer step")
         return real_step(*args, **kwargs)
 

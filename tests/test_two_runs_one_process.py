@@ -32,7 +32,7 @@ def test_second_batch_in_a_new_loop_against_a_new_server_has_no_failed_model_cal
     for batch in range(2):
         with ScriptedEndpoint([MUL_FROM_STUB, TEST, FINAL], tokenizer_json=tokenizer, models_delay_s=1.0) as endpoint:
             settings = RolloutSettings.of(base_url=endpoint.base_url, model="scripted", protocol="reactive", arm="A",
-                                          client="train", concurrency=4, rollout_timeout_s=120)  # fmt: skip
+                                          client="train", concurrency=4, rollout_timeout_s=120)
             records = run_rollouts_sync(tasks, settings)
         failed = [r.getMessage() for r in caplog.records if "model call failed" in r.getMessage()]
         assert not failed, f"batch {batch}: {len(failed)} failed model calls, e.g. {failed[0]}"
@@ -54,12 +54,12 @@ def test_a_model_call_that_keeps_failing_gives_no_reward_and_no_training_sample(
     base = mbpp_127(mbpp_path)
     broken, working = "[case:broken]", "[case:working]"
     tasks = [{**base, "task_id": 9200 + i, "text": f"{base['text']} {m}", "split": "rl", "sample": s}
-             for i, m in enumerate((broken, working)) for s in range(2)]  # fmt: skip
+             for i, m in enumerate((broken, working)) for s in range(2)]
     tokenizer_dir = Path(default_tokenizer_dir())
     scripts = {broken: [MUL_FROM_STUB, HttpError(502, "upstream down")], working: [MUL_FROM_STUB, TEST, FINAL]}
     with ScriptedEndpoint(scripts, tokenizer_json=tokenizer_dir / "tokenizer.json") as endpoint:
         settings = RolloutSettings.of(base_url=endpoint.base_url, model="scripted", protocol="reactive", arm="A",
-                                      client="train", concurrency=4, rollout_timeout_s=120)  # fmt: skip
+                                      client="train", concurrency=4, rollout_timeout_s=120)
         records = run_rollouts_sync(tasks, settings)
     failed, ran = records[:2], records[2:]
     for r in failed:

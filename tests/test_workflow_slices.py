@@ -34,7 +34,7 @@ def snakemake(workdir: Path, config: Path, *args: str) -> str:
     out = subprocess.run(
         [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", str(config), "--cores", "1", *args],
         cwd=workdir, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout + out.stderr
 
@@ -61,7 +61,7 @@ def fake_finished_run(workdir: Path, config: dict) -> Path:
 
     if config["evaluation"]["selection"]["mode"] == "best_val":
         val = [p.split("/")[2:4] + [int(p.split("seed")[-1].split(".")[0])]
-               for p in create_outputs("design") if re.fullmatch(r"results/eval/.+/val/seed\d+\.parquet", p)]  # fmt: skip
+               for p in create_outputs("design") if re.fullmatch(r"results/eval/.+/val/seed\d+\.parquet", p)]
         metrics = [{"run": r, "checkpoint": c, "split": "val", "seed": s} for r, c, s in val]
         step = {c: int(c[4:]) if c.startswith("step") else -1 for _, c, _ in val}
         chosen = {}
@@ -85,7 +85,7 @@ def _finished_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     best_val = yaml.safe_load(yaml.safe_dump(LOCAL))
     best_val["evaluation"]["selection"] = {"mode": "best_val"}
     workdirs = {"finished_run": (tmp_path_factory.mktemp("finished-run"), LOCAL),
-                "finished_best_val_run": (tmp_path_factory.mktemp("finished-best-val-run"), best_val)}  # fmt: skip
+                "finished_best_val_run": (tmp_path_factory.mktemp("finished-best-val-run"), best_val)}
     with ThreadPoolExecutor(len(workdirs)) as pool:
         built = {name: pool.submit(fake_finished_run, *args) for name, args in workdirs.items()}
         return {name: future.result() for name, future in built.items()}
@@ -221,7 +221,7 @@ def test_snakemake_report_holds_the_study_report_and_its_tables(finished_run: Pa
     snakemake(finished_run, finished_run / "local.yaml", "--report", str(out))
     names = {Path(n).name for n in zipfile.ZipFile(out).namelist() if "/data/raw/" in n}
     marked = {"index.html", "metrics.parquet", "pairs.parquet", "power.parquet", "selection.parquet",
-              *(f"{a}.parquet" for a in LOCAL["ablations"]), *(f"{e}.parquet" for e in LOCAL["extensions"])}  # fmt: skip
+              *(f"{a}.parquet" for a in LOCAL["ablations"]), *(f"{e}.parquet" for e in LOCAL["extensions"])}
     assert marked <= names, marked - names
 
 
@@ -257,7 +257,7 @@ def test_a_design_edit_after_the_campaign_stops_at_the_ledger_and_keeps_the_test
         [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", str(edited), "--cores", "1",
          str(evaluation.relative_to(workdir))],
         cwd=workdir, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    )
     assert out.returncode != 0 and "evaluate_test" in out.stdout + out.stderr
     logs = "".join(p.read_text() for p in (workdir / "logs").rglob("*.log") if "evaluate_test" in str(p))
     assert "the test campaign on this split" in logs and "prime_rl.seq_len" in logs, logs[-3000:]

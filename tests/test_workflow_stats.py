@@ -34,7 +34,7 @@ def evaluation_jobs(counts: dict[str, int], split: str = "val") -> dict[str, int
     """{run: jobs} of the evaluation rules of a split (one job per run and seed: evaluate_<run>, evaluate_test_<run>)."""
     prefix = "evaluate_test_" if split == "test" else "evaluate_"
     return {rule.removeprefix(prefix): n for rule, n in counts.items()
-            if rule.startswith(prefix) and (split == "test" or not rule.startswith("evaluate_test_"))}  # fmt: skip
+            if rule.startswith(prefix) and (split == "test" or not rule.startswith("evaluate_test_"))}
 
 
 def test_forced_keep_target_builds_exactly_what_it_needs() -> None:
@@ -46,7 +46,7 @@ def test_forced_keep_target_builds_exactly_what_it_needs() -> None:
         "split_mbpp": 1, "sft_traces": 1, "check_serving": 1, "prime_rl_setup": 1, "prime_rl_sft_config": 2,
         "prime_rl_sft": 2, "prime_rl_rl_config": 3 * 2, "prime_rl_rl": 3 * 2,
         "evaluate_A": 2, "evaluate_B": 2, "evaluate_forced_keep": 2, "ablation": 1,
-    }  # fmt: skip
+    }
 
 
 def test_paper_all_ends_in_the_report_with_every_ablation() -> None:
@@ -196,6 +196,6 @@ def test_each_generated_rule_loop_names_every_rule_it_makes() -> None:
     """evaluation.smk makes its evaluation rules in loops, so a rule's name is nowhere in the file as written: the
     comment above each loop lists them (``#   rules: ...``), and for the paper design that list is the dry-run's."""
     listed = {name for line in (REPO / "workflow" / "rules" / "evaluation.smk").read_text().splitlines()
-              if line.strip().startswith("#   rules:") for name in line.split(":", 1)[1].split()}  # fmt: skip
+              if line.strip().startswith("#   rules:") for name in line.split(":", 1)[1].split()}
     made = {rule for rule in job_counts("--profile", "slurm", "all") if rule.startswith("evaluate_")}
     assert listed == made, (sorted(listed - made), sorted(made - listed))

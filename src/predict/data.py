@@ -97,7 +97,7 @@ def _read_raw(path: Path) -> list[Any]:
 def _load_hf() -> list[dict[str, Any]]:
     """All 974 tasks of the Hugging Face `mbpp` dataset (config `full`); needs network and `datasets`."""
     try:
-        import datasets  # noqa: PLC0415 - optional, only for users with network access
+        import datasets
     except ImportError:
         raise MBPPFormatError("MBPP file not found and the `datasets` package is missing for the HF fallback") from None
     dataset = datasets.load_dataset("mbpp", "full")
@@ -227,7 +227,7 @@ def mbpp_file(data: DataSettings) -> Path:
     path = Path(data.mbpp_path)
     if path.is_absolute() or path.exists():
         return path
-    from predict.config import REPO_ROOT  # noqa: PLC0415
+    from predict.config import REPO_ROOT
 
     return path if not (REPO_ROOT / path).exists() else REPO_ROOT / path
 

@@ -164,8 +164,8 @@ class CheckpointServer:
 
     def load(self, model: str, version: str) -> str:
         """Serve `model`; returns the base URL."""
-        from predict.serving.identity import evaluation_environment  # noqa: PLC0415
-        from predict.serving.server import VLLMServer  # noqa: PLC0415
+        from predict.serving.identity import evaluation_environment
+        from predict.serving.server import VLLMServer
 
         if self.server is not None and Path(model).is_dir():
             self.server.reload_weights(model, version=version)
@@ -229,7 +229,7 @@ def evaluate_checkpoints(
     owners = [(c.run or run, seed if c.seed is None else c.seed) for c in checkpoints]  # (run, seed) of each
     jobs = [evaluation_job(config, run=r, checkpoint=c.checkpoint, split=split, seed=sd, tasks_path=tasks_path,
                            model=c.model, out=c.out, base_url=base_url, test_ledger=test_ledger,
-                           selection=selection) for c, (r, sd) in zip(checkpoints, owners, strict=True)]  # fmt: skip
+                           selection=selection) for c, (r, sd) in zip(checkpoints, owners, strict=True)]
     if split == "test":
         assert test_ledger is not None and selection_path is not None and val_metrics is not None
         admissions = TestLedger(test_ledger).admit(  # every checkpoint admitted before any server starts
@@ -241,7 +241,7 @@ def evaluate_checkpoints(
             new_campaign=new_campaign,
         )
         jobs = [replace(job, ledger_extra={**dict(job.ledger_extra or {}), **a.fields()})
-                for job, a in zip(jobs, admissions, strict=True)]  # fmt: skip
+                for job, a in zip(jobs, admissions, strict=True)]
     pending = []
     log_path = jobs[0].out.with_name(jobs[0].out.stem + ".vllm.log")
     with CheckpointServer(study["serving"], log_path, sequences=sequences) as server:
@@ -258,9 +258,9 @@ def evaluate_checkpoints(
         starts, reloads = server.starts, server.reloads
     summaries = [p.publish() for p in pending]
     log.info("%s on %s: %d checkpoints, %d server start(s), %d in-place reload(s)",
-             ", ".join(sorted({f"{r} seed {sd}" for r, sd in owners})), split, len(jobs), starts, reloads)  # fmt: skip
+             ", ".join(sorted({f"{r} seed {sd}" for r, sd in owners})), split, len(jobs), starts, reloads)
     return [{"run": r, "seed": sd, "checkpoint": j.checkpoint, **s, "server_starts": starts}
-            for j, s, (r, sd) in zip(jobs, summaries, owners, strict=True)]  # fmt: skip
+            for j, s, (r, sd) in zip(jobs, summaries, owners, strict=True)]
 
 
 # `predict evaluate` (`--split test`: the test campaign, with the stage table entry evaluate-test)
@@ -295,7 +295,7 @@ def main(args: argparse.Namespace, config: StageView) -> int:
     if not (n == len(args.model) == len(args.out)) or len(args.run) not in (1, n) or len(args.seed) not in (1, n):
         raise SystemExit(f"evaluate: give one --model and one --out per --checkpoint, and --run and --seed once or "
                          f"once per --checkpoint (got {n} --checkpoint, {len(args.model)} --model, {len(args.out)} "
-                         f"--out, {len(args.run)} --run, {len(args.seed)} --seed)")  # fmt: skip
+                         f"--out, {len(args.run)} --run, {len(args.seed)} --seed)")
     runs, seeds = args.run * (n // len(args.run)), args.seed * (n // len(args.seed))
     summaries = evaluate_checkpoints(
         config,

@@ -72,7 +72,7 @@ class ResultsDirError(ValueError):
 def _cache_dir() -> Path:
     if env := os.environ.get("PREDICT_HASH_CACHE"):
         return Path(env)
-    from predict.serving.server import default_cache_dir  # noqa: PLC0415 (lazy: serve is not needed to read a fingerprint)
+    from predict.serving.server import default_cache_dir
 
     return default_cache_dir() / "sha256"
 
@@ -175,18 +175,18 @@ class Fingerprint:
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": VERSION, "config": self.config, "inputs": self.inputs, "seed": self.seed,
-                "extra": self.extra}  # fmt: skip
+                "extra": self.extra}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Fingerprint:
         return cls(config=dict(data.get("config") or {}), inputs=dict(data.get("inputs") or {}),
-                   seed=data.get("seed"), extra=dict(data.get("extra") or {}))  # fmt: skip
+                   seed=data.get("seed"), extra=dict(data.get("extra") or {}))
 
     def differences(self, old: Fingerprint) -> list[str]:
         """What differs from an older fingerprint, in words: ``config rl.lr 0.0001 -> 0.0005``, ``input init``."""
         out = [f"config {k} {_short(a)} -> {_short(b)}" for k, a, b in _diff(old.config, self.config, "")]
         out += [f"input {name}" for name in sorted(set(old.inputs) | set(self.inputs))
-                if old.inputs.get(name) != self.inputs.get(name)]  # fmt: skip
+                if old.inputs.get(name) != self.inputs.get(name)]
         if old.seed != self.seed:
             out.append(f"seed {old.seed} -> {self.seed}")
         out += [f"{k} {_short(a)} -> {_short(b)}" for k, a, b in _diff(old.extra, self.extra, "")]
@@ -295,8 +295,8 @@ def claim_results_dir(config: Mapping[str, Any], outputs: Iterable[str | Path]) 
     """Refuse to write into ``results_dir`` when another ``run_name`` made it; record this run's name there on its
     first write. Only stages whose ``outputs`` lie under ``results_dir`` claim it (a stage run by hand into a
     scratch folder does not)."""
-    from predict.config.models import StudyConfig  # noqa: PLC0415 (lazy, as above: reading a fingerprint needs no config)
-    from predict.stages import field_value  # noqa: PLC0415
+    from predict.config.models import StudyConfig
+    from predict.stages import field_value
 
     results = Path(config["results_dir"]).resolve()
     if not any(results == Path(p).resolve() or results in Path(p).resolve().parents for p in outputs if p):
@@ -330,4 +330,4 @@ def run_fingerprint(
     """An RL or RFT run's fingerprint: the stage's config slice, its resolved run (`predict.runs.RunSpec`), the
     init checkpoint's and the task split's content, the seed."""
     return fingerprint(config, RESUME_KEYS[stage], inputs={"init": init, "tasks": tasks}, seed=seed,
-                       extra={"run": asdict(spec)})  # fmt: skip
+                       extra={"run": asdict(spec)})

@@ -29,7 +29,7 @@ def _umask() -> int:
 
 
 @contextmanager
-def _replacing(path: Path) -> Iterator[tuple[int, Path]]:
+def replacing_file(path: Path) -> Iterator[tuple[int, Path]]:
     """A temporary file beside ``path`` (its open descriptor and its path) that replaces ``path`` when the block
     ends, and is removed if the block fails."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -50,7 +50,7 @@ def write_table(table: pa.Table, path: str | Path, metadata: Mapping[str, str] |
     path = Path(path)
     if metadata:
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
-    with _replacing(path) as (fd, tmp):
+    with replacing_file(path) as (fd, tmp):
         os.close(fd)
         pq.write_table(table, tmp)
     return path
@@ -147,7 +147,7 @@ def write_json(obj: Any, path: str | Path) -> Path:
 def write_text(text: str, path: str | Path) -> Path:
     """Write a text file (e.g. the HTML report) atomically."""
     path = Path(path)
-    with _replacing(path) as (fd, _), os.fdopen(fd, "w", encoding="utf-8") as f:
+    with replacing_file(path) as (fd, _), os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
     return path
 

@@ -88,7 +88,7 @@ def sandbox_isolation(view: StageView) -> dict[str, Any]:
     """Hold the sandbox layers that the rollout's checks get (check_once children of this process, as in the agent
     program) against config verifier.isolation; the record goes into the rollout parquet's metadata. `view`: the
     job's typed view (`roll_out`'s; the bundle's re-run views its config through ``rollout``'s entry)."""
-    from predict.sandbox import check_isolation, isolation_status  # noqa: PLC0415
+    from predict.sandbox import check_isolation, isolation_status
 
     policy = view.verifier.isolation
     record = check_isolation(isolation_status(), policy.require, policy.accept_weaker)
@@ -107,13 +107,13 @@ def job_fingerprint(job: RolloutJob, study_config: Mapping[str, Any] | StageView
 def _fingerprint(job: RolloutJob, view: StageView) -> Any:
     """`job_fingerprint` of a view. The config is hashed as plain data (``as_dict``): the bytes a `.partial` folder
     was saved under."""
-    from predict.fingerprint import RESUME_KEYS, fingerprint  # noqa: PLC0415
+    from predict.fingerprint import RESUME_KEYS, fingerprint
 
     # Field by field, not asdict: asdict rebuilds every mapping it meets, and a config view cannot be rebuilt so.
     settings = {f.name: getattr(job, f.name) for f in fields(job) if f.name not in (
         "tasks_path", "out", "model", "base_url", "test_ledger", "ledger_extra", "seed", "served_model")}
     return fingerprint(view.as_dict, RESUME_KEYS["rollout"], inputs={"model": job.model, "tasks": job.tasks_path},
-                       seed=job.seed, extra={"job": settings})  # fmt: skip
+                       seed=job.seed, extra={"job": settings})
 
 
 @dataclass
@@ -133,8 +133,8 @@ class PendingOutput:
     def publish(self) -> dict[str, Any]:
         """Write `<out>`, drop the partial folder and record a finished test evaluation in the ledger, with the
         published file's sha256 (the test statistics read only files the ledger knows)."""
-        from predict.fingerprint import file_sha256  # noqa: PLC0415
-        from predict.sandbox import isolation_metadata  # noqa: PLC0415
+        from predict.fingerprint import file_sha256
+        from predict.sandbox import isolation_metadata
 
         self.sink.finish(metadata=isolation_metadata(self.isolation))
         if self.job.test_ledger is not None:
@@ -168,8 +168,8 @@ def rollout_settings(job: RolloutJob, view: StageView, *, base_url: str, model: 
     """The `predict.env.runner.RolloutSettings` a job's rollouts run under, against the endpoint `base_url` serving
     `model`: the study config's, the job's arm, seed, checkpoint, variant, client and sampling, and, for an
     evaluation, the requests in flight that repeat (`predict.serving.identity.evaluation_concurrency`)."""
-    from predict.env.runner import RolloutSettings  # noqa: PLC0415
-    from predict.serving.identity import evaluation_concurrency  # noqa: PLC0415
+    from predict.env.runner import RolloutSettings
+    from predict.serving.identity import evaluation_concurrency
 
     # RolloutSettings and the serving helpers are shared with RL, RFT and evaluate and take plain data: the
     # config's own values go into the records (a YAML `temperature: 1` stays 1, as before the typed view)

@@ -62,7 +62,7 @@ SHAPES: dict[str, dict[str, int]] = {
                    "num_attention_heads": 16, "num_key_value_heads": 8},
     "qwen3-4b": {"hidden_size": 2560, "num_hidden_layers": 36, "head_dim": 128, "intermediate_size": 9728,
                  "num_attention_heads": 32, "num_key_value_heads": 8},
-}  # fmt: skip
+}
 
 
 def tokenizer_dir() -> Path:
@@ -74,7 +74,7 @@ def tokenizer_dir() -> Path:
     return path
 
 
-def _tensor_shapes(cfg: dict) -> dict[str, tuple[tuple[int, ...], str]]:
+def tensor_shapes(cfg: dict) -> dict[str, tuple[tuple[int, ...], str]]:
     """Parameter name -> (shape, init kind) exactly as HF / vLLM Qwen3 expect them."""
     h, hd = cfg["hidden_size"], cfg["head_dim"]
     q, kv, inter = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd, cfg["intermediate_size"]
@@ -112,7 +112,7 @@ def parameter_count(settings: TinyModelSettings) -> int:
     4,022,468,096 tied and 4,411,424,256 untied."""
     dims = _dimensions(settings.shape, settings.hidden_size, settings.num_layers)
     cfg = {**dims, "vocab_size": QWEN3_VOCAB_SIZE, "tie_word_embeddings": settings.tie_word_embeddings is True}
-    return sum(int(np.prod(shape)) for shape, _ in _tensor_shapes(cfg).values())
+    return sum(int(np.prod(shape)) for shape, _ in tensor_shapes(cfg).values())
 
 
 def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -216,7 +216,7 @@ def build_tiny_qwen3(
     # One thread a core: numpy draws and rounds without the GIL, and each tensor has its own stream, so the file is
     # the same bytes as one thread's (the 4B shape: minutes on one core).
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        tensors = dict(pool.map(make, _tensor_shapes(cfg).items()))
+        tensors = dict(pool.map(make, tensor_shapes(cfg).items()))
     # Write to a temp name then rename, so a reader (e.g. a server reloading weights) never sees half a file.
     tmp = out_dir / "model.safetensors.tmp"
     _save_safetensors(tensors, tmp, dtype)

@@ -106,12 +106,12 @@ _PACKAGES_PROBE = ("import importlib.metadata as m, json, platform\n"
 def serving_environment(serving: Mapping[str, Any]) -> dict[str, Any]:
     """The serving environment's interpreter, Python version and packages (asked of ``serving.python``, as the
     server runs it); {"error": ...} when it cannot be asked (the manifest then says so, rather than guess)."""
-    from predict.serving.server import base_environment, default_python  # noqa: PLC0415
+    from predict.serving.server import base_environment, default_python
 
     python = serving.get("python") or default_python(serving["device"])
     try:
         out = subprocess.run([shutil.which(python) or python, "-c", _PACKAGES_PROBE], capture_output=True, text=True,
-                             timeout=120, env=base_environment())  # fmt: skip
+                             timeout=120, env=base_environment())
         found = json.loads(out.stdout)
     except (OSError, subprocess.SubprocessError, json.JSONDecodeError) as e:
         return {"interpreter": python, "error": f"could not list its packages: {e}"}
@@ -123,8 +123,8 @@ def serving_flags(serving: Mapping[str, Any], concurrency: int) -> dict[str, Any
     """How an evaluation's vLLM server is started under this config (predict.evaluate: CheckpointServer, sized for
     env.concurrency requests in flight, `concurrency`): its command line, the checkpoint and port as placeholders,
     and the VLLM_* environment it gets."""
-    from predict.serving.identity import evaluation_environment  # noqa: PLC0415
-    from predict.serving.server import SERVED_NAME, VLLMServer  # noqa: PLC0415
+    from predict.serving.identity import evaluation_environment
+    from predict.serving.server import SERVED_NAME, VLLMServer
 
     server = VLLMServer.from_serving("{checkpoint}", {**serving, "shared": None}, sequences=concurrency,
                                      served_model_name=SERVED_NAME,
@@ -138,7 +138,7 @@ def serving_flags(serving: Mapping[str, Any], concurrency: int) -> dict[str, Any
 def host_devices() -> dict[str, Any]:
     """The machine that built the bundle: its CPU, and its GPUs with the driver and CUDA version where nvidia-smi
     answers. (The devices the evaluations ran on are the campaign's, `manifest`'s ``devices.evaluation``.)"""
-    from predict.serving.identity import device_inventory  # noqa: PLC0415
+    from predict.serving.identity import device_inventory
 
     return {"machine": platform.machine(), "system": platform.system(), **device_inventory()}
 
@@ -149,12 +149,12 @@ def host_devices() -> dict[str, Any]:
 def ledger_lines(ledger: Path, split_sha256: str) -> tuple[list[str], list[dict[str, Any]]]:
     """The registry's lines for this test split, as the registry holds them (its ``split`` line, every campaign on
     it and every line of those campaigns), and the same parsed."""
-    from predict.campaign import read_ledger  # noqa: PLC0415
+    from predict.campaign import read_ledger
 
     entries = read_ledger(ledger)
     campaigns = {e["campaign"] for _, e in entries if e.get("event") == "campaign" and e.get("split_sha256") == split_sha256}
     keep = {n for n, e in entries if (e.get("event") == "split" and e.get("content_sha256") == split_sha256)
-            or e.get("campaign") in campaigns}  # fmt: skip
+            or e.get("campaign") in campaigns}
     lines = ledger.read_text().splitlines() if ledger.exists() else []
     return [lines[n - 1] for n in sorted(keep)], [e for n, e in entries if n in keep]
 
@@ -186,11 +186,11 @@ def checkpoints(config: Mapping[str, Any], results: Path, evaluations: Sequence[
     """One entry per evaluated (run, checkpoint, seed): where it lives (`predict.runs.checkpoint_path`: ``path``
     relative to the results folder, or ``model``, an HF id or a folder elsewhere) and its content hash
     (`predict.fingerprint.input_identity`), held against the ledger's for the test evaluations."""
-    from predict.fingerprint import input_identity  # noqa: PLC0415
-    from predict.runs import checkpoint_path  # noqa: PLC0415
+    from predict.fingerprint import input_identity
+    from predict.runs import checkpoint_path
 
     recorded = {(e.get("run"), e.get("checkpoint"), e.get("seed")): e.get("weights") for e in entries
-                if campaign is not None and e.get("campaign") == campaign["campaign"] and e.get("weights")}  # fmt: skip
+                if campaign is not None and e.get("campaign") == campaign["campaign"] and e.get("weights")}
     out: dict[tuple[str, str, int], dict[str, Any]] = {}
     for run, checkpoint, split, seed in evaluations:
         key = (run, checkpoint, seed)
@@ -218,12 +218,12 @@ def checkpoints(config: Mapping[str, Any], results: Path, evaluations: Sequence[
 def write_archive(folder: Path, archive: Path) -> Path:
     """A gzipped tar of the bundle folder under one top-level folder (`ARCHIVE_ROOT`), byte-stable: members sorted,
     no times, owners or modes of this machine (the same bundle gives the same archive, whoever packs it)."""
-    from predict.outputs import _replacing  # noqa: PLC0415
+    from predict.outputs import replacing_file
 
     names = [MANIFEST, *bundle_files(folder)]
-    with _replacing(archive) as (fd, _), os.fdopen(fd, "wb") as raw:
+    with replacing_file(archive) as (fd, _), os.fdopen(fd, "wb") as raw:
         with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
-                tarfile.open(fileobj=gz, mode="w", format=tarfile.GNU_FORMAT) as tar:  # fmt: skip
+                tarfile.open(fileobj=gz, mode="w", format=tarfile.GNU_FORMAT) as tar:
             for rel in names:
                 data = (folder / rel).read_bytes()
                 info = tarfile.TarInfo(f"{ARCHIVE_ROOT}/{rel}")
@@ -240,8 +240,8 @@ def manifest(config: StageView, *, campaign: Mapping[str, Any] | None, data_mani
              bundled: Sequence[str], files: Mapping[str, Mapping[str, Any]], inspect_logs: bool = False) -> dict[str, Any]:
     """The manifest (predict.bundle.MANIFEST_KEYS), from what `build_bundle` gathered; `bundled`: the results files
     in the order the workflow handed them."""
-    from predict.bundle.rederive import handed_lists  # noqa: PLC0415
-    from predict.campaign import config_hash  # noqa: PLC0415
+    from predict.bundle.rederive import handed_lists
+    from predict.campaign import config_hash
 
     plain = config.as_dict  # recorded and hashed as plain data: the bytes of the slice
     data = config.data
@@ -286,10 +286,10 @@ def build_bundle(config: Mapping[str, Any] | StageView, *, files: Sequence[str |
     """Write the bundle folder and its archive (see the module docstring); returns the manifest. `config`: the
     stage's typed slice, or any config mapping (tests), read through the bundle's table entry. `inspect_logs`: the
     export's folder (results/inspect), optional."""
-    from predict.campaign import registry_ledger  # noqa: PLC0415
-    from predict.outputs import write_json  # noqa: PLC0415
-    from predict.stages import stage_view  # noqa: PLC0415
-    from predict.stats.metrics import EVAL_PATH  # noqa: PLC0415
+    from predict.campaign import registry_ledger
+    from predict.outputs import write_json
+    from predict.stages import stage_view
+    from predict.stats.metrics import EVAL_PATH
 
     config = stage_view(config, "bundle")
     results = Path(config.results_dir)
@@ -299,7 +299,7 @@ def build_bundle(config: Mapping[str, Any] | StageView, *, files: Sequence[str |
             raise BundleError(f"{path}: not under results_dir {results}: the bundle keeps results paths")
         copies[path.relative_to(results).as_posix()] = path
     evaluations = [(m["run"], m["checkpoint"], m["split"], int(m["seed"]), rel) for rel in copies
-                   if rel.startswith("eval/") and (m := EVAL_PATH.search(rel))]  # fmt: skip
+                   if rel.startswith("eval/") and (m := EVAL_PATH.search(rel))]
     test_files = {rel: copies[rel] for _, _, split, _, rel in evaluations if split == "test"}
     splits = json.loads(Path(data_manifest).read_text())
     lines, entries = ledger_lines(ledger or registry_ledger(), splits["splits"]["test"]["content_sha256"])
@@ -329,7 +329,7 @@ def build_bundle(config: Mapping[str, Any] | StageView, *, files: Sequence[str |
                 copy = shutil.copytree if (results / entry["path"]).is_dir() else shutil.copyfile
                 copy(results / entry["path"], staging / entry["weights"])
     hashed = {rel: {"sha256": sha256_file(staging / rel), "bytes": (staging / rel).stat().st_size}
-              for rel in bundle_files(staging)}  # fmt: skip
+              for rel in bundle_files(staging)}
     written = manifest(config, campaign=campaign, data_manifest=splits, checkpoint_entries=ckpts,
                        example=rel_example, snakemake_report=snakemake_report is not None, bundled=list(copies),
                        files=hashed, inspect_logs=inspect_logs is not None)
@@ -354,8 +354,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, config: StageView) -> int:
-    from predict.bundle import manifest_digest  # noqa: PLC0415
-    from predict.outputs import console  # noqa: PLC0415
+    from predict.bundle import manifest_digest
+    from predict.outputs import console
 
     t0 = time.perf_counter()
     written = build_bundle(

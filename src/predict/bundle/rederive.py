@@ -40,8 +40,8 @@ def stage_view(config: Mapping[str, Any], name: str, work: Path) -> Any:
     """The stage's config as the workflow hands it: its slice written and read back (`predict.stages.slice_file`,
     canonical JSON: sections in sorted key order, whatever order `config` has, so run order is the stage's own), in
     the form the stage's ``main`` takes (`predict.stages.stage_input`: the typed view, as the CLI gives it)."""
-    from predict.config import load_config_slice  # noqa: PLC0415
-    from predict.stages import slice_file, stage_config, stage_input  # noqa: PLC0415
+    from predict.config import load_config_slice
+    from predict.stages import slice_file, stage_config, stage_input
 
     return stage_input(stage_config(load_config_slice(slice_file(config, name, work / ".slices")), name))
 
@@ -49,8 +49,8 @@ def stage_view(config: Mapping[str, Any], name: str, work: Path) -> Any:
 def run_stage(name: str, config: Mapping[str, Any], argv: Sequence[str], *, work: Path) -> None:
     """`predict <name> argv` in this process, as the rule runs it: the stage's own `arguments` and `main`, its
     config as the workflow hands it (`stage_view`), its console output swallowed; a stage that fails raises."""
-    from predict.outputs import console  # noqa: PLC0415
-    from predict.stages import STAGES  # noqa: PLC0415
+    from predict.outputs import console
+    from predict.stages import STAGES
 
     module, arguments, main = STAGES[name].command_functions()
     loaded = importlib.import_module(module)
@@ -70,19 +70,19 @@ def handed(bundle: Path, files: Sequence[str]) -> list[Path]:
 
 def evaluations(bundle: Path, split: str) -> list[Path]:
     """The bundle's evaluation files of one split, sorted."""
-    from predict.stats.metrics import EVAL_PATH  # noqa: PLC0415
+    from predict.stats.metrics import EVAL_PATH
 
     return [p for p in sorted(bundle.glob("eval/*/*/*/seed*.parquet"))
-            if (m := EVAL_PATH.search(p.as_posix())) and m["split"] == split]  # fmt: skip
+            if (m := EVAL_PATH.search(p.as_posix())) and m["split"] == split]
 
 
 def rederive_val(config: Mapping[str, Any], bundle: Path, work: Path, *, inputs: Mapping[str, Sequence[str]]) -> None:
     """The val statistics, the ablation, extension and open-question tables, the power and the training-outcome
     tables, from the bundle's val evaluations and training metrics, into `work` (laid out like results/).
     `inputs`: the manifest's record of the order the workflow handed its lists (predict.bundle: ``inputs``)."""
-    from predict.runs import environments  # noqa: PLC0415
-    from predict.stages import stage_config  # noqa: PLC0415
-    from predict.stats.open_question import OPEN_QUESTION, family_size  # noqa: PLC0415
+    from predict.runs import environments
+    from predict.stages import stage_config
+    from predict.stats.open_question import OPEN_QUESTION, family_size
 
     val, stats = evaluations(bundle, "val"), work / "stats"
     run_stage("stats", config, ["--eval", *val, "--out-dir", stats], work=work)
@@ -114,7 +114,7 @@ def rederive_report(config: Mapping[str, Any], bundle: Path, work: Path, *, inpu
     handed them, `inputs`) and the bundle's training metrics, into `work`. `test_tasks`: the test split re-derived
     from MBPP (the report's task text); `example`: the evaluation the report renders a rollout from (a path under
     `bundle`)."""
-    from predict.stats.open_question import OPEN_QUESTION  # noqa: PLC0415
+    from predict.stats.open_question import OPEN_QUESTION
 
     stats = work / "stats"
     run_stage("report", config, [
@@ -124,14 +124,14 @@ def rederive_report(config: Mapping[str, Any], bundle: Path, work: Path, *, inpu
         *(["--example", bundle / example] if example else []), "--tasks-file", test_tasks,
         "--rl-metrics", *handed(bundle, inputs["rl_metrics"]), "--training-outcomes", stats / "training_outcomes.parquet",
         "--out", work / "report" / "index.html",
-    ], work=work)  # fmt: skip
+    ], work=work)
 
 
 def handed_lists(files: Sequence[str]) -> dict[str, list[str]]:
     """The lists the workflow hands the report and the training-outcome stage, in the order it hands them (the
     bundle stage's ``--files`` order: ablations and extensions in config order, RL metrics in study order), which the
     stages' slices cannot tell (sorted JSON): the manifest's ``inputs``."""
-    from predict.stats.open_question import OPEN_QUESTION  # noqa: PLC0415
+    from predict.stats.open_question import OPEN_QUESTION
 
     return {"ablations": [f for f in files if re.fullmatch(r"ablations/[^/]+\.parquet", f)],
             "extensions": [f for f in files if re.fullmatch(r"extensions/[^/]+\.parquet", f)
@@ -143,7 +143,7 @@ def tables(root: Path, folders: Sequence[str] = TABLE_FOLDERS) -> list[str]:
     """The statistics tables in these folders of a results-like folder, as results paths, in the order a reader
     meets them: folder by folder, each folder's tables as `predict.stats` orders them (metrics first: a changed
     row shows first where it names its evaluation), then by name."""
-    from predict.stats import TEST_STATS_TABLES  # noqa: PLC0415
+    from predict.stats import TEST_STATS_TABLES
 
     order = {name: i for i, name in enumerate(TEST_STATS_TABLES)}
     return [p.relative_to(root).as_posix() for folder in folders

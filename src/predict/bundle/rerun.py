@@ -38,7 +38,7 @@ class Pick:
 
 def pick_rollouts(bundle: Path, plan: Sequence[Sequence[Any]], k: int, seed: int) -> list[Pick]:
     """K rollouts of the campaign's evaluations (see the module docstring)."""
-    import pyarrow.parquet as pq  # noqa: PLC0415
+    import pyarrow.parquet as pq
 
     rng = random.Random(seed)
     queues: dict[tuple[str, str, int], list[Pick]] = {}
@@ -47,7 +47,7 @@ def pick_rollouts(bundle: Path, plan: Sequence[Sequence[Any]], k: int, seed: int
         rows = pq.read_table(bundle / rel, columns=["task_id", "sample"]).to_pylist()
         queues[(run, checkpoint, int(seed_))] = [
             Pick(rel, run, checkpoint, int(seed_), row=i, task_id=int(rows[i]["task_id"]), sample=int(rows[i]["sample"]))
-            for i in rng.sample(range(len(rows)), len(rows))]  # fmt: skip
+            for i in rng.sample(range(len(rows)), len(rows))]
     picks: list[Pick] = []
     while len(picks) < k and any(queues.values()):
         for queue in queues.values():
@@ -63,14 +63,14 @@ def replay_test_rollouts(config: Mapping[str, Any], picks: Sequence[Pick], model
     one vLLM server reloading each checkpoint in place as an evaluation job does); returns their rows, in order.
     Writes only under `scratch`. The coordinator's switch point: the test campaign's own replay entry, where there
     is one, goes here."""
-    from predict.config.models import EnvSettings  # noqa: PLC0415
-    from predict.data import load_split  # noqa: PLC0415
-    from predict.env.runner import run_rollouts_sync  # noqa: PLC0415
-    from predict.evaluate import CheckpointServer, evaluation_job  # noqa: PLC0415
-    from predict.rollouts import rollout_settings, sandbox_isolation  # noqa: PLC0415
-    from predict.runs import resolve_run  # noqa: PLC0415
-    from predict.serving.server import SERVED_NAME  # noqa: PLC0415
-    from predict.stages import field_value, stage_view  # noqa: PLC0415
+    from predict.config.models import EnvSettings
+    from predict.data import load_split
+    from predict.env.runner import run_rollouts_sync
+    from predict.evaluate import CheckpointServer, evaluation_job
+    from predict.rollouts import rollout_settings, sandbox_isolation
+    from predict.runs import resolve_run
+    from predict.serving.server import SERVED_NAME
+    from predict.stages import field_value, stage_view
 
     tasks = {int(r["task_id"]): r for r in load_split(tasks_path)}
     # the sandbox layers the evaluation's checks had, or a refusal naming the missing one
@@ -87,7 +87,7 @@ def replay_test_rollouts(config: Mapping[str, Any], picks: Sequence[Pick], model
             model = models[(run, checkpoint, seed)]
             job = evaluation_job(config, run=run, checkpoint=checkpoint, split="test", seed=seed, tasks_path=tasks_path,
                                  model=model, out=scratch / "never-written.parquet", test_ledger=ledger,
-                                 selection=selection)  # fmt: skip
+                                 selection=selection)
             base_url = server.load(model, version=checkpoint)
             run_view = stage_view(resolve_run(config, run).env(config), "rollout")
             settings = rollout_settings(job, run_view, base_url=base_url, model=SERVED_NAME)
@@ -99,8 +99,8 @@ def replay_test_rollouts(config: Mapping[str, Any], picks: Sequence[Pick], model
 
 def row_difference(bundled: Mapping[str, Any], replayed: Mapping[str, Any]) -> str | None:
     """The first column (but `PER_RUN_COLUMNS`) where a replayed row differs from the bundled one, in words."""
-    from predict.bundle.rederive import same  # noqa: PLC0415
-    from predict.env.records import PER_RUN_COLUMNS  # noqa: PLC0415
+    from predict.bundle.rederive import same
+    from predict.env.records import PER_RUN_COLUMNS
 
     for column in bundled:
         if column in PER_RUN_COLUMNS:

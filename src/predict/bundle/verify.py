@@ -119,8 +119,8 @@ class Verifier:
         return f"files: {len(listed)} files ({size / 1e6:.2f} MB), every sha256 and size as the manifest says"
 
     def check_complete(self) -> str:
-        from predict.bundle.rederive import handed_lists  # noqa: PLC0415
-        from predict.stats import STATS_TABLES, TEST_STATS_TABLES  # noqa: PLC0415
+        from predict.bundle.rederive import handed_lists
+        from predict.stats import STATS_TABLES, TEST_STATS_TABLES
 
         files = self.manifest["files"]
         wanted = [REPORT, LEDGER, *(f"stats/{t}.parquet" for t in STATS_TABLES),
@@ -141,8 +141,8 @@ class Verifier:
     # -- functional -----------------------------------------------------------------------------------------------
 
     def check_config(self) -> str:
-        from predict.campaign import config_differences, design_hashes  # noqa: PLC0415
-        from predict.config import ConfigError, validate_config, with_defaults  # noqa: PLC0415
+        from predict.campaign import config_differences, design_hashes
+        from predict.config import ConfigError, validate_config, with_defaults
 
         try:
             validate_config(self.config, source=f"{MANIFEST} config")
@@ -159,10 +159,10 @@ class Verifier:
         return f"config: a valid, filled study config, design hash {digest[:16]}..."
 
     def check_split(self) -> str:
-        from predict.config.models import DataSettings  # noqa: PLC0415
-        from predict.data import MBPP_SCHEMA, SPLITS, content_hash, load_mbpp, split_tasks  # noqa: PLC0415
-        from predict.outputs import write_rows  # noqa: PLC0415
-        from predict.stages import field_value  # noqa: PLC0415
+        from predict.config.models import DataSettings
+        from predict.data import MBPP_SCHEMA, SPLITS, content_hash, load_mbpp, split_tasks
+        from predict.outputs import write_rows
+        from predict.stages import field_value
 
         data, recorded = self.config["data"], self.manifest["data"]
         mbpp = self.mbpp or _checkout_path(data["mbpp_path"])
@@ -198,12 +198,12 @@ class Verifier:
                 f"({', '.join(f'{n} {len(self.split_ids[n])}' for n in SPLITS)})")
 
     def check_rows(self) -> str:
-        import pyarrow.parquet as pq  # noqa: PLC0415
+        import pyarrow.parquet as pq
 
-        from predict.config.models import EvaluationSettings  # noqa: PLC0415
-        from predict.rollouts import select_tasks  # noqa: PLC0415
-        from predict.stages import field_value  # noqa: PLC0415
-        from predict.stats.metrics import EVAL_PATH  # noqa: PLC0415
+        from predict.config.models import EvaluationSettings
+        from predict.rollouts import select_tasks
+        from predict.stages import field_value
+        from predict.stats.metrics import EVAL_PATH
 
         ev = self.config["evaluation"]
         samples = field_value(EvaluationSettings, "samples", ev["samples"])
@@ -224,7 +224,7 @@ class Verifier:
                     raise CheckFailed(f"{rel} row {i}: its split/checkpoint/seed {r['split']}/{r['checkpoint']}/"
                                       f"{r['seed']} are not its path's")
             planned = {(int(t["task_id"]), int(t["sample"])) for t in select_tasks(
-                [{"task_id": t} for t in self.split_ids[split]], ev.get("tasks"), samples)}  # fmt: skip
+                [{"task_id": t} for t in self.split_ids[split]], ev.get("tasks"), samples)}
             held = [(int(r["task_id"]), int(r["sample"])) for r in rows]
             if len(set(held)) != len(held):
                 task, sample = next(k for k in held if held.count(k) > 1)
@@ -240,7 +240,7 @@ class Verifier:
         return f"rows: {rollouts} rollouts, each one its split and the evaluation settings plan"
 
     def rederive_val(self) -> None:
-        from predict.bundle.rederive import rederive_val  # noqa: PLC0415
+        from predict.bundle.rederive import rederive_val
 
         try:
             rederive_val(self.config, self.root, self.work, inputs=self.manifest["inputs"])
@@ -248,10 +248,10 @@ class Verifier:
             raise CheckFailed(f"the val statistics could not be re-derived: {e}") from None
 
     def check_ledger(self) -> str:
-        import pyarrow.parquet as pq  # noqa: PLC0415
+        import pyarrow.parquet as pq
 
-        from predict.bundle.rederive import stage_view  # noqa: PLC0415
-        from predict.campaign import (  # noqa: PLC0415
+        from predict.bundle.rederive import stage_view
+        from predict.campaign import (
             SplitGuardError,
             base_model_identity,
             campaign_from_stats,
@@ -261,8 +261,8 @@ class Verifier:
             frozen_under,
             read_ledger,
         )
-        from predict.data import content_hash, load_split  # noqa: PLC0415
-        from predict.stats.metrics import EVAL_PATH  # noqa: PLC0415
+        from predict.data import content_hash, load_split
+        from predict.stats.metrics import EVAL_PATH
 
         try:
             entries = read_ledger(self.root / LEDGER)
@@ -325,7 +325,7 @@ class Verifier:
             if rel is None:
                 raise CheckFailed(f"{where}: planned {' '.join(map(str, key))}, and the bundle holds no test evaluation of it")
             done = [(n, e) for n, e in mine if (e.get("run"), e.get("checkpoint"), e.get("seed")) == key
-                    and e["status"] == "done"]  # fmt: skip
+                    and e["status"] == "done"]
             if len(done) != 1:
                 raise CheckFailed(f"{where}: {' '.join(map(str, key))} is recorded done {len(done)} times: once it must")
             if done[0][1].get("sha256") != sha256_file(self.root / rel):
@@ -335,9 +335,9 @@ class Verifier:
                 f"design, {len(plan)} planned evaluations each done once with the bundled file and checkpoint")
 
     def check_tables(self, folders: Sequence[str]) -> str:
-        import pyarrow.parquet as pq  # noqa: PLC0415
+        import pyarrow.parquet as pq
 
-        from predict.bundle.rederive import table_difference, tables  # noqa: PLC0415
+        from predict.bundle.rederive import table_difference, tables
 
         mine, theirs = tables(self.root, folders), tables(self.work, folders)
         if extra := sorted(set(mine) - set(theirs)):
@@ -353,7 +353,7 @@ class Verifier:
         return f"statistics ({', '.join(folders)}): {len(mine)} tables, {numbers} numbers re-derived bit for bit"
 
     def rederive_test(self) -> None:
-        from predict.bundle.rederive import rederive_test  # noqa: PLC0415
+        from predict.bundle.rederive import rederive_test
 
         try:
             rederive_test(self.config, self.root, self.work, ledger=self.root / LEDGER)
@@ -361,7 +361,7 @@ class Verifier:
             raise CheckFailed(f"the test statistics could not be re-derived: {e}") from None
 
     def rederive_report(self) -> None:
-        from predict.bundle.rederive import rederive_report  # noqa: PLC0415
+        from predict.bundle.rederive import rederive_report
 
         try:
             rederive_report(self.config, self.root, self.work, inputs=self.manifest["inputs"], test_tasks=self.test_tasks,
@@ -370,9 +370,9 @@ class Verifier:
             raise CheckFailed(f"the report could not be re-rendered: {e}") from None
 
     def check_report(self) -> str:
-        import importlib.metadata  # noqa: PLC0415
+        import importlib.metadata
 
-        from predict.bundle.rederive import report_difference, report_numbers  # noqa: PLC0415
+        from predict.bundle.rederive import report_difference, report_numbers
 
         bundled = (self.root / REPORT).read_text()
         here = importlib.metadata.version("matplotlib")
@@ -386,7 +386,7 @@ class Verifier:
 
     def environment_note(self) -> str:
         """Where this machine's serving environment differs from the bundle's (a reason rows may differ)."""
-        from predict.bundle.build import serving_environment  # noqa: PLC0415
+        from predict.bundle.build import serving_environment
 
         here = serving_environment(self.config["serving"]).get("packages") or {}
         there = self.manifest["environments"].get("serving", {}).get("packages") or {}
@@ -397,10 +397,10 @@ class Verifier:
     # -- reproduced -----------------------------------------------------------------------------------------------
 
     def check_rerun(self, k: int, seed: int, checkpoints: Path | None) -> str:
-        import pyarrow.parquet as pq  # noqa: PLC0415
+        import pyarrow.parquet as pq
 
-        from predict.bundle.rerun import pick_rollouts, replay_test_rollouts, row_difference  # noqa: PLC0415
-        from predict.fingerprint import input_identity  # noqa: PLC0415
+        from predict.bundle.rerun import pick_rollouts, replay_test_rollouts, row_difference
+        from predict.fingerprint import input_identity
 
         weights = self.root / "weights"
         root = checkpoints or (weights if weights.is_dir() else None)
@@ -431,7 +431,7 @@ class Verifier:
 
 
 def _code_here() -> str | None:
-    from predict.bundle.build import code_state  # noqa: PLC0415
+    from predict.bundle.build import code_state
 
     return code_state()["commit"]
 
@@ -521,9 +521,9 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from rich.markup import escape  # noqa: PLC0415
+    from rich.markup import escape
 
-    from predict.outputs import console  # noqa: PLC0415
+    from predict.outputs import console
 
     t0 = time.perf_counter()
     try:

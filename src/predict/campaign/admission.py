@@ -47,7 +47,7 @@ def results_origin(out: Path) -> dict[str, Any]:
     """Where a campaign ran from, read off one of its outputs (``<results_dir>/eval/{run}/{checkpoint}/test/
     seed{seed}.parquet``): the results folder and the run_name that claimed it (`predict.fingerprint`). Not from the
     config, so a rename reruns no test evaluation."""
-    from predict.fingerprint import RUN_NAME_FILE  # noqa: PLC0415
+    from predict.fingerprint import RUN_NAME_FILE
 
     parents = Path(out).resolve().parents
     results = parents[4] if len(parents) > 4 and parents[3].name == "eval" else parents[0]  # else: a file by hand
@@ -60,7 +60,7 @@ def serving_dependencies(serving: Mapping[str, Any], concurrency: int) -> dict[s
     """What a greedy evaluation's rows depend on beyond the checkpoint and the design:
     `predict.serving.identity.serving_identity` (vLLM version, device and its name, batch invariance, requests in
     flight) and the serving settings."""
-    from predict.serving.identity import serving_identity  # noqa: PLC0415
+    from predict.serving.identity import serving_identity
 
     return {**serving_identity(serving, concurrency=concurrency),
             "serving": {k: v for k, v in serving.items() if k not in ("python", "shared")}}
@@ -93,7 +93,7 @@ class TestLedger:
 
     def campaigns(self, split_hash: str | None = None) -> list[dict[str, Any]]:
         return [e for e in self.entries() if e.get("event") == "campaign"
-                and (split_hash is None or e.get("split_sha256") == split_hash)]  # fmt: skip
+                and (split_hash is None or e.get("split_sha256") == split_hash)]
 
     def admit(
         self,
@@ -110,7 +110,7 @@ class TestLedger:
         """Admit these evaluations ((run, checkpoint, seed, model) each) into the campaign of this split, base model
         and design, recording the campaign on its first evaluation; refuse (see the module docstring) naming the
         ledger and what differs. Every evaluation is admitted before any server starts."""
-        from predict.fingerprint import input_identity  # noqa: PLC0415
+        from predict.fingerprint import input_identity
 
         split = campaign_test_split(config)
         check_campaign_tasks(tasks_path, split)
@@ -123,7 +123,7 @@ class TestLedger:
         with ledger_lock(self.path):
             entries = read_ledger(self.path)
             same_key = [e for _, e in entries if e.get("event") == "campaign" and e.get("split_sha256") == split_hash
-                        and e.get("base_model") == base]  # fmt: skip
+                        and e.get("base_model") == base]
             campaign = next((e for e in same_key if e.get("campaign") == ident), None)
             if campaign is None:  # the same design as earlier code filed it (a key has left the design since)
                 campaign = next((e for e in same_key if frozen_under(e, config)), None)
@@ -153,7 +153,7 @@ class TestLedger:
                 }
                 append_entry(self.path, campaign)
                 log.info("%s: test campaign %s frozen: config hash %s, %d evaluations%s", self.path, ident,
-                         digest[:12], len(plan), f" (declared: {new_campaign})" if same_key else "")  # fmt: skip
+                         digest[:12], len(plan), f" (declared: {new_campaign})" if same_key else "")
             planned = [tuple(e) for e in campaign["plan"]]
             for run, checkpoint, seed, _ in evaluations:
                 entry = (run, checkpoint, int(seed))

@@ -83,7 +83,7 @@ def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     """Dotted keys whose values differ between two configs (for a message that says what changed)."""
     if isinstance(old, dict) and isinstance(new, dict):
         return [d for key in sorted(set(old) | set(new), key=str)
-                for d in config_differences(old.get(key), new.get(key), f"{prefix}{key}.")]  # fmt: skip
+                for d in config_differences(old.get(key), new.get(key), f"{prefix}{key}.")]
     return [] if old == new else [prefix.rstrip(".") or "(whole config)"]
 
 
@@ -102,7 +102,7 @@ def campaign_id(split_hash: str, base_model: str, design_hash: str) -> str:
 def campaign_test_split(config: Mapping[str, Any] | StageView) -> TestSplit:
     """The test split of the config's typed ``data`` section (`predict.data.derive_test_split`), read through
     `campaign_view`: the split a campaign is keyed on, never a file's."""
-    from predict.data import derive_test_split  # noqa: PLC0415
+    from predict.data import derive_test_split
 
     return derive_test_split(campaign_view(config).data)
 
@@ -110,7 +110,7 @@ def campaign_test_split(config: Mapping[str, Any] | StageView) -> TestSplit:
 def check_campaign_tasks(tasks_path: Path, split: Any) -> None:
     """Refuse a test campaign's tasks file unless it holds exactly `split` (a `predict.data.TestSplit`): every task
     of it, nothing else, each row as the split has it; the order and the file's name do not matter."""
-    from predict.data import FIELDS, load_split  # noqa: PLC0415
+    from predict.data import FIELDS, load_split
 
     rows = load_split(tasks_path)
     given = {int(r["task_id"]): r for r in rows}

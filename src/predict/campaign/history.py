@@ -50,7 +50,7 @@ def history_traces(results_dirs: Sequence[str | Path], entries: Sequence[Mapping
 
 def _folder_traces(results: Path, known_out: set[str], known_sha: set[str], on_split: bool) -> list[str]:
     """`history_traces` of one results folder."""
-    from predict.fingerprint import file_sha256  # noqa: PLC0415
+    from predict.fingerprint import file_sha256
 
     found = []
     for out in sorted(results.glob("eval/*/*/test/seed*.parquet")):

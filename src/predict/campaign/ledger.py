@@ -62,11 +62,11 @@ def split_history(ledger: Path, split_sha256: str) -> list[dict[str, Any]]:
     written."""
     entries = read_ledger(Path(ledger))
     campaigns = {e.get("campaign") for _, e in entries
-                 if e.get("event") == "campaign" and e.get("split_sha256") == split_sha256}  # fmt: skip
+                 if e.get("event") == "campaign" and e.get("split_sha256") == split_sha256}
     return [{**e, "line": n} for n, e in entries
             if (e.get("event") == "split" and e.get("content_sha256") == split_sha256)
             or (e.get("event") == "campaign" and e.get("split_sha256") == split_sha256)
-            or ("status" in e and e.get("campaign") in campaigns)]  # fmt: skip
+            or ("status" in e and e.get("campaign") in campaigns)]
 
 
 def read_ledger(ledger: Path) -> list[tuple[int, dict[str, Any]]]:
@@ -125,13 +125,13 @@ def register_split(ledger: Path, test_rows: Sequence[Mapping[str, Any]], content
         if any(e.get("event") == "split" and e.get("content_sha256") == content_sha256 for _, e in read_ledger(ledger)):
             return
         append_entry(ledger, {"event": "split", "content_sha256": content_sha256,
-                         "task_ids": sorted(int(r["task_id"]) for r in test_rows), "time": ledger_time()})  # fmt: skip
+                         "task_ids": sorted(int(r["task_id"]) for r in test_rows), "time": ledger_time()})
 
 
 def test_task_ids(ledger: Path) -> set[int]:
     """Every test task id the registry knows: of the splits registered and of every campaign."""
     return {int(t) for _, e in read_ledger(ledger) if e.get("event") in ("split", "campaign")
-            for t in e.get("task_ids") or ()}  # fmt: skip
+            for t in e.get("task_ids") or ()}
 
 
 test_task_ids.__test__ = False  # type: ignore[attr-defined]  # not a pytest test

@@ -48,7 +48,7 @@ def campaign_checkpoints(config: Mapping[str, Any], run: str, seed: int, val_che
 
 
 def study_order(config: Mapping[str, Any]) -> dict[str, int]:
-    from predict.runs import study_runs  # noqa: PLC0415
+    from predict.runs import study_runs
 
     return {run: i for i, run in enumerate(study_runs(config))}
 
@@ -60,7 +60,7 @@ def campaign_plan(config: Mapping[str, Any], val_checkpoints: Mapping[tuple[str,
     keys = sorted(selected, key=lambda rs: (order.get(rs[0], len(order)), rs[0], rs[1]))
     return [(run, c, seed) for run, seed in keys
             for c in campaign_checkpoints(config, run, seed, val_checkpoints.get((run, seed), ()),
-                                          selected[(run, seed)])]  # fmt: skip
+                                          selected[(run, seed)])]
 
 
 def planned_selection(config: Mapping[str, Any], val_checkpoints: Mapping[tuple[str, int], Sequence[str]]) -> dict:
@@ -69,12 +69,12 @@ def planned_selection(config: Mapping[str, Any], val_checkpoints: Mapping[tuple[
     if (mode := selection_settings(config)["mode"]) != "fixed":
         raise ValueError(f"evaluation.selection.mode {mode!r}: the choice is known only after val")
     metrics = [{"run": run, "seed": seed, "checkpoint": c, "split": "val", "pass_at_1": math.nan}
-               for (run, seed), checkpoints in val_checkpoints.items() for c in checkpoints]  # fmt: skip
+               for (run, seed), checkpoints in val_checkpoints.items() for c in checkpoints]
     return {(r["run"], r["seed"]): r["checkpoint"] for r in select(config, metrics)}
 
 
 def read_selection(selection_path: Path) -> list[dict[str, Any]]:
-    import pyarrow.parquet as pq  # noqa: PLC0415
+    import pyarrow.parquet as pq
 
     return pq.read_table(selection_path).to_pylist()
 
@@ -82,7 +82,7 @@ def read_selection(selection_path: Path) -> list[dict[str, Any]]:
 def campaign_from_stats(config: Mapping[str, Any], val_metrics: Path, selection_path: Path) -> list[CampaignEntry]:
     """The campaign plan from the val statistics: the checkpoints each run/seed was evaluated at (metrics.parquet)
     and the one selection chose (selection.parquet)."""
-    import pyarrow.parquet as pq  # noqa: PLC0415
+    import pyarrow.parquet as pq
 
     val_checkpoints: dict[tuple[str, int], list[str]] = {}
     for row in pq.read_table(val_metrics, columns=["run", "checkpoint", "split", "seed"]).to_pylist():

@@ -47,7 +47,7 @@ def replay(config: Mapping[str, Any], *, run: str, checkpoint: str, seed: int, m
     otherwise (`SplitGuardError`, naming what differs). The caller rolls `Replay.tasks` out in memory (e.g.
     `predict.env.runner.run_rollouts_sync`) and writes the rows nowhere: not into results, not into the ledger, and
     never through `predict.rollouts` or `predict evaluate`, which persist and record."""
-    from predict.fingerprint import input_identity  # noqa: PLC0415
+    from predict.fingerprint import input_identity
 
     ledger = Path(ledger) if ledger is not None else registry_ledger()
     if not ledger.exists():
@@ -56,9 +56,9 @@ def replay(config: Mapping[str, Any], *, run: str, checkpoint: str, seed: int, m
     split = campaign_test_split(config)
     entries = [e for _, e in read_ledger(ledger)]
     campaigns = {e["campaign"]: e for e in entries
-                 if e.get("event") == "campaign" and e.get("split_sha256") == split.sha256}  # fmt: skip
+                 if e.get("event") == "campaign" and e.get("split_sha256") == split.sha256}
     done = [e for e in entries if e.get("status") == "done" and e.get("campaign") in campaigns
-            and (e.get("run"), e.get("checkpoint"), e.get("seed")) == (run, checkpoint, int(seed))]  # fmt: skip
+            and (e.get("run"), e.get("checkpoint"), e.get("seed")) == (run, checkpoint, int(seed))]
     where = f"{ledger}: {run} {checkpoint} seed {seed}"
     if not done:
         raise SplitGuardError(f"{where} has no done test evaluation on {split.describe()}: only rollouts the ledger "

@@ -34,7 +34,7 @@ def sealed_sources(data: DataSettings, ledger: Path | None = None) -> list[tuple
     """Every sealed set of task ids with why it is sealed (see the module docstring): the config's own test split,
     then the registry's registered splits and evaluated campaigns. `ledger`: the registry (default the checkout's,
     `registry_ledger`); a missing registry adds nothing and is not created."""
-    from predict.data import derive_test_split  # noqa: PLC0415
+    from predict.data import derive_test_split
 
     split = derive_test_split(data)
     sources = [(split.task_ids, f"they are in {split.describe()}")]
@@ -66,7 +66,7 @@ def seal_task_ids(task_ids: Iterable[int], data: DataSettings, *, source: str | 
 
 def seal_file(path: str | Path, data: DataSettings, *, stage: str, ledger: Path | None = None) -> None:
     """`seal_task_ids` of a task-keyed parquet's ``task_id`` column (a split, traces)."""
-    from predict.data import task_ids_of  # noqa: PLC0415
+    from predict.data import task_ids_of
 
     seal_task_ids(task_ids_of(path), data, source=path, stage=stage, ledger=ledger)
 
@@ -75,7 +75,7 @@ def seal_stage(stage: Stage, args: argparse.Namespace, config: Mapping[str, Any]
     """The seal at a stage's entry (`predict.cli`, before anything is written or started): every file the stage
     table says holds its tasks (`Stage.task_files`) holds no sealed task; the test campaign's is the test split. A
     flag left out, or a file that does not exist (nothing to read: the stage's own error names it), is skipped."""
-    from predict.data import derive_test_split  # noqa: PLC0415
+    from predict.data import derive_test_split
 
     for dest in stage.task_files:
         if (value := getattr(args, dest, None)) is None or not Path(value).exists():
@@ -107,7 +107,7 @@ def guard_tasks(*, split: str, tasks_path: Path, task_ids: Iterable[int], run: s
     with ledger_lock(ledger):  # a campaign's other jobs may be appending right now
         entries = read_ledger(ledger)
     campaign = next((e for _, e in entries if e.get("event") == "campaign"
-                     and e.get("campaign") == admission["campaign"]), None)  # fmt: skip
+                     and e.get("campaign") == admission["campaign"]), None)
     if campaign is None or entry not in [tuple(p) for p in campaign["plan"]]:
         raise SplitGuardError(f"{ledger}: run {run} checkpoint {checkpoint} seed {seed} has no admission in test "
                               f"campaign {admission['campaign']}")

@@ -27,7 +27,7 @@ def check_test_inputs(ledger: Path, paths: Sequence[str | Path], selection: Sequ
     with the frozen design at every one of `settings` (the statistics stage's entry in the stage table). Returns every
     campaign on the same split, the one these files belong to marked ``this``; refuses naming the ledger and what
     differs."""
-    from predict.fingerprint import file_sha256  # noqa: PLC0415
+    from predict.fingerprint import file_sha256
 
     if not ledger.exists():
         raise SplitGuardError(
@@ -69,11 +69,11 @@ def check_test_inputs(ledger: Path, paths: Sequence[str | Path], selection: Sequ
     same_split = [e for e in entries
                   if e.get("event") == "campaign" and e.get("split_sha256") == campaign["split_sha256"]]
     n_done = {c: sum(1 for e in entries if e.get("campaign") == c and e.get("status") == "done")
-              for c in {e["campaign"] for e in same_split}}  # fmt: skip
+              for c in {e["campaign"] for e in same_split}}
     return [{"campaign": e["campaign"], "config_hash": e["config_hash"], "time": e["time"],
              "base_model": e["base_model"], "reason": e.get("reason") or "", "results_dir": e.get("results_dir") or "",
              "run_name": e.get("run_name") or "", "vllm_version": (e.get("depends_on") or {}).get("vllm_version", ""),
              "device": (e.get("depends_on") or {}).get("device_name", ""),
              "serving": json.dumps((e.get("depends_on") or {}).get("serving") or {}, sort_keys=True),
              "n_planned": len(e["plan"]), "n_done": n_done[e["campaign"]], "this": e["campaign"] == ident}
-            for e in same_split]  # fmt: skip
+            for e in same_split]

@@ -27,7 +27,7 @@ from pydantic_core import core_schema
 from predict.vocabulary import Protocol, Variant
 
 
-def NO_DEFAULT(schema: dict[str, Any]) -> None:  # noqa: N802 - a marker, named like the constant it is
+def NO_DEFAULT(schema: dict[str, Any]) -> None:
     """json_schema_extra of a field the config may leave out, with no default: it then stays out (and the schema
     states no default for it)."""
     schema.pop("default", None)

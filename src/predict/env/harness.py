@@ -97,7 +97,7 @@ class LocalAgentHarness(vf.Harness[LocalAgentHarnessConfig]):
         seed_key = None if c.seed_run is None else rollout_key(*c.seed_run, int(data.task_id), int(data.sample or 0))
         if c.in_process:
             return await self._run_in_process(ctx, trace, runtime, endpoint, secret, prompt or "", system or "",
-                                              seed_key)  # fmt: skip
+                                              seed_key)
         argv = [
             c.python,
             "-m",
@@ -120,7 +120,7 @@ class LocalAgentHarness(vf.Harness[LocalAgentHarnessConfig]):
         result = await runtime.run_program(argv, env)
         try:
             trace.info["agent_result"] = json.loads(await runtime.read(RESULT_FILE, max_bytes=RESULT_MAX_BYTES))
-        except Exception as e:  # noqa: BLE001 - a missing result is recorded, the exit status tells why
+        except Exception as e:
             trace.info["agent_result"] = {"missing": f"{type(e).__name__}: {e}"}
         trace.info["program_exit_code"] = result.exit_code
         if result.exit_code:
@@ -147,7 +147,7 @@ class LocalAgentHarness(vf.Harness[LocalAgentHarnessConfig]):
         chat = ChatClient(endpoint, secret, ctx.model, c.stream, c.request_timeout_s, seed_key)
         stop = threading.Event()
         episode_run = partial(run_episode, c.protocol, run_tests, chat, prompt=prompt, system_prompt=system,
-                              solution=solution, task_id=task.get("task_id"), stop=stop)  # fmt: skip
+                              solution=solution, task_id=task.get("task_id"), stop=stop)
         try:
             exit_code, episode, result = await asyncio.get_running_loop().run_in_executor(_EPISODES, episode_run)
         except asyncio.CancelledError:  # the rollout's timeout or a stop: the thread ends before its next call

@@ -149,7 +149,7 @@ class ChatClient:
 
 def sandbox_runner(task: dict[str, Any], timeout_s: float, memory_mb: int, outcome_labels: str) -> Any:
     """run_tests for the episode and for grading (`check`): the task's setup code + asserts, in the sandbox."""
-    from predict.sandbox import check_once  # noqa: PLC0415 - the sandbox is only needed once the loop runs
+    from predict.sandbox import check_once
 
     test_list, setup = list(task["test_list"]), task.get("test_setup_code") or ""
 
@@ -220,7 +220,7 @@ def run_episode(
             if answer is None:
                 break
             messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": answer}]
-    except Exception:  # noqa: BLE001 - a crash still leaves a result behind for the record
+    except Exception:
         episode.finish("error", error=traceback.format_exc()[-4000:])
         exit_code = 1
     result = {

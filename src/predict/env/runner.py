@@ -282,7 +282,7 @@ async def run_rollouts(
             try:
                 trace = await agent.run(vf_tasks[i])
                 record = trace_to_record(trace, meta, task, time.time() - t0)
-            except Exception as e:  # noqa: BLE001 - one broken rollout must not lose the batch
+            except Exception as e:
                 record = build_record(
                     meta=meta,
                     task=task,

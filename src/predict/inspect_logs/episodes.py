@@ -89,7 +89,7 @@ def messages(row: Mapping[str, Any], task: Mapping[str, Any]) -> list[ChatMessag
     n, i = 2, 2
     for step in steps:
         out.append(ChatMessageAssistant(id=f"{key}#{n}", content=texts[i][1], model=row.get("model"),
-                                        source="generate", metadata=_step_metadata(step)))  # fmt: skip
+                                        source="generate", metadata=_step_metadata(step)))
         n, i = n + 1, i + 1
         if i < len(texts) and texts[i][0] == "user":
             out.append(ChatMessageUser(id=f"{key}#{n}", content=texts[i][1], metadata={"step": step.get("index")}))
@@ -116,7 +116,7 @@ def pair_value(reactive: Mapping[str, Any] | None, predictive: Mapping[str, Any]
 def _pair_summary(other: Mapping[str, Any], pair: Pair, run: str) -> dict[str, Any]:
     return {"run": pair.predictive if run == pair.reactive else pair.reactive, "log": pair.log,
             **{k: other.get(k) for k in ("checkpoint", "final_pass", "final_outcome", "first_patch_outcome",
-                                         "calls_used", "stop_reason", "ever_revised", "rollout_key")}}  # fmt: skip
+                                         "calls_used", "stop_reason", "ever_revised", "rollout_key")}}
 
 
 def scores(row: Mapping[str, Any], pair: Pair | None = None, run: str = "") -> dict[str, Score]:
@@ -172,11 +172,11 @@ def episode_sample(row: Mapping[str, Any], task: Mapping[str, Any], source: Sour
     last = next((m.text for m in reversed(msgs) if m.role == "assistant"), "")
     usage = ({model: ModelUsage(input_tokens=int(row["n_input_tokens"]), output_tokens=int(row["n_output_tokens"]),
                                 total_tokens=int(row["n_input_tokens"]) + int(row["n_output_tokens"]))}
-             if row.get("n_input_tokens") is not None and row.get("n_output_tokens") is not None else {})  # fmt: skip
+             if row.get("n_input_tokens") is not None and row.get("n_output_tokens") is not None else {})
     unscored = not row.get("ok", True) or row.get("final_pass") is None
     error = (EvalError(message=row.get("error") or f"no verdict (stop reason {row.get('stop_reason')})",
                        traceback=row.get("error") or "", traceback_ansi=row.get("error") or "")
-             if unscored else None)  # fmt: skip
+             if unscored else None)
     created = row.get("created_at")
     return EvalSample(
         id=ident, epoch=epoch, input=msgs[1].text, target="\n".join(task["test_list"]), messages=msgs,
@@ -234,7 +234,7 @@ def eval_log(rows: Sequence[Mapping[str, Any]], tasks: Mapping[int, Mapping[str,
     metadata = {"run": source.run, "arm": first.get("arm"), "protocol": first.get("protocol"),
                 "variant": first.get("variant"), "checkpoint": source.checkpoint, "split": source.split,
                 "seed": source.seed, "kind": source.kind, "parquet": source.path, "parquet_sha256": source.sha256,
-                "paired_with": pair.log if pair else None}  # fmt: skip
+                "paired_with": pair.log if pair else None}
     spec = EvalSpec(
         eval_id=digest[:22], run_id=digest[22:44], created=_time(min(created, default=0.0)) or _time(0.0),
         task=f"predict/{source.run}", task_id=digest[:22], task_display_name=source.label,

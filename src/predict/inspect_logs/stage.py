@@ -56,7 +56,7 @@ def evaluation_files(given: Iterable[str | Path]) -> list[Path]:
     for path in map(Path, given):
         if path.is_dir():
             found = sorted(p for p in path.rglob("seed*.parquet")
-                           if EVAL_PATH.search(p.as_posix()) and ".partial" not in p.as_posix())  # fmt: skip
+                           if EVAL_PATH.search(p.as_posix()) and ".partial" not in p.as_posix())
             if not found:
                 raise ValueError(f"{path}: no evaluation under it (.../{{run}}/{{checkpoint}}/{{split}}/seed{{seed}}"
                                  ".parquet, as `predict evaluate` writes them); nothing written")
@@ -75,7 +75,7 @@ def rl_files(given: Iterable[str | Path]) -> list[Path]:
     for path in map(Path, given):
         if path.is_dir():
             steps = {p: m for p in (path / ".work" / "rollouts").glob("step*.parquet")
-                     if (m := RL_PATH.search(p.resolve().as_posix()))}  # fmt: skip
+                     if (m := RL_PATH.search(p.resolve().as_posix()))}
             found = sorted(steps, key=lambda p: int(steps[p]["step"]))
             if not found:
                 raise ValueError(f"{path}: no RL step rollouts in it (.work/rollouts/step{{N}}.parquet of "
@@ -117,7 +117,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 def read_source(path: Path, kind: str) -> Read:
     """One parquet, checked against its schema and its path (the rows' checkpoint, split and seed are the path's)."""
-    from predict.fingerprint import file_sha256  # noqa: PLC0415
+    from predict.fingerprint import file_sha256
 
     rows = read_rows(path)
     if kind == "evaluation":
@@ -171,7 +171,7 @@ def admit(reads: Sequence[Read], data: Any, ledger: Path) -> dict[tuple[str, int
 
 def task_rows(paths: Sequence[str | Path], reads: Sequence[Read]) -> dict[int, dict[str, Any]]:
     """task_id -> its split row, for the tasks of the admitted files only (read from the tasks files given)."""
-    from predict.data import load_split  # noqa: PLC0415
+    from predict.data import load_split
 
     wanted = {int(row["task_id"]) for r in reads for row in r.rows}
     found: dict[int, dict[str, Any]] = {}
@@ -226,12 +226,12 @@ def export(config: StageView | Mapping[str, Any], *, evals: Sequence[str | Path]
            ledger: Path | None = None) -> list[Path]:
     """Read, check and admit every input (nothing is written before all of it checks out), then write one log per
     parquet and Inspect's manifest beside the old folder and swap it in. Returns the logs written."""
-    from inspect_ai.log import write_eval_log, write_log_dir_manifest  # noqa: PLC0415
-    from tqdm import tqdm  # noqa: PLC0415
+    from inspect_ai.log import write_eval_log, write_log_dir_manifest
+    from tqdm import tqdm
 
-    from predict.inspect_logs.episodes import eval_log  # noqa: PLC0415
-    from predict.runs import environments  # noqa: PLC0415
-    from predict.stages import stage_view  # noqa: PLC0415
+    from predict.inspect_logs.episodes import eval_log
+    from predict.runs import environments
+    from predict.stages import stage_view
 
     view = stage_view(config, STAGE)
     paths = [(p, "evaluation") for p in evaluation_files(evals)] + [(p, "rl_step") for p in rl_files(rl_rollouts)]
@@ -291,7 +291,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, config: StageView) -> int:
-    from predict.outputs import console  # noqa: PLC0415
+    from predict.outputs import console
 
     t0 = time.perf_counter()
     out_dir = Path(args.out_dir)

@@ -122,7 +122,7 @@ def plan_dict(costs: Sequence[JobCost], layout: Layout, *, files: Sequence[Path]
             "transient_disk_gb": None if c.transient_bytes is None else round(c.transient_bytes / 1e9, 3),
             "server": slot.load or None,
             "not_calibrated": "; ".join(str(m) for m in dict.fromkeys(c.missing)),
-        })  # fmt: skip
+        })
     real = [r for r, c in zip(rows, costs, strict=True) if c.job.rule not in TARGET_RULES]
     missing_jobs = [r for r in real if r["not_calibrated"]]
     gpu_known = sum(r["known_s"] * r["gpus"] for r in real) / 3600
@@ -146,7 +146,7 @@ def plan_dict(costs: Sequence[JobCost], layout: Layout, *, files: Sequence[Path]
         "totals": totals, "jobs": rows,
         "note": ("totals count only the calibrated parts: a lower bound" if layout.lower_bound else
                  "every job calibrated"),
-    }  # fmt: skip
+    }
 
 
 def _fmt_s(s: float | None) -> str:
@@ -174,7 +174,7 @@ def print_plan(result: Mapping[str, Any]) -> None:
             f"{sum(j['gpu_hours'] or 0 for j in jobs):.2f}" if any(j["gpus"] for j in jobs) else "-",
             f"{max(peaks):.1f}" if peaks else ("n/c" if any(j["gpus"] for j in jobs) else "-"),
             "n/c" if None in disk else f"{sum(disk):.3g}",
-        ])  # fmt: skip
+        ])
     t = result["totals"]
     title = (f"plan: {'+'.join(result['config'])} on {result['device']['kind']} ({result['device']['what']}), "
              f"profile {result['profile']}" + (f", {result['nodes']} nodes" if result["profile"] == "slurm" else ""))

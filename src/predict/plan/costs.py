@@ -55,7 +55,7 @@ def model_facts(config: Mapping[str, Any], repo: Path) -> ModelFacts:
     a released Qwen3 shape its name names (`predict.tiny_model.SHAPES`)."""
     import json
 
-    from predict.tiny_model import QWEN3_VOCAB_SIZE, SHAPES, TINY_DIMENSIONS, _tensor_shapes
+    from predict.tiny_model import QWEN3_VOCAB_SIZE, SHAPES, TINY_DIMENSIONS, tensor_shapes
 
     model = config.get("model") or {}
     base = str(model.get("base"))
@@ -81,7 +81,7 @@ def model_facts(config: Mapping[str, Any], repo: Path) -> ModelFacts:
             # the released Qwen3 checkpoints up to 4B tie the embedding and the head
             cfg = {**SHAPES[key], "vocab_size": QWEN3_VOCAB_SIZE, "tie_word_embeddings": True}
         tied = bool(cfg.get("tie_word_embeddings"))
-    params = sum(math.prod(shape) for shape, _ in _tensor_shapes(cfg).values())
+    params = sum(math.prod(shape) for shape, _ in tensor_shapes(cfg).values())
     return ModelFacts(key, weights, params, tied)
 
 
@@ -282,7 +282,7 @@ class Pricer:
         if not rl.get("keep_state"):
             state = self.cal.entry("state_bytes_per_param", {"dtype": rl["dtype"]})
             cost.transient_bytes = (state["value"] * self.model.params
-                                    if state and self.model.params else None)  # fmt: skip
+                                    if state and self.model.params else None)
             if cost.transient_bytes is None:
                 cost.missing.append(Missing("state_bytes_per_param", (("dtype", rl["dtype"]),),
                                             self.cal.missing_reason("state_bytes_per_param", {"dtype": rl["dtype"]})))

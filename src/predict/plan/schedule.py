@@ -93,7 +93,7 @@ def lay_out(costs: Sequence[JobCost], capacity: Capacity) -> Layout:
         if load is None:
             lower = True
             cost.missing.extend(m for m in cost.units.get("load_missing", [])
-                                if m.name == f"serving_{slot.load}_s")  # fmt: skip
+                                if m.name == f"serving_{slot.load}_s")
         slot.lease_start = t
         heapq.heappush(events, (t + (load or 0.0) + cost.work_s, next(order), "end", cost.job.jobid))
 

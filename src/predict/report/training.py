@@ -72,7 +72,7 @@ def step_time(rl: Mapping[str, list[dict[str, Any]]]) -> str:
     ax.legend(fontsize=7, ncol=4, loc="lower right")
     fig.tight_layout()
     labels = {"run": "run", "rollout_s": "rollout s", "update_s": "update s", "sync_s": "weight sync s",
-              "other_s": "other s", "step_s": "step s"}  # fmt: skip
+              "other_s": "other s", "step_s": "step s"}
     cols = ["run", *STEP_PARTS, "other_s", "step_s"]
     return figure(fig, "step time split") + table(rows, cols, labels)
 
@@ -81,12 +81,12 @@ def step_time(rl: Mapping[str, list[dict[str, Any]]]) -> str:
 # Gradient interference (predict.train.grad_terms)
 # ---------------------------------------------------------------------------------------------------------------
 GRAD_TERM_PANELS = {"rl_grad_norm": "RL term: gradient norm", "ce_grad_norm": "CE term: gradient norm",
-                    "rl_ce_grad_cosine": "cosine(RL gradient, CE gradient)"}  # fmt: skip
+                    "rl_ce_grad_cosine": "cosine(RL gradient, CE gradient)"}
 
 
 PAPER_BACKEND_NOTE = ("The paper backend (prime-rl) does not measure these: its custom-loss hook is a function of one "
                       "sample's RL log-probs and never sees the CE term, the parameters or their gradients (one "
-                      "backward of the summed loss follows it).")  # fmt: skip
+                      "backward of the summed loss follows it).")
 
 
 def grad_terms_section(rl: Mapping[str, list[dict[str, Any]]], config: Mapping[str, Any]) -> str:
@@ -110,7 +110,7 @@ def grad_terms_section(rl: Mapping[str, list[dict[str, Any]]], config: Mapping[s
     unmeasured = [k for k, v in measured.items() if not v]
     prime_rl = [k for k in unmeasured if any(r.get("backend") == "prime_rl" for r in runs[k])]
     notes = (f'<p class="note">{html.escape(PAPER_BACKEND_NOTE)} Runs on it: {", ".join(prime_rl)}.</p>'
-             if prime_rl else "")  # fmt: skip
+             if prime_rl else "")
     other = [k for k in unmeasured if k not in prime_rl]
     if other:
         notes += empty(f"Not measured (rl.grad_terms_every 0, or metrics written before the columns): {', '.join(other)}.")
@@ -126,7 +126,7 @@ def grad_terms_section(rl: Mapping[str, list[dict[str, Any]]], config: Mapping[s
             pts = sorted((r["step"], r[col]) for r in rows if r.get(col) is not None)
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=2.5, lw=1.2, label=name,
-                        color=colour[name])  # fmt: skip
+                        color=colour[name])
         if col != "rl_ce_grad_cosine":
             ax.set_yscale("symlog", linthresh=1e-3)  # norms span decades, and alpha 0's CE norm is 0
         else:
@@ -145,7 +145,7 @@ def grad_terms_section(rl: Mapping[str, list[dict[str, Any]]], config: Mapping[s
         ratios = [r["ce_grad_norm"] / r["rl_grad_norm"] for r in steps if r["rl_grad_norm"]]
         rows.append({"run": name, "n_steps": f"{len(steps)} of {len(runs[name])}",
                      "rl": median([r["rl_grad_norm"] for r in steps]), "ce": median([r["ce_grad_norm"] for r in steps]),
-                     "ratio": median(ratios), "cosine": median([r.get("rl_ce_grad_cosine") for r in steps])})  # fmt: skip
+                     "ratio": median(ratios), "cosine": median([r.get("rl_ce_grad_cosine") for r in steps])})
     labels = {"run": "run / seed", "n_steps": "steps measured", "rl": "RL gradient norm (median)",
               "ce": "CE gradient norm (median)", "ratio": "CE / RL norm (median)", "cosine": "cosine (median)"}
     return (figure(fig, "gradient terms per step") + table(rows, list(labels), labels)

@@ -21,7 +21,7 @@ def _main(argv: Sequence[str]) -> int:
         # Parsed by hand: argparse (and the shutil, zlib, bz2, lzma it pulls in) would make every fork dearer.
         serve(int(argv[2]) if len(argv) == 3 else None)
         return 0
-    import argparse  # noqa: PLC0415
+    import argparse
 
     parser = argparse.ArgumentParser(prog="python -m predict.sandbox", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)

@@ -193,7 +193,7 @@ def label_original(returncode: int | None, stderr: str, timed_out: bool) -> Outc
 # --------------------------------------------------------------------------------------------------------------
 
 
-class _Request(NamedTuple):
+class Request(NamedTuple):
     solution: str
     tests: tuple[str, ...]
     setup: str
@@ -202,7 +202,7 @@ class _Request(NamedTuple):
     probe: bool = False  # isolation_report(): set up, report the layers, run nothing
 
 
-_PROBE = _Request("", (), "", 5.0, 256, probe=True)
+PROBE = Request("", (), "", 5.0, 256, probe=True)
 
 # The fork-server protocol, both ways: a header line of numbers, then the raw UTF-8 payloads whose lengths it gives.
 # No JSON: a server builds and parses as few objects (dirtying as few pages) as it can, and never decodes output.
@@ -211,14 +211,14 @@ _PROBE = _Request("", (), "", 5.0, 256, probe=True)
 #             <len stderr>\n" payloads   (or "E <message>\n" when the server itself failed; "ready\n" at start)
 
 
-def _request_bytes(req: _Request) -> bytes:
+def request_bytes(req: Request) -> bytes:
     # surrogatepass round-trips any str, lone surrogates included
     parts = [t.encode("utf-8", "surrogatepass") for t in (req.solution, req.setup, *req.tests)]
     head = f"{req.timeout_s!r} {req.memory_mb:d} {int(req.probe)} {' '.join(str(len(p)) for p in parts)}\n"
     return head.encode("ascii") + b"".join(parts)
 
 
-def _read_request(reader: Any) -> _Request | None:
+def _read_request(reader: Any) -> Request | None:
     """The next request from a fork server's protocol stream; None at EOF."""
     head = reader.readline()
     if not head:
@@ -232,7 +232,7 @@ def _read_request(reader: Any) -> _Request | None:
     for n in sizes:
         texts.append(body[pos : pos + n].decode("utf-8", "surrogatepass"))
         pos += n
-    return _Request(texts[0], tuple(texts[2:]), texts[1], float(fields[0]), int(fields[1]), fields[2] == b"1")
+    return Request(texts[0], tuple(texts[2:]), texts[1], float(fields[0]), int(fields[1]), fields[2] == b"1")
 
 
 # What _supervise returns: (channel, returncode, timed_out, cpu_s, cpu_limit_s, duration_s, stdout, stderr), the
@@ -248,7 +248,7 @@ def _reply_bytes(nonce: str, ev: _Evidence) -> bytes:
 
 
 @dataclass(frozen=True)
-class _Raw:
+class Raw:
     """What the supervisor saw, unparsed: fork servers ship this as is and the client makes sense of it (parse())."""
 
     channel: str  # everything the child wrote on its verdict pipe (ASCII; anything else replaced)
@@ -262,12 +262,12 @@ class _Raw:
     duration_s: float
 
     @classmethod
-    def from_evidence(cls, nonce: str, ev: _Evidence) -> _Raw:
+    def from_evidence(cls, nonce: str, ev: _Evidence) -> Raw:
         channel, returncode, timed_out, cpu_s, cpu_limit_s, duration_s, out, err = ev
         return cls(channel.decode("ascii", "replace"), nonce, returncode, timed_out, cpu_s, cpu_limit_s,
                    out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), duration_s)
 
-    def parse(self) -> _Channel:
+    def parse(self) -> Channel:
         """Read the child's messages: ``<nonce> L <hex: one flag byte per LAYERS entry>`` (before user code; a
         ``<nonce> W <hex: "layer<TAB>reason" lines>`` before it says why missing layers are missing),
         ``<nonce> T <i>`` (test i starts) and ``<nonce> V <outcome> <test> <hex detail>``; anything without the nonce
@@ -299,11 +299,11 @@ class _Raw:
                     verdicts.append((Outcome(outcome), failed if failed >= 0 else None, detail))
             except (ValueError, AttributeError):
                 continue
-        return _Channel(verdicts[0] if len(verdicts) == 1 else None, len(verdicts) > 1, layers, last_test, reasons)
+        return Channel(verdicts[0] if len(verdicts) == 1 else None, len(verdicts) > 1, layers, last_test, reasons)
 
 
 @dataclass(frozen=True)
-class _Channel:
+class Channel:
     """The verdict channel, read: only messages carrying the nonce count."""
 
     verdict: tuple[Outcome, int | None, str] | None  # (outcome, failed_test, detail) from the harness
@@ -321,7 +321,7 @@ def _cpu_limit(timeout_s: float) -> int:
     return int(math.ceil(timeout_s)) + 1
 
 
-def _to_verdict(raw: _Raw, timeout_s: float, labels: str, channel: _Channel | None = None) -> Verdict:
+def to_verdict(raw: Raw, timeout_s: float, labels: str, channel: Channel | None = None) -> Verdict:
     """Turn the supervisor's evidence into a Verdict; the harness's own message wins whenever there is one."""
     ch = raw.parse() if channel is None else channel
     failed: int | None = ch.last_test if ch.last_test >= 0 else None  # where a silent death happened
@@ -367,12 +367,12 @@ class _Tail:
             del self.buf[: len(self.buf) - self.cap]
 
     def data(self) -> bytes:
-        return bytes(self.buf[-self.cap :])  # decoded (UTF-8, errors replaced) by whoever makes the _Raw
+        return bytes(self.buf[-self.cap :])  # decoded (UTF-8, errors replaced) by whoever makes the Raw
 
 
-def _run(req: _Request) -> tuple[str, _Evidence]:
+def _run(req: Request) -> tuple[str, _Evidence]:
     """Fork one child for ``req`` and supervise it to the end; never raises for anything the child does. Returns the
-    check's nonce and the evidence undecoded (what a fork server sends back as is; _Raw.from_evidence decodes it)."""
+    check's nonce and the evidence undecoded (what a fork server sends back as is; Raw.from_evidence decodes it)."""
     nonce = os.urandom(16).hex()  # what secrets.token_hex(16) does, without importing secrets (hmac, hashlib, ...)
     _load_libc()  # once per process, before forking, so children don't pay for these
     _python_dirs()
@@ -386,7 +386,7 @@ def _run(req: _Request) -> tuple[str, _Evidence]:
     for stream in (sys.stdout, sys.stderr):  # don't let the child inherit (and re-emit) buffered parent output
         try:
             stream.flush()
-        except Exception:  # noqa: BLE001 - a broken parent stream must not stop the check
+        except Exception:
             pass
     if _SERVER_PREPARED:
         gc.freeze()  # what the server allocated since its last fork: the child's GC never scans (and copies) it
@@ -405,7 +405,7 @@ def _run(req: _Request) -> tuple[str, _Evidence]:
         scratch.cleanup()
 
 
-def _supervise(req: _Request, pid: int, start: float, out_r: int, err_r: int, ver_r: int) -> _Evidence:
+def _supervise(req: Request, pid: int, start: float, out_r: int, err_r: int, ver_r: int) -> _Evidence:
     tails: dict[int, _Tail] = {}  # made on the first output: most checks print nothing
     poller = select.poll()  # no kernel object to create per check, unlike epoll
     for fd in (out_r, err_r):  # blocking is fine: we only read after poll says there is data (or EOF)
@@ -499,7 +499,7 @@ _PRIVATE_SCRATCH: tuple[str, ...] = ()  # those that did get one in this fork se
 _SCRATCH_KEEP: dict[str, frozenset[str]] = {}
 # Layers switched off on purpose (`PREDICT_SANDBOX_WITHOUT=private_tmp,...`, read once at import): simulates a machine
 # that cannot give them, to test that a required layer that is missing stops the stage (see check_isolation).
-_WITHOUT = frozenset(n for n in os.environ.get("PREDICT_SANDBOX_WITHOUT", "").replace(" ", "").split(",") if n)
+WITHOUT = frozenset(n for n in os.environ.get("PREDICT_SANDBOX_WITHOUT", "").replace(" ", "").split(",") if n)
 # Why a layer could not be had (layer -> reason), filled while isolating; a child reports those of inactive layers.
 _REASONS: dict[str, str] = {}
 _SANDBOX_IN_TMPFS = "/tmp/sandbox"
@@ -527,7 +527,7 @@ def _errno() -> str:
 
 
 def _switched_off(layer: str) -> bool:
-    if layer in _WITHOUT:
+    if layer in WITHOUT:
         _REASONS[layer] = "switched off by PREDICT_SANDBOX_WITHOUT (simulating a machine without it)"
         return True
     return False
@@ -957,7 +957,7 @@ def _nofile() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def _child(req: _Request, out_w: int, err_w: int, ver_w: int, nonce: str, host_dir: str, nofile: int) -> NoReturn:
+def _child(req: Request, out_w: int, err_w: int, ver_w: int, nonce: str, host_dir: str, nofile: int) -> NoReturn:
     """Rearrange descriptors, isolate, run the harness, and exit with the code ``python solution.py`` would."""
     if _SERVER_PREPARED and min(out_w, err_w, ver_w) > _VERDICT_FD:
         # Fork server: fd 0 is already /dev/null (serve() put it there) and no pipe sits on a target fd.
@@ -977,7 +977,7 @@ def _child(req: _Request, out_w: int, err_w: int, ver_w: int, nonce: str, host_d
         _std_streams()
     try:
         sandbox, layers = _isolate(host_dir, req.memory_mb, req.timeout_s)
-    except BaseException as e:  # noqa: BLE001 - report and leave without a verdict: that is OTHER
+    except BaseException as e:
         os.write(2, f"sandbox setup failed: {e!r}\n".encode())
         os._exit(72)
     _harness(req, nonce, sandbox, layers)
@@ -1065,7 +1065,7 @@ _HARNESS_BOUND = (
 )
 
 
-def _harness(req: _Request, nonce: str, sandbox: str, layers: dict[str, bool]) -> NoReturn:
+def _harness(req: Request, nonce: str, sandbox: str, layers: dict[str, bool]) -> NoReturn:
     """Compile and run solution, setup and tests; send exactly one verdict; exit like ``python`` would.
 
     Everything used after user code starts is bound to a local name first: user code can rebind builtins, module
@@ -1085,16 +1085,16 @@ def _harness(req: _Request, nonce: str, sandbox: str, layers: dict[str, bool]) -
     def send(kind: str, payload: str) -> None:
         try:
             write(verdict_fd, f"{nonce} {kind} {payload}\n".encode("ascii"))
-        except BaseException_:  # noqa: BLE001 - a closed verdict pipe simply means no verdict (OTHER)
+        except BaseException_:
             pass
 
     def describe(e: BaseException) -> str:
         try:
             text = format_exception_only(type_(e), e)[-1].strip()
-        except BaseException_:  # noqa: BLE001 - a hostile __str__ must not break the harness
+        except BaseException_:
             try:
                 text = type_(e).__name__
-            except BaseException_:  # noqa: BLE001
+            except BaseException_:
                 text = "exception"
         return text[:detail_chars]
 
@@ -1114,14 +1114,14 @@ def _harness(req: _Request, nonce: str, sandbox: str, layers: dict[str, bool]) -
         try:
             for name, source in (*sources, *zip_(test_files, tests)):
                 source_cache[name] = (len_(source), None, source.splitlines(True), name)
-        except BaseException_:  # noqa: BLE001 - cosmetic: the traceback loses its source lines, nothing else
+        except BaseException_:
             pass
 
     def print_traceback(e: BaseException, with_tb: bool = True) -> None:
         """What ``python solution.py`` would print to stderr for this uncaught exception."""
         try:
             stdout.flush()
-        except BaseException_:  # noqa: BLE001
+        except BaseException_:
             pass
         register_sources()
         try:
@@ -1133,12 +1133,12 @@ def _harness(req: _Request, nonce: str, sandbox: str, layers: dict[str, bool]) -
                 if tb is not None and tb.tb_frame.f_code.co_filename == this_file:
                     tb = tb.tb_next  # hide our exec() call, like the interpreter hides its own machinery
                 text = "".join(format_exception(type_(e), e, tb))
-        except BaseException_:  # noqa: BLE001
+        except BaseException_:
             text = f"Traceback (most recent call last):\n{describe(e)}\n"
         try:
             stderr.flush()
             write(2, text.encode("utf-8", "backslashreplace"))
-        except BaseException_:  # noqa: BLE001
+        except BaseException_:
             pass
 
     def exit_code_for(e: BaseException) -> int:
@@ -1146,7 +1146,7 @@ def _harness(req: _Request, nonce: str, sandbox: str, layers: dict[str, bool]) -
             try:
                 code = e.code
                 return 0 if code is None else (code & 0xFF if isinstance_(code, int_) else 1)
-            except BaseException_:  # noqa: BLE001
+            except BaseException_:
                 return 1
         return 1
 
@@ -1156,11 +1156,11 @@ def _harness(req: _Request, nonce: str, sandbox: str, layers: dict[str, bool]) -
         for stream in (stdout, stderr):
             try:
                 stream.flush()
-            except BaseException_:  # noqa: BLE001
+            except BaseException_:
                 pass
         try:
             hex_detail = detail[:detail_chars].encode("utf-8", "replace").hex()
-        except BaseException_:  # noqa: BLE001
+        except BaseException_:
             hex_detail = ""
         send("V", f"{outcome} {-1 if failed is None else failed} {hex_detail}")
         exit_(code)
@@ -1192,18 +1192,18 @@ def _harness(req: _Request, nonce: str, sandbox: str, layers: dict[str, bool]) -
         exec_(solution_code, namespace)
         if setup_code is not None:  # MBPP's test_setup_code is nearly always empty
             exec_(setup_code, namespace)
-    except BaseException_ as e:  # noqa: BLE001 - SystemExit/KeyboardInterrupt from the solution are its errors too
+    except BaseException_ as e:
         print_traceback(e)
         finish("RUNTIME_ERROR", None, describe(e), exit_code_for(e))
     for i, code in enumerate_(test_codes):
         send("T", str_(i))  # progress: if the child dies in this test, the supervisor still knows which one
         try:
             exec_(code, namespace)
-        except BaseException_ as e:  # noqa: BLE001
+        except BaseException_ as e:
             print_traceback(e)
             try:
                 test_side = issubclass_(type_(e), AssertionError_) and innermost_file(e) in (test_files[i], setup_file)
-            except BaseException_:  # noqa: BLE001
+            except BaseException_:
                 test_side = False
             if test_side:
                 finish("ASSERTION_FAILURE", i, f"test {i} failed: {tests[i].strip()}", 1)
@@ -1224,7 +1224,7 @@ def _harness(req: _Request, nonce: str, sandbox: str, layers: dict[str, bool]) -
 OUTCOME_LABELS: tuple[str, ...] = ("structured", "original")
 
 
-def _check_labels(labels: str) -> None:
+def check_labels(labels: str) -> None:
     if labels not in OUTCOME_LABELS:
         raise ValueError(f"outcome_labels must be one of {', '.join(OUTCOME_LABELS)}, not {labels!r}")
 
@@ -1236,12 +1236,12 @@ def check_once(solution: str, test_list: Sequence[str], test_setup_code: str = "
     Used by the agent program's python_test tool and the hidden shadow execution, which run in short-lived
     processes. Same child code path as :class:`Verifier`; imports the solution needs are not pre-warmed.
     """
-    _check_labels(outcome_labels)
-    req = _Request(solution, tuple(test_list), test_setup_code or "", float(timeout_s), int(memory_mb))
-    return _to_verdict(_Raw.from_evidence(*_run(req)), req.timeout_s, outcome_labels)
+    check_labels(outcome_labels)
+    req = Request(solution, tuple(test_list), test_setup_code or "", float(timeout_s), int(memory_mb))
+    return to_verdict(Raw.from_evidence(*_run(req)), req.timeout_s, outcome_labels)
 
 
-_PROBED: _Channel | None = None  # what a child forked from this process reported (probed once)
+_PROBED: Channel | None = None  # what a child forked from this process reported (probed once)
 
 
 def isolation_report() -> dict[str, bool]:
@@ -1253,7 +1253,7 @@ def isolation_status() -> tuple[dict[str, bool], dict[str, str]]:
     """isolation_report() and, for each inactive layer, why (as the child saw it, or why it does not apply)."""
     global _PROBED
     if _PROBED is None:
-        _PROBED = _Raw.from_evidence(*_run(_PROBE)).parse()
+        _PROBED = Raw.from_evidence(*_run(PROBE)).parse()
     return _PROBED.status()
 
 
@@ -1265,7 +1265,7 @@ def isolation_status() -> tuple[dict[str, bool], dict[str, str]]:
 def serve(cpu: int | None = None) -> None:
     """Pre-import what solutions use, then fork one supervised child per request until stdin closes."""
     global _UNPIN
-    import importlib  # noqa: PLC0415
+    import importlib
 
     if cpu is not None:  # this server runs on this CPU, and each child it forks starts there (see Verifier)
         try:
@@ -1301,7 +1301,7 @@ def serve(cpu: int | None = None) -> None:
             if req is None:
                 break
             reply = _reply_bytes(*_run(req))
-        except Exception as e:  # noqa: BLE001 - a server bug becomes OTHER on the client side, not a hang
+        except Exception as e:
             reply = f"E {type(e).__name__}: {e}".replace("\n", " ").encode("utf-8", "replace") + b"\n"
         view = memoryview(reply)
         while view:

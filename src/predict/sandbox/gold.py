@@ -51,7 +51,7 @@ def check_gold(
     Before any check, the pool's isolation layers are held against ``require`` (config verifier.isolation): a missing
     one raises IsolationError unless ``accept_weaker``. The isolation record goes into ``isolation`` if given.
     """
-    from predict.sandbox import Verifier, check_isolation  # noqa: PLC0415 - keeps `predict split` free of the sandbox
+    from predict.sandbox import Verifier, check_isolation
 
     tasks = [(split, row) for split in splits for row in load_split(Path(data_dir) / f"{split}.parquet")]
     with Verifier(timeout_s=timeout_s, memory_mb=memory_mb, workers=workers, outcome_labels=outcome_labels) as v:
@@ -83,7 +83,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def write_gold_report(rows: Sequence[dict[str, Any]], out: str | Path, summary_out: str | Path,
                       isolation: Mapping[str, Any] | None = None) -> None:
     """Both parquets; the isolation record (active layers, what was required) goes into their schema metadata."""
-    from predict.sandbox import isolation_metadata  # noqa: PLC0415
+    from predict.sandbox import isolation_metadata
 
     metadata = isolation_metadata(dict(isolation)) if isolation else None
     write_rows(rows, GOLD_SCHEMA, out, metadata)

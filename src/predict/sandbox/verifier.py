@@ -16,16 +16,16 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from predict.sandbox.child import (
-    _PROBE,
-    _WITHOUT,
     DETAIL_CHARS,
+    PROBE,
+    WITHOUT,
+    Channel,
+    Raw,
+    Request,
     Verdict,
-    _Channel,
-    _check_labels,
-    _Raw,
-    _Request,
-    _request_bytes,
-    _to_verdict,
+    check_labels,
+    request_bytes,
+    to_verdict,
 )
 from predict.vocabulary import Outcome
 
@@ -35,10 +35,10 @@ class _ServerDied(Exception):
 
 
 class _Server:
-    """One fork-server process and its framed protocol (see _request_bytes), used by one thread at a time."""
+    """One fork-server process and its framed protocol (see request_bytes), used by one thread at a time."""
 
     def __init__(self, cpu: int | None = None) -> None:
-        import subprocess  # noqa: PLC0415 - client side only: keep it out of the fork servers
+        import subprocess
 
         self.cpu = cpu
 
@@ -49,8 +49,8 @@ class _Server:
             "PYTHONPATH": os.pathsep.join(os.path.abspath(p) for p in sys.path if p),  # find predict, installed or not
             "PYTHONDONTWRITEBYTECODE": "1",
         }
-        if _WITHOUT:  # a test that simulates a machine without some layers: the servers must simulate it too
-            env["PREDICT_SANDBOX_WITHOUT"] = ",".join(sorted(_WITHOUT))
+        if WITHOUT:  # a test that simulates a machine without some layers: the servers must simulate it too
+            env["PREDICT_SANDBOX_WITHOUT"] = ",".join(sorted(WITHOUT))
         self.proc = subprocess.Popen(  # -P and cwd="/": don't put the caller's cwd (say, /tmp) on sys.path
             [sys.executable, "-P", "-m", "predict.sandbox", "serve", *([] if cpu is None else ["--cpu", str(cpu)])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -64,19 +64,19 @@ class _Server:
         if self._read_line(time.monotonic() + timeout_s) != b"ready":
             raise _ServerDied("fork server did not start")
 
-    def request(self, req: _Request) -> _Raw:
+    def request(self, req: Request) -> Raw:
         self.send(req)
         return self.receive(time.monotonic() + req.timeout_s + 30.0)
 
-    def send(self, req: _Request) -> None:
+    def send(self, req: Request) -> None:
         assert self.proc.stdin is not None
         try:  # through the file object, not its fd: once close() has run, this raises instead of writing elsewhere
-            self.proc.stdin.write(_request_bytes(req))
+            self.proc.stdin.write(request_bytes(req))
             self.proc.stdin.flush()
         except (OSError, ValueError) as e:
             raise _ServerDied(f"fork server gone: {e}") from e
 
-    def receive(self, deadline: float) -> _Raw:
+    def receive(self, deadline: float) -> Raw:
         head = self._read_line(deadline)
         if head.startswith(b"E "):
             raise _ServerDied(f"fork server error: {head[2:].decode('utf-8', 'replace')}")
@@ -90,7 +90,7 @@ class _Server:
         body = self._read_exact(sum(sizes), deadline)
         a, b = sizes[0], sizes[0] + sizes[1]
         ev = (body[:a], returncode, timed_out, cpu_s, cpu_limit_s, duration_s, body[a:b], body[b:])
-        return _Raw.from_evidence(nonce, ev)
+        return Raw.from_evidence(nonce, ev)
 
     def ready(self) -> bool:
         """Whether a whole reply header has arrived (for check_many's poll loop)."""
@@ -138,7 +138,7 @@ class _Server:
                 self.proc.stdin.close()
         except OSError:
             pass
-        import subprocess  # noqa: PLC0415
+        import subprocess
 
         try:
             self.proc.wait(grace_s)
@@ -170,7 +170,7 @@ class Verifier:
 
     def __init__(self, *, timeout_s: float = 3.0, memory_mb: int = 1024, workers: int = 1,
                  outcome_labels: str = "structured", pin_cpus: bool = True) -> None:
-        _check_labels(outcome_labels)
+        check_labels(outcome_labels)
         if workers < 1:
             raise ValueError("workers must be >= 1")
         self.timeout_s, self.memory_mb, self.workers = float(timeout_s), int(memory_mb), int(workers)
@@ -178,14 +178,14 @@ class Verifier:
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         pinned: list[int | None] = cpus[: self.workers] if pin_cpus and 1 < self.workers <= len(cpus) \
             else [None] * self.workers
-        import queue  # noqa: PLC0415 - client side only: keep them out of the fork servers
-        import threading  # noqa: PLC0415
+        import queue
+        import threading
 
         self._lock = threading.Lock()
         self._servers: list[_Server] = []  # every live server, for close()
         self._idle: queue.Queue[_Server] = queue.Queue()
         self._closed = False
-        self._last: _Channel | None = None  # the most recent child's report of its layers (and why some are off)
+        self._last: Channel | None = None  # the most recent child's report of its layers (and why some are off)
         self._finalizer = weakref.finalize(self, _close_servers, self._servers)
         try:
             for cpu in pinned:  # start them all, then wait: startups overlap
@@ -210,7 +210,7 @@ class Verifier:
         One thread drives all the servers it can get (poll on their reply pipes): no worker threads, locks or futures
         per check, so the client takes as little CPU as possible from the checks it waits for.
         """
-        import queue  # noqa: PLC0415
+        import queue
 
         if self._closed:
             raise RuntimeError("Verifier is closed")
@@ -218,7 +218,7 @@ class Verifier:
         results: list[Verdict | None] = [None] * len(items)
         bar = None
         if progress:
-            from tqdm.auto import tqdm  # noqa: PLC0415
+            from tqdm.auto import tqdm
 
             bar = tqdm(total=len(items), desc="verifying", unit="check")
         todo = list(range(len(items) - 1, -1, -1))  # a stack of indices, first item on top
@@ -229,7 +229,7 @@ class Verifier:
         def start(server: _Server, i: int, retried: bool) -> None:
             s, t, setup = items[i]
             try:
-                server.send(_Request(s, tuple(t), setup or "", self.timeout_s, self.memory_mb))
+                server.send(Request(s, tuple(t), setup or "", self.timeout_s, self.memory_mb))
             except _ServerDied as e:
                 lost(server, i, retried, e)
                 return
@@ -294,7 +294,7 @@ class Verifier:
                     channel = raw.parse()
                     if channel.layers:
                         self._last = channel
-                    finish(i, _to_verdict(raw, self.timeout_s, self.outcome_labels, channel))
+                    finish(i, to_verdict(raw, self.timeout_s, self.outcome_labels, channel))
                     start_next(server)
         finally:
             for server in held:
@@ -312,7 +312,7 @@ class Verifier:
         if self._last is None or not self._last.layers:
             server = self._idle.get()
             try:
-                self._last = server.request(_PROBE).parse()
+                self._last = server.request(PROBE).parse()
             finally:
                 self._idle.put(server)
         return self._last.status()
@@ -366,13 +366,13 @@ def shared_verifier(*, timeout_s: float, memory_mb: int, outcome_labels: Literal
         pool = _SHARED.get(key)
         if pool is None or pool._closed:
             if not _SHARED_AT_EXIT:
-                import atexit  # noqa: PLC0415 - client side only
+                import atexit
 
                 atexit.register(close_shared_verifiers)
                 _SHARED_AT_EXIT.append(True)
             usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
             pool = _SHARED[key] = Verifier(timeout_s=timeout_s, memory_mb=memory_mb, outcome_labels=outcome_labels,
-                                           workers=workers or max(1, usable))  # fmt: skip
+                                           workers=workers or max(1, usable))
         return pool
 
 

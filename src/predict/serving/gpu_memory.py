@@ -99,7 +99,7 @@ def colocation_report(shape: ModelShape, share: float, total_bytes: int) -> str:
     left = total_bytes - server - trainer
     verdict = "fits" if left > 0 else "does NOT fit: lower env.concurrency or serving.max_model_len"
     return (f"GPU {total_bytes / GIB:.0f} GiB: vLLM {share:.2f} ({server / GIB:.1f} GiB awake, released while the "
-            f"trainer updates), trainer ~{trainer / GIB:.1f} GiB + activations; {left / GIB:.1f} GiB left: {verdict}")  # fmt: skip
+            f"trainer updates), trainer ~{trainer / GIB:.1f} GiB + activations; {left / GIB:.1f} GiB left: {verdict}")
 
 
 def gpu_total_bytes() -> int | None:
@@ -120,9 +120,9 @@ def server_gpu_args(serving: Mapping[str, Any], model: str | Path, *, sequences:
         folder = Path(model).expanduser()
         if total is None or not (folder / "config.json").is_file():
             raise ValueError(f"cannot derive the vLLM server's GPU share for {model} (no GPU visible, or no "
-                             "config.json): set serving.gpu_memory_utilization")  # fmt: skip
-        from predict.config.models import ServingSettings  # noqa: PLC0415
-        from predict.stages import field_value  # noqa: PLC0415
+                             "config.json): set serving.gpu_memory_utilization")
+        from predict.config.models import ServingSettings
+        from predict.stages import field_value
 
         shape = ModelShape.from_folder(folder)
         max_model_len = field_value(ServingSettings, "max_model_len", serving["max_model_len"])
@@ -153,7 +153,7 @@ def _sampler() -> Any:
 
     def smi() -> tuple[int, int]:
         out = subprocess.run(["nvidia-smi", f"--id={_first_visible_index()}", "--query-gpu=memory.used,memory.total",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)  # fmt: skip
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
         used, total = (int(v) * 2**20 for v in out.stdout.split(","))
         return used, total
 
@@ -211,7 +211,7 @@ class GpuMemoryWatch:
         if torch is not None and torch.cuda.is_initialized():
             own = f"; this process (torch) {torch.cuda.max_memory_allocated() / GIB:.1f} GiB"
         return (f"peak GPU memory: {self.peak_bytes / GIB:.1f} of {self.total_bytes / GIB:.0f} GiB on the device "
-                f"(every process, the vLLM server included){own}")  # fmt: skip
+                f"(every process, the vLLM server included){own}")
 
 
 @contextlib.contextmanager

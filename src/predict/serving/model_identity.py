@@ -16,7 +16,7 @@ from predict.outputs import read_json, write_text
 # tokenizer files (the chat template included). A checkpoint that differs in any of them gets a fresh server.
 _CONFIG_NAMES = ("_name_or_path", "transformers_version")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                    "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")  # fmt: skip
+                    "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
 
 
 def _model_config(path: Path, cache_dir: Path) -> dict[str, Any]:
@@ -31,10 +31,10 @@ def _model_config(path: Path, cache_dir: Path) -> dict[str, Any]:
     if known is not None:
         return known
     try:
-        from transformers import AutoConfig  # noqa: PLC0415 (the pipeline env has it; imported only on a miss)
+        from transformers import AutoConfig
 
         data = AutoConfig.from_pretrained(str(path)).to_dict()
-    except Exception:  # noqa: BLE001 - not a config transformers knows: the file itself is the identity
+    except Exception:
         data = json.loads(raw)
     text = json.dumps({k: v for k, v in data.items() if k not in _CONFIG_NAMES}, sort_keys=True, default=str)
     write_text(text, cached)

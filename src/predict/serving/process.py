@@ -18,14 +18,14 @@ from typing import Any
 _PR_SET_PDEATHSIG = 1
 
 # Group leader between us and vLLM:
-#   python -c _SUPERVISOR <our pid or 0> <grace s> <lease lock file or ""> <idle s> <vLLM command...>
+#   python -c SUPERVISOR <our pid or 0> <grace s> <lease lock file or ""> <idle s> <vLLM command...>
 # Runs under the *server's* interpreter, so stdlib only.  On SIGTERM/SIGHUP/SIGINT (ours, or PDEATHSIG)
 # or when its parent changes (we died), it TERMs vLLM, waits up to <grace> s, then SIGKILLs the whole
 # process group, itself included.  If vLLM exits on its own it TERMs the stragglers and exits with its code.
 # A shared server (parent 0, a lock file) instead stops once it has been idle: the lock file's mtime (the last
 # lease's start or end) is older than <idle s> and no lease holds the lock (it takes the lock itself, so no job
 # can lease a server that is going down), or the lock file is gone (nobody can find the server any more).
-_SUPERVISOR = """\
+SUPERVISOR = """\
 import fcntl, os, signal, subprocess, sys, time
 parent, grace, lock, idle_s, cmd = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], float(sys.argv[4]), sys.argv[5:]
 child = None
@@ -72,13 +72,13 @@ sys.exit(rc if rc >= 0 else 128 - rc)
 """
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _cpu_list() -> str:
+def cpu_list() -> str:
     """CPUs this process may run on, as vLLM's VLLM_CPU_OMP_THREADS_BIND list ("0,1")."""
     try:
         cpus = sorted(os.sched_getaffinity(0))
@@ -95,15 +95,15 @@ def _cpu_list() -> str:
 # `all` has run with (its rules ask for one thread); vLLM's own kernels take their threads from
 # VLLM_CPU_OMP_THREADS_BIND.
 CPU_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
-                        "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # fmt: skip
+                        "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
 def cpu_server_environment(kv_cache_gib: float) -> dict[str, str]:
     """What a CPU vLLM server's environment sets: one engine process, its KV cache, its OpenMP threads bound to this
     process's CPUs, and the libraries' thread counts (`CPU_THREAD_VARIABLES`)."""
     return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}",
-            "VLLM_CPU_OMP_THREADS_BIND": _cpu_list(), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-            **dict.fromkeys(CPU_THREAD_VARIABLES, "1")}  # fmt: skip
+            "VLLM_CPU_OMP_THREADS_BIND": cpu_list(), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+            **dict.fromkeys(CPU_THREAD_VARIABLES, "1")}
 
 
 def _stat_fields(pid: int | str) -> list[str]:
@@ -126,7 +126,7 @@ def group_pids(pgid: int) -> list[int]:
     return out
 
 
-def _pdeathsig_preexec(parent_pid: int) -> Any:
+def pdeathsig_preexec(parent_pid: int) -> Any:
     """preexec_fn for Popen: SIGTERM the supervisor when our (creating) thread dies."""
     libc = ctypes.CDLL(None, use_errno=True)  # resolved before fork: nothing is loaded in the child
     prctl = libc.prctl
@@ -139,14 +139,14 @@ def _pdeathsig_preexec(parent_pid: int) -> Any:
     return _fn
 
 
-def _process_start(pid: int) -> int | None:
+def process_start(pid: int) -> int | None:
     """The process's start time (clock ticks since boot, /proc/<pid>/stat field 22), None when it is gone or a
     zombie: with the pid it names one process, so a recycled pid is never taken for our server."""
     fields = _stat_fields(pid)
     return None if not fields or fields[0] == "Z" else int(fields[19])
 
 
-def _stop_group(pgid: int, timeout_s: float = 15.0) -> None:
+def stop_group(pgid: int, timeout_s: float = 15.0) -> None:
     """SIGTERM a server's process group (its supervisor stops vLLM), wait up to `timeout_s` for it to go, then
     SIGKILL what is left (children of the engine, or everything on timeout) and wait for init to reap the orphans."""
     for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
@@ -157,7 +157,7 @@ def _stop_group(pgid: int, timeout_s: float = 15.0) -> None:
             time.sleep(0.05)
 
 
-def _flock(fd: int, wait_s: float = math.inf) -> bool:
+def lock_fd(fd: int, wait_s: float = math.inf) -> bool:
     """Lock `fd` exclusively, polling rather than blocking (Ctrl-C still works while waiting); False when it is still
     locked after `wait_s`."""
     deadline = time.monotonic() + wait_s

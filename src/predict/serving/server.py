@@ -67,14 +67,14 @@ from predict.config.models import SharedServerSettings
 from predict.outputs import read_json, write_text
 from predict.serving.model_identity import model_identity
 from predict.serving.process import (
-    _SUPERVISOR,
-    _cpu_list,
-    _flock,
-    _free_port,
-    _pdeathsig_preexec,
-    _process_start,
-    _stop_group,
+    SUPERVISOR,
+    cpu_list,
     cpu_server_environment,
+    free_port,
+    lock_fd,
+    pdeathsig_preexec,
+    process_start,
+    stop_group,
 )
 from predict.stages import field_value
 
@@ -260,7 +260,7 @@ class VLLMServer:
 
         extra_args = [*server_gpu_args(serving, model, sequences=sequences), *kw.pop("extra_args", [])]
         settings = {"python": serving["python"], "device": serving["device"], "max_model_len": serving["max_model_len"],
-                    "startup_timeout_s": serving["startup_timeout_s"], "extra_args": extra_args, **kw}  # fmt: skip
+                    "startup_timeout_s": serving["startup_timeout_s"], "extra_args": extra_args, **kw}
         if (shared := serving["shared"]) is not None:
             return SharedServer(model, idle_s=field_value(SharedServerSettings, "idle_s", shared["idle_s"]), **settings)
         return cls(model, **settings)
@@ -296,7 +296,7 @@ class VLLMServer:
         self.device = device
         self.python = python or default_python(device)
         self._auto_port = port is None
-        self.port = port if port is not None else _free_port()
+        self.port = port if port is not None else free_port()
         self.served_model_name = served_model_name
         self.max_model_len = max_model_len
         self.extra_args = list(extra_args)
@@ -359,7 +359,7 @@ class VLLMServer:
         """What is actually spawned: the supervisor, which runs :meth:`command`."""
         parent = os.getpid() if self.kill_on_parent_death else 0
         idle = [str(self.idle_lock), f"{self.idle_s:g}"] if self.idle_lock is not None else ["", "0"]
-        return [self.python, "-c", _SUPERVISOR, str(parent), f"{self.stop_grace_s:g}", *idle, *self.command()]
+        return [self.python, "-c", SUPERVISOR, str(parent), f"{self.stop_grace_s:g}", *idle, *self.command()]
 
     def command(self) -> list[str]:
         """The vLLM server command line (run by the supervisor)."""
@@ -441,7 +441,7 @@ class VLLMServer:
                 if not retries:
                     raise
                 retries -= 1
-                self.port = _free_port()  # someone took our free port between pick and bind
+                self.port = free_port()  # someone took our free port between pick and bind
                 continue
             except BaseException:  # includes KeyboardInterrupt: never leave a half-started server
                 self.stop()
@@ -457,7 +457,7 @@ class VLLMServer:
         preexec = None
         if self.kill_on_parent_death and sys.platform.startswith("linux"):
             if threading.current_thread() is threading.main_thread():
-                preexec = _pdeathsig_preexec(os.getpid())
+                preexec = pdeathsig_preexec(os.getpid())
         with open(self.log_path, "ab") as log:
             log.write(f"# {time.strftime('%F %T')} starting: {' '.join(self.command())}\n".encode())
             log.flush()
@@ -534,7 +534,7 @@ class VLLMServer:
         if proc is None:
             return
         try:
-            _stop_group(proc.pid, timeout_s)  # start_new_session: the leader's pid is the group id
+            stop_group(proc.pid, timeout_s)  # start_new_session: the leader's pid is the group id
             proc.wait()
         finally:
             self._proc = None
@@ -586,7 +586,7 @@ class VLLMServer:
         KV cache asleep (vLLM's sleep pauses the scheduler and clears that cache; `wake_up` by tags)."""
         path = str(Path(weights_dir).expanduser().resolve())
         return self._worker_update("reload_from_path", path, version=version, drain=drain,
-                                   what=f"weight reload from {path}")  # fmt: skip
+                                   what=f"weight reload from {path}")
 
     def push_weights(self, manifest: Mapping[str, Any], *, version: str | None = None, drain: bool = True) -> list[str]:
         """Load an in-memory handoff (`predict.serving.weight_sync.WeightHandoff.write`'s manifest) into the running server
@@ -594,7 +594,7 @@ class VLLMServer:
         model is refused before any weight changes (`VLLMServerError` naming the tensor); the previous weights keep
         serving."""
         return self._worker_update("load_from_memory", dict(manifest), version=version, drain=drain,
-                                   what="in-memory weight sync")  # fmt: skip
+                                   what="in-memory weight sync")
 
     def _worker_update(self, method: str, arg: Any, *, version: str | None, drain: bool, what: str) -> list[str]:
         if not self.worker_extension:
@@ -654,7 +654,7 @@ class SharedServer:
     LOCK, STATE, HOLDER = "lease.lock", "server.json", "holder.json"
 
     def __init__(self, model: Path | str, *, idle_s: float = DEFAULT_IDLE_S, state_dir: Path | None = None,
-                 log_path: Path | None = None, **server_kw: Any) -> None:  # fmt: skip
+                 log_path: Path | None = None, **server_kw: Any) -> None:
         server_kw.setdefault("served_model_name", SERVED_NAME)
         self.model = model
         self.job_log = Path(log_path) if log_path is not None else None  # the job's own note of what it was served
@@ -710,9 +710,9 @@ class SharedServer:
                 "max_model_len": s.max_model_len, "served_model_name": s.served_model_name,
                 "enable_scale_out": s.enable_scale_out, "generate_token_compat": s.generate_token_compat,
                 "enforce_eager": s.enforce_eager, "kv_cache_gib": s.kv_cache_gib, "offline": s.offline,
-                "extra_args": s.extra_args, "env": s.env, "cpus": _cpu_list(), "cache_dir": str(s.cache_dir),
+                "extra_args": s.extra_args, "env": s.env, "cpus": cpu_list(), "cache_dir": str(s.cache_dir),
                 "worker_extension": hashlib.sha256(ext).hexdigest(),
-                "model": model_identity(s.model, self.state_dir)}  # fmt: skip
+                "model": model_identity(s.model, self.state_dir)}
         return json.loads(json.dumps(key))  # as server.json holds it, so the two compare equal
 
     # -- the lease ----------------------------------------------------------------------------------------------
@@ -730,10 +730,10 @@ class SharedServer:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.state_dir / self.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            if not _flock(fd, wait_s=0):
+            if not lock_fd(fd, wait_s=0):
                 holder = read_json(self.state_dir / self.HOLDER) or {}
                 log.info("waiting for the shared vLLM server (%s), leased by %s", self.state_dir, holder)
-                _flock(fd)
+                lock_fd(fd)
         except BaseException:
             os.close(fd)
             raise
@@ -754,7 +754,7 @@ class SharedServer:
         """'' when the recorded server can serve this lease, else why not."""
         if not state:
             return "no server recorded"
-        if _process_start(int(state["pid"])) != state.get("start_time"):
+        if process_start(int(state["pid"])) != state.get("start_time"):
             return f"server pid {state['pid']} is gone"
         if state.get("key") != key:
             old = state.get("key") or {}
@@ -792,14 +792,14 @@ class SharedServer:
                     reload_s = time.perf_counter() - t0
                     self._write(self.STATE, {**state, "model": str(self.model), "leases": int(state.get("leases", 1)) + 1})
                     self._note(f"shared vLLM server pid {state['pid']} at {self.base_url} (log {state['log']}): "
-                               f"reused, weights of {self.model} loaded in place in {reload_s:.2f} s")  # fmt: skip
+                               f"reused, weights of {self.model} loaded in place in {reload_s:.2f} s")
                     return self
-            if state and _process_start(int(state["pid"])) == state.get("start_time"):
+            if state and process_start(int(state["pid"])) == state.get("start_time"):
                 self._note(f"stopping the shared vLLM server: {why}")
-                _stop_group(int(state["pid"]))
+                stop_group(int(state["pid"]))
             self._start_new(key)
             self._note(f"shared vLLM server pid {self.server.pid} at {self.base_url} (log {self.log_path}): started "
-                       f"on {self.model} in {self.server.startup_s:.1f} s ({why})")  # fmt: skip
+                       f"on {self.model} in {self.server.startup_s:.1f} s ({why})")
             return self
         except BaseException:
             self._release()
@@ -808,11 +808,11 @@ class SharedServer:
     def _start_new(self, key: Mapping[str, Any]) -> None:
         def record(server: VLLMServer) -> None:
             assert server.pid is not None and server.log_path is not None
-            self._write(self.STATE, {"pid": server.pid, "start_time": _process_start(server.pid), "port": server.port,
+            self._write(self.STATE, {"pid": server.pid, "start_time": process_start(server.pid), "port": server.port,
                                      "log": str(server.log_path), "key": key, "model": str(self.model),
-                                     "started": time.strftime("%FT%T%z"), "leases": 1})  # fmt: skip
+                                     "started": time.strftime("%FT%T%z"), "leases": 1})
 
-        self.server.port = _free_port()
+        self.server.port = free_port()
         self.server.start(on_spawn=record)  # its log: a fresh one in the cache's logs/
         self.started = True
         with _LIVE_LOCK:  # it outlives this job: never stopped by our atexit or signal handlers
@@ -847,16 +847,16 @@ def stop_shared_server(cache_dir: Path | None = None, *, wait_s: float = 60.0) -
         return "no shared vLLM server recorded"
     fd = os.open(state_dir / SharedServer.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        if not _flock(fd, wait_s):
+        if not lock_fd(fd, wait_s):
             log.warning("the shared vLLM server is still leased after %.0f s; stopping it anyway", wait_s)
         state = read_json(state_dir / SharedServer.STATE)
         if state is None:
             return "no shared vLLM server recorded"
         (state_dir / SharedServer.STATE).unlink(missing_ok=True)
         pid = int(state["pid"])
-        if _process_start(pid) != state.get("start_time"):
+        if process_start(pid) != state.get("start_time"):
             return f"shared vLLM server pid {pid} had already stopped"
-        _stop_group(pid)
+        stop_group(pid)
         return f"stopped the shared vLLM server pid {pid} ({state.get('leases', 1)} lease(s))"
     finally:
         os.close(fd)

@@ -44,7 +44,7 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="predict serve", description="Serve a checkpoint with vLLM on 127.0.0.1.")
     ap.add_argument("model", nargs="?")
     ap.add_argument("--stop-shared", action="store_true",
-                    help="stop the server the jobs of a local run share (config serving.shared) and exit")  # fmt: skip
+                    help="stop the server the jobs of a local run share (config serving.shared) and exit")
     ap.add_argument("--python", default=None, help="interpreter with vLLM (config serving.python)")
     ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     ap.add_argument("--port", type=int, default=None)

@@ -92,7 +92,7 @@ class WeightHandoff:
             self._gpu = [t.contiguous().view(-1).view(torch.uint8) for t in state.values()]  # kept alive (rule 4)
             torch.cuda.current_stream().synchronize()  # the receiver reads them on its own stream
             tensors = [{"name": name, "dtype": _dtype_name(t), "shape": list(t.shape), "buffer": i, "offset": 0}
-                       for i, (name, t) in enumerate(state.items())]  # fmt: skip
+                       for i, (name, t) in enumerate(state.items())]
             meta = [{"cuda_ipc": _ipc_handle(b), "nbytes": b.numel()} for b in self._gpu]
             return {"tensors": tensors, "buffers": meta}
         tensors, size = _layout(state)

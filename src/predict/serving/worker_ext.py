@@ -79,7 +79,7 @@ def check_manifest(manifest: Mapping[str, Any], expected: Mapping[str, list[int]
             raise HandoffError(f"weight handoff refused: tensor {name!r} is not in the served model")
         if list(t["shape"]) != list(expected[name]):
             raise HandoffError(f"weight handoff refused: tensor {name!r} has shape {list(t['shape'])}, "
-                               f"the served model's is {list(expected[name])}")  # fmt: skip
+                               f"the served model's is {list(expected[name])}")
         if t["dtype"] not in ITEM_SIZE:
             raise HandoffError(f"weight handoff refused: tensor {name!r} has dtype {t['dtype']!r}")
         end = int(t["offset"]) + math.prod(t["shape"]) * ITEM_SIZE[t["dtype"]]
@@ -89,7 +89,7 @@ def check_manifest(manifest: Mapping[str, Any], expected: Mapping[str, list[int]
     missing = sorted(set(expected) - seen)
     if missing:
         raise HandoffError(f"weight handoff refused: partial, tensor {missing[0]!r} is missing "
-                           f"({len(missing)} of {len(expected)} missing)")  # fmt: skip
+                           f"({len(missing)} of {len(expected)} missing)")
 
 
 def tensor_views(torch: Any, manifest: Mapping[str, Any], buffers: list[Any]) -> Iterator[tuple[str, Any]]:
@@ -109,7 +109,7 @@ def open_buffers(torch: Any, manifest: Mapping[str, Any], device_index: int | No
             try:
                 if os.fstat(fd).st_size < int(b["nbytes"]):
                     raise HandoffError(f"weight handoff refused: {b['shm']} holds {os.fstat(fd).st_size} bytes, "
-                                       f"the manifest says {b['nbytes']}")  # fmt: skip
+                                       f"the manifest says {b['nbytes']}")
                 mm = mmap.mmap(fd, int(b["nbytes"]), prot=mmap.PROT_READ)
             finally:
                 os.close(fd)
@@ -195,7 +195,7 @@ class RLWorkerExt:
             del buffers
             close_mappings(keep)
         return {"how": "load_weights in place" if in_place else "layerwise reload", "tensors": len(manifest["tensors"]),
-                "lm_head": msg, "worker_s": time.perf_counter() - t}  # fmt: skip
+                "lm_head": msg, "worker_s": time.perf_counter() - t}
 
 
 # --- ASGI middleware ------------------------------------------------------------------------------
@@ -277,7 +277,7 @@ def keep_cpu_generators_on_discard() -> bool:
     worker process, where vLLM's model runner is already imported when this module is loaded (the worker extension
     is injected into a worker class that imports it); elsewhere (the API server, loading the middleware) nothing is
     done. Returns whether it patched."""
-    import sys  # noqa: PLC0415
+    import sys
 
     runner_module = sys.modules.get("vllm.v1.worker.gpu_model_runner")
     runner = getattr(runner_module, "GPUModelRunner", None)
@@ -289,7 +289,7 @@ def keep_cpu_generators_on_discard() -> bool:
         generators = self.input_batch.generators
         discarded = self.discard_request_mask.np[: self.input_batch.num_reqs]
         held = {i: generators.pop(i) for i, g in list(generators.items())
-                if i < len(discarded) and discarded[i] and g.device.type == "cpu"}  # fmt: skip
+                if i < len(discarded) and discarded[i] and g.device.type == "cpu"}
         try:
             return original(self, *args, **kwargs)
         finally:

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from predict.campaign import StatsInputError
 from predict.stats.metrics import Evaluation, class_metrics, confusion, mechanism_metrics
-from predict.stats.pairs import _table, compare, load_evaluations
+from predict.stats.pairs import compare, load_evaluations, rows_table
 
 if TYPE_CHECKING:
     from predict.stages import StageView
@@ -94,7 +94,7 @@ def ablation_table(
         col = "pass" if focus == "pass_at_1" else focus  # the focus columns: {col}_ablation, {col}_base
         row.update({"focus_metric": focus, "focus_ablation": row[f"{col}_ablation"], "focus_base": row[f"{col}_base"]})
         rows.append(row)
-    return _table(rows, ABLATION_SCHEMA)
+    return rows_table(rows, ABLATION_SCHEMA)
 
 
 # `predict ablations`: one ablation's table.

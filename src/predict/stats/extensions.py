@@ -12,8 +12,16 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from predict.campaign import StatsInputError
-from predict.stats.metrics import PASS, Evaluation, _rate, class_metrics, confusion, mechanism_metrics, scored_rows
-from predict.stats.pairs import _table, compare, load_evaluations
+from predict.stats.metrics import (
+    PASS,
+    Evaluation,
+    class_metrics,
+    confusion,
+    mechanism_metrics,
+    rate_or_nan,
+    scored_rows,
+)
+from predict.stats.pairs import compare, load_evaluations, rows_table
 
 if TYPE_CHECKING:
     from predict.stages import StageView
@@ -66,7 +74,7 @@ def extension_mechanism(spec: Mapping[str, Any], default_test_cost: int) -> str:
 def calls_per_solved(rows: Sequence[Mapping[str, Any]]) -> float:
     """Mean ``calls_used`` over the rollouts that passed."""
     solved = [int(r.get("calls_used") or 0) for r in scored_rows(rows) if r["final_pass"]]
-    return _rate(sum(solved), len(solved))
+    return rate_or_nan(sum(solved), len(solved))
 
 
 def pass_frequencies(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float, int]:
@@ -133,10 +141,10 @@ def extension_table(
         row["calls_per_solved"] = calls_per_solved(ext.rows)
         row["calls_per_solved_other"] = calls_per_solved(counter.rows) if counter else math.nan
         row["calls_saved_per_solved"] = row["calls_per_solved_other"] - row["calls_per_solved"]
-        row["revise_precision"] = _rate(m_ext["n_revised_fail_patches"], m_ext["n_revised_patches"])
+        row["revise_precision"] = rate_or_nan(m_ext["n_revised_fail_patches"], m_ext["n_revised_patches"])
         row["n_revised_patches"] = m_ext["n_revised_patches"]
         edited = [bool(r["final_pass"]) for r in scored_rows(ext.rows) if r.get("ever_edited")]
-        row |= {"edited_revise_pass": _rate(sum(edited), len(edited)), "n_edited": len(edited),
+        row |= {"edited_revise_pass": rate_or_nan(sum(edited), len(edited)), "n_edited": len(edited),
                 "never_revised_pass": m_ext["never_revised_pass"], "n_never_revised": m_ext["never_revised_n"]}
         row["pred_freq_pass"], row["verified_freq_pass"], row["n_predicted_patches"] = pass_frequencies(ext.rows)
         arm_b = selected("B", seed_)
@@ -150,7 +158,7 @@ def extension_table(
         row |= {"focus_metric": focus, "focus_ext": row.get(mine, math.nan), "focus_other": row.get(theirs, math.nan),
                 "selection_fallback": fallback}
         rows.append(row)
-    return _table(rows, EXTENSION_SCHEMA)
+    return rows_table(rows, EXTENSION_SCHEMA)
 
 
 # `predict extensions`: one extension's table.

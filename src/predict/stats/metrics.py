@@ -94,7 +94,7 @@ def patch_steps(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [s for r in rows for s in record_patch_steps(r.get("steps") or [])]
 
 
-def _rate(num: int, den: int) -> float:
+def rate_or_nan(num: int, den: int) -> float:
     return num / den if den else math.nan
 
 
@@ -121,19 +121,19 @@ def mechanism_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "n_scored": len(scored),
         "n_infra": len(rows) - len(scored),
         "n_pass": n_pass,
-        "pass_at_1": _rate(n_pass, len(scored)),
-        "first_patch_pass": _rate(first_pass, len(scored)),  # no applied patch = a failure; of every task
+        "pass_at_1": rate_or_nan(n_pass, len(scored)),
+        "first_patch_pass": rate_or_nan(first_pass, len(scored)),  # no applied patch = a failure; of every task
         "n_first_patch_pass": first_pass,
         "n_with_patch": sum(r.get("first_patch_outcome") is not None for r in scored),
-        "recovery_rate": _rate(sum(recovered), len(recovered)),
+        "recovery_rate": rate_or_nan(sum(recovered), len(recovered)),
         "n_recovered": sum(recovered),
         "n_recovery": len(recovered),
         "never_revised_n": len(never),
         "ever_revised_n": len(ever),
         "never_revised_n_pass": never_pass,
         "ever_revised_n_pass": ever_pass,
-        "never_revised_pass": _rate(never_pass, len(never)),
-        "ever_revised_pass": _rate(ever_pass, len(ever)),
+        "never_revised_pass": rate_or_nan(never_pass, len(never)),
+        "ever_revised_pass": rate_or_nan(ever_pass, len(ever)),
         "n_patches": len(patches),
         "n_decided_patches": len(decided),
         "n_revised_patches": revised,
@@ -141,18 +141,18 @@ def mechanism_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "n_fail_patches": len(fail_p),
         "n_revised_pass_patches": revised_pass,
         "n_revised_fail_patches": revised_fail,
-        "revise_rate": _rate(revised, len(decided)),
-        "revise_rate_pass_patches": _rate(revised_pass, len(pass_p)),
-        "revise_rate_fail_patches": _rate(revised_fail, len(fail_p)),
+        "revise_rate": rate_or_nan(revised, len(decided)),
+        "revise_rate_pass_patches": rate_or_nan(revised_pass, len(pass_p)),
+        "revise_rate_fail_patches": rate_or_nan(revised_fail, len(fail_p)),
         "n_budget_exhausted": exhausted,
-        "budget_exhausted": _rate(exhausted, len(scored)),
+        "budget_exhausted": rate_or_nan(exhausted, len(scored)),
         "n_budget_exhausted_revise": exhausted_ever,
-        "budget_exhausted_revise": _rate(exhausted_ever, len(ever)),
+        "budget_exhausted_revise": rate_or_nan(exhausted_ever, len(ever)),
         "n_keep_only": len(never_p),
         "n_budget_exhausted_keep": exhausted_keep,
-        "budget_exhausted_keep": _rate(exhausted_keep, len(never_p)),
+        "budget_exhausted_keep": rate_or_nan(exhausted_keep, len(never_p)),
         "n_malformed_predictions": malformed,
-        "malformed_prediction_rate": _rate(malformed, len(decided)),
+        "malformed_prediction_rate": rate_or_nan(malformed, len(decided)),
     }
 
 
@@ -177,10 +177,10 @@ def class_metrics(counts: Mapping[tuple[str, str], int]) -> list[dict[str, Any]]
             "cls": cls,
             "n_predicted": predicted,
             "n_verified": verified,
-            "precision": _rate(tp, predicted),
-            "recall": _rate(tp, verified),
-            "predicted_freq": _rate(predicted, total),
-            "verified_freq": _rate(verified, total),
+            "precision": rate_or_nan(tp, predicted),
+            "recall": rate_or_nan(tp, verified),
+            "predicted_freq": rate_or_nan(predicted, total),
+            "verified_freq": rate_or_nan(verified, total),
         })
     return out
 

@@ -16,11 +16,11 @@ from predict.config.models import AblationSettings
 from predict.stats.exact import fisher_exact, holm, mcnemar_exact, paired_bootstrap
 from predict.stats.metrics import (
     Evaluation,
-    _rate,
     class_metrics,
     confusion,
     log,
     mechanism_metrics,
+    rate_or_nan,
     read_evaluation,
 )
 
@@ -45,9 +45,9 @@ def compare(first: Evaluation, second: Evaluation, kind: str, resamples: int, se
     row.update(mcnemar_exact(va, vb))
     row["n_only_a"], row["n_only_b"] = only_a, only_b
     row["n_pass_a"], row["n_pass_b"] = int(va.sum()), int(vb.sum())
-    row["pass_a"], row["pass_b"] = _rate(row["n_pass_a"], row["n"]), _rate(row["n_pass_b"], row["n"])
+    row["pass_a"], row["pass_b"] = rate_or_nan(row["n_pass_a"], row["n"]), rate_or_nan(row["n_pass_b"], row["n"])
     row.update(paired_bootstrap(va, vb, resamples=resamples, seed=seed, ci=ci))
-    row["discordance"] = _rate(row["n10"] + row["n01"], row["n"])
+    row["discordance"] = rate_or_nan(row["n10"] + row["n01"], row["n"])
     return row
 
 
@@ -131,7 +131,7 @@ CLASS_SCHEMA = pa.schema([*ID_FIELDS, ("cls", pa.string()), ("n_predicted", pa.i
                           ("verified_freq", pa.float64())])
 
 
-def _table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema | None = None) -> pa.Table:
+def rows_table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema | None = None) -> pa.Table:
     return pa.Table.from_pylist([dict(r) for r in rows], schema=schema)  # no schema: inferred from the rows
 
 
@@ -182,11 +182,11 @@ def prediction_shares(reference: Evaluation, selected: Evaluation) -> list[dict[
         r, s = by_ref.get(cls) or {}, by_sel.get(cls) or {}
         rows.append({"run": selected.run, "split": selected.split, "seed": selected.seed, "cls": cls,
                      "checkpoint_reference": reference.checkpoint, "n_predicted_reference": r.get("n_predicted", 0),
-                     "n_patches_reference": n_ref, "share_reference": _rate(r.get("n_predicted", 0), n_ref),
+                     "n_patches_reference": n_ref, "share_reference": rate_or_nan(r.get("n_predicted", 0), n_ref),
                      "checkpoint_selected": selected.checkpoint, "n_predicted_selected": s.get("n_predicted", 0),
-                     "n_patches_selected": n_sel, "share_selected": _rate(s.get("n_predicted", 0), n_sel),
+                     "n_patches_selected": n_sel, "share_selected": rate_or_nan(s.get("n_predicted", 0), n_sel),
                      "n_verified_selected": s.get("n_verified", 0),
-                     "verified_share_selected": _rate(s.get("n_verified", 0), n_sel)})
+                     "verified_share_selected": rate_or_nan(s.get("n_verified", 0), n_sel)})
     return rows
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from predict.stats.pairs import _table
+from predict.stats.pairs import rows_table
 
 if TYPE_CHECKING:
     from predict.stages import StageView
@@ -108,7 +108,7 @@ def power_table(
                 "study_design": sizes[n] == "test", "family_size": int(family_size),
                 "holm_significance": float(holm_level), "power_holm": power_holm, "powered_holm": power_holm >= target,
             })
-    return _table(rows, POWER_SCHEMA)
+    return rows_table(rows, POWER_SCHEMA)
 
 
 def observed_discordance(pairs: pa.Table, kind: str = "A_vs_B") -> list[float]:

@@ -33,7 +33,7 @@ def val_selection(config: Mapping[str, Any], evals: Iterable[Any]) -> Any:
     from predict.stats.metrics import mechanism_metrics
 
     return select(config, [{"run": ev.run, "checkpoint": ev.checkpoint, "split": ev.split, "seed": ev.seed,
-                            **mechanism_metrics(ev.rows)} for ev in evals])  # fmt: skip
+                            **mechanism_metrics(ev.rows)} for ev in evals])
 
 
 def run_evaluations(config: Mapping[str, Any], section: str, name: str, paths: Iterable[str]) -> list[Any]:

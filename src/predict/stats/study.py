@@ -33,7 +33,6 @@ from predict.stats.pairs import (
     SELECTION_SCHEMA,
     SHARES_SCHEMA,
     Key,
-    _table,
     add_holm,
     check_selection,
     compare,
@@ -41,6 +40,7 @@ from predict.stats.pairs import (
     pair_plan,
     prediction_shares,
     recovery_row,
+    rows_table,
 )
 
 if TYPE_CHECKING:
@@ -128,13 +128,13 @@ def study_stats(
         if sel is not None and ref is not None and ref is not sel and confusion(sel.rows):
             shares += prediction_shares(ref, sel)
     tables = {
-        "metrics": _table(metrics),
-        "pairs": _table(pairs, PAIR_SCHEMA),
-        "recovery": _table(recovery, RECOVERY_SCHEMA),
-        "confusion": _table(conf, CONFUSION_SCHEMA),
-        "classes": _table(classes, CLASS_SCHEMA),
-        "prediction_shares": _table(shares, SHARES_SCHEMA),
-        "selection": _table(selection, SELECTION_SCHEMA),
+        "metrics": rows_table(metrics),
+        "pairs": rows_table(pairs, PAIR_SCHEMA),
+        "recovery": rows_table(recovery, RECOVERY_SCHEMA),
+        "confusion": rows_table(conf, CONFUSION_SCHEMA),
+        "classes": rows_table(classes, CLASS_SCHEMA),
+        "prediction_shares": rows_table(shares, SHARES_SCHEMA),
+        "selection": rows_table(selection, SELECTION_SCHEMA),
     }
     if test:
         runs = {k[0] for k in evals}
@@ -146,7 +146,7 @@ def study_stats(
             extension_table(name, files, selection, spec=ext["spec"], counterpart=ext.get("counterpart"),
                             default_test_cost=default_test_cost, split=split, resamples=resamples, seed=seed, ci=ci)
             for name, ext in (extensions or {}).items() if name in runs])
-        tables["campaigns"] = _table(campaigns, CAMPAIGN_SCHEMA)
+        tables["campaigns"] = rows_table(campaigns, CAMPAIGN_SCHEMA)
     names = TEST_STATS_TABLES if test else STATS_TABLES
     assert tuple(tables) == names, (tuple(tables), names)  # the constants the rules read stay true
     return tables

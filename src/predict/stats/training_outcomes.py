@@ -21,7 +21,7 @@ _I, _F, _S = pa.int64(), pa.float64(), pa.string()
 TRAINING_OUTCOME_SCHEMA = pa.schema(
     [("run", _S), ("seed", _I), ("cls", _S), ("n_verified", _I), ("verified_share", _F), ("n_predicted", _I),
      ("predicted_share", _F), ("n_verified_total", _I), ("n_predicted_total", _I), ("n_steps", _I)]
-)  # fmt: skip
+)
 
 
 def training_outcomes(runs: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
@@ -42,7 +42,7 @@ def training_outcomes(runs: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]
             out.append({"run": run, "seed": int(seed), "cls": c, "n_verified": v,
                         "verified_share": share(v, n_ver), "n_predicted": pred[c],
                         "predicted_share": share(pred[c], n_pred), "n_verified_total": n_ver,
-                        "n_predicted_total": n_pred, "n_steps": len(rows)})  # fmt: skip
+                        "n_predicted_total": n_pred, "n_steps": len(rows)})
     return out
 
 

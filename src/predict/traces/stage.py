@@ -374,7 +374,7 @@ def run_stage(
     """Synthesize, render every arm of the config, write ``{arm}.parquet`` and ``tasks.parquet`` under out_dir.
     `config`: the stage's typed view, or any config mapping (the learning-signal run, tests), read through
     ``traces``' table entry (or the signal's own, when it hands its view)."""
-    from predict.sandbox import Verifier  # noqa: PLC0415 - keeps imports of this module light
+    from predict.sandbox import Verifier
 
     view = stage_view(config, "traces")
     settings = traces_settings(view)
@@ -452,7 +452,7 @@ def run_traces_stage(
     out: str | Path,
 ) -> list[dict[str, Any]]:
     """`run_traces` from the base arm's parquet, written to `out`; returns the run's mix table."""
-    import pyarrow.parquet as pq  # noqa: PLC0415
+    import pyarrow.parquet as pq
 
     rows = run_traces(config, run, pq.read_table(arm_traces).to_pylist(), tasks)
     write_rows(rows, TRACE_SCHEMA, out)

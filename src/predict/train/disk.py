@@ -116,7 +116,7 @@ def training_needs(
         own = state_bytes(parameters, dtype) - (checkpoint_bytes(parameters, dtype) if state_links_checkpoint else 0)
         state = own * (2 if state_saves > 1 else 1)
         needs.append(DiskNeed(f"{label}: the resumable state{' (old and new while replaced)' if state_saves > 1 else ''}",
-                              state_dir, max(state - _du(state_dir), 0), keep_state))  # fmt: skip
+                              state_dir, max(state - _du(state_dir), 0), keep_state))
     return [n for n in needs if n.bytes > 0]
 
 
@@ -163,7 +163,7 @@ def check_disk(needs: Sequence[DiskNeed], where: Path, *, what: str) -> None:
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     lines = "\n".join(f"  {n.bytes / GB:8.1f} GB  {n.what}{' (while it trains)' if not n.kept else ''}: {n.path}"
-                      for n in needs)  # fmt: skip
+                      for n in needs)
     if free < need:
         raise DiskSpaceError(
             f"{what} needs {need / GB:.1f} GB of disk and {probe} has {free / GB:.1f} GB free "
@@ -201,7 +201,7 @@ def workflow_needs(config: Mapping[str, Any], results: Path) -> list[DiskNeed] |
                                         checkpoints=[results / "checkpoints" / run / "sft"],
                                         state_dir=results / "sft" / run / "state",
                                         state_saves=sft_state_saves(sft.get("max_steps"), sft["save_every"]),
-                                        keep_state=False)  # fmt: skip
+                                        keep_state=False)
     if "rl" in config:
         rl = config["rl"]
         steps = checkpoint_steps(rl["steps"], rl["checkpoint_every"])
@@ -219,7 +219,7 @@ def workflow_needs(config: Mapping[str, Any], results: Path) -> list[DiskNeed] |
                                         state_saves=rl_state_saves(rl["steps"], 0, rl["state_every"], steps),
                                         keep_state=rl["keep_state"],
                                         state_links_checkpoint=rl_states_link_checkpoints(
-                                            rl["steps"], 0, rl["state_every"], steps, dtype))  # fmt: skip
+                                            rl["steps"], 0, rl["state_every"], steps, dtype))
     return needs
 
 

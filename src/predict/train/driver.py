@@ -150,7 +150,7 @@ class TrainingRun:
         self.spec = resolve_run(self.config, self.job.run)
         if self.spec.trainer != self.trainer:
             raise ValueError(f"run {self.job.run}: trainer {self.spec.trainer}, not {self.trainer} "
-                             f"(its stage is `predict {self.spec.trainer}`)")  # fmt: skip
+                             f"(its stage is `predict {self.spec.trainer}`)")
         self.rl = self.view.rl  # RLSettings
         self.steps = self.rl.steps
         self.ckpt_steps = set(checkpoint_steps(self.rl.steps, self.rl.checkpoint_every))
@@ -159,12 +159,12 @@ class TrainingRun:
         self.step_key = f"{self.trainer}_step"  # in the saved state: steps done
         self.resumable = False  # set by `start`
         self.tracker = RunTracker(self.job.tracking, stage=self.trainer, run=self.job.run, seed=self.job.seed,
-                                  config=self.config, id_file=self.work / "wandb-id")  # fmt: skip
+                                  config=self.config, id_file=self.work / "wandb-id")
 
     def start(self) -> bool:
         """Whether ``.work`` holds state made from this run's inputs (resume it); else it is emptied (rule 3)."""
         fp = run_fingerprint(self.config, self.trainer, spec=self.spec, init=self.job.init, tasks=self.job.tasks,
-                             seed=self.job.seed)  # fmt: skip
+                             seed=self.job.seed)
         what = f"{self.trainer.upper()} {self.job.run} seed {self.job.seed}"
         self.resumable = start_or_resume(self.work, fp, what=what)
         done = self.steps_saved()
@@ -191,7 +191,7 @@ class TrainingRun:
                                     keep_state=self.rl.keep_state,
                                     served_copy=self.work / "policy" if done else None,
                                     state_links_checkpoint=disk.rl_states_link_checkpoints(self.steps, done, every,
-                                                                                           ckpts, dtype))  # fmt: skip
+                                                                                           ckpts, dtype))
         check_disk = disk.check_disk
         check_disk(needs, self.job.out_dir, what=what)
 
@@ -349,7 +349,7 @@ class TrainingRun:
             self.tracker.log({"save_s": row["save_s"]}, step)
             self._note_writes(trainer, metrics)
             log.info("%s seed %d step %d/%d: reward %s, loss %s, %.1f s", self.job.run, self.job.seed, step,
-                     self.steps, row.get("reward_mean"), row.get("loss"), row["step_s"])  # fmt: skip
+                     self.steps, row.get("reward_mean"), row.get("loss"), row["step_s"])
             if stop_after is not None and ran >= stop_after:
                 return step
         return None

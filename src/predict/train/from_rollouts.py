@@ -278,4 +278,4 @@ def rft_samples(record: Mapping[str, Any], counts: SampleCounts | None = None) -
         TrainSample.ce_only(full, [1.0 if m else 0.0 for m in mask], "sft", logprobs=logprobs, task_id=task_id,
                             rollout_key=key, source="rft calls " + ",".join(str(calls[ci].node) for ci in members))
         for full, members, mask, logprobs in _merged_sequences(calls, counts)
-    ]  # fmt: skip
+    ]

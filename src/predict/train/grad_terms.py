@@ -125,7 +125,7 @@ class TermProbe:
         self.copied = None
         rl_sq, ce_sq, dot = (float(x) for x in (rl_sq, ce_sq, dot))
         self.result = {"rl_grad_norm": math.sqrt(rl_sq), "ce_grad_norm": math.sqrt(ce_sq),
-                       "rl_ce_grad_cosine": dot / math.sqrt(rl_sq * ce_sq) if rl_sq > 0 and ce_sq > 0 else None}  # fmt: skip
+                       "rl_ce_grad_cosine": dot / math.sqrt(rl_sq * ce_sq) if rl_sq > 0 and ce_sq > 0 else None}
 
     def columns(self, grad_norm: float) -> dict[str, float | None]:
         if self.result is not None:

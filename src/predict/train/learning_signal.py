@@ -196,7 +196,7 @@ def at_budget(rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any], arm:
         if row["n_tool_calls"] > budget - ends_final:
             end = "before FINAL" if ends_final else "before its last call"
             raise ValueError(f"trace of task {row['task_id']} (arm {arm}) uses {row['n_tool_calls']} calls: a "
-                             f"budget of {budget} ends it {end}")  # fmt: skip
+                             f"budget of {budget} ends it {end}")
         messages[0]["content"] = new
         out.append({**row, "messages": messages})
     return out
@@ -237,7 +237,7 @@ def sft_start_point(
         curve.append({"arm": arm, "step": step, "loss": m["loss"], "trace_prob": p_gold, "faulty_prob": p_faulty})
         tracker.log(curve[-1], step)
         log.info("SFT arm %s step %d: loss %.4f, gold trace %.3f, faulty prefix %.3f", arm, step, m["loss"],
-                 p_gold, p_faulty)  # fmt: skip
+                 p_gold, p_faulty)
         if path >= settings.target_path_prob:
             break
     else:
@@ -296,7 +296,7 @@ def run_config(config: Mapping[str, Any], settings: SignalSettings, run: SignalR
     }
     # Every rollout of a step in flight at once: vLLM-CPU's throughput grows ~10x from 1 to 16 concurrent requests.
     cfg["env"] = {**cfg["env"], "concurrency": settings.n_tasks * run.group_size,
-                  "budget": settings.budget}  # fmt: skip
+                  "budget": settings.budget}
     cfg["arms"] = {**cfg["arms"], "B": {**cfg["arms"]["B"], "alpha": 1.0}}
     cfg["ablations"] = {**(cfg.get("ablations") or {}), "alpha0": {"base_arm": "B", "alpha": 0.0}}
     return cfg
@@ -350,7 +350,7 @@ def verdicts(curves: Sequence[Mapping[str, Any]], settings: SignalSettings) -> l
         by_run.setdefault(row["name"], []).append(row)
     by_run = {name: sorted(rows, key=lambda r: r["step"]) for name, rows in by_run.items()}
     ends = {name: end_rise([r["reward_mean"] for r in rows if r["step"] >= 1], settings.k)
-            for name, rows in by_run.items() if rows[0]["arm"] == "A"}  # fmt: skip
+            for name, rows in by_run.items() if rows[0]["arm"] == "A"}
     controls = [name for name in ends if by_run[name][0]["lr"] == 0]
     seeds = [name for name in ends if name not in controls]
     out: list[dict[str, Any]] = []
@@ -359,7 +359,7 @@ def verdicts(curves: Sequence[Mapping[str, Any]], settings: SignalSettings) -> l
         out.append({
             "check": "reward rise, mean over the seeds", "first": first, "last": last, "rise": rise,
             "margin": settings.reward_margin, "expected": "at least margin", "holds": rise >= settings.reward_margin,
-        })  # fmt: skip
+        })
     control_rise = max((ends[n][2] for n in controls), default=None)
     for name in seeds:
         first, last, rise = ends[name]
@@ -368,13 +368,13 @@ def verdicts(curves: Sequence[Mapping[str, Any]], settings: SignalSettings) -> l
         out.append({
             "check": f"reward rise, {name}", "first": first, "last": last, "rise": rise, "margin": control_rise,
             "expected": "above the control", "holds": rise > control_rise,
-        })  # fmt: skip
+        })
     for name in controls:
         first, last, rise = ends[name]
         out.append({
             "check": f"reward rise, {name}", "first": first, "last": last, "rise": rise,
             "margin": settings.reward_margin, "expected": "below margin", "holds": rise < settings.reward_margin,
-        })  # fmt: skip
+        })
     lp = {name: [r["label_logprob"] for r in rows] for name, rows in by_run.items() if rows[0]["arm"] == "B"}
     if {"B-alpha1", "B-alpha0"} <= set(lp):
         one, zero = lp["B-alpha1"], lp["B-alpha0"]
@@ -383,7 +383,7 @@ def verdicts(curves: Sequence[Mapping[str, Any]], settings: SignalSettings) -> l
             "check": "label log-prob rise, alpha 1 minus alpha 0",
             "first": one[0], "last": one[-1], "rise": gap, "margin": settings.label_margin,
             "expected": "at least margin", "holds": gap >= settings.label_margin,
-        })  # fmt: skip
+        })
     return out
 
 
@@ -391,7 +391,7 @@ CURVE_SCHEMA = pa.schema([
     ("name", pa.string()), ("run", pa.string()), ("arm", pa.string()), ("seed", pa.int64()), ("lr", pa.float64()),
     ("alpha", pa.float64()), ("step", pa.int64()), ("reward_mean", pa.float64()), ("n_rollouts", pa.int64()),
     ("label_logprob", pa.float64()), ("n_label_points", pa.int64()), ("note", pa.string()),
-])  # fmt: skip
+])
 """``curves.parquet``: a row per run and step. ``reward_mean``: mean reward of the step's rollouts (sampled at
 T=1 by the weights before the step's update; step 0 has none); ``label_logprob``: Arm B, the mean log-prob of the
 verified label at the fixed probe set of prediction points under the weights after ``step`` updates (step 0 = the
@@ -400,7 +400,7 @@ SFT start point)."""
 VERDICT_SCHEMA = pa.schema([
     ("check", pa.string()), ("first", pa.float64()), ("last", pa.float64()), ("rise", pa.float64()),
     ("margin", pa.float64()), ("expected", pa.string()), ("holds", pa.bool_()),
-])  # fmt: skip
+])
 """``verdicts.parquet``: a row per check; ``rise`` = last - first (the mean over the seeds for the mean's check; for
 the label check: alpha 1's rise minus alpha 0's), ``margin`` what it is held against (a seed's check: the control's
 rise), ``holds``: the check's expectation against ``margin`` is met."""
@@ -475,30 +475,30 @@ def run_signal(
     run_stage(sft_split, view, out / "traces", progress=False)
 
     base = Path(cached_tiny_qwen3(default_cache_dir() / "models", seed=0, hidden_size=settings.hidden_size,
-                                  num_layers=settings.num_layers))  # fmt: skip
+                                  num_layers=settings.num_layers))
     tokenizer = load_tokenizer(base)
     thinking = view.model.enable_thinking
     chosen = pick_tasks(out / "traces", tokenizer, settings.n_tasks, enable_thinking=thinking)
     chosen = {arm: at_budget(rows, config, arm, settings.budget) for arm, rows in chosen.items()}
     task_ids = sorted({r["task_id"] for r in chosen["A"]})
     tasks = write_rows([{k: r[k] for k in MBPP_SCHEMA.names} for r in sft_split if r["task_id"] in task_ids],
-                       MBPP_SCHEMA, out / "tasks.parquet")  # fmt: skip
+                       MBPP_SCHEMA, out / "tasks.parquet")
     # Arm B's start point goes on from Arm A's: the same tasks and patches, so it only has the predictive format's
     # prompt and prediction turn to learn (about half the SFT steps of a start from the base model: docs/learning-signal.md).
     live = tracking.under("signal") if tracking is not None else None
     sft = {"A": sft_start_point(chosen["A"], base, out / "sft" / "A", settings, arm="A", enable_thinking=thinking,
                                 tracking=live)}
     sft["B"] = sft_start_point(chosen["B"], out / "sft" / "A", out / "sft" / "B", settings, arm="B",
-                               enable_thinking=thinking, tracking=live)  # fmt: skip
+                               enable_thinking=thinking, tracking=live)
 
     runs = signal_runs(settings)
     with VLLMServer.from_serving(out / "sft" / "A", config["serving"], sequences=view.env.concurrency,
                                  served_model_name=SERVED_NAME,
-                                 worker_extension=True, log_path=out / "vllm.log") as server:  # fmt: skip
+                                 worker_extension=True, log_path=out / "vllm.log") as server:
         for r in runs:
             # under the signal run's own name: A-seed1 and A-lr0 are both run A, seed 1
             job = RLJob(run=r.run, seed=r.seed, init=out / "sft" / r.arm, tasks=tasks, out_dir=out / "rl" / r.name,
-                        tracking=live.under(r.name) if live is not None else None)  # fmt: skip
+                        tracking=live.under(r.name) if live is not None else None)
             run_rl(job, run_config(config, settings, r), server=server)
 
     points = label_points([out / "rl" / r.name for r in runs if r.arm == "B"], tokenizer)
@@ -517,18 +517,18 @@ def run_signal(
                 "step": step, "reward_mean": m.get("reward_mean"), "n_rollouts": m.get("n_rollouts"),
                 "label_logprob": lp[step], "n_label_points": len(points) if r.arm == "B" else None,
                 "note": SANITY_NOTE,
-            })  # fmt: skip
+            })
     checks = verdicts(curves, settings)
     meta = {"settings": asdict(settings), "tasks": task_ids, "note": SANITY_NOTE,
-            "sft": {a: {k: v for k, v in s.items() if k != "curve"} for a, s in sft.items()}}  # fmt: skip
+            "sft": {a: {k: v for k, v in s.items() if k != "curve"} for a, s in sft.items()}}
     write_table(pa.Table.from_pylist(curves, schema=CURVE_SCHEMA), out / "curves.parquet",
-                metadata={"predict.signal": json.dumps(meta)})  # fmt: skip
+                metadata={"predict.signal": json.dumps(meta)})
     write_table(pa.Table.from_pylist(checks, schema=VERDICT_SCHEMA), out / "verdicts.parquet")
     write_table(pa.Table.from_pylist([row for s in sft.values() for row in s["curve"]]), out / "sft_curve.parquet")
     plot(curves, out / "signal.png")
     return {"curves": curves, "verdicts": checks, "sft": sft, "tasks": task_ids,
             "passed": all(c["holds"] for c in checks), "wall_s": time.perf_counter() - t0,
-            "grad_terms": grad_term_rows(out, runs)}  # fmt: skip
+            "grad_terms": grad_term_rows(out, runs)}
 
 
 def print_curves(result: Mapping[str, Any], console: Any) -> None:
@@ -545,7 +545,7 @@ def print_curves(result: Mapping[str, Any], console: Any) -> None:
         return "-" if v is None else format(v, spec)
 
     table = Table("run", *(str(s) for s in steps if s >= 1), title="mean reward per RL step (T=1; n per step in "
-                  "curves.parquet)")  # fmt: skip
+                  "curves.parquet)")
     for name in names:
         table.add_row(name, *(fmt(name, s, "reward_mean", ".2f") for s in steps if s >= 1))
     console.print(table)
@@ -557,7 +557,7 @@ def print_curves(result: Mapping[str, Any], console: Any) -> None:
     table = Table("check", "first", "last", "rise", "margin", "expected", "holds", title="verdicts")
     for c in result["verdicts"]:
         table.add_row(c["check"], f"{c['first']:.3f}", f"{c['last']:.3f}", f"{c['rise']:+.3f}", f"{c['margin']:.2f}",
-                      c["expected"], "yes" if c["holds"] else "NO")  # fmt: skip
+                      c["expected"], "yes" if c["holds"] else "NO")
     console.print(table)
     print_grad_terms(result, console)
 
@@ -571,7 +571,7 @@ def grad_term_rows(out: Path, runs: Sequence[SignalRun]) -> list[dict[str, Any]]
     from predict.train.step_metrics import GRAD_TERM_COLUMNS, read_metrics
 
     return [{"name": r.name, "alpha": r.alpha, "step": m["step"], **{c: m.get(c) for c in GRAD_TERM_COLUMNS}}
-            for r in runs if r.arm == "B" for m in read_metrics(out / "rl" / r.name / "metrics.parquet")]  # fmt: skip
+            for r in runs if r.arm == "B" for m in read_metrics(out / "rl" / r.name / "metrics.parquet")]
 
 
 def print_grad_terms(result: Mapping[str, Any], console: Any) -> None:
@@ -586,12 +586,12 @@ def print_grad_terms(result: Mapping[str, Any], console: Any) -> None:
         return "-" if v is None else format(v, spec)
 
     table = Table("run", "alpha", "step", "RL grad norm", "CE grad norm", "CE / RL", "cosine",
-                  title="Arm B: the RL and CE terms' gradient norms (before clipping) and their cosine")  # fmt: skip
+                  title="Arm B: the RL and CE terms' gradient norms (before clipping) and their cosine")
     for r in rows:
         rl, ce = r["rl_grad_norm"], r["ce_grad_norm"]
         ratio = ce / rl if rl and ce is not None else None
         table.add_row(r["name"], num(r["alpha"], "g"), str(r["step"]), num(rl, ".4g"), num(ce, ".4g"),
-                      num(ratio, ".3g"), num(r["rl_ce_grad_cosine"], "+.4f"))  # fmt: skip
+                      num(ratio, ".3g"), num(r["rl_ce_grad_cosine"], "+.4f"))
     console.print(table)
 
 
@@ -617,7 +617,7 @@ def main(args: argparse.Namespace, config: StageView) -> int:
         "seeds": tuple(args.seeds) if args.seeds else None, "rl_steps": args.rl_steps, "rl_lr": args.rl_lr,
         "group_size": args.group_size, "n_tasks": args.n_tasks, "k": args.k, "target_path_prob": args.target_path_prob,
         "label_steps": args.label_steps,
-    }.items() if v is not None}  # fmt: skip
+    }.items() if v is not None}
     settings = SignalSettings(**overrides)
     result = run_signal(config, Path(args.out_dir), settings, tracking=TrackingTargets.from_config(config.as_dict))
     print_curves(result, console)

@@ -121,7 +121,7 @@ class CompiledOrEager:
             self.compiled = torch.compile(self.fn, **self.options)
         try:
             return self.compiled(*args)
-        except Exception as e:  # noqa: BLE001 - any compiler failure: eager for good
+        except Exception as e:
             _log.warning("torch.compile of %s failed (%s); using eager", self.what, e)
             self.failed = True
             return self.eager(*args)

@@ -105,11 +105,11 @@ def run_rft(job: RLJob, config: Mapping[str, Any] | StageView, *, stop_after: in
         todo = [task for task in tasks if (task["task_id"], task["sample"]) not in sink.done()]
         if len(todo) < len(tasks):
             log.info("%s seed %d: %d of %d rollouts already sampled", job.run, job.seed, len(tasks) - len(todo),
-                     len(tasks))  # fmt: skip
+                     len(tasks))
         if todo:  # each rollout is persisted as it finishes, so a killed run samples only the rest
             with run.serve(job.init) as srv:
                 run_rollouts_sync(todo, run.rollout_settings(srv, f"rft-{job.run}-sft"),
-                                  on_record=lambda record: sink.append([record]))  # fmt: skip
+                                  on_record=lambda record: sink.append([record]))
         sink.finish()
         sample_s = time.perf_counter() - t
     records = read_records(rollouts_path)
@@ -133,7 +133,7 @@ def run_rft(job: RLJob, config: Mapping[str, Any] | StageView, *, stop_after: in
             row |= {k: int(m[k]) for k in ("n_ce_tokens", "n_samples", "n_tokens")}
         row["updated"] = bool(batch)
         row["update_s"] = time.perf_counter() - t
-        return row  # fmt: skip
+        return row
 
     trainer, done, metrics = run.open_trainer(lr=rft.lr)
     stopped = run.run_steps(trainer, done, metrics, step_fn, stop_after=stop_after)
@@ -141,7 +141,7 @@ def run_rft(job: RLJob, config: Mapping[str, Any] | StageView, *, stop_after: in
         return {"run": job.run, "seed": job.seed, "steps_done": stopped, "ran": stopped - done, "complete": False}
     run.publish(metrics)
     return {"run": job.run, "seed": job.seed, "steps_done": run.steps, "ran": run.steps - done, "complete": True,
-            "n_sampled": len(records), "n_kept": len(kept)}  # fmt: skip
+            "n_sampled": len(records), "n_kept": len(kept)}
 
 
 # `predict rft`

@@ -95,7 +95,7 @@ def run_rl(
         row: dict[str, Any] = {}
         t = time.perf_counter()
         records = run_rollouts_sync(step_tasks(rows, job.seed, step, per_step, group),
-                                    run.rollout_settings(srv, f"rl-{job.run}-step{step - 1}"))  # fmt: skip
+                                    run.rollout_settings(srv, f"rl-{job.run}-step{step - 1}"))
         row["rollout_s"] = time.perf_counter() - t
         write_records(records, run.work / "rollouts" / f"step{step}.parquet")
         row |= rollout_metrics(records)
@@ -127,7 +127,7 @@ def run_rl(
             if window.slept:  # the server's sleep and wake-ups (the sync inside the window is not theirs)
                 row["sleep_s"] = time.perf_counter() - t - row["update_s"] - row["sync_s"]
             row |= {k: m.get(k) for k in ("loss", "rl_loss", "ce_loss", "clip_frac", "grad_norm", "lr",
-                                          *GRAD_TERM_COLUMNS)}  # fmt: skip
+                                          *GRAD_TERM_COLUMNS)}
             row |= {k: int(m[k]) for k in ("n_rl_tokens", "n_ce_tokens", "n_samples", "n_tokens")}
         else:
             row["update_s"] = time.perf_counter() - t
@@ -148,7 +148,7 @@ def run_rl(
         return {"run": job.run, "seed": job.seed, "steps_done": stopped, "ran": stopped - done, "complete": False}
     run.publish(metrics)
     return {"run": job.run, "seed": job.seed, "steps_done": run.steps, "ran": run.steps - done,
-            "resumed_from": done, "complete": True, "wall_s": time.perf_counter() - t0}  # fmt: skip
+            "resumed_from": done, "complete": True, "wall_s": time.perf_counter() - t0}
 
 
 # `predict rl`

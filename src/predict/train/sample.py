@@ -76,7 +76,7 @@ class TrainSample:
         weight, no advantage; `logprobs` (default 0.0) only for reference."""
         n = len(token_ids)
         return cls(token_ids=token_ids, mask=[w > 0 for w in ce_weights], logprobs=logprobs or [0.0] * n,
-                   advantages=[0.0] * n, rl_weights=[0.0] * n, ce_weights=ce_weights, kind=kind, **provenance)  # fmt: skip
+                   advantages=[0.0] * n, rl_weights=[0.0] * n, ce_weights=ce_weights, kind=kind, **provenance)
 
 
 SAMPLE_SCHEMA = pa.schema(

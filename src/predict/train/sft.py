@@ -254,7 +254,7 @@ def run_sft(
     rows: list[dict[str, Any]] = []
     fp = fingerprint({"sft": asdict(cfg), "model": {"enable_thinking": enable_thinking}}, RESUME_KEYS["sft"],
                      inputs={"traces": traces, "base_model": base_model}, seed=cfg.seed,
-                     extra={"arm": arm, "max_steps": max_steps})  # fmt: skip
+                     extra={"arm": arm, "max_steps": max_steps})
     saved = Trainer.read_state_info(trainer_dir) if start_or_resume(state_dir, fp, what=f"SFT arm {arm}") else None
     _check_disk(base_model, out_dir, trainer_dir, cfg, total, saved["step"] if saved else 0, arm)
     if saved is not None:
@@ -276,7 +276,7 @@ def run_sft(
         )
 
     tracker = RunTracker(tracking, stage="sft", run=arm, config=tracking_config,
-                         id_file=state_dir / "wandb-id").start(trainer.step_count)  # fmt: skip
+                         id_file=state_dir / "wandb-id").start(trainer.step_count)
 
     def save_state() -> None:  # written beside the next steps (Trainer.save); a resume drops rows past its step
         trainer.save(state=trainer_dir, background=True)
@@ -338,7 +338,7 @@ def _check_disk(base_model: str, out_dir: Path, trainer_dir: Path, cfg: SFTConfi
     device = cfg.device if cfg.device != "auto" else ("gpu" if torch.cuda.is_available() else "cpu")
     needs = training_needs(f"SFT {arm}", out_dir.parent, parameters=parameters,
                            dtype=training_dtype(cfg.dtype, device), checkpoints=[out_dir], state_dir=trainer_dir,
-                           state_saves=sft_state_saves(total, cfg.save_every, done), keep_state=False)  # fmt: skip
+                           state_saves=sft_state_saves(total, cfg.save_every, done), keep_state=False)
     check_disk(needs, out_dir.parent, what=f"SFT arm {arm}")
 
 

@@ -69,7 +69,7 @@ METRICS_SCHEMA = pa.schema(
         ("save_s", _F), ("checkpoint_write_s", _F), ("state_write_s", _F),
         ("step_s", _F), ("finished_at", _F),
     ]
-)  # fmt: skip
+)
 METRIC_COLUMNS: tuple[str, ...] = tuple(METRICS_SCHEMA.names)
 BACKENDS = ("rl", "rft", "prime_rl")
 
@@ -84,7 +84,7 @@ def metrics_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
         unknown = sorted(set(row) - set(METRIC_COLUMNS))
         if unknown:
             raise MetricsSchemaError(f"metrics row {i} (step {row.get('step')}): undeclared column(s) {unknown}; "
-                                     "declare them in predict.train.step_metrics.METRICS_SCHEMA")  # fmt: skip
+                                     "declare them in predict.train.step_metrics.METRICS_SCHEMA")
         if row.get("backend") not in BACKENDS:
             raise MetricsSchemaError(f"metrics row {i}: backend {row.get('backend')!r} not one of {BACKENDS}")
     ordered = sorted(rows, key=lambda r: int(r["step"]))
@@ -147,7 +147,7 @@ def rollout_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         **{k: v for k, v in totals.items() if k.startswith(("pred_", "verified_"))},
         **{k: sum(t for t in ts if t is not None) if any(t is not None for t in ts) else None
            for k, ts in zip(("n_input_tokens", "n_output_tokens"), tokens, strict=True)},
-    }  # fmt: skip
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ def rollout_trace_metrics(info: Mapping[str, Any], reward: float | None) -> dict
     final = (info.get("final_verdict") or {}).get("outcome")
     counts: dict[str, float] = {k: float(v) for k, v in patch_counts(result.get("steps") or []).items()}
     counts |= {"reward": float(reward or 0.0), "pass": float(final == "PASS"),
-               "budget_exhausted": float(bool(summary.get("budget_exhausted")))}  # fmt: skip
+               "budget_exhausted": float(bool(summary.get("budget_exhausted")))}
     return {ROLLOUT_METRIC_PREFIX + k: v for k, v in counts.items()}
 
 
@@ -183,6 +183,6 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     unknown = sorted(set(table.column_names) - set(METRIC_COLUMNS))
     if missing or unknown:
         raise MetricsSchemaError(f"{path}: not a per-step metrics table (missing {missing}, undeclared {unknown}); "
-                                 "every trainer writes it through predict.train.step_metrics.write_metrics")  # fmt: skip
+                                 "every trainer writes it through predict.train.step_metrics.write_metrics")
     return table.to_pylist()
 

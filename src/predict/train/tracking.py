@@ -44,7 +44,7 @@ IDENTITY_COLUMNS = ("run", "seed", "step", "backend", "arm", "finished_at")
 LOSS_COLUMNS = ("loss", "rl_loss", "ce_loss", "kl", "clip_frac", "grad_norm")
 ROLLOUT_COLUMNS = ("n_rollouts", "n_failed", "reward_mean", "pass_rate", "n_budget_exhausted",
                    "budget_exhausted_rate", "n_patches", "n_predictions", "n_revise", "revise_rate",
-                   "prediction_accuracy", "n_input_tokens", "n_output_tokens")  # fmt: skip
+                   "prediction_accuracy", "n_input_tokens", "n_output_tokens")
 CLASS_GROUPS = {"pred_": "pred_class", "verified_": "verified_class"}
 
 
@@ -122,7 +122,7 @@ class RunTracker:
     """The trackers of one training job (stage, run, seed): `start` before the first step, `log` each row, `close`."""
 
     def __init__(self, settings: TrackingTargets | None, *, stage: str, run: str, seed: int | None = None,
-                 config: Mapping[str, Any] | None = None, id_file: Path | None = None) -> None:  # fmt: skip
+                 config: Mapping[str, Any] | None = None, id_file: Path | None = None) -> None:
         self.settings = settings
         self.id_file = id_file
         """Where the W&B run's id lives beside the job's resumable state (rule 4); None: the fixed name only."""
@@ -186,7 +186,7 @@ class RunTracker:
             writer.add_custom_scalars({"classes": {
                 "predicted class": ["Multiline", [r"pred_class/.*"]],
                 "verified class": ["Multiline", [r"verified_class/.*"]],
-            }})  # fmt: skip
+            }})
         return writer
 
     def _open_wandb(self, done: int) -> Any:
@@ -206,7 +206,7 @@ class RunTracker:
                 name=self.name, job_type=self.stage, id=self.wandb_id(done), resume="allow", config=self.config,
                 dir=str(s.wandb_dir) if s.wandb_dir else None, reinit="create_new",
                 settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
-            )  # fmt: skip
+            )
         except Exception as e:  # wandb raises its own errors (auth, network, usage): one line before training
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise TrackingError(f"tracking.wandb (mode {s.wandb.mode}, project {s.wandb.project!r}, entity "

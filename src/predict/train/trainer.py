@@ -693,14 +693,14 @@ class Trainer:
         t0 = time.perf_counter()
         self.wait_saves()
         dtypes = list(dict.fromkeys([*([self.save_dtype] if checkpoint is not None else []),
-                                     *([self.dtype] if state is not None else [])]))  # fmt: skip
+                                     *([self.dtype] if state is not None else [])]))
         copies = self._host_copies
         snap = Snapshot({d: self._weights_copy(d) for d in dtypes})
         if state is not None:
             snap.optimizer = copies.tree("optimizer", self.optimizer.state_dict())
             snap.rng = _rng_state()
             snap.info = {"step": self.step_count, "model_dir": self.model_dir, "save_dtype": self.save_dtype,
-                         "kwargs": self._init_kwargs, "extra": json.loads(json.dumps(extra or {}))}  # fmt: skip
+                         "kwargs": self._init_kwargs, "extra": json.loads(json.dumps(extra or {}))}
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the copies are in the buffers before training moves on
         paths = (Path(checkpoint) if checkpoint is not None else None, Path(state) if state is not None else None)

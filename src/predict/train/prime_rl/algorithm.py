@@ -203,7 +203,7 @@ class PredictAlgorithm(GRPOStdAlgorithm):
     async def setup(self) -> None:
         await super().setup()
         if self.tokenizer is None:
-            from transformers import AutoTokenizer  # noqa: PLC0415 - prime-rl's venv has it; the tests inject one
+            from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_name)
 

@@ -314,7 +314,7 @@ def align_checkpoints(output_dir: str | Path, *, weights_on_disk: bool) -> int |
         if s in orchestrator and (orchestrator[s] / "orchestrator" / "progress.pt").exists()
         and (not weights_on_disk
              or any((d / STABLE).exists() for d in (run / "broadcasts" / f"step_{s}", orchestrator[s])))
-    ]  # fmt: skip
+    ]
     step = resumable[-1] if resumable else None
     if step is None and trained:  # never throw trained steps away: e.g. a ckpt.keep_last that pruned the common step
         raise PrimeRLSetupError(
@@ -324,7 +324,7 @@ def align_checkpoints(output_dir: str | Path, *, weights_on_disk: bool) -> int |
         )
     for folder in [d for s, d in (*trainer.items(), *orchestrator.items()) if step is None or s > step]:
         log.warning("prime-rl rl: deleting %s, which cannot be resumed with the other side's state (resuming from %s)",
-                    folder, "scratch" if step is None else f"step {step}")  # fmt: skip
+                    folder, "scratch" if step is None else f"step {step}")
         shutil.rmtree(folder)
     return step
 
@@ -426,7 +426,7 @@ def setup_main(args: argparse.Namespace, config: StageView) -> int:
         prime_rl.repo, prime_rl.commit, args.dir, patch=args.patch or PATCH,
         python=prime_rl.python, extras=prime_rl.extras, out=args.out,
         attention_patches=[patches_dir / name for name in attention_patches(config)],
-    )  # fmt: skip
+    )
     console.print(f"prime-rl at {summary['commit'][:12]} in {args.dir}, PredictAlgorithm registered")
     return 0
 

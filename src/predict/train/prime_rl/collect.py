@@ -233,7 +233,7 @@ def schema_rows(long: pa.Table, run: str, seed: int) -> list[dict[str, Any]]:
             "lr": trainer.get("optim/lr"), "n_input_tokens": _int(m.get("progress/input_tokens")),
             "n_output_tokens": _int(m.get("progress/output_tokens")), "step_s": m.get("time/step"),
             "sync_s": trainer.get("time/broadcast_weights"), "update_s": trainer.get("time/forward_backward"),
-        }  # fmt: skip
+        }
         if means:
             counts = {k: round(v * n_scored) for k, v in means.items() if k not in ("reward", "pass", "budget_exhausted")}
             row |= {k: v for k, v in counts.items() if k.startswith(("pred_", "verified_", "n_")) and k != "n_correct"}
@@ -241,7 +241,7 @@ def schema_rows(long: pa.Table, run: str, seed: int) -> list[dict[str, Any]]:
                     "budget_exhausted_rate": means.get("budget_exhausted"),
                     "n_budget_exhausted": round(means.get("budget_exhausted", 0.0) * n_scored),
                     "revise_rate": share(counts.get("n_revise"), counts.get("n_predictions")),
-                    "prediction_accuracy": share(counts.get("n_correct"), counts.get("n_predictions"))}  # fmt: skip
+                    "prediction_accuracy": share(counts.get("n_correct"), counts.get("n_predictions"))}
         else:
             row |= {"reward_mean": reward, "pass_rate": reward}
         rows.append(row)

@@ -26,7 +26,7 @@ from predict.train.loss import LossConfig, predict_loss
 def clipped_surrogate(inputs: Any, *, eps_low: float, eps_high: float, kl_coef: float) -> Any:
     """One sample's rl loss sum: -min(r A, clip(r) A) w (+ kl_coef k3) over its rl tokens."""
     import torch
-    from prime_rl.trainer.rl.loss import LossOutputs  # noqa: PLC0415 - only inside prime-rl's trainer
+    from prime_rl.trainer.rl.loss import LossOutputs
 
     mask = inputs.loss_mask
     weights = inputs.loss_weights if inputs.loss_weights is not None else torch.ones_like(inputs.trainer_logprobs)
