@@ -71,16 +71,17 @@ def killed_and_resumed(tiny: Path, tasks: Path, endpoint: Any, tmp_path_factory:
     class Killed(Exception):
         pass
 
-    real_save = Trainer.save_state
+    real_write = Trainer._write
 
-    def save_then_die(self: Any, out_dir: Any, extra: dict | None = None) -> Any:
-        path = real_save(self, out_dir, extra=extra)
-        if (extra or {}).get("rl_step") == 4:
-            raise Killed  # between the state and anything after it
-        return path
+    def write_then_die(self: Any, snap: Any, checkpoint: Any, state: Any, tag: Any = None) -> Any:
+        took = real_write(self, snap, checkpoint, state, tag)
+        if state is not None and snap.info["extra"].get("rl_step") == 4:
+            raise Killed  # the state's folder is whole; nothing after it happened (written in the background, the
+            # writer's error reaches the run at its next wait)
+        return took
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Trainer, "save_state", save_then_die)
+        mp.setattr(Trainer, "_write", write_then_die)
         with pytest.raises(Killed):
             run_rl(job, config)
     done = run_rl(job, config)

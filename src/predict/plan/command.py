@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from predict.config import ConfigError, merge_config_files, with_defaults
+from predict.config.models import StudyConfig
 from predict.plan.calibration import CalibrationError, load_calibration
 from predict.plan.costs import TARGET_RULES, JobCost, Pricer
 from predict.plan.dag import dry_run, parse_dry_run
@@ -70,8 +71,8 @@ def capacity(profile_name: str, profile: Path, config: Mapping[str, Any], cores:
     shared = (config["serving"].get("shared") is not None)
     if settings.get("executor") == "slurm":
         # every GPU job on a node of its own; a serving job starts its own server there
-        return Capacity(cores=float("inf"), jobs=float(settings.get("jobs", 64)),
-                        resources={"gpu": float(nodes * max(1, config.get("cluster", {}).get("gpus_per_job", 1)))},
+        gpus_per_job = max(1, StudyConfig.model_validate(dict(config)).cluster.gpus_per_job)
+        return Capacity(cores=float("inf"), jobs=float(settings.get("jobs", 64)), resources={"gpu": float(nodes * gpus_per_job)},
                         shared_server=False, nodes=nodes)
     c = settings.get("cores", cores)
     resources = {k: float(v) for k, v in (settings.get("resources") or {}).items()}

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from predict.config.models import StudyConfig
 from predict.plan.calibration import Calibration, Missing
 from predict.plan.dag import Job
 
@@ -57,15 +58,16 @@ def model_facts(config: Mapping[str, Any], repo: Path) -> ModelFacts:
 
     from predict.tiny_model import QWEN3_VOCAB_SIZE, SHAPES, TINY_DIMENSIONS, tensor_shapes
 
-    model = config.get("model") or {}
-    base = str(model.get("base"))
+    model = StudyConfig.model_validate(dict(config)).model
+    base = model.base
     if base == "tiny":
-        tiny = model.get("tiny") or {}
-        shape = tiny.get("shape")
-        dims = dict(SHAPES[shape]) if shape else {**TINY_DIMENSIONS, "hidden_size": tiny.get("hidden_size", 64),
-                                                  "num_hidden_layers": tiny.get("num_layers", 2)}
+        tiny = model.tiny
+        shape = tiny.shape
+        dims = dict(SHAPES[shape]) if shape else {**TINY_DIMENSIONS, "hidden_size": tiny.hidden_size,
+                                                  "num_hidden_layers": tiny.num_layers}
         key = shape or f"tiny-h{dims['hidden_size']}-l{dims['num_hidden_layers']}"
-        cfg, weights, tied = {**dims, "vocab_size": QWEN3_VOCAB_SIZE, "tie_word_embeddings": False}, "random", False
+        tied = tiny.tie_word_embeddings
+        cfg, weights = {**dims, "vocab_size": QWEN3_VOCAB_SIZE, "tie_word_embeddings": tied}, "random"
     else:
         folder = (repo / base) if not Path(base).is_absolute() else Path(base)
         weights = "trained"
@@ -80,7 +82,7 @@ def model_facts(config: Mapping[str, Any], repo: Path) -> ModelFacts:
                 return ModelFacts(key, weights, None, False)
             # the released Qwen3 checkpoints up to 4B tie the embedding and the head
             cfg = {**SHAPES[key], "vocab_size": QWEN3_VOCAB_SIZE, "tie_word_embeddings": True}
-        tied = bool(cfg.get("tie_word_embeddings"))
+        tied = cfg.get("tie_word_embeddings") is True  # the checkpoint's config.json, not the study's
     params = sum(math.prod(shape) for shape, _ in tensor_shapes(cfg).values())
     return ModelFacts(key, weights, params, tied)
 
@@ -111,8 +113,9 @@ class Pricer:
 
     def __init__(self, config: Mapping[str, Any], cal: Calibration, repo: Path) -> None:
         self.config, self.cal, self.repo = config, cal, repo
+        self.study = StudyConfig.model_validate(dict(config))
         self.model = model_facts(config, repo)
-        self.device = "gpu" if config["serving"]["device"] == "gpu" else "cpu"
+        self.device = "gpu" if self.study.serving.device == "gpu" else "cpu"
 
     # -- figures ------------------------------------------------------------------------------------------------
     def figure(self, cost: JobCost, name: str, **at: Any) -> float | None:
@@ -132,18 +135,18 @@ class Pricer:
 
     # -- units --------------------------------------------------------------------------------------------------
     def split_size(self, split: str) -> int:
-        data = self.config["data"]
-        sizes = data["sizes"]
+        data = self.study.data
+        sizes = data.sizes.model_dump()
         if split != "val":
-            return int(sizes[split])
-        path = self.repo / data["mbpp_path"]
+            return sizes[split]
+        path = self.repo / data.mbpp_path
         total = sum(1 for line in path.read_text().splitlines() if line.strip())
-        return total - sum(int(v) for v in sizes.values())
+        return total - sum(sizes.values())
 
     def eval_tasks(self, split: str) -> int:
-        n = self.config["evaluation"].get("tasks")
+        n = self.study.evaluation.tasks
         size = self.split_size(split)
-        return min(int(n), size) if n else size
+        return min(n, size) if n else size
 
     def checkpoint_bytes(self, dtype: str) -> float | None:
         """An HF checkpoint folder: its weights as saved (bf16 whatever the training dtype: the measured bytes per
@@ -155,7 +158,7 @@ class Pricer:
 
     def serving_at(self, max_tokens: int) -> dict[str, Any]:
         return {"shape": self.model.shape, "max_tokens": max_tokens,
-                "concurrency": int(self.config["env"]["concurrency"])}
+                "concurrency": self.study.env.concurrency}
 
     # -- jobs ---------------------------------------------------------------------------------------------------
     def price(self, job: Job) -> JobCost:
@@ -180,9 +183,8 @@ class Pricer:
 
     def _peak_at(self, fam: str) -> dict[str, Any]:
         if fam in ("rl", "rft"):
-            rl = self.config["rl"]
-            return {"micro_batch_tokens": rl["micro_batch_tokens"],
-                    "activation_checkpointing": bool(rl.get("activation_checkpointing", False))}
+            rl = self.study.rl
+            return {"micro_batch_tokens": rl.micro_batch_tokens, "activation_checkpointing": rl.activation_checkpointing}
         return {}
 
     def _fixed(self, job: Job, cost: JobCost) -> None:
@@ -203,24 +205,24 @@ class Pricer:
         cost.disk_bytes = self.checkpoint_bytes("bfloat16")
 
     def _train_sft(self, job: Job, cost: JobCost) -> None:
-        sft, traces = self.config["sft"], self.config["traces"]
+        sft, traces = self.study.sft, self.study.traces
         from predict.runs import resolve_run
 
         run = resolve_run(self.config, job.wildcards["arm"])  # an arm, or a run with its own SFT (irreversible_A)
-        n_traces = int(traces["n_direct"]) + int(traces["n_recovery"])
+        n_traces = traces.n_direct + traces.n_recovery
         per_trace = self.figure(cost, "sft_tokens_per_trace", protocol=run.protocol, variant=run.variant,
-                                recovery_style=traces["recovery_style"], mix=str(traces["mix"]))
-        tokens = None if per_trace is None else per_trace * n_traces * int(sft["epochs"])
-        cost.units = {"tokens": tokens, "traces": n_traces, "epochs": sft["epochs"]}
-        at = {"shape": self.model.shape, "dtype": sft["dtype"], "device": self._sft_device()}
+                                recovery_style=traces.recovery_style, mix=traces.mix)
+        tokens = None if per_trace is None else per_trace * n_traces * sft.epochs
+        cost.units = {"tokens": tokens, "traces": n_traces, "epochs": sft.epochs}
+        at = {"shape": self.model.shape, "dtype": sft.dtype, "device": self._sft_device()}
         self._add(cost, self.figure(cost, "sft_job_fixed_s", **at))
         rate = self.figure(cost, "sft_tokens_per_s", **at)
         if rate is not None and tokens is not None:
             self._add(cost, tokens / rate)
-        cost.disk_bytes = self.checkpoint_bytes(sft["dtype"])
+        cost.disk_bytes = self.checkpoint_bytes(sft.dtype)
 
     def _sft_device(self) -> str:
-        device = self.config["sft"].get("device", "auto")
+        device = self.study.sft.device
         return self.device if device == "auto" else device
 
     def _serving_job(self, cost: JobCost, key: str) -> None:
@@ -242,10 +244,10 @@ class Pricer:
     def _evaluate(self, job: Job, cost: JobCost) -> None:
         split = "test" if cost.family == "evaluate_test" else "val"
         checkpoints = len(job.flag_values("--checkpoint")) or len(job.outputs)
-        episodes = checkpoints * self.eval_tasks(split) * int(self.config["evaluation"].get("samples", 1))
+        episodes = checkpoints * self.eval_tasks(split) * self.study.evaluation.samples
         cost.units = {"checkpoints": checkpoints, "episodes": episodes}
         self._serving_job(cost, self._eval_key())
-        at = self.serving_at(int(self.config["evaluation"]["max_tokens"]))
+        at = self.serving_at(self.study.evaluation.max_tokens)
         self._add(cost, self.figure(cost, "eval_job_fixed_s", **at))
         self._add(cost, self.figure(cost, "eval_episode_s", **at), episodes)
         per_episode = self.cal.entry("eval_bytes_per_episode", at)
@@ -256,18 +258,17 @@ class Pricer:
     _evaluate_test = _evaluate
 
     def _rl_tokens(self) -> int:
-        rl = self.config["rl"]
-        return int(rl.get("max_tokens") or self.config["env"]["max_tokens"])
+        return self.study.rl.max_tokens or self.study.env.max_tokens
 
     def _rl(self, job: Job, cost: JobCost) -> None:
-        rl = self.config["rl"]
-        steps, episodes = int(rl["steps"]), int(rl["tasks_per_step"]) * int(rl["group_size"])
-        checkpoints = steps // int(rl["checkpoint_every"])
+        rl = self.study.rl
+        steps, episodes = rl.steps, rl.tasks_per_step * rl.group_size
+        checkpoints = steps // rl.checkpoint_every
         cost.units = {"steps": steps, "episodes_per_step": episodes, "checkpoints": checkpoints}
         self._serving_job(cost, "default")
         at = self.serving_at(self._rl_tokens())
-        update_at = {"shape": self.model.shape, "dtype": rl["dtype"], "micro_batch_tokens": rl["micro_batch_tokens"],
-                     "activation_checkpointing": bool(rl.get("activation_checkpointing", False))}
+        update_at = {"shape": self.model.shape, "dtype": rl.dtype, "micro_batch_tokens": rl.micro_batch_tokens,
+                     "activation_checkpointing": rl.activation_checkpointing}
         self._add(cost, self.figure(cost, "rl_job_fixed_s", shape=self.model.shape))
         self._add(cost, self.figure(cost, "rl_rollout_episode_s", **at), steps * episodes)
         tokens = self.figure(cost, "rl_tokens_per_episode", **at)
@@ -275,33 +276,33 @@ class Pricer:
         if tokens is not None and rate is not None:
             self._add(cost, steps * episodes * tokens / rate)
         self._add(cost, self.figure(cost, "rl_sleep_sync_s", shape=self.model.shape), steps)
-        self._add(cost, self.figure(cost, "rl_save_s_per_step", shape=self.model.shape, dtype=rl["dtype"],
-                                    checkpoint_every=rl["checkpoint_every"], state_every=rl["state_every"]), steps)
-        ckpt = self.checkpoint_bytes(rl["dtype"])
+        self._add(cost, self.figure(cost, "rl_save_s_per_step", shape=self.model.shape, dtype=rl.dtype,
+                                    checkpoint_every=rl.checkpoint_every, state_every=rl.state_every), steps)
+        ckpt = self.checkpoint_bytes(rl.dtype)
         cost.disk_bytes = None if ckpt is None else ckpt * checkpoints
-        if not rl.get("keep_state"):
-            state = self.cal.entry("state_bytes_per_param", {"dtype": rl["dtype"]})
+        if not rl.keep_state:
+            state = self.cal.entry("state_bytes_per_param", {"dtype": rl.dtype})
             cost.transient_bytes = (state["value"] * self.model.params
                                     if state and self.model.params else None)
             if cost.transient_bytes is None:
-                cost.missing.append(Missing("state_bytes_per_param", (("dtype", rl["dtype"]),),
-                                            self.cal.missing_reason("state_bytes_per_param", {"dtype": rl["dtype"]})))
+                cost.missing.append(Missing("state_bytes_per_param", (("dtype", rl.dtype),),
+                                            self.cal.missing_reason("state_bytes_per_param", {"dtype": rl.dtype})))
 
     def _rft(self, job: Job, cost: JobCost) -> None:
-        rl, rft = self.config["rl"], self.config.get("rft") or {}
-        cost.units = {"steps": rl["steps"], "tasks": rft.get("tasks"), "group": rft.get("group_size")}
+        rl, rft = self.study.rl, self.study.rft  # an rft job exists only where the config has an rft section
+        tasks, group = (rft.tasks, rft.group_size) if rft is not None else (None, None)
+        cost.units = {"steps": rl.steps, "tasks": tasks, "group": group}
         self._serving_job(cost, "default")
-        at = {**self.serving_at(self._rl_tokens()), "steps": int(rl["steps"]), "tasks": rft.get("tasks"),
-              "group_size": rft.get("group_size") or rl["group_size"]}
+        at = {**self.serving_at(self._rl_tokens()), "steps": rl.steps, "tasks": tasks, "group_size": group or rl.group_size}
         self._add(cost, self.figure(cost, "rft_job_s", **at))
-        ckpt = self.checkpoint_bytes(rl["dtype"])
-        cost.disk_bytes = None if ckpt is None else ckpt * (int(rl["steps"]) // int(rl["checkpoint_every"]))
+        ckpt = self.checkpoint_bytes(rl.dtype)
+        cost.disk_bytes = None if ckpt is None else ckpt * (rl.steps // rl.checkpoint_every)
 
     def _rollout(self, job: Job, cost: JobCost) -> None:
-        tasks = self.config["env"].get("rollout_tasks") or self.split_size(job.wildcards.get("split", "val"))
+        tasks = self.study.env.rollout_tasks or self.split_size(job.wildcards.get("split", "val"))
         cost.units = {"episodes": tasks}
         self._serving_job(cost, "default")
-        at = self.serving_at(int(self.config["env"]["max_tokens"]))
+        at = self.serving_at(self.study.env.max_tokens)
         self._add(cost, self.figure(cost, "eval_job_fixed_s", **at))
         self._add(cost, self.figure(cost, "rollout_episode_s", **at), tasks)
         cost.disk_bytes = None

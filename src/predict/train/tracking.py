@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 
 IDENTITY_COLUMNS = ("run", "seed", "step", "backend", "arm", "finished_at")
 """Columns that name the run or the step (the x axis), not curves."""
+AFTERWARDS_COLUMNS = ("checkpoint_write_s", "state_write_s")
+"""Known only steps later (a save is written in the background beside the next steps): in metrics.parquet, never a
+live curve (W&B takes no point at a step it has passed)."""
 LOSS_COLUMNS = ("loss", "rl_loss", "ce_loss", "kl", "clip_frac", "grad_norm")
 ROLLOUT_COLUMNS = ("n_rollouts", "n_failed", "reward_mean", "pass_rate", "n_budget_exhausted",
                    "budget_exhausted_rate", "n_patches", "n_predictions", "n_revise", "revise_rate",
@@ -67,10 +70,11 @@ def column_tag(column: str) -> str:
 
 
 def scalar_tags(row: Mapping[str, Any]) -> dict[str, float]:
-    """A metrics row as {tag: value}: numbers and booleans only; unmeasured (None) and identity columns left out."""
+    """A metrics row as {tag: value}: numbers and booleans only; unmeasured (None), identity and afterwards columns
+    left out."""
     out: dict[str, float] = {}
     for column, value in row.items():
-        if column in IDENTITY_COLUMNS or value is None or isinstance(value, str):
+        if column in IDENTITY_COLUMNS or column in AFTERWARDS_COLUMNS or value is None or isinstance(value, str):
             continue
         if isinstance(value, bool | int | float):
             out[column_tag(column)] = float(value)
