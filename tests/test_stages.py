@@ -334,3 +334,105 @@ def test_field_value_types_one_key_as_its_model_without_the_rest_of_its_section(
               "env": {"test_cost": 1}, "ablations": {"b_alpha": {"alpha": 2}}}
     spec = resolve_run(config, "b_alpha")
     assert (spec.alpha, spec.test_cost, spec.mask_decision) == (2.0, 1, False) and isinstance(spec.alpha, float)
+
+
+# -- each stage's own typed object (issue 61) ------------------------------------------------------------------------
+
+
+def _keys_of(model: type, prefix: str = "") -> set[str]:
+    """The dotted keys a stage model holds: a `StageSettings` part by its keys, any other field whole."""
+    from predict.stages import StageSettings
+
+    out = set()
+    for name, field in model.model_fields.items():
+        part = next((a for a in (field.annotation, *getattr(field.annotation, "__args__", ()))
+                     if isinstance(a, type) and issubclass(a, StageSettings)), None)
+        out |= _keys_of(part, f"{prefix}{name}.") if part is not None else {prefix + name}
+    return out
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_each_stage_model_holds_exactly_the_keys_its_row_lists(stage: str) -> None:
+    """A stage's model is built from its row: a key given whole is its section model, keys below a section are a
+    model of those keys alone; a key covered by a whole section it also lists is that section's."""
+    from predict.stages import stage_model
+
+    reads = STAGES[stage].reads
+    listed = {key for key in reads if not any(key.startswith(other + ".") for other in reads)}
+    assert _keys_of(stage_model(stage)) == listed
+
+
+@pytest.mark.parametrize("path", [*CONFIGS, REPO / "config" / "gpu-slice.yaml", REPO / "config" / "gpu-rehearsal.yaml"],
+                         ids=lambda p: p.name)
+def test_the_plain_data_of_a_stage_object_is_its_slice_byte_for_byte(path: Path) -> None:
+    """What is hashed or written goes through `plain_data`: for every stage of every shipped config, the typed
+    object's plain data is the slice the workflow writes, the same JSON bytes (key order included)."""
+    from predict.config.models import plain_data
+    from predict.stages import stage_settings
+
+    config = load_config(path)
+    for stage in STAGES:
+        sliced = config_slice(config, stage)
+        assert json.dumps(plain_data(stage_settings(stage, sliced))) == json.dumps(sliced), stage
+
+
+def test_plain_data_keeps_an_int_the_config_wrote_for_a_float_and_reads_a_changed_key_as_it_is() -> None:
+    """A YAML ``lr: 1`` reads as the float 1.0 but hashes as 1 (the bytes fingerprints and ledgers were written
+    under); a key changed on the typed object (a run's test_cost) is plain data as changed; a key the config leaves
+    out stays out."""
+    from predict.config.models import plain_data
+    from predict.stages import stage_settings
+
+    config = load_config(REPO / "config" / "local.yaml")
+    config["rl"]["lr"] = 1
+    config["evaluation"]["temperature"] = 0
+    config["evaluation"].pop("tasks", None)
+    rl = stage_settings("rl", config)
+    assert rl.rl.lr == 1.0 and isinstance(rl.rl.lr, float)
+    assert plain_data(rl)["rl"]["lr"] == 1 and isinstance(plain_data(rl)["rl"]["lr"], int)
+    evaluate = stage_settings("evaluate", config)
+    assert json.dumps(plain_data(evaluate)["evaluation"]) == json.dumps(config_slice(config, "evaluate")["evaluation"])
+    assert "tasks" not in plain_data(evaluate)["evaluation"] and evaluate.evaluation.tasks is None
+    changed = evaluate.model_copy(update={"env": evaluate.env.model_copy(update={"test_cost": 3})})
+    assert plain_data(changed)["env"]["test_cost"] == 3
+    assert plain_data(changed)["env"] == {**config_slice(config, "evaluate")["env"], "test_cost": 3}
+
+
+def test_a_stage_object_refuses_a_key_outside_its_row_and_names_stage_and_key() -> None:
+    from predict.stages import stage_settings
+
+    evaluate = stage_settings("evaluate", load_config(REPO / "config" / "local.yaml"))
+    with pytest.raises(SliceError, match=r"stage 'evaluate' read config key 'sft'.*stage table"):
+        _ = evaluate.sft
+    with pytest.raises(SliceError, match=r"'model\.base'"):  # the row gives model.enable_thinking alone
+        _ = evaluate.model.base
+    assert evaluate.model.enable_thinking is True and evaluate.rl.mask_decision is False
+
+
+def test_a_stage_object_is_typed_all_the_way_down_and_frozen() -> None:
+    """Sections are the study's own models (`RLSettings`, `ArmSettings`); a section a slice leaves out reads as its
+    defaults where the row lists only keys with defaults (model.tiny), as None where it has none (rft)."""
+    import pydantic
+
+    from predict.config.models import TinyModelSettings
+    from predict.stages import stage_settings
+
+    config = load_config(REPO / "config" / "local.yaml")
+    rft = stage_settings("rft", config)
+    assert isinstance(rft.rl, RLSettings) and isinstance(rft.arms["B"], ArmSettings)
+    assert stage_settings("rft", {k: v for k, v in config.items() if k != "rft"}).rft is None
+    tiny = stage_settings("build-tiny-model", {**config, "model": {"base": "m"}})
+    assert tiny.model.tiny is None and tiny.model.model_copy().tiny is None
+    assert stage_settings("build-tiny-model", config).model.tiny == TinyModelSettings.model_validate(config["model"]["tiny"])
+    with pytest.raises(pydantic.ValidationError):
+        rft.rl = None  # type: ignore[misc]
+
+
+def test_a_bad_slice_fails_naming_the_source_and_the_key() -> None:
+    from predict.config import ConfigError
+    from predict.stages import stage_settings
+
+    config = load_config(REPO / "config" / "local.yaml")
+    config["rl"]["lr"] = "fast"
+    with pytest.raises(ConfigError, match=r"^slice\.json: rl\.lr"):
+        stage_settings("rl", config, source="slice.json")

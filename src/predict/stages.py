@@ -28,17 +28,19 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pydantic
 
-from predict.config import ConfigError, sections_in
+from predict.config import ConfigError, config_problems, sections_in
 from predict.config.models import Section, StudyConfig
 
 # What resolving a study run reads (predict.runs.resolve_run): the run matrix, the default test cost, the decision mask.
@@ -237,6 +239,94 @@ class MissingKey(ConfigError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class StageSettings(Section):
+    """What a stage's model is: its own pydantic model (`stage_model`), composed from the study's section models,
+    holding exactly the keys its row of the stage table lists. A section the row gives whole is its section model
+    (``rl``: `RLSettings`); a section it gives keys of (``model.enable_thinking``) is a model of those keys alone.
+    Reading a key the row does not give raises SliceError naming the stage and the key: the table cannot go stale
+    silently."""
+
+    stage_name: ClassVar[str] = ""
+    stage_path: ClassVar[str] = ""
+    stage_reads: ClassVar[tuple[str, ...]] = ()
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)  # type: ignore[misc]
+        except AttributeError:
+            if name.startswith("_"):
+                raise
+        path = f"{self.stage_path}.{name}" if self.stage_path else name
+        raise SliceError(
+            f"stage {self.stage_name!r} read config key {path!r}, which its entry in the stage table "
+            f"(src/predict/stages.py) does not list: add it there (it reads {', '.join(self.stage_reads) or 'nothing'})"
+        )
+
+
+_WHOLE: dict[str, Any] = {}
+"""A key of `_key_tree` that the table gives whole."""
+
+
+def _key_tree(reads: Iterable[str]) -> dict[str, Any]:
+    """The table entry's dotted keys as a tree: {section: {key: _WHOLE}}; a key given whole covers the ones below."""
+    tree: dict[str, Any] = {}
+    for path in reads:
+        node = tree
+        *parents, leaf = path.split(".")
+        for part in parents:
+            if node.get(part) is _WHOLE:
+                break
+            node = node.setdefault(part, {})
+        else:
+            node[leaf] = _WHOLE
+    return tree
+
+
+def _part_model(model: type[Section], tree: Mapping[str, Any], name: str, stage: str, path: str,
+                reads: tuple[str, ...]) -> type[StageSettings]:
+    fields: dict[str, Any] = {}
+    for key, below in tree.items():
+        field = model.model_fields[key]
+        if below is _WHOLE:
+            fields[key] = (field.annotation, copy.copy(field))
+            continue
+        section = sections_in(field.annotation)[0]
+        if section is None:
+            raise ConfigError(f"stage table: {stage!r} lists keys below {path + key!r}, which is no section")
+        part = _part_model(section, below, f"{name}_{key}", stage, path + key + ".", reads)
+        if all(not f.is_required() for f in part.model_fields.values()):  # its defaults, where the slice has none
+            fields[key] = (part, pydantic.Field(default_factory=part, description=field.description))
+        elif field.is_required():
+            fields[key] = (part, pydantic.Field(description=field.description))
+        else:
+            fields[key] = (part | None, pydantic.Field(default=None, description=field.description))
+    built = pydantic.create_model(name, __base__=StageSettings, **fields)
+    built.stage_name, built.stage_path, built.stage_reads = stage, path.rstrip("."), reads
+    return built
+
+
+@functools.cache
+def stage_model(stage: str) -> type[StageSettings]:
+    """The stage's own config model (`StageSettings`), built from its row of the stage table (the one source of what
+    a stage reads) and the study's section models (the one source of every key's type and default): the typed
+    object its ``main`` receives. ``workflow`` (`WORKFLOW_VIEW`): what the workflow reads to plan jobs."""
+    reads = WORKFLOW if stage == WORKFLOW_VIEW else STAGES[stage].reads if stage in STAGES else None
+    if reads is None:
+        raise ConfigError(f"no stage {stage!r} in the stage table (src/predict/stages.py)")
+    title = "".join(word.capitalize() for word in re.split(r"[-_]", stage)) + "Config"
+    return _part_model(StudyConfig, _key_tree(reads), title, stage, "", reads)
+
+
+def stage_settings(stage: str, config: Mapping[str, Any], source: str = "config") -> StageSettings:
+    """The stage's typed object from a (defaults-filled) config or its slice: only the keys its row lists are read.
+    Raises ConfigError naming `source` and the key."""
+    try:
+        return stage_model(stage).model_validate(config_slice(config, stage) if stage in STAGES
+                                                 else _keys(config, WORKFLOW))
+    except pydantic.ValidationError as e:
+        raise ConfigError(f"{source}: {config_problems(e, dict(config), stage_model(stage))[0]}") from None
 
 
 def _covered(path: str, reads: Iterable[str]) -> bool:
