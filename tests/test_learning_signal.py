@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from predict.config import load_config
+from predict.config.models import EnvSettings
 from predict.env.protocol import ProtocolConfig, prediction_line
 from predict.traces.render import READ, STUB_FIND, TEST, patch_line
 from predict.train.learning_signal import (
@@ -97,7 +98,7 @@ def test_traces_and_rollouts_of_the_signal_run_share_its_budget() -> None:
     a trace that the budget would cut short is refused rather than trained on: one that ends in FINAL needs a
     spare call, a prefix that ends at its last call does not."""
     config = load_config(REPO / "config" / "local.yaml")
-    study = ProtocolConfig.from_env(config["env"], "reactive").system_prompt()
+    study = ProtocolConfig.from_env(EnvSettings.model_validate(config["env"]), "reactive").system_prompt()
     head = [{"role": "system", "content": study}, {"role": "user", "content": "task"}]
     whole = {"task_id": 7, "role": "gold", "n_tool_calls": 3,
              "messages": [*head, {"role": "assistant", "content": "FINAL: done"}]}

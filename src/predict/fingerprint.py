@@ -43,6 +43,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from predict.config.models import plain_data
 from predict.outputs import ResumableParquet, write_json
 
 log = logging.getLogger(__name__)
@@ -208,16 +209,17 @@ def _short(value: Any, limit: int = 40) -> str:
 
 
 def fingerprint(
-    config: Mapping[str, Any],
+    config: Any,
     keys: Sequence[str],
     *,
     inputs: Mapping[str, str | Path] | None = None,
     seed: int | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> Fingerprint:
-    """The fingerprint of a stage's work: its config slice (``keys``), its inputs' identities, its seed, extra."""
+    """The fingerprint of a stage's work: its config slice (``keys``), its inputs' identities, its seed, extra. A
+    stage's typed config is hashed as its plain data (`predict.config.models.plain_data`: the bytes of its slice)."""
     return Fingerprint(
-        config=config_slice(config, keys),
+        config=config_slice(plain_data(config), keys),
         inputs={name: input_identity(value) for name, value in sorted((inputs or {}).items())},
         seed=seed,
         extra=_canonical(dict(extra or {})),

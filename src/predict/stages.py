@@ -227,6 +227,17 @@ WORKFLOW = ("run_name", "results_dir", "backend", "seeds", *RUN_MATRIX, "evaluat
             "model.tiny", "sft.dtype", "sft.save_every", "sft.max_steps", "rl.state_every", "rl.keep_state", "rl.dtype")
 WORKFLOW_VIEW = "workflow"
 """The name `workflow_config`'s view reports in its errors (not a `predict` stage)."""
+RUNS_VIEW = "runs"
+"""The run matrix as its own model (`predict.runs.run_matrix`: a config mapping's runs, read as typed sections)."""
+CHECKPOINTS_VIEW = "checkpoints"
+"""What a checkpoint's path reads (`predict.runs.checkpoint_path`): the runs and the base model."""
+RUN_NAMES_VIEW = "run-names"
+"""The runs' names alone (`predict.runs.study_runs`): a stage that lists the runs but not the whole matrix (report)."""
+EPISODE_VIEW = "episode"
+"""What one rollout's settings read (`predict.env.runner.RolloutSettings.from_study_config`): `ROLLOUT`."""
+VIEWS = {WORKFLOW_VIEW: WORKFLOW, RUNS_VIEW: RUN_MATRIX, CHECKPOINTS_VIEW: (*RUN_MATRIX, "model.base"),
+         EPISODE_VIEW: ROLLOUT, RUN_NAMES_VIEW: ("arms", "ablations", "extensions")}
+"""Models of the config that are no stage's: their names (never a `predict` stage) and the keys they hold."""
 
 
 class SliceError(ConfigError):
@@ -312,7 +323,7 @@ def stage_model(stage: str) -> type[StageSettings]:
     """The stage's own config model (`StageSettings`), built from its row of the stage table (the one source of what
     a stage reads) and the study's section models (the one source of every key's type and default): the typed
     object its ``main`` receives. ``workflow`` (`WORKFLOW_VIEW`): what the workflow reads to plan jobs."""
-    reads = WORKFLOW if stage == WORKFLOW_VIEW else STAGES[stage].reads if stage in STAGES else None
+    reads = STAGES[stage].reads if stage in STAGES else VIEWS.get(stage)
     if reads is None:
         raise ConfigError(f"no stage {stage!r} in the stage table (src/predict/stages.py)")
     title = "".join(word.capitalize() for word in re.split(r"[-_]", stage)) + "Config"
@@ -324,7 +335,7 @@ def stage_settings(stage: str, config: Mapping[str, Any], source: str = "config"
     Raises ConfigError naming `source` and the key."""
     try:
         return stage_model(stage).model_validate(config_slice(config, stage) if stage in STAGES
-                                                 else _keys(config, WORKFLOW))
+                                                 else _keys(config, VIEWS[stage]))
     except pydantic.ValidationError as e:
         raise ConfigError(f"{source}: {config_problems(e, dict(config), stage_model(stage))[0]}") from None
 
@@ -511,9 +522,17 @@ def config_slice(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
     return _keys(config, STAGES[stage].reads)
 
 
-def stage_input(config: StageConfig) -> StageView:
-    """The config as its stage's ``main`` takes it: the typed view of its slice. One rule for the CLI and for whatever
-    runs a stage in process (the bundle's re-derivation)."""
+TYPED_STAGES = frozenset({"rollout", "evaluate", "evaluate-test"})
+"""The stages whose ``main`` takes its own typed object (`stage_settings`); the rest still take the `StageView`
+(issue 61 moves them over one by one)."""
+
+
+def stage_input(config: StageConfig) -> StageView | StageSettings:
+    """The config as its stage's ``main`` takes it: its own typed object (`stage_settings`), or, for a stage not
+    moved over yet, the typed view of its slice. One rule for the CLI and for whatever runs a stage in process (the
+    bundle's re-derivation)."""
+    if config._stage in TYPED_STAGES:
+        return stage_settings(config._stage, config)
     return stage_view(config, config._stage)
 
 

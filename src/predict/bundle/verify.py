@@ -261,6 +261,7 @@ class Verifier:
             frozen_under,
             read_ledger,
         )
+        from predict.config.models import plain_data
         from predict.data import content_hash, load_split
         from predict.stats.metrics import EVAL_PATH
 
@@ -293,7 +294,7 @@ class Verifier:
         plan = [tuple(p) for p in campaign["plan"]]
         # the campaign's slice as its stage reads it, as the plain data the campaign module takes (`as_dict`: the
         # stage is typed, issue 40)
-        derived = campaign_from_stats(stage_view(self.config, "evaluate-test", self.work).as_dict,
+        derived = campaign_from_stats(plain_data(stage_view(self.config, "evaluate-test", self.work)),
                                       self.root / "stats" / "metrics.parquet", self.root / "stats" / "selection.parquet")
         if plan != derived:
             first = next((a, b) for a, b in zip([*plan, None], [*derived, None], strict=False) if a != b)

@@ -103,6 +103,14 @@ class Section(BaseModel):
             section.__pydantic_private__["_source"] = data  # type: ignore[index]
         return section
 
+    def __eq__(self, other: object) -> bool:
+        """Equal values are equal sections, whatever mapping each was read from (an int or a float for 1.0)."""
+        if not isinstance(other, BaseModel):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    __hash__ = BaseModel.__hash__
+
 
 _UNSET = object()
 

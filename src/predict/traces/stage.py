@@ -45,7 +45,7 @@ from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress, TaskID
 
 from predict.config import allowed_values
-from predict.config.models import TraceMix, TracesSettings
+from predict.config.models import EnvSettings, TraceMix, TracesSettings
 from predict.env.protocol import ProtocolConfig, task_prompt
 from predict.outputs import write_rows
 from predict.runs import resolve_run
@@ -442,7 +442,8 @@ def run_traces(
         outcomes[(trace.task_id, solution_text(trace.gold))] = Outcome.PASS
         if trace.faulty is not None and trace.verified_class is not None:
             outcomes[(trace.task_id, solution_text(trace.faulty))] = Outcome(trace.verified_class)
-    protocol = ProtocolConfig.from_env(spec.env(view.as_dict)["env"], spec.protocol, variant=spec.variant)
+    protocol = ProtocolConfig.from_env(EnvSettings.model_validate(spec.env(view.as_dict)["env"]), spec.protocol,
+                                       variant=spec.variant)
     return render_arm(Synthesis(traces, [], outcomes), run, protocol, recovery_style=settings.recovery_style,
                       seed=settings.seed)
 

@@ -273,9 +273,10 @@ class TrainingRun:
     def rollout_settings(self, server: Any, checkpoint: str) -> Any:
         """The training rollouts' settings against `server` (or ``job.base_url``)."""
         from predict.env.runner import RolloutSettings
+        from predict.stages import EPISODE_VIEW, stage_settings
 
         return RolloutSettings.from_study_config(
-            self.spec.env(self.config),
+            stage_settings(EPISODE_VIEW, self.spec.env(self.config)),
             arm=self.spec.arm,
             seed=self.job.seed,
             checkpoint=checkpoint,

@@ -181,11 +181,13 @@ def at_budget(rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any], arm:
     so it is swapped for the protocol's prompt at `budget`. A trace that would not fit is an error, never a silent
     mismatch: the episode ends after the call that spends the last unit, so a trace that ends in FINAL needs a
     spare call and one that ends at its last call (a prefix) needs no more calls than the budget."""
+    from predict.config.models import EnvSettings
     from predict.env.protocol import ProtocolConfig, parse_action
 
     protocol = config["arms"][arm]["protocol"]
-    old = ProtocolConfig.from_env(config["env"], protocol).system_prompt()
-    new = ProtocolConfig.from_env({**config["env"], "budget": budget}, protocol).system_prompt()
+    env = EnvSettings.model_validate(config["env"])
+    old = ProtocolConfig.from_env(env, protocol).system_prompt()
+    new = ProtocolConfig.from_env(env.model_copy(update={"budget": budget}), protocol).system_prompt()
     out = []
     for row in rows:
         messages = [dict(m) for m in row["messages"]]

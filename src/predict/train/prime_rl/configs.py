@@ -329,9 +329,11 @@ def env_source(
     The seat's `sampling` is rendered too: `predict_mbpp`'s env declares the embedded default's sampling as the
     seat's default (`predict_mbpp.environment`), and a seat's values win over the orchestrator's."""
     from predict.env.runner import RolloutSettings
+    from predict.stages import EPISODE_VIEW, stage_settings
 
     settings = RolloutSettings.from_study_config(
-        spec.env(cfg), arm=spec.arm, seed=0, checkpoint="", base_url="", model="", variant=spec.variant
+        stage_settings(EPISODE_VIEW, spec.env(cfg)),
+        arm=spec.arm, seed=0, checkpoint="", base_url="", model="", variant=spec.variant
     )
     protocol = settings.protocol_config
     verifier = {
