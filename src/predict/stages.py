@@ -522,7 +522,9 @@ def config_slice(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
     return _keys(config, STAGES[stage].reads)
 
 
-TYPED_STAGES = frozenset({"rollout", "evaluate", "evaluate-test"})
+TYPED_STAGES = frozenset({"rollout", "evaluate", "evaluate-test", "split", "verify-gold", "build-tiny-model",
+                          "check-serving", "power", "training-outcomes", "stats", "ablations", "extensions",
+                          "open-question"})
 """The stages whose ``main`` takes its own typed object (`stage_settings`); the rest still take the `StageView`
 (issue 61 moves them over one by one)."""
 
@@ -532,7 +534,7 @@ def stage_input(config: StageConfig) -> StageView | StageSettings:
     moved over yet, the typed view of its slice. One rule for the CLI and for whatever runs a stage in process (the
     bundle's re-derivation)."""
     if config._stage in TYPED_STAGES:
-        return stage_settings(config._stage, config)
+        return stage_settings(config._stage, config, source=f"stage {config._stage!r}")
     return stage_view(config, config._stage)
 
 
