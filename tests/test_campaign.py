@@ -301,8 +301,12 @@ def test_the_holm_column_is_a_lower_bound_of_the_power_and_the_report_says_at_le
     monkeypatch.undo()
     rejected = adjusted[:, 0] < 0.05
     assert row["power_holm"] + 0.03 < rejected.mean() < row["power"] - 0.03
-    config = {"power": {"significance": 0.05, "target": 0.8}, "data": {"sizes": {"test": 500}}}
-    section = power_section([{**row, "design": "test"}], config)
+    from predict.stages import stage_settings
+
+    study = load_config(REPO / "config" / "local.yaml")
+    study["power"] |= {"significance": 0.05, "target": 0.8}
+    study["data"]["sizes"]["test"] = 500
+    section = power_section([{**row, "design": "test"}], stage_settings("report", study))  # the report's typed object
     assert "power, Holm-adjusted (at least; A vs B, family of 4)" in section and "strictest level" in section
     assert "as the report runs it:" not in section and "at most significance" not in section
 

@@ -108,7 +108,7 @@ TYPED_LATE = {
     "run-traces": ("predict.traces.stage", "run_traces_main", ["--run", "blind_A", "--arm-traces", "A.parquet",
                                                                "--out", "out.parquet"], "traces", "verifier"),
     "report": ("predict.report.stage", "main", ["--stats-dir", "stats", "--power", "power.parquet",
-                                                "--out", "index.html"], "power", "rl"),
+                                                "--out", "index.html"], "power", "evaluation"),
     "prime-rl-config": ("predict.train.prime_rl.cluster", "config_main", ["rl", "--model", "m", "--output-dir", "o",
                                                                         "--out", "o.toml"], "prime_rl", "power"),
     "signal": ("predict.train.learning_signal", "main", ["--out-dir", "out"], "rl", "evaluation"),

@@ -184,7 +184,7 @@ STAGES: dict[str, Stage] = {
               "stats/training_outcomes.parquet", (),
               help="per predictive run and seed, over all RL steps: verified vs predicted class counts and shares"),
         Stage("report", ("report",), "report.smk", "report/stage.py", "report/index.html",
-              ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power", "data.sizes.test"),
+              _reads(("run_name", "model.base", "seeds"), RUN_MATRIX, ("power", "data.sizes.test")),
               help="the study report: one self-contained HTML page from parquet"),
         # Every episode browsable in Inspect's viewer (issue 62): reads the runs (their pairs) and the split (the seal).
         # Its --tasks-file only renders the prompts of the files it admitted (predict.inspect_logs: the seal).
@@ -524,7 +524,7 @@ def config_slice(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
 
 TYPED_STAGES = frozenset({"rollout", "evaluate", "evaluate-test", "split", "verify-gold", "build-tiny-model",
                           "check-serving", "power", "training-outcomes", "stats", "ablations", "extensions",
-                          "open-question"})
+                          "open-question", "report", "inspect-logs"})
 """The stages whose ``main`` takes its own typed object (`stage_settings`); the rest still take the `StageView`
 (issue 61 moves them over one by one)."""
 
