@@ -233,10 +233,12 @@ CHECKPOINTS_VIEW = "checkpoints"
 """What a checkpoint's path reads (`predict.runs.checkpoint_path`): the runs and the base model."""
 RUN_NAMES_VIEW = "run-names"
 """The runs' names alone (`predict.runs.study_runs`): a stage that lists the runs but not the whole matrix (report)."""
+TRACKING_VIEW = "tracking"
+"""Where a training job's curves go (`predict.train.tracking.TrackingTargets`): `TRACKING`."""
 EPISODE_VIEW = "episode"
 """What one rollout's settings read (`predict.env.runner.RolloutSettings.from_study_config`): `ROLLOUT`."""
 VIEWS = {WORKFLOW_VIEW: WORKFLOW, RUNS_VIEW: RUN_MATRIX, CHECKPOINTS_VIEW: (*RUN_MATRIX, "model.base"),
-         EPISODE_VIEW: ROLLOUT, RUN_NAMES_VIEW: ("arms", "ablations", "extensions")}
+         EPISODE_VIEW: ROLLOUT, RUN_NAMES_VIEW: ("arms", "ablations", "extensions"), TRACKING_VIEW: TRACKING}
 """Models of the config that are no stage's: their names (never a `predict` stage) and the keys they hold."""
 
 
@@ -524,7 +526,7 @@ def config_slice(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
 
 TYPED_STAGES = frozenset({"rollout", "evaluate", "evaluate-test", "split", "verify-gold", "build-tiny-model",
                           "check-serving", "power", "training-outcomes", "stats", "ablations", "extensions",
-                          "open-question", "report", "inspect-logs"})
+                          "open-question", "report", "inspect-logs", "sft"})
 """The stages whose ``main`` takes its own typed object (`stage_settings`); the rest still take the `StageView`
 (issue 61 moves them over one by one)."""
 
