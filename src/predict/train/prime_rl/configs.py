@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from predict.runs import resolve_run, sft_runs
-from predict.stages import MissingKey, StageView, stage_view
+from predict.stages import MissingKey, StageSettings, StageView, stage_view
 
 TASKSET_ID = "predict_mbpp"
 HARNESS_ID = "predict_local_agent"
@@ -110,10 +110,10 @@ class SFTSettings:
     gpus: int
 
 
-def typed(cfg: Mapping[str, Any] | StageView) -> StageView:
-    """The config as the typed models (`predict.stages.StageView`): a stage's view as it is (prime-rl-config's, or
-    prime-rl-setup's for `attention_patches`), any other mapping (tests) through prime-rl-config's table entry."""
-    return stage_view(cfg, "prime-rl-config")
+def typed(cfg: Mapping[str, Any] | StageView | StageSettings) -> StageView | StageSettings:
+    """The config as the typed models: a stage's typed object (prime-rl-setup's, for `attention_patches`) or view
+    as it is, any other mapping (tests) through prime-rl-config's table entry."""
+    return cfg if isinstance(cfg, StageSettings) else stage_view(cfg, "prime-rl-config")
 
 
 def _section(view: Any, *keys: str) -> Any:
@@ -123,7 +123,9 @@ def _section(view: Any, *keys: str) -> Any:
         try:
             node = getattr(node, key)
         except MissingKey:
-            raise PrimeRLConfigError(f"{'.'.join(keys[: i + 1])}: missing (needed by the prime_rl backend)") from None
+            node = None
+        if node is None:  # left out: a typed object's None, a view's MissingKey
+            raise PrimeRLConfigError(f"{'.'.join(keys[: i + 1])}: missing (needed by the prime_rl backend)")
     return node
 
 
