@@ -527,7 +527,8 @@ def config_slice(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
 TYPED_STAGES = frozenset({"rollout", "evaluate", "evaluate-test", "split", "verify-gold", "build-tiny-model",
                           "check-serving", "power", "training-outcomes", "stats", "ablations", "extensions",
                           "open-question", "report", "inspect-logs", "sft", "rl", "rft",
-                          "prime-rl-setup", "prime-rl-train", "traces", "run-traces"})
+                          "prime-rl-setup", "prime-rl-train", "traces", "run-traces",
+                          "prime-rl-config"})
 """The stages whose ``main`` takes its own typed object (`stage_settings`); the rest still take the `StageView`
 (issue 61 moves them over one by one)."""
 

@@ -60,7 +60,7 @@ from predict.train.prime_rl.collect import (
 from predict.train.prime_rl.configs import COLOCATE_VAR, MAX_FAILED_SHARE_VAR, colocated_devices, read_toml
 
 if TYPE_CHECKING:
-    from predict.stages import StageSettings, StageView
+    from predict.stages import StageSettings
 
 log = logging.getLogger(__name__)
 PATCHES_DIR = REPO_ROOT / "workflow" / "prime-rl"
@@ -444,7 +444,7 @@ def config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset-dir", help="sft: where to write the messages dataset")
 
 
-def config_main(args: argparse.Namespace, config: StageView) -> int:
+def config_main(args: argparse.Namespace, config: StageSettings) -> int:
     """The TOML from the stage's typed slice (`configs.rl_config`, `configs.sft_config`)."""
     from predict.outputs import console
     from predict.train.prime_rl import collect, configs
