@@ -111,14 +111,15 @@ def checkpoint_steps(steps: int, every: int) -> list[int]:
     return sorted({*range(every, steps + 1, every), steps})
 
 
-def checkpoint_path(config: Mapping[str, Any], results_dir: str | Path, run: str, checkpoint: str, seed: int) -> str:
+def checkpoint_path(config: Mapping[str, Any] | StageSettings, results_dir: str | Path, run: str, checkpoint: str,
+                    seed: int) -> str:
     """The folder (under `results_dir`) or HF id vLLM serves for a run's checkpoint: ``base`` (``model.base``: the
     embedded default's tiny model, ``models/tiny``, else its HF id), ``sft`` (the run's SFT, `RunSpec.sft_run`: its
     arm's, shared by its ablations, or its own) or ``step<N>`` (the run's RL checkpoint for that seed). The one place
     checkpoint names become paths: the workflow (common.smk's checkpoint_model) and the bundle ask here."""
     results = Path(results_dir)
     if checkpoint == "base":
-        base = stage_settings(CHECKPOINTS_VIEW, config).model.base
+        base = (config if isinstance(config, StageSettings) else stage_settings(CHECKPOINTS_VIEW, config)).model.base
         return str(results / "models" / "tiny") if base == "tiny" else base
     if checkpoint == "sft":
         return str(results / "checkpoints" / resolve_run(config, run).sft_run / "sft")
