@@ -528,7 +528,7 @@ TYPED_STAGES = frozenset({"rollout", "evaluate", "evaluate-test", "split", "veri
                           "check-serving", "power", "training-outcomes", "stats", "ablations", "extensions",
                           "open-question", "report", "inspect-logs", "sft", "rl", "rft",
                           "prime-rl-setup", "prime-rl-train", "traces", "run-traces",
-                          "prime-rl-config", "bundle"})
+                          "prime-rl-config", "bundle", "signal"})
 """The stages whose ``main`` takes its own typed object (`stage_settings`); the rest still take the `StageView`
 (issue 61 moves them over one by one)."""
 
