@@ -3,12 +3,13 @@
 Rules this module keeps:
 * ONE table (``STAGES``) says which config sections or keys each stage reads. A key is a dotted path
   (``evaluation.bootstrap``); a section (``rl``) means every key below it.
-* A stage is handed exactly its slice (``config_slice``) and reads it through ``StageView`` (the typed config
-  models, ``config.rl.lr``; every stage since issue 40); it raises ``SliceError`` naming the stage and the key when
-  the stage reads anything the table does not give it (so does ``StageConfig``, the dict view the workflow reads
-  through): the table cannot go stale silently. Fingerprints, JSON and hashes take the dict form (``StageView.as_dict``), so
-  their bytes do not depend on the view. A key the table gives but the config leaves out reads as missing (``KeyError``, so
-  ``.get(key, default)`` still works).
+* A stage is handed exactly its slice (``config_slice``) as ONE typed object: its own pydantic model
+  (``stage_model``: composed from the study's section models, holding exactly the keys its row lists; issue 61),
+  read as attributes all the way down (``config.rl.lr``). Reading anything the row does not give raises
+  ``SliceError`` naming the stage and the key (so does ``StageConfig``, the dict view the workflow reads through):
+  the table cannot go stale silently. Fingerprints, JSON and hashes take its plain data
+  (``predict.config.models.plain_data``: the slice's very bytes), so no state or ledger changes with the types.
+  A key the row gives but the config leaves out (and that has no default) reads as None.
 * The workflow passes a slice as a small content-addressed JSON file (``slice_file``) and tracks it as one short
   param per entry (``slice_params``: ``rl.lr=0.0001`` or ``rl#1a2b3c4d``), so an edit reruns only the stages that
   read it and Snakemake's "Params have changed" reason names the changed entry, not the whole config.
@@ -233,12 +234,15 @@ CHECKPOINTS_VIEW = "checkpoints"
 """What a checkpoint's path reads (`predict.runs.checkpoint_path`): the runs and the base model."""
 RUN_NAMES_VIEW = "run-names"
 """The runs' names alone (`predict.runs.study_runs`): a stage that lists the runs but not the whole matrix (report)."""
+RESULTS_VIEW = "results"
+"""Whose results folder it is (`predict.fingerprint.claim_results_dir`): the run's name and its folder."""
 TRACKING_VIEW = "tracking"
 """Where a training job's curves go (`predict.train.tracking.TrackingTargets`): `TRACKING`."""
 EPISODE_VIEW = "episode"
 """What one rollout's settings read (`predict.env.runner.RolloutSettings.from_study_config`): `ROLLOUT`."""
 VIEWS = {WORKFLOW_VIEW: WORKFLOW, RUNS_VIEW: RUN_MATRIX, CHECKPOINTS_VIEW: (*RUN_MATRIX, "model.base"),
-         EPISODE_VIEW: ROLLOUT, RUN_NAMES_VIEW: ("arms", "ablations", "extensions"), TRACKING_VIEW: TRACKING}
+         EPISODE_VIEW: ROLLOUT, RUN_NAMES_VIEW: ("arms", "ablations", "extensions"), TRACKING_VIEW: TRACKING,
+         RESULTS_VIEW: ("run_name", "results_dir")}
 """Models of the config that are no stage's: their names (never a `predict` stage) and the keys they hold."""
 
 
@@ -264,6 +268,8 @@ class StageSettings(Section):
     stage_name: ClassVar[str] = ""
     stage_path: ClassVar[str] = ""
     stage_reads: ClassVar[tuple[str, ...]] = ()
+    stage_section: ClassVar[type[Section]] = StudyConfig
+    """The study's section model this part holds keys of (its keys outside the row raise SliceError, others are typos)."""
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -272,10 +278,20 @@ class StageSettings(Section):
             if name.startswith("_"):
                 raise
         path = f"{self.stage_path}.{name}" if self.stage_path else name
+        if name not in self.stage_section.model_fields:
+            raise AttributeError(f"{self.stage_section.__name__} has no key {path!r}")
         raise SliceError(
             f"stage {self.stage_name!r} read config key {path!r}, which its entry in the stage table "
             f"(src/predict/stages.py) does not list: add it there (it reads {', '.join(self.stage_reads) or 'nothing'})"
         )
+
+    def __contains__(self, name: str) -> bool:
+        """Whether the config sets this key (a key outside the row raises SliceError, as reading it does)."""
+        return getattr(self, name) is not None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        path = f"{self.stage_path}.{name}" if self.stage_path else name
+        raise AttributeError(f"a stage's config is read-only ({path!r})")
 
 
 _WHOLE: dict[str, Any] = {}
@@ -316,7 +332,7 @@ def _part_model(model: type[Section], tree: Mapping[str, Any], name: str, stage:
         else:
             fields[key] = (part | None, pydantic.Field(default=None, description=field.description))
     built = pydantic.create_model(name, __base__=StageSettings, **fields)
-    built.stage_name, built.stage_path, built.stage_reads = stage, path.rstrip("."), reads
+    built.stage_name, built.stage_path, built.stage_reads, built.stage_section = stage, path.rstrip("."), reads, model
     return built
 
 
@@ -407,19 +423,13 @@ def _adapter(model: type[Section], name: str) -> pydantic.TypeAdapter:
     return pydantic.TypeAdapter(model.model_fields[name].annotation)
 
 
-def field_value(model: type[Section], name: str, value: Any) -> Any:
-    """One key's value as its model types it (a YAML ``1`` for a float key reads 1.0), without validating the rest
-    of its section: for code that builds a section unvalidated to raise its own messages (predict.runs)."""
-    return _adapter(model, name).validate_python(value)
-
-
 class StageView:
-    """A stage's slice as its typed config models: a key the stage's table entry gives whole reads as its model's
-    value (``view.rl`` an `RLSettings`, ``view.rl.lr`` a float even where the YAML wrote ``1``, ``view.arms`` a dict
-    of `ArmSettings`); a section the entry gives only keys of (``model.enable_thinking``) reads as a view of its
-    model. The same rule as `StageConfig`: an attribute outside the stage's table entry raises SliceError naming
-    the stage and the key. ``as_dict`` is the slice as the dict view, for what must stay plain data (fingerprints, JSON, the
-    modules not yet typed): the bytes they hash are the same as before."""
+    """A config MAPPING read through a row of the stage table as the typed config models, for the one reader left
+    that holds plain data rather than a stage's typed object: the test campaign (`predict.campaign.view`), whose
+    inputs are recorded designs and whole configs (ledger lines, a bundle's manifest, tests' partial configs) that
+    a stage model would refuse for the keys they leave out. Reads go as `StageSettings` reads do (a key outside the
+    row raises SliceError; a section the config leaves out raises MissingSection, which ``getattr(..., None)`` reads
+    as left out). Every stage's ``main`` and everything below it takes its `StageSettings` instead (issue 61)."""
 
     __slots__ = ("_stage", "_model", "_data", "_prefix", "_reads")
 
@@ -427,10 +437,6 @@ class StageView:
                  reads: tuple[str, ...] | None = None):
         self._stage, self._model, self._data, self._prefix = stage, model, data, prefix
         self._reads = STAGES[stage].reads if reads is None else reads
-
-    @property
-    def as_dict(self) -> Mapping[str, Any]:
-        return self._data
 
     def _path(self, name: str) -> str:
         return f"{self._prefix}.{name}" if self._prefix else name
@@ -524,22 +530,10 @@ def config_slice(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
     return _keys(config, STAGES[stage].reads)
 
 
-TYPED_STAGES = frozenset({"rollout", "evaluate", "evaluate-test", "split", "verify-gold", "build-tiny-model",
-                          "check-serving", "power", "training-outcomes", "stats", "ablations", "extensions",
-                          "open-question", "report", "inspect-logs", "sft", "rl", "rft",
-                          "prime-rl-setup", "prime-rl-train", "traces", "run-traces",
-                          "prime-rl-config", "bundle", "signal"})
-"""The stages whose ``main`` takes its own typed object (`stage_settings`); the rest still take the `StageView`
-(issue 61 moves them over one by one)."""
-
-
-def stage_input(config: StageConfig) -> StageView | StageSettings:
-    """The config as its stage's ``main`` takes it: its own typed object (`stage_settings`), or, for a stage not
-    moved over yet, the typed view of its slice. One rule for the CLI and for whatever runs a stage in process (the
-    bundle's re-derivation)."""
-    if config._stage in TYPED_STAGES:
-        return stage_settings(config._stage, config, source=f"stage {config._stage!r}")
-    return stage_view(config, config._stage)
+def stage_input(config: StageConfig) -> StageSettings:
+    """The config as its stage's ``main`` takes it: its own typed object (`stage_settings`). One rule for the CLI and
+    for whatever runs a stage in process (the bundle's re-derivation)."""
+    return stage_settings(config._stage, config, source=f"stage {config._stage!r}")
 
 
 def stage_config(config: Mapping[str, Any], stage: str) -> StageConfig:

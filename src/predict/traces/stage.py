@@ -49,7 +49,7 @@ from predict.config.models import TraceMix, TracesSettings
 from predict.env.protocol import ProtocolConfig, task_prompt
 from predict.outputs import write_rows
 from predict.runs import resolve_run
-from predict.stages import StageSettings, StageView, stage_settings
+from predict.stages import StageSettings, stage_settings
 from predict.traces import mutations
 from predict.traces.render import RECOVERY_STYLES, Trace, TraceError, render, solution_text
 from predict.vocabulary import Outcome
@@ -356,17 +356,17 @@ def mix_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def stage_object(config: StageSettings | StageView | Mapping[str, Any], stage: str) -> StageSettings | StageView:
-    """The typed config the traces read: a stage's own typed object (or the learning-signal run's view) as it is, a
-    mapping (tests) through `stage`'s row."""
-    return config if isinstance(config, StageSettings | StageView) else stage_settings(stage, config)
+def stage_object(config: StageSettings | Mapping[str, Any], stage: str) -> StageSettings:
+    """The typed config the traces read: a stage's own typed object (the traces', the learning-signal run's) as it
+    is, a mapping (tests) through `stage`'s row."""
+    return config if isinstance(config, StageSettings) else stage_settings(stage, config)
 
 
-def traces_settings(view: StageSettings | StageView) -> TracesSettings:
+def traces_settings(view: StageSettings) -> TracesSettings:
     """The `traces` section (every key required: config/schema.yaml), checked. The model has already refused a
     bad type or preset; the mix is checked here too because a valid mapping can still name a class no operator
     reaches or weigh every class zero."""
-    settings: TracesSettings | None = view.traces  # a view's MissingKey names the stage and the key
+    settings: TracesSettings | None = view.traces
     if settings is None:
         raise TracesConfigError("traces: missing (the SFT traces' settings)")
     if settings.recovery_style not in RECOVERY_STYLES:
@@ -376,7 +376,7 @@ def traces_settings(view: StageSettings | StageView) -> TracesSettings:
 
 
 def run_stage(
-    tasks: Sequence[Mapping[str, Any]], config: StageSettings | StageView | Mapping[str, Any], out_dir: str | Path, *,
+    tasks: Sequence[Mapping[str, Any]], config: StageSettings | Mapping[str, Any], out_dir: str | Path, *,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Synthesize, render every arm of the config, write ``{arm}.parquet`` and ``tasks.parquet`` under out_dir.
