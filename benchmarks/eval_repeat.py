@@ -59,6 +59,7 @@ def main() -> int:
     from predict.env.runner import RolloutSettings, run_rollouts_sync
     from predict.serving.identity import evaluation_environment, serving_identity
     from predict.serving.server import SERVED_NAME, VLLMServer, default_cache_dir
+    from predict.stages import EPISODE_VIEW, stage_settings
     from predict.tiny_model import cached_tiny_qwen3
 
     vf_subprocess.CACHE_DIR = Path(tempfile.mkdtemp(prefix="bench-verifiers-"))
@@ -84,7 +85,8 @@ def main() -> int:
 
     def settings(base_url: str, concurrency: int, checkpoint: str) -> RolloutSettings:
         return RolloutSettings.from_study_config(
-            config, arm="A", seed=1, checkpoint=checkpoint, base_url=base_url, model=SERVED_NAME,
+            stage_settings(EPISODE_VIEW, config),
+            arm="A", seed=1, checkpoint=checkpoint, base_url=base_url, model=SERVED_NAME,
             temperature=ev["temperature"], max_tokens=ev["max_tokens"], concurrency=concurrency, split="val",
         )
 

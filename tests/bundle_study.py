@@ -126,6 +126,7 @@ def synthetic_study(root: Path, ledger: Path) -> dict[str, Any]:
         stage_view,
     )
     from predict.campaign import TestLedger, campaign_from_stats, read_selection
+    from predict.config.models import plain_data
     from predict.data import load_split
     from predict.fingerprint import file_sha256
     from predict.runs import study_runs
@@ -145,7 +146,7 @@ def synthetic_study(root: Path, ledger: Path) -> dict[str, Any]:
     rederive_val(config, results, results, inputs=inputs)
     stats = results / "stats"
     # as the test campaign's stage sees it, as the plain data the campaign module takes (the stage is typed)
-    campaign_config = stage_view(config, "evaluate-test", root).as_dict
+    campaign_config = plain_data(stage_view(config, "evaluate-test", root))
     plan = campaign_from_stats(campaign_config, stats / "metrics.parquet", stats / "selection.parquet")
     selection = read_selection(stats / "selection.parquet")
     models = {entry: checkpoint_folder(config, *entry) for entry in plan}

@@ -431,6 +431,7 @@ def test_the_rerun_server_is_sized_as_the_evaluations_was(study: tuple[dict[str,
     config's serving section, not shared, and env.concurrency sequences in flight (the rows depend on the batch; the
     landed CI died here when the server's size became a required argument)."""
     from predict.bundle.rerun import replay_test_rollouts
+    from predict.config.models import ServingSettings
 
     opened: list[tuple[dict[str, Any], dict[str, Any]]] = []
 
@@ -454,5 +455,5 @@ def test_the_rerun_server_is_sized_as_the_evaluations_was(study: tuple[dict[str,
         replay_test_rollouts(config, [], {}, tasks_path=verifier.test_tasks, selection=[], ledger=study[2],
                              scratch=tmp_path / "scratch")
     [(serving, kw)] = opened
-    assert serving == {**config["serving"], "shared": None}
+    assert serving == ServingSettings.model_validate({**config["serving"], "shared": None})  # the typed section
     assert kw == {"sequences": int(config["env"]["concurrency"])}

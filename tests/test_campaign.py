@@ -30,7 +30,7 @@ from predict.campaign import (
 from predict.config import fill_section, load_config, with_defaults
 from predict.config.models import EvaluationSettings, SelectionSettings
 from predict.data import MBPP_SCHEMA
-from predict.evaluate import CheckpointEval, evaluate_checkpoints
+from predict.evaluate import CheckpointEval, evaluate_checkpoints, evaluation_config
 from predict.outputs import read_rows, write_rows
 from predict.stages import STAGES
 from predict.stats import SELECTION_SCHEMA, power_table, study_stats
@@ -84,7 +84,8 @@ def _campaign(config: dict, tasks: Path, results: Path, *checkpoints: str, run: 
     """One run/seed's test evaluations as the workflow's job runs them, into `results` (its own results_dir)."""
     selection, metrics = _val_stats(results / "stats")
     evals = [CheckpointEval(c, model, results / "eval" / run / c / "test" / f"seed{seed}.parquet") for c in checkpoints]
-    return evaluate_checkpoints(config, run=run, split="test", seed=seed, tasks_path=tasks, checkpoints=evals,
+    return evaluate_checkpoints(evaluation_config(config, "test"), run=run, split="test", seed=seed,
+                                tasks_path=tasks, checkpoints=evals,
                                 selection_path=selection, val_metrics=metrics, **kw)
 
 
@@ -300,8 +301,12 @@ def test_the_holm_column_is_a_lower_bound_of_the_power_and_the_report_says_at_le
     monkeypatch.undo()
     rejected = adjusted[:, 0] < 0.05
     assert row["power_holm"] + 0.03 < rejected.mean() < row["power"] - 0.03
-    config = {"power": {"significance": 0.05, "target": 0.8}, "data": {"sizes": {"test": 500}}}
-    section = power_section([{**row, "design": "test"}], config)
+    from predict.stages import stage_settings
+
+    study = load_config(REPO / "config" / "local.yaml")
+    study["power"] |= {"significance": 0.05, "target": 0.8}
+    study["data"]["sizes"]["test"] = 500
+    section = power_section([{**row, "design": "test"}], stage_settings("report", study))  # the report's typed object
     assert "power, Holm-adjusted (at least; A vs B, family of 4)" in section and "strictest level" in section
     assert "as the report runs it:" not in section and "at most significance" not in section
 

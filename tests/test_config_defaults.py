@@ -404,7 +404,7 @@ def test_mirrored_defaults_equal_the_models():
 DATACLASS_FIELD = re.compile(r"^\s+(?P<key>[a-z_]+)\s*:\s*[^=()]+=\s*(?P<lit>" + LITERAL + r")\s*(?:#.*)?$")
 
 
-# -- no hand cast of a config value (issue 40): the models type every value, `field_value` one key of a plain section
+# -- no hand cast of a config value (issues 40, 61): the models type every value, the stage's typed object reads it
 
 CASTS = {"int", "float", "str", "bool"}
 # Names that hold (a part of) the study's config: the sections' own names and what the code calls a config or a view.
@@ -446,8 +446,8 @@ def hand_casts(files: list[Path] | None = None) -> list[str]:
 
 def test_no_hand_cast_of_a_config_value():
     hits = hand_casts()
-    assert not hits, ("casts of config values (read the typed view, or `predict.stages.field_value` for one key of a "
-                      "plain section; the models give each value its type):\n" + "\n".join(hits))
+    assert not hits, ("casts of config values (read the stage's typed object, `predict.stages.stage_settings`; the "
+                      "models give each value its type):\n" + "\n".join(hits))
 
 
 def test_the_cast_scan_sees_each_form(tmp_path):

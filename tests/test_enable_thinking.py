@@ -8,6 +8,7 @@ import pytest
 
 from predict.config import load_config
 from predict.env.runner import RolloutSettings, build_agent_config
+from predict.stages import EPISODE_VIEW, stage_settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -16,7 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 def test_both_configs_choose_the_template_default(config_file: str) -> None:
     config = load_config(REPO / "config" / config_file)
     assert config["model"]["enable_thinking"] is True
-    settings = RolloutSettings.from_study_config(config, arm="A", seed=0, checkpoint="base", base_url="x", model="m")
+    settings = RolloutSettings.from_study_config(stage_settings(EPISODE_VIEW, config), arm="A", seed=0,
+                                                 checkpoint="base",
+                                                base_url="x", model="m")
     assert settings.enable_thinking is True
 
 

@@ -474,6 +474,7 @@ def test_rollout_cli_takes_the_variant_and_the_protocol_knobs(tmp_path: Path) ->
     from predict.config import load_config
     from predict.env.runner import RolloutSettings
     from predict.runs import with_env
+    from predict.stages import EPISODE_VIEW, stage_settings
 
     base = ["rollout", "--config", "config/local.yaml", "--tasks-file", "t", "--split", "val", "--model", "m"]
     base += ["--checkpoint", "base", "--arm", "B", "--seed", "1", "--out", str(tmp_path / "o.parquet")]
@@ -486,7 +487,8 @@ def test_rollout_cli_takes_the_variant_and_the_protocol_knobs(tmp_path: Path) ->
     assert with_env(config, test_cost=None) is config
     overridden = with_env(config, test_cost=args.test_cost, max_chained_revisions=args.max_chained_revisions)
     settings = RolloutSettings.from_study_config(
-        overridden, arm="B", seed=1, checkpoint="sft", base_url="http://x/v1", model="m", variant=args.variant
+        stage_settings(EPISODE_VIEW, overridden),
+        arm="B", seed=1, checkpoint="sft", base_url="http://x/v1", model="m", variant=args.variant
     )
     protocol = settings.protocol_config
     assert (protocol.variant, protocol.test_cost, protocol.budget, protocol.max_chained_revisions) == (
@@ -497,7 +499,7 @@ def test_rollout_cli_takes_the_variant_and_the_protocol_knobs(tmp_path: Path) ->
     )
     assert (settings.meta()["budget"], settings.meta()["test_cost"]) == (10, 3)
     assert RolloutSettings.from_study_config(
-        config, arm="A", seed=1, checkpoint="sft", base_url="u", model="m"
+        stage_settings(EPISODE_VIEW, config), arm="A", seed=1, checkpoint="sft", base_url="u", model="m"
     ).protocol_config == ProtocolConfig("reactive")
 
 

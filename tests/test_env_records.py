@@ -109,10 +109,12 @@ def test_write_records_roundtrip_is_atomic(tmp_path: Path) -> None:
 def test_rollout_settings_from_the_study_config() -> None:
     from predict.config import load_config
     from predict.env.runner import RolloutSettings
+    from predict.stages import EPISODE_VIEW, stage_settings
 
     config = load_config(Path(__file__).resolve().parents[1] / "config" / "config.yaml")
     s = RolloutSettings.from_study_config(
-        config, arm="B", seed=42, checkpoint="sft", base_url="http://127.0.0.1:1/v1", model="m", variant="forced_keep"
+        stage_settings(EPISODE_VIEW, config),
+        arm="B", seed=42, checkpoint="sft", base_url="http://127.0.0.1:1/v1", model="m", variant="forced_keep"
     )
     p = s.protocol_config
     assert (p.protocol, p.variant, p.budget, s.max_tokens, s.timeout_s, s.arm, s.seed) == (

@@ -48,7 +48,7 @@ def test_real_evaluation_and_sampled_rollouts_repeat_across_servers_and_concurre
     import predict.serving.server
     from predict.config import REPO_ROOT, load_config
     from predict.data import MBPP_SCHEMA
-    from predict.evaluate import CheckpointEval, evaluate_checkpoints
+    from predict.evaluate import CheckpointEval, evaluate_checkpoints, evaluation_config
     from predict.outputs import read_rows, write_rows
     from predict.rollouts import RolloutJob, run_job
 
@@ -63,7 +63,7 @@ def test_real_evaluation_and_sampled_rollouts_repeat_across_servers_and_concurre
     def evaluation(name: str, concurrency: int) -> list[dict[str, Any]]:
         config = {**study, "env": {**study["env"], "concurrency": concurrency}}
         out = tmp_path / name / "A" / "sft" / "val" / "seed1.parquet"
-        evaluate_checkpoints(config, run="A", split="val", seed=1, tasks_path=tasks,
+        evaluate_checkpoints(evaluation_config(config, "val"), run="A", split="val", seed=1, tasks_path=tasks,
                              checkpoints=[CheckpointEval("sft", str(model), out)])
         return comparable(read_rows(out))
 

@@ -14,7 +14,14 @@ import pytest
 from predict.campaign import SplitGuardError, campaign_from_stats, config_hash, registry_ledger
 from predict.config import ConfigError, load_config
 from predict.data import MBPP_SCHEMA
-from predict.evaluate import CheckpointEval, evaluate, evaluate_checkpoints, evaluation_job, run_identity
+from predict.evaluate import (
+    CheckpointEval,
+    evaluate,
+    evaluate_checkpoints,
+    evaluation_config,
+    evaluation_job,
+    run_identity,
+)
 from predict.outputs import read_rows, write_rows
 from predict.serving.server import VLLMServer
 from predict.stats import SELECTION_SCHEMA
@@ -96,14 +103,15 @@ def _val_stats(tmp_path: Path, selected: str = "step100") -> tuple[Path, Path]:
 def _campaign(study, task_file: Path, tmp_path: Path, *checkpoints: str, run: str = "B", **kw: Any) -> list[dict]:
     selection, metrics = _val_stats(tmp_path)
     evals = [CheckpointEval(c, "scripted", tmp_path / "eval" / run / c / "test" / "seed42.parquet") for c in checkpoints]
-    return evaluate_checkpoints(study, run=run, split="test", seed=42, tasks_path=task_file, checkpoints=evals,
+    return evaluate_checkpoints(evaluation_config(study, "test"), run=run, split="test", seed=42,
+                                tasks_path=task_file, checkpoints=evals,
                                 selection_path=selection, val_metrics=metrics, **kw)
 
 
 def test_test_split_only_through_the_campaign(study, task_file: Path, endpoint, tmp_path: Path) -> None:
     kw = dict(run="B", split="test", seed=42, tasks_path=task_file, model="scripted", base_url=endpoint.base_url)
     with pytest.raises(SplitGuardError, match="evaluated once"):
-        evaluation_job(study, checkpoint="step100", out=tmp_path / "t.parquet", **kw)
+        evaluation_job(evaluation_config(study, "test"), checkpoint="step100", out=tmp_path / "t.parquet", **kw)
     with pytest.raises(SplitGuardError, match="evaluate_checkpoints"):
         evaluate(study, checkpoint="step100", out=tmp_path / "t.parquet", **kw)
 
@@ -234,7 +242,8 @@ def test_one_server_per_run_and_seed_reloaded_between_checkpoints(study, task_fi
             folder.mkdir()
         evals = [CheckpointEval(c.name, str(c), tmp_path / "eval" / "A" / c.name / "val" / "seed42.parquet")
                  for c in folders]
-        summaries = evaluate_checkpoints(study, run="A", split="val", seed=42, tasks_path=task_file, checkpoints=evals)
+        summaries = evaluate_checkpoints(evaluation_config(study, "val"), run="A", split="val", seed=42,
+                                         tasks_path=task_file, checkpoints=evals)
         assert FakeServer.log == [("start", str(folders[0])), ("reload", str(folders[1])),
                                   ("reload", str(folders[2])), ("stop", str(folders[0]))]
         assert [read_rows(e.out)[0]["checkpoint"] for e in evals] == ["sft", "step1", "step2"]
@@ -244,7 +253,8 @@ def test_one_server_per_run_and_seed_reloaded_between_checkpoints(study, task_fi
         FakeServer.log = []
         hub = [CheckpointEval("base", "Qwen/Qwen3-4B-Base", tmp_path / "eval" / "A" / "base" / "val" / "seed42.parquet"),
                CheckpointEval("sft2", str(folders[0]), tmp_path / "eval" / "A" / "sft2" / "val" / "seed42.parquet")]
-        evaluate_checkpoints(study, run="A", split="val", seed=42, tasks_path=task_file, checkpoints=hub)
+        evaluate_checkpoints(evaluation_config(study, "val"), run="A", split="val", seed=42, tasks_path=task_file,
+                             checkpoints=hub)
         assert [e[0] for e in FakeServer.log] == ["start", "reload", "stop"]
 
 
@@ -277,7 +287,7 @@ def test_campaign_runs_from_the_val_statistics_to_the_test_statistics(study, mbp
 
 def _val_to_test_stats(config, tasks, files, endpoint, tmp_path: Path, main, one_job: bool = False) -> None:
     for arm in ("A", "B"):
-        evaluate_checkpoints(config, run=arm, split="val", seed=42, tasks_path=tasks["val"],
+        evaluate_checkpoints(evaluation_config(config, "val"), run=arm, split="val", seed=42, tasks_path=tasks["val"],
                              checkpoints=files("val", ["sft", "step2"], arm), base_url=endpoint.base_url)
     val = sorted(str(p) for p in (tmp_path / "eval").glob("*/*/val/*.parquet"))
     assert main(["stats", "--config-json", json.dumps(config), "--eval", *val, "--out-dir", str(tmp_path / "stats")]) == 0
@@ -305,7 +315,8 @@ def _val_to_test_stats(config, tasks, files, endpoint, tmp_path: Path, main, one
                                                                           "seed42.parquet")} == {arm}
     else:
         for arm in ("A", "B"):
-            evaluate_checkpoints(config, run=arm, split="test", seed=42, tasks_path=tasks["test"],
+            evaluate_checkpoints(evaluation_config(config, "test"), run=arm, split="test", seed=42,
+                                 tasks_path=tasks["test"],
                                  checkpoints=files("test", ["sft", "step2"], arm), base_url=endpoint.base_url,
                                  selection_path=selection, val_metrics=metrics)
     test = sorted(str(p) for p in (tmp_path / "eval").glob("*/*/test/*.parquet"))
@@ -333,7 +344,7 @@ def test_an_evaluation_resumes_only_rows_of_the_same_checkpoint_and_settings(
     out = tmp_path / "eval" / "B" / "base" / "val" / "seed42.parquet"
 
     def killed_with_one_row() -> None:
-        fp = job_fingerprint(evaluation_job(study, **kw, out=out), study)
+        fp = job_fingerprint(evaluation_job(evaluation_config(study, "val"), **kw, out=out), study)
         resumable_rows(out, RECORD_SCHEMA, ("task_id", "sample"), fp).append(
             [{**row, "trace_id": "persisted"}]
         )
@@ -393,12 +404,13 @@ def test_the_ledger_is_read_by_its_file_lines_and_a_torn_line_stops_both_readers
 def test_the_stage_main_gets_its_typed_view_and_a_key_outside_its_entry_raises(
     split: str, study, mbpp_rows: list[dict], test_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`predict evaluate` (val: the evaluate entry; test: evaluate-test) hands its main the StageView: typed reads,
-    a key outside the entry refused naming stage and key, and the declared campaign's reason read from the view.
-    Old code: neither entry was typed, so main got the StageConfig dict."""
+    """`predict evaluate` (val: the evaluate row; test: evaluate-test) hands its main its own typed object (issue
+    61): typed reads, a key outside the row refused naming stage and key, and the declared campaign's reason read
+    from it. Old code: main got the StageView over the dict slice."""
     import predict.evaluate as evaluate_mod
     from predict.cli import main
-    from predict.stages import SliceError, StageView, config_slice, slice_file
+    from predict.config.models import plain_data
+    from predict.stages import SliceError, StageSettings, config_slice, slice_file, stage_model
 
     stage = "evaluate-test" if split == "test" else "evaluate"
     study["evaluation"]["new_campaign"] = "a second look"  # in evaluate-test's entry only
@@ -411,8 +423,8 @@ def test_the_stage_main_gets_its_typed_view_and_a_key_outside_its_entry_raises(
                  "--run", "B", "--seed", "42", "--tasks-file", str(tasks), "--checkpoint", "sft", "--model", "m",
                  "--out", str(out)]) == 0
     ((config, kw),) = seen
-    assert isinstance(config, StageView)
-    assert config.as_dict == config_slice(study, stage)  # the dict form is the slice, unchanged
+    assert isinstance(config, StageSettings) and type(config) is stage_model(stage)
+    assert plain_data(config) == config_slice(study, stage)  # its plain data is the slice, unchanged
     assert type(config.evaluation.samples) is int and config.evaluation.max_tokens == 77
     assert type(config.env.concurrency) is int and config.env.concurrency == study["env"]["concurrency"]
     assert kw["new_campaign"] == ("a second look" if split == "test" else None)
@@ -422,21 +434,22 @@ def test_the_stage_main_gets_its_typed_view_and_a_key_outside_its_entry_raises(
 
 
 def test_the_typed_view_hashes_and_records_the_bytes_of_the_slice(study, test_file: Path, tmp_path: Path) -> None:
-    """What a test evaluation hashes or records comes from the slice's plain data (`StageView.as_dict`), so the view
-    changes no frozen design, ledger line or resume fingerprint: the design hash is the slice's, the ledger's
-    evaluation section is the slice's section, and a YAML `temperature: 0` (an int the model accepts; typed it
-    reads 0.0) reaches the job as the int. Old code: evaluation_job could not read the view at all."""
+    """What a test evaluation hashes or records comes from the slice's plain data (`plain_data` of the stage's typed
+    object), so the typed object changes no frozen design, ledger line or resume fingerprint: the design hash is the
+    slice's, the ledger's evaluation section is the slice's section, and a YAML `temperature: 0` (an int the model
+    accepts; typed it reads 0.0) reaches the job as the int. Old code: evaluation_job could not read a typed config."""
     from dataclasses import replace
 
     from predict.campaign import design_config
     from predict.rollouts import job_fingerprint
     from predict.runs import resolve_run
-    from predict.stages import StageView, config_slice, stage_config, stage_input
+    from predict.stages import StageSettings, config_slice, stage_config, stage_input
 
     study["evaluation"]["temperature"] = 0
     sliced = config_slice(study, "evaluate-test")
     view = stage_input(stage_config(study, "evaluate-test"))  # as `predict evaluate --split test` hands it to main
-    assert isinstance(view, StageView) and view.evaluation.temperature == 0.0  # typed: a float
+    assert isinstance(view, StageSettings) and view.evaluation.temperature == 0.0  # typed: a float
+    assert isinstance(view.evaluation.temperature, float)
     job = evaluation_job(view, run="B", checkpoint="step100", split="test", seed=42, tasks_path=test_file,
                          model="scripted", out=tmp_path / "t.parquet", test_ledger=registry_ledger(),
                          selection=[{"run": "B", "seed": 42, "checkpoint": "step100"}])

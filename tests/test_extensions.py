@@ -99,7 +99,7 @@ def test_evaluation_rolls_out_with_the_runs_test_cost_and_variant(monkeypatch: p
     seen: dict[str, Any] = {}
 
     def fake_run_job(job: Any, config: Any) -> dict:
-        seen[job.run] = (job.arm, job.variant, config["env"]["test_cost"])
+        seen[job.run] = (job.arm, job.variant, config.env.test_cost)
         return {}
 
     monkeypatch.setattr(evaluate_mod, "run_job", fake_run_job)

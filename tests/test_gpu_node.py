@@ -64,12 +64,14 @@ def _folder(tmp_path: Path, name: str = "qwen3-4b") -> Path:
 
 def test_gpu_servers_start_with_the_derived_share_and_sleep_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = _folder(tmp_path)
-    serving = {"device": "gpu", "max_model_len": 6144}
+    from predict.config.models import ServingSettings
+
+    serving = ServingSettings(device="gpu", max_model_len=6144)
     monkeypatch.setattr(gpu_memory, "gpu_total_bytes", lambda: H100)
     assert server_gpu_args(serving, model, sequences=8) == ["--gpu-memory-utilization", "0.23", "--enable-sleep-mode"]
     # the config's share wins; the CPU gets none of it
-    assert server_gpu_args({**serving, "gpu_memory_utilization": 0.3}, model, sequences=8)[1] == "0.30"
-    assert server_gpu_args({"device": "cpu", "max_model_len": 4096}, model, sequences=8) == []
+    assert server_gpu_args(serving.model_copy(update={"gpu_memory_utilization": 0.3}), model, sequences=8)[1] == "0.30"
+    assert server_gpu_args(ServingSettings(device="cpu", max_model_len=4096), model, sequences=8) == []
     monkeypatch.setattr(gpu_memory, "gpu_total_bytes", lambda: None)
     with pytest.raises(ValueError, match="set serving.gpu_memory_utilization"):
         server_gpu_args(serving, model, sequences=8)

@@ -203,13 +203,19 @@ def test_the_columns_are_in_the_metrics_schema(tmp_path: Path) -> None:
     assert {c: back[c] for c in GRAD_TERM_COLUMNS} == {c: row[c] for c in GRAD_TERM_COLUMNS}
 
 
-def test_the_report_plots_arm_b_and_its_ablations_and_says_prime_rl_does_not_measure(tmp_path: Path) -> None:
+@pytest.mark.parametrize("handed", ["whole config", "the report stage's slice"])
+def test_the_report_plots_arm_b_and_its_ablations_and_says_prime_rl_does_not_measure(tmp_path: Path,
+                                                                                      handed: str) -> None:
     """The per-step metrics of the local trainer (Arm B, alpha 0, Arm A) and a prime-rl run of Arm B, through
-    `predict report`: Arm B and the ablation are drawn and tabulated, Arm A (no CE term) is not, prime-rl is named."""
+    `predict report`: Arm B and the ablation are drawn and tabulated, Arm A (no CE term) is not, prime-rl is named.
+    Also as `predict report` hands its main the config (its slice): old code's report row lacked the run matrix's
+    env.test_cost and rl.mask_decision, so resolving a run raised SliceError, the section caught it as "a run the
+    config no longer has", and the CLI's report never drew the gradient terms."""
     import re
 
     from predict.config import load_config
     from predict.report import build_report
+    from predict.stages import stage_config, stage_input
 
     from .conftest import REPO
 
@@ -223,6 +229,8 @@ def test_the_report_plots_arm_b_and_its_ablations_and_says_prime_rl_does_not_mea
     paths = [rows("B", 42, "rl", [0.13, 0.2, 0.34], [17.0, 30.0, 45.0]), rows("alpha0", 42, "rl", [0.2, 0.3, 0.25],
              [0.0, 0.0, 0.0]), rows("A", 42, "rl", [0.3, 0.3, 0.3], [0.0, 0.0, 0.0]), rows("B", 43, "prime_rl", None, None)]
     config = load_config(REPO / "config" / "local.yaml")
+    if handed != "whole config":
+        config = stage_input(stage_config(config, "report"))
     page = build_report(config, stats_dir=tmp_path / "none", ablations=[], power=tmp_path / "none.parquet",
                         out=tmp_path / "index.html", rl_metrics=paths).read_text()
     section = page.split('<section id="grad-terms">')[1].split("</section>")[0]

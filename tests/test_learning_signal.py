@@ -22,6 +22,7 @@ import pytest
 
 from predict.config import load_config
 from predict.env.protocol import ProtocolConfig, prediction_line
+from predict.stages import stage_settings
 from predict.traces.render import READ, STUB_FIND, TEST, patch_line
 from predict.train.learning_signal import (
     SignalSettings,
@@ -96,8 +97,8 @@ def test_traces_and_rollouts_of_the_signal_run_share_its_budget() -> None:
     """The signal run's smaller budget reaches both the SFT traces' system prompt and the RL rollouts' protocol;
     a trace that the budget would cut short is refused rather than trained on: one that ends in FINAL needs a
     spare call, a prefix that ends at its last call does not."""
-    config = load_config(REPO / "config" / "local.yaml")
-    study = ProtocolConfig.from_env(config["env"], "reactive").system_prompt()
+    config = stage_settings("signal", load_config(REPO / "config" / "local.yaml"))  # the signal stage's object
+    study = ProtocolConfig.from_env(config.env, "reactive").system_prompt()
     head = [{"role": "system", "content": study}, {"role": "user", "content": "task"}]
     whole = {"task_id": 7, "role": "gold", "n_tool_calls": 3,
              "messages": [*head, {"role": "assistant", "content": "FINAL: done"}]}
@@ -116,11 +117,11 @@ def test_traces_and_rollouts_of_the_signal_run_share_its_budget() -> None:
     with pytest.raises(ValueError, match="not the protocol's"):
         at_budget([whole], config, "B", 4)  # an Arm A prompt is not Arm B's
     runs = {r.name: r for r in signal_runs(SignalSettings(budget=4, rl_steps=5, label_steps=2))}
-    assert run_config(config, SignalSettings(budget=4), runs["A-seed1"])["env"]["budget"] == 4
-    a_rl, b_rl = (run_config(config, SignalSettings(), runs[n])["rl"] for n in ("A-lr0", "B-alpha0"))
-    assert (a_rl["steps"], a_rl["group_size"], a_rl["lr"]) == (5, 16, 0.0)
-    assert (b_rl["steps"], b_rl["group_size"]) == (2, 8)
-    assert config["env"]["budget"] == 8  # the study's config is not touched
+    assert run_config(config, SignalSettings(budget=4), runs["A-seed1"]).env.budget == 4
+    a_rl, b_rl = (run_config(config, SignalSettings(), runs[n]).rl for n in ("A-lr0", "B-alpha0"))
+    assert (a_rl.steps, a_rl.group_size, a_rl.lr) == (5, 16, 0.0)
+    assert (b_rl.steps, b_rl.group_size) == (2, 8)
+    assert config.env.budget == 8  # the study's config is not touched
 
 
 def say(role: str, text: str) -> dict[str, str]:

@@ -176,14 +176,15 @@ def test_a_git_that_hangs_leaves_the_commit_unrecorded_instead_of_failing_the_ro
     assert rollouts._git_commit() is None
 
 
-def test_a_typed_view_fingerprints_and_rolls_out_as_its_plain_slice(study, tasks_file: Path, endpoint,
+def test_a_typed_object_fingerprints_and_rolls_out_as_its_plain_slice(study, tasks_file: Path, endpoint,
                                                                     tmp_path: Path) -> None:
-    """The rollout stage's `main` hands its typed view (`StageView`) on: the job's fingerprint is the plain slice's,
-    byte for byte (a `.partial` folder saved before the view resumes), and the rows are the ones the dict gives."""
-    from predict.stages import stage_config, stage_view
+    """The rollout stage's `main` hands its own typed object (`stage_settings`) on: the job's fingerprint is the
+    plain slice's, byte for byte (a `.partial` folder saved before the typed object resumes), and the rows are the
+    ones the dict gives."""
+    from predict.stages import stage_config, stage_input
 
     sliced = stage_config(study, "rollout")
-    view = stage_view(sliced, "rollout")
+    view = stage_input(sliced)
     job = _job(tasks_file, tmp_path / "view.parquet", endpoint, n_tasks=1)
     assert job_fingerprint(job, view) == job_fingerprint(job, sliced)
     run_job(job, view)

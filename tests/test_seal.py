@@ -179,7 +179,7 @@ def test_a_refused_rollout_or_evaluation_leaves_nothing_behind_and_starts_no_ser
     evaluate started vLLM for it, before the guard refused."""
     import predict.evaluate
     from predict.campaign import register_split
-    from predict.evaluate import CheckpointEval, evaluate_checkpoints
+    from predict.evaluate import CheckpointEval, evaluate_checkpoints, evaluation_config
     from predict.rollouts import RolloutJob, run_job
 
     register_split(registry_ledger(), splits["test"], campaign_test_split(study).sha256)
@@ -193,7 +193,8 @@ def test_a_refused_rollout_or_evaluation_leaves_nothing_behind_and_starts_no_ser
     monkeypatch.setattr(predict.evaluate.CheckpointServer, "load", lambda self, model, version: started.append(model))
     evals = [CheckpointEval("sft", str(tmp_path), tmp_path / "eval" / "A" / "sft" / "val" / "seed42.parquet")]
     with pytest.raises(SplitGuardError, match=r"val\.parquet: 1 of its tasks are test tasks"):  # evaluation.tasks 1
-        evaluate_checkpoints(study, run="A", split="val", seed=42, tasks_path=tasks, checkpoints=evals)
+        evaluate_checkpoints(evaluation_config(study, "val"), run="A", split="val", seed=42, tasks_path=tasks,
+                             checkpoints=evals)
     assert started == [] and not (tmp_path / "eval").exists()
 
 

@@ -165,7 +165,7 @@ def test_evaluation_serves_batch_invariant_on_a_gpu_and_one_request_at_a_time_el
 ) -> None:
     from predict.config import REPO_ROOT, fill_section, load_config
     from predict.config.models import ServingSettings
-    from predict.evaluate import CheckpointServer, evaluation_job
+    from predict.evaluate import CheckpointServer, evaluation_config, evaluation_job
     from predict.serving.identity import (
         batch_invariant,
         evaluation_concurrency,
@@ -189,7 +189,8 @@ def test_evaluation_serves_batch_invariant_on_a_gpu_and_one_request_at_a_time_el
     assert "VLLM_BATCH_INVARIANT" not in VLLMServer(model_dir, **SIZES, device="gpu", python="/x/bin/python",
                                                     port=1).environment()
     # evaluation asks for it: its jobs are marked, its checkpoint server passes the environment on
-    job = evaluation_job(paper, run="A", checkpoint="sft", split="val", seed=1, tasks_path=tmp_path / "val.parquet",
+    job = evaluation_job(evaluation_config(paper, "val"), run="A", checkpoint="sft", split="val", seed=1,
+                         tasks_path=tmp_path / "val.parquet",
                          model=str(model_dir), out=tmp_path / "out.parquet")
     assert job.evaluation
     started: list[dict[str, Any]] = []

@@ -16,15 +16,12 @@ from predict.config.models import ArmSettings, RLSettings
 from predict.stages import (
     STAGES,
     SliceError,
-    StageView,
     config_slice,
-    field_value,
     readme_table,
     slice_file,
     slice_params,
     stage_config,
     stage_input,
-    stage_view,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,8 +39,8 @@ def test_a_stage_refuses_a_key_outside_its_slice_and_names_stage_and_key() -> No
         "evaluation" in config  # noqa: B015 - membership is a read too
 
 
-def test_the_typed_view_refuses_a_section_outside_the_entry_and_names_stage_and_key() -> None:
-    view = stage_view(stage_config(load_config(REPO / "config" / "local.yaml"), "rl"), "rl")
+def test_the_typed_object_refuses_a_section_outside_the_row_and_names_stage_and_key() -> None:
+    view = stage_input(stage_config(load_config(REPO / "config" / "local.yaml"), "rl"))
     with pytest.raises(SliceError, match=r"stage 'rl' read config key 'sft'.*stages\.py"):
         _ = view.sft
     with pytest.raises(SliceError, match="'model.base'"):
@@ -58,27 +55,29 @@ def test_the_typed_view_refuses_a_section_outside_the_entry_and_names_stage_and_
         view.model.enable_thinking = True
 
 
-def test_a_typed_read_returns_the_model_type_and_the_dict_form_stays_the_slice() -> None:
+def test_a_typed_read_returns_the_model_type_and_the_plain_data_stays_the_slice() -> None:
+    from predict.config.models import plain_data
+    from predict.stages import stage_model, stage_settings
+
     config = load_config(REPO / "config" / "local.yaml")
     config["rl"]["lr"] = 1  # YAML's `lr: 1` is an int; the model's field is a float
     sliced = stage_config(config, "rft")
-    view = stage_view(sliced, "rft")
-    assert isinstance(view, StageView) and view.as_dict is sliced
+    view = stage_input(sliced)
+    assert type(view) is stage_model("rft") and plain_data(view) == sliced
+    assert json.dumps(plain_data(view)) == json.dumps(config_slice(config, "rft"))
     assert view.rl.lr == 1.0 and type(view.rl.lr) is float and sliced["rl"]["lr"] == 1
     assert type(view.rl.group_size) is int and view.rl.weight_sync in ("auto", "memory", "folder")
     assert isinstance(view.rl, RLSettings) and isinstance(view.arms["B"], ArmSettings)  # whole sections: the models
     assert view.arms["B"].protocol == config["arms"]["B"]["protocol"] and set(view.arms) == set(config["arms"])
     assert view.model.enable_thinking is config["model"]["enable_thinking"]
     assert view.env.test_cost == config["env"]["test_cost"]
-    # a plain config mapping is viewed through the named stage's entry
-    assert stage_view(config, "rl").rl.steps == config["rl"]["steps"]
-    assert getattr(stage_view({k: v for k, v in config.items() if k != "rft"}, "rft"), "rft", None) is None
-    # a slice without any of the keys listed below a section (model.tiny): the section reads, those keys are missing
-    tiny = stage_view(stage_config({k: v for k, v in config.items() if k != "model"} | {"model": {"base": "m"}},
-                                   "build-tiny-model"), "build-tiny-model")
-    assert getattr(tiny.model, "tiny", None) is None
-    with pytest.raises(KeyError, match="sets no 'model.tiny'"):
-        _ = tiny.model.tiny
+    # a plain config mapping is read through the named stage's row
+    assert stage_settings("rl", config).rl.steps == config["rl"]["steps"]
+    assert stage_settings("rft", {k: v for k, v in config.items() if k != "rft"}).rft is None
+    # a slice without any of the keys listed below a section (model.tiny): the section reads, those keys are left out
+    tiny = stage_input(stage_config({k: v for k, v in config.items() if k != "model"} | {"model": {"base": "m"}},
+                                    "build-tiny-model"))
+    assert tiny.model.tiny is None and "tiny" not in tiny.model
 
 
 def test_every_stage_gets_the_typed_view(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -89,10 +88,16 @@ def test_every_stage_gets_the_typed_view(monkeypatch: pytest.MonkeyPatch, tmp_pa
     path = slice_file(load_config(REPO / "config" / "local.yaml"), "rl", tmp_path)
     main(["rl", "--config-slice", path, "--run", "B", "--seed", "1", "--init", str(tmp_path), "--tasks-file",
           str(tmp_path / "none.parquet"), "--out-dir", str(tmp_path / "out")])
-    assert isinstance(seen[0], StageView) and seen[0].rl.steps == load_config(REPO / "config" / "local.yaml")["rl"]["steps"]
-    # issue 40: no stage's main takes the dict view any more
+    from predict.stages import stage_model
+
+    assert type(seen[0]) is stage_model("rl")
+    assert seen[0].rl.steps == load_config(REPO / "config" / "local.yaml")["rl"]["steps"]
+    # issue 40: no stage's main takes the dict view any more; issue 61: each takes its own typed object
+    from predict.stages import StageSettings
+
     config = load_config(REPO / "config" / "local.yaml")
-    assert all(isinstance(stage_input(stage_config(config, name)), StageView) for name in STAGES)
+    assert all(type(stage_input(stage_config(config, name))) is stage_model(name) for name in STAGES)
+    assert all(issubclass(stage_model(name), StageSettings) for name in STAGES)
 
 
 # The stages moved to the typed view with issue 40's last step: their `main`, the flags it needs, a key it reads and
@@ -104,7 +109,7 @@ TYPED_LATE = {
     "run-traces": ("predict.traces.stage", "run_traces_main", ["--run", "blind_A", "--arm-traces", "A.parquet",
                                                                "--out", "out.parquet"], "traces", "verifier"),
     "report": ("predict.report.stage", "main", ["--stats-dir", "stats", "--power", "power.parquet",
-                                                "--out", "index.html"], "power", "rl"),
+                                                "--out", "index.html"], "power", "evaluation"),
     "prime-rl-config": ("predict.train.prime_rl.cluster", "config_main", ["rl", "--model", "m", "--output-dir", "o",
                                                                         "--out", "o.toml"], "prime_rl", "power"),
     "signal": ("predict.train.learning_signal", "main", ["--out-dir", "out"], "rl", "evaluation"),
@@ -128,9 +133,12 @@ def test_the_late_typed_stages_get_the_typed_view_and_refuse_keys_outside_their_
     tasks = ["--tasks-file", str(tmp_path / "none.parquet")] if "tasks_file" in STAGES[stage].task_files or stage == "report" else []
     assert main([stage, "--config-slice", path, *tasks, *argv]) == 0
     view = seen[0]
-    assert isinstance(view, StageView)
-    assert getattr(view, inside) == getattr(stage_view(config, stage), inside)  # the models, read as attributes
-    assert view.as_dict == config_slice(config, stage)  # the plain slice for fingerprints, unchanged
+    from predict.config.models import plain_data
+    from predict.stages import stage_model, stage_settings
+
+    assert type(view) is stage_model(stage)  # issue 61: its own typed object, its plain data the slice
+    assert getattr(view, inside) == getattr(stage_settings(stage, config), inside)  # the models, as attributes
+    assert plain_data(view) == config_slice(config, stage)  # the plain slice for fingerprints, unchanged
     if outside is None:
         return
     with pytest.raises(SliceError, match=rf"stage '{stage}' read config key '{outside}'.*stages\.py"):
@@ -139,10 +147,11 @@ def test_the_late_typed_stages_get_the_typed_view_and_refuse_keys_outside_their_
 
 def test_the_trace_settings_are_the_typed_section_and_a_mix_mapping_counts_as_before() -> None:
     from predict.config.models import TraceMix, TracesSettings
+    from predict.stages import stage_settings
     from predict.traces.stage import mix_counts, traces_settings
 
     config = load_config(REPO / "config" / "local.yaml")
-    settings = traces_settings(stage_view(config, "traces"))
+    settings = traces_settings(stage_settings("traces", config))
     assert isinstance(settings, TracesSettings) and settings.n_recovery == config["traces"]["n_recovery"]
     # the typed mapping holds every class (the ones left out None): it counts as the mapping the config wrote
     mix = {"ASSERTION_FAILURE": 2, "TIMEOUT": 1}
@@ -317,20 +326,127 @@ def test_a_stage_with_a_slice_of_the_wrong_stage_fails_in_one_line(tmp_path: Pat
     (tmp_path / "empty.json").write_text("{}")
     args = ["verify-gold", "--config-slice", str(tmp_path / "empty.json"), "--data-dir", str(tmp_path)]
     assert main([*args, "--out", str(tmp_path / "g.parquet"), "--summary-out", str(tmp_path / "s.parquet")]) == 2
-    assert "stage 'verify-gold': its config sets no 'verifier'" in " ".join(capsys.readouterr().err.split())
+    assert re.search(r"stage 'verify-gold': .*the required key 'verifier' is missing",
+                     " ".join(capsys.readouterr().err.split()))
 
 
-def test_field_value_types_one_key_as_its_model_without_the_rest_of_its_section() -> None:
-    """What the library code reads instead of int()/float() casts (issue 40): a YAML 1 for a float key is 1.0, an
-    int key stays an int, and the section's other keys (here RLSettings' required ones) are not asked for."""
+def test_a_stage_object_types_its_keys_without_the_rest_of_their_sections() -> None:
+    """What the library code reads instead of int()/float() casts (issues 40, 61): a YAML 1 for a float key is 1.0,
+    an int key stays an int, and a section's keys the row does not list (here RLSettings' required ones, for
+    rl.mask_decision alone) are not asked for."""
     from predict.runs import resolve_run
+    from predict.stages import RUNS_VIEW, stage_settings
 
-    lr = field_value(RLSettings, "lr", 1)
-    assert lr == 1.0 and isinstance(lr, float)
-    steps = field_value(RLSettings, "steps", 3)
-    assert steps == 3 and isinstance(steps, int)
-    # a run matrix alone resolves (resolve_run reads env.test_cost and the overlays' alpha through the models)
     config = {"arms": {"A": {"protocol": "reactive"}, "B": {"protocol": "predictive", "alpha": 1}},
-              "env": {"test_cost": 1}, "ablations": {"b_alpha": {"alpha": 2}}}
+              "env": {"test_cost": 1}, "ablations": {"b_alpha": {"alpha": 2}}, "rl": {"mask_decision": True}}
+    matrix = stage_settings(RUNS_VIEW, config)
+    assert matrix.arms["B"].alpha == 1.0 and isinstance(matrix.arms["B"].alpha, float)
+    assert matrix.env.test_cost == 1 and isinstance(matrix.env.test_cost, int) and matrix.rl.mask_decision is True
+    # a run matrix alone resolves (resolve_run reads env.test_cost and the overlays' alpha through the models)
+    del config["rl"]
     spec = resolve_run(config, "b_alpha")
     assert (spec.alpha, spec.test_cost, spec.mask_decision) == (2.0, 1, False) and isinstance(spec.alpha, float)
+
+
+# -- each stage's own typed object (issue 61) ------------------------------------------------------------------------
+
+
+def _keys_of(model: type, prefix: str = "") -> set[str]:
+    """The dotted keys a stage model holds: a `StageSettings` part by its keys, any other field whole."""
+    from predict.stages import StageSettings
+
+    out = set()
+    for name, field in model.model_fields.items():
+        part = next((a for a in (field.annotation, *getattr(field.annotation, "__args__", ()))
+                     if isinstance(a, type) and issubclass(a, StageSettings)), None)
+        out |= _keys_of(part, f"{prefix}{name}.") if part is not None else {prefix + name}
+    return out
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_each_stage_model_holds_exactly_the_keys_its_row_lists(stage: str) -> None:
+    """A stage's model is built from its row: a key given whole is its section model, keys below a section are a
+    model of those keys alone; a key covered by a whole section it also lists is that section's."""
+    from predict.stages import stage_model
+
+    reads = STAGES[stage].reads
+    listed = {key for key in reads if not any(key.startswith(other + ".") for other in reads)}
+    assert _keys_of(stage_model(stage)) == listed
+
+
+@pytest.mark.parametrize("path", [*CONFIGS, REPO / "config" / "gpu-slice.yaml", REPO / "config" / "gpu-rehearsal.yaml"],
+                         ids=lambda p: p.name)
+def test_the_plain_data_of_a_stage_object_is_its_slice_byte_for_byte(path: Path) -> None:
+    """What is hashed or written goes through `plain_data`: for every stage of every shipped config, the typed
+    object's plain data is the slice the workflow writes, the same JSON bytes (key order included)."""
+    from predict.config.models import plain_data
+    from predict.stages import stage_settings
+
+    config = load_config(path)
+    for stage in STAGES:
+        sliced = config_slice(config, stage)
+        assert json.dumps(plain_data(stage_settings(stage, sliced))) == json.dumps(sliced), stage
+
+
+def test_plain_data_keeps_an_int_the_config_wrote_for_a_float_and_reads_a_changed_key_as_it_is() -> None:
+    """A YAML ``lr: 1`` reads as the float 1.0 but hashes as 1 (the bytes fingerprints and ledgers were written
+    under); a key changed on the typed object (a run's test_cost) is plain data as changed; a key the config leaves
+    out stays out."""
+    from predict.config.models import plain_data
+    from predict.stages import stage_settings
+
+    config = load_config(REPO / "config" / "local.yaml")
+    config["rl"]["lr"] = 1
+    config["evaluation"]["temperature"] = 0
+    config["evaluation"].pop("tasks", None)
+    rl = stage_settings("rl", config)
+    assert rl.rl.lr == 1.0 and isinstance(rl.rl.lr, float)
+    assert plain_data(rl)["rl"]["lr"] == 1 and isinstance(plain_data(rl)["rl"]["lr"], int)
+    evaluate = stage_settings("evaluate", config)
+    assert json.dumps(plain_data(evaluate)["evaluation"]) == json.dumps(config_slice(config, "evaluate")["evaluation"])
+    assert "tasks" not in plain_data(evaluate)["evaluation"] and evaluate.evaluation.tasks is None
+    changed = evaluate.model_copy(update={"env": evaluate.env.model_copy(update={"test_cost": 3})})
+    assert plain_data(changed)["env"]["test_cost"] == 3
+    assert plain_data(changed)["env"] == {**config_slice(config, "evaluate")["env"], "test_cost": 3}
+
+
+def test_a_stage_object_refuses_a_key_outside_its_row_and_names_stage_and_key() -> None:
+    from predict.stages import stage_settings
+
+    evaluate = stage_settings("evaluate", load_config(REPO / "config" / "local.yaml"))
+    with pytest.raises(SliceError, match=r"stage 'evaluate' read config key 'sft'.*stage table"):
+        _ = evaluate.sft
+    with pytest.raises(SliceError, match=r"'model\.base'"):  # the row gives model.enable_thinking alone
+        _ = evaluate.model.base
+    assert evaluate.model.enable_thinking is True and evaluate.rl.mask_decision is False
+
+
+def test_a_stage_object_is_typed_all_the_way_down_and_frozen() -> None:
+    """Sections are the study's own models (`RLSettings`, `ArmSettings`); a section a slice leaves out reads as its
+    defaults where the row lists only keys with defaults (model.tiny), as None where it has none (rft)."""
+    import pydantic
+
+    from predict.config.models import TinyModelSettings
+    from predict.stages import stage_settings
+
+    config = load_config(REPO / "config" / "local.yaml")
+    rft = stage_settings("rft", config)
+    assert isinstance(rft.rl, RLSettings) and isinstance(rft.arms["B"], ArmSettings)
+    assert stage_settings("rft", {k: v for k, v in config.items() if k != "rft"}).rft is None
+    tiny = stage_settings("build-tiny-model", {**config, "model": {"base": "m"}})
+    assert tiny.model.tiny is None and tiny.model.model_copy().tiny is None
+    assert stage_settings("build-tiny-model", config).model.tiny == TinyModelSettings.model_validate(config["model"]["tiny"])
+    with pytest.raises(AttributeError, match="read-only"):
+        rft.rl = None  # type: ignore[misc]
+    with pytest.raises(pydantic.ValidationError):  # a section inside is frozen too
+        rft.rl.lr = 0.5  # type: ignore[misc]
+
+
+def test_a_bad_slice_fails_naming_the_source_and_the_key() -> None:
+    from predict.config import ConfigError
+    from predict.stages import stage_settings
+
+    config = load_config(REPO / "config" / "local.yaml")
+    config["rl"]["lr"] = "fast"
+    with pytest.raises(ConfigError, match=r"^slice\.json: rl\.lr"):
+        stage_settings("rl", config, source="slice.json")

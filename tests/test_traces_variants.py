@@ -16,6 +16,7 @@ import pytest
 
 from predict.cli import main
 from predict.config import ConfigError, load_config
+from predict.config.models import EnvSettings
 from predict.data import MBPP_SCHEMA, split_tasks
 from predict.env.protocol import Episode, ProtocolConfig, prediction_line, task_prompt
 from predict.outputs import write_rows
@@ -148,15 +149,19 @@ def test_bad_sft_and_variant_settings_are_named() -> None:
     config["extensions"]["keep_own"] = {"base_arm": "B", "variant": "forced_keep", "sft": "own"}
     with pytest.raises(ConfigError, match="extensions.keep_own.sft: own needs SFT traces of its variant"):
         resolve_run(config, "keep_own")
+    del config["extensions"]["keep_own"]
+    # a value outside the key's allowed ones is the config model's to refuse, naming the key, the values and the bad one
     config["extensions"]["x"] = {"base_arm": "A", "variant": "blind", "sft": "mine"}
-    with pytest.raises(ConfigError, match="extensions.x.sft: 'mine' is not one of own, base"):
+    with pytest.raises(ConfigError, match="extensions.x.sft: Input should be 'own' or 'base', got 'mine'"):
         resolve_run(config, "x")
+    del config["extensions"]["x"]
     for variant in ("forced_keep", "budget_neutral"):
         config["extensions"]["y"] = {"base_arm": "A", "variant": variant}
         with pytest.raises(ConfigError, match=f"extensions.y: variant {variant} needs a predictive base arm"):
             resolve_run(config, "y")
+    del config["extensions"]["y"]
     config["extensions"]["z"] = {"base_arm": "A", "variant": "deaf"}
-    with pytest.raises(ConfigError, match="extensions.z.variant: 'deaf' is not one of"):
+    with pytest.raises(ConfigError, match="extensions.z.variant: Input should be .*'none'.*got 'deaf'"):
         resolve_run(config, "z")
 
 
@@ -220,7 +225,8 @@ def test_run_traces_stage_replays_through_the_sandbox_with_reward_one(
         assert main(argv) == 0
         table = pq.read_table(out)
         assert table.schema == TRACE_SCHEMA and table.num_rows == 6
-        protocol = ProtocolConfig.from_env(config["env"], resolve_run(config, run).protocol, variant=variant)
+        protocol = ProtocolConfig.from_env(EnvSettings.model_validate(config["env"]), resolve_run(config, run).protocol,
+                                           variant=variant)
         for row in table.to_pylist():
             task = by_id[row["task_id"]]
             assert row["messages"][0]["content"] == protocol.system_prompt()

@@ -25,6 +25,7 @@ from predict.data import MBPP_SCHEMA
 from predict.env.protocol import STUB
 from predict.env.runner import RolloutSettings, run_rollouts_sync
 from predict.outputs import write_rows
+from predict.stages import EPISODE_VIEW, stage_settings
 from predict_mbpp.environment import STUDY_CONFIG
 from tests.scripted_endpoint import HttpError, ScriptedEndpoint
 
@@ -90,7 +91,8 @@ def runs(tasks: list[tuple[dict[str, Any], list[Any]]], tmp_path_factory: pytest
         assert done.returncode == 0, done.stderr[-3000:]
         vf_requests = list(endpoint.requests)
         settings = RolloutSettings.from_study_config(
-            load_config(STUDY_CONFIG), arm="A", seed=0, checkpoint="", base_url=endpoint.base_url, model="policy"
+            stage_settings(EPISODE_VIEW, load_config(STUDY_CONFIG)),
+            arm="A", seed=0, checkpoint="", base_url=endpoint.base_url, model="policy"
         )
         ours = run_rollouts_sync([row for row, _ in tasks], settings)
     (traces_file,) = (tmp / "out").glob("*/traces.jsonl")

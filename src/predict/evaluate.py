@@ -17,10 +17,11 @@ Rules:
 * Evaluation repeats: its server is batch-invariant on a GPU, else it sends one request at a time
   (`predict.serving.identity.evaluation_environment`, `evaluation_concurrency`); `predict.serving.identity.serving_identity` says what
   its rows then depend on besides the checkpoint and the config (the campaign line records it).
-* The stage reads its slice as the typed view (`predict.stages.StageView`; the evaluate entry on val, evaluate-test
-  on test). What is hashed or recorded (the design hash, the ledger's evaluation section and serving settings, the
-  rollouts' sampling, which their resume fingerprint holds) takes its plain data, ``as_dict``: the same bytes as
-  before the view, so no frozen design, ledger line or `.partial` folder changes with it.
+* The stage reads its own typed object (`predict.stages.stage_model`: the evaluate row on val, evaluate-test on
+  test) as attributes. What is hashed or recorded (the design hash, the ledger's evaluation section and serving
+  settings, the rollouts' sampling, which their resume fingerprint holds) takes its plain data
+  (`predict.config.models.plain_data`): the bytes of the slice, so no frozen design, ledger line or `.partial` folder
+  changes with the typed object.
 * On test, every checkpoint of the job is admitted by the campaign (`predict.campaign.admission.TestLedger.admit`:
   the plan, the design, the registry outside results_dir, the weights' hash) before any server starts; the campaign
   package's modules hold the rules. Selection (`predict.campaign.selection.select`) reads only val evaluations.
@@ -46,22 +47,29 @@ from predict.campaign import (
     results_origin,
     serving_dependencies,
 )
+from predict.config.models import plain_data
 from predict.rollouts import RolloutJob, remaining_rollouts, roll_out, run_job
 from predict.runs import resolve_run
 from predict.serving.server import SERVED_NAME  # every checkpoint is served under it
-from predict.stages import StageView, stage_view
+from predict.stages import StageSettings, stage_settings
 
 log = logging.getLogger(__name__)
 
-Config = Mapping[str, Any] | StageView
-"""What the functions below take: the stage's typed view (`predict evaluate`'s ``main``), or a config mapping (a
-whole config or a slice: tests, the bundle's replay), viewed through the split's stage table entry (`evaluation_view`)."""
+Config = StageSettings | Mapping[str, Any]
+"""A stage's typed object, or a config mapping (a whole config or a slice: tests, the bundle's replay) that its
+holder reads once through the split's row (`evaluation_config`). Below the stage every function takes the typed
+object alone."""
+
+SAMPLING = ("temperature", "max_tokens")
+"""The evaluation keys every request's sampling takes (the rest say which tasks, how often)."""
 
 
-def evaluation_view(config: Config, split: str) -> StageView:
-    """The typed view of `config`: a view as it is (its own stage's entry), a mapping through the entry of the stage
-    that evaluates `split` (evaluate-test on test, which the ledger's design needs; evaluate otherwise)."""
-    return stage_view(config, "evaluate-test" if split == "test" else "evaluate")
+def evaluation_config(config: Config, split: str) -> StageSettings:
+    """The typed object evaluation reads: the stage's own as it is, a mapping through the row of the stage that
+    evaluates `split` (evaluate-test on test, which the ledger's design needs; evaluate otherwise)."""
+    if isinstance(config, StageSettings):
+        return config
+    return stage_settings("evaluate-test" if split == "test" else "evaluate", config)
 
 
 def run_identity(config: Mapping[str, Any], run: str) -> tuple[str, str]:
@@ -79,7 +87,7 @@ def selected_checkpoint(selection: Sequence[Mapping[str, Any]], run: str, seed: 
 
 
 def evaluation_job(
-    config: Config,
+    config: StageSettings,
     *,
     run: str,
     checkpoint: str,
@@ -94,22 +102,20 @@ def evaluation_job(
 ) -> RolloutJob:
     """The rollout job of one greedy evaluation (see the module docstring). On test it needs the ledger and the val
     selection (recorded with each evaluation); the campaign's admission is added by `evaluate_checkpoints`."""
-    typed = evaluation_view(config, split)
-    ev = typed.evaluation  # a view of EvaluationSettings: the evaluation keys the stage's entry lists
-    # Plain data from here on for what is hashed or recorded (`StageView.as_dict`: the bytes are the slice's, as
-    # before): the design hash, the ledger's evaluation section, and `sampling`, which the rollouts' resume
-    # fingerprint holds (a YAML `temperature: 0` is an int the model accepts; its typed value 0.0 would hash other
-    # bytes and discard a .partial folder). resolve_run and RunSpec.env take the mapping too.
-    spec = resolve_run(typed.as_dict, run)
-    study = spec.env(typed.as_dict)  # the run's test_cost reaches the rollouts (extension expensive_tests_*)
-    evaluation = study["evaluation"]
+    spec = resolve_run(config, run)
+    study = spec.env(config)  # the run's test_cost reaches the rollouts (extension expensive_tests_*)
+    ev = study.evaluation
+    # Plain data for what is hashed or recorded (`plain_data`: the slice's bytes): the design hash, the ledger's
+    # evaluation section, and `sampling`, which the rollouts' resume fingerprint holds (a YAML `temperature: 0`
+    # hashes as 0, not as its typed 0.0, which would discard a .partial folder).
+    evaluation = plain_data(ev)
     ledger_extra = None
     if split == "test":
         if test_ledger is None or selection is None:
             raise SplitGuardError("the test split is evaluated once, by the test campaign (snakemake test), which "
                                   "passes the ledger and the checkpoint selection")
         chosen = selected_checkpoint(selection, run, seed, test_ledger)
-        ledger_extra = {"config_hash": config_hash(study), "selection": chosen, "evaluation": evaluation}
+        ledger_extra = {"config_hash": config_hash(plain_data(study)), "selection": chosen, "evaluation": evaluation}
     return RolloutJob(
         tasks_path=tasks_path,
         split=split,
@@ -118,13 +124,13 @@ def evaluation_job(
         checkpoint=checkpoint,
         arm=spec.arm,
         seed=seed,
-        n_tasks=getattr(ev, "tasks", None),  # null or left out (it has no default to fill in): every task
+        n_tasks=ev.tasks,  # null or left out (it has no default to fill in): every task
         samples=ev.samples,
         variant=spec.variant,
         client="eval",
         base_url=base_url,
         test_ledger=test_ledger if split == "test" else None,
-        sampling={"temperature": evaluation["temperature"], "max_tokens": evaluation["max_tokens"]},  # plain: see above
+        sampling={key: value for key, value in evaluation.items() if key in SAMPLING},  # plain: see above
         run=run,
         ledger_extra=ledger_extra,
         evaluation=True,
@@ -136,8 +142,8 @@ def evaluate(config: Config, **kw: Any) -> dict[str, Any]:
     `evaluate_checkpoints`, which asks the ledger first.)"""
     if kw.get("split") == "test":
         raise SplitGuardError("the test split is evaluated by evaluate_checkpoints, which asks the test ledger")
-    study = evaluation_view(config, kw["split"]).as_dict  # the rollouts take plain data (their fingerprint hashes it)
-    return run_job(evaluation_job(config, **kw), resolve_run(study, kw["run"]).env(study))
+    config = evaluation_config(config, kw["split"])
+    return run_job(evaluation_job(config, **kw), resolve_run(config, kw["run"]).env(config))
 
 
 @dataclass(frozen=True)
@@ -157,7 +163,8 @@ class CheckpointServer:
     each next one (`VLLMServer.reload_weights`, as RL does between steps), restarted only for a model that is not
     a local folder (an HF id). Every checkpoint is served under `SERVED_NAME`."""
 
-    def __init__(self, serving: Mapping[str, Any], log_path: Path, *, sequences: int) -> None:
+    def __init__(self, serving: Any, log_path: Path, *, sequences: int) -> None:
+        """`serving`: the config's typed ``serving`` section (`predict.config.models.ServingSettings`)."""
         self.serving, self.log_path, self.sequences = serving, log_path, sequences
         self.server: Any = None  # predict.serving.server.VLLMServer
         self.starts = self.reloads = 0
@@ -192,7 +199,7 @@ class CheckpointServer:
 
 
 def evaluate_checkpoints(
-    config: Config,
+    config: StageSettings,
     *,
     run: str,
     split: str,
@@ -215,11 +222,7 @@ def evaluate_checkpoints(
     guarded (`predict.rollouts.guard_job`) and, on test, every checkpoint admitted."""
     if not checkpoints:
         raise ValueError(f"run {run} seed {seed}: no checkpoint to evaluate")
-    typed = evaluation_view(config, split)
-    # plain data for the campaign (it hashes the design and records the serving settings), the rollouts and
-    # VLLMServer.from_serving; the typed view for what is only read
-    study = typed.as_dict
-    sequences = typed.env.concurrency  # an int: the model's type, no cast (a run's env changes test_cost only)
+    sequences = config.env.concurrency  # a run's env changes test_cost only
     if split == "test":
         test_ledger = evaluation_ledger(test_ledger)  # the registry, never a ledger made here
         if selection_path is None or val_metrics is None:
@@ -232,11 +235,12 @@ def evaluate_checkpoints(
                            selection=selection) for c, (r, sd) in zip(checkpoints, owners, strict=True)]
     if split == "test":
         assert test_ledger is not None and selection_path is not None and val_metrics is not None
+        design = plain_data(config)  # the campaign hashes the design and records it in the ledger
         admissions = TestLedger(test_ledger).admit(  # every checkpoint admitted before any server starts
-            study, campaign_from_stats(study, val_metrics, selection_path),
+            design, campaign_from_stats(design, val_metrics, selection_path),
             [(r, job.checkpoint, sd, job.model) for job, (r, sd) in zip(jobs, owners, strict=True)],
             tasks_path=tasks_path, selection=selection or (),
-            depends_on=serving_dependencies(study["serving"], sequences),
+            depends_on=serving_dependencies(config.serving, sequences),
             origin=results_origin(jobs[0].out),
             new_campaign=new_campaign,
         )
@@ -244,9 +248,9 @@ def evaluate_checkpoints(
                 for job, a in zip(jobs, admissions, strict=True)]
     pending = []
     log_path = jobs[0].out.with_name(jobs[0].out.stem + ".vllm.log")
-    with CheckpointServer(study["serving"], log_path, sequences=sequences) as server:
+    with CheckpointServer(config.serving, log_path, sequences=sequences) as server:
         for job, (job_run, _) in zip(jobs, owners, strict=True):
-            run_study = resolve_run(study, job_run).env(study)
+            run_study = resolve_run(config, job_run).env(config)
             serve_s = 0.0
             if base_url is None and remaining_rollouts(job, run_study):
                 t0 = time.perf_counter()
@@ -288,7 +292,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
                         "evaluation.new_campaign); the report lists every campaign with its reason")
 
 
-def main(args: argparse.Namespace, config: StageView) -> int:
+def main(args: argparse.Namespace, config: StageSettings) -> int:
     from predict.outputs import print_summary
 
     n = len(args.checkpoint)
@@ -309,10 +313,8 @@ def main(args: argparse.Namespace, config: StageView) -> int:
         test_ledger=Path(args.test_ledger) if args.test_ledger else None,
         selection_path=Path(args.selection) if args.selection else None,
         val_metrics=Path(args.val_metrics) if args.val_metrics else None,
-        # evaluation.new_campaign is in evaluate-test's entry only (a val evaluation reading it raises SliceError)
-        # and has no default, so a config without one reads as missing: None
-        new_campaign=args.new_campaign or (getattr(config.evaluation, "new_campaign", None)
-                                           if args.split == "test" else None),
+        # evaluation.new_campaign is in evaluate-test's row only (a val evaluation reading it raises SliceError)
+        new_campaign=args.new_campaign or (config.evaluation.new_campaign if args.split == "test" else None),
     )
     for summary in summaries:
         run, seed, checkpoint = summary.pop("run"), summary.pop("seed"), summary.pop("checkpoint")

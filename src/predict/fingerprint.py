@@ -43,6 +43,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from predict.config.models import plain_data
 from predict.outputs import ResumableParquet, write_json
 
 log = logging.getLogger(__name__)
@@ -208,16 +209,17 @@ def _short(value: Any, limit: int = 40) -> str:
 
 
 def fingerprint(
-    config: Mapping[str, Any],
+    config: Any,
     keys: Sequence[str],
     *,
     inputs: Mapping[str, str | Path] | None = None,
     seed: int | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> Fingerprint:
-    """The fingerprint of a stage's work: its config slice (``keys``), its inputs' identities, its seed, extra."""
+    """The fingerprint of a stage's work: its config slice (``keys``), its inputs' identities, its seed, extra. A
+    stage's typed config is hashed as its plain data (`predict.config.models.plain_data`: the bytes of its slice)."""
     return Fingerprint(
-        config=config_slice(config, keys),
+        config=config_slice(plain_data(config), keys),
         inputs={name: input_identity(value) for name, value in sorted((inputs or {}).items())},
         seed=seed,
         extra=_canonical(dict(extra or {})),
@@ -295,14 +297,14 @@ def claim_results_dir(config: Mapping[str, Any], outputs: Iterable[str | Path]) 
     """Refuse to write into ``results_dir`` when another ``run_name`` made it; record this run's name there on its
     first write. Only stages whose ``outputs`` lie under ``results_dir`` claim it (a stage run by hand into a
     scratch folder does not)."""
-    from predict.config.models import StudyConfig
-    from predict.stages import field_value
+    from predict.stages import RESULTS_VIEW, stage_settings
 
-    results = Path(config["results_dir"]).resolve()
+    claim = stage_settings(RESULTS_VIEW, config)
+    results = Path(claim.results_dir).resolve()
     if not any(results == Path(p).resolve() or results in Path(p).resolve().parents for p in outputs if p):
         return
     marker = results / RUN_NAME_FILE
-    name = field_value(StudyConfig, "run_name", config["run_name"])
+    name = claim.run_name
     if not marker.exists():
         results.mkdir(parents=True, exist_ok=True)
         tmp = marker.with_name(f"{RUN_NAME_FILE}.{os.getpid()}.tmp")

@@ -26,7 +26,7 @@ from predict.config import config_default
 from predict.config.models import EvaluationSettings, ExtensionSettings
 from predict.data import load_split
 from predict.outputs import ResumableParquet
-from predict.stages import StageView, stage_view
+from predict.stages import StageSettings, stage_settings
 
 __all__ = ["RolloutJob", "SplitGuardError", "roll_out", "run_job"]
 
@@ -84,35 +84,43 @@ def _progress() -> Progress:
     )
 
 
-def sandbox_isolation(view: StageView) -> dict[str, Any]:
+Config = StageSettings | Mapping[str, Any]
+"""What `run_job` and `job_fingerprint` take: a stage's typed object that lists `predict.stages.ROLLOUT` (the rollout
+stage's, evaluate's), or a config mapping (a test's), read once through ``rollout``'s row. The rest take the typed
+object alone."""
+
+
+def rollout_config(config: Config) -> StageSettings:
+    """The typed object the rollouts read: a stage's own as it is, a mapping through the rollout stage's row."""
+    return config if isinstance(config, StageSettings) else stage_settings("rollout", config)
+
+
+def sandbox_isolation(config: StageSettings) -> dict[str, Any]:
     """Hold the sandbox layers that the rollout's checks get (check_once children of this process, as in the agent
-    program) against config verifier.isolation; the record goes into the rollout parquet's metadata. `view`: the
-    job's typed view (`roll_out`'s; the bundle's re-run views its config through ``rollout``'s entry)."""
+    program) against config verifier.isolation; the record goes into the rollout parquet's metadata."""
     from predict.sandbox import check_isolation, isolation_status
 
-    policy = view.verifier.isolation
+    policy = config.verifier.isolation
     record = check_isolation(isolation_status(), policy.require, policy.accept_weaker)
     if record["missing"]:
         log.warning("weaker sandbox isolation accepted: %s not active", ", ".join(record["missing"]))
     return record
 
 
-def job_fingerprint(job: RolloutJob, study_config: Mapping[str, Any] | StageView) -> Any:
+def job_fingerprint(job: RolloutJob, config: Config) -> Any:
     """What shapes a rollout job's rows (`predict.fingerprint`): the env/verifier/protocol config, the model's and
-    the tasks' content, the seed and the job's own settings; a `.partial` folder resumes only under the same.
-    `study_config`: a view or any config mapping, read through ``rollout``'s entry."""
-    return _fingerprint(job, stage_view(study_config, "rollout"))
+    the tasks' content, the seed and the job's own settings; a `.partial` folder resumes only under the same. The
+    config is hashed as plain data (`predict.fingerprint.fingerprint`): the bytes a `.partial` folder was saved
+    under."""
+    return _fingerprint(job, rollout_config(config))
 
 
-def _fingerprint(job: RolloutJob, view: StageView) -> Any:
-    """`job_fingerprint` of a view. The config is hashed as plain data (``as_dict``): the bytes a `.partial` folder
-    was saved under."""
+def _fingerprint(job: RolloutJob, config: StageSettings) -> Any:
     from predict.fingerprint import RESUME_KEYS, fingerprint
 
-    # Field by field, not asdict: asdict rebuilds every mapping it meets, and a config view cannot be rebuilt so.
     settings = {f.name: getattr(job, f.name) for f in fields(job) if f.name not in (
         "tasks_path", "out", "model", "base_url", "test_ledger", "ledger_extra", "seed", "served_model")}
-    return fingerprint(view.as_dict, RESUME_KEYS["rollout"], inputs={"model": job.model, "tasks": job.tasks_path},
+    return fingerprint(config, RESUME_KEYS["rollout"], inputs={"model": job.model, "tasks": job.tasks_path},
                        seed=job.seed, extra={"job": settings})
 
 
@@ -143,7 +151,8 @@ class PendingOutput:
         return self.summary
 
 
-def _rollouts(job: RolloutJob, view: StageView) -> tuple[list[dict[str, Any]], ResumableParquet, list[dict[str, Any]]]:
+def _rollouts(job: RolloutJob, config: StageSettings) -> tuple[list[dict[str, Any]], ResumableParquet, list[dict[str,
+                                                                                                                 Any]]]:
     """The job's rollouts, its persisted rows (after dropping any persisted under another fingerprint: other inputs
     or settings) and the rollouts not persisted yet."""
     from predict.env.records import RECORD_SCHEMA
@@ -151,7 +160,7 @@ def _rollouts(job: RolloutJob, view: StageView) -> tuple[list[dict[str, Any]], R
 
     tasks = select_tasks(load_split(job.tasks_path), job.n_tasks, job.samples)
     guard_job(job, [t["task_id"] for t in tasks])  # before the .partial folder (or a server) exists
-    sink = resumable_rows(job.out, RECORD_SCHEMA, ("task_id", "sample"), _fingerprint(job, view))
+    sink = resumable_rows(job.out, RECORD_SCHEMA, ("task_id", "sample"), _fingerprint(job, config))
     done = sink.done()
     return tasks, sink, [t for t in tasks if (t["task_id"], t["sample"]) not in done]
 
@@ -164,18 +173,15 @@ def guard_job(job: RolloutJob, task_ids: Sequence[int]) -> None:
                 admission=admission if admission and "campaign" in admission else None, ledger=job.test_ledger)
 
 
-def rollout_settings(job: RolloutJob, view: StageView, *, base_url: str, model: str) -> Any:
+def rollout_settings(job: RolloutJob, config: StageSettings, *, base_url: str, model: str) -> Any:
     """The `predict.env.runner.RolloutSettings` a job's rollouts run under, against the endpoint `base_url` serving
     `model`: the study config's, the job's arm, seed, checkpoint, variant, client and sampling, and, for an
     evaluation, the requests in flight that repeat (`predict.serving.identity.evaluation_concurrency`)."""
     from predict.env.runner import RolloutSettings
     from predict.serving.identity import evaluation_concurrency
 
-    # RolloutSettings and the serving helpers are shared with RL, RFT and evaluate and take plain data: the
-    # config's own values go into the records (a YAML `temperature: 1` stays 1, as before the typed view)
-    study_config = view.as_dict
     settings = RolloutSettings.from_study_config(
-        study_config,
+        config,
         arm=job.arm,
         seed=job.seed,
         checkpoint=job.checkpoint,
@@ -188,32 +194,29 @@ def rollout_settings(job: RolloutJob, view: StageView, *, base_url: str, model: 
         **dict(job.sampling or {}),
     )
     if job.evaluation:
-        settings = dataclasses.replace(settings, concurrency=evaluation_concurrency(study_config["serving"],
+        settings = dataclasses.replace(settings, concurrency=evaluation_concurrency(config.serving,
                                                                                     settings.concurrency))
     return settings
 
 
-def remaining_rollouts(job: RolloutJob, study_config: Mapping[str, Any] | StageView) -> int:
+def remaining_rollouts(job: RolloutJob, config: StageSettings) -> int:
     """How many of the job's rollouts are not persisted yet (0: publishing needs no server)."""
-    return len(_rollouts(job, stage_view(study_config, "rollout"))[2])
+    return len(_rollouts(job, config)[2])
 
 
-def run_job(job: RolloutJob, study_config: Mapping[str, Any] | StageView) -> dict[str, Any]:
+def run_job(job: RolloutJob, config: Config) -> dict[str, Any]:
     """Run (or resume) one rollout job and write its parquet. Returns a short summary."""
-    return roll_out(job, study_config).publish()
+    return roll_out(job, rollout_config(config)).publish()
 
 
-def roll_out(job: RolloutJob, study_config: Mapping[str, Any] | StageView) -> PendingOutput:
-    """Run (or resume) one rollout job's rollouts, persisting each as it finishes; publish with `.publish()`.
-    `study_config`: the rollout stage's typed view, or any config mapping (evaluate's, tests'), read through
-    ``rollout``'s table entry."""
+def roll_out(job: RolloutJob, config: StageSettings) -> PendingOutput:
+    """Run (or resume) one rollout job's rollouts, persisting each as it finishes; publish with `.publish()`."""
     from predict.env.runner import run_rollouts_sync
     from predict.serving.identity import evaluation_environment
     from predict.serving.server import SERVED_NAME, VLLMServer
 
-    view = stage_view(study_config, "rollout")
-    isolation = sandbox_isolation(view)  # before anything is read: a missing sandbox layer stops the stage
-    tasks, sink, todo = _rollouts(job, view)  # guarded (`guard_job`) before anything is written
+    isolation = sandbox_isolation(config)  # before anything is read: a missing sandbox layer stops the stage
+    tasks, sink, todo = _rollouts(job, config)  # guarded (`guard_job`) before anything is written
     log.info("%d rollouts, %d already persisted, %d to run", len(tasks), len(tasks) - len(todo), len(todo))
     ledger_entry = {
         "run": job.run or job.arm,
@@ -231,16 +234,14 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any] | StageView) -> Pe
 
     timing: dict[str, float] = {}
     if todo:
-        # the serving section goes as plain data to VLLMServer.from_serving and the serving helpers (shared with RL
-        # and evaluate, which hand them the same)
-        serving = view.as_dict["serving"]
+        serving = config.serving
         server = (
             contextlib.nullcontext(None)
             if job.base_url
             else VLLMServer.from_serving(
                 job.model,
                 serving,
-                sequences=view.env.concurrency,  # an int by the config model: no cast
+                sequences=config.env.concurrency,
                 served_model_name=SERVED_NAME,  # records name one model whichever server ran (and one can be shared)
                 log_path=job.out.with_name(job.out.stem + ".vllm.log"),
                 env=evaluation_environment(serving) if job.evaluation else None,
@@ -250,7 +251,7 @@ def roll_out(job: RolloutJob, study_config: Mapping[str, Any] | StageView) -> Pe
         with server as srv:
             if srv is not None:  # started here; with job.base_url the caller's server (evaluate reports its serve_s)
                 timing["server_start_s"] = time.perf_counter() - t0
-            settings = rollout_settings(job, view, base_url=job.base_url or srv.base_url,
+            settings = rollout_settings(job, config, base_url=job.base_url or srv.base_url,
                                         model=srv.model_name if srv is not None else (job.served_model or job.model))
             passed = sum(bool(r["final_pass"]) for r in sink.rows)
             t1 = time.perf_counter()
@@ -310,15 +311,13 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True)
 
 
-def main(args: argparse.Namespace, config: StageView) -> int:
+def main(args: argparse.Namespace, config: StageSettings) -> int:
     from predict.config import ConfigError
     from predict.outputs import print_summary
     from predict.runs import with_env
 
-    # the flags' env overrides on the slice's plain data (with_env is shared with the untyped stages), viewed again
-    # through this stage's table entry: what the job reads and what its fingerprint hashes are the overridden env
-    study = stage_view(with_env(config.as_dict, test_cost=args.test_cost,
-                                max_chained_revisions=args.max_chained_revisions), "rollout")
+    # the flags' env overrides: what the job reads and what its fingerprint hashes are the overridden env
+    study = with_env(config, test_cost=args.test_cost, max_chained_revisions=args.max_chained_revisions)
     job = RolloutJob(
         tasks_path=Path(args.tasks_file),
         split=args.split,

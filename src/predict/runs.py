@@ -44,13 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from predict.config import ConfigError, allowed_values, config_default
-from predict.config.models import AblationSettings, ArmSettings, ExtensionSettings, RLSettings
-from predict.stages import RUN_MATRIX, StageView, field_value
-from predict.vocabulary import ENVIRONMENT_VARIANTS, PREDICTIVE_VARIANTS, TRACE_VARIANTS, VARIANTS
-
-TRAINERS = allowed_values(ExtensionSettings, "trainer")  # rl, rft
-SFT_SOURCES = allowed_values(ExtensionSettings, "sft")  # own, base
+from predict.config import ConfigError
+from predict.config.models import ExtensionSettings
+from predict.stages import CHECKPOINTS_VIEW, RUN_NAMES_VIEW, RUNS_VIEW, StageSettings, stage_settings
+from predict.vocabulary import ENVIRONMENT_VARIANTS, PREDICTIVE_VARIANTS, TRACE_VARIANTS
 
 
 @dataclass(frozen=True)
@@ -83,25 +80,27 @@ class RunSpec:
         """Whether the run trains from its own SFT (its own traces) rather than its base arm's."""
         return self.sft_run == self.run != self.arm
 
-    def env(self, config: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The study config with this run's environment knobs (``env.test_cost``) in place."""
+    def env(self, config: Any) -> Any:
+        """The study config (a stage's typed object, or a mapping) with this run's environment knobs
+        (``env.test_cost``) in place."""
         return with_env(config, test_cost=self.test_cost)
 
 
-RUNS_VIEW = "runs"
-"""The name `matrix_view` reports in its errors (not a `predict` stage)."""
+def run_matrix(config: Mapping[str, Any] | StageSettings) -> StageSettings:
+    """The run matrix (`predict.stages.RUN_MATRIX`) as typed objects: a stage's own object as it is (every stage that
+    resolves runs lists the matrix), a config mapping (the workflow's, a test's) read through the matrix's keys."""
+    if isinstance(config, StageSettings):
+        return config
+    return stage_settings(RUNS_VIEW, config)
 
 
-def matrix_view(config: Mapping[str, Any], *more: str) -> StageView:
-    """The config's run-matrix keys (`predict.stages.RUN_MATRIX`, and `more`) as the typed models, read key by key
-    (``env.test_cost`` an int), so a config that sets only these keys reads too. A stage's slice keeps its own key
-    checks underneath; what resolve_run checks itself it still reads through model_construct, for its messages."""
-    return StageView(RUNS_VIEW, config, reads=(*RUN_MATRIX, *more))
-
-
-def with_env(config: Mapping[str, Any], **values: Any) -> Mapping[str, Any]:
+def with_env(config: Any, **values: Any) -> Any:
     """The config with these ``env`` keys replaced; a value None or equal to the config's keeps it (the config itself
-    is returned when nothing changes, a stage's view with its key checks included)."""
+    is returned when nothing changes). A stage's typed object stays one (its env a copy with the keys replaced)."""
+    if isinstance(config, StageSettings):
+        changed = {key: value for key, value in values.items()
+                   if value is not None and getattr(config.env, key) != value}
+        return config.model_copy(update={"env": config.env.model_copy(update=changed)}) if changed else config
     changed = {key: value for key, value in values.items() if value is not None and config["env"][key] != value}
     return {**config, "env": {**config["env"], **changed}} if changed else config
 
@@ -112,14 +111,15 @@ def checkpoint_steps(steps: int, every: int) -> list[int]:
     return sorted({*range(every, steps + 1, every), steps})
 
 
-def checkpoint_path(config: Mapping[str, Any], results_dir: str | Path, run: str, checkpoint: str, seed: int) -> str:
+def checkpoint_path(config: Mapping[str, Any] | StageSettings, results_dir: str | Path, run: str, checkpoint: str,
+                    seed: int) -> str:
     """The folder (under `results_dir`) or HF id vLLM serves for a run's checkpoint: ``base`` (``model.base``: the
     embedded default's tiny model, ``models/tiny``, else its HF id), ``sft`` (the run's SFT, `RunSpec.sft_run`: its
     arm's, shared by its ablations, or its own) or ``step<N>`` (the run's RL checkpoint for that seed). The one place
     checkpoint names become paths: the workflow (common.smk's checkpoint_model) and the bundle ask here."""
     results = Path(results_dir)
     if checkpoint == "base":
-        base = matrix_view(config, "model.base").model.base
+        base = (config if isinstance(config, StageSettings) else stage_settings(CHECKPOINTS_VIEW, config)).model.base
         return str(results / "models" / "tiny") if base == "tiny" else base
     if checkpoint == "sft":
         return str(results / "checkpoints" / resolve_run(config, run).sft_run / "sft")
@@ -128,67 +128,61 @@ def checkpoint_path(config: Mapping[str, Any], results_dir: str | Path, run: str
     raise ConfigError(f"unknown checkpoint {checkpoint!r} (base, sft or step<N>)")
 
 
-def default_mask_decision(config: Mapping[str, Any]) -> bool:
+def default_mask_decision(config: Mapping[str, Any] | StageSettings) -> bool:
     """rl.mask_decision: the config's, or its default where the config has no `rl` section."""
-    view = matrix_view(config)
-    return view.rl.mask_decision if "rl" in view else config_default(RLSettings, "mask_decision")
+    return run_matrix(config).rl.mask_decision
 
 
-def study_runs(config: Mapping[str, Any]) -> list[str]:
+def study_runs(config: Mapping[str, Any] | StageSettings) -> list[str]:
     """Every run of the matrix: the arms, then the ablations, then the extensions."""
-    return sorted(config["arms"]) + list(config.get("ablations") or {}) + list(config.get("extensions") or {})
+    runs = config if isinstance(config, StageSettings) else stage_settings(RUN_NAMES_VIEW, config)
+    return sorted(runs.arms) + list(runs.ablations) + list(runs.extensions)
 
 
-def runs_of_kind(config: Mapping[str, Any], kind: str, trainer: str | None = None) -> list[str]:
+def runs_of_kind(config: Mapping[str, Any] | StageSettings, kind: str, trainer: str | None = None) -> list[str]:
     """The study runs of one kind (``arm``, ``ablation``, ``extension``), optionally of one trainer."""
-    specs = [resolve_run(config, r) for r in study_runs(config)]
+    matrix = run_matrix(config)
+    specs = [resolve_run(matrix, r) for r in study_runs(matrix)]
     return [s.run for s in specs if s.kind == kind and (trainer is None or s.trainer == trainer)]
 
 
-def sft_runs(config: Mapping[str, Any]) -> list[str]:
+def sft_runs(config: Mapping[str, Any] | StageSettings) -> list[str]:
     """The runs with an SFT checkpoint of their own: the arms (sorted), then the study runs with ``sft_run`` = the
     run itself, in run order."""
-    return sorted(config["arms"]) + [r for r in study_runs(config) if resolve_run(config, r).own_sft]
+    matrix = run_matrix(config)
+    return sorted(matrix.arms) + [r for r in study_runs(matrix) if resolve_run(matrix, r).own_sft]
 
 
-def resolve_run(config: Mapping[str, Any], run: str) -> RunSpec:
-    arms = config["arms"]
-    ablations, extensions = config.get("ablations", {}), config.get("extensions", {})
+def resolve_run(config: Mapping[str, Any] | StageSettings, run: str) -> RunSpec:
+    """What `run` trains and how it rolls out (the module docstring's rules), from the config's typed run matrix."""
+    matrix = run_matrix(config)
+    arms, ablations, extensions = matrix.arms, matrix.ablations, matrix.extensions
     for name in set(arms) & set(ablations) | set(arms) & set(extensions) | set(ablations) & set(extensions):
         raise ConfigError(f"run {name!r} is named twice (arms, ablations, extensions need distinct names)")
-    over: AblationSettings | ExtensionSettings | None
+    over: Any
     if run in arms:
         arm, over, kind = run, None, "arm"
     elif run in ablations or run in extensions:
         kind = "ablation" if run in ablations else "extension"
-        entry = (ablations if run in ablations else extensions)[run] or {}
-        over = (AblationSettings if run in ablations else ExtensionSettings).model_construct(**entry)
+        over = ablations[run] if run in ablations else extensions[run]
         arm = over.base_arm
         if arm not in arms:
             raise ConfigError(f"{kind}s.{run}.base_arm: no arm {arm!r} (have {', '.join(arms)})")
     else:
         known = [*arms, *ablations, *extensions]
         raise ConfigError(f"run {run!r} is neither an arm, an ablation nor an extension (have {', '.join(known)})")
-    arm_settings = ArmSettings.model_construct(**arms[arm])
-    protocol = arm_settings.protocol
-    alpha = arm_settings.ce_weight if over is None or over.alpha is None or protocol != "predictive" \
-        else field_value(type(over), "alpha", over.alpha)
+    protocol = arms[arm].protocol
+    alpha = arms[arm].ce_weight if over is None or over.alpha is None or protocol != "predictive" else over.alpha
     variant = "none" if over is None else over.variant
     extension = over if isinstance(over, ExtensionSettings) else None
-    mask_decision = default_mask_decision(config) if extension is None or extension.mask_decision is None \
+    mask_decision = matrix.rl.mask_decision if extension is None or extension.mask_decision is None \
         else extension.mask_decision
     trainer = "rl" if extension is None else extension.trainer
-    if trainer not in TRAINERS:
-        raise ConfigError(f"{kind}s.{run}.trainer: {trainer!r} is not one of {', '.join(TRAINERS)}")
-    if variant not in VARIANTS:
-        raise ConfigError(f"{kind}s.{run}.variant: {variant!r} is not one of {', '.join(VARIANTS)}")
     if protocol != "predictive" and (variant in PREDICTIVE_VARIANTS or bool(extension and extension.mask_decision)):
         what = f"variant {variant}" if variant in PREDICTIVE_VARIANTS else "mask_decision"
         raise ConfigError(f"{kind}s.{run}: {what} needs a predictive base arm, {arm} is {protocol}")
     sft = extension.sft if extension is not None and extension.sft is not None \
         else ("own" if variant in ENVIRONMENT_VARIANTS else "base")
-    if sft not in SFT_SOURCES:
-        raise ConfigError(f"{kind}s.{run}.sft: {sft!r} is not one of {', '.join(SFT_SOURCES)}")
     if sft == "own" and variant not in TRACE_VARIANTS:
         raise ConfigError(f"{kind}s.{run}.sft: own needs SFT traces of its variant, and {variant} traces are not "
                           f"rendered (only {', '.join(TRACE_VARIANTS)}): use sft: base")
@@ -198,8 +192,7 @@ def resolve_run(config: Mapping[str, Any], run: str) -> RunSpec:
         protocol=protocol,
         variant=variant,
         alpha=alpha,
-        test_cost=matrix_view(config).env.test_cost if extension is None or extension.test_cost is None
-        else field_value(ExtensionSettings, "test_cost", extension.test_cost),
+        test_cost=matrix.env.test_cost if extension is None or extension.test_cost is None else extension.test_cost,
         mask_decision=mask_decision,
         trainer=trainer,
         kind=kind,
@@ -229,19 +222,19 @@ def environment_name(variant: str, test_cost: int, default_test_cost: int) -> st
     return "+".join(parts) or "study"
 
 
-def environments(config: Mapping[str, Any]) -> list[Environment]:
+def environments(config: Mapping[str, Any] | StageSettings) -> list[Environment]:
     """Every environment both protocols play (the module docstring's rule), the study's first, then in run order."""
-    arms = config["arms"]
-    default_mask = default_mask_decision(config)
+    matrix = run_matrix(config)
+    default_mask = matrix.rl.mask_decision
     sides: dict[tuple[str, int], dict[str, list[str]]] = {}
-    for run in study_runs(config):
-        spec = resolve_run(config, run)
-        arm_alpha = ArmSettings.model_construct(**arms[spec.arm]).ce_weight
+    for run in study_runs(matrix):
+        spec = resolve_run(matrix, run)
+        arm_alpha = matrix.arms[spec.arm].ce_weight
         if spec.kind == "ablation" or spec.trainer != "rl" or spec.mask_decision != default_mask \
                 or spec.alpha != arm_alpha:
             continue  # it changes more than the environment
         sides.setdefault((spec.variant, spec.test_cost), {}).setdefault(spec.protocol, []).append(run)
-    default_cost = matrix_view(config).env.test_cost
+    default_cost = matrix.env.test_cost
     out = []
     for (variant, cost), by_protocol in sides.items():
         name = environment_name(variant, cost, default_cost)
@@ -254,13 +247,14 @@ def environments(config: Mapping[str, Any]) -> list[Environment]:
     return sorted(out, key=lambda e: e.name != "study")  # stable: the rest keep run order
 
 
-def extension_counterpart(config: Mapping[str, Any], run: str) -> str | None:
+def extension_counterpart(config: Mapping[str, Any] | StageSettings, run: str) -> str | None:
     """The run an extension's calls per solved task are compared with: for an extension that is one side of an
     environment (`environments`: expensive tests, irreversible, blind), the other protocol's run there; None
     otherwise (statistics then use the other base arm)."""
-    if run in config["arms"]:
+    matrix = run_matrix(config)
+    if run in matrix.arms:
         return None
-    for env in environments(config):
+    for env in environments(matrix):
         if run in env.runs:
             return env.predictive if run == env.reactive else env.reactive
     return None

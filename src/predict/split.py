@@ -16,14 +16,14 @@ from predict.data import file_sha256, load_mbpp, split_tasks, write_split
 from predict.outputs import print_table
 
 if TYPE_CHECKING:
-    from predict.stages import StageView
+    from predict.stages import StageSettings
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", required=True)
 
 
-def main(args: argparse.Namespace, config: StageView) -> int:
+def main(args: argparse.Namespace, config: StageSettings) -> int:
 
     data = config.data
     source = Path(data.mbpp_path)

@@ -3,12 +3,13 @@
 Rules this module keeps:
 * ONE table (``STAGES``) says which config sections or keys each stage reads. A key is a dotted path
   (``evaluation.bootstrap``); a section (``rl``) means every key below it.
-* A stage is handed exactly its slice (``config_slice``) and reads it through ``StageView`` (the typed config
-  models, ``config.rl.lr``; every stage since issue 40); it raises ``SliceError`` naming the stage and the key when
-  the stage reads anything the table does not give it (so does ``StageConfig``, the dict view the workflow reads
-  through): the table cannot go stale silently. Fingerprints, JSON and hashes take the dict form (``StageView.as_dict``), so
-  their bytes do not depend on the view. A key the table gives but the config leaves out reads as missing (``KeyError``, so
-  ``.get(key, default)`` still works).
+* A stage is handed exactly its slice (``config_slice``) as ONE typed object: its own pydantic model
+  (``stage_model``: composed from the study's section models, holding exactly the keys its row lists; issue 61),
+  read as attributes all the way down (``config.rl.lr``). Reading anything the row does not give raises
+  ``SliceError`` naming the stage and the key (so does ``StageConfig``, the dict view the workflow reads through):
+  the table cannot go stale silently. Fingerprints, JSON and hashes take its plain data
+  (``predict.config.models.plain_data``: the slice's very bytes), so no state or ledger changes with the types.
+  A key the row gives but the config leaves out (and that has no default) reads as None.
 * The workflow passes a slice as a small content-addressed JSON file (``slice_file``) and tracks it as one short
   param per entry (``slice_params``: ``rl.lr=0.0001`` or ``rl#1a2b3c4d``), so an edit reruns only the stages that
   read it and Snakemake's "Params have changed" reason names the changed entry, not the whole config.
@@ -28,17 +29,19 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pydantic
 
-from predict.config import ConfigError, sections_in
+from predict.config import ConfigError, config_problems, sections_in
 from predict.config.models import Section, StudyConfig
 
 # What resolving a study run reads (predict.runs.resolve_run): the run matrix, the default test cost, the decision mask.
@@ -182,7 +185,7 @@ STAGES: dict[str, Stage] = {
               "stats/training_outcomes.parquet", (),
               help="per predictive run and seed, over all RL steps: verified vs predicted class counts and shares"),
         Stage("report", ("report",), "report.smk", "report/stage.py", "report/index.html",
-              ("run_name", "model.base", "seeds", "arms", "ablations", "extensions", "power", "data.sizes.test"),
+              _reads(("run_name", "model.base", "seeds"), RUN_MATRIX, ("power", "data.sizes.test")),
               help="the study report: one self-contained HTML page from parquet"),
         # Every episode browsable in Inspect's viewer (issue 62): reads the runs (their pairs) and the split (the seal).
         # Its --tasks-file only renders the prompts of the files it admitted (predict.inspect_logs: the seal).
@@ -225,6 +228,22 @@ WORKFLOW = ("run_name", "results_dir", "backend", "seeds", *RUN_MATRIX, "evaluat
             "model.tiny", "sft.dtype", "sft.save_every", "sft.max_steps", "rl.state_every", "rl.keep_state", "rl.dtype")
 WORKFLOW_VIEW = "workflow"
 """The name `workflow_config`'s view reports in its errors (not a `predict` stage)."""
+RUNS_VIEW = "runs"
+"""The run matrix as its own model (`predict.runs.run_matrix`: a config mapping's runs, read as typed sections)."""
+CHECKPOINTS_VIEW = "checkpoints"
+"""What a checkpoint's path reads (`predict.runs.checkpoint_path`): the runs and the base model."""
+RUN_NAMES_VIEW = "run-names"
+"""The runs' names alone (`predict.runs.study_runs`): a stage that lists the runs but not the whole matrix (report)."""
+RESULTS_VIEW = "results"
+"""Whose results folder it is (`predict.fingerprint.claim_results_dir`): the run's name and its folder."""
+TRACKING_VIEW = "tracking"
+"""Where a training job's curves go (`predict.train.tracking.TrackingTargets`): `TRACKING`."""
+EPISODE_VIEW = "episode"
+"""What one rollout's settings read (`predict.env.runner.RolloutSettings.from_study_config`): `ROLLOUT`."""
+VIEWS = {WORKFLOW_VIEW: WORKFLOW, RUNS_VIEW: RUN_MATRIX, CHECKPOINTS_VIEW: (*RUN_MATRIX, "model.base"),
+         EPISODE_VIEW: ROLLOUT, RUN_NAMES_VIEW: ("arms", "ablations", "extensions"), TRACKING_VIEW: TRACKING,
+         RESULTS_VIEW: ("run_name", "results_dir")}
+"""Models of the config that are no stage's: their names (never a `predict` stage) and the keys they hold."""
 
 
 class SliceError(ConfigError):
@@ -237,6 +256,106 @@ class MissingKey(ConfigError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class StageSettings(Section):
+    """What a stage's model is: its own pydantic model (`stage_model`), composed from the study's section models,
+    holding exactly the keys its row of the stage table lists. A section the row gives whole is its section model
+    (``rl``: `RLSettings`); a section it gives keys of (``model.enable_thinking``) is a model of those keys alone.
+    Reading a key the row does not give raises SliceError naming the stage and the key: the table cannot go stale
+    silently."""
+
+    stage_name: ClassVar[str] = ""
+    stage_path: ClassVar[str] = ""
+    stage_reads: ClassVar[tuple[str, ...]] = ()
+    stage_section: ClassVar[type[Section]] = StudyConfig
+    """The study's section model this part holds keys of (its keys outside the row raise SliceError, others are typos)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)  # type: ignore[misc]
+        except AttributeError:
+            if name.startswith("_"):
+                raise
+        path = f"{self.stage_path}.{name}" if self.stage_path else name
+        if name not in self.stage_section.model_fields:
+            raise AttributeError(f"{self.stage_section.__name__} has no key {path!r}")
+        raise SliceError(
+            f"stage {self.stage_name!r} read config key {path!r}, which its entry in the stage table "
+            f"(src/predict/stages.py) does not list: add it there (it reads {', '.join(self.stage_reads) or 'nothing'})"
+        )
+
+    def __contains__(self, name: str) -> bool:
+        """Whether the config sets this key (a key outside the row raises SliceError, as reading it does)."""
+        return getattr(self, name) is not None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        path = f"{self.stage_path}.{name}" if self.stage_path else name
+        raise AttributeError(f"a stage's config is read-only ({path!r})")
+
+
+_WHOLE: dict[str, Any] = {}
+"""A key of `_key_tree` that the table gives whole."""
+
+
+def _key_tree(reads: Iterable[str]) -> dict[str, Any]:
+    """The table entry's dotted keys as a tree: {section: {key: _WHOLE}}; a key given whole covers the ones below."""
+    tree: dict[str, Any] = {}
+    for path in reads:
+        node = tree
+        *parents, leaf = path.split(".")
+        for part in parents:
+            if node.get(part) is _WHOLE:
+                break
+            node = node.setdefault(part, {})
+        else:
+            node[leaf] = _WHOLE
+    return tree
+
+
+def _part_model(model: type[Section], tree: Mapping[str, Any], name: str, stage: str, path: str,
+                reads: tuple[str, ...]) -> type[StageSettings]:
+    fields: dict[str, Any] = {}
+    for key, below in tree.items():
+        field = model.model_fields[key]
+        if below is _WHOLE:
+            fields[key] = (field.annotation, copy.copy(field))
+            continue
+        section = sections_in(field.annotation)[0]
+        if section is None:
+            raise ConfigError(f"stage table: {stage!r} lists keys below {path + key!r}, which is no section")
+        part = _part_model(section, below, f"{name}_{key}", stage, path + key + ".", reads)
+        if all(not f.is_required() for f in part.model_fields.values()):  # its defaults, where the slice has none
+            fields[key] = (part, pydantic.Field(default_factory=part, description=field.description))
+        elif field.is_required():
+            fields[key] = (part, pydantic.Field(description=field.description))
+        else:
+            fields[key] = (part | None, pydantic.Field(default=None, description=field.description))
+    built = pydantic.create_model(name, __base__=StageSettings, **fields)
+    built.stage_name, built.stage_path, built.stage_reads, built.stage_section = stage, path.rstrip("."), reads, model
+    return built
+
+
+@functools.cache
+def stage_model(stage: str) -> type[StageSettings]:
+    """The stage's own config model (`StageSettings`), built from its row of the stage table (the one source of what
+    a stage reads) and the study's section models (the one source of every key's type and default): the typed
+    object its ``main`` receives. ``workflow`` (`WORKFLOW_VIEW`): what the workflow reads to plan jobs."""
+    reads = STAGES[stage].reads if stage in STAGES else VIEWS.get(stage)
+    if reads is None:
+        raise ConfigError(f"no stage {stage!r} in the stage table (src/predict/stages.py)")
+    title = "".join(word.capitalize() for word in re.split(r"[-_]", stage)) + "Config"
+    return _part_model(StudyConfig, _key_tree(reads), title, stage, "", reads)
+
+
+def stage_settings(stage: str, config: Mapping[str, Any], source: str = "config") -> StageSettings:
+    """The stage's typed object from a (defaults-filled) config or its slice: only the keys its row lists are read.
+    Raises ConfigError naming `source` and the key."""
+    try:
+        return stage_model(stage).model_validate(config_slice(config, stage) if stage in STAGES
+                                                 else _keys(config, VIEWS[stage]))
+    except pydantic.ValidationError as e:
+        raise ConfigError(f"{source}: {config_problems(e, dict(config), stage_model(stage))[0]}") from None
 
 
 def _covered(path: str, reads: Iterable[str]) -> bool:
@@ -304,19 +423,13 @@ def _adapter(model: type[Section], name: str) -> pydantic.TypeAdapter:
     return pydantic.TypeAdapter(model.model_fields[name].annotation)
 
 
-def field_value(model: type[Section], name: str, value: Any) -> Any:
-    """One key's value as its model types it (a YAML ``1`` for a float key reads 1.0), without validating the rest
-    of its section: for code that builds a section unvalidated to raise its own messages (predict.runs)."""
-    return _adapter(model, name).validate_python(value)
-
-
 class StageView:
-    """A stage's slice as its typed config models: a key the stage's table entry gives whole reads as its model's
-    value (``view.rl`` an `RLSettings`, ``view.rl.lr`` a float even where the YAML wrote ``1``, ``view.arms`` a dict
-    of `ArmSettings`); a section the entry gives only keys of (``model.enable_thinking``) reads as a view of its
-    model. The same rule as `StageConfig`: an attribute outside the stage's table entry raises SliceError naming
-    the stage and the key. ``as_dict`` is the slice as the dict view, for what must stay plain data (fingerprints, JSON, the
-    modules not yet typed): the bytes they hash are the same as before."""
+    """A config MAPPING read through a row of the stage table as the typed config models, for the one reader left
+    that holds plain data rather than a stage's typed object: the test campaign (`predict.campaign.view`), whose
+    inputs are recorded designs and whole configs (ledger lines, a bundle's manifest, tests' partial configs) that
+    a stage model would refuse for the keys they leave out. Reads go as `StageSettings` reads do (a key outside the
+    row raises SliceError; a section the config leaves out raises MissingSection, which ``getattr(..., None)`` reads
+    as left out). Every stage's ``main`` and everything below it takes its `StageSettings` instead (issue 61)."""
 
     __slots__ = ("_stage", "_model", "_data", "_prefix", "_reads")
 
@@ -324,10 +437,6 @@ class StageView:
                  reads: tuple[str, ...] | None = None):
         self._stage, self._model, self._data, self._prefix = stage, model, data, prefix
         self._reads = STAGES[stage].reads if reads is None else reads
-
-    @property
-    def as_dict(self) -> Mapping[str, Any]:
-        return self._data
 
     def _path(self, name: str) -> str:
         return f"{self._prefix}.{name}" if self._prefix else name
@@ -421,10 +530,10 @@ def config_slice(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
     return _keys(config, STAGES[stage].reads)
 
 
-def stage_input(config: StageConfig) -> StageView:
-    """The config as its stage's ``main`` takes it: the typed view of its slice. One rule for the CLI and for whatever
-    runs a stage in process (the bundle's re-derivation)."""
-    return stage_view(config, config._stage)
+def stage_input(config: StageConfig) -> StageSettings:
+    """The config as its stage's ``main`` takes it: its own typed object (`stage_settings`). One rule for the CLI and
+    for whatever runs a stage in process (the bundle's re-derivation)."""
+    return stage_settings(config._stage, config, source=f"stage {config._stage!r}")
 
 
 def stage_config(config: Mapping[str, Any], stage: str) -> StageConfig:

@@ -39,7 +39,7 @@ from predict.config import config_default
 from predict.config.models import TinyModelSettings
 
 if TYPE_CHECKING:
-    from predict.stages import StageView
+    from predict.stages import StageSettings
 
 __all__ = ["QWEN3_VOCAB_SIZE", "TOKENIZER_FILES", "build_tiny_qwen3", "cached_tiny_qwen3", "tokenizer_dir"]
 
@@ -275,11 +275,11 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
 
 
-def main(args: argparse.Namespace, config: StageView) -> int:
+def main(args: argparse.Namespace, config: StageSettings) -> int:
     from predict.outputs import console
 
     # model.tiny left out: its defaults (as ModelSettings.tiny_settings; the stage reads model.tiny only)
-    tiny = (getattr(config.model, "tiny", None) or TinyModelSettings()).model_dump(exclude_none=True)
+    tiny = (config.model.tiny or TinyModelSettings()).model_dump(exclude_none=True)
     if args.tie_word_embeddings:  # the flag ties whatever model.tiny says; left out there and here: untied
         tiny["tie_word_embeddings"] = True
     out = build_tiny_qwen3(Path(args.out_dir), **tiny, dtype=args.dtype)

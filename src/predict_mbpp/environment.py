@@ -27,6 +27,7 @@ from predict.config import REPO_ROOT, load_config
 from predict.env.runner import RolloutSettings, agent_defaults
 from predict.env.taskset import MbppTask
 from predict.runs import resolve_run, study_runs
+from predict.stages import EPISODE_VIEW, stage_settings
 
 STUDY_CONFIG = REPO_ROOT / "config" / "local.yaml"
 """The study config whose settings `MbppEnv`'s seat declares: the embedded default (config/local.yaml)."""
@@ -41,7 +42,8 @@ def study_agent_config(path: str | Path = STUDY_CONFIG) -> vf.AgentConfig:
     config = load_config(path)
     per_run = [
         RolloutSettings.from_study_config(
-            spec.env(config), arm=spec.arm, seed=0, checkpoint="", base_url="", model="", variant=spec.variant
+            stage_settings(EPISODE_VIEW, spec.env(config)),
+            arm=spec.arm, seed=0, checkpoint="", base_url="", model="", variant=spec.variant
         )
         for spec in (resolve_run(config, run) for run in study_runs(config))
     ]

@@ -51,7 +51,7 @@ from predict.bundle import (
 )
 
 if TYPE_CHECKING:
-    from predict.stages import StageView
+    from predict.stages import StageSettings
 
 _CHECKOUT = Path(__file__).resolve().parents[3]
 
@@ -103,12 +103,13 @@ _PACKAGES_PROBE = ("import importlib.metadata as m, json, platform\n"
                    "{d.metadata['Name']: d.version for d in m.distributions() if d.metadata['Name']}}))")
 
 
-def serving_environment(serving: Mapping[str, Any]) -> dict[str, Any]:
+def serving_environment(serving: Any) -> dict[str, Any]:
     """The serving environment's interpreter, Python version and packages (asked of ``serving.python``, as the
     server runs it); {"error": ...} when it cannot be asked (the manifest then says so, rather than guess)."""
-    from predict.serving.server import base_environment, default_python
+    from predict.serving.server import base_environment, default_python, serving_settings
 
-    python = serving.get("python") or default_python(serving["device"])
+    serving = serving_settings(serving)  # the typed section (a verifier's manifest config: a mapping)
+    python = serving.python or default_python(serving.device)
     try:
         out = subprocess.run([shutil.which(python) or python, "-c", _PACKAGES_PROBE], capture_output=True, text=True,
                              timeout=120, env=base_environment())
@@ -181,7 +182,7 @@ def this_campaign(entries: Sequence[Mapping[str, Any]], test_files: Mapping[str,
 # -- checkpoints ----------------------------------------------------------------------------------------------------
 
 
-def checkpoints(config: Mapping[str, Any], results: Path, evaluations: Sequence[tuple[str, str, str, int]],
+def checkpoints(config: StageSettings, results: Path, evaluations: Sequence[tuple[str, str, str, int]],
                 entries: Sequence[Mapping[str, Any]], campaign: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """One entry per evaluated (run, checkpoint, seed): where it lives (`predict.runs.checkpoint_path`: ``path``
     relative to the results folder, or ``model``, an HF id or a folder elsewhere) and its content hash
@@ -235,17 +236,18 @@ def write_archive(folder: Path, archive: Path) -> Path:
 # -- the stage ------------------------------------------------------------------------------------------------------
 
 
-def manifest(config: StageView, *, campaign: Mapping[str, Any] | None, data_manifest: Mapping[str, Any],
+def manifest(config: StageSettings, *, campaign: Mapping[str, Any] | None, data_manifest: Mapping[str, Any],
              checkpoint_entries: Sequence[Mapping[str, Any]], example: str | None, snakemake_report: bool,
              bundled: Sequence[str], files: Mapping[str, Mapping[str, Any]], inspect_logs: bool = False) -> dict[str, Any]:
     """The manifest (predict.bundle.MANIFEST_KEYS), from what `build_bundle` gathered; `bundled`: the results files
     in the order the workflow handed them."""
     from predict.bundle.rederive import handed_lists
     from predict.campaign import config_hash
+    from predict.config.models import plain_data
 
-    plain = config.as_dict  # recorded and hashed as plain data: the bytes of the slice
+    plain = plain_data(config)  # recorded and hashed as plain data: the bytes of the slice
     data = config.data
-    serving_env = serving_environment(plain["serving"])
+    serving_env = serving_environment(config.serving)
     packages = serving_env.get("packages") or {}
     evaluation = dict((campaign or {}).get("depends_on") or {})
     return {
@@ -280,18 +282,20 @@ def manifest(config: StageView, *, campaign: Mapping[str, Any] | None, data_mani
     }
 
 
-def build_bundle(config: Mapping[str, Any] | StageView, *, files: Sequence[str | Path], data_manifest: Path, out_dir: Path,
-                 archive: Path, example: str | Path | None = None, snakemake_report: Path | None = None,
-                 ledger: Path | None = None, inspect_logs: Path | None = None) -> dict[str, Any]:
+def build_bundle(config: Mapping[str, Any] | StageSettings, *, files: Sequence[str | Path], data_manifest: Path,
+                 out_dir: Path, archive: Path, example: str | Path | None = None,
+                 snakemake_report: Path | None = None, ledger: Path | None = None,
+                 inspect_logs: Path | None = None) -> dict[str, Any]:
     """Write the bundle folder and its archive (see the module docstring); returns the manifest. `config`: the
-    stage's typed slice, or any config mapping (tests), read through the bundle's table entry. `inspect_logs`: the
+    stage's typed object, or any config mapping (tests), read through the bundle's row. `inspect_logs`: the
     export's folder (results/inspect), optional."""
     from predict.campaign import registry_ledger
     from predict.outputs import write_json
-    from predict.stages import stage_view
+    from predict.stages import StageSettings, stage_settings
     from predict.stats.metrics import EVAL_PATH
 
-    config = stage_view(config, "bundle")
+    if not isinstance(config, StageSettings):
+        config = stage_settings("bundle", config)
     results = Path(config.results_dir)
     copies: dict[str, Path] = {}
     for path in map(Path, files):
@@ -304,7 +308,7 @@ def build_bundle(config: Mapping[str, Any] | StageView, *, files: Sequence[str |
     splits = json.loads(Path(data_manifest).read_text())
     lines, entries = ledger_lines(ledger or registry_ledger(), splits["splits"]["test"]["content_sha256"])
     campaign = this_campaign(entries, test_files)
-    ckpts = checkpoints(config.as_dict, results, [e[:4] for e in evaluations], entries, campaign)
+    ckpts = checkpoints(config, results, [e[:4] for e in evaluations], entries, campaign)
     rel_example = Path(example).relative_to(results).as_posix() if example else None
     if rel_example is not None and rel_example not in copies:
         raise BundleError(f"{example}: the report's example evaluation is not among the files bundled")
@@ -353,7 +357,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--archive", required=True, help="results/bundle.tar.gz")
 
 
-def main(args: argparse.Namespace, config: StageView) -> int:
+def main(args: argparse.Namespace, config: StageSettings) -> int:
     from predict.bundle import manifest_digest
     from predict.outputs import console
 

@@ -63,34 +63,32 @@ def replay_test_rollouts(config: Mapping[str, Any], picks: Sequence[Pick], model
     one vLLM server reloading each checkpoint in place as an evaluation job does); returns their rows, in order.
     Writes only under `scratch`. The coordinator's switch point: the test campaign's own replay entry, where there
     is one, goes here."""
-    from predict.config.models import EnvSettings
     from predict.data import load_split
     from predict.env.runner import run_rollouts_sync
-    from predict.evaluate import CheckpointServer, evaluation_job
+    from predict.evaluate import CheckpointServer, evaluation_config, evaluation_job
     from predict.rollouts import rollout_settings, sandbox_isolation
     from predict.runs import resolve_run
     from predict.serving.server import SERVED_NAME
-    from predict.stages import field_value, stage_view
 
     tasks = {int(r["task_id"]): r for r in load_split(tasks_path)}
+    study = evaluation_config(config, "test")  # the test campaign's typed object
     # the sandbox layers the evaluation's checks had, or a refusal naming the missing one
-    sandbox_isolation(stage_view(config, "rollout"))
+    sandbox_isolation(study)
     scratch.mkdir(parents=True, exist_ok=True)
     out: dict[Pick, dict[str, Any]] = {}
     groups: dict[tuple[str, str, int], list[Pick]] = {}
     for pick in picks:
         groups.setdefault((pick.run, pick.checkpoint, pick.seed), []).append(pick)
     # Sized as the evaluation's server was (evaluate.py): the same sequences in flight, so the same rows.
-    with CheckpointServer({**config["serving"], "shared": None}, scratch / "vllm.log",
-                          sequences=field_value(EnvSettings, "concurrency", config["env"]["concurrency"])) as server:
+    with CheckpointServer(study.serving.model_copy(update={"shared": None}), scratch / "vllm.log",
+                          sequences=study.env.concurrency) as server:
         for (run, checkpoint, seed), mine in groups.items():
             model = models[(run, checkpoint, seed)]
-            job = evaluation_job(config, run=run, checkpoint=checkpoint, split="test", seed=seed, tasks_path=tasks_path,
+            job = evaluation_job(study, run=run, checkpoint=checkpoint, split="test", seed=seed, tasks_path=tasks_path,
                                  model=model, out=scratch / "never-written.parquet", test_ledger=ledger,
                                  selection=selection)
             base_url = server.load(model, version=checkpoint)
-            run_view = stage_view(resolve_run(config, run).env(config), "rollout")
-            settings = rollout_settings(job, run_view, base_url=base_url, model=SERVED_NAME)
+            settings = rollout_settings(job, resolve_run(study, run).env(study), base_url=base_url, model=SERVED_NAME)
             rows = run_rollouts_sync([{**tasks[p.task_id], "sample": p.sample} for p in mine], settings)
             by_task = {(int(r["task_id"]), int(r["sample"])): r for r in rows}
             out.update({p: by_task[(p.task_id, p.sample)] for p in mine})

@@ -162,7 +162,6 @@ class Verifier:
         from predict.config.models import DataSettings
         from predict.data import MBPP_SCHEMA, SPLITS, content_hash, load_mbpp, split_tasks
         from predict.outputs import write_rows
-        from predict.stages import field_value
 
         data, recorded = self.config["data"], self.manifest["data"]
         mbpp = self.mbpp or _checkout_path(data["mbpp_path"])
@@ -176,7 +175,7 @@ class Verifier:
             raise CheckFailed(f"{MANIFEST} data: split seed {recorded.get('split_seed')}, the config's is "
                               f"{data['split_seed']}")
         # hf_fallback=False: a reviewer re-derives from the file checked above, never from a download.
-        seed = field_value(DataSettings, "split_seed", data["split_seed"])
+        seed = DataSettings.model_validate(data).split_seed
         splits = split_tasks(load_mbpp(mbpp, hf_fallback=False), seed, data["sizes"])
         where = {int(r["task_id"]): name for name in SPLITS for r in splits[name]}
         bundled = recorded["splits"]
@@ -202,11 +201,10 @@ class Verifier:
 
         from predict.config.models import EvaluationSettings
         from predict.rollouts import select_tasks
-        from predict.stages import field_value
         from predict.stats.metrics import EVAL_PATH
 
-        ev = self.config["evaluation"]
-        samples = field_value(EvaluationSettings, "samples", ev["samples"])
+        ev = EvaluationSettings.model_validate(self.config["evaluation"])  # the manifest's config, typed
+        samples = ev.samples
         rollouts = 0
         for rel in (r for r in self.manifest["files"] if r.startswith("eval/")):
             m = EVAL_PATH.search(rel)
@@ -224,7 +222,7 @@ class Verifier:
                     raise CheckFailed(f"{rel} row {i}: its split/checkpoint/seed {r['split']}/{r['checkpoint']}/"
                                       f"{r['seed']} are not its path's")
             planned = {(int(t["task_id"]), int(t["sample"])) for t in select_tasks(
-                [{"task_id": t} for t in self.split_ids[split]], ev.get("tasks"), samples)}
+                [{"task_id": t} for t in self.split_ids[split]], ev.tasks, samples)}
             held = [(int(r["task_id"]), int(r["sample"])) for r in rows]
             if len(set(held)) != len(held):
                 task, sample = next(k for k in held if held.count(k) > 1)
@@ -232,10 +230,10 @@ class Verifier:
             if set(held) != planned:
                 extra, lost = sorted(set(held) - planned), sorted(planned - set(held))
                 task, sample = (extra or lost)[0]
-                count = ev.get("tasks")  # null or left out: every task
+                count = ev.tasks  # null or left out: every task
                 raise CheckFailed(f"{rel}: task {task} sample {sample} is {'not among' if extra else 'missing from'} "
                                   f"the rollouts the evaluation plans ({'all' if count is None else f'the first {count}'}"
-                                  f" {split} tasks x {ev['samples']} samples)")
+                                  f" {split} tasks x {samples} samples)")
             rollouts += len(rows)
         return f"rows: {rollouts} rollouts, each one its split and the evaluation settings plan"
 
@@ -261,6 +259,7 @@ class Verifier:
             frozen_under,
             read_ledger,
         )
+        from predict.config.models import plain_data
         from predict.data import content_hash, load_split
         from predict.stats.metrics import EVAL_PATH
 
@@ -293,7 +292,7 @@ class Verifier:
         plan = [tuple(p) for p in campaign["plan"]]
         # the campaign's slice as its stage reads it, as the plain data the campaign module takes (`as_dict`: the
         # stage is typed, issue 40)
-        derived = campaign_from_stats(stage_view(self.config, "evaluate-test", self.work).as_dict,
+        derived = campaign_from_stats(plain_data(stage_view(self.config, "evaluate-test", self.work)),
                                       self.root / "stats" / "metrics.parquet", self.root / "stats" / "selection.parquet")
         if plan != derived:
             first = next((a, b) for a, b in zip([*plan, None], [*derived, None], strict=False) if a != b)

@@ -56,14 +56,15 @@ def results_origin(out: Path) -> dict[str, Any]:
     return {"results_dir": str(results), "run_name": None}
 
 
-def serving_dependencies(serving: Mapping[str, Any], concurrency: int) -> dict[str, Any]:
+def serving_dependencies(serving: Any, concurrency: int) -> dict[str, Any]:
     """What a greedy evaluation's rows depend on beyond the checkpoint and the design:
     `predict.serving.identity.serving_identity` (vLLM version, device and its name, batch invariance, requests in
-    flight) and the serving settings."""
+    flight) and the serving settings (the typed ``serving`` section, recorded as its plain data)."""
+    from predict.config.models import plain_data
     from predict.serving.identity import serving_identity
 
     return {**serving_identity(serving, concurrency=concurrency),
-            "serving": {k: v for k, v in serving.items() if k not in ("python", "shared")}}
+            "serving": {k: v for k, v in plain_data(serving).items() if k not in ("python", "shared")}}
 
 
 @dataclass(frozen=True)

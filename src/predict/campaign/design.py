@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from predict.campaign.errors import SplitGuardError, first_ids
 from predict.campaign.view import campaign_view
 from predict.config.models import ModelSettings
-from predict.stages import SCHEDULING, UNTRACKED, StageView, field_value, without_keys
+from predict.stages import SCHEDULING, UNTRACKED, StageView, without_keys
 
 if TYPE_CHECKING:
     from predict.data import TestSplit
@@ -91,7 +91,7 @@ def base_model_identity(config: Mapping[str, Any]) -> str:
     """The base model a campaign is keyed on: ``model.base``, and for the embedded default's random tiny Qwen3 its
     builder's settings (so it can never be mistaken for the paper's base model, nor one tiny model for another)."""
     model = config.get("model") or {}
-    base = field_value(ModelSettings, "base", model.get("base"))  # typed by its field; the tiny settings stay plain
+    base = ModelSettings.model_validate(model).base  # typed by its model; the tiny settings stay plain (hashed)
     return f"{base}:{json.dumps(model.get('tiny') or {}, sort_keys=True)}" if base == "tiny" else base
 
 

@@ -19,8 +19,6 @@ from typing import Any
 
 from predict.campaign.selection import select, selection_settings
 from predict.campaign.view import campaign_view
-from predict.config.models import StudyConfig
-from predict.stages import field_value
 
 CampaignEntry = tuple[str, str, int]  # (run, checkpoint, seed)
 
@@ -28,9 +26,9 @@ CampaignEntry = tuple[str, str, int]  # (run, checkpoint, seed)
 def evaluation_seed(config: Mapping[str, Any], run: str, checkpoint: str, seed: int) -> int:
     """The seed whose test file holds run/checkpoint for `seed`: an arm's reference is evaluated once, under the first
     seed (one SFT checkpoint per arm); everything else under its own seed."""
-    reference = campaign_view(config).evaluation.reference
-    if run in config["arms"] and checkpoint == reference:
-        return field_value(StudyConfig, "seeds", config["seeds"])[0]
+    view = campaign_view(config)
+    if run in view.arms and checkpoint == view.evaluation.reference:
+        return view.seeds[0]
     return int(seed)
 
 

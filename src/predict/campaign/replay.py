@@ -17,7 +17,6 @@ from predict.campaign.design import campaign_test_split, config_differences, des
 from predict.campaign.errors import SplitGuardError, first_ids
 from predict.campaign.ledger import read_ledger, registry_ledger
 from predict.config.models import EvaluationSettings
-from predict.stages import field_value
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ def replay(config: Mapping[str, Any], *, run: str, checkpoint: str, seed: int, m
         raise SplitGuardError(f"{where}: tasks {first_ids(outside)} were not among the tasks it evaluated: a replay "
                               "re-executes recorded rollouts only")
     # the line's section, as its model types it
-    samples = field_value(EvaluationSettings, "samples", evaluation["samples"])
+    samples = EvaluationSettings.model_validate(evaluation).samples
     tasks = [{**r, "sample": k} for r in rows if int(r["task_id"]) in wanted
              for k in range(samples)]  # as predict.rollouts.select_tasks repeats them
     return Replay(campaign["campaign"], run, checkpoint, int(seed), tuple(tasks), dict(entry))

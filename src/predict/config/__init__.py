@@ -121,6 +121,11 @@ def _problems(error: pydantic.ValidationError, data: Any, root: type[Section] = 
     return [p.message() for p in sorted(plain, key=lambda p: (len(p.path), p.path))]
 
 
+def config_problems(error: pydantic.ValidationError, data: Any, root: type[Section]) -> list[str]:
+    """`_problems` for a model of part of the config (a stage's): a message per problem, the shallowest first."""
+    return _problems(error, data, root)
+
+
 def validate_config(config: Mapping[str, Any], source: str = "config", partial: bool = False) -> None:
     """Raise ConfigError naming the source file and the first offending key (the shallowest, for stability).
     partial: a slice of a config (predict.stages), whose keys are checked but none is required."""

@@ -21,7 +21,16 @@ from __future__ import annotations
 from collections import Counter
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    model_validator,
+)
 from pydantic_core import core_schema
 
 from predict.vocabulary import Protocol, Variant
@@ -80,9 +89,55 @@ Device = Literal["cpu", "gpu"]
 
 
 class Section(BaseModel):
-    """One section of the study config: unknown keys are errors, values never change after validation."""
+    """One section of the study config: unknown keys are errors, values never change after validation. Each keeps
+    the mapping it was read from (`plain_data` gives back its very bytes: a YAML ``lr: 1`` reads 1.0 but hashes 1)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    _source: Any = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_source(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        section = handler(data)
+        if isinstance(data, dict) and isinstance(section, Section):
+            section.__pydantic_private__["_source"] = data  # type: ignore[index]
+        return section
+
+    def __eq__(self, other: object) -> bool:
+        """Equal values are equal sections, whatever mapping each was read from (an int or a float for 1.0)."""
+        if not isinstance(other, BaseModel):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    __hash__ = BaseModel.__hash__
+
+
+_UNSET = object()
+
+
+def plain_data(value: Any) -> Any:
+    """THE one way a typed config becomes plain data, for what is hashed or written (fingerprints, the campaign's
+    design hash, ledger lines, JSON): a section as the mapping it was read from, with the same bytes (a key the
+    config left out stays out, its order and its int-for-float kept), but for the keys changed on the typed object
+    since (`model_copy(update=...)`: a run's env), which read as they are now."""
+    return _plain(value, _UNSET)
+
+
+def _plain(value: Any, source: Any) -> Any:
+    if isinstance(value, Section):
+        source = value._source if isinstance(value._source, dict) else {}
+        given = value.model_fields_set
+        names = [k for k in source if k in given] + [k for k in type(value).model_fields if k in given and k not in source]
+        return {name: _plain(getattr(value, name), source.get(name, _UNSET)) for name in names}
+    if isinstance(value, dict):
+        inner = source if isinstance(source, dict) else {}
+        return {key: _plain(item, inner.get(key, _UNSET)) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        inner = source if isinstance(source, list) and len(source) == len(value) else [_UNSET] * len(value)
+        return [_plain(item, was) for item, was in zip(value, inner, strict=True)]
+    if isinstance(value, float) and type(source) is int and source == value:
+        return source  # the config wrote an int where the model reads a float: hashed as written
+    return value
 
 
 class WandbSettings(Section):

@@ -100,7 +100,7 @@ import inspect
 import json
 import posixpath
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -390,10 +390,11 @@ class ProtocolConfig:
         )
 
     @classmethod
-    def from_env(cls, env: Mapping[str, Any], protocol: str, **overrides: Any) -> ProtocolConfig:
-        """`resolve` with the study config's ``env`` section (its keys are `resolve`'s argument names), the arm's
-        protocol and `overrides` (e.g. a run's variant) on top: the one place the knobs' defaults live."""
-        knobs = {k: env[k] for k in PROTOCOL_KNOBS if k in env and k != "protocol"}
+    def from_env(cls, env: Any, protocol: str, **overrides: Any) -> ProtocolConfig:
+        """`resolve` with the study config's typed ``env`` section (`predict.config.models.EnvSettings`: its keys are
+        `resolve`'s argument names; a key the config left out is left to `resolve`), the arm's protocol and
+        `overrides` (e.g. a run's variant) on top: the one place the knobs' defaults live."""
+        knobs = {k: getattr(env, k) for k in PROTOCOL_KNOBS if k in env.model_fields_set and k != "protocol"}
         return cls.resolve(**{**knobs, "protocol": protocol, **overrides})
 
     @property

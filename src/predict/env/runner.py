@@ -97,7 +97,7 @@ class RolloutSettings:
     @classmethod
     def from_study_config(
         cls,
-        config: Mapping[str, Any],
+        config: Any,
         *,
         arm: str,
         seed: int,
@@ -106,21 +106,22 @@ class RolloutSettings:
         model: str,
         **overrides: Any,
     ) -> RolloutSettings:
-        """Settings from a validated study config (`predict.config.load_config`): the arm's protocol, the ``env``
-        section and the ``verifier`` section; `overrides` (e.g. variant, client, split; protocol knobs go to
+        """Settings from a stage's typed config (one whose row lists `predict.stages.ROLLOUT`; a caller holding a
+        config mapping reads it as ``stage_settings(EPISODE_VIEW, config)``): the arm's protocol, the ``env`` section
+        and the ``verifier`` section; `overrides` (e.g. variant, client, split; protocol knobs go to
         `ProtocolConfig.from_env`) win."""
-        env, verifier = config["env"], config["verifier"]
+        env, verifier = config.env, config.verifier
         knobs = {k: overrides.pop(k) for k in PROTOCOL_KNOBS if k in overrides}
-        protocol = knobs.pop("protocol", config["arms"][arm]["protocol"])
+        protocol = knobs.pop("protocol", config.arms[arm].protocol)
         fields: dict[str, Any] = {
             "protocol_config": ProtocolConfig.from_env(env, protocol, **knobs),
-            "temperature": env["temperature"],
-            "max_tokens": env["max_tokens"],
-            "concurrency": env["concurrency"],
-            "timeout_s": verifier["timeout_s"],
-            "memory_mb": verifier["memory_mb"],
-            "outcome_labels": verifier["outcome_labels"],
-            "enable_thinking": config["model"]["enable_thinking"],
+            "temperature": env.temperature,
+            "max_tokens": env.max_tokens,
+            "concurrency": env.concurrency,
+            "timeout_s": verifier.timeout_s,
+            "memory_mb": verifier.memory_mb,
+            "outcome_labels": verifier.outcome_labels,
+            "enable_thinking": config.model.enable_thinking,
         }
         return cls(base_url=base_url, model=model, arm=arm, seed=seed, checkpoint=checkpoint, **{**fields, **overrides})
 

@@ -23,7 +23,7 @@ from predict.inspect_logs.sources import Pair, Source
 from predict.stats.metrics import EVAL_PATH
 
 if TYPE_CHECKING:
-    from predict.stages import StageView
+    from predict.stages import StageSettings
 
 STAGE = "inspect-logs"
 RL_PATH = re.compile(r"(?P<run>[^/]+)/seed(?P<seed>-?\d+)/\.work/rollouts/step(?P<step>\d+)\.parquet$")
@@ -221,19 +221,20 @@ def check_out_dir(out_dir: Path) -> None:
                          "(results/inspect) or a new one; nothing written")
 
 
-def export(config: StageView | Mapping[str, Any], *, evals: Sequence[str | Path] = (),
+def export(config: StageSettings | Mapping[str, Any], *, evals: Sequence[str | Path] = (),
            rl_rollouts: Sequence[str | Path] = (), tasks_files: Sequence[str | Path], out_dir: Path,
            ledger: Path | None = None) -> list[Path]:
     """Read, check and admit every input (nothing is written before all of it checks out), then write one log per
-    parquet and Inspect's manifest beside the old folder and swap it in. Returns the logs written."""
+    parquet and Inspect's manifest beside the old folder and swap it in. Returns the logs written. `config`: the
+    stage's typed object, or a mapping (a test's, the bundle's) read through the stage's row."""
     from inspect_ai.log import write_eval_log, write_log_dir_manifest
     from tqdm import tqdm
 
     from predict.inspect_logs.episodes import eval_log
     from predict.runs import environments
-    from predict.stages import stage_view
+    from predict.stages import StageSettings, stage_settings
 
-    view = stage_view(config, STAGE)
+    view = config if isinstance(config, StageSettings) else stage_settings(STAGE, config)
     paths = [(p, "evaluation") for p in evaluation_files(evals)] + [(p, "rl_step") for p in rl_files(rl_rollouts)]
     if not paths:
         raise ValueError("no evaluation or RL rollouts given (--evals, --rl-rollouts); nothing written")
@@ -248,7 +249,7 @@ def export(config: StageView | Mapping[str, Any], *, evals: Sequence[str | Path]
     selected = admit(reads, view.data, Path(ledger) if ledger else registry_ledger())
     tasks = task_rows(tasks_files, reads)
     evaluations = {r.key: r for r in reads if r.source.kind == "evaluation"}
-    counterparts = pair_keys(evaluations, environments(view.as_dict), selected)
+    counterparts = pair_keys(evaluations, environments(view), selected)
     check_out_dir(out_dir)
 
     staging = out_dir.with_name(f".{out_dir.name}.partial")
@@ -290,7 +291,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", required=True, help="results/inspect (replaced whole)")
 
 
-def main(args: argparse.Namespace, config: StageView) -> int:
+def main(args: argparse.Namespace, config: StageSettings) -> int:
     from predict.outputs import console
 
     t0 = time.perf_counter()

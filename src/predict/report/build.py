@@ -40,7 +40,7 @@ from predict.report.example_rollout import rollout_section
 from predict.report.open_question import open_question_section
 from predict.report.power import power_section
 from predict.report.training import grad_terms_section, training, training_outcomes_section
-from predict.stages import StageView, stage_view
+from predict.stages import StageSettings, stage_settings
 
 TEST_SECTIONS: tuple[tuple[str, str], ...] = (
     ("test-campaign", "The test campaign: what was frozen, where it ran, every campaign on this test split"),
@@ -109,9 +109,15 @@ def _read(path: Path | None) -> list[dict[str, Any]] | None:
     return pq.read_table(path).to_pylist() if path is not None and Path(path).exists() else None
 
 
-def embedded_default_note(config: Mapping[str, Any] | StageView) -> str:
+def report_config(config: StageSettings | Mapping[str, Any]) -> StageSettings:
+    """The report's typed object: the stage's own as it is, a mapping (a test's, the bundle's replay) read through
+    the report's row."""
+    return config if isinstance(config, StageSettings) else stage_settings("report", config)
+
+
+def embedded_default_note(config: StageSettings) -> str:
     """The header's warning on the embedded default: its numbers are zero by construction, and why."""
-    if stage_view(config, "report").model.base != "tiny":
+    if config.model.base != "tiny":
         return ""
     return ('<p class="note"><b>This is the embedded default:</b> a randomly initialised tiny Qwen3 that never '
             "solves an MBPP task, so every pass@1, reward, advantage and RL loss on this page is 0 by construction "
@@ -123,7 +129,7 @@ def embedded_default_note(config: Mapping[str, Any] | StageView) -> str:
 
 
 def build_report(
-    config: Mapping[str, Any] | StageView,
+    config: StageSettings | Mapping[str, Any],
     *,
     stats_dir: Path,
     ablations: Sequence[Path],
@@ -137,14 +143,14 @@ def build_report(
     training_outcomes: Path | None = None,
     open_question: Path | None = None,
 ) -> Path:
-    """Write the self-contained report page; returns its path. `config`: the report stage's typed view (what
-    `predict report` hands it), or a mapping viewed through the report's table entry (tests, the bundle's replay)."""
+    """Write the self-contained report page; returns its path. `config`: the report stage's typed object (what
+    `predict report` hands it), or a mapping read through the report's row (tests, the bundle's replay)."""
     from predict.outputs import write_text
     from predict.runs import study_runs
     from predict.stats import TEST_STATS_TABLES
     from predict.train.step_metrics import read_metrics
 
-    view = stage_view(config, "report")
+    view = report_config(config)
 
     def stat(name: str) -> list[dict[str, Any]] | None:
         return _read(stats_dir / f"{name}.parquet")
@@ -157,7 +163,7 @@ def build_report(
             "study's figures are the test's.</p>")
     # results/rl/{run}/seed{seed}/metrics.parquet -> "{run}/seed{seed}"
     rl = {f"{p.parent.parent.name}/{p.parent.name}": read_metrics(p) if Path(p).exists() else [] for p in rl_metrics}
-    expected = [f"{run}/seed{seed}" for run in study_runs(view.as_dict) for seed in view.seeds]
+    expected = [f"{run}/seed{seed}" for run in study_runs(view) for seed in view.seeds]
     task_rows = {r["task_id"]: r for r in (_read(tasks) or [])} if tasks else {}
     test_parts = {"test-campaign": test_campaign, "test-headline": test_headline, "test-first-patch": test_first_patch, "test-revise": test_revise,
                   "test-confusion": test_confusion, "test-ablations": test_ablations}
@@ -178,7 +184,7 @@ def build_report(
                                                else None, _read(open_question), _read(power)),
         "power": power_section(_read(power), view),
         "training": training(rl, expected),
-        "grad-terms": grad_terms_section(rl, view.as_dict),
+        "grad-terms": grad_terms_section(rl, view),
         "training-outcomes": training_outcomes_section(_read(training_outcomes)),
         "rollout": rollout_section(_read(example), task_rows),
     }

@@ -3,18 +3,17 @@ curves (results/stats/power.parquet, `predict power`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from predict.report.elements import agg_pyplot, empty, figure, format_value, table
-from predict.stages import StageView, stage_view
+from predict.stages import StageSettings
 
 
-def power_section(power: list[dict[str, Any]] | None, config: Mapping[str, Any] | StageView) -> str:
+def power_section(power: list[dict[str, Any]] | None, config: StageSettings) -> str:
+    """`config`: the report's typed object (its power settings and the test split's size)."""
     if not power:
         return empty("No power table yet.")
-    view = stage_view(config, "report")
-    significance, target, test_n = view.power.significance, view.power.target, view.data.sizes.test
+    significance, target, test_n = config.power.significance, config.power.target, config.data.sizes.test
     assumptions = (
         f"<p>What the power is of: the test the statistics run, <b>one seed pairing</b> (one arm's seed against "
         f"the other's) on the {test_n} test tasks, a two-sided exact McNemar test at significance {significance}. "

@@ -89,7 +89,7 @@ PAPER_BACKEND_NOTE = ("The paper backend (prime-rl) does not measure these: its 
                       "backward of the summed loss follows it).")
 
 
-def grad_terms_section(rl: Mapping[str, list[dict[str, Any]]], config: Mapping[str, Any]) -> str:
+def grad_terms_section(rl: Mapping[str, list[dict[str, Any]]], config: Any) -> str:
     """Arm B, its ablations and its RL extensions (the predictive runs of the local trainer): the RL and CE terms'
     gradient norms (before clipping, the step's whole batch) and their cosine per step, and a row per run and seed
     of their medians over the measured steps. A run whose steps carry none (prime-rl, ``rl.grad_terms_every: 0``)

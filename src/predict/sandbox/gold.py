@@ -19,7 +19,7 @@ from predict.outputs import write_rows
 from predict.vocabulary import OUTCOMES
 
 if TYPE_CHECKING:
-    from predict.stages import StageView
+    from predict.stages import StageSettings
 
 GOLD_SCHEMA = pa.schema(
     [
@@ -100,7 +100,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--summary-out", required=True, help="counts by split and class, parquet")
 
 
-def main(args: argparse.Namespace, config: StageView) -> int:
+def main(args: argparse.Namespace, config: StageSettings) -> int:
     import logging
 
     from predict.outputs import print_table

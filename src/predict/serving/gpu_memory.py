@@ -31,7 +31,10 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from predict.config.models import ServingSettings
 
 log = logging.getLogger(__name__)
 
@@ -108,25 +111,21 @@ def gpu_total_bytes() -> int | None:
     return used()[1] if used is not None else None
 
 
-def server_gpu_args(serving: Mapping[str, Any], model: str | Path, *, sequences: int) -> list[str]:
+def server_gpu_args(serving: ServingSettings, model: str | Path, *, sequences: int) -> list[str]:
     """The GPU flags every server of a run starts with (rule 2): its memory share (``serving.gpu_memory_utilization``
     or `serving_share`) and sleep mode (the server gives its memory back while the trainer updates, and between
     jobs when it is shared). Nothing on the CPU."""
-    if serving["device"] != "gpu":
+    if serving.device != "gpu":
         return []
-    share = serving.get("gpu_memory_utilization")
+    share = serving.gpu_memory_utilization
     if share is None:
         total = gpu_total_bytes()
         folder = Path(model).expanduser()
         if total is None or not (folder / "config.json").is_file():
             raise ValueError(f"cannot derive the vLLM server's GPU share for {model} (no GPU visible, or no "
                              "config.json): set serving.gpu_memory_utilization")
-        from predict.config.models import ServingSettings
-        from predict.stages import field_value
-
         shape = ModelShape.from_folder(folder)
-        max_model_len = field_value(ServingSettings, "max_model_len", serving["max_model_len"])
-        share = serving_share(shape, max_model_len=max_model_len, sequences=sequences, total_bytes=total)
+        share = serving_share(shape, max_model_len=serving.max_model_len, sequences=sequences, total_bytes=total)
         log.info("%s", colocation_report(shape, share, total))
     return ["--gpu-memory-utilization", f"{float(share):.2f}", "--enable-sleep-mode"]
 

@@ -14,26 +14,26 @@ from pathlib import Path
 from typing import Any
 
 from predict.config.models import ServingSettings
-from predict.serving.server import base_environment, default_python
-from predict.stages import field_value
+from predict.serving.server import base_environment, default_python, serving_settings
 
 
-def batch_invariant(serving: Mapping[str, Any]) -> bool:
+def batch_invariant(serving: ServingSettings | Mapping[str, Any]) -> bool:
     """Whether evaluation serving is batch-invariant: ``serving.batch_invariant`` on a GPU. vLLM offers it on NVIDIA
     compute capability >= 8.0 only; the CPU build has no batch-invariant kernels, so CPU serving never is."""
-    return serving["device"] == "gpu" and field_value(ServingSettings, "batch_invariant", serving["batch_invariant"])
+    serving = serving_settings(serving)
+    return serving.device == "gpu" and serving.batch_invariant
 
 
-def evaluation_environment(serving: Mapping[str, Any]) -> dict[str, str]:
+def evaluation_environment(serving: ServingSettings | Mapping[str, Any]) -> dict[str, str]:
     """Extra environment of an evaluation's vLLM server."""
     return {"VLLM_BATCH_INVARIANT": "1"} if batch_invariant(serving) else {}
 
 
-def evaluation_concurrency(serving: Mapping[str, Any], concurrency: int) -> int:
+def evaluation_concurrency(serving: ServingSettings | Mapping[str, Any], concurrency: int) -> int:
     """Requests an evaluation keeps in flight: `concurrency` (``env.concurrency``) where serving is batch-invariant,
     else 1 (in a batch the CPU kernels' rounding depends on the requests beside one, and greedy decoding of near-tied
     logits flips: measured in benchmarks/eval_repeat.py)."""
-    return int(concurrency) if batch_invariant(serving) else 1
+    return concurrency if batch_invariant(serving) else 1
 
 
 def _vllm_version(python: str) -> str:
@@ -81,18 +81,19 @@ def device_inventory() -> dict[str, Any]:
     return inventory
 
 
-def serving_identity(serving: Mapping[str, Any], *, concurrency: int) -> dict[str, Any]:
+def serving_identity(serving: ServingSettings | Mapping[str, Any], *, concurrency: int) -> dict[str, Any]:
     """What an evaluation's rows depend on beyond the checkpoint and the config, as a plain dict (for the test
     campaign's ledger line): ``vllm_version`` (of ``serving.python``), ``device`` (cpu/gpu), ``device_name``,
     ``batch_invariant`` (`batch_invariant`) and ``concurrency`` (requests in flight, `evaluation_concurrency` of
     the evaluation's `concurrency`, i.e. ``env.concurrency``); on a GPU also the ``driver`` and ``cuda`` versions
     (`device_inventory`)."""
-    python = serving.get("python") or default_python(serving["device"])
-    gpu = {k: v for k, v in device_inventory().items() if k in ("driver", "cuda")} if serving["device"] == "gpu" else {}
+    serving = serving_settings(serving)
+    python = serving.python or default_python(serving.device)
+    gpu = {k: v for k, v in device_inventory().items() if k in ("driver", "cuda")} if serving.device == "gpu" else {}
     return {
         "vllm_version": _vllm_version(shutil.which(python) or python),
-        "device": serving["device"],
-        "device_name": _device_name(serving["device"]),
+        "device": serving.device,
+        "device_name": _device_name(serving.device),
         "batch_invariant": batch_invariant(serving),
         "concurrency": evaluation_concurrency(serving, concurrency),
         **gpu,

@@ -62,8 +62,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from predict.config import config_default
-from predict.config.models import SharedServerSettings
+from predict.config.models import ServingSettings, SharedServerSettings
 from predict.outputs import read_json, write_text
 from predict.serving.model_identity import model_identity
 from predict.serving.process import (
@@ -76,7 +75,6 @@ from predict.serving.process import (
     process_start,
     stop_group,
 )
-from predict.stages import field_value
 
 __all__ = ["GENERATE_COMPAT_MIDDLEWARE", "SERVED_NAME", "WORKER_EXT_CLS", "SharedServer", "VLLMServer", "VLLMServerError",
            "base_environment", "default_cache_dir", "default_python", "stop_shared_server"]
@@ -115,6 +113,12 @@ class VLLMServerError(RuntimeError):
 
 class _PortInUse(VLLMServerError):
     pass
+
+
+def serving_settings(serving: ServingSettings | Mapping[str, Any]) -> ServingSettings:
+    """The ``serving`` section as its model: a stage's typed section as it is; a mapping (a caller not typed yet, a
+    test's hand-made section) validated, its defaults filled in."""
+    return serving if isinstance(serving, ServingSettings) else ServingSettings.model_validate(dict(serving))
 
 
 def default_cache_dir() -> Path:
@@ -248,7 +252,7 @@ class VLLMServer:
 
     @classmethod
     def from_serving(
-        cls, model: Path | str, serving: Mapping[str, Any], *, sequences: int, **kw: Any
+        cls, model: Path | str, serving: ServingSettings | Mapping[str, Any], *, sequences: int, **kw: Any
     ) -> VLLMServer | SharedServer:
         """A server for `model` as the config's `serving` section sets it up (interpreter, device, context length,
         start-up timeout; on a GPU its memory share, with KV room for `sequences` episodes in flight, i.e.
@@ -258,11 +262,12 @@ class VLLMServer:
         ``start()``/``stop()``)."""
         from predict.serving.gpu_memory import server_gpu_args
 
+        serving = serving_settings(serving)
         extra_args = [*server_gpu_args(serving, model, sequences=sequences), *kw.pop("extra_args", [])]
-        settings = {"python": serving["python"], "device": serving["device"], "max_model_len": serving["max_model_len"],
-                    "startup_timeout_s": serving["startup_timeout_s"], "extra_args": extra_args, **kw}
-        if (shared := serving["shared"]) is not None:
-            return SharedServer(model, idle_s=field_value(SharedServerSettings, "idle_s", shared["idle_s"]), **settings)
+        settings = {"python": serving.python, "device": serving.device, "max_model_len": serving.max_model_len,
+                    "startup_timeout_s": serving.startup_timeout_s, "extra_args": extra_args, **kw}
+        if serving.shared is not None:
+            return SharedServer(model, idle_s=serving.shared.idle_s, **settings)
         return cls(model, **settings)
 
     def __init__(
@@ -650,7 +655,7 @@ class SharedServer:
       and a reload gives bit-identical weights (tests/test_shared_server.py compares the rows).
     """
 
-    DEFAULT_IDLE_S: float = field_value(SharedServerSettings, "idle_s", config_default(SharedServerSettings, "idle_s"))
+    DEFAULT_IDLE_S: float = SharedServerSettings().idle_s
     LOCK, STATE, HOLDER = "lease.lock", "server.json", "holder.json"
 
     def __init__(self, model: Path | str, *, idle_s: float = DEFAULT_IDLE_S, state_dir: Path | None = None,

@@ -16,7 +16,7 @@ from predict.serving.interpreter import check_serving_python
 from predict.serving.server import VLLMServer, stop_shared_server
 
 if TYPE_CHECKING:
-    from predict.stages import StageView
+    from predict.stages import StageSettings
 
 
 # `predict check-serving`
@@ -25,7 +25,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="write what was checked here (json)")
 
 
-def main(args: argparse.Namespace, config: StageView) -> int:
+def main(args: argparse.Namespace, config: StageSettings) -> int:
     from predict.outputs import console, write_json
 
     result = check_serving_python(config.serving.python, config.serving.device, timeout_s=args.timeout_s)

@@ -16,7 +16,7 @@ from predict.stats.metrics import Evaluation, class_metrics, confusion, mechanis
 from predict.stats.pairs import compare, load_evaluations, rows_table
 
 if TYPE_CHECKING:
-    from predict.stages import StageView
+    from predict.stages import StageSettings
 
 # ---------------------------------------------------------------------------------------------------------------
 # Ablations
@@ -104,13 +104,13 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True)
 
 
-def main(args: argparse.Namespace, config: StageView) -> int:
+def main(args: argparse.Namespace, config: StageSettings) -> int:
     from predict.outputs import console, write_table
     from predict.stats.settings import bootstrap_settings, run_evaluations, val_selection
 
     name = args.ablation
-    evals = run_evaluations(config.as_dict, "ablations", name, args.eval)
-    table = ablation_table(name, evals, val_selection(config.as_dict, evals),
+    evals = run_evaluations(config.ablations, "ablations", name, args.eval)
+    table = ablation_table(name, evals, val_selection(config, evals),
                            base_arm=config.ablations[name].base_arm, **bootstrap_settings(config))
     write_table(table, args.out)
     console.print(f"{name}: {table.num_rows} seed row(s) -> {args.out}")

@@ -24,7 +24,7 @@ from predict.stats.metrics import (
 from predict.stats.pairs import compare, load_evaluations, rows_table
 
 if TYPE_CHECKING:
-    from predict.stages import StageView
+    from predict.stages import StageSettings
 
 # ---------------------------------------------------------------------------------------------------------------
 # Extensions (issue #11)
@@ -168,13 +168,13 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True)
 
 
-def main(args: argparse.Namespace, config: StageView) -> int:
+def main(args: argparse.Namespace, config: StageSettings) -> int:
     from predict.outputs import console, write_table
     from predict.stats.settings import bootstrap_settings, extension_inputs, run_evaluations, val_selection
 
     name = args.extension
-    evals = run_evaluations(config.as_dict, "extensions", name, args.eval)
-    table = extension_table(name, evals, val_selection(config.as_dict, evals), **extension_inputs(config.as_dict, name),
+    evals = run_evaluations(config.extensions, "extensions", name, args.eval)
+    table = extension_table(name, evals, val_selection(config, evals), **extension_inputs(config, name),
                             default_test_cost=config.env.test_cost, **bootstrap_settings(config))
     write_table(table, args.out)
     console.print(f"{name}: {table.num_rows} seed row(s) -> {args.out}")

@@ -43,7 +43,7 @@ from predict.stats.metrics import Evaluation, mechanism_metrics
 from predict.stats.pairs import check_selection, compare, load_evaluations, pair_plan
 
 if TYPE_CHECKING:
-    from predict.stages import StageView
+    from predict.stages import StageSettings
 
 OPEN_QUESTION = "open_question"  # the table's name, on val (results/extensions/) and on test (results/test/stats/)
 log = logging.getLogger(__name__)
@@ -133,13 +133,13 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="results/extensions/open_question.parquet")
 
 
-def main(args: argparse.Namespace, config: StageView) -> int:
+def main(args: argparse.Namespace, config: StageSettings) -> int:
     from predict.outputs import console, write_table
     from predict.runs import environments
     from predict.stats.settings import bootstrap_settings, val_selection
 
     evals = list(load_evaluations(args.eval).values())  # read once, for the selection and the table
-    table = open_question_table(evals, val_selection(config.as_dict, evals), environments(config.as_dict),
+    table = open_question_table(evals, val_selection(config, evals), environments(config),
                                 **bootstrap_settings(config))
     write_table(table, args.out)
     console.print(f"open question: {table.num_rows} environment x seed-pairing row(s) -> {args.out}")

@@ -15,7 +15,7 @@ import pyarrow as pa
 from predict.stats.pairs import rows_table
 
 if TYPE_CHECKING:
-    from predict.stages import StageView
+    from predict.stages import StageSettings
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -150,7 +150,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True)
 
 
-def main(args: argparse.Namespace, config: StageView) -> int:
+def main(args: argparse.Namespace, config: StageSettings) -> int:
     import pyarrow.parquet as pq
 
     from predict.outputs import console, write_table

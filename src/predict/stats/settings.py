@@ -7,15 +7,15 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from predict.stages import StageView
+    from predict.stages import StageSettings
 
 
-def bootstrap_settings(config: StageView) -> dict[str, Any]:
+def bootstrap_settings(config: StageSettings) -> dict[str, Any]:
     """resamples, seed and ci of config evaluation.bootstrap, as keyword arguments."""
     return config.evaluation.bootstrap.model_dump()
 
 
-def extension_inputs(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+def extension_inputs(config: StageSettings, name: str) -> dict[str, Any]:
     """An extension run as the statistics read it: its run spec (with its arm as base_arm) and its counterpart."""
     from dataclasses import asdict
 
@@ -25,7 +25,7 @@ def extension_inputs(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     return {"spec": {**asdict(spec), "base_arm": spec.arm}, "counterpart": extension_counterpart(config, name)}
 
 
-def val_selection(config: Mapping[str, Any], evals: Iterable[Any]) -> Any:
+def val_selection(config: StageSettings, evals: Iterable[Any]) -> Any:
     """The checkpoint selection (`predict.campaign.selection.select`, config evaluation.selection) over these val
     evaluations: the same function `predict stats` writes selection.parquet with. (Not that file: it needs every run's
     evaluations, and one ablation's or extension's table builds only what it compares.)"""
@@ -36,12 +36,12 @@ def val_selection(config: Mapping[str, Any], evals: Iterable[Any]) -> Any:
                             **mechanism_metrics(ev.rows)} for ev in evals])
 
 
-def run_evaluations(config: Mapping[str, Any], section: str, name: str, paths: Iterable[str]) -> list[Any]:
+def run_evaluations(runs: Mapping[str, Any], section: str, name: str, paths: Iterable[str]) -> list[Any]:
     """The val evaluations of one ablation's or extension's table (read once: for the selection and the table),
-    after checking that config `section` has the run `name`."""
+    after checking that `runs` (the config's `section`: ablations or extensions) has the run `name`."""
     from predict.config import ConfigError
     from predict.stats.pairs import load_evaluations
 
-    if name not in config[section]:
-        raise ConfigError(f"{section}: no {section[:-1]} {name!r} (have {', '.join(config[section]) or 'none'})")
+    if name not in runs:
+        raise ConfigError(f"{section}: no {section[:-1]} {name!r} (have {', '.join(runs) or 'none'})")
     return list(load_evaluations(paths).values())

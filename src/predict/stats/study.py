@@ -44,7 +44,7 @@ from predict.stats.pairs import (
 )
 
 if TYPE_CHECKING:
-    from predict.stages import StageView
+    from predict.stages import StageSettings
 
 CAMPAIGN_SCHEMA = pa.schema([
     ("campaign", pa.string()), ("config_hash", pa.string()), ("time", pa.string()), ("base_model", pa.string()),
@@ -166,11 +166,12 @@ def arguments(p: argparse.ArgumentParser) -> None:
                         "read for analysis, never created (docs/test-campaign.md: re-analysing given files)")
 
 
-def main(args: argparse.Namespace, config: StageView) -> int:
+def main(args: argparse.Namespace, config: StageSettings) -> int:
     import pyarrow.parquet as pq
 
     from predict.campaign import check_test_inputs, registry_ledger
     from predict.config import ConfigError
+    from predict.config.models import plain_data
     from predict.outputs import print_table, write_table
     from predict.runs import environments
     from predict.stages import STAGES
@@ -178,14 +179,14 @@ def main(args: argparse.Namespace, config: StageView) -> int:
     from predict.stats.settings import bootstrap_settings, extension_inputs
 
     selection = config.evaluation.selection
-    extensions = {name: extension_inputs(config.as_dict, name) for name in config.extensions}
+    extensions = {name: extension_inputs(config, name) for name in config.extensions}
     if args.selection and not Path(args.selection).exists():
         raise ConfigError(f"--selection {args.selection}: file not found (the val statistics' selection.parquet)")
     campaigns: list[dict] = []
     selection_rows = pq.read_table(args.selection).to_pylist() if args.selection else None
     if args.selection:  # test evaluations: only the campaign's files, under its selection and statistics settings
         ledger = Path(args.test_ledger) if args.test_ledger else registry_ledger()
-        campaigns = check_test_inputs(ledger, args.eval, selection_rows, config.as_dict, STAGES["stats"].reads)
+        campaigns = check_test_inputs(ledger, args.eval, selection_rows, plain_data(config), STAGES["stats"].reads)
     evals = list(load_evaluations(args.eval).values())  # read once: the study's tables and the open question's
     tables = study_stats(
         evals,
@@ -201,7 +202,7 @@ def main(args: argparse.Namespace, config: StageView) -> int:
         **bootstrap_settings(config),
     )
     if args.selection:  # the test's open question, from the same campaign files under the same selection
-        tables[OPEN_QUESTION] = open_question_table(evals, selection_rows, environments(config.as_dict),
+        tables[OPEN_QUESTION] = open_question_table(evals, selection_rows, environments(config),
                                                     split="test", **bootstrap_settings(config))
     out = Path(args.out_dir)
     for name, table in tables.items():

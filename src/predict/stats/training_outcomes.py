@@ -15,7 +15,7 @@ from predict.train.step_metrics import PRED_CLASSES, read_metrics, share
 from predict.vocabulary import OUTCOMES
 
 if TYPE_CHECKING:
-    from predict.stages import StageView
+    from predict.stages import StageSettings
 
 _I, _F, _S = pa.int64(), pa.float64(), pa.string()
 TRAINING_OUTCOME_SCHEMA = pa.schema(
@@ -51,7 +51,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="results/stats/training_outcomes.parquet")
 
 
-def main(args: argparse.Namespace, config: StageView) -> int:
+def main(args: argparse.Namespace, config: StageSettings) -> int:
     from predict.outputs import console, write_table
 
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}

@@ -49,7 +49,7 @@ from predict.config.models import TraceMix, TracesSettings
 from predict.env.protocol import ProtocolConfig, task_prompt
 from predict.outputs import write_rows
 from predict.runs import resolve_run
-from predict.stages import StageView, stage_view
+from predict.stages import StageSettings, stage_settings
 from predict.traces import mutations
 from predict.traces.render import RECOVERY_STYLES, Trace, TraceError, render, solution_text
 from predict.vocabulary import Outcome
@@ -356,11 +356,19 @@ def mix_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def traces_settings(view: StageView) -> TracesSettings:
+def stage_object(config: StageSettings | Mapping[str, Any], stage: str) -> StageSettings:
+    """The typed config the traces read: a stage's own typed object (the traces', the learning-signal run's) as it
+    is, a mapping (tests) through `stage`'s row."""
+    return config if isinstance(config, StageSettings) else stage_settings(stage, config)
+
+
+def traces_settings(view: StageSettings) -> TracesSettings:
     """The `traces` section (every key required: config/schema.yaml), checked. The model has already refused a
     bad type or preset; the mix is checked here too because a valid mapping can still name a class no operator
     reaches or weigh every class zero."""
-    settings: TracesSettings = view.traces  # no traces section: MissingKey names the stage and the key
+    settings: TracesSettings | None = view.traces
+    if settings is None:
+        raise TracesConfigError("traces: missing (the SFT traces' settings)")
     if settings.recovery_style not in RECOVERY_STYLES:
         raise TracesConfigError(f"traces.recovery_style: must be one of {RECOVERY_STYLES}")
     mix_counts(settings.mix, settings.n_recovery)  # validates the mix
@@ -368,15 +376,15 @@ def traces_settings(view: StageView) -> TracesSettings:
 
 
 def run_stage(
-    tasks: Sequence[Mapping[str, Any]], config: Mapping[str, Any] | StageView, out_dir: str | Path, *,
+    tasks: Sequence[Mapping[str, Any]], config: StageSettings | Mapping[str, Any], out_dir: str | Path, *,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Synthesize, render every arm of the config, write ``{arm}.parquet`` and ``tasks.parquet`` under out_dir.
-    `config`: the stage's typed view, or any config mapping (the learning-signal run, tests), read through
-    ``traces``' table entry (or the signal's own, when it hands its view)."""
+    `config`: the stage's typed object, the learning-signal run's view, or any config mapping (tests), read through
+    ``traces``' row."""
     from predict.sandbox import Verifier
 
-    view = stage_view(config, "traces")
+    view = stage_object(config, "traces")
     settings = traces_settings(view)
     verifier, env = view.verifier, view.env
     bars = Progress(*Progress.get_default_columns(), MofNCompleteColumn(), console=Console(stderr=True),
@@ -417,15 +425,14 @@ def trace_of_row(row: Mapping[str, Any], task: Mapping[str, Any]) -> Trace:
 
 
 def run_traces(
-    config: Mapping[str, Any] | StageView, run: str, arm_rows: Sequence[Mapping[str, Any]],
+    config: StageSettings | Mapping[str, Any], run: str, arm_rows: Sequence[Mapping[str, Any]],
     tasks: Sequence[Mapping[str, Any]],
 ) -> list[dict[str, Any]]:
     """The parquet rows of a run with its own SFT: its base arm's traces (`arm_rows`, that arm's parquet) rendered
-    under the run's protocol (see the module docstring). `tasks`: the sft split. `config`: the stage's typed view,
-    or any config mapping (tests), read through ``run-traces``' table entry."""
-    view = stage_view(config, "run-traces")
-    # resolve_run and the env override are shared with the untyped stages (evaluate, the workflow): plain data
-    spec = resolve_run(view.as_dict, run)
+    under the run's protocol (see the module docstring). `tasks`: the sft split. `config`: the stage's typed object,
+    or any config mapping (tests), read through ``run-traces``' row."""
+    view = stage_object(config, "run-traces")
+    spec = resolve_run(view, run)
     if not spec.own_sft:
         raise TracesConfigError(f"run {run}: it trains from {spec.sft_run}'s SFT, so it has no traces of its own")
     settings = traces_settings(view)
@@ -442,13 +449,13 @@ def run_traces(
         outcomes[(trace.task_id, solution_text(trace.gold))] = Outcome.PASS
         if trace.faulty is not None and trace.verified_class is not None:
             outcomes[(trace.task_id, solution_text(trace.faulty))] = Outcome(trace.verified_class)
-    protocol = ProtocolConfig.from_env(spec.env(view.as_dict)["env"], spec.protocol, variant=spec.variant)
+    protocol = ProtocolConfig.from_env(spec.env(view).env, spec.protocol, variant=spec.variant)
     return render_arm(Synthesis(traces, [], outcomes), run, protocol, recovery_style=settings.recovery_style,
                       seed=settings.seed)
 
 
 def run_traces_stage(
-    config: Mapping[str, Any] | StageView, run: str, arm_traces: str | Path, tasks: Sequence[Mapping[str, Any]],
+    config: StageSettings | Mapping[str, Any], run: str, arm_traces: str | Path, tasks: Sequence[Mapping[str, Any]],
     out: str | Path,
 ) -> list[dict[str, Any]]:
     """`run_traces` from the base arm's parquet, written to `out`; returns the run's mix table."""
@@ -465,7 +472,7 @@ def traces_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", required=True, help="writes {arm}.parquet for every arm and tasks.parquet")
 
 
-def traces_main(args: argparse.Namespace, config: StageView) -> int:
+def traces_main(args: argparse.Namespace, config: StageSettings) -> int:
     import time
 
     from predict.data import load_split
@@ -489,7 +496,7 @@ def run_traces_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True)
 
 
-def run_traces_main(args: argparse.Namespace, config: StageView) -> int:
+def run_traces_main(args: argparse.Namespace, config: StageSettings) -> int:
     from predict.data import load_split
     from predict.outputs import print_table
 

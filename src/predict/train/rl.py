@@ -44,7 +44,7 @@ from predict.train.grad_terms import probe_step
 from predict.train.step_metrics import GRAD_TERM_COLUMNS, METRIC_COLUMNS, rollout_metrics
 
 if TYPE_CHECKING:
-    from predict.stages import StageView
+    from predict.stages import StageSettings
 
 __all__ = ["SERVED_NAME", "RLJob", "run_rl", "step_tasks"]
 
@@ -62,7 +62,7 @@ def step_tasks(rows: Sequence[Mapping[str, Any]], seed: int, step: int, per_step
 
 
 def run_rl(
-    job: RLJob, config: Mapping[str, Any] | StageView, *, stop_after: int | None = None, server: Any | None = None
+    job: RLJob, config: StageSettings | Mapping[str, Any], *, stop_after: int | None = None, server: Any | None = None
 ) -> dict[str, Any]:
     """Run (or resume) one RL run; returns a summary. `stop_after`: return after that many steps of *this call*
     (tests simulate a kill with it). `server`: a running `VLLMServer` (served as ``SERVED_NAME``, worker extension
@@ -157,5 +157,5 @@ def arguments(p: argparse.ArgumentParser) -> None:
                   init_help="starting checkpoint: the run's SFT folder")
 
 
-def main(args: argparse.Namespace, config: StageView) -> int:
+def main(args: argparse.Namespace, config: StageSettings) -> int:
     return job_main(args, config, run_rl)

@@ -50,7 +50,7 @@ from predict.train.sample import TrainSample
 from predict.train.tracking import RunTracker, TrackingTargets
 
 if TYPE_CHECKING:
-    from predict.stages import StageView
+    from predict.stages import StageSettings
 
 log = logging.getLogger(__name__)
 
@@ -376,13 +376,16 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (the rule's threads:); default all")
 
 
-def main(args: argparse.Namespace, config: StageView) -> int:
+def main(args: argparse.Namespace, config: StageSettings) -> int:
+    from predict.config import ConfigError
+    from predict.config.models import plain_data
     from predict.outputs import print_summary
 
-    # SFTConfig from the slice's dict form, as before the typed view: its fields are the resumable state's
-    # fingerprint (a YAML `lr: 1` hashes as 1, the model's value would be 1.0 and make every saved state stale).
-    # No sft section: MissingKey names the stage and the key.
-    cfg = SFTConfig.from_config(config.as_dict["sft"])
+    if config.sft is None:
+        raise ConfigError("stage 'sft': its config sets no 'sft'")
+    # SFTConfig from the section's plain data: its fields are the resumable state's fingerprint (a YAML `lr: 1`
+    # hashes as 1, the model's value would be 1.0 and make every saved state stale).
+    cfg = SFTConfig.from_config(plain_data(config.sft))
     summary = run_sft(
         traces=Path(args.traces),
         base_model=args.base_model,
@@ -394,8 +397,8 @@ def main(args: argparse.Namespace, config: StageView) -> int:
         enable_thinking=config.model.enable_thinking,
         max_steps=args.max_steps if args.max_steps is not None else config.sft.max_steps,
         threads=args.threads,
-        tracking=TrackingTargets.from_config(config.as_dict),
-        tracking_config=config.as_dict,
+        tracking=TrackingTargets.from_config(config),
+        tracking_config=plain_data(config),  # W&B's run config: the slice as written
     )
     print_summary(f"SFT arm {args.arm}: {args.out_dir}", summary, float_format=".4g")
     return 0

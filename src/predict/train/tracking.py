@@ -33,9 +33,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from predict.config import ConfigError, section
-from predict.config.models import StudyConfig, TrackingSettings, WandbSettings
-from predict.stages import field_value
+from predict.config import ConfigError
+from predict.config.models import WandbSettings
+from predict.stages import TRACKING_VIEW, StageSettings, stage_settings
 
 log = logging.getLogger(__name__)
 
@@ -97,19 +97,21 @@ class TrackingTargets:
     """Put before every job's name (`predict.train.learning_signal`'s runs: ``signal/<its run>/``)."""
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> TrackingTargets:
-        """From a config (or stage slice) with ``results_dir``, ``run_name`` and ``tracking`` (its defaults:
-        predict.config.models.TrackingSettings; left out, TensorBoard on and W&B disabled)."""
-        try:
-            tracking = section(config, TrackingSettings, "tracking")
-        except ConfigError as e:
-            raise TrackingError(str(e)) from None
-        results = Path(field_value(StudyConfig, "results_dir", config["results_dir"]))
+    def from_config(cls, config: StageSettings | Mapping[str, Any]) -> TrackingTargets:
+        """From a training stage's typed object (its row lists `predict.stages.TRACKING`: ``results_dir``,
+        ``run_name`` and ``tracking``, whose defaults are predict.config.models.TrackingSettings: left out,
+        TensorBoard on and W&B disabled), or a config mapping read through those keys."""
+        if not isinstance(config, StageSettings):
+            try:
+                config = stage_settings(TRACKING_VIEW, config, source="tracking")
+            except ConfigError as e:
+                raise TrackingError(str(e).removeprefix("tracking: ")) from None
+        results = Path(config.results_dir)
         return cls(
-            tensorboard_root=results / "tensorboard" if tracking.tensorboard else None,
-            wandb=tracking.wandb,
+            tensorboard_root=results / "tensorboard" if config.tracking.tensorboard else None,
+            wandb=config.tracking.wandb,
             wandb_dir=results / "wandb",
-            group=field_value(StudyConfig, "run_name", config["run_name"]),
+            group=config.run_name,
         )
 
     def under(self, name: str) -> TrackingTargets:

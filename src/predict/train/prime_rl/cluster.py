@@ -60,7 +60,7 @@ from predict.train.prime_rl.collect import (
 from predict.train.prime_rl.configs import COLOCATE_VAR, MAX_FAILED_SHARE_VAR, colocated_devices, read_toml
 
 if TYPE_CHECKING:
-    from predict.stages import StageView
+    from predict.stages import StageSettings
 
 log = logging.getLogger(__name__)
 PATCHES_DIR = REPO_ROOT / "workflow" / "prime-rl"
@@ -415,7 +415,7 @@ def setup_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="setup.json")
 
 
-def setup_main(args: argparse.Namespace, config: StageView) -> int:
+def setup_main(args: argparse.Namespace, config: StageSettings) -> int:
     """prime-rl at config prime_rl.commit from prime_rl.repo, its venv on prime_rl.python with prime_rl.extras."""
     from predict.outputs import console
     from predict.train.prime_rl.configs import attention_patches
@@ -444,7 +444,7 @@ def config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset-dir", help="sft: where to write the messages dataset")
 
 
-def config_main(args: argparse.Namespace, config: StageView) -> int:
+def config_main(args: argparse.Namespace, config: StageSettings) -> int:
     """The TOML from the stage's typed slice (`configs.rl_config`, `configs.sft_config`)."""
     from predict.outputs import console
     from predict.train.prime_rl import collect, configs
@@ -486,7 +486,7 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="rl: the seed (default: from the --run-dir's name, seed<N>)")
 
 
-def train_main(args: argparse.Namespace, config: StageView) -> int:
+def train_main(args: argparse.Namespace, config: StageSettings) -> int:
     from predict.outputs import console
     from predict.train.prime_rl import collect, configs
 

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from predict.runs import resolve_run, sft_runs
-from predict.stages import MissingKey, StageView, stage_view
+from predict.stages import StageSettings, stage_settings
 
 TASKSET_ID = "predict_mbpp"
 HARNESS_ID = "predict_local_agent"
@@ -110,24 +110,23 @@ class SFTSettings:
     gpus: int
 
 
-def typed(cfg: Mapping[str, Any] | StageView) -> StageView:
-    """The config as the typed models (`predict.stages.StageView`): a stage's view as it is (prime-rl-config's, or
-    prime-rl-setup's for `attention_patches`), any other mapping (tests) through prime-rl-config's table entry."""
-    return stage_view(cfg, "prime-rl-config")
+def typed(cfg: Mapping[str, Any] | StageSettings) -> StageSettings:
+    """The config as a stage's typed object: prime-rl-config's (or prime-rl-setup's, for `attention_patches`) as it
+    is, any other mapping (tests) through prime-rl-config's row."""
+    return cfg if isinstance(cfg, StageSettings) else stage_settings("prime-rl-config", cfg)
 
 
 def _section(view: Any, *keys: str) -> Any:
     """The typed section or value at `keys`; one the config leaves out is refused, naming it."""
     node = view
     for i, key in enumerate(keys):
-        try:
-            node = getattr(node, key)
-        except MissingKey:
-            raise PrimeRLConfigError(f"{'.'.join(keys[: i + 1])}: missing (needed by the prime_rl backend)") from None
+        node = getattr(node, key)
+        if node is None:  # left out
+            raise PrimeRLConfigError(f"{'.'.join(keys[: i + 1])}: missing (needed by the prime_rl backend)")
     return node
 
 
-def rl_settings(cfg: Mapping[str, Any] | StageView) -> RLSettings:
+def rl_settings(cfg: Mapping[str, Any] | StageSettings) -> RLSettings:
     """The study's RL design (section ``rl``, shared with the local trainer) + the cluster's own (``prime_rl``)."""
     view = typed(cfg)
     p, shared = _section(view, "prime_rl"), _section(view, "rl")
@@ -277,20 +276,20 @@ def check_attn_extras(attn: str, extras: list[str] | tuple[str, ...]) -> str:
     return attn
 
 
-def attn_setting(cfg: Mapping[str, Any] | StageView) -> str:
+def attn_setting(cfg: Mapping[str, Any] | StageSettings) -> str:
     """prime-rl's ``attn`` value for the config's ``prime_rl.attn`` (checked against its extras)."""
     p = _section(typed(cfg), "prime_rl")
     return check_attn_extras(p.attn, list(p.extras))
 
 
-def attention_patches(cfg: Mapping[str, Any] | StageView) -> list[str]:
+def attention_patches(cfg: Mapping[str, Any] | StageSettings) -> list[str]:
     """The patch files (in ``workflow/prime-rl/``) the config's attention kernel needs beside the algorithm patch."""
     p = _section(typed(cfg), "prime_rl")
     check_attn_extras(p.attn, list(p.extras))
     return [TORCH_FA2_PATCH] if p.attn == TORCH_FA2 else []
 
 
-def sft_settings(cfg: Mapping[str, Any] | StageView) -> SFTSettings:
+def sft_settings(cfg: Mapping[str, Any] | StageSettings) -> SFTSettings:
     p = _section(typed(cfg), "prime_rl")
     s = p.sft
     return SFTSettings(max_steps=s.max_steps, batch_size=s.batch_size, micro_batch_size=s.micro_batch_size, lr=s.lr,
@@ -310,19 +309,19 @@ def _drop_none(value: Any) -> Any:
     return value
 
 
-def renderer_table(cfg: Mapping[str, Any] | StageView) -> dict[str, Any]:
+def renderer_table(cfg: Mapping[str, Any] | StageSettings) -> dict[str, Any]:
     # The study renders with the Qwen3 template's default generation prompt (config model.enable_thinking).
     return {"name": RENDERER, "enable_thinking": typed(cfg).model.enable_thinking}
 
 
-def train_sampling(cfg: Mapping[str, Any] | StageView, s: RLSettings) -> dict[str, Any]:
+def train_sampling(cfg: Mapping[str, Any] | StageSettings, s: RLSettings) -> dict[str, Any]:
     """The RL rollouts' sampling: ``env.temperature``, and ``rl.max_tokens`` (else ``env.max_tokens``) per call."""
     env = _section(typed(cfg), "env")
     return {"temperature": env.temperature, "max_tokens": s.max_tokens or env.max_tokens}
 
 
 def env_source(
-    cfg: Mapping[str, Any], spec: Any, tasks: str | Path, seed: int, sampling: Mapping[str, Any]
+    cfg: StageSettings, spec: Any, tasks: str | Path, seed: int, sampling: Mapping[str, Any]
 ) -> dict[str, Any]:
     """One ``[[orchestrator.train.source]]``: our taskset + harness, with the same protocol values as local
     rollouts (`RolloutSettings.from_study_config`); `seed` orders the taskset (prime-rl's epoch shuffle ignores it).
@@ -331,7 +330,8 @@ def env_source(
     from predict.env.runner import RolloutSettings
 
     settings = RolloutSettings.from_study_config(
-        spec.env(cfg), arm=spec.arm, seed=0, checkpoint="", base_url="", model="", variant=spec.variant
+        spec.env(cfg),
+        arm=spec.arm, seed=0, checkpoint="", base_url="", model="", variant=spec.variant
     )
     protocol = settings.protocol_config
     verifier = {
@@ -374,15 +374,13 @@ def env_source(
 
 
 def rl_config(
-    cfg: Mapping[str, Any] | StageView, run: str, seed: int, *, model: str | Path, tasks: str | Path,
+    cfg: Mapping[str, Any] | StageSettings, run: str, seed: int, *, model: str | Path, tasks: str | Path,
     output_dir: str | Path,
 ) -> dict[str, Any]:
     """The ``rl`` TOML (as a dict) of one run and seed (the rules in the module doc). `cfg`: prime-rl-config's typed
-    slice, or any config mapping (tests); the run matrix, the rollouts' protocol and the W&B targets take its plain
-    data (``as_dict``), as the other stages hand them."""
+    object, or any config mapping (tests), read through its row."""
     view = typed(cfg)
-    cfg = view.as_dict
-    spec = resolve_run(cfg, run)
+    spec = resolve_run(view, run)
     s = rl_settings(view)
     check_rl_design(s)
     check_placement(s)
@@ -416,7 +414,7 @@ def rl_config(
             "renderer": renderer_table(view),
             "train": {
                 "sampling": {"temperature": sampling["temperature"], "max_completion_tokens": sampling["max_tokens"]},
-                "source": [env_source(cfg, spec, tasks, seed=int(seed), sampling=sampling)],
+                "source": [env_source(view, spec, tasks, seed=int(seed), sampling=sampling)],
             },
         },
         "trainer": {
@@ -435,10 +433,10 @@ def rl_config(
         # prime-rl's default weight broadcast is NCCL between trainer and inference ranks, and NCCL refuses two ranks
         # on one GPU: colocated, new weights go through the filesystem (prime-rl's own one-GPU setting)
         table["weight_broadcast"] = {"type": "filesystem"}
-    return _drop_none(_merge(table, wandb_tables(cfg, f"rl/{run}/seed{seed}", entrypoint="rl")))
+    return _drop_none(_merge(table, wandb_tables(view, f"rl/{run}/seed{seed}", entrypoint="rl")))
 
 
-def wandb_tables(cfg: Mapping[str, Any], name: str, *, entrypoint: str) -> dict[str, Any]:
+def wandb_tables(cfg: StageSettings | Mapping[str, Any], name: str, *, entrypoint: str) -> dict[str, Any]:
     """prime-rl's own W&B monitor settings from ``tracking.wandb`` (`predict.train.tracking.TrackingTargets`):
     none when disabled; run `name`, grouped by ``run_name``. The ``rl`` entrypoint's shared ``[wandb]`` refuses
     ``offline`` (prime-rl's SharedWandbConfig), so offline goes to ``[trainer.wandb]`` and
@@ -475,14 +473,13 @@ def model_ref(model: str | Path) -> str:
 
 
 def sft_config(
-    cfg: Mapping[str, Any] | StageView, arm: str, *, model: str | Path, dataset_dir: str | Path,
+    cfg: Mapping[str, Any] | StageSettings, arm: str, *, model: str | Path, dataset_dir: str | Path,
     output_dir: str | Path,
 ) -> dict[str, Any]:
     """The ``sft`` TOML (as a dict) of one arm, or of a run with its own SFT (`predict.runs.sft_runs`): loss on
     assistant turns, one final checkpoint. `cfg` as for `rl_config`."""
     view = typed(cfg)
-    cfg = view.as_dict
-    if arm not in (owners := sft_runs(cfg)):
+    if arm not in (owners := sft_runs(view)):
         raise PrimeRLConfigError(f"arms: no arm or run with its own SFT {arm!r} (have {', '.join(owners)})")
     s = sft_settings(view)
     table = {
@@ -505,7 +502,7 @@ def sft_config(
         "ckpt": {"resume_step": -1},  # a checkpoint at the end of training; a retried job resumes from the latest
         "file_monitor": {},  # <output_dir>/metrics.jsonl
     }
-    return _drop_none(_merge(table, wandb_tables(cfg, f"sft/{arm}", entrypoint="sft")))
+    return _drop_none(_merge(table, wandb_tables(view, f"sft/{arm}", entrypoint="sft")))
 
 
 def write_toml(table: Mapping[str, Any], path: str | Path) -> Path:
