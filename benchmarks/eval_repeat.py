@@ -10,10 +10,16 @@ GPU (vLLM's GPU build): evaluation serves batch-invariant (``VLLM_BATCH_INVARIAN
 ``serving.batch_invariant``) and keeps ``env.concurrency`` in flight. ``--modes invariant default`` runs the
 evaluation on ``--servers`` fresh batch-invariant servers, then on a server without batch invariance, each at every
 ``--concurrency`` on the first server and the first concurrency on the next; rows must be identical across servers and
-concurrencies in the invariant mode, and the wall times give the price of batch invariance:
+concurrencies in the invariant mode, and the wall times give the price of batch invariance. ``--every-concurrency``
+runs every concurrency on every fresh server, so fresh servers are compared at each (the issue 59 check: 3 servers,
+16 and 64 in flight):
 
     python benchmarks/eval_repeat.py --config config/gpu-slice.yaml --model results/checkpoints/A/sft \
         --tasks 16 --concurrency 16 1 --servers 2 --modes invariant default --out benchmarks/eval_repeat_h200.json
+    python benchmarks/eval_repeat.py --config config/gpu-slice.yaml --model results/models/tiny \
+        --tasks 16 --concurrency 16 64 --servers 3 --every-concurrency --modes invariant --out benchmarks/eval_repeat_<card>_tiny.json
+
+The JSON names what ran: the model's path, shape and parameter count (its config.json), the card, the command.
 
 Per run: wall time, and how many tasks' rows differ from the first run of the mode (times and ids left out). Every
 run is preceded on its server by one warm-up batch (first requests compile and warm caches).
@@ -49,6 +55,8 @@ def main() -> int:
                     help="vLLM's --max-num-seqs: at most this many sequences in one engine step "
                          "(benchmarks/log/gpu.md: do the co-resident sequences decide whether fresh servers give "
                          "the same rows?)")
+    ap.add_argument("--every-concurrency", action="store_true",
+                    help="every fresh server runs every --concurrency (default: servers after the first run the first)")
     args = ap.parse_args()
 
     import verifiers.v1.runtimes.subprocess as vf_subprocess
@@ -75,6 +83,9 @@ def main() -> int:
     result: dict = {
         "date": time.strftime("%Y-%m-%d"),
         "what": f"greedy val evaluation of {model}, Arm A, {len(tasks)} tasks, side by side",
+        "command": " ".join(["python", "benchmarks/eval_repeat.py", *sys.argv[1:]]),
+        "model": model_identity(Path(model)),
+        "card": card_name(serving["device"]),
         "serving": serving_identity(serving, concurrency=max(args.concurrency)),
         "tasks": len(tasks),
         "max_tokens": ev["max_tokens"],
@@ -103,7 +114,8 @@ def main() -> int:
                 starts.append(time.perf_counter() - t0)
                 run_rollouts_sync(tasks, settings(srv.base_url, max(args.concurrency), "warm-up"))
                 for repeat in range(args.repeats):
-                    for c in args.concurrency if server == 0 else args.concurrency[:1]:  # a fresh server: the first
+                    on_this_server = args.concurrency if server == 0 or args.every_concurrency else args.concurrency[:1]
+                    for c in on_this_server:
                         t = time.perf_counter()
                         rows = run_rollouts_sync(tasks, settings(srv.base_url, c, "base"))
                         wall = time.perf_counter() - t
@@ -139,6 +151,29 @@ def main() -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0
+
+
+def model_identity(folder: Path) -> dict:
+    """What a JSON reader needs to know which model ran: its folder, its shape from config.json and its parameters."""
+    import json as _json
+
+    from predict.serving.gpu_memory import ModelShape
+
+    hf = _json.loads((folder / "config.json").read_text())
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "intermediate_size", "vocab_size", "tie_word_embeddings", "torch_dtype")
+    return {"path": str(folder), "shape": {k: hf.get(k) for k in keys},
+            "parameters": ModelShape.from_config(hf).parameters}
+
+
+def card_name(device: str) -> str:
+    """The GPU's name as nvidia-smi gives it (or "cpu"): a number means little without the card it came from."""
+    if device != "gpu":
+        return "cpu"
+    import subprocess
+
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown GPU"
 
 
 if __name__ == "__main__":
