@@ -146,11 +146,11 @@ def test_campaign_records_hash_and_list_then_refuses_a_second_evaluation(study, 
 
 
 def test_campaign_runs_on_the_stages_own_config_view(study, test_file: Path, endpoint, tmp_path: Path) -> None:
-    """`predict evaluate` hands the campaign its slice as a StageConfig view (nested views inside): the rollout job's
+    """`predict evaluate` hands the campaign its stage's typed object (typed sections inside): the rollout job's
     fingerprint and ledger entry must take it as they take a plain dict (CI's local `all` crashed here)."""
-    from predict.stages import stage_config
+    from predict.stages import stage_settings
 
-    view = stage_config(study, "evaluate-test")
+    view = stage_settings("evaluate-test", study)
     summaries = _campaign(view, test_file, tmp_path, "sft", base_url=endpoint.base_url)
     assert [(s["checkpoint"], s["ran"]) for s in summaries] == [("sft", 1)]
     done = [json.loads(line) for line in (registry_ledger()).read_text().splitlines()][-1]
@@ -443,11 +443,11 @@ def test_the_typed_view_hashes_and_records_the_bytes_of_the_slice(study, test_fi
     from predict.campaign import design_config
     from predict.rollouts import job_fingerprint
     from predict.runs import resolve_run
-    from predict.stages import StageSettings, config_slice, stage_config, stage_input
+    from predict.stages import StageSettings, config_slice, stage_settings
 
     study["evaluation"]["temperature"] = 0
     sliced = config_slice(study, "evaluate-test")
-    view = stage_input(stage_config(study, "evaluate-test"))  # as `predict evaluate --split test` hands it to main
+    view = stage_settings("evaluate-test", study)  # as `predict evaluate --split test` hands it to main
     assert isinstance(view, StageSettings) and view.evaluation.temperature == 0.0  # typed: a float
     assert isinstance(view.evaluation.temperature, float)
     job = evaluation_job(view, run="B", checkpoint="step100", split="test", seed=42, tasks_path=test_file,
