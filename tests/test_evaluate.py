@@ -462,7 +462,7 @@ def test_the_typed_view_hashes_and_records_the_bytes_of_the_slice(study, test_fi
     assert (job.samples, job.n_tasks) == (sliced["evaluation"]["samples"], sliced["evaluation"]["tasks"])
     # the resume fingerprint is the one of the job the old code built from the raw values
     old = replace(job, sampling={"temperature": 0, "max_tokens": 77}, samples=1, n_tasks=1)
-    run_config = resolve_run(sliced, "B").env(sliced)
+    run_config = resolve_run(view, "B").env(view)
     assert job_fingerprint(job, run_config).digest == job_fingerprint(old, run_config).digest
 
 
