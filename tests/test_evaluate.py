@@ -406,7 +406,7 @@ def test_the_stage_main_gets_its_typed_view_and_a_key_outside_its_entry_raises(
 ) -> None:
     """`predict evaluate` (val: the evaluate row; test: evaluate-test) hands its main its own typed object (issue
     61): typed reads, a key outside the row refused naming stage and key, and the declared campaign's reason read
-    from it. Old code: main got the StageView over the dict slice."""
+    from it. Old code: main got a typed view over the dict slice."""
     import predict.evaluate as evaluate_mod
     from predict.cli import main
     from predict.config.models import plain_data
