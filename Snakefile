@@ -26,7 +26,7 @@ include: "workflow/rules/rollouts.smk"
 include: "workflow/rules/traces.smk"
 # Training before evaluation: evaluation asks which checkpoints some rule produces. The local trainer (rl.smk) or
 # prime-rl on the cluster (prime_rl.smk, SFT included), by config `backend`.
-if WORKFLOW_CONFIG["backend"] == "prime_rl":
+if WORKFLOW_CONFIG.backend == "prime_rl":
 
     include: "workflow/rules/prime_rl.smk"
 
@@ -59,12 +59,12 @@ rule design:
         rules.verify_gold.output,
         rules.sft_traces.output,
         # RL of every run and seed (and, on prime-rl, its SFT): the configured backend; RFT on our trainer
-        rules.prime_rl_all.input if WORKFLOW_CONFIG["backend"] == "prime_rl" else RL_RESULTS,
+        rules.prime_rl_all.input if WORKFLOW_CONFIG.backend == "prime_rl" else RL_RESULTS,
         RFT_RESULTS,
         rules.stats.output,
         rules.power.output,
-        expand(R("ablations", "{ablation}.parquet"), ablation=list(WORKFLOW_CONFIG["ablations"])),
-        expand(R("extensions", "{extension}.parquet"), extension=list(WORKFLOW_CONFIG["extensions"])),
+        expand(R("ablations", "{ablation}.parquet"), ablation=list(WORKFLOW_CONFIG.ablations)),
+        expand(R("extensions", "{extension}.parquet"), extension=list(WORKFLOW_CONFIG.extensions)),
         rules.open_question.output,
 
 

@@ -313,10 +313,12 @@ def collect(args: argparse.Namespace) -> int:
     logs = (args.logs_dir or REPO / "logs") / config["run_name"]
     card = args.card or _card()
     base = results / "models" / "tiny"
+    from predict.config.models import TinyModelSettings
     from predict.train.disk import model_parameters
 
     parameters = model_parameters(base) if (base / "config.json").is_file() else None
-    parameters = parameters or model_parameters("tiny", config["model"].get("tiny"))
+    tiny = TinyModelSettings.model_validate(config["model"].get("tiny") or {})
+    parameters = parameters or model_parameters("tiny", tiny)
     rl = rl_split(results, config, design, parameters)
     alone = _read(_state_dir(results) / "vllm_alone.json")
     best = max((r["generated_tokens_per_s"] for r in alone.get("rows", [])), default=None)

@@ -118,12 +118,12 @@ def bundled_files(config: Mapping[str, Any]) -> list[str]:
 def synthetic_study(root: Path, ledger: Path) -> dict[str, Any]:
     """The results folder of a whole synthetic study under `root` (its test campaign in `ledger`); its config."""
     from predict.bundle.rederive import (
+        handed_config,
         handed_lists,
         rederive_report,
         rederive_test,
         rederive_val,
         run_stage,
-        stage_view,
     )
     from predict.campaign import TestLedger, campaign_from_stats, read_selection
     from predict.config.models import plain_data
@@ -146,7 +146,7 @@ def synthetic_study(root: Path, ledger: Path) -> dict[str, Any]:
     rederive_val(config, results, results, inputs=inputs)
     stats = results / "stats"
     # as the test campaign's stage sees it, as the plain data the campaign module takes (the stage is typed)
-    campaign_config = plain_data(stage_view(config, "evaluate-test", root))
+    campaign_config = plain_data(handed_config(config, "evaluate-test", root))
     plan = campaign_from_stats(campaign_config, stats / "metrics.parquet", stats / "selection.parquet")
     selection = read_selection(stats / "selection.parquet")
     models = {entry: checkpoint_folder(config, *entry) for entry in plan}

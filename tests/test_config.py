@@ -123,12 +123,12 @@ def test_a_slice_written_by_hand_gets_its_defaults_like_a_whole_config(tmp_path:
     """`--config-slice` with a slice someone wrote (the sandbox tests do, for verify-gold): the keys it leaves out
     read as their defaults, as they do for slices the workflow writes from a filled config."""
     from predict.config import load_config_slice
-    from predict.stages import stage_config
+    from predict.stages import config_slice
 
     path = tmp_path / "verify-gold.json"
     path.write_text(json.dumps({"verifier": {"timeout_s": 3.0, "memory_mb": 1024, "workers": 1,
                                              "outcome_labels": "structured"}}))
-    view = stage_config(load_config_slice(path), "verify-gold")
+    view = config_slice(load_config_slice(path), "verify-gold")
     assert view["verifier"]["isolation"] == {"require": "auto", "accept_weaker": False}
     assert view["verifier"]["gold_splits"] == ["sft", "rl", "val"]
     assert set(view) == {"verifier"}  # filled, then cut to the stage's keys again

@@ -482,12 +482,12 @@ def test_rollout_cli_takes_the_variant_and_the_protocol_knobs(tmp_path: Path) ->
     assert (args.variant, args.test_cost, args.max_chained_revisions) == ("edit_on_revise", 3, None)
     with pytest.raises(SystemExit):
         build_parser().parse_args([*base, "--test-cost", "0"])
-    config = load_config(Path(__file__).resolve().parents[1] / "config" / "local.yaml")
-    assert (config["env"]["test_cost"], config["env"]["max_chained_revisions"]) == (1, 2)  # the study's protocol
+    config = stage_settings(EPISODE_VIEW, load_config(Path(__file__).resolve().parents[1] / "config" / "local.yaml"))
+    assert (config.env.test_cost, config.env.max_chained_revisions) == (1, 2)  # the study's protocol
     assert with_env(config, test_cost=None) is config
     overridden = with_env(config, test_cost=args.test_cost, max_chained_revisions=args.max_chained_revisions)
     settings = RolloutSettings.from_study_config(
-        stage_settings(EPISODE_VIEW, overridden),
+        overridden,
         arm="B", seed=1, checkpoint="sft", base_url="http://x/v1", model="m", variant=args.variant
     )
     protocol = settings.protocol_config
@@ -499,7 +499,7 @@ def test_rollout_cli_takes_the_variant_and_the_protocol_knobs(tmp_path: Path) ->
     )
     assert (settings.meta()["budget"], settings.meta()["test_cost"]) == (10, 3)
     assert RolloutSettings.from_study_config(
-        stage_settings(EPISODE_VIEW, config), arm="A", seed=1, checkpoint="sft", base_url="u", model="m"
+        config, arm="A", seed=1, checkpoint="sft", base_url="u", model="m"
     ).protocol_config == ProtocolConfig("reactive")
 
 

@@ -146,11 +146,11 @@ def test_campaign_records_hash_and_list_then_refuses_a_second_evaluation(study, 
 
 
 def test_campaign_runs_on_the_stages_own_config_view(study, test_file: Path, endpoint, tmp_path: Path) -> None:
-    """`predict evaluate` hands the campaign its slice as a StageConfig view (nested views inside): the rollout job's
+    """`predict evaluate` hands the campaign its stage's typed object (typed sections inside): the rollout job's
     fingerprint and ledger entry must take it as they take a plain dict (CI's local `all` crashed here)."""
-    from predict.stages import stage_config
+    from predict.stages import stage_settings
 
-    view = stage_config(study, "evaluate-test")
+    view = stage_settings("evaluate-test", study)
     summaries = _campaign(view, test_file, tmp_path, "sft", base_url=endpoint.base_url)
     assert [(s["checkpoint"], s["ran"]) for s in summaries] == [("sft", 1)]
     done = [json.loads(line) for line in (registry_ledger()).read_text().splitlines()][-1]
@@ -406,7 +406,7 @@ def test_the_stage_main_gets_its_typed_view_and_a_key_outside_its_entry_raises(
 ) -> None:
     """`predict evaluate` (val: the evaluate row; test: evaluate-test) hands its main its own typed object (issue
     61): typed reads, a key outside the row refused naming stage and key, and the declared campaign's reason read
-    from it. Old code: main got the StageView over the dict slice."""
+    from it. Old code: main got a typed view over the dict slice."""
     import predict.evaluate as evaluate_mod
     from predict.cli import main
     from predict.config.models import plain_data
@@ -443,11 +443,11 @@ def test_the_typed_view_hashes_and_records_the_bytes_of_the_slice(study, test_fi
     from predict.campaign import design_config
     from predict.rollouts import job_fingerprint
     from predict.runs import resolve_run
-    from predict.stages import StageSettings, config_slice, stage_config, stage_input
+    from predict.stages import StageSettings, config_slice, stage_settings
 
     study["evaluation"]["temperature"] = 0
     sliced = config_slice(study, "evaluate-test")
-    view = stage_input(stage_config(study, "evaluate-test"))  # as `predict evaluate --split test` hands it to main
+    view = stage_settings("evaluate-test", study)  # as `predict evaluate --split test` hands it to main
     assert isinstance(view, StageSettings) and view.evaluation.temperature == 0.0  # typed: a float
     assert isinstance(view.evaluation.temperature, float)
     job = evaluation_job(view, run="B", checkpoint="step100", split="test", seed=42, tasks_path=test_file,
@@ -462,7 +462,7 @@ def test_the_typed_view_hashes_and_records_the_bytes_of_the_slice(study, test_fi
     assert (job.samples, job.n_tasks) == (sliced["evaluation"]["samples"], sliced["evaluation"]["tasks"])
     # the resume fingerprint is the one of the job the old code built from the raw values
     old = replace(job, sampling={"temperature": 0, "max_tokens": 77}, samples=1, n_tasks=1)
-    run_config = resolve_run(sliced, "B").env(sliced)
+    run_config = resolve_run(view, "B").env(view)
     assert job_fingerprint(job, run_config).digest == job_fingerprint(old, run_config).digest
 
 

@@ -64,9 +64,11 @@ def test_every_extension_resolves_to_what_it_changes(name: str) -> None:
 
 
 def test_a_run_carries_its_test_cost_into_the_config_it_rolls_out_with() -> None:
-    config = load_config(REPO / "config" / "local.yaml")
+    from predict.stages import stage_settings
+
+    config = stage_settings("evaluate", load_config(REPO / "config" / "local.yaml"))
     spec = resolve_run(config, "expensive_tests_A")
-    assert spec.env(config)["env"]["test_cost"] == 3 and config["env"]["test_cost"] == 1
+    assert spec.env(config).env.test_cost == 3 and config.env.test_cost == 1
     assert resolve_run(config, "B").env(config) is config
 
 

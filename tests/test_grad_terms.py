@@ -215,7 +215,7 @@ def test_the_report_plots_arm_b_and_its_ablations_and_says_prime_rl_does_not_mea
 
     from predict.config import load_config
     from predict.report import build_report
-    from predict.stages import stage_config, stage_input
+    from predict.stages import stage_settings
 
     from .conftest import REPO
 
@@ -230,7 +230,7 @@ def test_the_report_plots_arm_b_and_its_ablations_and_says_prime_rl_does_not_mea
              [0.0, 0.0, 0.0]), rows("A", 42, "rl", [0.3, 0.3, 0.3], [0.0, 0.0, 0.0]), rows("B", 43, "prime_rl", None, None)]
     config = load_config(REPO / "config" / "local.yaml")
     if handed != "whole config":
-        config = stage_input(stage_config(config, "report"))
+        config = stage_settings("report", config)
     page = build_report(config, stats_dir=tmp_path / "none", ablations=[], power=tmp_path / "none.parquet",
                         out=tmp_path / "index.html", rl_metrics=paths).read_text()
     section = page.split('<section id="grad-terms">')[1].split("</section>")[0]

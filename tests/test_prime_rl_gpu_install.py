@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from predict.config import REPO_ROOT, load_config
-from predict.stages import stage_config, stage_input
+from predict.stages import stage_settings
 from predict.train.prime_rl import attention, cluster, configs
 from predict.train.prime_rl.configs import PrimeRLConfigError
 from tests.test_prime_rl_patch import _source
@@ -139,7 +139,7 @@ def test_setup_applies_the_attention_patch_only_where_asked(paper: dict[str, Any
         cfg = with_prime_rl(paper, attn=attn, extras=extras)
         args = type("Args", (), {"dir": str(tmp_path / "prl"), "patch": None, "patches_dir": None,
                                  "out": str(tmp_path / "setup.json")})()
-        cluster.setup_main(args, stage_input(stage_config(cfg, "prime-rl-setup")))  # as the CLI hands it
+        cluster.setup_main(args, stage_settings("prime-rl-setup", cfg))  # as the CLI hands it
         assert applied == expected
 
 

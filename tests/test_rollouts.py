@@ -181,10 +181,10 @@ def test_a_typed_object_fingerprints_and_rolls_out_as_its_plain_slice(study, tas
     """The rollout stage's `main` hands its own typed object (`stage_settings`) on: the job's fingerprint is the
     plain slice's, byte for byte (a `.partial` folder saved before the typed object resumes), and the rows are the
     ones the dict gives."""
-    from predict.stages import stage_config, stage_input
+    from predict.stages import config_slice, stage_settings
 
-    sliced = stage_config(study, "rollout")
-    view = stage_input(sliced)
+    sliced = config_slice(study, "rollout")
+    view = stage_settings("rollout", study)
     job = _job(tasks_file, tmp_path / "view.parquet", endpoint, n_tasks=1)
     assert job_fingerprint(job, view) == job_fingerprint(job, sliced)
     run_job(job, view)

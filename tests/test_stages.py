@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from predict.cli import main
-from predict.config import load_config
+from predict.config import ConfigError, load_config
 from predict.config.models import ArmSettings, RLSettings
 from predict.stages import (
     STAGES,
@@ -20,8 +20,7 @@ from predict.stages import (
     readme_table,
     slice_file,
     slice_params,
-    stage_config,
-    stage_input,
+    stage_settings,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,18 +28,18 @@ CONFIGS = [REPO / "config" / "local.yaml", REPO / "config" / "config.yaml"]
 
 
 def test_a_stage_refuses_a_key_outside_its_slice_and_names_stage_and_key() -> None:
-    config = stage_config(load_config(REPO / "config" / "local.yaml"), "power")
-    assert config["power"]["target"] == 0.8 and config["data"]["sizes"]["test"] == 500
+    config = stage_settings("power", load_config(REPO / "config" / "local.yaml"))
+    assert config.power.target == 0.8 and config.data.sizes.test == 500
     with pytest.raises(SliceError, match=r"stage 'power' read config key 'rl'.*stages\.py"):
-        config["rl"]
+        _ = config.rl
     with pytest.raises(SliceError, match="'data.mbpp_path'"):
-        config["data"].get("mbpp_path")  # a sibling of a key the table gives is still outside
+        _ = config.data.mbpp_path  # a sibling of a key the table gives is still outside
     with pytest.raises(SliceError, match="'evaluation'"):
         "evaluation" in config  # noqa: B015 - membership is a read too
 
 
 def test_the_typed_object_refuses_a_section_outside_the_row_and_names_stage_and_key() -> None:
-    view = stage_input(stage_config(load_config(REPO / "config" / "local.yaml"), "rl"))
+    view = stage_settings("rl", load_config(REPO / "config" / "local.yaml"))
     with pytest.raises(SliceError, match=r"stage 'rl' read config key 'sft'.*stages\.py"):
         _ = view.sft
     with pytest.raises(SliceError, match="'model.base'"):
@@ -57,12 +56,12 @@ def test_the_typed_object_refuses_a_section_outside_the_row_and_names_stage_and_
 
 def test_a_typed_read_returns_the_model_type_and_the_plain_data_stays_the_slice() -> None:
     from predict.config.models import plain_data
-    from predict.stages import stage_model, stage_settings
+    from predict.stages import stage_model
 
     config = load_config(REPO / "config" / "local.yaml")
     config["rl"]["lr"] = 1  # YAML's `lr: 1` is an int; the model's field is a float
-    sliced = stage_config(config, "rft")
-    view = stage_input(sliced)
+    sliced = config_slice(config, "rft")
+    view = stage_settings("rft", config)
     assert type(view) is stage_model("rft") and plain_data(view) == sliced
     assert json.dumps(plain_data(view)) == json.dumps(config_slice(config, "rft"))
     assert view.rl.lr == 1.0 and type(view.rl.lr) is float and sliced["rl"]["lr"] == 1
@@ -75,8 +74,8 @@ def test_a_typed_read_returns_the_model_type_and_the_plain_data_stays_the_slice(
     assert stage_settings("rl", config).rl.steps == config["rl"]["steps"]
     assert stage_settings("rft", {k: v for k, v in config.items() if k != "rft"}).rft is None
     # a slice without any of the keys listed below a section (model.tiny): the section reads, those keys are left out
-    tiny = stage_input(stage_config({k: v for k, v in config.items() if k != "model"} | {"model": {"base": "m"}},
-                                    "build-tiny-model"))
+    tiny = stage_settings("build-tiny-model",
+                          {k: v for k, v in config.items() if k != "model"} | {"model": {"base": "m"}})
     assert tiny.model.tiny is None and "tiny" not in tiny.model
 
 
@@ -96,7 +95,7 @@ def test_every_stage_gets_the_typed_view(monkeypatch: pytest.MonkeyPatch, tmp_pa
     from predict.stages import StageSettings
 
     config = load_config(REPO / "config" / "local.yaml")
-    assert all(type(stage_input(stage_config(config, name))) is stage_model(name) for name in STAGES)
+    assert all(type(stage_settings(name, config)) is stage_model(name) for name in STAGES)
     assert all(issubclass(stage_model(name), StageSettings) for name in STAGES)
 
 
@@ -158,35 +157,43 @@ def test_the_trace_settings_are_the_typed_section_and_a_mix_mapping_counts_as_be
     assert mix_counts(TraceMix(**mix), 7) == mix_counts(mix, 7) == {"ASSERTION_FAILURE": 5, "TIMEOUT": 2}
 
 
-def test_a_listed_key_the_config_leaves_out_reads_as_missing() -> None:
-    config = stage_config({"data": {"sizes": {"test": 10}}, "seeds": [1]}, "power")
-    assert config.get("power", {"default": 1}) == {"default": 1}
-    with pytest.raises(KeyError):
-        config["power"]
+def test_a_listed_key_the_config_leaves_out_reads_as_its_default_or_none() -> None:
+    from predict.config.models import PowerSettings
+
+    sizes = {"sft": 1, "rl": 1, "test": 10}
+    config = stage_settings("power", {"data": {"sizes": sizes}, "seeds": [1]})
+    assert config.power == PowerSettings() and "power" in config  # a section with defaults reads as them
+    with pytest.raises(ConfigError, match="required key .data. is missing"):  # a required key left out: refused
+        stage_settings("power", {"data": {}, "seeds": [1]})
 
 
-def test_the_view_is_a_plain_dict_for_json_pickle_and_copies() -> None:
-    config = stage_config(load_config(REPO / "config" / "local.yaml"), "stats")
-    assert json.loads(json.dumps(config)) == config_slice(load_config(REPO / "config" / "local.yaml"), "stats")
+def test_the_typed_object_gives_its_plain_data_for_json_and_survives_pickle_and_copies() -> None:
+    from predict.config.models import plain_data
+
+    config = stage_settings("stats", load_config(REPO / "config" / "local.yaml"))
+    assert json.loads(json.dumps(plain_data(config))) == config_slice(load_config(REPO / "config" / "local.yaml"),
+                                                                      "stats")
     for clone in (pickle.loads(pickle.dumps(config)), copy.deepcopy(config)):
-        assert clone == config
+        assert clone == config and type(clone) is type(config)
         with pytest.raises(SliceError):
-            clone["evaluation"]["temperature"]
+            _ = clone.evaluation.temperature
 
 
-def test_dataclasses_asdict_copies_a_view_to_plain_data() -> None:
-    """asdict rebuilds a dict as type(d)(pairs): the view must come out as plain data, not crash (it crashed the
-    test campaign inside a rollout job once)."""
+def test_dataclasses_asdict_copies_a_typed_section_whole() -> None:
+    """asdict deep-copies what is no dataclass: a typed section must come out equal, not crash (a dict view crashed
+    the test campaign inside a rollout job once), and its plain data is plain dicts."""
     import dataclasses
+
+    from predict.config.models import plain_data
 
     @dataclasses.dataclass
     class Holder:
-        evaluation: dict
+        evaluation: object
 
-    config = stage_config(load_config(REPO / "config" / "local.yaml"), "stats")
-    copied = dataclasses.asdict(Holder(config["evaluation"]))["evaluation"]
-    assert copied == dict(config["evaluation"]) and type(copied) is dict
-    assert type(copied["bootstrap"]) is dict
+    config = stage_settings("stats", load_config(REPO / "config" / "local.yaml"))
+    copied = dataclasses.asdict(Holder(config.evaluation))["evaluation"]
+    assert copied == config.evaluation
+    assert type(plain_data(copied)) is dict and type(plain_data(copied)["bootstrap"]) is dict
 
 
 def _is_config_key(dotted: str) -> bool:

@@ -248,12 +248,12 @@ def test_a_resumed_job_continues_its_wandb_run_and_a_fresh_start_gets_its_own(tm
 
 def test_the_default_configs_track_with_tensorboard_only() -> None:
     """Every training stage's slice (what its job gets) carries the tracking settings: TensorBoard on, W&B off."""
-    from predict.stages import stage_config
+    from predict.stages import stage_settings
 
     for name in ("local.yaml", "config.yaml"):
         config = load_config(REPO / "config" / name)
         for stage in ("sft", "rl", "rft", "signal", "prime-rl-config"):
-            s = TrackingTargets.from_config(stage_config(config, stage))
+            s = TrackingTargets.from_config(stage_settings(stage, config))
             assert s.tensorboard_root == Path(config["results_dir"]) / "tensorboard", (name, stage)
             assert s.wandb.mode == "disabled" and s.group == config["run_name"], (name, stage)
 

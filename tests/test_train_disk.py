@@ -57,7 +57,7 @@ def test_the_one_node_design_is_refused_on_a_64_gib_disk_naming_what_it_needs(
     assert by_what["SFT A: 1 HF checkpoint(s) (sft)"].bytes == one
     from predict.runs import sft_runs, study_runs
 
-    runs, sfts = len(study_runs(config)) * len(config["seeds"]), len(sft_runs(config))
+    runs, sfts = len(study_runs(config)) * len(config.seeds), len(sft_runs(config))
     assert (runs, sfts) == (30, 6)  # arms, ablations and extensions (RL and RFT), two seeds; arms and own-SFT runs
     assert plan_bytes(needs) == runs * 4 * one + sfts * one + 2 * 4 * one  # kept + the largest job's state
     _free(monkeypatch, 64 * GIB)

@@ -1,4 +1,4 @@
-"""The rules files read config only through views (predict.stages): the stage slices (SLICE, CONFIG) and the
+"""The rules files read config only through typed objects and slices (predict.stages): SLICE, CONFIG and the
 workflow's own view, WORKFLOW_CONFIG over stages.WORKFLOW. Nothing else touches Snakemake's `config`."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from predict.stages import WORKFLOW, SliceError, workflow_config
 DIRECT = re.compile(r"""(?<![\w.\-"'])config(?=\s*[\[.,)])""")
 # The one place the workflow hands `config` to the views: common.smk's validation, defaults and view definitions.
 VIEWS = ("config.update(with_defaults(config,", "workflow_config(config)",
-         "slice_file(config,", "slice_params(config,", "stage_config(config,")
+         "slice_file(config,", "slice_params(config,", "stage_settings(stage, config,")
 
 
 def direct_reads(files: list[Path]) -> list[str]:
@@ -47,11 +47,13 @@ def test_the_scan_sees_direct_reads(tmp_path):
     assert [h.split(":")[1] for h in direct_reads([rules])] == ["1", "2", "3"]
 
 
-def test_the_workflow_view_refuses_keys_it_does_not_list():
+def test_the_workflow_object_refuses_keys_it_does_not_list():
+    from predict.config.models import SelectionSettings
+
     view = workflow_config(load_config(REPO_ROOT / "config" / "config.yaml"))
-    assert view["backend"] == "prime_rl" and view["sft"]["device"] == "gpu" and "rl.steps" in WORKFLOW
-    assert view["evaluation"]["selection"] == {"mode": "fixed", "step": 100}
+    assert view.backend == "prime_rl" and view.sft.device == "gpu" and "rl.steps" in WORKFLOW
+    assert view.evaluation.selection == SelectionSettings(mode="fixed", step=100)
     with pytest.raises(SliceError, match="'rl.lr'"):
-        view["rl"]["lr"]
+        _ = view.rl.lr
     with pytest.raises(SliceError, match="'data'"):
-        view["data"]
+        _ = view.data

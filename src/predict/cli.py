@@ -25,16 +25,16 @@ from predict.fingerprint import ResultsDirError, claim_results_dir
 from predict.outputs import console
 from predict.rollouts import SplitGuardError
 from predict.serving.server import VLLMServerError
-from predict.stages import STAGES, StageConfig, stage_config, stage_input
+from predict.stages import STAGES, StageSettings, stage_settings
 
 # The arguments through which a stage writes (a scratch folder outside results_dir claims nothing).
 OUTPUT_ARGS = ("out", "out_dir", "metrics_out", "state_dir", "output_dir", "dataset_dir")
 
 
-def _config(args: argparse.Namespace) -> StageConfig:
-    """The stage's slice of its config (predict.stages): whole config files (--config, --config-json) are cut to the
-    slice too, so a stage reads only what the stage table lists, however it is run. Then, before anything is written:
-    the test split's seal (`predict.campaign.seal.seal_stage`: the stage's task files hold no test task). A stage run
+def _config(args: argparse.Namespace) -> StageSettings:
+    """The stage's typed object (predict.stages.stage_settings) of its slice: whole config files (--config,
+    --config-json) are cut to the slice too, so a stage reads only what the stage table lists, however it is run.
+    Then, before anything is written: the test split's seal (`predict.campaign.seal.seal_stage`: the stage's task files hold no test task). A stage run
     with a whole config refuses a results_dir that another run_name made (`predict.fingerprint.claim_results_dir`;
     under Snakemake the workflow's onstart checks it once, since a slice holds neither name nor folder)."""
     from predict.campaign import seal_stage
@@ -46,12 +46,12 @@ def _config(args: argparse.Namespace) -> StageConfig:
         whole = True
     # the test campaign's ledger records the frozen design (the whole config): a stage table entry of its own
     stage = "evaluate-test" if args.stage == "evaluate" and getattr(args, "split", None) == "test" else args.stage
-    sliced = stage_config(config, stage)
-    seal_stage(STAGES[stage], args, sliced)  # before the results folder is claimed or anything else written
+    typed = stage_settings(stage, config, source=f"stage {stage!r}")
+    seal_stage(STAGES[stage], args, typed)  # before the results folder is claimed or anything else written
     if whole:
         outputs = [getattr(args, name, None) for name in OUTPUT_ARGS]
         claim_results_dir(config, [p for o in outputs for p in (o if isinstance(o, list) else [o]) if p])
-    return sliced
+    return typed
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -106,8 +106,7 @@ def _run_stage(args: argparse.Namespace) -> int:
     from predict.serving.gpu_memory import watch_gpu_memory
 
     with watch_gpu_memory():  # on a GPU node the job's log ends with its peak GPU memory; nothing elsewhere
-        config = _config(args)
-        return args.stage_main(args, stage_input(config))
+        return args.stage_main(args, _config(args))
 
 
 def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:

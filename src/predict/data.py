@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from predict.outputs import write_json, write_rows
 
 if TYPE_CHECKING:
-    from predict.config.models import DataSettings
+    from predict.config.models import DataSettings, DataSizes
 
 SPLITS: tuple[str, ...] = ("sft", "rl", "val", "test")
 
@@ -136,14 +136,20 @@ def load_mbpp(path: str | Path, *, hf_fallback: bool, sha256: str | None = None)
     return sorted(rows, key=lambda r: r["task_id"])
 
 
-def split_tasks(rows: Sequence[Mapping[str, Any]], seed: int, sizes: Mapping[str, int]) -> dict[str, list[dict]]:
-    """Cut the tasks into sft, rl, test (sizes given) and val (the remainder); each split sorted by task_id."""
-    needed = sizes["sft"] + sizes["rl"] + sizes["test"]
+def split_tasks(rows: Sequence[Mapping[str, Any]], seed: int,
+                sizes: DataSizes | Mapping[str, int]) -> dict[str, list[dict]]:
+    """Cut the tasks into sft, rl, test (sizes given: the config's typed ``data.sizes``, or a mapping of the three
+    counts read as one) and val (the remainder); each split sorted by task_id."""
+    from predict.config.models import DataSizes
+
+    if not isinstance(sizes, DataSizes):
+        sizes = DataSizes.model_validate(dict(sizes))
+    needed = sizes.sft + sizes.rl + sizes.test
     if needed > len(rows):
         raise ValueError(f"split sizes need {needed} tasks (sft+rl+test) but MBPP has only {len(rows)}")
     by_id = {r["task_id"]: dict(r) for r in rows}
     order = sorted(by_id, key=lambda t: hashlib.sha256(f"{seed}:{t}".encode()).hexdigest())
-    end_sft, end_rl = sizes["sft"], sizes["sft"] + sizes["rl"]
+    end_sft, end_rl = sizes.sft, sizes.sft + sizes.rl
     cuts = {"sft": order[:end_sft], "rl": order[end_sft:end_rl], "test": order[end_rl:needed], "val": order[needed:]}
     return {name: [by_id[t] for t in sorted(cuts[name])] for name in SPLITS}
 
@@ -250,9 +256,12 @@ def derive_test_split(data: DataSettings) -> TestSplit:
 @functools.lru_cache(maxsize=8)
 def _derive(stamp: tuple[Any, ...], path: str, hf_fallback: bool, sha256: str | None, seed: int,
             sizes: tuple[int, int, int]) -> TestSplit:
+    from predict.config.models import DataSizes
+
     del stamp  # the cache key only
     rows = load_mbpp(path, hf_fallback=hf_fallback, sha256=sha256)
-    test = split_tasks(rows, seed, dict(zip(("sft", "rl", "test"), sizes, strict=True)))["test"]
+    sft, rl, test_size = sizes  # the cache key's tuple
+    test = split_tasks(rows, seed, DataSizes(sft=sft, rl=rl, test=test_size))["test"]
     source = path if os.path.exists(path) else "hf:mbpp/full"
     return TestSplit(tuple(test), frozenset(int(r["task_id"]) for r in test), content_hash(test), source, seed)
 

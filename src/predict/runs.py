@@ -80,9 +80,8 @@ class RunSpec:
         """Whether the run trains from its own SFT (its own traces) rather than its base arm's."""
         return self.sft_run == self.run != self.arm
 
-    def env(self, config: Any) -> Any:
-        """The study config (a stage's typed object, or a mapping) with this run's environment knobs
-        (``env.test_cost``) in place."""
+    def env(self, config: StageSettings) -> StageSettings:
+        """The typed config (a stage's object) with this run's environment knobs (``env.test_cost``) in place."""
         return with_env(config, test_cost=self.test_cost)
 
 
@@ -94,15 +93,12 @@ def run_matrix(config: Mapping[str, Any] | StageSettings) -> StageSettings:
     return stage_settings(RUNS_VIEW, config)
 
 
-def with_env(config: Any, **values: Any) -> Any:
-    """The config with these ``env`` keys replaced; a value None or equal to the config's keeps it (the config itself
-    is returned when nothing changes). A stage's typed object stays one (its env a copy with the keys replaced)."""
-    if isinstance(config, StageSettings):
-        changed = {key: value for key, value in values.items()
-                   if value is not None and getattr(config.env, key) != value}
-        return config.model_copy(update={"env": config.env.model_copy(update=changed)}) if changed else config
-    changed = {key: value for key, value in values.items() if value is not None and config["env"][key] != value}
-    return {**config, "env": {**config["env"], **changed}} if changed else config
+def with_env(config: StageSettings, **values: Any) -> StageSettings:
+    """The typed config (a stage's object, whose row gives ``env``) with these ``env`` keys replaced, its env a copy
+    with the keys replaced; a value None or equal to the config's keeps it (the config itself is returned when
+    nothing changes)."""
+    changed = {key: value for key, value in values.items() if value is not None and getattr(config.env, key) != value}
+    return config.model_copy(update={"env": config.env.model_copy(update=changed)}) if changed else config
 
 
 def checkpoint_steps(steps: int, every: int) -> list[int]:

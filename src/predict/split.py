@@ -29,7 +29,7 @@ def main(args: argparse.Namespace, config: StageSettings) -> int:
     source = Path(data.mbpp_path)
     rows = load_mbpp(source, hf_fallback=data.hf_fallback, sha256=data.mbpp_sha256)
     seed, sizes = data.split_seed, data.sizes
-    splits = split_tasks(rows, seed, {"sft": sizes.sft, "rl": sizes.rl, "test": sizes.test})
+    splits = split_tasks(rows, seed, sizes)
     manifest = write_split(
         splits,
         args.out_dir,

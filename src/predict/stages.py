@@ -6,16 +6,17 @@ Rules this module keeps:
 * A stage is handed exactly its slice (``config_slice``) as ONE typed object: its own pydantic model
   (``stage_model``: composed from the study's section models, holding exactly the keys its row lists; issue 61),
   read as attributes all the way down (``config.rl.lr``). Reading anything the row does not give raises
-  ``SliceError`` naming the stage and the key (so does ``StageConfig``, the dict view the workflow reads through):
-  the table cannot go stale silently. Fingerprints, JSON and hashes take its plain data
+  ``SliceError`` naming the stage and the key (so does the workflow's own object, ``workflow_config``): the table
+  cannot go stale silently. Fingerprints, JSON and hashes take its plain data
   (``predict.config.models.plain_data``: the slice's very bytes), so no state or ledger changes with the types.
   A key the row gives but the config leaves out (and that has no default) reads as None.
 * The workflow passes a slice as a small content-addressed JSON file (``slice_file``) and tracks it as one short
   param per entry (``slice_params``: ``rl.lr=0.0001`` or ``rl#1a2b3c4d``), so an edit reruns only the stages that
   read it and Snakemake's "Params have changed" reason names the changed entry, not the whole config.
-* Rules files read config values for their flags through ``stage_config`` too, so every read is in the table; what
-  the workflow itself reads to plan the DAG (run matrix, seeds, backend, resources) it reads through ONE view,
-  ``workflow_config`` over ``WORKFLOW`` (workflow/rules/common.smk: ``WORKFLOW_CONFIG``), never ``config`` directly.
+* Rules files read config values for their flags through a stage's typed object too (``stage_settings``), so every
+  read is in the table; what the workflow itself reads to plan the DAG (run matrix, seeds, backend, resources) it
+  reads through ONE typed object, ``workflow_config`` over ``WORKFLOW`` (workflow/rules/common.smk:
+  ``WORKFLOW_CONFIG.rl.steps``), never ``config`` directly.
 * A key in ``UNTRACKED`` says how a job runs, not what it computes (``serving.shared``: one server for the run's
   jobs, or one per job): it is in the slices of the stages that read it, but not in their tracked params, so
   changing it reruns nothing (the test campaign's design hash leaves it out too: `predict.campaign`).
@@ -42,7 +43,7 @@ from typing import Any, ClassVar
 import pydantic
 
 from predict.config import ConfigError, config_problems, sections_in
-from predict.config.models import Section, StudyConfig
+from predict.config.models import Section, StudyConfig, plain_data
 
 # What resolving a study run reads (predict.runs.resolve_run): the run matrix, the default test cost, the decision mask.
 RUN_MATRIX = ("arms", "ablations", "extensions", "env.test_cost", "rl.mask_decision")
@@ -250,14 +251,6 @@ class SliceError(ConfigError):
     """A stage read a config key its entry in the stage table does not list."""
 
 
-class MissingKey(ConfigError, KeyError):
-    """A key the stage's table entry lists but its config leaves out: a KeyError (``.get`` defaults work), with a
-    message that names the stage and the key when nothing catches it."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
 class StageSettings(Section):
     """What a stage's model is: its own pydantic model (`stage_model`), composed from the study's section models,
     holding exactly the keys its row of the stage table lists. A section the row gives whole is its section model
@@ -292,6 +285,18 @@ class StageSettings(Section):
     def __setattr__(self, name: str, value: Any) -> None:
         path = f"{self.stage_path}.{name}" if self.stage_path else name
         raise AttributeError(f"a stage's config is read-only ({path!r})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its stage, its place and its plain data (its class is built at run time: `stage_model`)."""
+        return (_stage_part, (self.stage_name, self.stage_path, plain_data(self)))
+
+
+def _stage_part(stage: str, path: str, data: Any) -> StageSettings:
+    """The part at `path` of the stage's model, read from its plain data (how a pickled `StageSettings` comes back)."""
+    model: Any = stage_model(stage)
+    for key in filter(None, path.split(".")):
+        model = sections_in(model.model_fields[key].annotation)[0]
+    return model.model_validate(data)
 
 
 _WHOLE: dict[str, Any] = {}
@@ -358,147 +363,6 @@ def stage_settings(stage: str, config: Mapping[str, Any], source: str = "config"
         raise ConfigError(f"{source}: {config_problems(e, dict(config), stage_model(stage))[0]}") from None
 
 
-def _covered(path: str, reads: Iterable[str]) -> bool:
-    """Whether the table gives this key (itself or a section above it) or keys below it."""
-    return any(path == entry or path.startswith(entry + ".") or entry.startswith(path + ".") for entry in reads)
-
-
-class StageConfig(dict):
-    """A stage's view of its config slice: a plain dict (JSON, pickling and ``{**c}`` work), but a key outside the
-    stage's table entry raises SliceError instead of reading as missing."""
-
-    def __new__(cls, stage: Any, *args: Any, **kwargs: Any) -> Any:
-        # dataclasses.asdict (and anything else that rebuilds a dict as type(d)(pairs)) gets plain data: a copy
-        # made for pickling or hashing has already been read through the view's key check.
-        if not isinstance(stage, str):
-            return dict(stage)
-        return super().__new__(cls)
-
-    def __init__(self, stage: str, data: Mapping[str, Any], prefix: str = "", reads: tuple[str, ...] | None = None):
-        self._stage, self._prefix = stage, prefix
-        self._reads = STAGES[stage].reads if reads is None else reads
-        super().__init__(
-            {k: StageConfig(stage, v, self._path(k), self._reads) if isinstance(v, Mapping) else v for k, v in data.items()}
-        )
-
-    def _path(self, key: Any) -> str:
-        return f"{self._prefix}.{key}" if self._prefix else str(key)
-
-    def _check(self, key: Any) -> None:
-        if not _covered(self._path(key), self._reads):
-            raise SliceError(
-                f"stage {self._stage!r} read config key {self._path(key)!r}, which its entry in the stage table "
-                f"(src/predict/stages.py) does not list: add it there (it reads {', '.join(self._reads) or 'nothing'})"
-            )
-
-    def __missing__(self, key: Any) -> Any:
-        self._check(key)
-        raise MissingKey(f"stage {self._stage!r}: its config sets no {self._path(key)!r}")
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        return self[key] if key in self else default
-
-    def __contains__(self, key: object) -> bool:
-        if dict.__contains__(self, key):
-            return True
-        self._check(key)
-        return False
-
-    def __reduce__(self) -> tuple:
-        return (StageConfig, (self._stage, dict(self), self._prefix, self._reads))
-
-    def __deepcopy__(self, memo: dict) -> StageConfig:
-        import copy
-
-        return StageConfig(self._stage, copy.deepcopy(dict(self), memo), self._prefix, self._reads)
-
-
-class MissingSection(MissingKey, AttributeError):
-    """A section or key the table gives but the config leaves out, read as an attribute of a `StageView`
-    (``getattr(view, "rft", None)`` reads it as missing)."""
-
-
-@functools.cache
-def _adapter(model: type[Section], name: str) -> pydantic.TypeAdapter:
-    return pydantic.TypeAdapter(model.model_fields[name].annotation)
-
-
-class StageView:
-    """A config MAPPING read through a row of the stage table as the typed config models, for the one reader left
-    that holds plain data rather than a stage's typed object: the test campaign (`predict.campaign.view`), whose
-    inputs are recorded designs and whole configs (ledger lines, a bundle's manifest, tests' partial configs) that
-    a stage model would refuse for the keys they leave out. Reads go as `StageSettings` reads do (a key outside the
-    row raises SliceError; a section the config leaves out raises MissingSection, which ``getattr(..., None)`` reads
-    as left out). Every stage's ``main`` and everything below it takes its `StageSettings` instead (issue 61)."""
-
-    __slots__ = ("_stage", "_model", "_data", "_prefix", "_reads")
-
-    def __init__(self, stage: str, data: Mapping[str, Any], model: type[Section] = StudyConfig, prefix: str = "",
-                 reads: tuple[str, ...] | None = None):
-        self._stage, self._model, self._data, self._prefix = stage, model, data, prefix
-        self._reads = STAGES[stage].reads if reads is None else reads
-
-    def _path(self, name: str) -> str:
-        return f"{self._prefix}.{name}" if self._prefix else name
-
-    def _check(self, name: str) -> None:
-        if name not in self._model.model_fields:
-            raise AttributeError(f"{self._model.__name__} has no key {self._path(name)!r}")
-        if not _covered(self._path(name), self._reads):
-            raise SliceError(
-                f"stage {self._stage!r} read config key {self._path(name)!r}, which its entry in the stage table "
-                f"(src/predict/stages.py) does not list: add it there (it reads {', '.join(self._reads) or 'nothing'})"
-            )
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        self._check(name)
-        path = self._path(name)
-        whole = any(path == entry or path.startswith(entry + ".") for entry in self._reads)
-        if name not in self._data:
-            section = sections_in(self._model.model_fields[name].annotation)[0]
-            if not whole and section is not None:
-                # a slice leaves a section out when it sets none of the keys the entry lists below it (model.tiny):
-                # those keys then read as missing, one by one
-                return StageView(self._stage, {}, section, path, self._reads)
-            raise MissingSection(f"stage {self._stage!r}: its config sets no {path!r}")
-        value = self._data[name]
-        if whole:
-            # the whole key is the stage's: its model itself (RLSettings, dict[str, ArmSettings], a float...)
-            return _adapter(self._model, name).validate_python(value)
-        # only keys below it are (model.enable_thinking): a view of the part the entry gives
-        section, entries = sections_in(self._model.model_fields[name].annotation)
-        if section is not None and isinstance(value, Mapping):
-            return StageView(self._stage, value, section, path, self._reads)
-        if entries is not None and isinstance(value, Mapping):
-            return {k: StageView(self._stage, v, entries, f"{path}.{k}", self._reads) for k, v in value.items()}
-        return _adapter(self._model, name).validate_python(value)
-
-    def __contains__(self, name: str) -> bool:
-        """Whether the config sets this key (a key outside the table entry raises SliceError)."""
-        self._check(name)
-        return name in self._data
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name not in StageView.__slots__:
-            raise AttributeError(f"a stage's config is read-only ({self._path(name)!r})")
-        object.__setattr__(self, name, value)
-
-    def __repr__(self) -> str:
-        return f"StageView({self._stage!r}, {self._model.__name__}, {self._prefix or '<top level>'!r})"
-
-
-def stage_view(config: Mapping[str, Any] | StageView, stage: str) -> StageView:
-    """A typed view of a config: a StageView as it is, a `StageConfig` with its own stage and table entry, any other
-    mapping (a whole config, a test's) with `stage`'s entry."""
-    if isinstance(config, StageView):
-        return config
-    if isinstance(config, StageConfig):
-        return StageView(config._stage, config, reads=config._reads)
-    return StageView(stage, config)
-
-
 def pick(config: Mapping[str, Any], path: str) -> tuple[bool, Any]:
     node: Any = config
     for part in path.split("."):
@@ -530,20 +394,10 @@ def config_slice(config: Mapping[str, Any], stage: str) -> dict[str, Any]:
     return _keys(config, STAGES[stage].reads)
 
 
-def stage_input(config: StageConfig) -> StageSettings:
-    """The config as its stage's ``main`` takes it: its own typed object (`stage_settings`). One rule for the CLI and
-    for whatever runs a stage in process (the bundle's re-derivation)."""
-    return stage_settings(config._stage, config, source=f"stage {config._stage!r}")
-
-
-def stage_config(config: Mapping[str, Any], stage: str) -> StageConfig:
-    """The stage's slice of a config, as the view that refuses keys outside the table."""
-    return StageConfig(stage, config_slice(config, stage))
-
-
-def workflow_config(config: Mapping[str, Any]) -> StageConfig:
-    """The workflow's own view of a (defaults-filled) config: the `WORKFLOW` keys, any other raises SliceError."""
-    return StageConfig(WORKFLOW_VIEW, _keys(config, WORKFLOW), reads=WORKFLOW)
+def workflow_config(config: Mapping[str, Any]) -> StageSettings:
+    """The workflow's own typed object of a (defaults-filled) config: the `WORKFLOW` keys, read as attributes
+    (``WORKFLOW_CONFIG.rl.steps``); any other key raises SliceError naming it."""
+    return stage_settings(WORKFLOW_VIEW, config, source="workflow")
 
 
 def _canonical(value: Any) -> str:

@@ -279,9 +279,10 @@ def main(args: argparse.Namespace, config: StageSettings) -> int:
     from predict.outputs import console
 
     # model.tiny left out: its defaults (as ModelSettings.tiny_settings; the stage reads model.tiny only)
-    tiny = (config.model.tiny or TinyModelSettings()).model_dump(exclude_none=True)
+    settings = config.model.tiny or TinyModelSettings()
     if args.tie_word_embeddings:  # the flag ties whatever model.tiny says; left out there and here: untied
-        tiny["tie_word_embeddings"] = True
+        settings = settings.model_copy(update={"tie_word_embeddings": True})
+    tiny = settings.model_dump(exclude_none=True)
     out = build_tiny_qwen3(Path(args.out_dir), **tiny, dtype=args.dtype)
     size_mb = sum(f.stat().st_size for f in out.iterdir()) / 1e6
     shown = ", ".join(f"{key} {value}" for key, value in tiny.items())

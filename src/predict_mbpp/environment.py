@@ -42,7 +42,7 @@ def study_agent_config(path: str | Path = STUDY_CONFIG) -> vf.AgentConfig:
     config = load_config(path)
     per_run = [
         RolloutSettings.from_study_config(
-            stage_settings(EPISODE_VIEW, spec.env(config)),
+            spec.env(stage_settings(EPISODE_VIEW, config)),
             arm=spec.arm, seed=0, checkpoint="", base_url="", model="", variant=spec.variant
         )
         for spec in (resolve_run(config, run) for run in study_runs(config))

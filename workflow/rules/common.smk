@@ -8,7 +8,7 @@ from pathlib import Path
 from predict.config import ConfigError, with_defaults
 from predict.campaign import campaign_from_stats, campaign_plan, planned_selection, selection_settings
 from predict.runs import checkpoint_path, extension_counterpart, resolve_run, sft_runs, study_runs
-from predict.stages import slice_file, slice_params, stage_config, workflow_config
+from predict.stages import slice_file, slice_params, stage_settings, workflow_config
 
 _CONFIG_SOURCE = ", ".join(map(str, workflow.overwrite_configfiles or workflow.configfiles))
 try:
@@ -19,13 +19,13 @@ except ConfigError as e:
     raise WorkflowError(f"invalid config: {e}") from None
 
 # The rules files reach the config three ways, and `config` itself only here:
-#   WORKFLOW_CONFIG["key"]  what the workflow reads to plan jobs (run matrix, seeds, backend, evaluation, sizes), its
-#                           one view (predict.stages.WORKFLOW): a key it does not list fails naming it;
+#   WORKFLOW_CONFIG.key     what the workflow reads to plan jobs (run matrix, seeds, backend, evaluation, sizes), its
+#                           one typed object (predict.stages.WORKFLOW): a key it does not list fails naming it;
 #   **SLICE("stage")        a job's params: its stage's slice file (--config-slice) and one tracked param per key;
-#   CONFIG("stage")["key"]  a value a rule passes or plans by, read through that stage's slice.
+#   CONFIG("stage").key     a value a rule passes or plans by, read through that stage's typed object.
 # (tests/test_workflow_config_reads.py holds them to it.)
 WORKFLOW_CONFIG = workflow_config(config)
-RESULTS = Path(WORKFLOW_CONFIG["results_dir"])
+RESULTS = Path(WORKFLOW_CONFIG.results_dir)
 
 
 # results/ records which run_name made it; a run of another config stops here, before any job, naming both (its
@@ -55,7 +55,7 @@ def R(*parts):
 
 
 def LOG(stage, *wildcards):
-    return str(Path("logs", WORKFLOW_CONFIG["run_name"], stage, *wildcards)) + ".log"
+    return str(Path("logs", WORKFLOW_CONFIG.run_name, stage, *wildcards)) + ".log"
 
 
 def BENCH(stage, *wildcards):
@@ -77,9 +77,9 @@ def SLICE(stage):
 
 
 def CONFIG(stage):
-    """The stage's view of the study configuration (its defaults filled in), for values a rules file passes: a key
-    outside its table entry fails."""
-    return stage_config(config, stage)
+    """The stage's typed object of the study configuration (its defaults filled in), for values a rules file passes:
+    a key outside its table entry fails."""
+    return stage_settings(stage, config, source=_CONFIG_SOURCE)
 
 
 # GPU rules. Every rule that serves a checkpoint (rollouts, evaluation) or trains one (SFT, RL) takes its
@@ -95,15 +95,15 @@ def CONFIG(stage):
 # share a machine (the local profiles allow one), and depends on SERVING_CHECK (see workflow/rules/serving.smk).
 # Without a `cluster` section: one GPU per job when serving on the GPU, none on the CPU.
 GPUS_PER_JOB = (
-    WORKFLOW_CONFIG["cluster"]["gpus_per_job"]
+    WORKFLOW_CONFIG.cluster.gpus_per_job
     if "cluster" in WORKFLOW_CONFIG
-    else int(WORKFLOW_CONFIG["serving"]["device"] == "gpu")
+    else int(WORKFLOW_CONFIG.serving.device == "gpu")
 )
 
 
 def GPU_RESOURCES(on_gpu, on_cpu, device=None, **extra):
     """Resources of a GPU rule: `cluster.gpus_per_job` GPUs, sized for the device the work runs on."""
-    sizes = on_gpu if (device or WORKFLOW_CONFIG["serving"]["device"]) == "gpu" else on_cpu
+    sizes = on_gpu if (device or WORKFLOW_CONFIG.serving.device) == "gpu" else on_cpu
     return {**sizes, **({"gpu": GPUS_PER_JOB} if GPUS_PER_JOB else {}), **extra}
 
 
@@ -121,10 +121,8 @@ RL_RESOURCES = GPU_RESOURCES(
 # The SFT trainer on one GPU, or the CPU for the local run: sized for the device it trains on, sft.device, whose
 # `auto` (the default) takes the job's GPU when it has one, i.e. where serving.device puts the jobs.
 def SFT_DEVICE():
-    if "sft" not in WORKFLOW_CONFIG:  # the prime_rl backend without a local SFT section: no local SFT job
-        return WORKFLOW_CONFIG["serving"]["device"]
-    device = WORKFLOW_CONFIG["sft"]["device"]
-    return WORKFLOW_CONFIG["serving"]["device"] if device == "auto" else device
+    device = WORKFLOW_CONFIG.sft.device  # `auto` too where the config has no sft section (the prime_rl backend)
+    return WORKFLOW_CONFIG.serving.device if device == "auto" else device
 
 
 TRAIN_RESOURCES = GPU_RESOURCES(
@@ -140,7 +138,7 @@ TRAIN_THREADS = TRAIN_RESOURCES.get("cpus_per_task", 1)
 # checkpoint's weights in place (src/predict/serving/: SharedServer); it stops by itself after serving.shared.idle_s
 # without a lease, and at once when the run ends (serving.smk's onsuccess/onerror call this).
 def STOP_SHARED_SERVER():
-    if CONFIG("rollout")["serving"].get("shared") is not None:
+    if CONFIG("rollout").serving.shared is not None:
         from predict.serving.server import stop_shared_server
 
         logger.info(stop_shared_server())
@@ -193,17 +191,17 @@ def RUN_CHECKPOINTS(run):
     them all, so a seed cannot have its own list); `base`, the untrained stand-in, when none is (a branch or config
     without trained checkpoints). Wiring new checkpoints in is evaluation.checkpoints (evaluation.extension_checkpoints
     for the extension runs: the statistics read their selected RL step, and most share their base arm's SFT)."""
-    wanted = WORKFLOW_CONFIG["evaluation"]["checkpoints"]
-    if run in WORKFLOW_CONFIG["extensions"] and WORKFLOW_CONFIG["evaluation"].get("extension_checkpoints"):
-        wanted = WORKFLOW_CONFIG["evaluation"]["extension_checkpoints"]
-    elif run not in WORKFLOW_CONFIG["arms"]:
+    wanted = WORKFLOW_CONFIG.evaluation.checkpoints
+    if run in WORKFLOW_CONFIG.extensions and WORKFLOW_CONFIG.evaluation.extension_checkpoints:
+        wanted = WORKFLOW_CONFIG.evaluation.extension_checkpoints
+    elif run not in WORKFLOW_CONFIG.arms:
         # An ablation's SFT checkpoint is its base arm's, already evaluated there; the statistics pair an ablation
         # with its base arm at the selected RL step only, so its own evaluations start after SFT.
         wanted = [c for c in wanted if c != "sft"]
     have = [
         c
         for c in wanted
-        if c == "base" or all(checkpoint_available(checkpoint_model(run, c, seed)) for seed in WORKFLOW_CONFIG["seeds"])
+        if c == "base" or all(checkpoint_available(checkpoint_model(run, c, seed)) for seed in WORKFLOW_CONFIG.seeds)
     ]
     return have or ["base"]
 
@@ -218,7 +216,7 @@ def EVALS(runs=None, split="val"):
     return [
         R("eval", run, checkpoint, split, f"seed{seed}.parquet")
         for run in (runs or EVAL_RUNS())
-        for seed in WORKFLOW_CONFIG["seeds"]
+        for seed in WORKFLOW_CONFIG.seeds
         for checkpoint in EVAL_CHECKPOINTS(run, seed)
     ]
 
@@ -228,18 +226,18 @@ def EVALS(runs=None, split="val"):
 # evaluation.selection.mode `fixed` the choice is known now: each run/seed's test checkpoints are one job, and each
 # arm's reference another; with `best_val` it is known once the val statistics exist: the `stats` checkpoint, then
 # one job per test checkpoint.
-SELECTION_MODE = selection_settings(CONFIG("evaluate-test"))["mode"]
+SELECTION_MODE = selection_settings(CONFIG("evaluate-test")).mode
 # Serving on the CPU (the embedded default): one machine's cores serve every job, one request at a time in evaluation,
 # so with fixed selection the test campaign is one job (workflow/rules/evaluation.smk: evaluate_test_campaign). Keyed
 # on serving.device, which the campaign's design already records (so no edit flips the layout of a frozen campaign
 # without changing its design); serving.shared says only how jobs are served and changes no job (stages.UNTRACKED).
-CPU_SERVING = WORKFLOW_CONFIG["serving"]["device"] == "cpu"
+CPU_SERVING = WORKFLOW_CONFIG.serving.device == "cpu"
 
 
 def VAL_CHECKPOINTS():
     """{(run, seed): its val checkpoints}. A function: which checkpoints some rule builds is known only once the
     training rules are included (after this file)."""
-    return {(run, seed): RUN_CHECKPOINTS(run) for run in EVAL_RUNS() for seed in WORKFLOW_CONFIG["seeds"]}
+    return {(run, seed): RUN_CHECKPOINTS(run) for run in EVAL_RUNS() for seed in WORKFLOW_CONFIG.seeds}
 
 
 def PLANNED_CAMPAIGN():
@@ -251,7 +249,7 @@ def PLANNED_CAMPAIGN():
 def TEST_REFERENCE(run):
     """fixed selection: the arm's reference checkpoint where the campaign evaluates it (once, under the first seed),
     else None."""
-    reference, first = WORKFLOW_CONFIG["evaluation"]["reference"], WORKFLOW_CONFIG["seeds"][0]
+    reference, first = WORKFLOW_CONFIG.evaluation.reference, WORKFLOW_CONFIG.seeds[0]
     return reference if (run, reference, first) in PLANNED_CAMPAIGN() else None
 
 
@@ -259,8 +257,8 @@ def CAMPAIGN_CHECKPOINTS(run):
     """fixed selection: the checkpoints the campaign evaluates a run at on test for every seed (the reference apart:
     TEST_REFERENCE)."""
     plan, reference = PLANNED_CAMPAIGN(), TEST_REFERENCE(run)
-    per_seed = {seed: [c for r, c, s in plan if (r, s) == (run, seed) and c != reference] for seed in WORKFLOW_CONFIG["seeds"]}
-    first = per_seed[WORKFLOW_CONFIG["seeds"][0]]
+    per_seed = {seed: [c for r, c, s in plan if (r, s) == (run, seed) and c != reference] for seed in WORKFLOW_CONFIG.seeds}
+    first = per_seed[WORKFLOW_CONFIG.seeds[0]]
     if any(checkpoints != first for checkpoints in per_seed.values()):
         raise WorkflowError(f"run {run}: the test campaign's checkpoints differ between seeds: {per_seed}")
     return first
@@ -280,13 +278,13 @@ def EXTENSION_EVALS(extension):
     """The val evaluations one extension's table reads: the run, Arm A, Arm B and its counterpart (expensive tests:
     the other arm at the same test cost)."""
     counterpart = extension_counterpart(WORKFLOW_CONFIG, extension)
-    runs = [extension, *[a for a in ("A", "B") if a in WORKFLOW_CONFIG["arms"]], *([counterpart] if counterpart else [])]
+    runs = [extension, *[a for a in ("A", "B") if a in WORKFLOW_CONFIG.arms], *([counterpart] if counterpart else [])]
     return EVALS(list(dict.fromkeys(runs)))
 
 
 def RL_METRICS():
     """The RL metrics tables the report plots, where they exist or are built here."""
-    paths = [R("rl", run, f"seed{seed}", "metrics.parquet") for run in EVAL_RUNS() for seed in WORKFLOW_CONFIG["seeds"]]
+    paths = [R("rl", run, f"seed{seed}", "metrics.parquet") for run in EVAL_RUNS() for seed in WORKFLOW_CONFIG.seeds]
     return [p for p in paths if checkpoint_available(p)]
 
 
@@ -306,8 +304,8 @@ def BUNDLED(wildcards):
         *rules.stats.output,
         *rules.power.output,
         *rules.training_outcomes.output,
-        *expand(R("ablations", "{ablation}.parquet"), ablation=list(WORKFLOW_CONFIG["ablations"])),
-        *expand(R("extensions", "{extension}.parquet"), extension=list(WORKFLOW_CONFIG["extensions"])),
+        *expand(R("ablations", "{ablation}.parquet"), ablation=list(WORKFLOW_CONFIG.ablations)),
+        *expand(R("extensions", "{extension}.parquet"), extension=list(WORKFLOW_CONFIG.extensions)),
         *rules.open_question.output,
         *rules.test_stats.output,
         *TRAINING_METRICS(),
@@ -316,15 +314,15 @@ def BUNDLED(wildcards):
 
 def ROLLOUTS(split, checkpoint="base"):
     return expand(
-        R("rollouts", "{arm}", checkpoint, split, "seed{seed}.parquet"), arm=sorted(WORKFLOW_CONFIG["arms"]), seed=WORKFLOW_CONFIG["seeds"]
+        R("rollouts", "{arm}", checkpoint, split, "seed{seed}.parquet"), arm=sorted(WORKFLOW_CONFIG.arms), seed=WORKFLOW_CONFIG.seeds
     )
 
 
 def REPORT_EXAMPLE(wildcards=None):
     """The evaluation a rollout is rendered from: the test campaign's evaluation of Arm B (else the first run) at
     its selected checkpoint, first seed (the writeup's example is a test task)."""
-    run = "B" if "B" in WORKFLOW_CONFIG["arms"] else EVAL_RUNS()[0]
-    reference = WORKFLOW_CONFIG["evaluation"]["reference"]
+    run = "B" if "B" in WORKFLOW_CONFIG.arms else EVAL_RUNS()[0]
+    reference = WORKFLOW_CONFIG.evaluation.reference
     evals = TEST_EVALS(wildcards)
     # .../{run}/{checkpoint}/test/seed{seed}.parquet: the run's, not its reference's
     mine = [p for p in evals if Path(p).parts[-4] == run and Path(p).parts[-3] != reference] or evals

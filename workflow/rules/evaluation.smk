@@ -54,7 +54,7 @@ for _run in EVAL_RUNS():
 # best_val: TEST_EVALS reads the stats checkpoint, so another selection asks for other files, which the ledger refuses).
 # The outputs are update(): Snakemake deletes a job's old outputs before running it, and a test evaluation cannot be
 # redone, so a rerun the ledger refuses restores the frozen files instead of losing them.
-FIRST_SEED = SimpleNamespace(seed=WORKFLOW_CONFIG["seeds"][0])  # the wildcards of the reference's one job
+FIRST_SEED = SimpleNamespace(seed=WORKFLOW_CONFIG.seeds[0])  # the wildcards of the reference's one job
 TEST_CAMPAIGN_INPUTS = {
     "tasks": R("data", "test.parquet"),
     "selection": ancient(R("stats", "selection.parquet")),
@@ -115,10 +115,10 @@ elif SELECTION_MODE == "fixed":
                 **TEST_CAMPAIGN_INPUTS,
                 models=lambda w, run=_run: evaluation_models(run, [TEST_REFERENCE(run)])(FIRST_SEED),
             output:
-                update(R("eval", _run, TEST_REFERENCE(_run), "test", f"seed{WORKFLOW_CONFIG['seeds'][0]}.parquet")),
+                update(R("eval", _run, TEST_REFERENCE(_run), "test", f"seed{WORKFLOW_CONFIG.seeds[0]}.parquet")),
             params:
                 run=_run,
-                seed=WORKFLOW_CONFIG["seeds"][0],
+                seed=WORKFLOW_CONFIG.seeds[0],
                 checkpoints=lambda w, output, run=_run: evaluation_args(run, [TEST_REFERENCE(run)])(
                     FIRST_SEED, output
                 ),

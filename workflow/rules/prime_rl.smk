@@ -5,29 +5,29 @@
 
 from predict.runs import checkpoint_steps, resolve_run, study_runs
 
-PRIME_RL = WORKFLOW_CONFIG["prime_rl"]
-PRIME_RL_SETUP = str(Path(PRIME_RL["dir"], "setup.json"))  # the checkout and its .venv live next to it
+PRIME_RL = WORKFLOW_CONFIG.prime_rl
+PRIME_RL_SETUP = str(Path(PRIME_RL.dir, "setup.json"))  # the checkout and its .venv live next to it
 PRIME_RL_PATCH = "workflow/prime-rl/predict-algorithm.patch"
 PRIME_RL_ATTENTION_PATCH = "workflow/prime-rl/torch-attention.patch"  # applied for prime_rl.attn flash_attention_2_torch
 # The study's GRPO runs: the arms, the ablations, the RL extensions (RFT extensions run on our trainer: rft.smk).
 PRIME_RL_RUNS = [r for r in study_runs(WORKFLOW_CONFIG) if resolve_run(WORKFLOW_CONFIG, r).trainer == "rl"]
 
 # The GPU job resources of common.smk, with prime-rl's GPU count and run time.
-_SFT, _RL = PRIME_RL["sft"], PRIME_RL["rl"]
-_SFT_GPUS = _SFT["gpus"]
+_SFT, _RL = PRIME_RL.sft, PRIME_RL.rl
+_SFT_GPUS = _SFT.gpus
 # colocated (prime_rl.rl.colocate), inference and trainer share the train_gpus GPUs
-_RL_GPUS = _RL["train_gpus"] if _RL.get("colocate") else _RL["train_gpus"] + _RL["infer_gpus"]
+_RL_GPUS = _RL.train_gpus if _RL.colocate else _RL.train_gpus + _RL.infer_gpus
 PRIME_RL_SFT_RESOURCES = {
     **SERVING_RESOURCES,
     "gpu": _SFT_GPUS,
-    "runtime": _SFT["runtime"],
+    "runtime": _SFT.runtime,
     "mem_mb": 64000 * _SFT_GPUS,
     "cpus_per_task": 8 * _SFT_GPUS,
 }
 PRIME_RL_RL_RESOURCES = {
     **SERVING_RESOURCES,
     "gpu": _RL_GPUS,
-    "runtime": _RL["runtime"],
+    "runtime": _RL.runtime,
     "mem_mb": 64000 * _RL_GPUS,
     "cpus_per_task": 8 * _RL_GPUS,
 }
@@ -60,7 +60,7 @@ rule prime_rl_setup:
 rule prime_rl_sft_config:
     input:
         traces=R("sft", "traces", "{arm}.parquet"),
-        model=lambda w: [base_model_path()] if WORKFLOW_CONFIG["model"]["base"] == "tiny" else [],
+        model=lambda w: [base_model_path()] if WORKFLOW_CONFIG.model.base == "tiny" else [],
     output:
         toml=R("sft", "{arm}", "prime-rl.toml"),
         data=R("sft", "{arm}", "prime-rl-data", "train.parquet"),
@@ -139,7 +139,7 @@ rule prime_rl_rl:
         checkpoints=R("rl", "{run}", "seed{seed}", "checkpoints.json"),
         metrics=R("rl", "{run}", "seed{seed}", "metrics.parquet"),
         raw_metrics=R("rl", "{run}", "seed{seed}", "prime-rl-metrics.parquet"),
-        steps=[directory(R("rl", "{run}", "seed{seed}", f"step{n}")) for n in checkpoint_steps(WORKFLOW_CONFIG["rl"]["steps"], WORKFLOW_CONFIG["rl"]["checkpoint_every"])],
+        steps=[directory(R("rl", "{run}", "seed{seed}", f"step{n}")) for n in checkpoint_steps(WORKFLOW_CONFIG.rl.steps, WORKFLOW_CONFIG.rl.checkpoint_every)],
     wildcard_constraints:
         run="|".join(PRIME_RL_RUNS),
         seed=r"\d+",
@@ -174,4 +174,4 @@ localrules:
 # Every RL run of the study on prime-rl: `snakemake --profile slurm prime_rl_all`.
 rule prime_rl_all:
     input:
-        expand(R("rl", "{run}", "seed{seed}", "checkpoints.json"), run=PRIME_RL_RUNS, seed=WORKFLOW_CONFIG["seeds"]),
+        expand(R("rl", "{run}", "seed{seed}", "checkpoints.json"), run=PRIME_RL_RUNS, seed=WORKFLOW_CONFIG.seeds),

@@ -30,8 +30,8 @@ rule training_outcomes:
 rule report:
     input:
         stats=rules.stats.output,
-        ablations=expand(R("ablations", "{ablation}.parquet"), ablation=list(WORKFLOW_CONFIG["ablations"])),
-        extensions=expand(R("extensions", "{extension}.parquet"), extension=list(WORKFLOW_CONFIG["extensions"])),
+        ablations=expand(R("ablations", "{ablation}.parquet"), ablation=list(WORKFLOW_CONFIG.ablations)),
+        extensions=expand(R("extensions", "{extension}.parquet"), extension=list(WORKFLOW_CONFIG.extensions)),
         open_question=rules.open_question.output[0],
         power=rules.power.output,
         example=REPORT_EXAMPLE,

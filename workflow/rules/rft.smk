@@ -5,7 +5,7 @@
 from predict.runs import checkpoint_steps
 
 RFT_RUNS = [r for r in study_runs(WORKFLOW_CONFIG) if resolve_run(WORKFLOW_CONFIG, r).trainer == "rft"]
-RFT_RESULTS = expand(R("rl", "{run}", "seed{seed}", "metrics.parquet"), run=RFT_RUNS, seed=WORKFLOW_CONFIG["seeds"])
+RFT_RESULTS = expand(R("rl", "{run}", "seed{seed}", "metrics.parquet"), run=RFT_RUNS, seed=WORKFLOW_CONFIG.seeds)
 
 
 rule rft:
@@ -15,7 +15,7 @@ rule rft:
         serving=ancient(SERVING_CHECK),  # the vLLM server's interpreter imports vLLM
     output:
         metrics=R("rl", "{run}", "seed{seed}", "metrics.parquet"),
-        checkpoints=[directory(R("rl", "{run}", "seed{seed}", f"step{n}")) for n in checkpoint_steps(WORKFLOW_CONFIG["rl"]["steps"], WORKFLOW_CONFIG["rl"]["checkpoint_every"])],
+        checkpoints=[directory(R("rl", "{run}", "seed{seed}", f"step{n}")) for n in checkpoint_steps(WORKFLOW_CONFIG.rl.steps, WORKFLOW_CONFIG.rl.checkpoint_every)],
     wildcard_constraints:
         run="|".join(RFT_RUNS) or "^$",
         seed=r"\d+",

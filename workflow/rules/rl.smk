@@ -5,9 +5,9 @@
 from predict.runs import checkpoint_steps
 
 RL_RUNS = [r for r in study_runs(WORKFLOW_CONFIG) if resolve_run(WORKFLOW_CONFIG, r).trainer == "rl"]
-RL_STEPS = checkpoint_steps(WORKFLOW_CONFIG["rl"]["steps"], WORKFLOW_CONFIG["rl"]["checkpoint_every"])
+RL_STEPS = checkpoint_steps(WORKFLOW_CONFIG.rl.steps, WORKFLOW_CONFIG.rl.checkpoint_every)
 
-RL_RESULTS = expand(R("rl", "{run}", "seed{seed}", "metrics.parquet"), run=RL_RUNS, seed=WORKFLOW_CONFIG["seeds"])
+RL_RESULTS = expand(R("rl", "{run}", "seed{seed}", "metrics.parquet"), run=RL_RUNS, seed=WORKFLOW_CONFIG.seeds)
 
 
 rule rl:

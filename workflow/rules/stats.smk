@@ -66,11 +66,11 @@ rule test_stats:
 # ablation, its base arm (selection) and Arm A (the deficit), nothing else.
 rule ablation:
     input:
-        lambda w: EVALS([w.ablation, run_arm(w.ablation), *(["A"] if "A" in WORKFLOW_CONFIG["arms"] else [])]),
+        lambda w: EVALS([w.ablation, run_arm(w.ablation), *(["A"] if "A" in WORKFLOW_CONFIG.arms else [])]),
     output:
         report(R("ablations", "{ablation}.parquet"), caption="../report/ablations.rst", category="Ablations"),
     wildcard_constraints:
-        ablation="|".join(WORKFLOW_CONFIG["ablations"]) or "^$",
+        ablation="|".join(WORKFLOW_CONFIG.ablations) or "^$",
     params:
         **SLICE("ablations"),
     log:
@@ -92,7 +92,7 @@ rule extension:
     output:
         report(R("extensions", "{extension}.parquet"), caption="../report/extensions.rst", category="Extensions"),
     wildcard_constraints:
-        extension="|".join(WORKFLOW_CONFIG["extensions"]) or "^$",
+        extension="|".join(WORKFLOW_CONFIG.extensions) or "^$",
     params:
         **SLICE("extensions"),
     log:
@@ -110,7 +110,7 @@ rule extension:
 # play (predict.runs.environments: the study, expensive tests, irreversible, blind), on val; only those runs' val
 # evaluations. The test's table is results/test/stats/open_question.parquet (test_stats, through the ledger).
 ENVIRONMENTS = environments(CONFIG("open-question"))
-if OPEN_QUESTION in WORKFLOW_CONFIG["extensions"]:
+if OPEN_QUESTION in WORKFLOW_CONFIG.extensions:
     raise WorkflowError(f"extensions.{OPEN_QUESTION}: the name is the open question's table, pick another")
 
 
@@ -138,7 +138,7 @@ rule power:
         report(R("stats", "power.parquet"), caption="../report/power.rst", category="Statistics tables"),
     params:
         **SLICE("power"),
-        open_question_family=family_size(ENVIRONMENTS, CONFIG("power")["seeds"]),
+        open_question_family=family_size(ENVIRONMENTS, CONFIG("power").seeds),
     log:
         LOG("power"),
     benchmark:

@@ -6,12 +6,12 @@ rule sft_traces:
     input:
         tasks=R("data", "sft.parquet"),
     output:
-        traces=expand(R("sft", "traces", "{arm}.parquet"), arm=sorted(WORKFLOW_CONFIG["arms"])),
+        traces=expand(R("sft", "traces", "{arm}.parquet"), arm=sorted(WORKFLOW_CONFIG.arms)),
         tasks=R("sft", "traces", "tasks.parquet"),
     params:
         **SLICE("traces"),
         out_dir=lambda w, output: os.path.dirname(output.tasks),
-    threads: WORKFLOW_CONFIG["verifier"]["workers"]
+    threads: WORKFLOW_CONFIG.verifier.workers
     resources:
         mem_mb=4000,
         runtime=30,
@@ -28,7 +28,7 @@ rule sft_traces:
 
 # A run with its own SFT (predict.runs RunSpec.sft_run: the irreversible and blind extensions): its base arm's
 # traces re-rendered under the run's own protocol (no sandbox: the verdicts are the base arm's file's).
-OWN_SFT_RUNS = [r for r in sft_runs(WORKFLOW_CONFIG) if r not in WORKFLOW_CONFIG["arms"]]
+OWN_SFT_RUNS = [r for r in sft_runs(WORKFLOW_CONFIG) if r not in WORKFLOW_CONFIG.arms]
 
 
 rule run_traces:

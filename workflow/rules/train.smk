@@ -7,7 +7,7 @@
 rule train_sft:
     input:
         traces=R("sft", "traces", "{arm}.parquet"),
-        model=lambda w: [base_model_path()] if WORKFLOW_CONFIG["model"]["base"] == "tiny" else [],
+        model=lambda w: [base_model_path()] if WORKFLOW_CONFIG.model.base == "tiny" else [],
     output:
         checkpoint=directory(R("checkpoints", "{arm}", "sft")),
         metrics=R("sft", "{arm}", "metrics.parquet"),

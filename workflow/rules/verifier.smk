@@ -2,19 +2,19 @@
 # config verifier from its slice; --workers passes the job's threads (verifier.workers, or fewer where Snakemake has
 # fewer cores).
 
-VERIFIER = CONFIG("verify-gold")["verifier"]
+VERIFIER = CONFIG("verify-gold").verifier
 
 
 rule verify_gold:
     input:
-        splits=expand(R("data", "{split}.parquet"), split=VERIFIER["gold_splits"]),
+        splits=expand(R("data", "{split}.parquet"), split=VERIFIER.gold_splits),
     output:
         report=R("verifier", "gold.parquet"),
         summary=R("verifier", "gold_summary.parquet"),
     params:
         data_dir=lambda w, input: os.path.dirname(input.splits[0]),
         **SLICE("verify-gold"),
-    threads: VERIFIER["workers"]
+    threads: VERIFIER.workers
     resources:
         mem_mb=4000,
         runtime=30,

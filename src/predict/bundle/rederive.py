@@ -28,27 +28,31 @@ import re
 import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from predict.stages import StageSettings
 
 TABLE_FOLDERS = ("stats", "test/stats", "ablations", "extensions")
 """Where the bundle holds statistics tables (results paths)."""
 
 
-def stage_view(config: Mapping[str, Any], name: str, work: Path) -> Any:
+def handed_config(config: Mapping[str, Any], name: str, work: Path) -> StageSettings:
     """The stage's config as the workflow hands it: its slice written and read back (`predict.stages.slice_file`,
-    canonical JSON: sections in sorted key order, whatever order `config` has, so run order is the stage's own), in
-    the form the stage's ``main`` takes (`predict.stages.stage_input`: the typed view, as the CLI gives it)."""
+    canonical JSON: sections in sorted key order, whatever order `config` has, so run order is the stage's own), as
+    the typed object the stage's ``main`` takes (`predict.stages.stage_settings`, as the CLI gives it)."""
     from predict.config import load_config_slice
-    from predict.stages import slice_file, stage_config, stage_input
+    from predict.stages import slice_file, stage_settings
 
-    return stage_input(stage_config(load_config_slice(slice_file(config, name, work / ".slices")), name))
+    sliced = load_config_slice(slice_file(config, name, work / ".slices"))
+    return stage_settings(name, sliced, source=f"stage {name!r}")
 
 
 def run_stage(name: str, config: Mapping[str, Any], argv: Sequence[str], *, work: Path) -> None:
     """`predict <name> argv` in this process, as the rule runs it: the stage's own `arguments` and `main`, its
-    config as the workflow hands it (`stage_view`), its console output swallowed; a stage that fails raises."""
+    config as the workflow hands it (`handed_config`), its console output swallowed; a stage that fails raises."""
     from predict.outputs import console
     from predict.stages import STAGES
 
@@ -59,7 +63,7 @@ def run_stage(name: str, config: Mapping[str, Any], argv: Sequence[str], *, work
     args = parser.parse_args([str(a) for a in argv])
     args.stage, args.config_slice = name, None
     with console.capture():
-        code = getattr(loaded, main)(args, stage_view(config, name, work))
+        code = getattr(loaded, main)(args, handed_config(config, name, work))
     if code:
         raise RuntimeError(f"predict {name} exited {code}")
 
@@ -80,21 +84,21 @@ def rederive_val(config: Mapping[str, Any], bundle: Path, work: Path, *, inputs:
     """The val statistics, the ablation, extension and open-question tables, the power and the training-outcome
     tables, from the bundle's val evaluations and training metrics, into `work` (laid out like results/).
     `inputs`: the manifest's record of the order the workflow handed its lists (predict.bundle: ``inputs``)."""
-    from predict.runs import environments
-    from predict.stages import stage_config
+    from predict.runs import environments, run_matrix
     from predict.stats.open_question import OPEN_QUESTION, family_size
 
     val, stats = evaluations(bundle, "val"), work / "stats"
+    matrix = run_matrix(config)
     run_stage("stats", config, ["--eval", *val, "--out-dir", stats], work=work)
-    for name in config.get("ablations") or {}:
+    for name in matrix.ablations:
         run_stage("ablations", config, ["--ablation", name, "--eval", *val,
                                         "--out", work / "ablations" / f"{name}.parquet"], work=work)
-    for name in config.get("extensions") or {}:
+    for name in matrix.extensions:
         run_stage("extensions", config, ["--extension", name, "--eval", *val,
                                          "--out", work / "extensions" / f"{name}.parquet"], work=work)
     run_stage("open-question", config, ["--eval", *val, "--out", work / "extensions" / f"{OPEN_QUESTION}.parquet"],
               work=work)
-    family = family_size(environments(stage_config(config, "open-question")), config["seeds"])
+    family = family_size(environments(matrix), handed_config(config, "power", work).seeds)
     run_stage("power", config, ["--pairs", stats / "pairs.parquet", "--open-question-family", family,
                                 "--out", stats / "power.parquet"], work=work)
     run_stage("training-outcomes", config, ["--rl-metrics", *handed(bundle, inputs["rl_metrics"]),

@@ -36,6 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pydantic
+from pydantic import ConfigDict
+
 from predict.bundle import (
     ARCHIVE_ROOT,
     FORMAT,
@@ -47,6 +50,7 @@ from predict.bundle import (
     manifest_digest,
     sha256_file,
 )
+from predict.config.models import DataSettings, EvaluationSettings, Section, ServingSettings
 
 LEVELS = ("available", "functional", "reproduced")
 
@@ -69,6 +73,18 @@ class Level:
         return [text for ok, text in self.lines if not ok]
 
 
+class BundledConfig(Section):
+    """What the verifier itself reads of the bundle's recorded config, typed (once `Verifier.check_config` found it a
+    filled, valid study config): the split's definition, the evaluation settings, the serving settings. The whole
+    config stays the recorded plain data, for what hashes it (the design) and what slices it (the stages re-run)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    data: DataSettings
+    evaluation: EvaluationSettings
+    serving: ServingSettings
+
+
 class Verifier:
     """The checks of one bundle (see the module docstring), in the order `verify` runs them."""
 
@@ -76,6 +92,9 @@ class Verifier:
         self.root, self.work, self.mbpp = root, work, mbpp
         self.manifest: dict[str, Any] = {}
         self.config: dict[str, Any] = {}
+        """The manifest's config, as recorded (plain data: hashed, and sliced for the stages re-run)."""
+        self.settings: BundledConfig | None = None
+        """What the checks read of it, typed (`bundled`)."""
         self.split_ids: dict[str, list[int]] = {}
         self.test_tasks = work / "data" / "test.parquet"
         self.where: dict[int, str] = {}  # task id -> the split MBPP and the seed put it in
@@ -158,25 +177,35 @@ class Verifier:
             raise CheckFailed(f"{MANIFEST}: design_hash {digest[:16]}... is not its config's, {hashes[0][:16]}...")
         return f"config: a valid, filled study config, design hash {digest[:16]}..."
 
+    def bundled(self) -> BundledConfig:
+        """The typed config the checks read, from the manifest's (`check_config` says what is wrong with a config
+        that is no valid study config; a check that reads it before then fails naming the key)."""
+        if self.settings is None:
+            from predict.config import config_problems
+
+            try:
+                self.settings = BundledConfig.model_validate(self.config)
+            except pydantic.ValidationError as e:
+                raise CheckFailed(f"{MANIFEST} config: {config_problems(e, self.config, BundledConfig)[0]}") from None
+        return self.settings
+
     def check_split(self) -> str:
-        from predict.config.models import DataSettings
         from predict.data import MBPP_SCHEMA, SPLITS, content_hash, load_mbpp, split_tasks
         from predict.outputs import write_rows
 
-        data, recorded = self.config["data"], self.manifest["data"]
-        mbpp = self.mbpp or _checkout_path(data["mbpp_path"])
+        data, recorded = self.bundled().data, self.manifest["data"]
+        mbpp = self.mbpp or _checkout_path(data.mbpp_path)
         if not mbpp.is_file():
             raise CheckFailed(f"{mbpp}: no MBPP file to re-derive the split from (--mbpp PATH)")
         digest = sha256_file(mbpp)
         if recorded.get("mbpp_sha256") not in (None, digest):
             raise CheckFailed(f"{mbpp}: sha256 {digest[:16]}..., the bundle's split was made from "
                               f"{recorded['mbpp_sha256'][:16]}...: not the same MBPP")
-        if recorded.get("split_seed") != data["split_seed"]:
-            raise CheckFailed(f"{MANIFEST} data: split seed {recorded.get('split_seed')}, the config's is "
-                              f"{data['split_seed']}")
+        seed = data.split_seed
+        if recorded.get("split_seed") != seed:
+            raise CheckFailed(f"{MANIFEST} data: split seed {recorded.get('split_seed')}, the config's is {seed}")
         # hf_fallback=False: a reviewer re-derives from the file checked above, never from a download.
-        seed = DataSettings.model_validate(data).split_seed
-        splits = split_tasks(load_mbpp(mbpp, hf_fallback=False), seed, data["sizes"])
+        splits = split_tasks(load_mbpp(mbpp, hf_fallback=False), seed, data.sizes)
         where = {int(r["task_id"]): name for name in SPLITS for r in splits[name]}
         bundled = recorded["splits"]
         for name in SPLITS:
@@ -184,26 +213,25 @@ class Verifier:
             mine = [int(t) for t in bundled[name]["task_ids"]]
             if moved := sorted(set(mine) - set(ids)):
                 raise CheckFailed(f"{MANIFEST} data: task {moved[0]} is in the bundle's {name} split, but MBPP split "
-                                  f"with seed {data['split_seed']} puts it in {where.get(moved[0], 'no split')}")
+                                  f"with seed {seed} puts it in {where.get(moved[0], 'no split')}")
             if lost := sorted(set(ids) - set(mine)):
                 raise CheckFailed(f"{MANIFEST} data: task {lost[0]} is missing from the bundle's {name} split, where "
-                                  f"MBPP split with seed {data['split_seed']} puts it")
+                                  f"MBPP split with seed {seed} puts it")
             if bundled[name]["content_sha256"] != content_hash(splits[name]):
                 raise CheckFailed(f"{MANIFEST} data: the {name} split's content hash is not that of its tasks in MBPP")
             self.split_ids[name] = ids
         write_rows(splits["test"], MBPP_SCHEMA, self.test_tasks)
         self.where = where
-        return (f"split: MBPP {digest[:16]}... with seed {data['split_seed']} gives the bundled task ids "
+        return (f"split: MBPP {digest[:16]}... with seed {seed} gives the bundled task ids "
                 f"({', '.join(f'{n} {len(self.split_ids[n])}' for n in SPLITS)})")
 
     def check_rows(self) -> str:
         import pyarrow.parquet as pq
 
-        from predict.config.models import EvaluationSettings
         from predict.rollouts import select_tasks
         from predict.stats.metrics import EVAL_PATH
 
-        ev = EvaluationSettings.model_validate(self.config["evaluation"])  # the manifest's config, typed
+        ev = self.bundled().evaluation
         samples = ev.samples
         rollouts = 0
         for rel in (r for r in self.manifest["files"] if r.startswith("eval/")):
@@ -216,7 +244,7 @@ class Verifier:
             for i, r in enumerate(rows):
                 if int(r["task_id"]) not in ids:
                     raise CheckFailed(f"{rel} row {i}: task {r['task_id']} is not a {split} task (MBPP split with seed "
-                                      f"{self.config['data']['split_seed']} puts it in "
+                                      f"{self.bundled().data.split_seed} puts it in "
                                       f"{self.where.get(int(r['task_id']), 'no split')})")
                 if (r["split"], r["checkpoint"], int(r["seed"])) != (split, m["checkpoint"], int(m["seed"])):
                     raise CheckFailed(f"{rel} row {i}: its split/checkpoint/seed {r['split']}/{r['checkpoint']}/"
@@ -248,7 +276,7 @@ class Verifier:
     def check_ledger(self) -> str:
         import pyarrow.parquet as pq
 
-        from predict.bundle.rederive import stage_view
+        from predict.bundle.rederive import handed_config
         from predict.campaign import (
             SplitGuardError,
             base_model_identity,
@@ -259,9 +287,7 @@ class Verifier:
             frozen_under,
             read_ledger,
         )
-        from predict.config.models import plain_data
         from predict.data import content_hash, load_split
-        from predict.stats.metrics import EVAL_PATH
 
         try:
             entries = read_ledger(self.root / LEDGER)
@@ -288,11 +314,10 @@ class Verifier:
                               f"{base_model_identity(self.config)}")
         if sorted(map(int, campaign.get("task_ids") or ())) != sorted(self.split_ids["test"]):
             raise CheckFailed(f"{where}: its test task ids are not those MBPP split with the config's seed gives")
-        # the bundle's val statistics (re-derived from the rows and compared after this check)
+        # the bundle's val statistics (re-derived from the rows and compared after this check), read through the
+        # campaign's slice as its stage reads it
         plan = [tuple(p) for p in campaign["plan"]]
-        # the campaign's slice as its stage reads it, as the plain data the campaign module takes (`as_dict`: the
-        # stage is typed, issue 40)
-        derived = campaign_from_stats(plain_data(stage_view(self.config, "evaluate-test", self.work)),
+        derived = campaign_from_stats(handed_config(self.config, "evaluate-test", self.work),
                                       self.root / "stats" / "metrics.parquet", self.root / "stats" / "selection.parquet")
         if plan != derived:
             first = next((a, b) for a, b in zip([*plan, None], [*derived, None], strict=False) if a != b)
@@ -302,6 +327,18 @@ class Verifier:
                      for s in pq.read_table(self.root / "stats" / "selection.parquet").to_pylist()]
         if campaign.get("selection") and campaign["selection"] != selection:
             raise CheckFailed(f"{where}: the selection it froze is not stats/selection.parquet's")
+        self._check_planned_evaluations(where, plan, [(n, e) for n, e in entries
+                                                      if e.get("campaign") == ident and "status" in e])
+        return (f"ledger: one campaign ({ident}) on the re-derived test split, frozen under the bundled config's "
+                f"design, {len(plan)} planned evaluations each done once with the bundled file and checkpoint")
+
+    def _check_planned_evaluations(self, where: str, plan: Sequence[tuple[Any, ...]],
+                                   mine: Sequence[tuple[int, Mapping[str, Any]]]) -> None:
+        """`check_ledger` of the campaign's evaluations: every bundled test file and every ledger line (`mine`, the
+        campaign's ``started``/``done`` lines) in the plan, each planned one done once with the bundled file and the
+        manifest's checkpoint."""
+        from predict.stats.metrics import EVAL_PATH
+
         identities = {(c["run"], c["checkpoint"], int(c["seed"])): c["identity"] for c in self.manifest["checkpoints"]}
         files = {}
         for rel in self.manifest["files"]:
@@ -311,7 +348,6 @@ class Verifier:
                     raise CheckFailed(f"{rel}: {' '.join(map(str, key))} is not in the test campaign's plan ("
                                       f"{', '.join(' '.join(map(str, p)) for p in plan)}): evaluated outside it")
                 files[key] = rel
-        mine = [(n, e) for n, e in entries if e.get("campaign") == ident and "status" in e]
         for n, e in mine:
             key = (e.get("run"), e.get("checkpoint"), e.get("seed"))
             if key not in plan:
@@ -330,8 +366,6 @@ class Verifier:
             if done[0][1].get("sha256") != sha256_file(self.root / rel):
                 raise CheckFailed(f"{rel}: not the file the campaign recorded done ({LEDGER}:{done[0][0]}, sha256 "
                                   f"{str(done[0][1].get('sha256'))[:16]}...): its rows changed since")
-        return (f"ledger: one campaign ({ident}) on the re-derived test split, frozen under the bundled config's "
-                f"design, {len(plan)} planned evaluations each done once with the bundled file and checkpoint")
 
     def check_tables(self, folders: Sequence[str]) -> str:
         import pyarrow.parquet as pq
@@ -387,7 +421,7 @@ class Verifier:
         """Where this machine's serving environment differs from the bundle's (a reason rows may differ)."""
         from predict.bundle.build import serving_environment
 
-        here = serving_environment(self.config["serving"]).get("packages") or {}
+        here = serving_environment(self.bundled().serving).get("packages") or {}
         there = self.manifest["environments"].get("serving", {}).get("packages") or {}
         changed = sorted(k for k in set(here) | set(there) if here.get(k) != there.get(k))
         shown = ", ".join(f"{k} {there.get(k)} -> {here.get(k)}" for k in changed[:6])

@@ -15,7 +15,8 @@ One module per job, each with the rules it enforces in its docstring:
 * `predict.campaign.seal`: no stage but the campaign reads a test task.
 * `predict.campaign.replay`: the one door to re-execute recorded test rollouts, writing nowhere.
 * `predict.campaign.statistics_inputs`: the test statistics read the campaign's own files only.
-* `predict.campaign.errors` (how it refuses) and `predict.campaign.view` (the config entry it reads through).
+* `predict.campaign.errors` (how it refuses) and `predict.campaign.view` (the config it reads, typed:
+  `CampaignConfig`).
 
 The names other modules use are re-exported here: ``from predict.campaign import TestLedger`` keeps working.
 """
@@ -58,12 +59,12 @@ from predict.campaign.replay import Replay, replay
 from predict.campaign.seal import guard_tasks, seal_file, seal_stage, seal_task_ids, sealed_sources
 from predict.campaign.selection import select, select_checkpoints, selection_settings, step_of
 from predict.campaign.statistics_inputs import check_test_inputs
-from predict.campaign.view import CAMPAIGN_STAGE, campaign_view
+from predict.campaign.view import CAMPAIGN_STAGE, CampaignConfig, campaign_config
 
 __all__ = [
-    "CAMPAIGN_STAGE", "NOT_RESULT_SHAPING", "REGISTRY_ENV", "Admission", "CampaignEntry", "Replay", "SplitGuardError",
+    "CAMPAIGN_STAGE", "NOT_RESULT_SHAPING", "REGISTRY_ENV", "Admission", "CampaignConfig", "CampaignEntry", "Replay", "SplitGuardError",
     "StatsInputError", "TestLedger", "base_model_identity", "campaign_checkpoints", "campaign_from_stats",
-    "campaign_id", "campaign_plan", "campaign_test_split", "campaign_view", "check_campaign_tasks",
+    "campaign_config", "campaign_id", "campaign_plan", "campaign_test_split", "check_campaign_tasks",
     "check_test_inputs", "config_differences", "config_hash", "design_config", "design_hashes", "frozen_under", "evaluation_ledger",
     "evaluation_seed", "first_ids", "guard_tasks", "history_traces", "ledger_lock", "planned_selection",
     "read_ledger", "read_selection", "refuse_missing_history", "register_split", "registry_ledger", "replay",

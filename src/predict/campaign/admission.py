@@ -155,29 +155,35 @@ class TestLedger:
                 append_entry(self.path, campaign)
                 log.info("%s: test campaign %s frozen: config hash %s, %d evaluations%s", self.path, ident,
                          digest[:12], len(plan), f" (declared: {new_campaign})" if same_key else "")
-            planned = [tuple(e) for e in campaign["plan"]]
-            for run, checkpoint, seed, _ in evaluations:
-                entry = (run, checkpoint, int(seed))
-                if entry not in planned:
-                    raise SplitGuardError(
-                        f"{self.path}: {run} {checkpoint} seed {seed} is not in the test campaign's list, fixed at "
-                        f"{campaign['time']}: {', '.join(f'{r} {c} seed {s}' for r, c, s in planned)}"
-                    )
-                for line_number, e in entries:
-                    if e.get("campaign") != ident or entry_key(e) != entry or "status" not in e:
-                        continue
-                    if e["status"] == "done":
-                        raise SplitGuardError(
-                            f"{self.path}:{line_number}: {run} {checkpoint} seed {seed} was already evaluated on test "
-                            f"at {e['time']}; the test split is touched once per frozen design"
-                        )
-                    if e.get("weights") not in (None, weights[entry]):
-                        raise SplitGuardError(
-                            f"{self.path}:{line_number}: {run} {checkpoint} seed {seed} was started on test at "
-                            f"{e['time']} with other weights ({e['weights'][:24]}..., now {weights[entry][:24]}...): "
-                            "a campaign resumes only the weights it started with"
-                        )
-        return [Admission(ident, self.path, weights[(r, c, int(s))]) for r, c, s, _ in evaluations]
+            for entry in weights:
+                self._refuse_unadmitted(campaign, entry, weights[entry], entries)
+        return [Admission(campaign["campaign"], self.path, weights[(r, c, int(s))]) for r, c, s, _ in evaluations]
+
+    def _refuse_unadmitted(self, campaign: Mapping[str, Any], entry: CampaignEntry, weights: str,
+                           entries: Sequence[tuple[int, Mapping[str, Any]]]) -> None:
+        """`admit`'s refusals of one evaluation (run, checkpoint, seed) of `campaign`: outside its plan, done
+        already, or started with other weights."""
+        run, checkpoint, seed = entry
+        planned = [tuple(e) for e in campaign["plan"]]
+        if entry not in planned:
+            raise SplitGuardError(
+                f"{self.path}: {run} {checkpoint} seed {seed} is not in the test campaign's list, fixed at "
+                f"{campaign['time']}: {', '.join(f'{r} {c} seed {s}' for r, c, s in planned)}"
+            )
+        for line_number, e in entries:
+            if e.get("campaign") != campaign["campaign"] or entry_key(e) != entry or "status" not in e:
+                continue
+            if e["status"] == "done":
+                raise SplitGuardError(
+                    f"{self.path}:{line_number}: {run} {checkpoint} seed {seed} was already evaluated on test "
+                    f"at {e['time']}; the test split is touched once per frozen design"
+                )
+            if e.get("weights") not in (None, weights):
+                raise SplitGuardError(
+                    f"{self.path}:{line_number}: {run} {checkpoint} seed {seed} was started on test at "
+                    f"{e['time']} with other weights ({e['weights'][:24]}..., now {weights[:24]}...): "
+                    "a campaign resumes only the weights it started with"
+                )
 
     def record(self, entry: Mapping[str, Any], status: str) -> None:
         """Append a ``started`` or ``done`` line of an admitted evaluation."""

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from predict.campaign.errors import SplitGuardError, first_ids
-from predict.campaign.view import campaign_view
-from predict.config.models import ModelSettings
-from predict.stages import SCHEDULING, UNTRACKED, StageView, without_keys
+from predict.campaign.view import campaign_config
+from predict.config.models import Section, plain_data
+from predict.stages import SCHEDULING, UNTRACKED, without_keys
 
 if TYPE_CHECKING:
     from predict.data import TestSplit
@@ -87,24 +87,26 @@ def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [prefix.rstrip(".") or "(whole config)"]
 
 
-def base_model_identity(config: Mapping[str, Any]) -> str:
+def base_model_identity(config: Mapping[str, Any] | Section) -> str:
     """The base model a campaign is keyed on: ``model.base``, and for the embedded default's random tiny Qwen3 its
-    builder's settings (so it can never be mistaken for the paper's base model, nor one tiny model for another)."""
-    model = config.get("model") or {}
-    base = ModelSettings.model_validate(model).base  # typed by its model; the tiny settings stay plain (hashed)
-    return f"{base}:{json.dumps(model.get('tiny') or {}, sort_keys=True)}" if base == "tiny" else base
+    builder's settings as the config wrote them (so it can never be mistaken for the paper's base model, nor one tiny
+    model for another)."""
+    model = campaign_config(config).required("model")
+    if model.base != "tiny":
+        return model.base
+    return f"{model.base}:{json.dumps(plain_data(model.tiny) if model.tiny is not None else {}, sort_keys=True)}"
 
 
 def campaign_id(split_hash: str, base_model: str, design_hash: str) -> str:
     return hashlib.sha256(f"{split_hash}\0{base_model}\0{design_hash}".encode()).hexdigest()[:16]
 
 
-def campaign_test_split(config: Mapping[str, Any] | StageView) -> TestSplit:
-    """The test split of the config's typed ``data`` section (`predict.data.derive_test_split`), read through
-    `campaign_view`: the split a campaign is keyed on, never a file's."""
+def campaign_test_split(config: Mapping[str, Any] | Section) -> TestSplit:
+    """The test split of the config's typed ``data`` section (`predict.data.derive_test_split`): the split a campaign
+    is keyed on, never a file's."""
     from predict.data import derive_test_split
 
-    return derive_test_split(campaign_view(config).data)
+    return derive_test_split(campaign_config(config).required("data"))
 
 
 def check_campaign_tasks(tasks_path: Path, split: Any) -> None:

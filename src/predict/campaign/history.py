@@ -18,15 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from predict.campaign.errors import SplitGuardError
-from predict.campaign.view import campaign_view
-from predict.stages import StageView
+from predict.campaign.view import campaign_config
+from predict.config.models import Section
 
 
-def history_folders(config: Mapping[str, Any] | StageView, origin: Mapping[str, Any] | None) -> list[Path]:
+def history_folders(config: Mapping[str, Any] | Section, origin: Mapping[str, Any] | None) -> list[Path]:
     """Every folder a campaign's history may lie in: the config's ``results_dir`` (left out: none; relative: to the
     working directory, as the stages resolve it) and `origin`'s (where the evaluation writes), each once."""
-    study = getattr(campaign_view(config), "results_dir", None)  # MissingSection reads as left out
-    folders = [Path(f) for f in (study, (origin or {}).get("results_dir")) if f]
+    folders = [Path(f) for f in (campaign_config(config).results_dir, (origin or {}).get("results_dir")) if f]
     return list({f.resolve(): f for f in folders}.values())
 
 

@@ -71,16 +71,15 @@ def replay(config: Mapping[str, Any], *, run: str, checkpoint: str, seed: int, m
     if (weights := input_identity(model)) != entry.get("weights"):
         raise SplitGuardError(f"{where}: {model} is not the checkpoint the ledger recorded ({weights[:24]}..., "
                               f"recorded {str(entry.get('weights'))[:24]}...): a replay re-executes the same weights")
-    evaluation = entry.get("evaluation") or {}
-    if "samples" not in evaluation:  # every campaign line records its evaluation section, filled (predict.evaluate)
+    # the line's section, as its model types it: every campaign line records it, filled (predict.evaluate)
+    evaluation = EvaluationSettings.model_validate(entry.get("evaluation") or {})
+    if "samples" not in evaluation.model_fields_set:
         raise SplitGuardError(f"{where}: the ledger's line records no evaluation settings: it cannot be replayed")
-    rows = sorted(split.rows, key=lambda r: r["task_id"])[: evaluation.get("tasks") or None]
+    rows = sorted(split.rows, key=lambda r: r["task_id"])[: evaluation.tasks or None]
     wanted = {int(t) for t in task_ids}
     if outside := wanted - {int(r["task_id"]) for r in rows}:
         raise SplitGuardError(f"{where}: tasks {first_ids(outside)} were not among the tasks it evaluated: a replay "
                               "re-executes recorded rollouts only")
-    # the line's section, as its model types it
-    samples = EvaluationSettings.model_validate(evaluation).samples
     tasks = [{**r, "sample": k} for r in rows if int(r["task_id"]) in wanted
-             for k in range(samples)]  # as predict.rollouts.select_tasks repeats them
+             for k in range(evaluation.samples)]  # as predict.rollouts.select_tasks repeats them
     return Replay(campaign["campaign"], run, checkpoint, int(seed), tuple(tasks), dict(entry))

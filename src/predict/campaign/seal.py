@@ -27,7 +27,7 @@ from predict.campaign.errors import SplitGuardError, first_ids
 from predict.campaign.ledger import entry_key, ledger_lock, read_ledger, registry_ledger, test_task_ids
 from predict.campaign.view import CAMPAIGN_STAGE
 from predict.config.models import DataSettings
-from predict.stages import Stage, stage_view
+from predict.stages import Stage, StageSettings
 
 
 def sealed_sources(data: DataSettings, ledger: Path | None = None) -> list[tuple[frozenset[int], str]]:
@@ -71,21 +71,21 @@ def seal_file(path: str | Path, data: DataSettings, *, stage: str, ledger: Path 
     seal_task_ids(task_ids_of(path), data, source=path, stage=stage, ledger=ledger)
 
 
-def seal_stage(stage: Stage, args: argparse.Namespace, config: Mapping[str, Any]) -> None:
+def seal_stage(stage: Stage, args: argparse.Namespace, config: StageSettings) -> None:
     """The seal at a stage's entry (`predict.cli`, before anything is written or started): every file the stage
     table says holds its tasks (`Stage.task_files`) holds no sealed task; the test campaign's is the test split. A
-    flag left out, or a file that does not exist (nothing to read: the stage's own error names it), is skipped."""
+    flag left out, or a file that does not exist (nothing to read: the stage's own error names it), is skipped.
+    `config`: the stage's own typed object (`predict.stages.stage_settings`)."""
     from predict.data import derive_test_split
 
     for dest in stage.task_files:
         if (value := getattr(args, dest, None)) is None or not Path(value).exists():
             continue
-        data = stage_view(config, stage.name).data  # every entry with task files reads SPLIT (the stage table)
+        data = config.data  # every entry with task files reads SPLIT (the stage table)
         if stage.name == CAMPAIGN_STAGE:
             check_campaign_tasks(Path(value), derive_test_split(data))
         else:
             seal_file(value, data, stage=stage.name)
-
 
 
 def guard_tasks(*, split: str, tasks_path: Path, task_ids: Iterable[int], run: str, checkpoint: str, seed: int,

@@ -17,17 +17,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from predict.campaign.errors import StatsInputError
-from predict.campaign.view import campaign_view
-from predict.config.models import SelectionSettings
-from predict.stages import StageView
+from predict.campaign.view import campaign_config
+from predict.config.models import Section, SelectionSettings
 
 STEP = re.compile(r"^step(\d+)$")
 
 
-def selection_settings(config: Mapping[str, Any] | StageView) -> dict[str, Any]:
+def selection_settings(config: Mapping[str, Any] | Section) -> SelectionSettings:
     """``evaluation.selection`` as its model types it; a config left without one selects the model's default."""
-    selection = getattr(campaign_view(config).evaluation, "selection", None)  # MissingSection reads as left out
-    return (selection if selection is not None else SelectionSettings()).model_dump()
+    return campaign_config(config).evaluation.selection
 
 
 def step_of(checkpoint: str) -> int | None:
@@ -62,8 +60,8 @@ def select_checkpoints(metrics: Sequence[Mapping[str, Any]], mode: str, step: in
     return out
 
 
-def select(config: Mapping[str, Any], metrics: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def select(config: Mapping[str, Any] | Section, metrics: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """`select_checkpoints` under the config's ``evaluation.selection``: what `predict stats`, the ablation and the
     extension tables and the campaign's planning all call."""
     settings = selection_settings(config)
-    return select_checkpoints(metrics, settings["mode"], settings.get("step"))
+    return select_checkpoints(metrics, settings.mode, settings.step)

@@ -1,20 +1,59 @@
-"""The config entry the campaign reads through: the stage table's entry of the test campaign (`CAMPAIGN_STAGE`) and the
-typed view of a config through it (`campaign_view`). A stage's own view or slice is read as it is (its entry says what
-it may read); any other mapping (a whole config, a test's) through the campaign's entry."""
+"""The config the campaign reads, as one small typed model (`CampaignConfig`), and the stage table entry of the test
+campaign (`CAMPAIGN_STAGE`).
+
+The campaign's inputs are seldom a stage's whole object: the design it hashes (plain data, `predict.evaluate`), the
+workflow's own object (its plan and selection), a bundle's recorded config (`predict.bundle.verify`), the statistics
+stages' objects (the selection) and tests' partial configs. A full stage model would refuse those for the keys they
+leave out, so the campaign reads exactly its keys through `CampaignConfig`, each of them optional, attributes all the
+way down; the hash and the ledger's design take the plain data itself (`predict.campaign.design`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
-from predict.stages import StageSettings, StageView, stage_view
+import pydantic
+from pydantic import ConfigDict, Field
+
+from predict.config import ConfigError, config_problems
+from predict.config.models import DataSettings, EvaluationSettings, ModelSettings, Section, plain_data
 
 CAMPAIGN_STAGE = "evaluate-test"
-"""The stage table entry of the test campaign: the one stage whose task file must be the test split, and the entry
-through which the campaign reads a plain config mapping (a whole config, a test's) as typed sections."""
+"""The stage table entry of the test campaign: the one stage whose task file must be the test split."""
 
 
-def campaign_view(config: Mapping[str, Any] | StageView | StageSettings) -> StageView | StageSettings:
-    """The typed config the campaign reads: a stage's own typed object or view or slice as it is (its row says what
-    it may read), any other mapping through the campaign's row (`CAMPAIGN_STAGE`)."""
-    return config if isinstance(config, StageSettings) else stage_view(config, CAMPAIGN_STAGE)
+class CampaignConfig(Section):
+    """What the campaign reads of a config (see the module docstring), typed by the study's section models. A key
+    the config leaves out reads as None (a section) or its default; keys the campaign does not read are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    results_dir: str | None = None
+    """The study's results folder: where a campaign's history may lie (`predict.campaign.history`)."""
+    seeds: list[int] = []
+    arms: dict[str, Any] = {}
+    """The arms by name (the campaign reads their names alone: an arm's reference is evaluated once)."""
+    evaluation: Annotated[EvaluationSettings, Field(default_factory=EvaluationSettings)]
+    data: DataSettings | None = None
+    """The split's definition: the test split a campaign is keyed on (`predict.campaign.design.campaign_test_split`)."""
+    model: ModelSettings | None = None
+    """The base model a campaign is keyed on (`predict.campaign.design.base_model_identity`)."""
+
+    def required(self, key: str) -> Any:
+        """A section the campaign cannot do without (``data``, ``model``), or a ConfigError naming it."""
+        if (value := getattr(self, key)) is None:
+            raise ConfigError(f"the test campaign's config sets no {key!r}")
+        return value
+
+
+def campaign_config(config: Mapping[str, Any] | Section) -> CampaignConfig:
+    """The campaign's typed config: a `CampaignConfig` as it is; a typed object (a stage's, the workflow's) or a
+    mapping (a design, a whole or partial config) read as one. Raises ConfigError naming the key it refuses."""
+    if isinstance(config, CampaignConfig):
+        return config
+    data = plain_data(config) if isinstance(config, Section) else dict(config)
+    try:
+        return CampaignConfig.model_validate(data)
+    except pydantic.ValidationError as e:
+        raise ConfigError(f"test campaign config: {config_problems(e, data, CampaignConfig)[0]}") from None

@@ -55,7 +55,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from predict.env.protocol import Step
+from predict.env.protocol import ProtocolConfig, Step
 from predict.outputs import write_rows
 from predict.vocabulary import Outcome
 
@@ -222,7 +222,8 @@ def build_record(
     stop_reason = summary.get("stop_reason") or "error"
     errors = [e for e in (summary.get("error"), result.get("missing"), error) if e]
     task_id, sample = int(task["task_id"]), int(task.get("sample") or 0)
-    config = dict(result.get("config") or {})
+    # the knobs the program enforced (its result's ProtocolConfig), else the ones the job asked for (`meta`)
+    enforced = ProtocolConfig(**result["config"]) if result.get("config") else None
     timing = dict(result.get("timing") or {})
     return {
         "rollout_key": rollout_key(meta["arm"], meta["seed"], meta["checkpoint"], task_id, sample),
@@ -237,10 +238,10 @@ def build_record(
         "checkpoint": meta["checkpoint"],
         "model": meta.get("model"),
         "client": meta.get("client"),
-        "budget": config.get("budget", meta.get("budget")),
-        "revise_costs_call": config.get("revise_costs_call", meta.get("revise_costs_call")),
-        "test_cost": config.get("test_cost", meta.get("test_cost", 1)),
-        "max_chained_revisions": config.get("max_chained_revisions", meta.get("max_chained_revisions", 2)),
+        "budget": enforced.budget if enforced else meta.get("budget"),
+        "revise_costs_call": enforced.revise_costs_call if enforced else meta.get("revise_costs_call"),
+        "test_cost": enforced.test_cost if enforced else meta.get("test_cost", 1),
+        "max_chained_revisions": enforced.max_chained_revisions if enforced else meta.get("max_chained_revisions", 2),
         "steps": steps,
         **{k: summary.get(k, 0) for k in _SUMMARY_COUNTS},
         **{k: bool(summary.get(k, False)) for k in _SUMMARY_FLAGS},

@@ -65,13 +65,13 @@ def load_study(files: Sequence[Path]) -> dict[str, Any]:
     return with_defaults(merged, source="+".join(str(f) for f in files))
 
 
-def capacity(profile_name: str, profile: Path, config: Mapping[str, Any], cores: int, nodes: int) -> Capacity:
+def capacity(profile_name: str, profile: Path, study: StudyConfig, cores: int, nodes: int) -> Capacity:
     """The profile's parallelism: its cores and resources on one machine, or `nodes` GPU nodes on SLURM."""
     settings = yaml.safe_load((profile / "config.yaml").read_text()) or {}
-    shared = (config["serving"].get("shared") is not None)
+    shared = study.serving.shared is not None
     if settings.get("executor") == "slurm":
         # every GPU job on a node of its own; a serving job starts its own server there
-        gpus_per_job = max(1, StudyConfig.model_validate(dict(config)).cluster.gpus_per_job)
+        gpus_per_job = max(1, study.cluster.gpus_per_job)
         return Capacity(cores=float("inf"), jobs=float(settings.get("jobs", 64)), resources={"gpu": float(nodes * gpus_per_job)},
                         shared_server=False, nodes=nodes)
     c = settings.get("cores", cores)
@@ -87,14 +87,15 @@ def plan(config_spec: str | None, profile_name: str, device: str | None, nodes: 
         raise ConfigError(f"--nodes must be at least 1, not {nodes}")
     files = _config_files(config_spec, profile)
     config = load_study(files)
-    kind = device or ("cpu" if config["serving"]["device"] == "cpu" else None)
+    study = StudyConfig.model_validate(config)
+    kind = device or ("cpu" if study.serving.device == "cpu" else None)
     if kind is None:
         raise ConfigError("the config serves on the GPU: name the device kind to price it on (--device h100, h200)")
     cal = load_calibration(REPO, kind)
     jobs = parse_dry_run(dry_run(REPO, profile, files, targets))
     pricer = Pricer(config, cal, REPO)
     costs = [pricer.price(j) for j in jobs]
-    layout = lay_out(costs, capacity(profile_name, profile, config, cal.cores, nodes))
+    layout = lay_out(costs, capacity(profile_name, profile, study, cal.cores, nodes))
     return plan_dict(costs, layout, files=files, profile=profile_name, nodes=nodes, cal=cal, model=pricer.model)
 
 

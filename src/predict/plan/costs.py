@@ -239,7 +239,7 @@ class Pricer:
         without it starts again), else the one RL leases too."""
         from predict.serving.identity import batch_invariant
 
-        return "batch_invariant" if batch_invariant(self.config["serving"]) else "default"
+        return "batch_invariant" if batch_invariant(self.study.serving) else "default"
 
     def _evaluate(self, job: Job, cost: JobCost) -> None:
         split = "test" if cost.family == "evaluate_test" else "val"

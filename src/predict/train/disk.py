@@ -24,12 +24,16 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from predict.config.models import TinyModelSettings
 from predict.serving.gpu_memory import ModelShape
+
+if TYPE_CHECKING:
+    from predict.stages import StageSettings
 
 log = logging.getLogger(__name__)
 
@@ -53,17 +57,16 @@ class DiskNeed:
     """Stays after its job (a checkpoint), or deleted when the job ends (a state, a served copy)."""
 
 
-def model_parameters(model: str | Path, tiny: Mapping[str, Any] | None = None) -> int | None:
-    """Parameters of a checkpoint folder (its config.json) or of the tiny model `tiny` describes (model.tiny); None
-    when neither is known here (a hub id not yet downloaded)."""
+def model_parameters(model: str | Path, tiny: TinyModelSettings | None = None) -> int | None:
+    """Parameters of a checkpoint folder (its config.json) or of the tiny model `tiny` describes (model.tiny; left
+    out for a `tiny` base: its defaults); None when neither is known here (a hub id not yet downloaded)."""
     folder = Path(model).expanduser()
     if (folder / "config.json").is_file():
         return ModelShape.from_config(json.loads((folder / "config.json").read_text())).parameters
     if tiny is not None or str(model) == "tiny":
-        from predict.config.models import TinyModelSettings
         from predict.tiny_model import parameter_count
 
-        return parameter_count(TinyModelSettings(**dict(tiny or {})))
+        return parameter_count(tiny if tiny is not None else TinyModelSettings())
     return None
 
 
@@ -173,60 +176,65 @@ def check_disk(needs: Sequence[DiskNeed], where: Path, *, what: str) -> None:
     log.info("disk: %s needs %.1f GB, %.1f GB free at %s\n%s", what, need / GB, free / GB, probe, lines)
 
 
-def workflow_needs(config: Mapping[str, Any], results: Path) -> list[DiskNeed] | None:
-    """Rule 1 for a whole run of the local backend (the workflow's view of the config): the tiny base model it builds,
-    every SFT and every RL/RFT run and seed whose outputs are not there yet. None where the model's size is not known
-    here (a hub id) or prime-rl trains (its own checkpoints: docs/disk.md)."""
-    from predict.runs import checkpoint_steps, resolve_run, sft_runs, study_runs
+def workflow_needs(config: StageSettings, results: Path) -> list[DiskNeed] | None:
+    """Rule 1 for a whole run of the local backend (the workflow's typed object, `predict.stages.workflow_config`):
+    the tiny base model it builds, every SFT and every RL/RFT run and seed whose outputs are not there yet. None where
+    the model's size is not known here (a hub id) or prime-rl trains (its own checkpoints: docs/disk.md)."""
+    from predict.runs import sft_runs
 
-    if config["backend"] != "local":
+    if config.backend != "local":
         return None
-    model = config["model"]
-    tiny = model["base"] == "tiny"
-    base = results / "models" / "tiny" if tiny else Path(model["base"])
-    parameters = model_parameters(base, model.get("tiny") or {}) if tiny else model_parameters(base)
+    tiny = config.model.base == "tiny"
+    base = results / "models" / "tiny" if tiny else Path(config.model.base)
+    parameters = model_parameters(base, config.model.tiny or TinyModelSettings()) if tiny else model_parameters(base)
     if parameters is None:
         return None
-    device = config["serving"]["device"]
     needs = []
     if tiny and not (base / "config.json").is_file():
         needs.append(DiskNeed("build_tiny_model: the base model", base, checkpoint_bytes(parameters), True))
-    if "sft" in config:
-        sft = config["sft"]
-        sft_device = device if sft["device"] == "auto" else sft["device"]
-        for run in sft_runs(config):
-            if not (results / "checkpoints" / run / "sft" / "config.json").is_file():
-                needs += training_needs(f"SFT {run}", results / "checkpoints" / run, parameters=parameters,
-                                        dtype=training_dtype(sft["dtype"], sft_device),
-                                        checkpoints=[results / "checkpoints" / run / "sft"],
-                                        state_dir=results / "sft" / run / "state",
-                                        state_saves=sft_state_saves(sft.get("max_steps"), sft["save_every"]),
-                                        keep_state=False)
-    if "rl" in config:
-        rl = config["rl"]
-        steps = checkpoint_steps(rl["steps"], rl["checkpoint_every"])
-        for run in study_runs(config):
-            if resolve_run(config, run).trainer not in ("rl", "rft"):
-                continue
-            for seed in config["seeds"]:
-                out = results / "rl" / run / f"seed{seed}"
-                if (out / "metrics.parquet").is_file():
-                    continue
-                dtype = training_dtype(rl["dtype"], device)
-                needs += training_needs(f"RL {run} seed {seed}", out, parameters=parameters, dtype=dtype,
-                                        checkpoints=[out / ".work" / "checkpoints" / f"step{n}" for n in steps],
-                                        state_dir=out / ".work" / "state",
-                                        state_saves=rl_state_saves(rl["steps"], 0, rl["state_every"], steps),
-                                        keep_state=rl["keep_state"],
-                                        state_links_checkpoint=rl_states_link_checkpoints(
-                                            rl["steps"], 0, rl["state_every"], steps, dtype))
+    sft = config.sft  # its defaults where the config has no sft section
+    sft_device = config.serving.device if sft.device == "auto" else sft.device
+    for run in sft_runs(config):
+        if not (results / "checkpoints" / run / "sft" / "config.json").is_file():
+            needs += training_needs(f"SFT {run}", results / "checkpoints" / run, parameters=parameters,
+                                    dtype=training_dtype(sft.dtype, sft_device),
+                                    checkpoints=[results / "checkpoints" / run / "sft"],
+                                    state_dir=results / "sft" / run / "state",
+                                    state_saves=sft_state_saves(sft.max_steps, sft.save_every), keep_state=False)
+    if config.rl is not None:
+        needs += _rl_needs(config, results, parameters)
     return needs
 
 
-def check_workflow_disk(config: Mapping[str, Any], results: Path) -> None:
+def _rl_needs(config: StageSettings, results: Path, parameters: int) -> list[DiskNeed]:
+    """`workflow_needs` of every RL and RFT run and seed whose metrics are not there yet."""
+    from predict.runs import checkpoint_steps, resolve_run, study_runs
+
+    rl = config.rl
+    steps = checkpoint_steps(rl.steps, rl.checkpoint_every)
+    dtype = training_dtype(rl.dtype, config.serving.device)
+    needs = []
+    for run in study_runs(config):
+        if resolve_run(config, run).trainer not in ("rl", "rft"):
+            continue
+        for seed in config.seeds:
+            out = results / "rl" / run / f"seed{seed}"
+            if (out / "metrics.parquet").is_file():
+                continue
+            needs += training_needs(f"RL {run} seed {seed}", out, parameters=parameters, dtype=dtype,
+                                    checkpoints=[out / ".work" / "checkpoints" / f"step{n}" for n in steps],
+                                    state_dir=out / ".work" / "state",
+                                    state_saves=rl_state_saves(rl.steps, 0, rl.state_every, steps),
+                                    keep_state=rl.keep_state,
+                                    state_links_checkpoint=rl_states_link_checkpoints(
+                                        rl.steps, 0, rl.state_every, steps, dtype))
+    return needs
+
+
+def check_workflow_disk(config: StageSettings, results: Path) -> None:
     """Rule 4: the workflow's check before its first job (`check_disk` over `workflow_needs`)."""
     needs = workflow_needs(config, results)
     if needs is None:
-        log.info("disk: not planned (backend %s, model %s)", config["backend"], config["model"]["base"])
+        log.info("disk: not planned (backend %s, model %s)", config.backend, config.model.base)
         return
-    check_disk(needs, results, what=f"run {config['run_name']}")
+    check_disk(needs, results, what=f"run {config.run_name}")

@@ -464,8 +464,7 @@ def run_signal(
     torch.set_flush_denormal(True)
     data = view.data
     rows = load_mbpp(data.mbpp_path, hf_fallback=data.hf_fallback, sha256=data.mbpp_sha256)
-    sizes = data.sizes
-    sft_split = split_tasks(rows, data.split_seed, {"sft": sizes.sft, "rl": sizes.rl, "test": sizes.test})["sft"]
+    sft_split = split_tasks(rows, data.split_seed, data.sizes)["sft"]
     # its tasks come from no file the stage table could name: sealed here, before anything is written
     seal_task_ids([r["task_id"] for r in sft_split], data, source=f"the sft split of {data.mbpp_path}",
                   stage="signal")
