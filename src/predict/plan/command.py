@@ -20,6 +20,7 @@ from predict.config.models import StudyConfig
 from predict.plan.calibration import CalibrationError, load_calibration
 from predict.plan.costs import TARGET_RULES, JobCost, Pricer
 from predict.plan.dag import dry_run, parse_dry_run
+from predict.plan.limits import device_kind
 from predict.plan.schedule import Capacity, Layout, lay_out
 
 REPO = Path(__file__).resolve().parents[3]
@@ -34,7 +35,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, default=1, help="slurm: GPU nodes the jobs spread over (default 1)")
     p.add_argument("--device", default=None,
                    help="the device kind whose calibration prices the jobs (benchmarks/calibration/<kind>.json); "
-                        "default cpu where the config serves on the CPU")
+                        "default: the config's cluster.device_kind, else cpu where it serves on the CPU")
     p.add_argument("--targets", nargs="+", default=["all"], help="Snakemake targets (default all)")
     p.add_argument("--out", default=None,
                    help="write the plan here as JSON, and its jobs as parquet beside it (same name, .parquet)")
@@ -87,9 +88,10 @@ def plan(config_spec: str | None, profile_name: str, device: str | None, nodes: 
         raise ConfigError(f"--nodes must be at least 1, not {nodes}")
     files = _config_files(config_spec, profile)
     config = load_study(files)
-    kind = device or ("cpu" if config["serving"]["device"] == "cpu" else None)
+    kind = device or device_kind(config)  # cluster.device_kind, else cpu where the config serves on the CPU
     if kind is None:
-        raise ConfigError("the config serves on the GPU: name the device kind to price it on (--device h100, h200)")
+        raise ConfigError("the config serves on the GPU and names no cluster.device_kind: name the device kind to "
+                          "price it on (--device h100, h200)")
     cal = load_calibration(REPO, kind)
     jobs = parse_dry_run(dry_run(REPO, profile, files, targets))
     pricer = Pricer(config, cal, REPO)
