@@ -106,3 +106,37 @@ def test_every_stage_takes_its_planned_time() -> None:
     args = build_parser(["rl"]).parse_args(["rl", "--planned", "rl=64", "--config-slice", "x.json", "--run", "A",
                                             "--seed", "42", "--init", "m", "--tasks-file", "t", "--out-dir", "o"])
     assert args.planned == "rl=64"
+
+
+def test_the_report_shows_the_plan_beside_each_rules_benchmarks(tmp_path: Path) -> None:
+    """The plan's table and Snakemake's benchmark files, read into one parquet table per job, drawn per rule in words
+    (planned, took, their ratio, the job furthest from its plan) and as a figure."""
+    import pyarrow.parquet as pq
+
+    from predict.report.run_costs import run_costs_section, write_plan_vs_run
+
+    header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    bench = tmp_path / "results" / "benchmarks"
+    for name, seconds in (("rl/A/seed42", 60.0), ("rl/B/seed42", 180.0), ("evaluate/A/val/seed42", 30.0)):
+        (bench / name).parent.mkdir(parents=True, exist_ok=True)
+        (bench / f"{name}.tsv").write_text(header + f"{seconds}\t0:01:00\t900.5\t1\t1\t1\t0\t0\t90\t40\n")
+    plan = [{"rule": "rl", "job": f"rl[run={r},seed=42]", "benchmark": str(bench / f"rl/{r}/seed42.tsv"),
+             "planned_s": 60.0, "not_calibrated": ""} for r in ("A", "B")]
+    plan += [{"rule": "evaluate_A", "job": "evaluate_A[seed=42]", "benchmark": str(bench / "evaluate/A/val/seed42.tsv"),
+              "planned_s": 40.0, "not_calibrated": ""},
+             {"rule": "report", "job": "report", "benchmark": str(bench / "report.tsv"), "planned_s": 4.0,
+              "not_calibrated": ""},  # planned, not run yet
+             {"rule": "all", "job": "all", "benchmark": None, "planned_s": 0.0, "not_calibrated": ""}]
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist(plan), tmp_path / "plan.parquet")
+    out = write_plan_vs_run(tmp_path / "plan.parquet", bench, tmp_path / "plan_vs_run.parquet")
+    rows = {r["job"]: r for r in pq.read_table(out).to_pylist()}
+    assert set(rows) == {"rl[run=A,seed=42]", "rl[run=B,seed=42]", "evaluate_A[seed=42]", "report"}
+    assert rows["rl[run=B,seed=42]"]["took_over_planned"] == 3.0 and rows["rl[run=A,seed=42]"]["host_peak_mib"] == 900.5
+    assert rows["report"]["took_s"] is None  # planned, not measured: no made-up time
+    html = run_costs_section(list(rows.values()))
+    assert "took / planned" in html and "the job furthest from its plan" in html  # columns in words
+    assert "rl[run=B,seed=42]: 180 s vs 60 s" in html and ">2.00</td>" in html  # 240 s took / 120 s planned
+    assert "not run yet" in html and "<img" in html
+    assert "No plan beside the run" in run_costs_section([])

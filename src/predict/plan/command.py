@@ -114,7 +114,7 @@ def plan_dict(costs: Sequence[JobCost], layout: Layout, *, files: Sequence[Path]
         slot = layout.slots[c.job.jobid]
         complete = not c.missing
         rows.append({
-            "jobid": c.job.jobid, "rule": c.job.rule, "job": c.job.label,
+            "jobid": c.job.jobid, "rule": c.job.rule, "job": c.job.label, "benchmark": c.job.benchmark,
             "wildcards": json.dumps(c.job.wildcards, sort_keys=True), "gpus": c.gpus,
             "planned_s": round(slot.wall_s, 2) if complete else None,
             "known_s": round(slot.wall_s, 2),
