@@ -64,7 +64,8 @@ TEST_CAMPAIGN_INPUTS = {
 }
 TEST_CAMPAIGN_SHELL = (
     "predict evaluate --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
-    " --tasks-file {input.tasks:q} --split test --run {params.run} --seed {params.seed} {params.checkpoints} --selection {input.selection:q}"
+    " --tasks-file {input.tasks:q} --split test --run {params.run} --seed {params.seed} {params.checkpoints}"
+    " --selection {input.selection:q}"
     " --val-metrics {input.val_metrics:q}"
     " > {log:q} 2>&1"
 )

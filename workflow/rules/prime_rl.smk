@@ -52,7 +52,8 @@ rule prime_rl_setup:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict prime-rl-setup --planned {rule}={resources.planned_s} --config-slice {params.config:q} --dir {params.dir:q} --patch {input.patch:q}"
+        "predict prime-rl-setup --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
+        " --dir {params.dir:q} --patch {input.patch:q}"
         " --out {output:q} > {log:q} 2>&1"
 
 
@@ -101,7 +102,8 @@ rule prime_rl_sft:
         "../../envs/pipeline.yaml"
     shell:
         "predict prime-rl-train sft --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
-        " --toml {input.toml:q} --dir {params.dir:q} --checkpoint {output.checkpoint:q} --metrics-out {output.metrics:q} > {log:q} 2>&1"
+        " --toml {input.toml:q} --dir {params.dir:q} --checkpoint {output.checkpoint:q}"
+        " --metrics-out {output.metrics:q} > {log:q} 2>&1"
 
 
 rule prime_rl_rl_config:
@@ -159,7 +161,8 @@ rule prime_rl_rl:
         "../../envs/pipeline.yaml"
     shell:
         "predict prime-rl-train rl --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
-        " --toml {input.toml:q} --dir {params.dir:q} --run-dir {params.run_dir:q} --checkpoints-out {output.checkpoints:q} --metrics-out {output.metrics:q}"
+        " --toml {input.toml:q} --dir {params.dir:q} --run-dir {params.run_dir:q}"
+        " --checkpoints-out {output.checkpoints:q} --metrics-out {output.metrics:q}"
         " --raw-metrics-out {output.raw_metrics:q} --run {wildcards.run} --seed {wildcards.seed}"
         " --tensorboard-dir {params.tensorboard:q} > {log:q} 2>&1"
 

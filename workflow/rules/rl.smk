@@ -34,4 +34,5 @@ rule rl:
         "../../envs/pipeline.yaml"
     shell:
         "predict rl --planned {rule}={resources.planned_s} --config-slice {params.config:q} --run {wildcards.run}"
-        " --seed {wildcards.seed} --init {input.init:q} --tasks-file {input.tasks:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        " --seed {wildcards.seed} --init {input.init:q} --tasks-file {input.tasks:q}"
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"

@@ -23,4 +23,5 @@ rule signal:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict signal --planned {rule}={resources.planned_s} --config-slice {params.config:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        "predict signal --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"

@@ -102,7 +102,8 @@ class WorkflowLimits:
         """Whether the device kind has a calibration to plan on."""
         return self.pricer is not None
 
-    def job(self, rule: str, wildcards: Mapping[str, str], hand_set: Mapping[str, Any], checkpoints: int = 1) -> JobLimit:
+    def job(self, rule: str, wildcards: Mapping[str, str], hand_set: Mapping[str, Any],
+            checkpoints: int = 1) -> JobLimit:
         """The request of the job of `rule` with these wildcards (evaluation jobs: serving `checkpoints`)."""
         from predict.plan.costs import family
 

@@ -86,7 +86,8 @@ NAV = {"test-campaign": "Test: campaign", "test-headline": "Test: headline", "te
        "revise-split": "Val: REVISE", "confusion": "Val: confusion", "frequencies": "Val: class shares",
        "ablations": "Val: ablations", "extensions": "Val: extensions", "training": "Training",
        "grad-terms": "Gradient terms",
-       "training-outcomes": "Training outcomes", "run-costs": "Plan vs run", "rollout": "Rollout"}  # else the title up to its colon
+       "training-outcomes": "Training outcomes", "run-costs": "Plan vs run",
+       "rollout": "Rollout"}  # else the title up to its colon
 
 
 CSS = """
