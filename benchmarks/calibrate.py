@@ -245,12 +245,16 @@ def rehearsal(f: Figures, card: str) -> None:
     config = load_study([REPO / r["config"]])
     model = model_facts(config, REPO)
     env, rl = config["env"], config["rl"]
-    steps = [s for s in r.get("rl_steps", []) if s.get("step", 0) > 1 and s.get("episodes")]
+    every = [s for s in r.get("rl_steps", []) if s.get("episodes")]
+    # the steps after the first (the first warms the server and the trainer up); the rehearsal's runs have one step
+    # each (config/gpu-rehearsal.yaml cuts rl.steps to 1): then that one, warm-up and all (an upper bound)
+    steps = [s for s in every if s.get("step", 0) > 1] or every
+    which = "over the steps after the first" if steps is not every else "over the first steps (the only ones run)"
     if steps:
         at = {"shape": model.shape, "max_tokens": rl.get("max_tokens") or env["max_tokens"],
               "concurrency": env["concurrency"]}
         f.add("rl_rollout_episode_s", sum(s["rollout_s"] for s in steps) / sum(s["episodes"] for s in steps),
-              "s/episode", f"{name}: rl_steps[].rollout_s, episodes", "over the steps after the first", **at)
+              "s/episode", f"{name}: rl_steps[].rollout_s, episodes", which, **at)
         f.add("rl_tokens_per_episode", sum(s["update_tokens"] for s in steps) / sum(s["episodes"] for s in steps),
               "tokens", f"{name}: rl_steps[].update_tokens", "update tokens / episodes", **at)
         f.add("rl_save_s_per_step", statistics.mean(s.get("save_waited_s") or 0 for s in steps), "s/step",

@@ -121,6 +121,24 @@ def test_collect_reads_a_runs_files_into_the_issues_numbers(rehearsal, tmp_path:
     assert spread["foreground"] == pytest.approx((30.0 / 5 + 8.0 / 25) / 414.3, abs=1e-4)
     assert got["vllm_alone"] is None and got["rl_rollout_vs_vllm_alone"] is None  # not run: said, not invented
 
+    # benchmarks/calibrate.py reads the file collect wrote: the 4B RL step's rollout, tokens, saves and device peak
+    spec = importlib.util.spec_from_file_location("calibrate", REPO / "benchmarks" / "calibrate.py")
+    calibrate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(calibrate)
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "rehearsal_test.json").write_text(out.read_text())
+    calibrate.BENCH = tmp_path / "bench"
+    figures = calibrate.Figures()
+    calibrate.rehearsal(figures, "test")
+    at = {"shape": "qwen3-4b", "max_tokens": 512, "concurrency": 8}
+    (rollout,) = figures.figures["rl_rollout_episode_s"]
+    assert rollout["at"] == at and rollout["value"] == pytest.approx(360.0 / 128, abs=1e-6)
+    assert figures.figures["rl_tokens_per_episode"][0]["value"] == pytest.approx(600_000 / 128, abs=1e-6)
+    assert figures.figures["rl_save_s_per_step"][0]["value"] == 2.0
+    assert figures.figures["hf_save_gb_per_s"][0]["value"] > 0
+    peak = next(e for e in figures.figures["device_peak_gib"] if e["at"]["family"] == "rl")
+    assert peak["value"] == 61.5 and peak["at"]["micro_batch_tokens"] == config["rl"]["micro_batch_tokens"]
+
 
 def test_no_gpu_job_of_the_rehearsal_can_be_killed_by_the_gpu_rules_runtime() -> None:
     """The GPU rules' `runtime` (common.smk: 240 serving, 1,440 RL, 480 SFT minutes, hand-set) is a request a cluster

@@ -14,9 +14,12 @@ from predict.stages import WORKFLOW, SliceError, workflow_config
 # `config` itself: indexed, .get, passed to a function, or as a value (not `configfile:`, `--config-slice`,
 # `params.config`, a "config" key, or a comment).
 DIRECT = re.compile(r"""(?<![\w.\-"'])config(?=\s*[\[.,)])""")
-# The one place the workflow hands `config` to the views: common.smk's validation, defaults and view definitions.
+# The one place the workflow hands `config` to the views: common.smk's validation, defaults and view definitions;
+# and the plan that sizes the GPU rules (predict.plan.limits), which prices a job from the whole study as `predict
+# plan` does.
 VIEWS = ("config.update(with_defaults(config,", "workflow_config(config)",
-         "slice_file(config,", "slice_params(config,", "stage_settings(stage, config,")
+         "slice_file(config,", "slice_params(config,", "stage_settings(stage, config,",
+         "WorkflowLimits(config,")
 
 
 def direct_reads(files: list[Path]) -> list[str]:

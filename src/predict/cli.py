@@ -103,9 +103,12 @@ def _stage_command(name: str) -> tuple[Callable[[argparse.ArgumentParser], None]
 
 
 def _run_stage(args: argparse.Namespace) -> int:
+    from predict.plan.limits import watch_planned
     from predict.serving.gpu_memory import watch_gpu_memory
 
-    with watch_gpu_memory():  # on a GPU node the job's log ends with its peak GPU memory; nothing elsewhere
+    # on a GPU node the job's log ends with its peak GPU memory; under Snakemake a job that outlives its plan by more
+    # than the margin says so in its log (predict.plan.limits)
+    with watch_gpu_memory(), watch_planned(args.planned):
         return args.stage_main(args, _config(args))
 
 
@@ -151,6 +154,8 @@ def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
         source.add_argument("--config", help="study config file")
         source.add_argument("--config-json", help="the same, inline")
         source.add_argument("--config-slice", help="this stage's slice of the config (JSON; what Snakemake passes)")
+        p.add_argument("--planned", default=None, metavar="RULE=SECONDS",
+                       help="the job's planned time (Snakemake passes it): a warning once it runs past it x the margin")
         arguments, main = _stage_command(stage.name)
         arguments(p)
         p.set_defaults(func=_run_stage, stage_main=main)

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from predict.config import ConfigError, with_defaults
+from predict.plan.limits import WorkflowLimits
 from predict.campaign import campaign_from_stats, campaign_plan, planned_selection, selection_settings
 from predict.runs import checkpoint_path, extension_counterpart, resolve_run, sft_runs, study_runs
 from predict.stages import slice_file, slice_params, stage_settings, workflow_config
@@ -130,6 +131,22 @@ TRAIN_RESOURCES = GPU_RESOURCES(
     on_cpu={"mem_mb": 8000, "runtime": 120},
     device=SFT_DEVICE(),
 )
+# SLURM's time limit (`runtime`) and memory of these rules come from the plan of each job on the device kind's
+# calibration, with the margin predict.plan.limits states (runtime = planned x 2, at least 15 min; memory = the
+# calibrated peak x 2, where the job's process holds it all); the hand-set sizes above stay where no calibration
+# gives the job (the workflow says which, once per rule). The kind: cluster.device_kind, else cpu where serving.device
+# is cpu. Each job also gets its planned seconds, `--planned {rule}={resources.planned_s}`: its log warns once it
+# outlives its plan by more than the margin.
+#   resources: **PLANNED(RL_RESOURCES)                 resources: **PLANNED(SERVING_RESOURCES, checkpoints=n)
+LIMITS = WorkflowLimits(config, Path(workflow.basedir), say=logger.info)
+
+
+def PLANNED(hand_set, checkpoints=1):
+    """A GPU rule's resources: `hand_set` with runtime, mem_mb and planned_s from the plan of each of its jobs
+    (an evaluation job serving `checkpoints` checkpoints)."""
+    return LIMITS.resources(hand_set, checkpoints)
+
+
 # CPU threads of an SFT job (`predict sft --threads`, torch's intra-op threads): the job's cpus_per_task on a GPU
 # node; one on the CPU, where both arms' SFT jobs train side by side (the embedded default's 2 cores) and torch's
 # default of every core per job oversubscribed them.

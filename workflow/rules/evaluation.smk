@@ -32,7 +32,7 @@ for _run in EVAL_RUNS():
             checkpoints=evaluation_args(_run, RUN_CHECKPOINTS(_run)),
             **SLICE("evaluate"),
         resources:
-            **SERVING_RESOURCES,
+            **PLANNED(SERVING_RESOURCES, checkpoints=len(RUN_CHECKPOINTS(_run))),
         log:
             LOG("evaluate", _run, "val", "seed{seed}"),
         benchmark:
@@ -40,7 +40,8 @@ for _run in EVAL_RUNS():
         conda:
             "../../envs/pipeline.yaml"
         shell:
-            "predict evaluate --config-slice {params.config:q} --tasks-file {input.tasks:q} --split val"
+            "predict evaluate --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
+            " --tasks-file {input.tasks:q} --split val"
             " --run {params.run} --seed {wildcards.seed} {params.checkpoints} > {log:q} 2>&1"
 
 
@@ -62,8 +63,9 @@ TEST_CAMPAIGN_INPUTS = {
     "serving": ancient(SERVING_CHECK),
 }
 TEST_CAMPAIGN_SHELL = (
-    "predict evaluate --config-slice {params.config:q} --tasks-file {input.tasks:q} --split test --run {params.run}"
-    " --seed {params.seed} {params.checkpoints} --selection {input.selection:q}"
+    "predict evaluate --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
+    " --tasks-file {input.tasks:q} --split test --run {params.run} --seed {params.seed} {params.checkpoints}"
+    " --selection {input.selection:q}"
     " --val-metrics {input.val_metrics:q}"
     " > {log:q} 2>&1"
 )
@@ -89,7 +91,7 @@ if SELECTION_MODE == "fixed" and CPU_SERVING:
             ),
             **SLICE("evaluate-test"),
         resources:
-            **SERVING_RESOURCES,
+            **PLANNED(SERVING_RESOURCES, checkpoints=len(PLANNED_CAMPAIGN())),
         log:
             LOG("evaluate_test", "campaign"),
         benchmark:
@@ -97,7 +99,8 @@ if SELECTION_MODE == "fixed" and CPU_SERVING:
         conda:
             "../../envs/pipeline.yaml"
         shell:
-            "predict evaluate --config-slice {params.config:q} --tasks-file {input.tasks:q} --split test {params.evaluations}"
+            "predict evaluate --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
+            " --tasks-file {input.tasks:q} --split test {params.evaluations}"
             " --selection {input.selection:q} --val-metrics {input.val_metrics:q} > {log:q} 2>&1"
 
 elif SELECTION_MODE == "fixed":
@@ -124,7 +127,7 @@ elif SELECTION_MODE == "fixed":
                 ),
                 **SLICE("evaluate-test"),
             resources:
-                **SERVING_RESOURCES,
+                **PLANNED(SERVING_RESOURCES),
             log:
                 LOG("evaluate_test", _run, TEST_REFERENCE(_run)),
             benchmark:
@@ -159,7 +162,7 @@ elif SELECTION_MODE == "fixed":
                 checkpoints=evaluation_args(_run, CAMPAIGN_CHECKPOINTS(_run)),
                 **SLICE("evaluate-test"),
             resources:
-                **SERVING_RESOURCES,
+                **PLANNED(SERVING_RESOURCES, checkpoints=len(CAMPAIGN_CHECKPOINTS(_run))),
             log:
                 LOG("evaluate_test", _run, "seed{seed}"),
             benchmark:
@@ -188,7 +191,7 @@ else:
             checkpoints=lambda w, output: evaluation_args(w.run, [w.checkpoint])(w, output),
             **SLICE("evaluate-test"),
         resources:
-            **SERVING_RESOURCES,
+            **PLANNED(SERVING_RESOURCES),
         log:
             LOG("evaluate_test", "{run}", "{checkpoint}", "seed{seed}"),
         benchmark:

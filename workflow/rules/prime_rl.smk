@@ -12,7 +12,8 @@ PRIME_RL_ATTENTION_PATCH = "workflow/prime-rl/torch-attention.patch"  # applied 
 # The study's GRPO runs: the arms, the ablations, the RL extensions (RFT extensions run on our trainer: rft.smk).
 PRIME_RL_RUNS = [r for r in study_runs(WORKFLOW_CONFIG) if resolve_run(WORKFLOW_CONFIG, r).trainer == "rl"]
 
-# The GPU job resources of common.smk, with prime-rl's GPU count and run time.
+# The GPU job resources of common.smk, with prime-rl's GPU count and run time (hand-set: prime-rl's jobs have run on
+# no calibrated device, so PLANNED keeps them and says so).
 _SFT, _RL = PRIME_RL.sft, PRIME_RL.rl
 _SFT_GPUS = _SFT.gpus
 # colocated (prime_rl.rl.colocate), inference and trainer share the train_gpus GPUs
@@ -43,9 +44,7 @@ rule prime_rl_setup:
         **SLICE("prime-rl-setup"),  # prime_rl.repo, commit, python, extras, attn
         dir=lambda w, output: str(Path(output[0]).parent),
     resources:
-        mem_mb=16000,
-        runtime=120,
-        cpus_per_task=8,
+        **PLANNED({"mem_mb": 16000, "runtime": 120, "cpus_per_task": 8}),
     log:
         LOG("prime_rl_setup"),
     benchmark:
@@ -53,7 +52,8 @@ rule prime_rl_setup:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict prime-rl-setup --config-slice {params.config:q} --dir {params.dir:q} --patch {input.patch:q}"
+        "predict prime-rl-setup --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
+        " --dir {params.dir:q} --patch {input.patch:q}"
         " --out {output:q} > {log:q} 2>&1"
 
 
@@ -93,7 +93,7 @@ rule prime_rl_sft:
         **SLICE("prime-rl-train"),
         dir=lambda w, input: str(Path(input.setup).parent),
     resources:
-        **PRIME_RL_SFT_RESOURCES,
+        **PLANNED(PRIME_RL_SFT_RESOURCES),
     log:
         LOG("prime_rl_sft", "{arm}"),
     benchmark:
@@ -101,8 +101,9 @@ rule prime_rl_sft:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict prime-rl-train sft --config-slice {params.config:q} --toml {input.toml:q} --dir {params.dir:q}"
-        " --checkpoint {output.checkpoint:q} --metrics-out {output.metrics:q} > {log:q} 2>&1"
+        "predict prime-rl-train sft --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
+        " --toml {input.toml:q} --dir {params.dir:q} --checkpoint {output.checkpoint:q}"
+        " --metrics-out {output.metrics:q} > {log:q} 2>&1"
 
 
 rule prime_rl_rl_config:
@@ -151,7 +152,7 @@ rule prime_rl_rl:
         # tracking.tensorboard is off (the stage reads it from its slice)
         tensorboard=R("tensorboard"),
     resources:
-        **PRIME_RL_RL_RESOURCES,
+        **PLANNED(PRIME_RL_RL_RESOURCES),
     log:
         LOG("prime_rl_rl", "{run}", "seed{seed}"),
     benchmark:
@@ -159,8 +160,9 @@ rule prime_rl_rl:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict prime-rl-train rl --config-slice {params.config:q} --toml {input.toml:q} --dir {params.dir:q}"
-        " --run-dir {params.run_dir:q} --checkpoints-out {output.checkpoints:q} --metrics-out {output.metrics:q}"
+        "predict prime-rl-train rl --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
+        " --toml {input.toml:q} --dir {params.dir:q} --run-dir {params.run_dir:q}"
+        " --checkpoints-out {output.checkpoints:q} --metrics-out {output.metrics:q}"
         " --raw-metrics-out {output.raw_metrics:q} --run {wildcards.run} --seed {wildcards.seed}"
         " --tensorboard-dir {params.tensorboard:q} > {log:q} 2>&1"
 

@@ -7,6 +7,34 @@ localrules:
     training_outcomes,
 
 
+# The run's own plan (`predict plan`, docs/plan.md: Snakemake's dry-run of `all`, each job priced on the device
+# kind's calibration), made beside the first jobs; the report puts it beside each job's benchmark file. Only where
+# the kind has a calibration (LIMITS, common.smk). It plans the run's config files (a --config override given on the
+# command line is not in them) on the local profile's layout, or one GPU node's.
+PLAN = {"json": R("plan", "plan.json"), "table": R("plan", "plan.parquet")} if LIMITS.priced else {}
+if PLAN:
+
+    localrules:
+        plan,
+
+    rule plan:
+        output:
+            **PLAN,
+        params:
+            config="+".join(map(str, workflow.overwrite_configfiles or workflow.configfiles)),
+            profile="local" if CPU_SERVING else "gpu",
+            kind=LIMITS.kind,
+        log:
+            LOG("plan"),
+        benchmark:
+            BENCH("plan")
+        conda:
+            "../../envs/pipeline.yaml"
+        shell:
+            "predict plan --config {params.config:q} --profile {params.profile} --device {params.kind}"
+            " --out {output.json:q} > {log:q} 2>&1"
+
+
 # The writeup's training-outcome table: verified vs predicted class shares over all RL steps of each predictive run.
 rule training_outcomes:
     input:
@@ -40,8 +68,11 @@ rule report:
         # the test campaign's statistics: the report opens with the test
         test_stats=rules.test_stats.output,
         training_outcomes=rules.training_outcomes.output[0],
+        **({"plan": PLAN["table"]} if PLAN else {}),
     output:
-        report(R("report", "index.html"), caption="../report/study.rst", category="Study report"),
+        html=report(R("report", "index.html"), caption="../report/study.rst", category="Study report"),
+        # the plan beside each job's Snakemake benchmark (predict.report.run_costs)
+        **({"plan_vs_run": R("report", "plan_vs_run.parquet")} if PLAN else {}),
     params:
         **SLICE("report"),
         stats_dir=lambda w, input: os.path.dirname(input.stats[0]),
@@ -49,6 +80,11 @@ rule report:
         ablations=lambda w, input: " ".join(f"'{p}'" for p in input.ablations),
         extensions=lambda w, input: " ".join(f"'{p}'" for p in input.extensions),
         rl_metrics=lambda w, input: " ".join(f"'{p}'" for p in input.rl_metrics),
+        plan_vs_run=lambda w, input, output: (
+            f"--plan '{input.plan}' --benchmarks '{R('benchmarks')}' --plan-vs-run-out '{output.plan_vs_run}'"
+            if PLAN
+            else ""
+        ),
     log:
         LOG("report"),
     benchmark:
@@ -61,7 +97,7 @@ rule report:
         " --ablations {params.ablations} --extensions {params.extensions} --open-question {input.open_question:q}"
         " --power {input.power:q} --example {input.example:q}"
         " --tasks-file {input.tasks:q} --rl-metrics {params.rl_metrics}"
-        " --training-outcomes {input.training_outcomes:q} --out {output:q} > {log:q} 2>&1"
+        " --training-outcomes {input.training_outcomes:q} {params.plan_vs_run} --out {output.html:q} > {log:q} 2>&1"
 
 
 # Every episode browsable (src/predict/inspect_logs/, docs/inspect-logs.md): each val and test evaluation as one Inspect

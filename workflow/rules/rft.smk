@@ -23,7 +23,7 @@ rule rft:
         **SLICE("rft"),
         out_dir=lambda w, output: os.path.dirname(output.metrics),
     resources:
-        **RL_RESOURCES,
+        **PLANNED(RL_RESOURCES),
     log:
         LOG("rft", "{run}", "seed{seed}"),
     benchmark:
@@ -31,5 +31,6 @@ rule rft:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict rft --config-slice {params.config:q} --run {wildcards.run} --seed {wildcards.seed}"
-        " --init {input.init:q} --tasks-file {input.tasks:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        "predict rft --planned {rule}={resources.planned_s} --config-slice {params.config:q} --run {wildcards.run}"
+        " --seed {wildcards.seed} --init {input.init:q} --tasks-file {input.tasks:q}"
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"

@@ -25,7 +25,7 @@ rule rl:
         **SLICE("rl"),
         out_dir=lambda w, output: os.path.dirname(output.metrics),
     resources:
-        **RL_RESOURCES,
+        **PLANNED(RL_RESOURCES),
     log:
         LOG("rl", "{run}", "seed{seed}"),
     benchmark:
@@ -33,5 +33,6 @@ rule rl:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict rl --config-slice {params.config:q} --run {wildcards.run} --seed {wildcards.seed}"
-        " --init {input.init:q} --tasks-file {input.tasks:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        "predict rl --planned {rule}={resources.planned_s} --config-slice {params.config:q} --run {wildcards.run}"
+        " --seed {wildcards.seed} --init {input.init:q} --tasks-file {input.tasks:q}"
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"

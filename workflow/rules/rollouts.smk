@@ -16,7 +16,7 @@ rule rollout:
         model=lambda w: checkpoint_model(w.arm, w.checkpoint, w.seed),
         **SLICE("rollout"),  # env.rollout_tasks: how many tasks (the stage reads it)
     resources:
-        **SERVING_RESOURCES,
+        **PLANNED(SERVING_RESOURCES),
     log:
         LOG("rollout", "{arm}", "{checkpoint}", "{split}", "seed{seed}"),
     benchmark:
@@ -24,6 +24,7 @@ rule rollout:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict rollout --config-slice {params.config:q} --tasks-file {input.tasks:q} --split {wildcards.split}"
+        "predict rollout --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
+        " --tasks-file {input.tasks:q} --split {wildcards.split}"
         " --model {params.model:q} --checkpoint {wildcards.checkpoint} --arm {wildcards.arm}"
         " --seed {wildcards.seed} --out {output:q} > {log:q} 2>&1"

@@ -15,7 +15,7 @@ rule signal:
         **SLICE("signal"),
         out_dir=lambda w, output: os.path.dirname(output.curves),
     resources:
-        **RL_RESOURCES,
+        **PLANNED(RL_RESOURCES),
     log:
         LOG("signal"),
     benchmark:
@@ -23,4 +23,5 @@ rule signal:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict signal --config-slice {params.config:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        "predict signal --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"

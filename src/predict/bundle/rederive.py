@@ -112,6 +112,9 @@ def rederive_test(config: Mapping[str, Any], bundle: Path, work: Path, *, ledger
                                 "--test-ledger", ledger, "--out-dir", work / "test" / "stats"], work=work)
 
 
+PLAN_VS_RUN = "report/plan_vs_run.parquet"
+
+
 def rederive_report(config: Mapping[str, Any], bundle: Path, work: Path, *, inputs: Mapping[str, Sequence[str]],
                     test_tasks: Path, example: str | None) -> None:
     """The report, from the re-derived tables in `work` (the ablations and extensions in the order the workflow
@@ -127,6 +130,8 @@ def rederive_report(config: Mapping[str, Any], bundle: Path, work: Path, *, inpu
         "--open-question", work / "extensions" / f"{OPEN_QUESTION}.parquet", "--power", stats / "power.parquet",
         *(["--example", bundle / example] if example else []), "--tasks-file", test_tasks,
         "--rl-metrics", *handed(bundle, inputs["rl_metrics"]), "--training-outcomes", stats / "training_outcomes.parquet",
+        # the plan beside the run: measured times, not derived from the study's tables, shown as bundled
+        *(["--plan-vs-run", bundle / PLAN_VS_RUN] if (bundle / PLAN_VS_RUN).is_file() else []),
         "--out", work / "report" / "index.html",
     ], work=work)
 

@@ -284,6 +284,11 @@ class ClusterSettings(Section):
     """GPUs each GPU rule (serving: rollouts, evaluation; training: SFT, RL) requests (`gpu` resource, i.e. sbatch
     --gpus). 1 in the paper design; 0 in the embedded default; 1 on the local test cluster, whose one fake GPU lets
     SLURM schedule and record the request while the model runs on the CPU."""
+    device_kind: Annotated[str | None, Field(pattern=r"^[a-z0-9_]+$", json_schema_extra=NO_DEFAULT)] = None
+    """The device kind the GPU jobs run on (h100, h200: benchmarks/calibration/<kind>.json): the GPU rules' SLURM
+    time limit and memory come from the plan on that kind's calibration (predict.plan.limits), and `predict
+    plan` prices on it by default. null = the CPU's where serving.device is cpu; on a GPU, the hand-set limits (the
+    workflow says so)."""
 
 
 class EnvSettings(Section):

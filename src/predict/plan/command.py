@@ -20,6 +20,7 @@ from predict.config.models import StudyConfig
 from predict.plan.calibration import CalibrationError, load_calibration
 from predict.plan.costs import TARGET_RULES, JobCost, Pricer
 from predict.plan.dag import dry_run, parse_dry_run
+from predict.plan.limits import device_kind
 from predict.plan.schedule import Capacity, Layout, lay_out
 
 REPO = Path(__file__).resolve().parents[3]
@@ -34,7 +35,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, default=1, help="slurm: GPU nodes the jobs spread over (default 1)")
     p.add_argument("--device", default=None,
                    help="the device kind whose calibration prices the jobs (benchmarks/calibration/<kind>.json); "
-                        "default cpu where the config serves on the CPU")
+                        "default: the config's cluster.device_kind, else cpu where it serves on the CPU")
     p.add_argument("--targets", nargs="+", default=["all"], help="Snakemake targets (default all)")
     p.add_argument("--out", default=None,
                    help="write the plan here as JSON, and its jobs as parquet beside it (same name, .parquet)")
@@ -88,9 +89,10 @@ def plan(config_spec: str | None, profile_name: str, device: str | None, nodes: 
     files = _config_files(config_spec, profile)
     config = load_study(files)
     study = StudyConfig.model_validate(config)
-    kind = device or ("cpu" if study.serving.device == "cpu" else None)
+    kind = device or device_kind(study)  # cluster.device_kind, else cpu where the config serves on the CPU
     if kind is None:
-        raise ConfigError("the config serves on the GPU: name the device kind to price it on (--device h100, h200)")
+        raise ConfigError("the config serves on the GPU and names no cluster.device_kind: name the device kind to "
+                          "price it on (--device h100, h200)")
     cal = load_calibration(REPO, kind)
     jobs = parse_dry_run(dry_run(REPO, profile, files, targets))
     pricer = Pricer(config, cal, REPO)
@@ -113,7 +115,7 @@ def plan_dict(costs: Sequence[JobCost], layout: Layout, *, files: Sequence[Path]
         slot = layout.slots[c.job.jobid]
         complete = not c.missing
         rows.append({
-            "jobid": c.job.jobid, "rule": c.job.rule, "job": c.job.label,
+            "jobid": c.job.jobid, "rule": c.job.rule, "job": c.job.label, "benchmark": c.job.benchmark,
             "wildcards": json.dumps(c.job.wildcards, sort_keys=True), "gpus": c.gpus,
             "planned_s": round(slot.wall_s, 2) if complete else None,
             "known_s": round(slot.wall_s, 2),

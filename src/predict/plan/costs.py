@@ -29,6 +29,9 @@ from predict.plan.dag import Job
 
 # Rules that only name targets: nothing runs.
 TARGET_RULES = {"all", "design", "test"}
+# The workflow's own plan of the run (workflow/rules/report.smk): a dry-run of a few seconds beside the first jobs,
+# not priced by itself (it would have to have run to be measured).
+PLAN_RULE = "plan"
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -164,7 +167,7 @@ class Pricer:
     def price(self, job: Job) -> JobCost:
         fam = family(job.rule)
         cost = JobCost(job, fam, gpus=job.resource("gpu"))
-        if job.rule in TARGET_RULES:
+        if job.rule in TARGET_RULES or job.rule == PLAN_RULE:
             return cost
         method = getattr(self, "_" + fam, None)
         if fam.startswith("prime_rl"):

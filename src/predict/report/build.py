@@ -39,6 +39,7 @@ from predict.report.evaluations import (
 from predict.report.example_rollout import rollout_section
 from predict.report.open_question import open_question_section
 from predict.report.power import power_section
+from predict.report.run_costs import run_costs_section
 from predict.report.training import grad_terms_section, training, training_outcomes_section
 from predict.stages import StageSettings, stage_settings
 
@@ -73,6 +74,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("training", "Training curves (RL metrics)"),
     ("grad-terms", "Gradient interference: the RL and CE terms' gradient norms and cosine per step"),
     ("training-outcomes", "Training outcomes: verified vs predicted classes over all RL steps"),
+    ("run-costs", "The plan beside the run: planned and measured wall time per rule"),
     ("rollout", "One rollout, rendered"),
 )
 
@@ -84,7 +86,8 @@ NAV = {"test-campaign": "Test: campaign", "test-headline": "Test: headline", "te
        "revise-split": "Val: REVISE", "confusion": "Val: confusion", "frequencies": "Val: class shares",
        "ablations": "Val: ablations", "extensions": "Val: extensions", "training": "Training",
        "grad-terms": "Gradient terms",
-       "training-outcomes": "Training outcomes", "rollout": "Rollout"}  # else the title up to its colon
+       "training-outcomes": "Training outcomes", "run-costs": "Plan vs run",
+       "rollout": "Rollout"}  # else the title up to its colon
 
 
 CSS = """
@@ -142,6 +145,7 @@ def build_report(
     extensions: Sequence[Path] = (),
     training_outcomes: Path | None = None,
     open_question: Path | None = None,
+    plan_vs_run: Path | None = None,
 ) -> Path:
     """Write the self-contained report page; returns its path. `config`: the report stage's typed object (what
     `predict report` hands it), or a mapping read through the report's row (tests, the bundle's replay)."""
@@ -186,6 +190,7 @@ def build_report(
         "training": training(rl, expected),
         "grad-terms": grad_terms_section(rl, view),
         "training-outcomes": training_outcomes_section(_read(training_outcomes)),
+        "run-costs": run_costs_section(_read(plan_vs_run)),
         "rollout": rollout_section(_read(example), task_rows),
     }
     nav = "".join(f'<a href="#{sid}">{html.escape(NAV.get(sid, title.split(":")[0]))}</a>' for sid, title in SECTIONS)

@@ -22,13 +22,23 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--example", default=None, help="an evaluation parquet to render one rollout from")
     p.add_argument("--rl-metrics", nargs="*", default=[], help="results/rl/{run}/seed{seed}/metrics.parquet")
     p.add_argument("--tasks-file", default=None, help="the example's split parquet, for the task text")
+    p.add_argument("--plan", default=None, help="the run's plan (results/plan/plan.parquet, `predict plan`)")
+    p.add_argument("--benchmarks", default=None, help="Snakemake's benchmark files (results/benchmarks/)")
+    p.add_argument("--plan-vs-run-out", default=None,
+                   help="write the plan beside the benchmarks here (parquet), and show it per rule")
+    p.add_argument("--plan-vs-run", default=None,
+                   help="a plan-beside-the-run table written before (the bundle's, re-rendered by verify-bundle)")
     p.add_argument("--out", required=True)
 
 
 def main(args: argparse.Namespace, config: StageSettings) -> int:
     from predict.outputs import console
     from predict.report import build_report
+    from predict.report.run_costs import write_plan_vs_run
 
+    plan_vs_run = Path(args.plan_vs_run) if args.plan_vs_run else None
+    if args.plan and args.benchmarks and args.plan_vs_run_out:
+        plan_vs_run = write_plan_vs_run(Path(args.plan), Path(args.benchmarks), Path(args.plan_vs_run_out))
     out = build_report(
         config,
         stats_dir=Path(args.stats_dir),
@@ -41,6 +51,7 @@ def main(args: argparse.Namespace, config: StageSettings) -> int:
         rl_metrics=[Path(p) for p in args.rl_metrics],
         tasks=Path(args.tasks_file) if args.tasks_file else None,
         training_outcomes=Path(args.training_outcomes) if args.training_outcomes else None,
+        plan_vs_run=plan_vs_run,
         out=Path(args.out),
     )
     console.print(f"report: {out}")
