@@ -68,3 +68,31 @@ def test_a_model_call_that_keeps_failing_gives_no_reward_and_no_training_sample(
     samples, counts, advantages = build_samples(records, load_tokenizer(tokenizer_dir), SampleSettings(predictive=False))
     assert counts.no_reward == 2 and advantages[:2] == [None, None]
     assert samples and {s.rollout_key for s in samples} == {r["rollout_key"] for r in ran}
+
+
+def test_a_conversation_longer_than_the_servers_context_ends_graded_not_failed(
+    tmp_path: Path, mbpp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen at the 4B shape (issue 58's rehearsal, 8 of 128 episodes an arm): vLLM refused a 4th call's prompt of
+    6207 tokens, over serving.max_model_len 6144. The conversation's length is the policy's doing, so the episode
+    ends with stop_reason "context", graded on the solution it has (a correct patch: reward 1) and trained on the
+    calls it made; on the old code it was an infrastructure failure, left out of every figure and every step."""
+    import verifiers.v1.runtimes.subprocess as vf_subprocess
+
+    from predict.train.driver import load_tokenizer
+    from predict.train.from_rollouts import SampleSettings, build_samples
+
+    monkeypatch.setattr(vf_subprocess, "CACHE_DIR", tmp_path / ".cache" / "verifiers")
+    base = mbpp_127(mbpp_path)
+    tasks = [{**base, "task_id": 9300, "split": "rl", "sample": s} for s in range(2)]
+    tokenizer_dir = Path(default_tokenizer_dir())
+    too_long = HttpError(400, "Prompt length (6207) exceeds maximum context length (6144).")
+    with ScriptedEndpoint([MUL_FROM_STUB, too_long], tokenizer_json=tokenizer_dir / "tokenizer.json") as endpoint:
+        settings = RolloutSettings.of(base_url=endpoint.base_url, model="scripted", protocol="reactive", arm="A",
+                                      client="train", concurrency=2, rollout_timeout_s=120)
+        records = run_rollouts_sync(tasks, settings)
+    for r in records:
+        assert (r["ok"], r["stop_reason"], r["reward"], r["n_model_calls"]) == (True, "context", 1.0, 1), r["error"]
+        assert "maximum context length" in r["error"]
+    samples, counts, _ = build_samples(records, load_tokenizer(tokenizer_dir), SampleSettings(predictive=False))
+    assert counts.no_reward == 0 and {s.rollout_key for s in samples} == {r["rollout_key"] for r in records}

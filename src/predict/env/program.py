@@ -12,9 +12,10 @@ this file only talks HTTP, keeps solution.py on disk in step with the episode, a
 (`protocol.RESULT_FILE`: config, steps, summary) that the task's finalize copies into ``trace.info``.
 
 Exit status: 0 whenever the episode ended on its own terms and the result was written, including a
-``stop_reason`` of ``max_turns`` (verifiers refused the turn or the program's own model-call cap); 97 (verifiers'
-model-transport code) whenever a model call failed: a 4xx answer (a model name the server does not serve, an
-overlong prompt), a 5xx that outlived the retries, or an endpoint that stayed unreachable. The episode then ends
+``stop_reason`` of ``max_turns`` (verifiers refused the turn or the program's own model-call cap) and of ``context``
+(the server refused a prompt longer than its context: the conversation's own length, `protocol`'s Context rule); 97
+(verifiers' model-transport code) whenever a model call failed: a 4xx answer (a model name the server does not
+serve, a malformed request), a 5xx that outlived the retries, or an endpoint that stayed unreachable. The episode then ends
 with ``stop_reason`` ``error``, and the exit makes verifiers record the rollout as failed (the interception server's
 own error for that call, e.g. a ``ProviderError`` with the HTTP status): every client (vf-eval, prime-rl's
 orchestrator, `predict.env.runner`) sees an errored rollout, never a graded one, so a call that never reached the
@@ -27,6 +28,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -47,6 +49,15 @@ HTTP_ATTEMPTS = 3
 
 class TurnRefused(Exception):
     """The interception server refused the turn (a verifiers limit or @stop): the rollout is over."""
+
+
+class ContextFull(Exception):
+    """The server refused the prompt as longer than its context: the conversation is over, on its own length."""
+
+
+#: How vLLM (and OpenAI-style servers) word that refusal, relayed by verifiers' interception server as a 400:
+#: "Prompt length (6207) exceeds maximum context length (6144)", "This model's maximum context length is ...".
+CONTEXT_FULL = re.compile(r"maximum context length", re.IGNORECASE)
 
 
 class ModelRefused(Exception):
@@ -114,6 +125,8 @@ class ChatClient:
                 detail = e.read().decode(errors="replace")[-2000:]
                 if "rollout stopped" in detail:
                     raise TurnRefused(detail) from None
+                if e.code == 400 and CONTEXT_FULL.search(detail):
+                    raise ContextFull(detail) from None
                 if e.code < 500:
                     raise ModelRefused(f"HTTP {e.code}: {detail}") from None
                 last = ModelUnavailable(f"HTTP {e.code}: {detail}")
@@ -141,6 +154,8 @@ class ChatClient:
                 message = json.dumps(chunk["error"])
                 if "rollout stopped" in message:
                     raise TurnRefused(message)
+                if CONTEXT_FULL.search(message):
+                    raise ContextFull(message)
                 raise ModelUnavailable(message)
             for choice in chunk.get("choices") or []:
                 parts.append((choice.get("delta") or {}).get("content") or "")
@@ -204,6 +219,9 @@ def run_episode(
                 reply = chat(messages)
             except TurnRefused as e:
                 episode.finish("max_turns", error=str(e))
+                break
+            except ContextFull as e:  # the policy's own length, not the infrastructure's (protocol.py: Context)
+                episode.finish("context", error=str(e))
                 break
             except (ModelRefused, ModelUnavailable) as e:
                 # a failed call is the infrastructure's, not the policy's: the rollout fails (module doc)

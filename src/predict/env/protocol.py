@@ -26,6 +26,11 @@ Rules (the environment's, documented here and in the system prompts):
 * Budget: after the call that spends the last unit the episode ends (``budget_exhausted``) without another model
   call, except that a successful patch still gets its pending prediction in the predictive protocol (the
   prediction can refund the call under ``revise_costs_call=False``, and then the episode goes on).
+* Context: a conversation that outgrows the server's context (``serving.max_model_len``: the server refuses the
+  prompt as longer than its maximum context) ends the episode with ``stop_reason`` ``context``, graded on its
+  solution state as a spent budget is. Its length is the policy's own doing (its replies and the results its calls
+  asked for), so it is no infrastructure failure: left out of the figures, a task the policy talks past the context
+  would drop out of every comparison, and a greedy rerun would drop it again.
 * Predictive protocol: the reply after a successful ``apply_patch`` result must be
   ``<PREDICTION>CLASS</PREDICTION> <DECISION>KEEP|REVISE</DECISION>``. It is not a tool call. A non-PASS prediction
   forces REVISE. REVISE reverts the patch and answers with `RESULT_PATCH_REVERTED`, which says nothing about the
@@ -112,8 +117,9 @@ TOOLS: tuple[str, ...] = ("read_file", "apply_patch", "python_test")
 DECISIONS: tuple[str, ...] = ("KEEP", "REVISE")
 PREDICTION_CLASSES: tuple[str, ...] = OUTCOMES
 MALFORMED = "MALFORMED"
-STOP_REASONS: tuple[str, ...] = ("final", "budget", "error", "max_turns", "final_test")
-"""``final_test``: the irreversible variant's python_test ended the episode."""
+STOP_REASONS: tuple[str, ...] = ("final", "budget", "error", "max_turns", "final_test", "context")
+"""``final_test``: the irreversible variant's python_test ended the episode; ``context``: the conversation outgrew
+the server's context (module doc)."""
 
 RunTests = Callable[[str], Any]
 """solution text -> an Outcome (or anything with `.outcome` and optionally `.detail`, like a sandbox Verdict)."""

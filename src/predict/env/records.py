@@ -35,6 +35,8 @@ One row per rollout. ``steps`` holds every assistant reply in order (see `protoc
   ``final_pass``. Recovery rate = mean of the non-null values.
 * rows with ``stop_reason == "error"`` or ``ok == False`` are infrastructure failures (``error`` says what): their
   ``reward``/``final_outcome`` may be null; exclude or re-run them.
+  ``stop_reason == "context"`` is no failure: the conversation outgrew the server's context and was graded then
+  (`predict.env.protocol`'s Context rule); ``error`` holds the server's refusal.
 * sampling seeds: ``request_seeds`` is the seed sent with each model call in order (null: the run sent none), each
   `predict.env.seeds.request_seed(request_seed_key, call)`; ``request_seed_key`` is the rollout's ``rollout_key``
   (run, seed, step as checkpoint, task, sample), so the same run on the same machine samples the same rollouts.
