@@ -293,13 +293,13 @@ def mark_finished(folder: str | Path) -> None:
 # ----------------------------------------------------------------------------------------------------------------
 # Which run made results/
 # ----------------------------------------------------------------------------------------------------------------
-def claim_results_dir(config: Mapping[str, Any], outputs: Iterable[str | Path]) -> None:
+def claim_results_dir(config: Any, outputs: Iterable[str | Path]) -> None:
     """Refuse to write into ``results_dir`` when another ``run_name`` made it; record this run's name there on its
     first write. Only stages whose ``outputs`` lie under ``results_dir`` claim it (a stage run by hand into a
-    scratch folder does not)."""
+    scratch folder does not). `config`: a config mapping, or a typed object that holds both keys (the workflow's)."""
     from predict.stages import RESULTS_VIEW, stage_settings
 
-    claim = stage_settings(RESULTS_VIEW, config)
+    claim = stage_settings(RESULTS_VIEW, config) if isinstance(config, Mapping) else config
     results = Path(claim.results_dir).resolve()
     if not any(results == Path(p).resolve() or results in Path(p).resolve().parents for p in outputs if p):
         return

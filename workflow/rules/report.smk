@@ -12,6 +12,10 @@ localrules:
 # the kind has a calibration (LIMITS, common.smk). It plans the run's config files (a --config override given on the
 # command line is not in them) on the local profile's layout, or one GPU node's.
 PLAN = {"json": R("plan", "plan.json"), "table": R("plan", "plan.parquet")} if LIMITS.priced else {}
+# The files travel in the command, not as a param: a param is a rerun trigger, and the plan, which reads the whole
+# config, would then rerun on every edit (and on the same config under another file name). It is made once, before
+# the run, and the report reads it as that: the plan the run started from.
+PLAN_CONFIG_FILES = "+".join(map(str, workflow.overwrite_configfiles or workflow.configfiles))
 if PLAN:
 
     localrules:
@@ -21,7 +25,6 @@ if PLAN:
         output:
             **PLAN,
         params:
-            config="+".join(map(str, workflow.overwrite_configfiles or workflow.configfiles)),
             profile="local" if CPU_SERVING else "gpu",
             kind=LIMITS.kind,
         log:
@@ -31,7 +34,7 @@ if PLAN:
         conda:
             "../../envs/pipeline.yaml"
         shell:
-            "predict plan --config {params.config:q} --profile {params.profile} --device {params.kind}"
+            "predict plan --config {PLAN_CONFIG_FILES:q} --profile {params.profile} --device {params.kind}"
             " --out {output.json:q} > {log:q} 2>&1"
 
 
