@@ -32,7 +32,15 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
 sys.path.insert(0, str(REPO / "src"))
 
-from predict.plan.costs import DTYPE_BYTES, family, model_facts  # noqa: E402
+from predict.plan.costs import family, model_facts  # noqa: E402
+from predict.runs import checkpoint_steps  # noqa: E402
+from predict.train.disk import (  # noqa: E402
+    STATE_BYTES_PER_PARAM,
+    checkpoint_bytes,
+    rl_state_saves,
+    rl_states_link_checkpoints,
+    state_bytes,
+)
 
 # Figures of the work itself, not of the device: tokens per SFT trace (the real Qwen3 tokenizer), the bytes the data
 # and statistics stages write, an HF folder's files beside its weights, the trainer state's bytes per parameter.
@@ -46,11 +54,18 @@ class Figures:
         self.figures: dict[str, list[dict[str, Any]]] = {}
         self.sources: set[str] = set()
 
-    def add(self, name: str, value: float | None, unit: str, source: str, how: str, **at: Any) -> None:
+    def add(self, name: str, value: float | None, unit: str, source: str, how: str, *, first: bool = False,
+            **at: Any) -> None:
+        """`first`: before the entries already there (the plan takes the first whose conditions match): the study's
+        own jobs, as the rehearsal ran them, before a benchmark of one part."""
         entry = {"value": None if value is None else round(float(value), 6), "unit": unit, "at": at,
                  "source": source, "how": how}
-        self.figures.setdefault(name, []).append(entry)
+        entries = self.figures.setdefault(name, [])
+        entries.insert(0, entry) if first else entries.append(entry)
         self.sources.add(source.split(":")[0])
+
+    def has(self, name: str) -> bool:
+        return any(e.get("value") is not None for e in self.figures.get(name, []))
 
     def missing(self, name: str, why: str, **at: Any) -> None:
         self.figures.setdefault(name, []).append({"value": None, "at": at, "missing": why})
@@ -148,7 +163,9 @@ def cpu(measured_name: str) -> Figures:
         rate = sum(s["n_tokens"] for s in steady) / sum(s["update_s"] for s in steady)
         parts = ("samples_s", "sample_s", "sleep_s", "sync_s")
         other = statistics.mean(sum(s.get(k) or 0 for k in parts) for s in steady)
-        save = statistics.mean(s.get("save_s") or 0 for s in every)
+        saves = rl_state_saves(int(rl["steps"]), 0, int(rl["state_every"]),
+                               checkpoint_steps(int(rl["steps"]), int(rl["checkpoint_every"])))
+        save_wait = sum(s.get("save_s") or 0 for s in every) / (saves * len(rl_jobs))
         src_steps = f"{src}: jobs[rl].steps[]"
         f.add("rl_rollout_episode_s", ep_s, "s/episode", src_steps,
               "rollout_s / n_rollouts over the steps after the first", **at)
@@ -159,11 +176,12 @@ def cpu(measured_name: str) -> Figures:
               activation_checkpointing=bool(rl.get("activation_checkpointing", False)))
         f.add("rl_sleep_sync_s", other, "s/step", src_steps, "samples + sleep + sync per step after the first",
               shape=model.shape)
-        f.add("rl_save_s_per_step", save, "s/step", src_steps, "save_s per step",
-              shape=model.shape, dtype=rl["dtype"], checkpoint_every=rl["checkpoint_every"],
-              state_every=rl["state_every"])
-        per_step = ep_s * rl["tasks_per_step"] * rl["group_size"] * (1 + tok / rate / ep_s) + other + save
-        fixed = _median(j["wall_s"] - (j.get("load_s") or 0) - rl["steps"] * per_step for j in rl_jobs)
+        f.add("rl_save_wait_s", save_wait, "s/save", src_steps,
+              f"save_s over every step / the {saves} saves a run makes (predict.train.disk.rl_state_saves)",
+              shape=model.shape, dtype=rl["dtype"])
+        per_step = ep_s * rl["tasks_per_step"] * rl["group_size"] * (1 + tok / rate / ep_s) + other
+        fixed = _median(j["wall_s"] - (j.get("load_s") or 0) - rl["steps"] * per_step - saves * save_wait
+                        for j in rl_jobs)
         f.add("rl_job_fixed_s", fixed, "s", f"{src}: jobs[rl].wall_s, load_s",
               f"median over {len(rl_jobs)} RL jobs of wall - server load - steps at the rates above", shape=model.shape)
         if m.get("rl_state_bytes_max") and model.params:
@@ -222,58 +240,151 @@ def rl_step_figures(f: Figures, name: str, variant: dict[str, Any], shape: str, 
 
 
 def gpu_missing(f: Figures, card: str, config: dict[str, Any]) -> None:
-    """The 4B figures only a rehearsal (or the study itself) gives: written down as missing."""
+    """The 4B figures only a rehearsal (or the study itself) gives, where none has: written down as missing."""
     why = REHEARSAL_MISSING.format(card=card)
     env, rl, ev = config["env"], config["rl"], config["evaluation"]
     serving = {"shape": "qwen3-4b", "concurrency": env["concurrency"]}
-    f.missing("rl_rollout_episode_s", why, max_tokens=rl.get("max_tokens") or env["max_tokens"], **serving)
-    f.missing("rl_tokens_per_episode", why, max_tokens=rl.get("max_tokens") or env["max_tokens"], **serving)
-    f.missing("eval_episode_s", why, max_tokens=ev["max_tokens"], **serving)
-    f.missing("rl_save_s_per_step", why + " (HF save and state save GB/s)", shape="qwen3-4b")
-    f.missing("state_bytes_per_param", why, dtype=rl["dtype"])
-    f.missing("sft_job_fixed_s", why + " (the 4B HF save)", shape="qwen3-4b")
+    gaps = {"rl_rollout_episode_s": (why, {"max_tokens": rl.get("max_tokens") or env["max_tokens"], **serving}),
+            "rl_tokens_per_episode": (why, {"max_tokens": rl.get("max_tokens") or env["max_tokens"], **serving}),
+            "eval_episode_s": (why + " (its `all` phase: the evaluations)", {"max_tokens": ev["max_tokens"],
+                                                                              **serving}),
+            "rl_save_wait_s": (why + " (the step's wait for its saves)", {"shape": "qwen3-4b"}),
+            "rl_job_fixed_s": (why + " (the trainer's load, the last save's writing)", {"shape": "qwen3-4b"}),
+            "serving_reload_s": (why + " (a shared server reloaded with the next job's checkpoint)",
+                                 {"shape": "qwen3-4b"}),
+            "sft_tokens_per_s": (why + " (its SFT steps)", {"shape": "qwen3-4b"}),
+            "sft_job_fixed_s": (why + " (the 4B load and HF save)", {"shape": "qwen3-4b"})}
+    for name, (reason, at) in gaps.items():
+        if not f.has(name):
+            f.missing(name, reason, **at)
 
 
-def rehearsal(f: Figures, card: str) -> None:
-    """Fill in from benchmarks/rehearsal_<card>.json (benchmarks/rehearsal.py collect), when it has run."""
+# The first SFT steps compile kernels and grow the allocator's pool (the 4B rehearsal: 1.6-8.3k tokens/s against
+# 13-19k after): they belong to the job's fixed part, the steps after them to its rate.
+SFT_WARMUP_STEPS = 2
+TIMED_RULES = ("rl", "rft", "train_sft", "evaluate", "evaluate_test", "rollout")  # priced from units, not job_s
+
+
+def rehearsal(f: Figures, card: str) -> bool:
+    """Fill in from benchmarks/rehearsal_<card>.json (benchmarks/rehearsal.py collect), when it has run; its figures
+    go before a benchmark's (the study's own jobs at the design's shapes). Per step, per save, per token, per
+    episode: the rehearsal's counts (1 RL step, checkpoint_every 1, 8 SFT steps) are not the design's, its units are.
+    False when the file is not there."""
     name = f"rehearsal_{card}.json"
     r = _load(name)
     if r is None:
-        return
+        return False
     from predict.plan.command import load_study
+    from predict.runs import resolve_run
 
     config = load_study([REPO / r["config"]])
     model = model_facts(config, REPO)
-    env, rl = config["env"], config["rl"]
+    env, rl, sft, traces = config["env"], config["rl"], config["sft"], config["traces"]
+    jobs = {j["job"]: j for j in r.get("jobs", [])}
+    shape = {"shape": model.shape}
     every = [s for s in r.get("rl_steps", []) if s.get("episodes")]
     # the steps after the first (the first warms the server and the trainer up); the rehearsal's runs have one step
     # each (config/gpu-rehearsal.yaml cuts rl.steps to 1): then that one, warm-up and all (an upper bound)
     steps = [s for s in every if s.get("step", 0) > 1] or every
     which = "over the steps after the first" if steps is not every else "over the first steps (the only ones run)"
     if steps:
-        at = {"shape": model.shape, "max_tokens": rl.get("max_tokens") or env["max_tokens"],
-              "concurrency": env["concurrency"]}
-        f.add("rl_rollout_episode_s", sum(s["rollout_s"] for s in steps) / sum(s["episodes"] for s in steps),
-              "s/episode", f"{name}: rl_steps[].rollout_s, episodes", which, **at)
-        f.add("rl_tokens_per_episode", sum(s["update_tokens"] for s in steps) / sum(s["episodes"] for s in steps),
-              "tokens", f"{name}: rl_steps[].update_tokens", "update tokens / episodes", **at)
-        f.add("rl_save_s_per_step", statistics.mean(s.get("save_waited_s") or 0 for s in steps), "s/step",
-              f"{name}: rl_steps[].save_waited_s", "what the step waited for its saves", shape=model.shape,
-              dtype=rl["dtype"], checkpoint_every=rl["checkpoint_every"], state_every=rl["state_every"])
-        writes = [s["hf_save_write_s"] for s in steps if s.get("hf_save_write_s")]
-        if writes and model.params:
-            f.add("hf_save_gb_per_s", model.params * DTYPE_BYTES[rl["dtype"]] / 1e9 / statistics.mean(writes), "GB/s",
-                  f"{name}: rl_steps[].hf_save_write_s", "checkpoint bytes / write seconds", shape=model.shape)
-    for job in r.get("jobs", []):
-        stage = job["job"].split("/")[0]
+        src = f"{name}: rl_steps[]"
+        at = {**shape, "max_tokens": rl.get("max_tokens") or env["max_tokens"], "concurrency": env["concurrency"]}
+        episodes = sum(s["episodes"] for s in steps)
+        f.add("rl_rollout_episode_s", sum(s["rollout_s"] for s in steps) / episodes, "s/episode",
+              f"{name}: rl_steps[].rollout_s, episodes", f"rollout seconds / episodes, {which}, "
+              f"{env['concurrency']} in flight beside the resident trainer", first=True, **at)
+        f.add("rl_tokens_per_episode", sum(s["update_tokens"] for s in steps) / episodes, "tokens",
+              f"{name}: rl_steps[].update_tokens", f"update tokens / episodes, {which}", first=True, **at)
+        f.add("rl_update_tokens_per_s", sum(s["update_tokens"] for s in steps) / sum(s["update_s"] for s in steps),
+              "tokens/s", f"{name}: rl_steps[].update_tokens, update_s", f"update tokens / update seconds, {which}",
+              first=True, **shape, dtype=rl["dtype"], micro_batch_tokens=rl["micro_batch_tokens"],
+              activation_checkpointing=bool(rl.get("activation_checkpointing", False)))
+        f.add("rl_sleep_sync_s", statistics.mean((s.get("samples_s") or 0) + (s.get("sleep_wake_s") or 0)
+                                                 + (s.get("sync_s") or 0) for s in steps), "s/step",
+              f"{src}.samples_s, sleep_wake_s, sync_s", f"samples + sleep/wake + weight sync per step, {which}",
+              first=True, **shape)
+        ckpt_steps = checkpoint_steps(int(rl["steps"]), int(rl["checkpoint_every"]))
+        saves = rl_state_saves(int(rl["steps"]), 0, int(rl["state_every"]), ckpt_steps)
+        runs = {(s["run"], s["seed"]) for s in every}
+        f.add("rl_save_wait_s", sum(s.get("save_waited_s") or 0 for s in every) / (saves * len(runs)), "s/save",
+              f"{src}.save_waited_s", f"what the steps waited for their saves / the {saves} save(s) a run of "
+              f"{rl['steps']} step(s) makes, {len(runs)} run(s); each save holds the state (and here a checkpoint)",
+              first=True, **shape, dtype=rl["dtype"])
+        hf = [s["hf_save_write_s"] for s in every if s.get("hf_save_write_s")]
+        if hf and model.params:
+            f.add("hf_save_gb_per_s", checkpoint_bytes(model.params) / 1e9 / statistics.mean(hf), "GB/s",
+                  f"{src}.hf_save_write_s", f"an HF checkpoint's bytes ({model.params:,} parameters x 2, saved bf16: "
+                  "predict.train.disk.checkpoint_bytes) / its mean write seconds, in the background", first=True,
+                  **shape)
+        states = [s["state_save_write_s"] for s in every if s.get("state_save_write_s")]
+        if states and model.params:
+            links = rl_states_link_checkpoints(int(rl["steps"]), 0, int(rl["state_every"]), ckpt_steps, rl["dtype"])
+            written = state_bytes(model.params, rl["dtype"]) - (checkpoint_bytes(model.params) if links else 0)
+            f.add("state_save_gb_per_s", written / 1e9 / statistics.mean(states), "GB/s", f"{src}.state_save_write_s",
+                  f"the state's bytes written ({STATE_BYTES_PER_PARAM[rl['dtype']]} bytes a parameter, "
+                  f"predict.train.disk{', less the checkpoint weights it links' if links else ''}) / its mean "
+                  "write seconds, in the background", first=True, **shape, dtype=rl["dtype"])
+        # the job beyond its steps and their save waits, the server's start or reload apart: the trainer's load,
+        # the disk check, the last save's writing the job waits for, publishing the checkpoints
+        fixed = []
+        for run, seed in sorted(runs):
+            job = jobs.get(f"rl/{run}/seed{seed}")
+            if job and job.get("load_s") is not None:
+                mine = [s for s in every if (s["run"], s["seed"]) == (run, seed)]
+                fixed.append(job["wall_s"] - job["load_s"] - sum(s["step_s"] + (s.get("save_waited_s") or 0)
+                                                                 for s in mine))
+        if fixed:
+            f.add("rl_job_fixed_s", _median(fixed), "s", f"{name}: jobs[rl].wall_s, load_s; rl_steps[].step_s, "
+                  "save_waited_s", f"median over {len(fixed)} RL job(s) of wall - server start or reload - steps - "
+                  "save waits", first=True, **shape)
+    for kind in ("start", "reload"):
+        seen = [j["load_s"] for j in jobs.values() if j.get("server") == kind]
+        if seen:
+            f.add(f"serving_{kind}_s", _median(seen), "s", f"{name}: jobs[].load_s",
+                  f"median of {len(seen)} shared-server {kind}(s) the job logs noted", first=True, **shape)
+    sft_steps = r.get("sft_steps") or {}
+    steady = [s for arm in sft_steps.values() for s in arm if s["step"] > SFT_WARMUP_STEPS]
+    if steady:
+        device = sft["device"] if sft["device"] != "auto" else config["serving"]["device"]
+        at = {**shape, "dtype": sft["dtype"], "device": device}
+        rate = sum(s["n_tokens"] for s in steady) / sum(s["time_s"] for s in steady)
+        f.add("sft_tokens_per_s", rate, "tokens/s", f"{name}: sft_steps[].n_tokens, time_s",
+              f"steady state: tokens / seconds of the steps after the first {SFT_WARMUP_STEPS}, "
+              f"{len(sft_steps)} job(s)", first=True, **at)
+        fixed = [jobs[f"train_sft/{arm}"]["wall_s"] - sum(s["n_tokens"] for s in rows) / rate
+                 for arm, rows in sft_steps.items() if f"train_sft/{arm}" in jobs]
+        f.add("sft_job_fixed_s", _median(fixed), "s", f"{name}: jobs[train_sft].wall_s, sft_steps[].n_tokens",
+              f"median over {len(fixed)} SFT job(s) of wall - tokens at the steady rate (load, warm-up, HF save)",
+              first=True, **at)
+        n_traces = traces["n_direct"] + traces["n_recovery"]
+        for arm, rows in sft_steps.items():
+            if not any(s["epoch"] > 0 for s in rows):  # the first epoch whole only once the second began
+                continue
+            run = resolve_run(config, arm)
+            f.add("sft_tokens_per_trace", sum(s["n_tokens"] for s in rows if s["epoch"] == 0) / n_traces, "tokens",
+                  f"{name}: sft_steps[{arm}].n_tokens, epoch", f"tokens of the first epoch / {n_traces} traces, "
+                  f"run {arm}", protocol=run.protocol, variant=run.variant,
+                  recovery_style=traces["recovery_style"], mix=str(traces["mix"]))
+    peaks: dict[str, list[tuple[float, str]]] = {}
+    for job in jobs.values():
+        fam = family(job["job"].split("/")[0])
         if job.get("device_peak_gib") is not None:
-            fam = family(stage if stage != "evaluate_test" else "evaluate_test")
-            at = {}
-            if fam in ("rl", "rft"):
-                at = {"micro_batch_tokens": rl["micro_batch_tokens"],
-                      "activation_checkpointing": bool(rl.get("activation_checkpointing", False))}
-            f.add("device_peak_gib", job["device_peak_gib"], "GiB", f"{name}: jobs[].device_peak_gib",
-                  f"job {job['job']}", family=fam, shape=model.shape, **at)
+            peaks.setdefault(fam, []).append((job["device_peak_gib"], job["job"]))
+        if fam in TIMED_RULES:
+            continue
+        at = {"rule": fam, **(shape if fam == "build_tiny_model" else {})}
+        f.add("job_s", job["wall_s"], "s", f"{name}: jobs[{job['job']}].wall_s", "the job's wall time on the node "
+              "(Snakemake's benchmark)", first=True, **at)
+    for fam, seen in sorted(peaks.items()):
+        peak, which_job = max(seen)
+        at = ({"micro_batch_tokens": rl["micro_batch_tokens"],
+               "activation_checkpointing": bool(rl.get("activation_checkpointing", False))} if fam in ("rl", "rft")
+              else {})
+        f.add("device_peak_gib", peak, "GiB", f"{name}: jobs[].device_peak_gib", f"the largest of the {len(seen)} "
+              f"{fam} job(s)' device-wide peaks (nvidia-smi, every process): {which_job}", first=True, family=fam,
+              **shape, **at)
+    return True
 
 
 def h200() -> Figures:
@@ -305,8 +416,8 @@ def h200() -> Figures:
           "our trainer at the 4B shape, 4 x 2048 tokens", shape="qwen3-4b", dtype="bfloat16", device="gpu")
     f.add("device_peak_gib", sft["peak_gib"], "GiB", "sft_speed_h200_int32.json: runs[ours].peak_gib",
           "torch's peak at 4 x 2048 tokens", family="train_sft", shape="qwen3-4b")
-    gpu_missing(f, "h200", load_study([REPO / "config" / "config.yaml", REPO / "config" / "gpu.yaml"]))
     rehearsal(f, "h200")
+    gpu_missing(f, "h200", load_study([REPO / "config" / "config.yaml", REPO / "config" / "gpu.yaml"]))
     return f
 
 
@@ -321,9 +432,8 @@ def h100() -> Figures:
     starts = e["modes"]["invariant"]["server_start_s"]
     f.add("serving_start_s", max(starts), "s", "eval_repeat_h100_cold_warm.json: modes.invariant.server_start_s",
           "the slice's model, an empty compile cache (the larger of two starts)", shape="qwen3-0.6b")
-    gpu_missing(f, "h100", load_study([REPO / "config" / "config.yaml", REPO / "config" / "gpu.yaml"]))
-    f.missing("sft_tokens_per_s", "no SFT benchmark on an H100 yet (benchmarks/sft_speed.py gpu)", shape="qwen3-4b")
     rehearsal(f, "h100")
+    gpu_missing(f, "h100", load_study([REPO / "config" / "config.yaml", REPO / "config" / "gpu.yaml"]))
     return f
 
 
@@ -332,16 +442,26 @@ def main() -> int:
     if not measured:
         print("no benchmarks/plan_measured_cpu_*.json: run benchmarks/plan_check.py measure first")
         return 1
-    cpu_figures = cpu(measured[0].name)
+    kinds = {"cpu": (cpu(measured[0].name), "2-core CPU (the development machine), vLLM's CPU build", 2),
+             "h200": (h200(), "one NVIDIA H200 (141 GiB), 16 cores", 16),
+             "h100": (h100(), "one NVIDIA H100 80GB, 16 cores", 16)}
     workload = Figures()
-    for name in WORKLOAD:  # what the study's data and trainer make, on any device
-        if name in cpu_figures.figures:
-            workload.figures[name] = cpu_figures.figures.pop(name)
-    workload.sources = set(cpu_figures.sources)
-    outputs = [workload.write("workload", "device-independent: the study's data, traces and trainer state", 0),
-               cpu_figures.write("cpu", "2-core CPU (the development machine), vLLM's CPU build", 2),
-               h200().write("h200", "one NVIDIA H200 (141 GiB), 16 cores", 16),
-               h100().write("h100", "one NVIDIA H100 80GB, 16 cores", 16)]
+    for figures, _, _ in kinds.values():  # what the study's data and trainer make, on any device
+        for name in WORKLOAD:
+            if figures.has(name):
+                moved = figures.figures.pop(name)
+                workload.figures.setdefault(name, []).extend(moved)
+                workload.sources |= {e["source"].split(":")[0] for e in moved if e.get("source")}
+    state_dtypes = {e["at"]["dtype"] for e in workload.figures.get("state_bytes_per_param", [])}
+    for dtype, per_param in STATE_BYTES_PER_PARAM.items():  # no run measured its state folder: the trainer's layout
+        if dtype not in state_dtypes:
+            workload.figures.setdefault("state_bytes_per_param", []).append(
+                {"value": float(per_param), "unit": "bytes/param", "at": {"dtype": dtype},
+                 "source": "src/predict/train/disk.py: STATE_BYTES_PER_PARAM",
+                 "how": "the trainer state's documented layout (weights, Kahan buffer, two moments); no run measured "
+                        "its folder at this dtype"})
+    outputs = [workload.write("workload", "device-independent: the study's data, traces and trainer state", 0)]
+    outputs += [figures.write(kind, device, cores) for kind, (figures, device, cores) in kinds.items()]
     for out in outputs:
         print(out.relative_to(REPO))
     return 0

@@ -17,7 +17,9 @@ its last state). Beside the run it samples the results disk's used bytes and the
 every process), the samples, the SFT and RL metrics tables and the evaluation tables: per job the wall time,
 tokens/s, device peak GiB and disk peak GB; the RL step split (rollout episodes/s and generated tokens/s, samples,
 update and its MFU, sleep + wake, sync, the saves: what the step waited for and what their folders took to write in
-the background, per save and spread over the design's save intervals); vLLM alone beside the RL rollout.
+the background, per save and spread over the design's save intervals); a serving job's server start or reload (its
+log's line); each SFT job's steps (tokens and seconds); vLLM alone beside the RL rollout. ``--results-dir`` and
+``--logs-dir`` read a run's folders copied off its node.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "config" / "gpu-rehearsal.yaml"
 PEAK_FLOPS = 989e12  # bf16 dense, H100 SXM and H200 alike (MFU as docs/training.md counts it)
 PEAK_LINE = re.compile(r"peak GPU memory: ([0-9.]+) of ([0-9.]+) GiB on the device")
+# A serving job's log says how its lease began (predict.serving.shared): the shared server started for it, or the
+# running one reloaded with its checkpoint (the same lines benchmarks/plan_check.py reads on the CPU).
+SERVER_LINES = (("start", re.compile(r"started on .*? in ([0-9.]+) s")),
+                ("reload", re.compile(r"loaded in place in ([0-9.]+) s")))
 GB, GIB = 1e9, 2**30
 
 
@@ -254,7 +260,9 @@ def jobs(results: Path, logs: Path, reference: str | None = None) -> list[dict[s
             continue
         wall, end = float(bench["s"]), tsv.stat().st_mtime
         log = logs / rel.with_suffix(".log")
-        peaks = PEAK_LINE.findall(log.read_text(errors="replace")) if log.is_file() else []
+        text = " ".join(log.read_text(errors="replace").split()) if log.is_file() else ""  # rich wraps long lines
+        peaks = PEAK_LINE.findall(text)
+        server = next(((kind, float(m.group(1))) for kind, line in SERVER_LINES if (m := line.search(text))), None)
         window = [s for s in samples if end - wall - 2 <= s[0] <= end + 2]
         tokens, kind = _job_tokens(rel, results, reference)
         out.append({
@@ -266,8 +274,16 @@ def jobs(results: Path, logs: Path, reference: str | None = None) -> list[dict[s
             "device_gib": float(peaks[-1][1]) if peaks else None,
             "disk_peak_gb": round(max(s[1] for s in window) / GB, 2) if window else None,
             "disk_growth_peak_gb": round((max(s[1] for s in window) - window[0][1]) / GB, 2) if window else None,
+            **({"server": server[0], "load_s": server[1]} if server else {}),
         })
     return out
+
+
+def sft_steps(results: Path) -> dict[str, list[dict[str, Any]]]:
+    """Each SFT job's steps as its metrics table has them: tokens, seconds and epoch a step (the warm-up steps apart
+    from the steady ones, and an epoch's tokens, are the reader's to take)."""
+    return {m.parent.name: [{k: r[k] for k in ("step", "epoch", "n_tokens", "time_s")} for r in _parquet(m)]
+            for m in sorted((results / "sft").glob("*/metrics.parquet"))}
 
 
 def rl_split(results: Path, config: dict[str, Any], design: dict[str, Any], parameters: int) -> list[dict[str, Any]]:
@@ -309,7 +325,7 @@ def _div(a: Any, b: Any) -> float | None:
 def collect(args: argparse.Namespace) -> int:
     config = _load(args.config)
     design = _load(REPO / "config" / "config.yaml")
-    results = REPO / config["results_dir"]
+    results = args.results_dir or REPO / config["results_dir"]
     logs = (args.logs_dir or REPO / "logs") / config["run_name"]
     card = args.card or _card()
     base = results / "models" / "tiny"
@@ -330,6 +346,7 @@ def collect(args: argparse.Namespace) -> int:
         "cuts": "config/gpu-rehearsal.yaml (each cut with its reason)",
         "jobs": jobs(results, logs, config["evaluation"].get("reference")),
         "rl_steps": rl,
+        "sft_steps": sft_steps(results),
         "vllm_alone": alone or None,
         "rl_rollout_vs_vllm_alone": {r["run"]: _div(r["generated_tokens_per_s"], best) for r in rl} if best else None,
         "phases": {p.stem: _read(p) for p in sorted(_state_dir(results).glob("phase-*.json"))},
@@ -369,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--card", default=None, help="the card's name in the file name (default: nvidia-smi's)")
             p.add_argument("--out", type=Path, default=None)
             p.add_argument("--logs-dir", type=Path, default=None, help="where the jobs' logs are (default: logs/)")
+            p.add_argument("--results-dir", type=Path, default=None,
+                           help="a run's results copied off its node (default: the config's results_dir)")
     args = ap.parse_args(argv)
     args.config = args.config.resolve()
     signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -122,6 +122,37 @@ def test_a_job_without_its_figure_is_not_calibrated_and_names_what_it_lacks() ->
     assert cost.work_s == 0.0
 
 
+def test_an_rl_job_pays_its_saves_per_save_not_per_step_of_the_measured_intervals() -> None:
+    """The 4B rehearsal ran 1 step saving its state and a checkpoint (checkpoint_every 1); the design runs 100 steps
+    saving its state every 5 (20 saves). A figure per save prices both; the old per-step figure held only at the
+    measured intervals, so the design's RL jobs stayed "not calibrated". Its state is on disk twice while replaced."""
+    from predict.plan.command import load_study
+
+    config = load_study([REPO / "config" / "config.yaml", REPO / "config" / "gpu.yaml"])
+    model = model_facts(config, REPO)
+    shape, rl = {"shape": model.shape}, config["rl"]
+    serving = {**shape, "max_tokens": 512, "concurrency": 8}
+    update = {**shape, "dtype": "bfloat16", "micro_batch_tokens": 8192, "activation_checkpointing": True}
+    cal = _cal(rl_job_fixed_s=[{"value": 60.0, "at": shape}], rl_rollout_episode_s=[{"value": 2.0, "at": serving}],
+               rl_tokens_per_episode=[{"value": 1000.0, "at": serving}],
+               rl_update_tokens_per_s=[{"value": 10_000.0, "at": update}],
+               rl_sleep_sync_s=[{"value": 0.5, "at": shape}],
+               rl_save_wait_s=[{"value": 18.0, "at": {**shape, "dtype": "bfloat16"}}],
+               serving_start_s=[{"value": 120.0, "at": shape}], serving_reload_s=[{"value": 2.0, "at": shape}],
+               device_peak_gib=[{"value": 57.0, "at": {"family": "rl", **shape, "micro_batch_tokens": 8192}}],
+               checkpoint_bytes_per_param=[{"value": 2.0, "at": {}}], checkpoint_extra_bytes=[{"value": 0.0, "at": {}}],
+               state_bytes_per_param=[{"value": 8.0, "at": {"dtype": "bfloat16"}}])
+    job = Job(jobid=1, rule="rl", wildcards={"run": "A", "seed": "42"}, resources={"gpu": "1", "vllm_server": "1"})
+    cost = Pricer(config, cal, REPO).price(job)
+    assert not cost.missing, [str(m) for m in cost.missing]
+    steps, episodes = rl["steps"], rl["tasks_per_step"] * rl["group_size"]
+    assert (steps, rl["state_every"], rl["checkpoint_every"], cost.units["saves"]) == (100, 5, 25, 20)
+    per_step = episodes * (2.0 + 1000.0 / 10_000.0) + 0.5
+    assert cost.work_s == pytest.approx(60.0 + steps * per_step + 20 * 18.0)
+    assert cost.disk_bytes == pytest.approx(4 * 2.0 * model.params)  # step25..step100
+    assert cost.transient_bytes == pytest.approx(2 * 8.0 * model.params)  # steps 5, 10 link no checkpoint: whole
+
+
 def _cost(jobid: int, seconds: float, deps=(), threads=1, serving=None, load=None, disk=0.0) -> JobCost:
     job = Job(jobid=jobid, rule=f"r{jobid}", threads=threads, deps=list(deps),
               resources={"vllm_server": "1"} if serving else {})

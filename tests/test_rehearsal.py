@@ -86,11 +86,19 @@ def test_collect_reads_a_runs_files_into_the_issues_numbers(rehearsal, tmp_path:
     _touch(logs / "gpu-rehearsal" / "rl" / "A" / "seed42.log",
            "... peak GPU memory: 50.0 of 79 GiB on the device (every process, the vLLM server included)\n"
            "... peak GPU memory: 61.5 of 79 GiB on the device (every process, the vLLM server included); this process"
-           " (torch) 44.0 GiB\n", t0 + 500)
+           " (torch) 44.0 GiB\n"
+           "[12/06/26 07:27:51] INFO     shared vLLM server pid 2176 at http://127.0.0.1:47189/v1: started on\n"
+           "                             results/checkpoints/A/sft in\n                             120.5 s\n", t0 + 500)
     _touch(results / "benchmarks" / "train_sft" / "A.tsv", header + "60.0\t0:01:00\t1\t1\t1\t1\t0\t0\t90\t50\n", t0 - 10)
-    write_rows([{"arm": "A", "step": 1, "epoch": 0, "loss": 1.0, "ce_loss": 1.0, "lr": 1e-5, "grad_norm": 1.0,
-                 "time_s": 2.0, "n_samples": 40, "n_tokens": 30_000, "n_ce_tokens": 9000, "tokens_per_s": 15_000.0}],
-               SFT_SCHEMA, results / "sft" / "A" / "metrics.parquet")
+    # a warm-up step and a slow second (compiling), then steady steps at 15k tokens/s, into a second epoch
+    sft_rows = [(1, 0, 30_000, 12.0), (2, 0, 30_000, 4.0), (3, 0, 30_000, 2.0), (4, 1, 15_000, 1.0)]
+    write_rows([{"arm": "A", "step": step, "epoch": epoch, "loss": 1.0, "ce_loss": 1.0, "lr": 1e-5, "grad_norm": 1.0,
+                 "time_s": sec, "n_samples": 40, "n_tokens": tok, "n_ce_tokens": 9000, "tokens_per_s": tok / sec}
+                for step, epoch, tok, sec in sft_rows], SFT_SCHEMA, results / "sft" / "A" / "metrics.parquet")
+    _touch(results / "benchmarks" / "train_sft" / "B.tsv", header + "70.0\t0:01:10\t1\t1\t1\t1\t0\t0\t90\t50\n", t0 - 80)
+    _touch(logs / "gpu-rehearsal" / "train_sft" / "B.log", "peak GPU memory: 77.8 of 80 GiB on the device\n", t0 - 80)
+    _touch(logs / "gpu-rehearsal" / "train_sft" / "A.log", "peak GPU memory: 75.9 of 80 GiB on the device\n", t0 - 10)
+    _touch(results / "benchmarks" / "split_mbpp.tsv", header + "1.2\t0:00:01\t1\t1\t1\t1\t0\t0\t90\t1\n", t0 - 200)
     _touch(results / "rehearsal" / "samples.tsv",
            "".join(f"{t0 + t}\t{int((20 + t / 50) * 1e9)}\t{int(40 * 2**30)}\n" for t in range(-20, 520, 2)), t0)
     step = {"run": "A", "seed": 42, "step": 1, "backend": "rl", "n_rollouts": 128, "n_output_tokens": 524_288,
@@ -108,9 +116,10 @@ def test_collect_reads_a_runs_files_into_the_issues_numbers(rehearsal, tmp_path:
     assert rl["tokens"] == 524_288 and rl["tokens_per_s"] == pytest.approx(524_288 / 500, abs=0.1)
     assert rl["disk_peak_gb"] == pytest.approx(30.0, abs=0.05)  # 20 GB + 500 s / 50 at its end
     assert rl["disk_growth_peak_gb"] == pytest.approx(10.0, abs=0.1)
+    assert (rl["server"], rl["load_s"]) == ("start", 120.5)  # the log's line, however rich wrapped it
     sft = jobs["train_sft/A"]
-    assert (sft["tokens"], sft["tokens_are"], sft["tokens_per_s"]) == (30_000, "trained", 500.0)
-    assert sft["device_peak_gib"] is None  # no log: no peak, not a made-up one
+    assert (sft["tokens"], sft["tokens_are"], sft["tokens_per_s"]) == (105_000, "trained", 1750.0)
+    assert [s["n_tokens"] for s in got["sft_steps"]["A"]] == [30_000, 30_000, 30_000, 15_000]
     (split,) = got["rl_steps"]
     assert split["episodes_per_s"] == pytest.approx(128 / 360, abs=1e-4)
     assert split["generated_tokens_per_s"] == pytest.approx(524_288 / 360, abs=1e-3)
@@ -134,10 +143,31 @@ def test_collect_reads_a_runs_files_into_the_issues_numbers(rehearsal, tmp_path:
     (rollout,) = figures.figures["rl_rollout_episode_s"]
     assert rollout["at"] == at and rollout["value"] == pytest.approx(360.0 / 128, abs=1e-6)
     assert figures.figures["rl_tokens_per_episode"][0]["value"] == pytest.approx(600_000 / 128, abs=1e-6)
-    assert figures.figures["rl_save_s_per_step"][0]["value"] == 2.0
-    assert figures.figures["hf_save_gb_per_s"][0]["value"] > 0
-    peak = next(e for e in figures.figures["device_peak_gib"] if e["at"]["family"] == "rl")
-    assert peak["value"] == 61.5 and peak["at"]["micro_batch_tokens"] == config["rl"]["micro_batch_tokens"]
+    value = {name: entries[0]["value"] for name, entries in figures.figures.items()}
+    assert value["rl_update_tokens_per_s"] == pytest.approx(600_000 / 50.0, abs=1e-3)
+    assert value["rl_sleep_sync_s"] == pytest.approx(4.0 + 0.1 + 0.2)
+    assert value["rl_save_wait_s"] == 2.0  # per save: the one step saved once (state and checkpoint)
+    params = 4_022_468_096
+    assert value["hf_save_gb_per_s"] == pytest.approx(params * 2 / 1e9 / 8.0, abs=1e-5)
+    assert value["state_save_gb_per_s"] == pytest.approx(params * (8 - 2) / 1e9 / 30.0, abs=1e-5)  # links the ckpt
+    assert value["rl_job_fixed_s"] == pytest.approx(500.0 - 120.5 - 414.3 - 2.0, abs=1e-5)
+    assert value["serving_start_s"] == 120.5 and "serving_reload_s" not in value  # no job reloaded: no figure
+    assert value["sft_tokens_per_s"] == pytest.approx(45_000 / 3.0)  # steady: the steps after the first two
+    assert figures.figures["sft_tokens_per_s"][0]["at"] == {"shape": "qwen3-4b", "dtype": "bfloat16", "device": "gpu"}
+    assert value["sft_job_fixed_s"] == pytest.approx(60.0 - 105_000 / 15_000)  # B has no steps: A's alone
+    assert value["sft_tokens_per_trace"] == pytest.approx(90_000 / 212)  # the first epoch, whole
+    jobs_s = {e["at"]["rule"]: e["value"] for e in figures.figures["job_s"]}
+    assert jobs_s == {"split_mbpp": 1.2}  # the CPU rules as the node ran them; the timed rules priced by units
+    peaks = {e["at"]["family"]: e for e in figures.figures["device_peak_gib"]}
+    assert peaks["rl"]["value"] == 61.5 and peaks["rl"]["at"]["micro_batch_tokens"] == config["rl"]["micro_batch_tokens"]
+    assert peaks["train_sft"]["value"] == 77.8  # the larger of the two SFT jobs', not the first one's
+
+    # the rehearsal's figures go before a benchmark's of the same conditions: the plan takes the first that matches
+    earlier = calibrate.Figures()
+    earlier.add("rl_update_tokens_per_s", 10_000.0, "tokens/s", "rl_step.json: rows", "a benchmark",
+                **figures.figures["rl_update_tokens_per_s"][0]["at"])
+    calibrate.rehearsal(earlier, "test")
+    assert earlier.figures["rl_update_tokens_per_s"][0]["value"] == pytest.approx(12_000.0)
 
 
 def test_no_gpu_job_of_the_rehearsal_can_be_killed_by_the_gpu_rules_runtime() -> None:

@@ -26,6 +26,8 @@ from typing import Any
 from predict.config.models import StudyConfig
 from predict.plan.calibration import Calibration, Missing
 from predict.plan.dag import Job
+from predict.runs import checkpoint_steps
+from predict.train.disk import rl_state_saves, rl_states_link_checkpoints
 
 # Rules that only name targets: nothing runs.
 TARGET_RULES = {"all", "design", "test"}
@@ -266,7 +268,8 @@ class Pricer:
     def _rl(self, job: Job, cost: JobCost) -> None:
         rl = self.study.rl
         steps, episodes = rl.steps, rl.tasks_per_step * rl.group_size
-        checkpoints = steps // rl.checkpoint_every
+        ckpt_steps = checkpoint_steps(steps, rl.checkpoint_every)  # the driver's: every checkpoint_every, the last
+        checkpoints = len(ckpt_steps)
         cost.units = {"steps": steps, "episodes_per_step": episodes, "checkpoints": checkpoints}
         self._serving_job(cost, "default")
         at = self.serving_at(self._rl_tokens())
@@ -279,14 +282,26 @@ class Pricer:
         if tokens is not None and rate is not None:
             self._add(cost, steps * episodes * tokens / rate)
         self._add(cost, self.figure(cost, "rl_sleep_sync_s", shape=self.model.shape), steps)
-        self._add(cost, self.figure(cost, "rl_save_s_per_step", shape=self.model.shape, dtype=rl.dtype,
-                                    checkpoint_every=rl.checkpoint_every, state_every=rl.state_every), steps)
+        # Per save, not per step: a run of other intervals than the measured one saves as often as the driver's
+        # rule says (every state_every steps, each checkpoint step, the last); each save waits for its copies off
+        # the device while its folders are written beside the next steps. The last save's writing, which the job
+        # waits for, is in rl_job_fixed_s (a run ends with one state and one checkpoint, measured or planned).
+        saves = rl_state_saves(steps, 0, rl.state_every, ckpt_steps)
+        cost.units["saves"] = saves
+        self._add(cost, self.figure(cost, "rl_save_wait_s", shape=self.model.shape, dtype=rl.dtype), saves)
         ckpt = self.checkpoint_bytes(rl.dtype)
         cost.disk_bytes = None if ckpt is None else ckpt * checkpoints
         if not rl.keep_state:
             state = self.cal.entry("state_bytes_per_param", {"dtype": rl.dtype})
-            cost.transient_bytes = (state["value"] * self.model.params
-                                    if state and self.model.params else None)
+            if state and self.model.params:
+                # as predict.train.disk counts it: a state that links its step's checkpoint adds its optimizer part
+                # only, and one being replaced is on disk twice
+                own = float(state["value"]) * self.model.params
+                if rl_states_link_checkpoints(steps, 0, rl.state_every, ckpt_steps, rl.dtype) and ckpt is not None:
+                    own -= ckpt
+                cost.transient_bytes = own * (2 if saves > 1 else 1)
+            else:
+                cost.transient_bytes = None
             if cost.transient_bytes is None:
                 cost.missing.append(Missing("state_bytes_per_param", (("dtype", rl.dtype),),
                                             self.cal.missing_reason("state_bytes_per_param", {"dtype": rl.dtype})))
