@@ -13,6 +13,8 @@ from typing import Any
 
 from predict.env.protocol import Episode, ProtocolConfig
 from predict.env.records import build_record, write_records
+from predict.runs import RunSpec
+from predict.stats import ExtensionRun
 from predict.vocabulary import Outcome
 
 Patch = tuple[str, str | None, str | None]  # (outcome, prediction, decision); prediction None = reactive arm
@@ -161,7 +163,16 @@ def write_writeup_evaluations(root: Path, val_tasks: int = 10) -> tuple[list[Pat
     return val, test
 
 
-def small_test_campaign(root: Path) -> tuple[list[Path], list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+def extension_spec(run: str, arm: str, **fields: Any) -> RunSpec:
+    """An extension run's `RunSpec` as `predict.runs.resolve_run` would give it, with the study's values (test cost
+    1, variant none, the decision unmasked, RL) for the fields a test does not name."""
+    predictive = arm == "B"
+    values = {"protocol": "predictive" if predictive else "reactive", "variant": "none",
+              "alpha": 1.0 if predictive else 0.0, "test_cost": 1, "mask_decision": False, "trainer": "rl"}
+    return RunSpec(run=run, arm=arm, kind="extension", **{**values, **fields})
+
+
+def small_test_campaign(root: Path) -> tuple[list[Path], list[dict[str, Any]], dict[str, Any], dict[str, ExtensionRun]]:
     """(test files, val selection, ablations, extensions) of a 10-task test campaign, seed 42: A and B at sft and
     step100, forced_keep and edit_on_revise at step50 and step100; step100 selected everywhere. pass@1 at step100:
     A 0.7, B 0.4, forced_keep 0.6, edit_on_revise 0.5 (one less at the other checkpoint)."""
@@ -174,7 +185,7 @@ def small_test_campaign(root: Path) -> tuple[list[Path], list[dict[str, Any]], d
             paths.append(write_eval(root, run, ckpt, 42, rows, split="test"))
     selection = [{"run": r, "seed": 42, "mode": "fixed", "step": 100, "checkpoint": "step100", "val_pass_at_1": 0.5,
                   "fallback": False} for r in passes]
-    extensions = {"edit_on_revise": {"spec": {"base_arm": "B", "variant": "edit_on_revise", "test_cost": 1}}}
+    extensions = {"edit_on_revise": ExtensionRun(extension_spec("edit_on_revise", "B", variant="edit_on_revise"))}
     return paths, selection, {"forced_keep": {"variant": "forced_keep"}}, extensions
 
 

@@ -22,7 +22,7 @@ from predict.runs import extension_counterpart, resolve_run, runs_of_kind, study
 from predict.stats import extension_table
 
 from .conftest import REPO
-from .synthetic import FAIL_KEEP, FAIL_REVISE, PASS_KEEP, PASS_REVISE, rollout, write_eval
+from .synthetic import FAIL_KEEP, FAIL_REVISE, PASS_KEEP, PASS_REVISE, extension_spec, rollout, write_eval
 
 EXTENSIONS = ["expensive_tests_A", "expensive_tests_B", "edit_on_revise", "mask_decision", "rft_A", "rft_B",
               "irreversible_A", "irreversible_B", "blind_A", "blind_B"]
@@ -189,7 +189,7 @@ def test_expensive_tests_rows_count_calls_saved_and_revise_precision(tmp_path: P
     ext_a = _evals(tmp_path, "expensive_tests_A", "A", [PASS_KEEP] * 6 + [FAIL_KEEP] * 4,
                    calls_used=lambda r: 7 if r["final_pass"] else 10)
     paths = arms + ext_a + ext_b
-    spec = {"base_arm": "B", "test_cost": 3, "trainer": "rl", "variant": "none"}
+    spec = extension_spec("expensive_tests_B", "B", test_cost=3, trainer="rl", variant="none")
     rows = extension_table("expensive_tests_B", paths, _selection(paths), spec=spec, counterpart="expensive_tests_A",
                            default_test_cost=1, resamples=200, seed=0, ci=0.95).to_pylist()
     assert [r["seed"] for r in rows] == [42, 43]
@@ -212,16 +212,18 @@ def test_edit_on_revise_mask_decision_and_rft_rows(tmp_path: Path, arms: list[st
     rft = _evals(tmp_path, "rft_A", "A", [PASS_KEEP] * 7 + [FAIL_KEEP] * 3)
     paths = arms + edit + mask + rft
     sel = _selection(paths)
-    (e, _) = extension_table("edit_on_revise", paths, sel, spec={"base_arm": "B", "variant": "edit_on_revise"},
+    edit_spec = extension_spec("edit_on_revise", "B", variant="edit_on_revise")
+    (e, _) = extension_table("edit_on_revise", paths, sel, spec=edit_spec,
                              default_test_cost=1, resamples=200, seed=0, ci=0.95).to_pylist()
     assert (e["mechanism"], e["edited_revise_pass"], e["n_edited"]) == ("edit_on_revise", 0.5, 6)
     assert (e["never_revised_pass"], e["n_never_revised"]) == (1.0, 4)
-    (m, _) = extension_table("mask_decision", paths, sel, spec={"base_arm": "B", "mask_decision": True},
+    mask_spec = extension_spec("mask_decision", "B", mask_decision=True)
+    (m, _) = extension_table("mask_decision", paths, sel, spec=mask_spec,
                              default_test_cost=1, resamples=200, seed=0, ci=0.95).to_pylist()
     assert (m["mechanism"], m["focus_metric"]) == ("mask_decision", "pred_freq_pass")
     assert (m["pred_freq_pass"], m["verified_freq_pass"]) == (0.9, 0.4)
     assert (m["pred_freq_pass_B"], m["verified_freq_pass_B"]) == (0.5, 0.5)
-    (f, _) = extension_table("rft_A", paths, sel, spec={"base_arm": "A", "trainer": "rft"},
+    (f, _) = extension_table("rft_A", paths, sel, spec=extension_spec("rft_A", "A", trainer="rft"),
                              default_test_cost=1, resamples=200, seed=0, ci=0.95).to_pylist()
     assert (f["mechanism"], f["pass_ext"], f["pass_rl"]) == ("rft", 0.7, 0.6)
     assert f["rft_minus_rl"] == pytest.approx(0.1) and math.isnan(f["revise_precision"])
@@ -230,9 +232,10 @@ def test_edit_on_revise_mask_decision_and_rft_rows(tmp_path: Path, arms: list[st
 def test_an_extension_spec_without_its_arm_is_refused_not_defaulted(tmp_path: Path, arms: list[str]) -> None:
     """The base arm's default lives on the config model (resolve_run applies it); a spec that names no arm is an
     error naming the extension, not a second default of "B"."""
-    with pytest.raises(ValueError, match="edit_on_revise: its spec names no base_arm or arm"):
-        extension_table("edit_on_revise", arms, _selection(arms), spec={"variant": "edit_on_revise"},
-                        default_test_cost=1, resamples=200, seed=0, ci=0.95)
+    spec = extension_spec("edit_on_revise", "", variant="edit_on_revise")
+    with pytest.raises(ValueError, match="edit_on_revise: its spec names no arm .the base_arm predict.runs.resolve_run"):
+        extension_table("edit_on_revise", arms, _selection(arms), spec=spec, default_test_cost=1, resamples=200,
+                        seed=0, ci=0.95)
 
 
 def test_extensions_stage_writes_a_row_per_seed(tmp_path: Path, arms: list[str]) -> None:

@@ -85,6 +85,7 @@ from predict.stats.exact import (
 from predict.stats.extensions import (
     EXTENSION_FOCUS,
     EXTENSION_SCHEMA,
+    ExtensionRun,
     calls_per_solved,
     extension_mechanism,
     extension_table,
@@ -167,6 +168,7 @@ __all__ = [
     "compare",
     "confusion",
     "exact_power",
+    "ExtensionRun",
     "extension_mechanism",
     "extension_table",
     "fisher_exact",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from predict.stats.metrics import (
 from predict.stats.pairs import compare, load_evaluations, rows_table
 
 if TYPE_CHECKING:
+    from predict.runs import RunSpec
     from predict.stages import StageSettings
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -58,15 +60,25 @@ EXTENSION_SCHEMA = pa.schema([
 ])
 
 
-def extension_mechanism(spec: Mapping[str, Any], default_test_cost: int) -> str:
+@dataclass(frozen=True)
+class ExtensionRun:
+    """An extension run as its table reads it: the run as `predict.runs.resolve_run` resolved it (its ``arm`` is the
+    base arm it is compared with, the config's default applied there) and `counterpart`, the run whose calls per
+    solved task the expensive-tests metric subtracts from (None: the other base arm)."""
+
+    spec: RunSpec
+    counterpart: str | None = None
+
+
+def extension_mechanism(spec: RunSpec, default_test_cost: int) -> str:
     """Which mechanism an extension run exists for: rft, test_cost, edit_on_revise or mask_decision."""
-    if spec.get("trainer") == "rft":
+    if spec.trainer == "rft":
         return "rft"
-    if int(spec.get("test_cost", default_test_cost)) != default_test_cost:
+    if spec.test_cost != default_test_cost:
         return "test_cost"
-    if spec.get("variant") == "edit_on_revise":
+    if spec.variant == "edit_on_revise":
         return "edit_on_revise"
-    if spec.get("mask_decision"):
+    if spec.mask_decision:
         return "mask_decision"
     return "none"
 
@@ -89,7 +101,7 @@ def extension_table(
     paths: Sequence[str | Path | Evaluation],
     selection: Sequence[Mapping[str, Any]],
     *,
-    spec: Mapping[str, Any],
+    spec: RunSpec,
     counterpart: str | None = None,
     default_test_cost: int,
     split: str = "val",
@@ -98,15 +110,16 @@ def extension_table(
     ci: float,
 ) -> pa.Table:
     """A row per seed: the extension run at its selected checkpoint against Arm A and Arm B at theirs (McNemar,
-    bootstrap), and its mechanism metric (`EXTENSION_FOCUS`). `spec`: the run's base_arm, test_cost, variant,
-    mask_decision, trainer (`predict.runs.RunSpec` fields); `counterpart`: the run whose calls per solved task the
+    bootstrap), and its mechanism metric (`EXTENSION_FOCUS`). `spec`: the run as `predict.runs.resolve_run` resolved
+    it (its arm, test_cost, variant, mask_decision, trainer); `counterpart`: the run whose calls per solved task the
     expensive-tests metric subtracts from (the other arm at the same test cost; default the other base arm)."""
     evals = load_evaluations(paths)
     chosen = {(s["run"], s["seed"]): s for s in selection}
     # the run's arm as predict.runs resolved it (its model's default base_arm applied there, not again here)
-    base_arm = spec.get("base_arm") or spec.get("arm")
-    if base_arm is None:
-        raise ValueError(f"extension {extension}: its spec names no base_arm or arm (a predict.runs.RunSpec's fields)")
+    base_arm = spec.arm
+    if not base_arm:
+        raise ValueError(f"extension {extension}: its spec names no arm (the base_arm predict.runs.resolve_run gives "
+                         "it from the config)")
     mechanism = extension_mechanism(spec, default_test_cost)
     other = counterpart or ("A" if base_arm == "B" else "B")
 
@@ -126,7 +139,7 @@ def extension_table(
         m_ext = mechanism_metrics(ext.rows)
         row: dict[str, Any] = {"extension": extension, "split": split, "seed": seed_, "checkpoint": ext.checkpoint,
                                "base_arm": base_arm, "mechanism": mechanism,
-                               "test_cost": int(spec.get("test_cost", default_test_cost)),
+                               "test_cost": spec.test_cost,
                                "pass_ext": m_ext["pass_at_1"], "n_ext": m_ext["n_scored"], "counterpart": other}
         fallback = bool(sel["fallback"])
         for arm in ("A", "B"):
@@ -174,7 +187,8 @@ def main(args: argparse.Namespace, config: StageSettings) -> int:
 
     name = args.extension
     evals = run_evaluations(config.extensions, "extensions", name, args.eval)
-    table = extension_table(name, evals, val_selection(config, evals), **extension_inputs(config, name),
+    run = extension_inputs(config, name)
+    table = extension_table(name, evals, val_selection(config, evals), spec=run.spec, counterpart=run.counterpart,
                             default_test_cost=config.env.test_cost, **bootstrap_settings(config))
     write_table(table, args.out)
     console.print(f"{name}: {table.num_rows} seed row(s) -> {args.out}")

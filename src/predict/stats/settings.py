@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from predict.stages import StageSettings
+    from predict.stats.extensions import ExtensionRun
 
 
 def bootstrap_settings(config: StageSettings) -> dict[str, Any]:
@@ -15,14 +16,12 @@ def bootstrap_settings(config: StageSettings) -> dict[str, Any]:
     return config.evaluation.bootstrap.model_dump()
 
 
-def extension_inputs(config: StageSettings, name: str) -> dict[str, Any]:
-    """An extension run as the statistics read it: its run spec (with its arm as base_arm) and its counterpart."""
-    from dataclasses import asdict
-
+def extension_inputs(config: StageSettings, name: str) -> ExtensionRun:
+    """An extension run as the statistics read it: its resolved run spec (its arm the base arm) and its counterpart."""
     from predict.runs import extension_counterpart, resolve_run
+    from predict.stats.extensions import ExtensionRun
 
-    spec = resolve_run(config, name)
-    return {"spec": {**asdict(spec), "base_arm": spec.arm}, "counterpart": extension_counterpart(config, name)}
+    return ExtensionRun(resolve_run(config, name), extension_counterpart(config, name))
 
 
 def val_selection(config: StageSettings, evals: Iterable[Any]) -> Any:

@@ -15,7 +15,7 @@ from predict.campaign import StatsInputError, select_checkpoints
 from predict.config import config_default
 from predict.config.models import AblationSettings, SelectionSettings
 from predict.stats.ablations import ABLATION_SCHEMA, ablation_table
-from predict.stats.extensions import EXTENSION_SCHEMA, extension_table
+from predict.stats.extensions import EXTENSION_SCHEMA, ExtensionRun, extension_table
 from predict.stats.metrics import (
     METRICS,
     STATS_TABLES,
@@ -71,7 +71,7 @@ def study_stats(
     *,
     arms: Sequence[str],
     ablations: Mapping[str, Mapping[str, Any]] | None = None,
-    extensions: Mapping[str, Mapping[str, Any]] | None = None,
+    extensions: Mapping[str, ExtensionRun] | None = None,
     reference: str | None,
     selection_mode: str = config_default(SelectionSettings, "mode"),
     selection_step: int | None = config_default(SelectionSettings, "step"),
@@ -86,7 +86,7 @@ def study_stats(
     (val: the selection is made here) or `TEST_STATS_TABLES` (test: `selection` is the val selection, required;
     the ablation and extension tables are made here too, and `campaigns`, the ledger's campaigns on this split from
     `predict.campaign.statistics_inputs.check_test_inputs`, becomes the campaigns table). `extensions`: name ->
-    {"spec": ..., "counterpart": ...} (see `extension_table`)."""
+    its `ExtensionRun` (see `extension_table`)."""
     evals = load_evaluations(paths)
     splits = sorted({k[2] for k in evals})
     if len(splits) > 1:
@@ -143,7 +143,7 @@ def study_stats(
                            split=split, resamples=resamples, seed=seed, ci=ci)
             for name, spec in (ablations or {}).items() if name in runs])
         tables["extensions"] = pa.concat_tables([EXTENSION_SCHEMA.empty_table()] + [
-            extension_table(name, files, selection, spec=ext["spec"], counterpart=ext.get("counterpart"),
+            extension_table(name, files, selection, spec=ext.spec, counterpart=ext.counterpart,
                             default_test_cost=default_test_cost, split=split, resamples=resamples, seed=seed, ci=ci)
             for name, ext in (extensions or {}).items() if name in runs])
         tables["campaigns"] = rows_table(campaigns, CAMPAIGN_SCHEMA)
