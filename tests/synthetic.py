@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from predict.config.models import AblationSettings
 from predict.env.protocol import Episode, ProtocolConfig
 from predict.env.records import build_record, write_records
 from predict.runs import RunSpec
@@ -172,7 +173,9 @@ def extension_spec(run: str, arm: str, **fields: Any) -> RunSpec:
     return RunSpec(run=run, arm=arm, kind="extension", **{**values, **fields})
 
 
-def small_test_campaign(root: Path) -> tuple[list[Path], list[dict[str, Any]], dict[str, Any], dict[str, ExtensionRun]]:
+def small_test_campaign(
+    root: Path,
+) -> tuple[list[Path], list[dict[str, Any]], dict[str, AblationSettings], dict[str, ExtensionRun]]:
     """(test files, val selection, ablations, extensions) of a 10-task test campaign, seed 42: A and B at sft and
     step100, forced_keep and edit_on_revise at step50 and step100; step100 selected everywhere. pass@1 at step100:
     A 0.7, B 0.4, forced_keep 0.6, edit_on_revise 0.5 (one less at the other checkpoint)."""
@@ -186,7 +189,7 @@ def small_test_campaign(root: Path) -> tuple[list[Path], list[dict[str, Any]], d
     selection = [{"run": r, "seed": 42, "mode": "fixed", "step": 100, "checkpoint": "step100", "val_pass_at_1": 0.5,
                   "fallback": False} for r in passes]
     extensions = {"edit_on_revise": ExtensionRun(extension_spec("edit_on_revise", "B", variant="edit_on_revise"))}
-    return paths, selection, {"forced_keep": {"variant": "forced_keep"}}, extensions
+    return paths, selection, {"forced_keep": AblationSettings(variant="forced_keep")}, extensions
 
 
 def write_test_split(config: dict[str, Any], path: Path) -> Path:

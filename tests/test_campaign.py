@@ -28,7 +28,7 @@ from predict.campaign import (
     test_task_ids,
 )
 from predict.config import fill_section, load_config, with_defaults
-from predict.config.models import EvaluationSettings, SelectionSettings
+from predict.config.models import EvaluationSettings, SelectionSettings, plain_data
 from predict.data import MBPP_SCHEMA
 from predict.evaluate import CheckpointEval, evaluate_checkpoints, evaluation_config
 from predict.outputs import read_rows, write_rows
@@ -169,7 +169,8 @@ def test_the_campaign_line_records_what_its_rows_depend_on(study, test_split: Pa
 def frozen(tmp_path: Path, study: dict) -> dict[str, Any]:
     """A synthetic test campaign (tests/synthetic.py) recorded in a ledger as the campaign records one."""
     paths, selection, ablations, _ = small_test_campaign(tmp_path / "eval")
-    config = with_defaults({**study, "ablations": ablations, "extensions": {}})  # as the stages load it
+    # as the stages load it: the config's ablations section as plain data (predict.config.models.plain_data)
+    config = with_defaults({**study, "ablations": plain_data(ablations), "extensions": {}})
     ledger = tmp_path / "campaign" / "ledger.jsonl"
     ledger.parent.mkdir()
     record_campaign(ledger, config, paths, selection)

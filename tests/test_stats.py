@@ -11,6 +11,7 @@ import pytest
 from scipy.stats import binomtest, bootstrap
 
 from predict.campaign import StatsInputError, select_checkpoints
+from predict.config.models import AblationSettings
 from predict.stats import (
     TEST_STATS_TABLES,
     Evaluation,
@@ -119,7 +120,7 @@ def test_study_stats_pairs_selection_and_ablation(tmp_path: Path) -> None:
                 rows = [rollout(t, [p], arm=arm, seed=seed, checkpoint=ckpt, variant="none") for t, p in
                         enumerate(patches)]
                 paths.append(write_eval(root, run, ckpt, seed, rows))
-    tables = study_stats(paths, arms=["A", "B"], ablations={"forced_keep": {"variant": "forced_keep"}},
+    tables = study_stats(paths, arms=["A", "B"], ablations={"forced_keep": AblationSettings(variant="forced_keep")},
                          reference="sft", selection_mode="fixed", selection_step=100, resamples=500,
                          default_test_cost=1, seed=0, ci=0.95)
     pairs = tables["pairs"].to_pylist()

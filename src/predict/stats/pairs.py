@@ -57,7 +57,7 @@ Key = tuple[str, str, str, int]  # (run, checkpoint, split, seed)
 def pair_plan(
     evals: Mapping[Key, Evaluation],
     arms: Sequence[str],
-    ablations: Mapping[str, Mapping[str, Any]],
+    ablations: Mapping[str, AblationSettings],
     reference: str | None,
     selected: Mapping[tuple[str, int], str] | None = None,
 ) -> list[tuple[str, Evaluation, Evaluation]]:
@@ -85,7 +85,7 @@ def pair_plan(
                     plan.append(("A_vs_B", first, b))
     for run, ckpt, split, seed in keys:
         if run in ablations:
-            base = AblationSettings.model_construct(**ablations[run]).base_arm
+            base = ablations[run].base_arm
             if selected is None:
                 if (base, ckpt, split, seed) in evals:
                     plan.append(("ablation_vs_base", evals[run, ckpt, split, seed], evals[base, ckpt, split, seed]))

@@ -70,7 +70,7 @@ def study_stats(
     paths: Sequence[str | Path | Evaluation],
     *,
     arms: Sequence[str],
-    ablations: Mapping[str, Mapping[str, Any]] | None = None,
+    ablations: Mapping[str, AblationSettings] | None = None,
     extensions: Mapping[str, ExtensionRun] | None = None,
     reference: str | None,
     selection_mode: str = config_default(SelectionSettings, "mode"),
@@ -139,9 +139,9 @@ def study_stats(
     if test:
         runs = {k[0] for k in evals}
         tables["ablations"] = pa.concat_tables([ABLATION_SCHEMA.empty_table()] + [
-            ablation_table(name, files, selection, base_arm=AblationSettings.model_construct(**spec).base_arm,
-                           split=split, resamples=resamples, seed=seed, ci=ci)
-            for name, spec in (ablations or {}).items() if name in runs])
+            ablation_table(name, files, selection, base_arm=ablation.base_arm, split=split, resamples=resamples,
+                           seed=seed, ci=ci)
+            for name, ablation in (ablations or {}).items() if name in runs])
         tables["extensions"] = pa.concat_tables([EXTENSION_SCHEMA.empty_table()] + [
             extension_table(name, files, selection, spec=ext.spec, counterpart=ext.counterpart,
                             default_test_cost=default_test_cost, split=split, resamples=resamples, seed=seed, ci=ci)
@@ -191,7 +191,7 @@ def main(args: argparse.Namespace, config: StageSettings) -> int:
     tables = study_stats(
         evals,
         arms=sorted(config.arms),
-        ablations={name: ablation.model_dump() for name, ablation in config.ablations.items()},
+        ablations=config.ablations,
         extensions=extensions,
         reference=config.evaluation.reference,
         selection_mode=selection.mode,
