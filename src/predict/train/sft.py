@@ -51,6 +51,7 @@ from predict.train.tracking import RunTracker, TrackingTargets
 
 if TYPE_CHECKING:
     from predict.stages import StageSettings
+    from predict.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -239,41 +240,19 @@ def run_sft(
         torch.set_num_threads(threads)
 
     tokenizer = load_tokenizer(base_model)
-    samples = render_traces(traces, tokenizer, enable_thinking=enable_thinking)
-    if cfg.max_seq_len:
-        long = [s for s in samples if len(s.token_ids) > cfg.max_seq_len]
-        if long:
-            log.warning("dropping %d traces longer than max_seq_len %d tokens", len(long), cfg.max_seq_len)
-        samples = [s for s in samples if len(s.token_ids) <= cfg.max_seq_len]
-    if not samples:
-        raise ValueError(f"{traces}: no trace to train on")
+    samples = _training_samples(traces, tokenizer, cfg, enable_thinking=enable_thinking)
     steps = plan_steps([len(s.token_ids) for s in samples], cfg)
     total = len(steps) if max_steps is None else min(len(steps), max_steps)
     state_dir = Path(state_dir)
     trainer_dir = state_dir / "trainer"
-    rows: list[dict[str, Any]] = []
     fp = fingerprint({"sft": asdict(cfg), "model": {"enable_thinking": enable_thinking}}, RESUME_KEYS["sft"],
                      inputs={"traces": traces, "base_model": base_model}, seed=cfg.seed,
                      extra={"arm": arm, "max_steps": max_steps})
     saved = Trainer.read_state_info(trainer_dir) if start_or_resume(state_dir, fp, what=f"SFT arm {arm}") else None
     _check_disk(base_model, out_dir, trainer_dir, cfg, total, saved["step"] if saved else 0, arm)
+    trainer, rows = _start_trainer(base_model, state_dir, cfg, resume=saved is not None)
     if saved is not None:
-        trainer = Trainer.resume(trainer_dir, device=cfg.device)
-        saved_rows = state_dir / "metrics.parquet"
-        rows = pq.read_table(saved_rows).to_pylist() if saved_rows.is_file() else []
-        rows = [r for r in rows if r["step"] <= trainer.step_count]
         log.info("resuming SFT from %s at step %d of %d", state_dir, trainer.step_count, total)
-    else:
-        trainer = Trainer(
-            base_model,
-            lr=cfg.lr,
-            weight_decay=cfg.weight_decay,
-            grad_clip=cfg.grad_clip,
-            device=cfg.device,
-            dtype=cfg.dtype,
-            micro_batch_tokens=cfg.micro_batch_tokens,
-            seed=cfg.seed,
-        )
 
     tracker = RunTracker(tracking, stage="sft", run=arm, config=tracking_config,
                          id_file=state_dir / "wandb-id").start(trainer.step_count)
@@ -288,29 +267,62 @@ def run_sft(
             k = trainer.step_count
             epoch, idx = steps[k]
             m = trainer.step([samples[i] for i in idx], lr=lr_at(k, total, cfg))
-            row = {"arm": arm, "step": trainer.step_count, "epoch": epoch}
-            row |= {k: m[k] for k in ("loss", "ce_loss", "lr", "grad_norm", "time_s")}
-            row |= {k: int(m[k]) for k in ("n_samples", "n_tokens", "n_ce_tokens")}
-            rows.append(row | {"tokens_per_s": m["n_tokens"] / max(m["time_s"], 1e-9)})
+            rows.append(_step_row(arm, trainer.step_count, epoch, m))
             tracker.log(rows[-1], trainer.step_count)
             bar.update(task, completed=trainer.step_count, description=f"SFT arm {arm} loss {m['loss']:.3f}")
             if not bar.console.is_terminal:  # a log file: one line per step instead of a bar
                 r = rows[-1]
-                log.info(
-                    "step %d/%d epoch %d loss %.4f lr %.2e grad_norm %.3f %.0f tok/s",
-                    r["step"],
-                    total,
-                    epoch,
-                    r["loss"],
-                    r["lr"],
-                    r["grad_norm"],
-                    r["tokens_per_s"],
-                )
+                log.info("step %d/%d epoch %d loss %.4f lr %.2e grad_norm %.3f %.0f tok/s", r["step"], total, epoch,
+                         r["loss"], r["lr"], r["grad_norm"], r["tokens_per_s"])
             if cfg.save_every and trainer.step_count % cfg.save_every == 0 and trainer.step_count < total:
                 save_state()
     trainer.save_checkpoint(out_dir)
     write_rows(rows, METRICS_SCHEMA, metrics_out)
     shutil.rmtree(state_dir, ignore_errors=True)
+    return _summary(samples, rows, total, cfg)
+
+
+def _training_samples(traces: str | Path, tokenizer: Any, cfg: SFTConfig, *, enable_thinking: bool) -> list[TrainSample]:
+    """The traces rendered for training, those longer than ``max_seq_len`` dropped (with a warning); an error when
+    none is left."""
+    samples = render_traces(traces, tokenizer, enable_thinking=enable_thinking)
+    if cfg.max_seq_len:
+        long = [s for s in samples if len(s.token_ids) > cfg.max_seq_len]
+        if long:
+            log.warning("dropping %d traces longer than max_seq_len %d tokens", len(long), cfg.max_seq_len)
+        samples = [s for s in samples if len(s.token_ids) <= cfg.max_seq_len]
+    if not samples:
+        raise ValueError(f"{traces}: no trace to train on")
+    return samples
+
+
+def _start_trainer(base_model: str | Path, state_dir: Path, cfg: SFTConfig, *,
+                   resume: bool) -> tuple[Trainer, list[dict[str, Any]]]:
+    """The trainer and the metric rows so far: resumed from ``state_dir`` (its rows up to the saved step) or fresh
+    from the base model with the `sft` section's optimizer settings."""
+    from predict.train.trainer import Trainer
+
+    if not resume:
+        return Trainer(base_model, lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
+                       device=cfg.device, dtype=cfg.dtype, micro_batch_tokens=cfg.micro_batch_tokens,
+                       seed=cfg.seed), []
+    trainer = Trainer.resume(state_dir / "trainer", device=cfg.device)
+    saved_rows = state_dir / "metrics.parquet"
+    rows = pq.read_table(saved_rows).to_pylist() if saved_rows.is_file() else []
+    return trainer, [r for r in rows if r["step"] <= trainer.step_count]
+
+
+def _step_row(arm: str, step: int, epoch: int, m: Mapping[str, Any]) -> dict[str, Any]:
+    """One optimizer step's metrics row (`METRICS_SCHEMA`) from the trainer's step metrics."""
+    row = {"arm": arm, "step": step, "epoch": epoch}
+    row |= {k: m[k] for k in ("loss", "ce_loss", "lr", "grad_norm", "time_s")}
+    row |= {k: int(m[k]) for k in ("n_samples", "n_tokens", "n_ce_tokens")}
+    return row | {"tokens_per_s": m["n_tokens"] / max(m["time_s"], 1e-9)}
+
+
+def _summary(samples: Sequence[TrainSample], rows: Sequence[Mapping[str, Any]], total: int, cfg: SFTConfig
+             ) -> dict[str, Any]:
+    """What `predict sft` prints: the traces, steps, tokens, first and last loss and training time."""
     first, last = rows[0] if rows else {}, rows[-1] if rows else {}
     return {
         "traces": len(samples),
