@@ -35,7 +35,8 @@ import argparse
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from predict.serving.weight_sync import WeightHandoff, resolve_mode
@@ -59,6 +60,53 @@ def step_tasks(rows: Sequence[Mapping[str, Any]], seed: int, step: int, per_step
         raise ValueError("the rl split has no tasks")
     chosen = [dict(ordered[i]) for i in epoch_order(len(ordered), str(seed), step, per_step)]
     return [{**row, "sample": s} for row in chosen for s in range(group)]
+
+
+@dataclass(frozen=True)
+class WeightPush:
+    """How a step's new weights reach the running server (``rl.weight_sync``, the module docstring's step 4): in
+    memory through `handoff`, or written as an HF folder (`policy_dir`) that the server reloads."""
+
+    handoff: WeightHandoff
+    policy_dir: Path
+    in_memory: bool
+
+    def __call__(self, server: Any, trainer: Any, step: int, drain: bool) -> float:
+        """The trainer's weights into the server as version `step` (draining its requests or not); the seconds it
+        took."""
+        t = time.perf_counter()
+        if self.in_memory:
+            server.push_weights(self.handoff.write(trainer.handoff_state()), version=str(step), drain=drain)
+        else:
+            trainer.save_checkpoint(self.policy_dir)
+            server.reload_weights(self.policy_dir, version=str(step), drain=drain)
+        return time.perf_counter() - t
+
+
+def update_and_sync(run: TrainingRun, server: Any, trainer: Any, samples: Sequence[Any], step: int, *,
+                    grad_terms_every: int, push: WeightPush) -> dict[str, Any]:
+    """A step's update (one `Trainer.step`; a GPU server sleeps through it) and the new weights' sync into the
+    server: the metric columns of its timings and loss terms. No samples: no update, and the server keeps its
+    weights."""
+    row: dict[str, Any] = {"sync_s": 0.0}
+    t = time.perf_counter()
+    if not samples:
+        return row | {"update_s": time.perf_counter() - t, "updated": False}
+
+    def sync(drain: bool) -> None:  # UpdateWindow.sync: drain the server's requests or not
+        row["sync_s"] = push(server, trainer, step, drain)
+
+    with run.update_window(server) as window:
+        t_update = time.perf_counter()
+        m = trainer.step(samples, grad_terms=probe_step(grad_terms_every, step))
+        row["update_s"] = time.perf_counter() - t_update
+        if server is not None:
+            window.sync(sync)
+    if window.slept:  # the server's sleep and wake-ups (the sync inside the window is not theirs)
+        row["sleep_s"] = time.perf_counter() - t - row["update_s"] - row["sync_s"]
+    row |= {k: m.get(k) for k in ("loss", "rl_loss", "ce_loss", "clip_frac", "grad_norm", "lr", *GRAD_TERM_COLUMNS)}
+    row |= {k: int(m[k]) for k in ("n_rl_tokens", "n_ce_tokens", "n_samples", "n_tokens")}
+    return row | {"updated": True}
 
 
 def run_rl(
@@ -88,8 +136,8 @@ def run_rl(
     tokenizer = load_tokenizer(job.init)
     rows = load_split(job.tasks)
     policy_dir = run.work / "policy"
-    in_memory = resolve_mode(rl.weight_sync) == "memory"
     handoff = WeightHandoff(f"{job.run}-seed{job.seed}")
+    push = WeightPush(handoff, policy_dir, in_memory=resolve_mode(rl.weight_sync) == "memory")
 
     def step_fn(step: int, trainer: Any) -> dict[str, Any]:
         row: dict[str, Any] = {}
@@ -105,34 +153,7 @@ def run_rl(
         row["samples_s"] = time.perf_counter() - t
         row |= {k: v for k, v in asdict(counts).items() if k in METRIC_COLUMNS}  # the counts the schema declares
         row["n_ce_samples"] = sum(s.kind == "ce" for s in samples)
-
-        def push(drain: bool) -> None:  # the new weights into the server (UpdateWindow.sync: drain or not)
-            t_sync = time.perf_counter()
-            if in_memory:
-                srv.push_weights(handoff.write(trainer.handoff_state()), version=str(step), drain=drain)
-            else:
-                trainer.save_checkpoint(policy_dir)
-                srv.reload_weights(policy_dir, version=str(step), drain=drain)
-            row["sync_s"] = time.perf_counter() - t_sync
-
-        t = time.perf_counter()
-        row["sync_s"] = 0.0
-        if samples:
-            with run.update_window(srv) as window:  # a GPU server sleeps through the update (its memory is ours)
-                t_update = time.perf_counter()
-                m = trainer.step(samples, grad_terms=probe_step(rl.grad_terms_every, step))
-                row["update_s"] = time.perf_counter() - t_update
-                if srv is not None:
-                    window.sync(push)
-            if window.slept:  # the server's sleep and wake-ups (the sync inside the window is not theirs)
-                row["sleep_s"] = time.perf_counter() - t - row["update_s"] - row["sync_s"]
-            row |= {k: m.get(k) for k in ("loss", "rl_loss", "ce_loss", "clip_frac", "grad_norm", "lr",
-                                          *GRAD_TERM_COLUMNS)}
-            row |= {k: int(m[k]) for k in ("n_rl_tokens", "n_ce_tokens", "n_samples", "n_tokens")}
-        else:
-            row["update_s"] = time.perf_counter() - t
-        row["updated"] = bool(samples)
-        return row
+        return row | update_and_sync(run, srv, trainer, samples, step, grad_terms_every=rl.grad_terms_every, push=push)
 
     t0 = time.perf_counter()
     stopped, srv = None, None  # srv: the server step_fn rolls out against, set by run.serve below
