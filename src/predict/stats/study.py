@@ -66,6 +66,46 @@ def share_references(evals: dict[Key, Evaluation], arms: Sequence[str], referenc
     return out
 
 
+def evaluated_split(evals: Mapping[Key, Evaluation], selection: Sequence[Mapping[str, Any]] | None) -> str:
+    """The one split these evaluations are of (val when there are none); test needs the val `selection`."""
+    splits = sorted({k[2] for k in evals})
+    if len(splits) > 1:
+        raise StatsInputError(f"evaluations of more than one split ({', '.join(splits)}): statistics are made per "
+                              "split (val: results/stats/, test: results/test/stats/)")
+    split = splits[0] if splits else "val"
+    if split == "test" and selection is None:
+        raise StatsInputError("test evaluations are read against the val checkpoint selection: pass --selection "
+                              "results/stats/selection.parquet")
+    return split
+
+
+def evaluation_rows(evals: Mapping[Key, Evaluation]) -> tuple[list[dict], list[dict], list[dict]]:
+    """The rows each evaluation gives the metrics, confusion and classes tables, in key order."""
+    metrics: list[dict] = []
+    conf: list[dict] = []
+    classes: list[dict] = []
+    for key, ev in sorted(evals.items()):
+        ident = dict(zip(("run", "checkpoint", "split", "seed"), key, strict=True))
+        protocols = ",".join(sorted(filter(None, {r.get("protocol") for r in ev.rows})))
+        metrics.append({**ident, "protocol": protocols, **mechanism_metrics(ev.rows)})
+        counts = confusion(ev.rows)
+        conf += [{**ident, "verified": t, "predicted": p, "count": c} for (t, p), c in sorted(counts.items())]
+        if counts:
+            classes += [{**ident, **c} for c in class_metrics(counts)]
+    return metrics, conf, classes
+
+
+def selected_shares(evals: Mapping[Key, Evaluation], selected: Mapping[tuple[str, int], str], split: str,
+                    reference: str | None) -> list[dict]:
+    """The prediction-shares rows of each selected checkpoint that predicts, against its run's reference."""
+    shares: list[dict] = []
+    for (run, seed_), ckpt in sorted(selected.items()):
+        sel, ref = evals.get((run, ckpt, split, seed_)), evals.get((run, reference or "", split, seed_))
+        if sel is not None and ref is not None and ref is not sel and confusion(sel.rows):
+            shares += prediction_shares(ref, sel)
+    return shares
+
+
 def study_stats(
     paths: Sequence[str | Path | Evaluation],
     *,
@@ -88,24 +128,9 @@ def study_stats(
     `predict.campaign.statistics_inputs.check_test_inputs`, becomes the campaigns table). `extensions`: name ->
     its `ExtensionRun` (see `extension_table`)."""
     evals = load_evaluations(paths)
-    splits = sorted({k[2] for k in evals})
-    if len(splits) > 1:
-        raise StatsInputError(f"evaluations of more than one split ({', '.join(splits)}): statistics are made per "
-                              "split (val: results/stats/, test: results/test/stats/)")
-    split = splits[0] if splits else "val"
+    split = evaluated_split(evals, selection)
     test = split == "test"
-    if test and selection is None:
-        raise StatsInputError("test evaluations are read against the val checkpoint selection: pass --selection "
-                              "results/stats/selection.parquet")
-    metrics, conf, classes = [], [], []
-    for key, ev in sorted(evals.items()):
-        ident = dict(zip(("run", "checkpoint", "split", "seed"), key, strict=True))
-        protocols = ",".join(sorted(filter(None, {r.get("protocol") for r in ev.rows})))
-        metrics.append({**ident, "protocol": protocols, **mechanism_metrics(ev.rows)})
-        counts = confusion(ev.rows)
-        conf += [{**ident, "verified": t, "predicted": p, "count": c} for (t, p), c in sorted(counts.items())]
-        if counts:
-            classes += [{**ident, **c} for c in class_metrics(counts)]
+    metrics, conf, classes = evaluation_rows(evals)
     files = list(evals.values())  # one per file: the per-run tables read these (a shared reference is no second file)
     if test:
         evals = share_references(evals, arms, reference)
@@ -122,29 +147,24 @@ def study_stats(
              for kind, a, b in plan for metric in (METRICS if kind == "vs_reference" else ("final_pass",))]
     add_holm(pairs, selected)
     recovery = [recovery_row(a, b) for kind, a, b in plan if kind == "vs_reference"]
-    shares = []
-    for (run, seed_), ckpt in sorted(selected.items()):
-        sel, ref = evals.get((run, ckpt, split, seed_)), evals.get((run, reference or "", split, seed_))
-        if sel is not None and ref is not None and ref is not sel and confusion(sel.rows):
-            shares += prediction_shares(ref, sel)
     tables = {
         "metrics": rows_table(metrics),
         "pairs": rows_table(pairs, PAIR_SCHEMA),
         "recovery": rows_table(recovery, RECOVERY_SCHEMA),
         "confusion": rows_table(conf, CONFUSION_SCHEMA),
         "classes": rows_table(classes, CLASS_SCHEMA),
-        "prediction_shares": rows_table(shares, SHARES_SCHEMA),
+        "prediction_shares": rows_table(selected_shares(evals, selected, split, reference), SHARES_SCHEMA),
         "selection": rows_table(selection, SELECTION_SCHEMA),
     }
     if test:
         runs = {k[0] for k in evals}
+        bootstrap = {"split": split, "resamples": resamples, "seed": seed, "ci": ci}
         tables["ablations"] = pa.concat_tables([ABLATION_SCHEMA.empty_table()] + [
-            ablation_table(name, files, selection, base_arm=ablation.base_arm, split=split, resamples=resamples,
-                           seed=seed, ci=ci)
+            ablation_table(name, files, selection, base_arm=ablation.base_arm, **bootstrap)
             for name, ablation in (ablations or {}).items() if name in runs])
         tables["extensions"] = pa.concat_tables([EXTENSION_SCHEMA.empty_table()] + [
             extension_table(name, files, selection, spec=ext.spec, counterpart=ext.counterpart,
-                            default_test_cost=default_test_cost, split=split, resamples=resamples, seed=seed, ci=ci)
+                            default_test_cost=default_test_cost, **bootstrap)
             for name, ext in (extensions or {}).items() if name in runs])
         tables["campaigns"] = rows_table(campaigns, CAMPAIGN_SCHEMA)
     names = TEST_STATS_TABLES if test else STATS_TABLES
