@@ -108,7 +108,7 @@ def _run_stage(args: argparse.Namespace) -> int:
 
     # on a GPU node the job's log ends with its peak GPU memory; under Snakemake a job that outlives its plan by more
     # than the margin says so in its log (predict.plan.limits)
-    with watch_gpu_memory(), watch_planned(args.planned):
+    with watch_gpu_memory(), watch_planned(args.planned, name=f"predict {args.stage}"):
         return args.stage_main(args, _config(args))
 
 
@@ -154,7 +154,7 @@ def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
         source.add_argument("--config", help="study config file")
         source.add_argument("--config-json", help="the same, inline")
         source.add_argument("--config-slice", help="this stage's slice of the config (JSON; what Snakemake passes)")
-        p.add_argument("--planned", default=None, metavar="RULE=SECONDS",
+        p.add_argument("--planned", default=None, metavar="SECONDS",
                        help="the job's planned time (Snakemake passes it): a warning once it runs past it x the margin")
         arguments, main = _stage_command(stage.name)
         arguments(p)

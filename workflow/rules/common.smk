@@ -135,7 +135,7 @@ TRAIN_RESOURCES = GPU_RESOURCES(
 # calibration, with the margin predict.plan.limits states (runtime = planned x 2, at least 15 min; memory = the
 # calibrated peak x 2, where the job's process holds it all); the hand-set sizes above stay where no calibration
 # gives the job (the workflow says which, once per rule). The kind: cluster.device_kind, else cpu where serving.device
-# is cpu. Each job also gets its planned seconds, `--planned {rule}={resources.planned_s}`: its log warns once it
+# is cpu. Each job also gets its planned seconds, `--planned {resources.planned_s}`: its log warns once it
 # outlives its plan by more than the margin.
 #   resources: **PLANNED(RL_RESOURCES)                 resources: **PLANNED(SERVING_RESOURCES, checkpoints=n)
 LIMITS = WorkflowLimits(config, Path(workflow.basedir), say=logger.info)

@@ -40,7 +40,7 @@ for _run in EVAL_RUNS():
         conda:
             "../../envs/pipeline.yaml"
         shell:
-            "predict evaluate --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
+            "predict evaluate --planned {resources.planned_s} --config-slice {params.config:q}"
             " --tasks-file {input.tasks:q} --split val"
             " --run {params.run} --seed {wildcards.seed} {params.checkpoints} > {log:q} 2>&1"
 
@@ -63,7 +63,7 @@ TEST_CAMPAIGN_INPUTS = {
     "serving": ancient(SERVING_CHECK),
 }
 TEST_CAMPAIGN_SHELL = (
-    "predict evaluate --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
+    "predict evaluate --planned {resources.planned_s} --config-slice {params.config:q}"
     " --tasks-file {input.tasks:q} --split test --run {params.run} --seed {params.seed} {params.checkpoints}"
     " --selection {input.selection:q}"
     " --val-metrics {input.val_metrics:q}"
@@ -99,7 +99,7 @@ if SELECTION_MODE == "fixed" and CPU_SERVING:
         conda:
             "../../envs/pipeline.yaml"
         shell:
-            "predict evaluate --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
+            "predict evaluate --planned {resources.planned_s} --config-slice {params.config:q}"
             " --tasks-file {input.tasks:q} --split test {params.evaluations}"
             " --selection {input.selection:q} --val-metrics {input.val_metrics:q} > {log:q} 2>&1"
 

@@ -52,7 +52,7 @@ rule prime_rl_setup:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict prime-rl-setup --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
+        "predict prime-rl-setup --planned {resources.planned_s} --config-slice {params.config:q}"
         " --dir {params.dir:q} --patch {input.patch:q}"
         " --out {output:q} > {log:q} 2>&1"
 
@@ -101,7 +101,7 @@ rule prime_rl_sft:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict prime-rl-train sft --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
+        "predict prime-rl-train sft --planned {resources.planned_s} --config-slice {params.config:q}"
         " --toml {input.toml:q} --dir {params.dir:q} --checkpoint {output.checkpoint:q}"
         " --metrics-out {output.metrics:q} > {log:q} 2>&1"
 
@@ -160,7 +160,7 @@ rule prime_rl_rl:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict prime-rl-train rl --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
+        "predict prime-rl-train rl --planned {resources.planned_s} --config-slice {params.config:q}"
         " --toml {input.toml:q} --dir {params.dir:q} --run-dir {params.run_dir:q}"
         " --checkpoints-out {output.checkpoints:q} --metrics-out {output.metrics:q}"
         " --raw-metrics-out {output.raw_metrics:q} --run {wildcards.run} --seed {wildcards.seed}"

@@ -12,16 +12,24 @@ localrules:
 # the kind has a calibration (LIMITS, common.smk). It plans the run's config files (a --config override given on the
 # command line is not in them) on the local profile's layout, or one GPU node's.
 PLAN = {"json": R("plan", "plan.json"), "table": R("plan", "plan.parquet")} if LIMITS.priced else {}
-# The files travel in the command, not as a param: a param is a rerun trigger, and the plan, which reads the whole
-# config, would then rerun on every edit (and on the same config under another file name). It is made once, before
-# the run, and the report reads it as that: the plan the run started from.
-PLAN_CONFIG_FILES = "+".join(map(str, workflow.overwrite_configfiles or workflow.configfiles))
+# The config files reach the job in a list file its input takes as ancient(), not as a param: a param (or a changed
+# input) is a rerun trigger, and the plan, which reads the whole config, would then rerun on every edit (and on the
+# same config under another file name). It is made once, before the run; the report reads it as that: the plan the
+# run started from.
+PLAN_CONFIG_LIST = SLICES / "plan-config-files.txt"
 if PLAN:
+    from predict.outputs import write_text
+
+    _files = "+".join(map(str, workflow.overwrite_configfiles or workflow.configfiles)) + "\n"
+    if not PLAN_CONFIG_LIST.is_file() or PLAN_CONFIG_LIST.read_text() != _files:
+        write_text(_files, PLAN_CONFIG_LIST)
 
     localrules:
         plan,
 
     rule plan:
+        input:
+            config_files=ancient(str(PLAN_CONFIG_LIST)),
         output:
             **PLAN,
         params:
@@ -34,7 +42,7 @@ if PLAN:
         conda:
             "../../envs/pipeline.yaml"
         shell:
-            "predict plan --config {PLAN_CONFIG_FILES:q} --profile {params.profile} --device {params.kind}"
+            'predict plan --config "$(cat {input.config_files:q})" --profile {params.profile} --device {params.kind}'
             " --out {output.json:q} > {log:q} 2>&1"
 
 

@@ -31,6 +31,6 @@ rule rft:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict rft --planned {rule}={resources.planned_s} --config-slice {params.config:q} --run {wildcards.run}"
+        "predict rft --planned {resources.planned_s} --config-slice {params.config:q} --run {wildcards.run}"
         " --seed {wildcards.seed} --init {input.init:q} --tasks-file {input.tasks:q}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"

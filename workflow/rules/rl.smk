@@ -33,6 +33,6 @@ rule rl:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict rl --planned {rule}={resources.planned_s} --config-slice {params.config:q} --run {wildcards.run}"
+        "predict rl --planned {resources.planned_s} --config-slice {params.config:q} --run {wildcards.run}"
         " --seed {wildcards.seed} --init {input.init:q} --tasks-file {input.tasks:q}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"

@@ -24,7 +24,7 @@ rule rollout:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict rollout --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
+        "predict rollout --planned {resources.planned_s} --config-slice {params.config:q}"
         " --tasks-file {input.tasks:q} --split {wildcards.split}"
         " --model {params.model:q} --checkpoint {wildcards.checkpoint} --arm {wildcards.arm}"
         " --seed {wildcards.seed} --out {output:q} > {log:q} 2>&1"

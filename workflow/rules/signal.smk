@@ -23,5 +23,5 @@ rule signal:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict signal --planned {rule}={resources.planned_s} --config-slice {params.config:q}"
+        "predict signal --planned {resources.planned_s} --config-slice {params.config:q}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"

@@ -25,7 +25,7 @@ rule train_sft:
     conda:
         "../../envs/pipeline.yaml"
     shell:
-        "predict sft --planned {rule}={resources.planned_s} --config-slice {params.config:q} --arm {wildcards.arm}"
+        "predict sft --planned {resources.planned_s} --config-slice {params.config:q} --arm {wildcards.arm}"
         " --traces {input.traces:q} --base-model {params.base:q} --out-dir {output.checkpoint:q}"
         " --metrics-out {output.metrics:q}"
         " --state-dir {params.state:q} --threads {threads} > {log:q} 2>&1"

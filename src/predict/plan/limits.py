@@ -162,25 +162,27 @@ class WorkflowLimits:
 
 
 @contextmanager
-def watch_planned(spec: str | None, margin: float = RUNTIME_MARGIN) -> Iterator[None]:
-    """`spec` RULE=SECONDS (`predict <stage> --planned`): one warning line once the job outlives its plan x margin,
-    and at its end what it took against the plan. Nothing to watch without a plan (0 s) or a spec."""
+def watch_planned(spec: str | None, margin: float = RUNTIME_MARGIN, name: str = "this job") -> Iterator[None]:
+    """`spec` SECONDS, or NAME=SECONDS (`predict <stage> --planned`; Snakemake passes the job's planned seconds and
+    the job is named by its stage, `name`: its log is its rule's): one warning line once the job outlives its plan x
+    margin, and at its end what it took against the plan. Nothing to watch without a plan (0 s) or a spec."""
     if not spec:
         yield
         return
-    rule, _, seconds = spec.rpartition("=")
+    given, _, seconds = spec.rpartition("=")
+    rule = given or name
     try:
         planned = float(seconds)
     except ValueError:
-        raise ValueError(f"--planned {spec!r}: expected RULE=SECONDS") from None
+        raise ValueError(f"--planned {spec!r}: expected SECONDS (or NAME=SECONDS)") from None
     if planned <= 0:
-        log.info(f"rule {rule}: no planned time (its device kind has no calibration for it): not watched")
+        log.info(f"{rule}: no planned time (its device kind has no calibration for it): not watched")
         yield
         return
     start = time.monotonic()
 
     def warn() -> None:
-        log.warning(f"rule {rule}: still running after {time.monotonic() - start:.0f} s, planned {planned:.0f} s: "
+        log.warning(f"{rule}: still running after {time.monotonic() - start:.0f} s, planned {planned:.0f} s: "
                     f"past its plan by more than the margin (x{margin:g}; docs/plan.md)")
 
     timer = threading.Timer(planned * margin, warn)
@@ -190,4 +192,4 @@ def watch_planned(spec: str | None, margin: float = RUNTIME_MARGIN) -> Iterator[
         yield
     finally:
         timer.cancel()
-        log.info(f"rule {rule}: took {time.monotonic() - start:.0f} s, planned {planned:.0f} s")
+        log.info(f"{rule}: took {time.monotonic() - start:.0f} s, planned {planned:.0f} s")
