@@ -62,7 +62,7 @@ def device_kind(study: StudyConfig) -> str | None:
     """The device kind whose calibration sizes the jobs: `cluster.device_kind`, else the CPU's where the config serves
     on the CPU, else None (a GPU run that names no kind)."""
     if study.cluster.device_kind:
-        return str(study.cluster.device_kind)
+        return study.cluster.device_kind
     return "cpu" if study.serving.device == "cpu" else None
 
 

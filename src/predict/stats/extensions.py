@@ -70,6 +70,13 @@ class ExtensionRun:
     counterpart: str | None = None
 
 
+def extension_inputs(config: StageSettings, name: str) -> ExtensionRun:
+    """An extension run as the statistics read it: its resolved run spec (its arm the base arm) and its counterpart."""
+    from predict.runs import extension_counterpart, resolve_run
+
+    return ExtensionRun(resolve_run(config, name), extension_counterpart(config, name))
+
+
 def extension_mechanism(spec: RunSpec, default_test_cost: int) -> str:
     """Which mechanism an extension run exists for: rft, test_cost, edit_on_revise or mask_decision."""
     if spec.trainer == "rft":
@@ -183,7 +190,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace, config: StageSettings) -> int:
     from predict.outputs import console, write_table
-    from predict.stats.settings import bootstrap_settings, extension_inputs, run_evaluations, val_selection
+    from predict.stats.settings import bootstrap_settings, run_evaluations, val_selection
 
     name = args.extension
     evals = run_evaluations(config.extensions, "extensions", name, args.eval)

@@ -1,5 +1,5 @@
 """What the statistics commands (`predict stats`, `ablations`, `extensions`, `open-question`) read from their config
-slice: the bootstrap settings, the checkpoint selection over val evaluations, an extension's run spec."""
+slice: the bootstrap settings and the checkpoint selection over val evaluations."""
 
 from __future__ import annotations
 
@@ -8,20 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from predict.stages import StageSettings
-    from predict.stats.extensions import ExtensionRun
 
 
 def bootstrap_settings(config: StageSettings) -> dict[str, Any]:
     """resamples, seed and ci of config evaluation.bootstrap, as keyword arguments."""
     return config.evaluation.bootstrap.model_dump()
-
-
-def extension_inputs(config: StageSettings, name: str) -> ExtensionRun:
-    """An extension run as the statistics read it: its resolved run spec (its arm the base arm) and its counterpart."""
-    from predict.runs import extension_counterpart, resolve_run
-    from predict.stats.extensions import ExtensionRun
-
-    return ExtensionRun(resolve_run(config, name), extension_counterpart(config, name))
 
 
 def val_selection(config: StageSettings, evals: Iterable[Any]) -> Any:

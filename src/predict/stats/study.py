@@ -15,7 +15,7 @@ from predict.campaign import StatsInputError, select_checkpoints
 from predict.config import config_default
 from predict.config.models import AblationSettings, SelectionSettings
 from predict.stats.ablations import ABLATION_SCHEMA, ablation_table
-from predict.stats.extensions import EXTENSION_SCHEMA, ExtensionRun, extension_table
+from predict.stats.extensions import EXTENSION_SCHEMA, ExtensionRun, extension_inputs, extension_table
 from predict.stats.metrics import (
     METRICS,
     STATS_TABLES,
@@ -196,7 +196,7 @@ def main(args: argparse.Namespace, config: StageSettings) -> int:
     from predict.runs import environments
     from predict.stages import STAGES
     from predict.stats.open_question import OPEN_QUESTION, open_question_table
-    from predict.stats.settings import bootstrap_settings, extension_inputs
+    from predict.stats.settings import bootstrap_settings
 
     selection = config.evaluation.selection
     extensions = {name: extension_inputs(config, name) for name in config.extensions}
