@@ -85,7 +85,6 @@ def main() -> int:
         "what": f"greedy val evaluation of {model}, Arm A, {len(tasks)} tasks, side by side",
         "command": " ".join(["python", "benchmarks/eval_repeat.py", *sys.argv[1:]]),
         "model": model_identity(Path(model)),
-        "card": card_name(serving["device"]),
         "serving": serving_identity(serving, concurrency=max(args.concurrency)),
         "tasks": len(tasks),
         "max_tokens": ev["max_tokens"],
@@ -93,6 +92,7 @@ def main() -> int:
         "max_num_seqs": args.max_num_seqs,
         "modes": {},
     }
+    result["card"] = result["serving"]["device_name"]  # serving_identity's (nvidia-smi), named at the top for readers
 
     def settings(base_url: str, concurrency: int, checkpoint: str) -> RolloutSettings:
         return RolloutSettings.from_study_config(
@@ -164,16 +164,6 @@ def model_identity(folder: Path) -> dict:
             "intermediate_size", "vocab_size", "tie_word_embeddings", "torch_dtype")
     return {"path": str(folder), "shape": {k: hf.get(k) for k in keys},
             "parameters": ModelShape.from_config(hf).parameters}
-
-
-def card_name(device: str) -> str:
-    """The GPU's name as nvidia-smi gives it (or "cpu"): a number means little without the card it came from."""
-    if device != "gpu":
-        return "cpu"
-    import subprocess
-
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
-    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown GPU"
 
 
 if __name__ == "__main__":
