@@ -209,9 +209,62 @@ def test_evaluation_serves_batch_invariant_on_a_gpu_and_one_request_at_a_time_el
     CheckpointServer(paper["serving"], tmp_path / "log", sequences=paper["env"]["concurrency"]).load("hub/id", "sft")
     assert started[0]["env"] == {"VLLM_BATCH_INVARIANT": "1"}
     identity = serving_identity({"device": "cpu", "python": None}, concurrency=4)
-    assert set(identity) == {"vllm_version", "device", "device_name", "batch_invariant", "concurrency"}
+    assert set(identity) == {"vllm_version", "device", "device_name", "batch_invariant", "attention_backend",
+                             "concurrency"}
     assert (identity["device"], identity["batch_invariant"], identity["concurrency"]) == ("cpu", False, 1)
+    assert identity["attention_backend"] is None
     assert all(isinstance(v, str) and v for k, v in identity.items() if k in ("vllm_version", "device_name"))
+
+
+def test_a_batch_invariant_gpu_evaluation_server_runs_the_configured_attention_kernels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """serving.evaluation_attention_backend (issue 59: with FlashAttention 3 the tiny Qwen3's greedy rows differed
+    from run to run on one H100 server, with TRITON_ATTN they repeated on fresh ones) reaches the evaluation stage's
+    server, the bundle manifest's command, the ledger's serving identity and the design; never a server that is not
+    a batch-invariant GPU evaluation's."""
+    from predict.bundle.build import serving_flags
+    from predict.campaign.design import config_hash
+    from predict.config import REPO_ROOT, ConfigError, fill_section, load_config, with_defaults
+    from predict.config.models import ServingSettings
+    from predict.evaluate import CheckpointServer
+    from predict.serving.identity import evaluation_server, serving_identity
+
+    section = {"device": "gpu", "python": sys.executable, "gpu_memory_utilization": 0.3,
+               "evaluation_attention_backend": "TRITON_ATTN"}
+    gpu = fill_section(ServingSettings, section)
+    assert evaluation_server(gpu) == {"env": {"VLLM_BATCH_INVARIANT": "1"},
+                                      "extra_args": ["--attention-backend", "TRITON_ATTN"]}
+    for off in ({"batch_invariant": False}, {"device": "cpu"}, {"evaluation_attention_backend": None}):
+        assert evaluation_server({**gpu, **off})["extra_args"] == [], off
+    command = ServingSettings.model_validate(gpu)
+    flags = serving_flags(command, 8)["command"]  # what the bundle's manifest records
+    assert flags[flags.index("--attention-backend") + 1] == "TRITON_ATTN"
+    assert "--attention-backend" not in serving_flags(command.model_copy(update={"batch_invariant": False}), 8)["command"]
+    assert serving_identity(gpu, concurrency=8)["attention_backend"] == "TRITON_ATTN"  # the ledger's line
+
+    started: list[dict[str, Any]] = []
+
+    class Recorder:
+        base_url = "http://127.0.0.1:1/v1"
+
+        def start(self) -> Recorder:
+            return self
+
+    def from_serving(model: Any, serving: Any, **kw: Any) -> Recorder:
+        started.append(kw)
+        return Recorder()
+
+    monkeypatch.setattr(VLLMServer, "from_serving", from_serving)
+    CheckpointServer(gpu, tmp_path / "log", sequences=8).load("hub/id", "sft")
+    assert started[0]["extra_args"] == ["--attention-backend", "TRITON_ATTN"]
+
+    paper = load_config(REPO_ROOT / "config" / "config.yaml")
+    assert "evaluation_attention_backend" not in paper["serving"]  # left out, it stays out: ledgers keep their hash
+    triton = with_defaults({**paper, "serving": {**paper["serving"], "evaluation_attention_backend": "TRITON_ATTN"}})
+    assert config_hash(triton) != config_hash(paper)  # it changes rows, so it is part of the design
+    with pytest.raises(ConfigError, match="serving.evaluation_attention_backend"):
+        with_defaults({**paper, "serving": {**paper["serving"], "evaluation_attention_backend": "triton attn"}})
 
 
 def test_default_python_and_free_port(model_dir: Path) -> None:

@@ -15,7 +15,7 @@ Rules:
   folder to reload from, gets a fresh server). Outputs stay one parquet per checkpoint, all published at the end:
   Snakemake deletes a failed job's declared outputs, never the `.partial` folders a rerun resumes from.
 * Evaluation repeats: its server is batch-invariant on a GPU, else it sends one request at a time
-  (`predict.serving.identity.evaluation_environment`, `evaluation_concurrency`); `predict.serving.identity.serving_identity` says what
+  (`predict.serving.identity.evaluation_server`, `evaluation_concurrency`); `predict.serving.identity.serving_identity` says what
   its rows then depend on besides the checkpoint and the config (the campaign line records it).
 * The stage reads its own typed object (`predict.stages.stage_model`: the evaluate row on val, evaluate-test on
   test) as attributes. What is hashed or recorded (the design hash, the ledger's evaluation section and serving
@@ -171,7 +171,7 @@ class CheckpointServer:
 
     def load(self, model: str, version: str) -> str:
         """Serve `model`; returns the base URL."""
-        from predict.serving.identity import evaluation_environment
+        from predict.serving.identity import evaluation_server
         from predict.serving.server import VLLMServer
 
         if self.server is not None and Path(model).is_dir():
@@ -181,7 +181,7 @@ class CheckpointServer:
         self.close()
         self.server = VLLMServer.from_serving(
             model, self.serving, sequences=self.sequences, served_model_name=SERVED_NAME, worker_extension=True,
-            log_path=self.log_path, env=evaluation_environment(self.serving),
+            log_path=self.log_path, **evaluation_server(self.serving),
         ).start()
         self.starts += 1
         return self.server.base_url

@@ -55,7 +55,7 @@ class RolloutJob:
     run: str | None = None  # the study run (arm or ablation) the test ledger keys on; None = the arm
     ledger_extra: Mapping[str, Any] | None = None  # the campaign's admission (campaign id, weights) and more fields
     served_model: str | None = None  # with base_url: the name that endpoint serves the model under; None = model
-    evaluation: bool = False  # served and run so that it repeats (predict.serving.identity.evaluation_environment/_concurrency)
+    evaluation: bool = False  # served and run so that it repeats (predict.serving.identity.evaluation_server/_concurrency)
 
 
 def select_tasks(rows: Sequence[Mapping[str, Any]], n_tasks: int | None, samples: int) -> list[dict[str, Any]]:
@@ -212,7 +212,7 @@ def run_job(job: RolloutJob, config: Config) -> dict[str, Any]:
 def roll_out(job: RolloutJob, config: StageSettings) -> PendingOutput:
     """Run (or resume) one rollout job's rollouts, persisting each as it finishes; publish with `.publish()`."""
     from predict.env.runner import run_rollouts_sync
-    from predict.serving.identity import evaluation_environment
+    from predict.serving.identity import evaluation_server
     from predict.serving.server import SERVED_NAME, VLLMServer
 
     isolation = sandbox_isolation(config)  # before anything is read: a missing sandbox layer stops the stage
@@ -244,7 +244,7 @@ def roll_out(job: RolloutJob, config: StageSettings) -> PendingOutput:
                 sequences=config.env.concurrency,
                 served_model_name=SERVED_NAME,  # records name one model whichever server ran (and one can be shared)
                 log_path=job.out.with_name(job.out.stem + ".vllm.log"),
-                env=evaluation_environment(serving) if job.evaluation else None,
+                **(evaluation_server(serving) if job.evaluation else {}),
             )
         )
         t0 = time.perf_counter()

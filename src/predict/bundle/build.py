@@ -125,12 +125,12 @@ def serving_flags(serving: ServingSettings, concurrency: int) -> dict[str, Any]:
     """How an evaluation's vLLM server is started under this config (predict.evaluate: CheckpointServer, sized for
     env.concurrency requests in flight, `concurrency`): its command line, the checkpoint and port as placeholders,
     and the VLLM_* environment it gets."""
-    from predict.serving.identity import evaluation_environment
+    from predict.serving.identity import evaluation_server
     from predict.serving.server import SERVED_NAME, VLLMServer
 
     server = VLLMServer.from_serving("{checkpoint}", serving.model_copy(update={"shared": None}), sequences=concurrency,
                                      served_model_name=SERVED_NAME,
-                                     worker_extension=True, env=evaluation_environment(serving), port=0)
+                                     worker_extension=True, **evaluation_server(serving), port=0)
     command = server.command()[1:]  # the interpreter is the serving environment's, recorded beside
     command[command.index("--port") + 1] = "{port}"
     environment = {k: v for k, v in {**server.environment(), **server.env}.items() if k.startswith("VLLM_")}

@@ -29,6 +29,22 @@ def evaluation_environment(serving: ServingSettings | Mapping[str, Any]) -> dict
     return {"VLLM_BATCH_INVARIANT": "1"} if batch_invariant(serving) else {}
 
 
+def evaluation_attention_backend(serving: ServingSettings | Mapping[str, Any]) -> str | None:
+    """The attention kernels an evaluation's server runs, where the config sets them (``serving.
+    evaluation_attention_backend``) and evaluation is batch-invariant; None = vLLM's choice."""
+    serving = serving_settings(serving)
+    return serving.evaluation_attention_backend if batch_invariant(serving) else None
+
+
+def evaluation_server(serving: ServingSettings | Mapping[str, Any]) -> dict[str, Any]:
+    """How every evaluation's vLLM server is started beyond the run's other servers (`VLLMServer.from_serving`
+    keywords): batch-invariant (its environment) and, where set, on the configured attention kernels. The one source
+    for the evaluation stage, the rollout jobs that evaluate, the bundle's manifest and benchmarks/eval_repeat.py."""
+    backend = evaluation_attention_backend(serving)
+    return {"env": evaluation_environment(serving),
+            "extra_args": ["--attention-backend", backend] if backend else []}
+
+
 def evaluation_concurrency(serving: ServingSettings | Mapping[str, Any], concurrency: int) -> int:
     """Requests an evaluation keeps in flight: `concurrency` (``env.concurrency``) where serving is batch-invariant,
     else 1 (in a batch the CPU kernels' rounding depends on the requests beside one, and greedy decoding of near-tied
@@ -84,7 +100,7 @@ def device_inventory() -> dict[str, Any]:
 def serving_identity(serving: ServingSettings | Mapping[str, Any], *, concurrency: int) -> dict[str, Any]:
     """What an evaluation's rows depend on beyond the checkpoint and the config, as a plain dict (for the test
     campaign's ledger line): ``vllm_version`` (of ``serving.python``), ``device`` (cpu/gpu), ``device_name``,
-    ``batch_invariant`` (`batch_invariant`) and ``concurrency`` (requests in flight, `evaluation_concurrency` of
+    ``batch_invariant`` (`batch_invariant`), ``attention_backend`` (`evaluation_attention_backend`) and ``concurrency`` (requests in flight, `evaluation_concurrency` of
     the evaluation's `concurrency`, i.e. ``env.concurrency``); on a GPU also the ``driver`` and ``cuda`` versions
     (`device_inventory`)."""
     serving = serving_settings(serving)
@@ -95,6 +111,7 @@ def serving_identity(serving: ServingSettings | Mapping[str, Any], *, concurrenc
         "device": serving.device,
         "device_name": _device_name(serving.device),
         "batch_invariant": batch_invariant(serving),
+        "attention_backend": evaluation_attention_backend(serving),
         "concurrency": evaluation_concurrency(serving, concurrency),
         **gpu,
     }
