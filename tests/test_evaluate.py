@@ -206,6 +206,30 @@ def test_an_interrupted_campaign_resumes_without_redoing_rollouts(study, test_fi
     assert read_rows(sft_out)[0]["final_pass"] and len(endpoint.requests) > requests
 
 
+def test_a_test_evaluation_whose_rollouts_failed_publishes_nothing_and_a_rerun_runs_them(
+    study, test_file: Path, endpoint, tmp_path: Path
+) -> None:
+    """A model server that refuses (2026-12-06: a 4B GPU server whose every episode made no model call) must not
+    become the test campaign's one evaluation: the statistics drop failed rows, so it would be published with fewer
+    tasks and never rerun. Nothing is published, the ledger has no ``done`` line, and a rerun runs the failed task."""
+    from predict.rollouts import EvaluationRolloutsFailed
+
+    from .scripted_endpoint import HttpError
+
+    scripts = dict(endpoint.scripts)
+    endpoint.scripts = {marker: [HttpError(500, "EngineDeadError: the engine died")] for marker in scripts}
+    out = tmp_path / "eval" / "B" / "sft" / "test" / "seed42.parquet"
+    with pytest.raises(EvaluationRolloutsFailed, match=r"1 of the B sft test evaluation's rollouts failed.*task \d+"):
+        _campaign(study, test_file, tmp_path, "sft", base_url=endpoint.base_url)
+    assert not out.exists()
+    lines = [json.loads(line) for line in registry_ledger().read_text().splitlines()]
+    assert [e.get("status") for e in lines if e.get("checkpoint") == "sft"] == ["started"]
+    endpoint.scripts = scripts  # the server works again: the rerun resumes the campaign and runs the task
+    (summary,) = _campaign(study, test_file, tmp_path, "sft", base_url=endpoint.base_url)
+    assert (summary["ran"], summary["rollouts"], summary["failed_infra"]) == (1, 1, 0)
+    assert all(r["ok"] for r in read_rows(out))
+
+
 class FakeServer:
     """predict.serving.server.VLLMServer's surface, serving the scripted endpoint; records starts and reloads."""
 

@@ -165,6 +165,21 @@ def _rollouts(job: RolloutJob, config: StageSettings) -> tuple[list[dict[str, An
     return tasks, sink, [t for t in tasks if (t["task_id"], t["sample"]) not in done]
 
 
+class EvaluationRolloutsFailed(RuntimeError):
+    """An evaluation whose rollouts failed (``ok`` false: a model server that refused or died, a harness error) is
+    not published: its rows would be no result (the statistics drop them, and a test evaluation is run once). The
+    rollouts that ran are kept in the job's partial folder; a rerun runs the failed ones again."""
+
+    def __init__(self, job: RolloutJob, failed: Sequence[Mapping[str, Any]], kept: int) -> None:
+        first = "; ".join(f"task {r['task_id']}: {(r.get('error') or 'no error recorded').splitlines()[0][:200]}"
+                          for r in failed[:3])
+        super().__init__(
+            f"{job.out}: {len(failed)} of the {job.run or job.arm} {job.checkpoint} {job.split} evaluation's rollouts "
+            f"failed, so nothing is published ({first}). The {kept} that ran are kept and a rerun runs the rest; "
+            "look at the server log beside the output"
+        )
+
+
 def guard_job(job: RolloutJob, task_ids: Sequence[int]) -> None:
     """`predict.campaign.seal.guard_tasks` for this job: a test task only in an evaluation its campaign admitted."""
     admission = dict(job.ledger_extra or {}) if job.test_ledger is not None else None
@@ -233,6 +248,7 @@ def roll_out(job: RolloutJob, config: StageSettings) -> PendingOutput:
         TestLedger(job.test_ledger).record(ledger_entry, "started")
 
     timing: dict[str, float] = {}
+    failed: list[dict[str, Any]] = []
     if todo:
         serving = config.serving
         server = (
@@ -260,12 +276,17 @@ def roll_out(job: RolloutJob, config: StageSettings) -> PendingOutput:
 
                 def on_record(record: dict[str, Any]) -> None:
                     nonlocal passed
-                    sink.append([record])  # persisted before anything else can fail
+                    if job.evaluation and not record["ok"]:  # not a result: kept out, so a rerun runs it again
+                        failed.append(record)
+                    else:
+                        sink.append([record])  # persisted before anything else can fail
                     passed += bool(record["final_pass"])
                     bar.update(bar_task, advance=1, passed=passed)
 
                 run_rollouts_sync(todo, settings, on_record=on_record)
             timing["rollouts_s"] = time.perf_counter() - t1
+    if failed:
+        raise EvaluationRolloutsFailed(job, failed, len(sink.rows))
     rows = sink.rows
     summary = {
         "rollouts": len(rows),
