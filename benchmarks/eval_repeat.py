@@ -7,23 +7,22 @@ CPU (the local config, vLLM's CPU build): the CPU build has no batch-invariant k
     .venv/bin/python benchmarks/eval_repeat.py --concurrency 4 1 --repeats 2 --out benchmarks/eval_repeat_cpu.json
 
 GPU (vLLM's GPU build): evaluation serves batch-invariant (``VLLM_BATCH_INVARIANT=1``, config
-``serving.batch_invariant``) and keeps ``env.concurrency`` in flight. ``--modes invariant default`` runs the
-evaluation on ``--servers`` fresh batch-invariant servers, then on a server without batch invariance, each at every
-``--concurrency`` on the first server and the first concurrency on the next; rows must be identical across servers and
-concurrencies in the invariant mode, and the wall times give the price of batch invariance. ``--every-concurrency``
-runs every concurrency on every fresh server, so fresh servers are compared at each (the issue 59 check: 3 servers,
-16 and 64 in flight):
+``serving.batch_invariant``) on the config's attention kernels (``serving.evaluation_attention_backend``) and keeps
+``env.concurrency`` in flight. ``--modes invariant default`` runs the evaluation on ``--servers`` fresh batch-invariant
+servers (the config's attention kernels), then on ``--default-servers`` servers as vLLM serves by default (no batch
+invariance, vLLM's kernels), each at every ``--concurrency`` on the first server and the first concurrency on the
+next; rows must be identical across servers and concurrencies in the invariant mode, and the wall times give the
+price. ``--every-concurrency`` runs every concurrency on every fresh server (the issue 59 check; docs/repeatability.md):
 
-    python benchmarks/eval_repeat.py --config config/gpu-slice.yaml --model results/checkpoints/A/sft \
-        --tasks 16 --concurrency 16 1 --servers 2 --modes invariant default --out benchmarks/eval_repeat_h200.json
-    python benchmarks/eval_repeat.py --config config/gpu-slice.yaml --model results/models/tiny \
-        --tasks 16 --concurrency 16 64 --servers 3 --every-concurrency --modes invariant --out benchmarks/eval_repeat_<card>_tiny.json
+    python benchmarks/eval_repeat.py --config config/gpu-slice.yaml --tasks 50 --concurrency 16 64 --servers 3 \
+        --every-concurrency --modes invariant default --default-servers 1 --server-logs logs/eval_repeat \
+        --out benchmarks/eval_repeat_<card>_tiny.json
 
 The JSON names what ran: the model's path, shape and parameter count (its config.json), the card, the command.
 
 Per run: wall time, and how many tasks' rows differ from the first run of the mode (times and ids left out), with
-where each first differs (`first_differences`: a row's path such as ``tokens[1].logprobs[7]``; a difference in
-``logprobs`` alone leaves the text and the outcome equal) and how many tasks' outcomes differ. Every run is preceded on
+where each first differs (`first_differences`: a row's path such as ``steps[2].reply@17``, the trajectory first, a text's first
+differing character after the @) and how many tasks' outcomes differ. Every run is preceded on
 its server by one warm-up batch (first requests compile and warm caches).
 
 Finding what makes fresh servers differ (issue 59): ``--server-arg`` and ``--server-env`` add vLLM flags and

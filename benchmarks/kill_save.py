@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -97,6 +96,7 @@ def main() -> int:
         return 0
 
     from predict.serving.gpu_memory import ModelShape
+    from predict.serving.identity import device_name
     from predict.tiny_model import cached_tiny_qwen3
     from predict.train.trainer import Trainer
 
@@ -148,7 +148,7 @@ def main() -> int:
         "what": "SIGKILL during a background state save, then a resume (benchmarks/kill_save.py)",
         "command": " ".join(["python", "benchmarks/kill_save.py", *sys.argv[1:]]),
         "device": args.device,
-        "card": _card(args.device),
+        "card": device_name("gpu" if args.device.startswith("cuda") else "cpu"),
         "model": {"path": str(model), "parameters": ModelShape.from_config(hf).parameters,
                   "hidden_size": hf.get("hidden_size"), "num_hidden_layers": hf.get("num_hidden_layers")},
         "state_gb": round(_folder_bytes(state) / 1e9, 2),
@@ -165,14 +165,6 @@ def main() -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0 if result["resumes_from_the_last_whole_state"] else 1
-
-
-def _card(device: str) -> str:
-    if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.get_device_name(0)
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

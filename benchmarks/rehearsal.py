@@ -358,10 +358,11 @@ def collect(args: argparse.Namespace) -> int:
 
 
 def _card() -> str:
-    try:
-        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=20).stdout.splitlines()[0]
-    except (OSError, IndexError, subprocess.SubprocessError):
+    """The GPU's kind as the calibration files name it (NVIDIA H100 80GB HBM3 -> h100); cpu without a GPU."""
+    from predict.serving.identity import device_name
+
+    name = device_name("gpu")
+    if name == "unknown":
         return "cpu"
     return re.sub(r"[^a-z0-9]+", "_", re.sub(r"^nvidia\s+", "", name.lower())).strip("_").split("_")[0]
 

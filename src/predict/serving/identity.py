@@ -63,7 +63,7 @@ def _vllm_version(python: str) -> str:
     return out.stdout.strip() or "unknown"
 
 
-def _device_name(device: str) -> str:
+def device_name(device: str) -> str:
     """The GPU's name (nvidia-smi, first GPU) or the CPU's model name (/proc/cpuinfo); "unknown" when unreadable."""
     if device == "gpu":
         try:
@@ -82,7 +82,7 @@ def _device_name(device: str) -> str:
 def device_inventory() -> dict[str, Any]:
     """This machine's devices: its CPU's model name, and where nvidia-smi answers each GPU's name and the driver and
     CUDA versions (``gpus`` empty, ``driver`` and ``cuda`` null where there is none)."""
-    inventory: dict[str, Any] = {"cpu": _device_name("cpu"), "gpus": [], "driver": None, "cuda": None}
+    inventory: dict[str, Any] = {"cpu": device_name("cpu"), "gpus": [], "driver": None, "cuda": None}
     try:
         names = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                                capture_output=True, text=True, timeout=30)
@@ -109,7 +109,7 @@ def serving_identity(serving: ServingSettings | Mapping[str, Any], *, concurrenc
     return {
         "vllm_version": _vllm_version(shutil.which(python) or python),
         "device": serving.device,
-        "device_name": _device_name(serving.device),
+        "device_name": device_name(serving.device),
         "batch_invariant": batch_invariant(serving),
         "attention_backend": evaluation_attention_backend(serving),
         "concurrency": evaluation_concurrency(serving, concurrency),
