@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODE_ENV = {"invariant": {"VLLM_BATCH_INVARIANT": "1"}, "default": {}}
+MODE_INVARIANT = {"invariant": True, "default": False}  # serving.batch_invariant per --modes mode
 
 
 def main() -> int:
@@ -55,7 +55,7 @@ def main() -> int:
     ap.add_argument(
         "--modes",
         nargs="+",
-        choices=sorted(MODE_ENV),
+        choices=sorted(MODE_INVARIANT),
         default=None,
         help="GPU: batch-invariant and/or default serving (default: what the config serves)",
     )
@@ -124,7 +124,7 @@ def main() -> int:
     from predict.data import load_mbpp, split_tasks
     from predict.env.records import PER_RUN_COLUMNS as PER_RUN  # times and a random id
     from predict.env.runner import RolloutSettings, run_rollouts_sync
-    from predict.serving.identity import evaluation_attention_backend, evaluation_server, serving_identity
+    from predict.serving.identity import evaluation_server, serving_identity
     from predict.serving.server import SERVED_NAME, VLLMServer, default_cache_dir
     from predict.stages import EPISODE_VIEW, stage_settings
     from predict.tiny_model import cached_tiny_qwen3
@@ -175,15 +175,10 @@ def main() -> int:
         )
 
     for mode in modes:
-        # the config's evaluation server; "invariant" on the config's attention kernels too; "default" is vLLM's own
-        backend = evaluation_attention_backend({**serving, "batch_invariant": True})
-        started = (
-            evaluation_server(serving)
-            if mode == "config"
-            else {
-                "env": MODE_ENV[mode],
-                "extra_args": ["--attention-backend", backend] if mode == "invariant" and backend else [],
-            }
+        # the project's evaluation server: as the config has it, or with batch invariance (and so the configured
+        # attention kernels) on or off
+        started = evaluation_server(
+            serving if mode == "config" else {**serving, "batch_invariant": MODE_INVARIANT[mode]}
         )
         env = started["env"]
         runs: list[dict] = []

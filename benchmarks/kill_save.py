@@ -68,13 +68,11 @@ def child(model: str, state: Path, device: str) -> None:
     _say(event="saved", step=1, save_s=time.perf_counter() - t0, checksum=checksum(t))
     t.step(_samples(1))
     _say(event="saving", step=2, checksum=checksum(t))
-    t.save(state=state, extra={"rl_step": 2}, background=True)
-    while True:  # the next steps run while the state is written, as in the RL driver
+    t.save(state=state, extra={"rl_step": 2}, background=True, tag=2)
+    while 2 not in t.take_written():  # the next steps run while the state is written, as in the RL driver
         t.step(_samples(2))
-        if t._pending is not None and t._pending.done():
-            t.wait_saves()
-            _say(event="saved", step=2)
-            return
+    t.wait_saves()
+    _say(event="saved", step=2)
 
 
 def _folder_bytes(path: Path) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 from collections.abc import Iterator
@@ -11,6 +12,14 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def benchmark_script(name: str) -> Any:
+    """benchmarks/<name>.py as a module (the folder is not a package), for tests of its functions."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 # The campaign registry of the whole session (each test gets its own below): session fixtures that run a campaign
 # run before any function fixture, and must never write into the checkout's .test-campaigns/.
 os.environ["PREDICT_TEST_CAMPAIGNS"] = str(Path(tempfile.mkdtemp(prefix="predict-campaigns-")) / "ledger.jsonl")

@@ -3,21 +3,17 @@ the counts that follow from it, how many outcomes differ, and the rows of separa
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from .conftest import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def eval_repeat():
-    spec = importlib.util.spec_from_file_location("eval_repeat", REPO / "benchmarks" / "eval_repeat.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("eval_repeat")
 
 
 def _row(task: int, replies: list[str], outcome: str = "ASSERTION_FAILURE") -> dict:

@@ -3,7 +3,6 @@ benchmarks/rehearsal.py reads a run's files into the numbers the issue asks for.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -13,6 +12,8 @@ import yaml
 
 from predict.cli import merge_config_files
 from predict.config import load_config
+
+from .conftest import benchmark_script
 
 REPO = Path(__file__).resolve().parents[1]
 # Every per-episode, per-step and serving setting the rehearsal keeps from config/config.yaml + config/gpu.yaml.
@@ -54,10 +55,7 @@ def test_the_rehearsal_keeps_every_shape_of_the_one_node_design() -> None:
 
 @pytest.fixture(scope="module")
 def rehearsal():
-    spec = importlib.util.spec_from_file_location("rehearsal", REPO / "benchmarks" / "rehearsal.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("rehearsal")
 
 
 def _touch(path: Path, text: str, mtime: float) -> None:
@@ -131,9 +129,7 @@ def test_collect_reads_a_runs_files_into_the_issues_numbers(rehearsal, tmp_path:
     assert got["vllm_alone"] is None and got["rl_rollout_vs_vllm_alone"] is None  # not run: said, not invented
 
     # benchmarks/calibrate.py reads the file collect wrote: the 4B RL step's rollout, tokens, saves and device peak
-    spec = importlib.util.spec_from_file_location("calibrate", REPO / "benchmarks" / "calibrate.py")
-    calibrate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(calibrate)
+    calibrate = benchmark_script("calibrate")
     (tmp_path / "bench").mkdir()
     (tmp_path / "bench" / "rehearsal_test.json").write_text(out.read_text())
     calibrate.BENCH = tmp_path / "bench"

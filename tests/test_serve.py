@@ -160,6 +160,24 @@ def test_a_cpu_server_computes_with_the_same_threads_whoever_starts_it(model_dir
     assert "OMP_NUM_THREADS" in CPU_THREAD_VARIABLES and "MKL_NUM_THREADS" in CPU_THREAD_VARIABLES  # the two seen
 
 
+def _record_server_starts(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """`VLLMServer.from_serving`'s keywords of every server started from now on; none is started."""
+    started: list[dict[str, Any]] = []
+
+    class Recorder:
+        base_url = "http://127.0.0.1:1/v1"
+
+        def start(self) -> Recorder:
+            return self
+
+    def from_serving(model: Any, serving: Any, **kw: Any) -> Recorder:
+        started.append(kw)
+        return Recorder()
+
+    monkeypatch.setattr(VLLMServer, "from_serving", from_serving)
+    return started
+
+
 def test_evaluation_serves_batch_invariant_on_a_gpu_and_one_request_at_a_time_elsewhere(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -193,19 +211,7 @@ def test_evaluation_serves_batch_invariant_on_a_gpu_and_one_request_at_a_time_el
                          tasks_path=tmp_path / "val.parquet",
                          model=str(model_dir), out=tmp_path / "out.parquet")
     assert job.evaluation
-    started: list[dict[str, Any]] = []
-
-    class Recorder:
-        base_url = "http://127.0.0.1:1/v1"
-
-        def start(self) -> Recorder:
-            return self
-
-    def from_serving(model: Any, serving: Any, **kw: Any) -> Recorder:
-        started.append(kw)
-        return Recorder()
-
-    monkeypatch.setattr(VLLMServer, "from_serving", from_serving)
+    started = _record_server_starts(monkeypatch)
     CheckpointServer(paper["serving"], tmp_path / "log", sequences=paper["env"]["concurrency"]).load("hub/id", "sft")
     assert started[0]["env"] == {"VLLM_BATCH_INVARIANT": "1"}
     identity = serving_identity({"device": "cpu", "python": None}, concurrency=4)
@@ -243,19 +249,7 @@ def test_a_batch_invariant_gpu_evaluation_server_runs_the_configured_attention_k
     assert "--attention-backend" not in serving_flags(command.model_copy(update={"batch_invariant": False}), 8)["command"]
     assert serving_identity(gpu, concurrency=8)["attention_backend"] == "TRITON_ATTN"  # the ledger's line
 
-    started: list[dict[str, Any]] = []
-
-    class Recorder:
-        base_url = "http://127.0.0.1:1/v1"
-
-        def start(self) -> Recorder:
-            return self
-
-    def from_serving(model: Any, serving: Any, **kw: Any) -> Recorder:
-        started.append(kw)
-        return Recorder()
-
-    monkeypatch.setattr(VLLMServer, "from_serving", from_serving)
+    started = _record_server_starts(monkeypatch)
     CheckpointServer(gpu, tmp_path / "log", sequences=8).load("hub/id", "sft")
     assert started[0]["extra_args"] == ["--attention-backend", "TRITON_ATTN"]
 
