@@ -15,7 +15,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.bundle_study import registry
+from tests.chromium import CHROMIUM, chromium
 from tests.synthetic import (
     A_FAIL,
     A_PASS,
@@ -38,7 +38,6 @@ from tests.synthetic import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
 INSPECT = Path(sys.executable).with_name("inspect")
 # Per run, one script per task (tests/synthetic.py): A passes, recovers, fails, applies nothing; B keeps a passing
 # patch, revises a failing one then passes, revises a passing one then keeps a failing one, keeps a failing one.
@@ -310,44 +309,36 @@ async def _page_text(url: str, wanted: list[str], png: Path, timeout_s: float) -
     the time is up; screenshot it to `png`; its text."""
     import aiohttp
 
-    with tempfile.TemporaryDirectory() as profile:
-        browser = subprocess.Popen(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-             "--remote-debugging-port=0", "--window-size=1400,900", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + timeout_s
-            port_file = Path(profile) / "DevToolsActivePort"
-            while not (port_file.exists() and port_file.read_text().strip()) and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
-            port = port_file.read_text().split()[0]
-            async with aiohttp.ClientSession() as http:
-                targets = await (await http.get(f"http://127.0.0.1:{port}/json")).json()
-                page = next(t for t in targets if t["type"] == "page")
-                async with http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
-                    calls = 0
+    with chromium("--remote-debugging-port=0", "--window-size=1400,900", "about:blank",
+                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as (_, profile):
+        deadline = time.monotonic() + timeout_s
+        port_file = Path(profile) / "DevToolsActivePort"
+        while not (port_file.exists() and port_file.read_text().strip()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        port = port_file.read_text().split()[0]
+        async with aiohttp.ClientSession() as http:
+            targets = await (await http.get(f"http://127.0.0.1:{port}/json")).json()
+            page = next(t for t in targets if t["type"] == "page")
+            async with http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+                calls = 0
 
-                    async def call(method: str, **params: Any) -> dict[str, Any]:
-                        nonlocal calls
-                        calls += 1
-                        await ws.send_json({"id": calls, "method": method, "params": params})
-                        while (msg := await ws.receive_json()).get("id") != calls:
-                            pass
-                        return msg.get("result") or {}
+                async def call(method: str, **params: Any) -> dict[str, Any]:
+                    nonlocal calls
+                    calls += 1
+                    await ws.send_json({"id": calls, "method": method, "params": params})
+                    while (msg := await ws.receive_json()).get("id") != calls:
+                        pass
+                    return msg.get("result") or {}
 
-                    await call("Page.navigate", url=url)
-                    text = ""
-                    while time.monotonic() < deadline and not all(w in text for w in wanted):
-                        await asyncio.sleep(0.5)
-                        result = await call("Runtime.evaluate", expression="document.body ? document.body.innerText : ''")
-                        text = result.get("result", {}).get("value") or ""
-                    shot = await call("Page.captureScreenshot", format="png")
-                    png.write_bytes(base64.b64decode(shot["data"]))
-                    return text
-        finally:
-            browser.terminate()
-            browser.wait(timeout=30)
+                await call("Page.navigate", url=url)
+                text = ""
+                while time.monotonic() < deadline and not all(w in text for w in wanted):
+                    await asyncio.sleep(0.5)
+                    result = await call("Runtime.evaluate", expression="document.body ? document.body.innerText : ''")
+                    text = result.get("result", {}).get("value") or ""
+                shot = await call("Page.captureScreenshot", format="png")
+                png.write_bytes(base64.b64decode(shot["data"]))
+                return text
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")

@@ -9,8 +9,6 @@ import io
 import os
 import re
 import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +22,11 @@ from predict.report import SECTIONS
 from predict.report.build import TEST_SECTIONS
 from predict.train.step_metrics import rollout_metrics, write_metrics
 
+from .chromium import CHROMIUM
+from .chromium import screenshot as chromium_screenshot
 from .conftest import REPO
 from .synthetic import FAIL_KEEP, FAIL_REVISE, PASS_KEEP, PASS_REVISE, rollout, write_eval
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
 SCRIPTS = {
     "A": [PASS_KEEP] * 6 + [FAIL_KEEP] * 4,
     "B": [PASS_KEEP] * 4 + [FAIL_REVISE] * 3 + [PASS_REVISE] + [FAIL_KEEP] * 2,
@@ -235,13 +234,7 @@ def test_the_embedded_default_says_its_numbers_are_zero_and_points_to_the_signal
 
 def screenshot(html: Path, png: Path) -> None:
     """Headless Chromium screenshot of the page (the documented check; tests/test_report.py runs it)."""
-    with tempfile.TemporaryDirectory() as profile:
-        subprocess.run(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-             f"--screenshot={png}", "--window-size=1280,4000", "--hide-scrollbars", html.resolve().as_uri()],
-            check=True, capture_output=True, timeout=120,
-        )
+    chromium_screenshot(html.resolve().as_uri(), png, "--window-size=1280,4000", "--hide-scrollbars")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")

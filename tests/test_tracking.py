@@ -28,12 +28,13 @@ from predict.train.rl import RLJob, run_rl
 from predict.train.tracking import RunTracker, TrackingError, TrackingTargets, column_tag, scalar_tags
 from tests.test_rl_loop import _workdirs, endpoint, study, tasks  # noqa: F401  (fixtures)
 
+from .chromium import CHROMIUM
+from .chromium import screenshot as chromium_screenshot
 from .conftest import REPO
 
 pytest.importorskip("torch")
 pytest.importorskip("tensorboard")
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -127,9 +128,7 @@ def test_tensorboard_serves_the_study_and_renders_in_headless_chromium(killed_an
         if CHROMIUM is None:
             pytest.skip("chromium is not installed (apt-get install -y chromium): no screenshot")
         shot = tmp_path / "tensorboard.png"
-        subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000",
-                        "--virtual-time-budget=15000", f"--screenshot={shot}", f"{url}/#timeseries"],
-                       check=True, timeout=120, capture_output=True)
+        chromium_screenshot(f"{url}/#timeseries", shot, "--window-size=1400,1000", "--virtual-time-budget=15000")
         assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
         if os.environ.get("PREDICT_SCREENSHOT_DIR"):
             shutil.copy(shot, Path(os.environ["PREDICT_SCREENSHOT_DIR"]) / shot.name)
