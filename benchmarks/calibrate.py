@@ -9,7 +9,8 @@ length, HF and state saves, the evaluation at 4B) and the figures fill in.
 
 The sources:
 
-* cpu: ``plan_measured_cpu_*.json`` (benchmarks/plan_check.py measure: the embedded default run on the 2-core box).
+* cpu: every ``plan_measured_cpu_*.json`` but those ``--hold-out`` names (benchmarks/plan_check.py measure: the
+  embedded default run on the 2-core box), pooled: each figure a median or a fit over the jobs of all of them.
   Its figures are per job as the local profile ran it (two jobs beside one shared vLLM server, other work on the
   machine), waits for the server's lease and the machine's load included: they price that profile on that box.
 * h200: ``gpu_slice_h200.json`` (the GPU slice's per-job wall times and device peaks, transcribed from
@@ -21,6 +22,7 @@ The sources:
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -49,6 +51,11 @@ WORKLOAD = ("sft_tokens_per_trace", "output_bytes", "checkpoint_extra_bytes", "c
 REHEARSAL_MISSING = "the 4B rehearsal gives it: benchmarks/rehearsal_{card}.json (config/gpu-rehearsal.yaml)"
 
 
+def source_files(source: str) -> list[str]:
+    """The files an entry's source names: `a.json+b.json: field` (runs pooled) names both."""
+    return source.split(":")[0].split("+")
+
+
 class Figures:
     def __init__(self) -> None:
         self.figures: dict[str, list[dict[str, Any]]] = {}
@@ -62,7 +69,7 @@ class Figures:
                  "source": source, "how": how}
         entries = self.figures.setdefault(name, [])
         entries.insert(0, entry) if first else entries.append(entry)
-        self.sources.add(source.split(":")[0])
+        self.sources.update(source_files(source))
 
     def has(self, name: str) -> bool:
         return any(e.get("value") is not None for e in self.figures.get(name, []))
@@ -100,15 +107,31 @@ def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 # --- the CPU: the embedded default, measured ------------------------------------------------------------------------
-def cpu(measured_name: str) -> Figures:
+def pooled_runs(names: list[str]) -> dict[str, Any]:
+    """Several measured runs of one config as one: their jobs side by side (each figure below is a median or a fit
+    over all of them, so one slow run, for instance with other work on the box, moves it less), the largest RL state
+    any of them saw. Runs of different configs or profiles are not one workload: refused, naming the odd file."""
+    runs = [(name, _load(name)) for name in names]
+    first_name, first = runs[0]
+    for name, m in runs[1:]:
+        for key in ("config", "profile", "device"):
+            if m[key] != first[key]:
+                raise SystemExit(f"{name}: {key} {m[key]!r} differs from {first_name}'s {first[key]!r}: "
+                                 "calibrate from runs of one config, profile and device")
+    states = [m["rl_state_bytes_max"] for _, m in runs if m.get("rl_state_bytes_max")]
+    return {**first, "jobs": [j for _, m in runs for j in m["jobs"]], "rl_state_bytes_max": max(states, default=None),
+            "runs": len(runs)}
+
+
+def cpu(measured_names: list[str]) -> Figures:
     from predict.plan.calibration import Calibration
     from predict.plan.command import load_study
     from predict.plan.costs import Pricer
     from predict.runs import resolve_run
 
     f = Figures()
-    m = _load(measured_name)
-    src = measured_name
+    m = pooled_runs(measured_names)
+    src = "+".join(measured_names)
     config = load_study([REPO / c for c in m["config"]])
     model = model_facts(config, REPO)
     pricer = Pricer(config, Calibration("cpu", "", 2, {}), REPO)
@@ -205,8 +228,9 @@ def cpu(measured_name: str) -> Figures:
         f.add("sft_job_fixed_s", _median(j["wall_s"] - j["sft"]["tokens"] / rate for j in sft_jobs), "s",
               f"{src}: jobs[train_sft]", "median of wall - tokens at that rate", **at)
         n_traces = traces["n_direct"] + traces["n_recovery"]
-        for j in sft_jobs:
-            run = resolve_run(config, j["wildcards"]["arm"])
+        for arm in sorted({j["wildcards"]["arm"] for j in sft_jobs}):  # the same traces in every run: one figure
+            j = next(j for j in sft_jobs if j["wildcards"]["arm"] == arm)
+            run = resolve_run(config, arm)
             f.add("sft_tokens_per_trace", j["sft"]["tokens"] / (j["sft"]["epochs"] * n_traces), "tokens",
                   f"{src}: jobs[train_sft].sft.tokens", f"tokens / (epochs x {n_traces} traces), run "
                   f"{j['wildcards']['arm']}", protocol=run.protocol, variant=run.variant,
@@ -438,11 +462,17 @@ def h100() -> Figures:
 
 
 def main() -> int:
-    measured = sorted(BENCH.glob("plan_measured_cpu_*.json"))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hold-out", action="append", default=[], metavar="NAME",
+                    help="a plan_measured_cpu_NAME.json to leave out of the CPU figures (the out-of-sample check's "
+                         "run: benchmarks/plan_check.py compare --measured)")
+    args = ap.parse_args()
+    held = {f"plan_measured_cpu_{name}.json" for name in args.hold_out}
+    measured = [p.name for p in sorted(BENCH.glob("plan_measured_cpu_*.json")) if p.name not in held]
     if not measured:
-        print("no benchmarks/plan_measured_cpu_*.json: run benchmarks/plan_check.py measure first")
+        print("no benchmarks/plan_measured_cpu_*.json left to calibrate from: run benchmarks/plan_check.py measure")
         return 1
-    kinds = {"cpu": (cpu(measured[0].name), "2-core CPU (the development machine), vLLM's CPU build", 2),
+    kinds = {"cpu": (cpu(measured), "2-core CPU (the development machine), vLLM's CPU build", 2),
              "h200": (h200(), "one NVIDIA H200 (141 GiB), 16 cores", 16),
              "h100": (h100(), "one NVIDIA H100 80GB, 16 cores", 16)}
     workload = Figures()
@@ -451,7 +481,7 @@ def main() -> int:
             if figures.has(name):
                 moved = figures.figures.pop(name)
                 workload.figures.setdefault(name, []).extend(moved)
-                workload.sources |= {e["source"].split(":")[0] for e in moved if e.get("source")}
+                workload.sources.update(f for e in moved if e.get("source") for f in source_files(e["source"]))
     state_dtypes = {e["at"]["dtype"] for e in workload.figures.get("state_bytes_per_param", [])}
     for dtype, per_param in STATE_BYTES_PER_PARAM.items():  # no run measured its state folder: the trainer's layout
         if dtype not in state_dtypes:

@@ -122,6 +122,49 @@ def test_a_job_without_its_figure_is_not_calibrated_and_names_what_it_lacks() ->
     assert cost.work_s == 0.0
 
 
+PLAN_JOB = """\
+[Sun Dec  6 04:04:11 2026]
+localrule plan:
+    input: results/plan/configs.txt
+    output: results/plan/plan.json, results/plan/plan.parquet
+    log: logs/local/plan.log
+    jobid: 3
+    benchmark: results/benchmarks/plan.tsv
+    reason: Forced execution
+    resources: tmpdir=/tmp
+Shell command: predict plan --config "$(cat results/plan/configs.txt)" --profile local --device cpu > l 2>&1
+
+"""
+
+
+def test_the_workflows_own_plan_job_is_priced_by_its_measured_seconds_or_shown_uncalibrated() -> None:
+    """It used to be priced 0 s whatever the calibration said: a job of a few seconds hidden from the totals."""
+    (job,) = parse_dry_run(PLAN_JOB)
+    measured = _cal(job_s=[{"value": 3.1, "at": {"rule": "plan"}}], output_bytes=[{"value": 4e4, "at": {"rule": "plan"}}])
+    cost = Pricer(_config(), measured, REPO).price(job)
+    assert cost.work_s == pytest.approx(3.1) and cost.disk_bytes == 4e4 and not cost.missing
+    lacking = Pricer(_config(), _cal(), REPO).price(job)
+    assert {(m.name, dict(m.at).get("rule")) for m in lacking.missing} >= {("job_s", "plan")}
+
+
+def test_the_cpu_calibration_pools_runs_of_one_config_and_refuses_another_naming_its_file(tmp_path: Path,
+                                                                                          monkeypatch) -> None:
+    from tests.conftest import benchmark_script
+
+    calibrate = benchmark_script("calibrate")
+    monkeypatch.setattr(calibrate, "BENCH", tmp_path)
+    run = {"config": ["config/local.yaml"], "profile": "local", "device": "cpu", "wall_s": 600.0}
+    (tmp_path / "plan_measured_cpu_a.json").write_text(json.dumps(
+        {**run, "rl_state_bytes_max": 10, "jobs": [{"rule": "stats", "wall_s": 3.0}]}))
+    (tmp_path / "plan_measured_cpu_b.json").write_text(json.dumps(
+        {**run, "rl_state_bytes_max": 30, "jobs": [{"rule": "stats", "wall_s": 5.0}, {"rule": "plan", "wall_s": 2.0}]}))
+    pooled = calibrate.pooled_runs(["plan_measured_cpu_a.json", "plan_measured_cpu_b.json"])
+    assert [j["wall_s"] for j in pooled["jobs"]] == [3.0, 5.0, 2.0] and pooled["rl_state_bytes_max"] == 30
+    (tmp_path / "plan_measured_cpu_c.json").write_text(json.dumps({**run, "profile": "gpu", "jobs": []}))
+    with pytest.raises(SystemExit, match="plan_measured_cpu_c.json: profile 'gpu' differs from plan_measured_cpu_a"):
+        calibrate.pooled_runs(["plan_measured_cpu_a.json", "plan_measured_cpu_c.json"])
+
+
 def test_an_rl_job_pays_its_saves_per_save_not_per_step_of_the_measured_intervals() -> None:
     """The 4B rehearsal ran 1 step saving its state and a checkpoint (checkpoint_every 1); the design runs 100 steps
     saving its state every 5 (20 saves). A figure per save prices both; the old per-step figure held only at the
@@ -221,7 +264,8 @@ def test_the_calibrations_in_the_repository_read_and_name_their_sources() -> Non
             for e in entries:
                 assert e.get("value") is not None or e.get("missing"), (kind, name)
                 if e.get("value") is not None:
-                    assert (REPO / "benchmarks" / e["source"].split(":")[0]).is_file(), (kind, name)
+                    for source in e["source"].split(":")[0].split("+"):  # pooled runs: a+b.json
+                        assert (REPO / "benchmarks" / source).is_file(), (kind, name, source)
 
 
 def test_the_paper_on_one_gpu_shows_what_the_rehearsal_has_not_given_yet() -> None:

@@ -31,9 +31,6 @@ from predict.train.disk import rl_state_saves, rl_states_link_checkpoints
 
 # Rules that only name targets: nothing runs.
 TARGET_RULES = {"all", "design", "test"}
-# The workflow's own plan of the run (workflow/rules/report.smk): a dry-run of a few seconds beside the first jobs,
-# not priced by itself (it would have to have run to be measured).
-PLAN_RULE = "plan"
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -169,7 +166,7 @@ class Pricer:
     def price(self, job: Job) -> JobCost:
         fam = family(job.rule)
         cost = JobCost(job, fam, gpus=job.resource("gpu"))
-        if job.rule in TARGET_RULES or job.rule == PLAN_RULE:
+        if job.rule in TARGET_RULES:
             return cost
         method = getattr(self, "_" + fam, None)
         if fam.startswith("prime_rl"):
