@@ -211,9 +211,11 @@ def main() -> int:
     ap.add_argument("--no-standin", action="store_true", help="skip the transformers stand-in's rollout")
     ap.add_argument("--untied", action="store_true", help="a separate lm_head (0.39B more parameters than the release)")
     ap.add_argument("--no-folder", action="store_true", help="skip the folder sync beside each step (~15 s at 4B)")
-    ap.add_argument("--trainers", nargs="+", default=None, metavar="TOKENS[:ckpt]",
+    ap.add_argument("--trainers", nargs="+", default=None, metavar="TOKENS[:ckpt[N]][:offload]",
                     help="trainer variants run one after another against the one server: micro-batch tokens, "
-                         "':ckpt' for rl.activation_checkpointing (default: --micro-batch-tokens, no checkpointing)")
+                         "':ckpt' for rl.activation_checkpointing (':ckpt24': only the first 24 layers, "
+                         "rl.activation_checkpointing_layers), ':offload' for rl.offload_optimizer (default: "
+                         "--micro-batch-tokens, no checkpointing, no offload)")
     ap.add_argument("--sync-orders", nargs="+", choices=["asleep", "awake"], default=["asleep"],
                     help="each trainer variant once per order: 'asleep' syncs into the weights while the KV cache "
                          "sleeps (UpdateWindow.sync, the RL loop's); 'awake' wakes all, then pauses, syncs, resumes "
@@ -239,7 +241,7 @@ def main() -> int:
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "args": {k: str(v) for k, v in vars(args).items()}}
 
-    variants = [(int(v.split(":")[0]), v.endswith(":ckpt"), order == "asleep")
+    variants = [(*trainer_variant(v), order == "asleep")
                 for v in args.trainers or [str(args.micro_batch_tokens)] for order in args.sync_orders]
 
     if not args.no_standin:  # the stand-in's rollout on the same prompts, before the server holds any memory
@@ -273,20 +275,21 @@ def main() -> int:
     handoff = WeightHandoff("bench")
     result["variants"] = []
     try:
-        for micro_batch_tokens, checkpointing, asleep in variants:
+        for micro_batch_tokens, checkpointing, layers, offload, asleep in variants:
             t0 = time.perf_counter()
             trainer = Trainer(model, lr=1e-6, device=args.device, dtype="bfloat16" if gpu else "float32",
                               micro_batch_tokens=micro_batch_tokens, weight_decay=0.0, grad_clip=1.0, seed=0)
             if checkpointing:
-                trainer.checkpoint_activations()
+                trainer.checkpoint_activations(layers)
             setup_s = time.perf_counter() - t0
             watch = GpuMemoryWatch(interval_s=0.05).start()
             try:
                 rows = run_steps(args, trainer, server, generate, handoff, watch, tok, tasks, cfg, work, sync, gpu,
-                                 asleep=asleep)
+                                 asleep=asleep, offload=offload)
             finally:
                 watch.stop()
             variant = {"micro_batch_tokens": micro_batch_tokens, "activation_checkpointing": checkpointing,
+                       "activation_checkpointing_layers": layers, "offload_optimizer": offload,
                        "sync_order": "asleep" if asleep else "awake", "liger_kernels": trainer.liger,
                        "trainer_setup_s": setup_s, **summarise(rows), "device_peak_gib": watch.peak_bytes / GIB,
                        "trainer_peak_gib": max((r.get("trainer_peak_gib", 0.0) for r in rows), default=0.0),
@@ -301,17 +304,34 @@ def main() -> int:
         server.stop()
     if len(variants) == 1:  # the layout of the earlier JSON files
         result |= {k: v for k, v in result.pop("variants")[0].items()
-                   if k not in ("micro_batch_tokens", "activation_checkpointing", "sync_order")}
+                   if k not in ("micro_batch_tokens", "activation_checkpointing", "activation_checkpointing_layers",
+                                "offload_optimizer", "sync_order")}
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 
+def trainer_variant(spec: str) -> tuple[int, bool, int | None, bool]:
+    """`TOKENS[:ckpt[N]][:offload]` -> (micro-batch tokens, checkpointing, its first-N layers or None, offload)."""
+    tokens, *flags = spec.split(":")
+    checkpointing, layers, offload = False, None, False
+    for flag in flags:
+        if flag == "offload":
+            offload = True
+        elif flag.startswith("ckpt") and (flag == "ckpt" or flag[4:].isdigit()):
+            checkpointing, layers = True, int(flag[4:]) if flag[4:] else None
+        else:
+            raise SystemExit(f"--trainers {spec}: unknown part {flag!r} (ckpt, ckptN, offload)")
+    return int(tokens), checkpointing, layers, offload
+
+
 def run_steps(args: argparse.Namespace, trainer: Any, server: Any, generate: Any, handoff: Any, watch: Any, tok: Any,
               tasks: list[dict], cfg: dict, work: Path, sync: Any, gpu: bool, *, asleep: bool = True,
-              ) -> list[dict[str, Any]]:
+              offload: bool = False) -> list[dict[str, Any]]:
     """Warm-up + timed steps of one trainer against the running server: the rows, one per step. `asleep`: the sync
-    loads into the server's weights while its KV cache sleeps (`UpdateWindow.sync`); else it wakes whole first."""
+    loads into the server's weights while its KV cache sleeps (`UpdateWindow.sync`); else it wakes whole first.
+    `offload`: the optimizer's state leaves the device after the update, as the RL loop does with
+    rl.offload_optimizer (the next step's update brings it back, inside its update time)."""
     import torch
 
     from predict.serving.gpu_memory import GIB
@@ -350,6 +370,11 @@ def run_steps(args: argparse.Namespace, trainer: Any, server: Any, generate: Any
             row["update_s"] = time.perf_counter() - t_update
             if gpu:
                 row["trainer_peak_gib"] = torch.cuda.max_memory_allocated() / GIB
+            row["offload_s"] = 0.0
+            if offload:
+                t_offload = time.perf_counter()
+                trainer.offload_optimizer_state()
+                row["offload_s"] = time.perf_counter() - t_offload
             if asleep:
                 answers = window.sync(push)
             else:  # the earlier order: everything awake, then pause, load, reset the prefix cache, resume
@@ -357,7 +382,8 @@ def run_steps(args: argparse.Namespace, trainer: Any, server: Any, generate: Any
                 answers = push(True)
         row |= sync_row
         # the server's sleep and wake-ups: the window less the update and the sync inside it
-        row["sleep_s"] = time.perf_counter() - t - row["update_s"] - row["sync_memory_s"] if window.slept else 0.0
+        row["sleep_s"] = (time.perf_counter() - t - row["update_s"] - row["offload_s"] - row["sync_memory_s"]
+                          if window.slept else 0.0)
         row |= {k: m[k] for k in ("loss", "rl_loss", "ce_loss", "n_rl_tokens", "n_ce_tokens", "n_tokens")}
         row["update_mfu"] = update_flops(cfg, samples) / row["update_s"] / PEAK_FLOPS
         # what the worker itself spent (open the handles, load the weights): the rest is HTTP (and pause, resume
@@ -366,7 +392,8 @@ def run_steps(args: argparse.Namespace, trainer: Any, server: Any, generate: Any
         if worker:
             row["sync_worker_s"] = max(a["worker_s"] for a in worker)
             row["sync_how"] = worker[0].get("how")
-        row["step_s"] = row["rollout_s"] + row["samples_s"] + row["update_s"] + row["sleep_s"] + row["sync_memory_s"]
+        row["step_s"] = (row["rollout_s"] + row["samples_s"] + row["update_s"] + row["offload_s"] + row["sleep_s"]
+                         + row["sync_memory_s"])
         if not args.no_folder:  # the folder path into the same server, beside the step (not part of it)
             t = time.perf_counter()
             trainer.save_checkpoint(work / "policy")
@@ -378,7 +405,7 @@ def run_steps(args: argparse.Namespace, trainer: Any, server: Any, generate: Any
     return rows
 
 
-STEP_KEYS = ["rollout_s", "samples_s", "update_s", "sleep_s", "sync_memory_s", "sync_handoff_s", "sync_worker_s",
+STEP_KEYS = ["rollout_s", "samples_s", "update_s", "offload_s", "sleep_s", "sync_memory_s", "sync_handoff_s", "sync_worker_s",
              "sync_folder_s", "step_s", "update_mfu"]
 
 
@@ -390,11 +417,18 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"mean": mean, "timed_steps": len(timed)}
 
 
+def checkpointing_words(variant: dict[str, Any]) -> str:
+    if not variant["activation_checkpointing"]:
+        return ""
+    layers = variant.get("activation_checkpointing_layers")
+    return ", activation checkpointing" + ("" if layers is None else f" of the first {layers} layers")
+
+
 def report(args: argparse.Namespace, model: Path, variant: dict[str, Any], result: dict[str, Any]) -> None:
     mean = variant["mean"]
     print(f"\nRL step on {args.device} ({model}), {args.tasks}x{args.group} rollouts, {args.new_tokens}+{args.pred_tokens} "
           f"new tokens through vLLM, micro-batches of {variant['micro_batch_tokens']} tokens"
-          f"{', activation checkpointing' if variant['activation_checkpointing'] else ''}, sync order "
+          f"{checkpointing_words(variant)}{', optimizer offloaded' if variant['offload_optimizer'] else ''}, sync order "
           f"{variant['sync_order']}; mean of "
           f"{variant['timed_steps']} steps after {args.warmup} warm-up:")
     for k in STEP_KEYS[:-1]:

@@ -174,7 +174,7 @@ def test_an_rl_job_pays_its_saves_per_save_not_per_step_of_the_measured_interval
     config = load_study([REPO / "config" / "config.yaml", REPO / "config" / "gpu.yaml"])
     model = model_facts(config, REPO)
     shape, rl = {"shape": model.shape}, config["rl"]
-    serving = {**shape, "max_tokens": 512, "concurrency": 8}
+    serving = {**shape, "max_tokens": 512, "concurrency": config["env"]["concurrency"]}
     update = {**shape, "dtype": "bfloat16", "micro_batch_tokens": 8192, "activation_checkpointing": True}
     cal = _cal(rl_job_fixed_s=[{"value": 60.0, "at": shape}], rl_rollout_episode_s=[{"value": 2.0, "at": serving}],
                rl_tokens_per_episode=[{"value": 1000.0, "at": serving}],
@@ -194,6 +194,10 @@ def test_an_rl_job_pays_its_saves_per_save_not_per_step_of_the_measured_interval
     assert cost.work_s == pytest.approx(60.0 + steps * per_step + 20 * 18.0)
     assert cost.disk_bytes == pytest.approx(4 * 2.0 * model.params)  # step25..step100
     assert cost.transient_bytes == pytest.approx(2 * 8.0 * model.params)  # steps 5, 10 link no checkpoint: whole
+    # selective checkpointing (the first 24 layers recompute) is another update: the all-layers figure does not hold
+    config["rl"] = {**config["rl"], "activation_checkpointing_layers": 24}
+    selective = Pricer(config, cal, REPO).price(job)
+    assert {m.name for m in selective.missing} == {"rl_update_tokens_per_s"}
 
 
 def _cost(jobid: int, seconds: float, deps=(), threads=1, serving=None, load=None, disk=0.0) -> JobCost:

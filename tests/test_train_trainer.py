@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -286,3 +287,140 @@ def test_the_step_reads_the_gradient_norm_after_queuing_the_optimizer(tiny: Path
     out = trainer.step(_samples())
     assert events == ["optimizer step", "norm read"]
     assert out["grad_norm"] == expected[0] > 0
+
+
+def _fresh(tiny: Path, dtype: str = "auto") -> Trainer:
+    return Trainer(tiny, lr=3e-3, device="cpu", seed=0, weight_decay=0.0, grad_clip=1.0, dtype=dtype,
+                   micro_batch_tokens=8192)
+
+
+def _two_steps(trainer: Trainer, between: Any = None) -> Trainer:
+    """An SFT step, then an RL step (with `between(trainer)` run between them)."""
+    base = _samples()
+    trainer.step(base)
+    if between is not None:
+        between(trainer)
+    old = trainer.token_logprobs([base[0]])[0]
+    trainer.step([_rl_sample(base[0].token_ids, 5, 1.0, old), _rl_sample(base[0].token_ids, 5, -1.0, old)])
+    return trainer
+
+
+def _same_weights(a: Trainer, b: Trainer) -> None:
+    for (name, x), (_, y) in zip(a.model.named_parameters(), b.model.named_parameters(), strict=True):
+        assert torch.equal(x, y), name
+
+
+def test_selective_checkpointing_recomputes_only_the_first_layers_and_gives_the_same_update(tiny: Path) -> None:
+    """rl.activation_checkpointing_layers: the first N decoder layers run their forward again in the backward, the
+    others keep their activations; the weights are those of a step without checkpointing."""
+    trainer = _fresh(tiny)
+    trainer.checkpoint_activations(layers=1)
+    assert [layer.gradient_checkpointing for layer in trainer.model.model.layers] == [True, False]
+    calls = {0: [], 1: []}
+    for i in calls:
+        trainer.model.model.layers[i].mlp.act_fn.register_forward_hook(lambda *_, i=i: calls[i].append(1))
+    trainer.step(_samples())
+    assert (len(calls[0]), len(calls[1])) == (2, 1)
+    _same_weights(_two_steps(_fresh(tiny)), _two_steps(_checkpointed(tiny, 1)))
+
+
+def _checkpointed(tiny: Path, layers: int) -> Trainer:
+    trainer = _fresh(tiny)
+    trainer.checkpoint_activations(layers=layers)
+    return trainer
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_an_offloaded_optimizer_state_moves_off_and_back_and_the_update_is_the_same(tiny: Path, dtype: str) -> None:
+    """rl.offload_optimizer: after a step the moments (and in bf16 the Kahan buffers) move into the trainer's host
+    buffers, all of them (6 bytes a parameter in bf16, 8 in float32); the next step brings them back, and the
+    weights after it are bit for bit those of a trainer that kept its state in place."""
+    n_params = sum(p.numel() for p in _fresh(tiny).model.parameters())
+    moved = []
+
+    def offload(trainer: Trainer) -> None:
+        before = [t for st in trainer.optimizer.state.values() for t in st.values() if t.dim() > 0]  # held: ids stay
+        moved.append(trainer.offload_optimizer_state())
+        after = [t for st in trainer.optimizer.state.values() for t in st.values() if t.dim() > 0]
+        assert trainer.optimizer_offloaded and len(after) == len(before)
+        assert not {id(t) for t in before} & {id(t) for t in after}  # every state tensor was replaced by its buffer
+        assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+        assert trainer.offload_optimizer_state() == 0  # a second offload has nothing left to move
+
+    offloaded = _two_steps(_fresh(tiny, dtype), offload)
+    assert moved == [n_params * (6 if dtype == "bfloat16" else 8)]
+    assert not offloaded.optimizer_offloaded  # the second step brought it back
+    _same_weights(_two_steps(_fresh(tiny, dtype)), offloaded)
+
+
+def test_a_state_saved_while_the_optimizer_is_offloaded_resumes_the_same_run(tiny: Path, tmp_path: Path) -> None:
+    """A save between steps (the RL driver saves after the update, when the state is off the device) holds the
+    optimizer's state, and a resume from it steps as the trainer that never stopped."""
+    kept = _two_steps(_fresh(tiny, "bfloat16"))
+
+    def offload_and_save(trainer: Trainer) -> None:
+        trainer.offload_optimizer_state()
+        trainer.save_state(tmp_path / "state")
+
+    _two_steps(_fresh(tiny, "bfloat16"), offload_and_save)
+    resumed = Trainer.resume(tmp_path / "state", device="cpu")
+    base = _samples()
+    old = resumed.token_logprobs([base[0]])[0]
+    resumed.step([_rl_sample(base[0].token_ids, 5, 1.0, old), _rl_sample(base[0].token_ids, 5, -1.0, old)])
+    _same_weights(kept, resumed)
+
+
+def test_the_rl_step_offloads_the_optimizer_inside_the_update_window_and_times_it(tiny: Path) -> None:
+    """With rl.offload_optimizer the RL step's update leaves the optimizer's state off the device before the
+    server wakes (the window closes), and its metrics row has the offload's seconds."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from predict.train.rl import update_and_sync
+
+    seen = []
+
+    class Run:
+        rl = SimpleNamespace(offload_optimizer=True)
+
+        @contextlib.contextmanager
+        def update_window(self, server):
+            yield SimpleNamespace(slept=False, sync=lambda fn: None)
+            seen.append(trainer.optimizer_offloaded)  # as the window closes
+
+    trainer = _fresh(tiny, "bfloat16")
+    trainer.offload_optimizer_state()  # nothing yet: the state is made by the first step
+    row = update_and_sync(Run(), None, trainer, _samples(), 1, grad_terms_every=0, push=None)
+    assert seen == [True] and row["offload_s"] >= 0 and row["updated"]
+    Run.rl = SimpleNamespace(offload_optimizer=False)
+    kept = _fresh(tiny, "bfloat16")
+    row = update_and_sync(Run(), None, kept, _samples(), 1, grad_terms_every=0, push=None)
+    assert "offload_s" not in row and not kept.optimizer_offloaded
+    _same_weights(kept, trainer)
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_the_rl_driver_offloads_a_resumed_optimizer_before_the_first_rollout(tiny: Path, tmp_path: Path,
+                                                                             offload: bool) -> None:
+    from predict.config import load_config
+    from predict.train.driver import RLJob, TrainingRun
+
+    config = load_config(Path(__file__).resolve().parents[1] / "config" / "local.yaml")
+    config["rl"] = {**config["rl"], "offload_optimizer": offload, "dtype": "bfloat16"}
+    job = RLJob(run="B", seed=42, init=tiny, tasks=tmp_path / "rl.parquet", out_dir=tmp_path / "B" / "seed42")
+    run = TrainingRun(job, config, "rl")
+    trainer, _, _ = run.open_trainer()
+    trainer.step(_samples())
+    trainer.save_state(run.state_dir)
+    run.resumable = True
+    resumed, _, _ = run.open_trainer()
+    assert resumed.optimizer_offloaded == offload
+
+
+def test_checkpointed_layers_without_checkpointing_is_refused_naming_both_keys() -> None:
+    from predict.config.models import RLSettings
+
+    base = {"steps": 2, "group_size": 2, "tasks_per_step": 1, "checkpoint_every": 1, "lr": 1e-5}
+    assert RLSettings(**base, activation_checkpointing=True, activation_checkpointing_layers=12)
+    with pytest.raises(ValueError, match="rl.activation_checkpointing_layers is set but rl.activation_checkpointing"):
+        RLSettings(**base, activation_checkpointing_layers=12)

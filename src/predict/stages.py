@@ -75,7 +75,8 @@ SCHEDULING = ("prime_rl.rl.runtime", "prime_rl.sft.runtime")
 # Keys a stage reads that shape no result (see the rules above): how jobs are served, a declared test campaign's
 # reason (predict.campaign: declaring it, or leaving it out once the campaign is recorded, must replan nothing), and
 # where training curves go live.
-UNTRACKED = ("serving.shared", "evaluation.new_campaign", "tracking", "rl.activation_checkpointing", *SCHEDULING)
+UNTRACKED = ("serving.shared", "evaluation.new_campaign", "tracking", "rl.activation_checkpointing",
+             "rl.activation_checkpointing_layers", "rl.offload_optimizer", *SCHEDULING)
 # Where a training job's curves go live (predict.train.tracking): the section, the log root under results_dir, the
 # W&B group. A training stage reads run_name and results_dir for that alone, so they are untracked there
 # (`Stage.untracked`): adding tracking reran no finished training job.

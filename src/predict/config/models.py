@@ -537,11 +537,28 @@ class RLSettings(Section):
     micro-batch's activations shrink to one layer's (the 4B RL step, 16,384-token micro-batches:
     benchmarks/log/gpu.md) for about a third more update time. The update is the same, so no finished run reruns when it changes
     (src/predict/stages.py UNTRACKED)."""
+    activation_checkpointing_layers: Annotated[int | None, Field(ge=0, json_schema_extra=NO_DEFAULT)] = None
+    """With activation_checkpointing: only the first N decoder layers recompute their forward; the others keep their
+    activations (selective checkpointing). Each layer left out saves its second forward (a quarter of its update
+    work) for its activations' memory (about 0.5 GiB a layer for an 8,192-token micro-batch at the 4B shape). null:
+    every layer. The update is the same (untracked, as activation_checkpointing)."""
+    offload_optimizer: bool = False
+    """Local backend on a GPU: the optimizer's state (AdamW's moments and the Kahan buffers, 6 bytes a parameter in
+    bf16: 22.5 GiB at 4B) waits in pinned host memory while the server generates and comes back for the update, as
+    verl's hybrid engine does, so the server's KV cache can hold more episodes in flight (env.concurrency). About a
+    second each way at PCIe speed at 4B. The update is the same (a copy there and back; untracked)."""
     grad_terms_every: Annotated[int, Field(ge=0)] = 1
     """Measure the RL and CE terms' gradient norms and cosine (metrics rl_grad_norm, ce_grad_norm, rl_ce_grad_cosine;
     predict.train.grad_terms) every N steps; 0 = never. The update is the same either way; a measured step costs one
     copy of the gradient (benchmarks/grad_terms.json). Local backend only: prime-rl's custom-loss hook never sees
     the gradients."""
+
+    @model_validator(mode="after")
+    def _layers_need_checkpointing(self) -> RLSettings:
+        if self.activation_checkpointing_layers is not None and not self.activation_checkpointing:
+            raise ValueError("rl.activation_checkpointing_layers is set but rl.activation_checkpointing is false: "
+                             "turn it on, or leave the layers out")
+        return self
 
 
 class StudyConfig(Section):

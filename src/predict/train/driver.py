@@ -209,10 +209,13 @@ class TrainingRun:
     # -- the trainer ---------------------------------------------------------------------------------------------
     def open_trainer(self, **overrides: Any) -> tuple[Any, int, list[dict[str, Any]]]:
         """(trainer, steps done, metrics so far): resumed from ``.work/state`` when there is one. Activation
-        checkpointing is not part of the state (it changes memory, never the numbers): the config sets it either way."""
+        checkpointing and the optimizer's offload are not part of the state (they change memory, never the numbers):
+        the config sets them either way; a resumed state's optimizer leaves the device before the first rollout."""
         trainer, done, metrics = self._resumed_or_new_trainer(overrides)
         if self.rl.activation_checkpointing:
-            trainer.checkpoint_activations()
+            trainer.checkpoint_activations(self.rl.activation_checkpointing_layers)
+        if self.rl.offload_optimizer:
+            trainer.offload_optimizer_state()
         return trainer, done, metrics
 
     def _resumed_or_new_trainer(self, overrides: dict[str, Any]) -> tuple[Any, int, list[dict[str, Any]]]:

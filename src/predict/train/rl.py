@@ -98,12 +98,16 @@ def update_and_sync(run: TrainingRun, server: Any, trainer: Any, samples: Sequen
 
     with run.update_window(server) as window:
         t_update = time.perf_counter()
-        m = trainer.step(samples, grad_terms=probe_step(grad_terms_every, step))
+        m = trainer.step(samples, grad_terms=probe_step(grad_terms_every, step))  # brings an offloaded state back
         row["update_s"] = time.perf_counter() - t_update
+        if run.rl.offload_optimizer:  # off the device before the server wakes for the next rollout
+            t_offload = time.perf_counter()
+            trainer.offload_optimizer_state()
+            row["offload_s"] = time.perf_counter() - t_offload
         if server is not None:
             window.sync(sync)
-    if window.slept:  # the server's sleep and wake-ups (the sync inside the window is not theirs)
-        row["sleep_s"] = time.perf_counter() - t - row["update_s"] - row["sync_s"]
+    if window.slept:  # the server's sleep and wake-ups (the sync and the offload inside the window are not theirs)
+        row["sleep_s"] = time.perf_counter() - t - row["update_s"] - row["sync_s"] - row.get("offload_s", 0.0)
     row |= {k: m.get(k) for k in ("loss", "rl_loss", "ce_loss", "clip_frac", "grad_norm", "lr", *GRAD_TERM_COLUMNS)}
     row |= {k: int(m[k]) for k in ("n_rl_tokens", "n_ce_tokens", "n_samples", "n_tokens")}
     return row | {"updated": True}

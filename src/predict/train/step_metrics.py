@@ -66,6 +66,7 @@ METRICS_SCHEMA = pa.schema(
         ("n_sampled", _I), ("n_kept", _I), ("sample_pass_rate", _F), ("n_batch_rollouts", _I),
         # time
         ("rollout_s", _F), ("samples_s", _F), ("sample_s", _F), ("update_s", _F), ("sleep_s", _F), ("sync_s", _F),
+        ("offload_s", _F),
         ("save_s", _F), ("checkpoint_write_s", _F), ("state_write_s", _F),
         ("step_s", _F), ("finished_at", _F),
     ]

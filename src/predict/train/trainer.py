@@ -38,7 +38,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -474,6 +474,8 @@ class Trainer:
         self._fused_ce: Any = None  # liger's fused linear CE for pure-CE steps (see `step`)
         self._term_probe: TermProbe | None = None  # made by the first step that measures the gradient terms
         self._host_copies = HostCopies()  # `save`'s buffers off the device, reused from save to save
+        self._host_state: dict[tuple[int, str], torch.Tensor] = {}  # offload_optimizer_state's buffers
+        self._offloaded: set[tuple[int, str]] = set()
         self._writer: Any = None  # `save`'s writer thread, made by the first save in the background
         self._pending: Any = None  # the save it is writing
         self.written: dict[Any, dict[str, float]] = {}  # `take_written`: tagged saves written, and how long each took
@@ -496,11 +498,13 @@ class Trainer:
         else:  # below float32 plain AdamW rounds small updates away
             self.optimizer = KahanAdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
 
-    def checkpoint_activations(self) -> None:
+    def checkpoint_activations(self, layers: int | None = None) -> None:
         """rl.activation_checkpointing: each decoder layer keeps only its input and runs its forward again in the
         backward, so a micro-batch's activations shrink from every layer's (~4 MB a token at the 4B shape) to one
         layer's plus the layer inputs, for a third more update time (benchmarks/log/gpu.md). The recomputed forward is
         the same kernels on the same inputs, so the update is the same (tests/test_train_trainer.py checks the weights).
+        `layers` (rl.activation_checkpointing_layers): only the first that many decoder layers recompute; the others
+        keep their activations, trading memory for update time (None: all of them).
         How a step runs, not what it computes: not part of the saved state; the RL driver sets it from the config on
         every start and resume."""
         enable = getattr(self.model, "activation_checkpointing_enable", None)  # transformers >= 5.25's name
@@ -508,6 +512,54 @@ class Trainer:
             enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if layers is not None:
+            for i, layer in enumerate(self.model.model.layers):
+                layer.gradient_checkpointing = i < layers
+
+    # -- the optimizer's state off the device between updates ----------------------------------------------------
+    def offload_optimizer_state(self) -> int:
+        """rl.offload_optimizer: the optimizer's state tensors (moments, Kahan buffers) move into host buffers, made
+        once (pinned on CUDA) and reused, and the device's cached blocks go back to the driver, so a colocated server
+        can use that memory while it generates. `step` brings them back first (`reload_optimizer_state`). Its own
+        buffers, never `save`'s: a background save may still be writing from those. The bytes moved."""
+        moved = 0
+        for key, state, name, t in self._optimizer_tensors():
+            if key in self._offloaded:
+                continue
+            buf = self._host_state.get(key)
+            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+                buf = self._host_state[key] = torch.empty(t.shape, dtype=t.dtype, device="cpu",
+                                                          pin_memory=self.device.type == "cuda")
+            buf.copy_(t, non_blocking=True)
+            state[name] = buf
+            self._offloaded.add(key)
+            moved += t.numel() * t.element_size()
+        if moved and self.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()  # the copies are done before their device blocks are reused
+            torch.cuda.empty_cache()
+        return moved
+
+    @property
+    def optimizer_offloaded(self) -> bool:
+        """Whether the optimizer's state waits off the device (`offload_optimizer_state`)."""
+        return bool(self._offloaded)
+
+    def reload_optimizer_state(self) -> None:
+        """The state `offload_optimizer_state` moved, back on the trainer's device in fresh tensors (the host buffers
+        stay for the next offload)."""
+        for key, state, name, t in self._optimizer_tensors():
+            if key in self._offloaded:
+                state[name] = t.to(self.device, non_blocking=True, copy=True)
+        self._offloaded.clear()
+
+    def _optimizer_tensors(self) -> Iterator[tuple[tuple[int, str], dict[str, Any], str, torch.Tensor]]:
+        """(key, the parameter's state, name, tensor) of every per-parameter state tensor (0-d step counters are
+        left where they are)."""
+        for i, p in enumerate(self.model.parameters()):
+            state = self.optimizer.state.get(p)
+            for name, t in (state or {}).items():
+                if isinstance(t, torch.Tensor) and t.dim() > 0:
+                    yield (i, name), state, name, t
 
     # -- forward ------------------------------------------------------------------------------------------
     def _hidden(self, p: _Packed) -> torch.Tensor:
@@ -533,6 +585,8 @@ class Trainer:
         if not samples:
             raise ValueError("Trainer.step: no samples")
         t0 = time.perf_counter()
+        if self._offloaded:
+            self.reload_optimizer_state()
         lr = self.lr if lr is None else lr
         for group in self.optimizer.param_groups:
             group["lr"] = lr
