@@ -289,6 +289,17 @@ SFT_WARMUP_STEPS = 2
 TIMED_RULES = ("rl", "rft", "train_sft", "evaluate", "evaluate_test", "rollout")  # priced from units, not job_s
 
 
+def config_as_run(r: dict[str, Any], name: str) -> dict[str, Any]:
+    """The study config a rehearsal ran with, defaults filled in: the copy its JSON carries (`config_as_run`), never
+    the file as it is now, which may have changed since (env.concurrency went from 8 to 32 after the first one)."""
+    from predict.config import with_defaults
+
+    if "config_as_run" not in r:
+        raise SystemExit(f"benchmarks/{name}: no config_as_run (the config file as the rehearsal ran it); "
+                         f"add it from `git show {r.get('commit', '<commit>')}:{r.get('config')}`")
+    return with_defaults(r["config_as_run"], source=f"{name}: config_as_run")
+
+
 def rehearsal(f: Figures, card: str) -> bool:
     """Fill in from benchmarks/rehearsal_<card>.json (benchmarks/rehearsal.py collect), when it has run; its figures
     go before a benchmark's (the study's own jobs at the design's shapes). Per step, per save, per token, per
@@ -298,10 +309,9 @@ def rehearsal(f: Figures, card: str) -> bool:
     r = _load(name)
     if r is None:
         return False
-    from predict.plan.command import load_study
     from predict.runs import resolve_run
 
-    config = load_study([REPO / r["config"]])
+    config = config_as_run(r, name)
     model = model_facts(config, REPO)
     env, rl, sft, traces = config["env"], config["rl"], config["sft"], config["traces"]
     jobs = {j["job"]: j for j in r.get("jobs", [])}

@@ -323,6 +323,8 @@ def _div(a: Any, b: Any) -> float | None:
 
 
 def collect(args: argparse.Namespace) -> int:
+    import yaml
+
     config = _load(args.config)
     design = _load(REPO / "config" / "config.yaml")
     results = args.results_dir or REPO / config["results_dir"]
@@ -342,6 +344,9 @@ def collect(args: argparse.Namespace) -> int:
         "card": card,
         "commit": _git("rev-parse", "HEAD"),
         "config": str(args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config),
+        # the file as it ran: the figures' conditions (env.concurrency, micro-batch, checkpointing) are read from
+        # here, not from the file as it is when benchmarks/calibrate.py runs (a later edit would relabel them)
+        "config_as_run": yaml.safe_load(args.config.read_text()),
         "shape": f"Qwen3-4B-Base, random weights, tied: {parameters:,} parameters",
         "cuts": "config/gpu-rehearsal.yaml (each cut with its reason)",
         "jobs": jobs(results, logs, config["evaluation"].get("reference")),

@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 KEPT = ["env.budget", "env.max_tokens", "env.temperature", "env.concurrency", "env.test_cost", "env.revise_costs_call",
         "serving.max_model_len", "serving.device", "serving.batch_invariant", "serving.shared", "backend",
         "rl.group_size", "rl.tasks_per_step", "rl.micro_batch_tokens", "rl.state_every", "rl.activation_checkpointing",
+        "rl.offload_optimizer",
         "rl.lr", "rl.eps_low", "rl.eps_high", "rl.kl_coef", "rl.dtype", "rl.weight_sync", "rl.keep_state",
         "sft.max_seq_len", "sft.micro_batch_tokens", "sft.batch_tokens", "sft.lr", "sft.save_every", "sft.dtype",
         "evaluation.temperature", "evaluation.max_tokens", "evaluation.samples", "evaluation.reference",
@@ -135,7 +136,7 @@ def test_collect_reads_a_runs_files_into_the_issues_numbers(rehearsal, tmp_path:
     calibrate.BENCH = tmp_path / "bench"
     figures = calibrate.Figures()
     calibrate.rehearsal(figures, "test")
-    at = {"shape": "qwen3-4b", "max_tokens": 512, "concurrency": 8}
+    at = {"shape": "qwen3-4b", "max_tokens": 512, "concurrency": 32}  # config/gpu-rehearsal.yaml as collect ran it
     (rollout,) = figures.figures["rl_rollout_episode_s"]
     assert rollout["at"] == at and rollout["value"] == pytest.approx(360.0 / 128, abs=1e-6)
     assert figures.figures["rl_tokens_per_episode"][0]["value"] == pytest.approx(600_000 / 128, abs=1e-6)
