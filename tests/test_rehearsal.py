@@ -167,6 +167,20 @@ def test_collect_reads_a_runs_files_into_the_issues_numbers(rehearsal, tmp_path:
     assert earlier.figures["rl_update_tokens_per_s"][0]["value"] == pytest.approx(12_000.0)
 
 
+    # the conditions are the config the rehearsal ran with, not the file as it is now: a JSON of a run at 8 in flight
+    # stays at 8 after config/gpu-rehearsal.yaml moved to 32 (calibrate once read the file and relabelled it)
+    ran = json.loads(out.read_text())
+    ran["config_as_run"]["env"]["concurrency"] = 8
+    (tmp_path / "bench" / "rehearsal_test.json").write_text(json.dumps(ran))
+    relabelled = calibrate.Figures()
+    calibrate.rehearsal(relabelled, "test")
+    assert relabelled.figures["rl_rollout_episode_s"][0]["at"]["concurrency"] == 8 != config["env"]["concurrency"]
+    del ran["config_as_run"]
+    (tmp_path / "bench" / "rehearsal_test.json").write_text(json.dumps(ran))
+    with pytest.raises(SystemExit, match="rehearsal_test.json: no config_as_run"):
+        calibrate.rehearsal(calibrate.Figures(), "test")
+
+
 def test_no_gpu_job_of_the_rehearsal_can_be_killed_by_the_gpu_rules_runtime() -> None:
     """The GPU rules' `runtime` (common.smk: 240 serving, 1,440 RL, 480 SFT minutes, hand-set) is a request a cluster
     executor enforces; the gpu profile runs Snakemake's local executor, which never reads it, and sets no runtime
