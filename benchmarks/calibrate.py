@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
 sys.path.insert(0, str(REPO / "src"))
 
-from predict.plan.costs import family, model_facts  # noqa: E402
+from predict.plan.costs import checkpointing, family, model_facts  # noqa: E402
 from predict.runs import checkpoint_steps  # noqa: E402
 from predict.train.disk import (  # noqa: E402
     STATE_BYTES_PER_PARAM,
@@ -184,7 +184,7 @@ def cpu(measured_names: list[str]) -> Figures:
         ep_s = sum(s["rollout_s"] for s in steady) / sum(s["n_rollouts"] for s in steady)
         tok = sum(s["n_tokens"] for s in every) / sum(s["n_rollouts"] for s in every)
         rate = sum(s["n_tokens"] for s in steady) / sum(s["update_s"] for s in steady)
-        parts = ("samples_s", "sample_s", "sleep_s", "sync_s")
+        parts = ("samples_s", "sample_s", "sleep_s", "sync_s", "offload_s")
         other = statistics.mean(sum(s.get(k) or 0 for k in parts) for s in steady)
         saves = rl_state_saves(int(rl["steps"]), 0, int(rl["state_every"]),
                                checkpoint_steps(int(rl["steps"]), int(rl["checkpoint_every"])))
@@ -196,7 +196,8 @@ def cpu(measured_names: list[str]) -> Figures:
         f.add("rl_update_tokens_per_s", rate, "tokens/s", src_steps,
               "n_tokens / update_s over the steps after the first",
               shape=model.shape, dtype=rl["dtype"], micro_batch_tokens=rl["micro_batch_tokens"],
-              activation_checkpointing=bool(rl.get("activation_checkpointing", False)))
+              activation_checkpointing=checkpointing(rl["activation_checkpointing"],
+                                                     rl.get("activation_checkpointing_layers")))
         f.add("rl_sleep_sync_s", other, "s/step", src_steps, "samples + sleep + sync per step after the first",
               shape=model.shape)
         f.add("rl_save_wait_s", save_wait, "s/save", src_steps,
@@ -250,12 +251,14 @@ def rl_step_figures(f: Figures, name: str, variant: dict[str, Any], shape: str, 
     rows = [r for r in variant["rows"] if not r.get("warmup")]
     rate = sum(r["n_tokens"] for r in rows) / sum(r["update_s"] for r in rows)
     at = {"shape": shape, "dtype": "bfloat16", "micro_batch_tokens": variant["micro_batch_tokens"],
-          "activation_checkpointing": variant["activation_checkpointing"]}
+          "activation_checkpointing": checkpointing(variant["activation_checkpointing"],
+                                                    variant.get("activation_checkpointing_layers"))}
     f.add("rl_update_tokens_per_s", rate, "tokens/s", f"{name}: rows[].n_tokens, update_s",
           "tokens / update seconds over the timed steps", **at)
     f.add("rl_sleep_sync_s", statistics.mean((r.get("sleep_s") or 0) + (r.get("sync_memory_s") or 0)
-                                             + (r.get("samples_s") or 0) for r in rows), "s/step",
-          f"{name}: rows[].sleep_s, sync_memory_s, samples_s", "mean over the timed steps", shape=shape)
+                                             + (r.get("samples_s") or 0) + (r.get("offload_s") or 0) for r in rows),
+          "s/step", f"{name}: rows[].sleep_s, sync_memory_s, samples_s, offload_s", "mean over the timed steps",
+          shape=shape)
     f.add("device_peak_gib", variant["device_peak_gib"], "GiB", f"{name}: device_peak_gib",
           "the benchmark's device-wide peak (NVML)", family="rl", **{k: v for k, v in at.items() if k != "dtype"})
     if server_start:
@@ -333,10 +336,12 @@ def rehearsal(f: Figures, card: str) -> bool:
         f.add("rl_update_tokens_per_s", sum(s["update_tokens"] for s in steps) / sum(s["update_s"] for s in steps),
               "tokens/s", f"{name}: rl_steps[].update_tokens, update_s", f"update tokens / update seconds, {which}",
               first=True, **shape, dtype=rl["dtype"], micro_batch_tokens=rl["micro_batch_tokens"],
-              activation_checkpointing=bool(rl.get("activation_checkpointing", False)))
+              activation_checkpointing=checkpointing(rl["activation_checkpointing"],
+                                                     rl.get("activation_checkpointing_layers")))
         f.add("rl_sleep_sync_s", statistics.mean((s.get("samples_s") or 0) + (s.get("sleep_wake_s") or 0)
-                                                 + (s.get("sync_s") or 0) for s in steps), "s/step",
-              f"{src}.samples_s, sleep_wake_s, sync_s", f"samples + sleep/wake + weight sync per step, {which}",
+                                                 + (s.get("sync_s") or 0) + (s.get("offload_s") or 0) for s in steps),
+              "s/step", f"{src}.samples_s, sleep_wake_s, sync_s, offload_s",
+              f"samples + sleep/wake + weight sync + optimizer offload per step, {which}",
               first=True, **shape)
         ckpt_steps = checkpoint_steps(int(rl["steps"]), int(rl["checkpoint_every"]))
         saves = rl_state_saves(int(rl["steps"]), 0, int(rl["state_every"]), ckpt_steps)

@@ -299,13 +299,13 @@ def rl_split(results: Path, config: dict[str, Any], design: dict[str, Any], para
                    "generated_tokens_per_s": _div(r.get("n_output_tokens"), r.get("rollout_s")),
                    "samples_s": r.get("samples_s"), "update_s": r.get("update_s"), "update_tokens": r.get("n_tokens"),
                    "update_mfu": _div(6 * parameters * (r.get("n_tokens") or 0), (r.get("update_s") or 0) * PEAK_FLOPS),
-                   "sleep_wake_s": r.get("sleep_s"), "sync_s": r.get("sync_s"),
+                   "sleep_wake_s": r.get("sleep_s"), "sync_s": r.get("sync_s"), "offload_s": r.get("offload_s"),
                    "save_waited_s": r.get("save_s"), "hf_save_write_s": r.get("checkpoint_write_s"),
                    "state_save_write_s": r.get("state_write_s")}
             every_state, every_ckpt = design["rl"]["state_every"], design["rl"]["checkpoint_every"]
             if step:
                 row["shares"] = {k: _div(row[k], step) for k in ("rollout_s", "samples_s", "update_s", "sleep_wake_s",
-                                                                  "sync_s")}
+                                                                  "sync_s", "offload_s")}
                 # Spread over the design's intervals: the state every state_every steps, the HF checkpoint every
                 # checkpoint_every. In the background the step waits for the copies only (save_waited_s); written in
                 # the foreground it would wait for the folders too.

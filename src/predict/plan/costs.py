@@ -34,12 +34,13 @@ TARGET_RULES = {"all", "design", "test"}
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
-def checkpointing(rl: Any) -> bool | str:
-    """The update's activation checkpointing as a figure's condition: on, off, or (selective) "first N layers",
-    which no figure measured with every layer recomputing or none matches (a string never equals True)."""
-    if rl.activation_checkpointing and rl.activation_checkpointing_layers is not None:
-        return f"first {rl.activation_checkpointing_layers} layers"
-    return rl.activation_checkpointing
+def checkpointing(enabled: bool, layers: int | None) -> bool | str:
+    """The update's activation checkpointing (rl.activation_checkpointing, rl.activation_checkpointing_layers) as a
+    figure's condition: on, off, or (selective) "first N layers", which no figure measured with every layer
+    recomputing or none matches (a string never equals True). benchmarks/calibrate.py labels its figures with it."""
+    if enabled and layers is not None:
+        return f"first {layers} layers"
+    return enabled
 
 
 def family(rule: str) -> str:
@@ -194,7 +195,9 @@ class Pricer:
     def _peak_at(self, fam: str) -> dict[str, Any]:
         if fam in ("rl", "rft"):
             rl = self.study.rl
-            return {"micro_batch_tokens": rl.micro_batch_tokens, "activation_checkpointing": checkpointing(rl)}
+            return {"micro_batch_tokens": rl.micro_batch_tokens,
+                    "activation_checkpointing": checkpointing(rl.activation_checkpointing,
+                                                              rl.activation_checkpointing_layers)}
         return {}
 
     def _fixed(self, job: Job, cost: JobCost) -> None:
@@ -279,7 +282,8 @@ class Pricer:
         self._serving_job(cost, "default")
         at = self.serving_at(self._rl_tokens())
         update_at = {"shape": self.model.shape, "dtype": rl.dtype, "micro_batch_tokens": rl.micro_batch_tokens,
-                     "activation_checkpointing": checkpointing(rl)}
+                     "activation_checkpointing": checkpointing(rl.activation_checkpointing,
+                                                               rl.activation_checkpointing_layers)}
         self._add(cost, self.figure(cost, "rl_job_fixed_s", shape=self.model.shape))
         self._add(cost, self.figure(cost, "rl_rollout_episode_s", **at), steps * episodes)
         tokens = self.figure(cost, "rl_tokens_per_episode", **at)
