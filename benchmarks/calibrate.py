@@ -119,8 +119,7 @@ def pooled_runs(names: list[str]) -> dict[str, Any]:
                 raise SystemExit(f"{name}: {key} {m[key]!r} differs from {first_name}'s {first[key]!r}: "
                                  "calibrate from runs of one config, profile and device")
     states = [m["rl_state_bytes_max"] for _, m in runs if m.get("rl_state_bytes_max")]
-    return {**first, "jobs": [j for _, m in runs for j in m["jobs"]], "rl_state_bytes_max": max(states, default=None),
-            "runs": len(runs)}
+    return {**first, "jobs": [j for _, m in runs for j in m["jobs"]], "rl_state_bytes_max": max(states, default=None)}
 
 
 def cpu(measured_names: list[str]) -> Figures:

@@ -8,6 +8,7 @@ and its profile folder is removed only once the whole group is gone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -37,23 +38,16 @@ def _group_alive(pgid: int) -> bool:
 def stop_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:
     """SIGTERM the process's whole group, SIGKILL what is left after `grace_s`, and return once the group is empty
     (or, at worst, only zombies nobody reaps are left after another `grace_s`)."""
-    pgid = process.pid
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            process.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-        deadline = time.monotonic() + wait_s
-        while _group_alive(pgid) and time.monotonic() < deadline:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            process.poll()  # reaps the browser itself: an unreaped leader would keep the group alive
+            if not _group_alive(process.pid):
+                return
             time.sleep(0.05)
-        if not _group_alive(pgid):
-            break
-    if process.poll() is None:
-        process.wait(timeout=grace_s)
+    process.wait(timeout=grace_s)
 
 
 def remove_profile(profile: Path, attempts: int = 20) -> None:

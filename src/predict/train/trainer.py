@@ -474,8 +474,8 @@ class Trainer:
         self._fused_ce: Any = None  # liger's fused linear CE for pure-CE steps (see `step`)
         self._term_probe: TermProbe | None = None  # made by the first step that measures the gradient terms
         self._host_copies = HostCopies()  # `save`'s buffers off the device, reused from save to save
-        self._host_state: dict[tuple[int, str], torch.Tensor] = {}  # offload_optimizer_state's buffers
-        self._offloaded: set[tuple[int, str]] = set()
+        self._offload_copies = HostCopies()  # offload_optimizer_state's own buffers (a save may be writing from its)
+        self.optimizer_offloaded = False  # whether the optimizer's state waits off the device
         self._writer: Any = None  # `save`'s writer thread, made by the first save in the background
         self._pending: Any = None  # the save it is writing
         self.written: dict[Any, dict[str, float]] = {}  # `take_written`: tagged saves written, and how long each took
@@ -518,39 +518,31 @@ class Trainer:
 
     # -- the optimizer's state off the device between updates ----------------------------------------------------
     def offload_optimizer_state(self) -> int:
-        """rl.offload_optimizer: the optimizer's state tensors (moments, Kahan buffers) move into host buffers, made
-        once (pinned on CUDA) and reused, and the device's cached blocks go back to the driver, so a colocated server
-        can use that memory while it generates. `step` brings them back first (`reload_optimizer_state`). Its own
-        buffers, never `save`'s: a background save may still be writing from those. The bytes moved."""
+        """rl.offload_optimizer: the optimizer's state tensors (moments, Kahan buffers) move off the device into
+        `HostCopies` buffers of their own (pinned on CUDA, made once and reused; never `save`'s, which a background
+        save may still be writing from), and the device's cached blocks go back to the driver, so a colocated server
+        can use that memory while it generates. `step` brings them back first (`reload_optimizer_state`). The bytes
+        moved (0 when there is no state yet or it is already off the device)."""
+        if self.optimizer_offloaded:
+            return 0
         moved = 0
         for key, state, name, t in self._optimizer_tensors():
-            if key in self._offloaded:
-                continue
-            buf = self._host_state.get(key)
-            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-                buf = self._host_state[key] = torch.empty(t.shape, dtype=t.dtype, device="cpu",
-                                                          pin_memory=self.device.type == "cuda")
-            buf.copy_(t, non_blocking=True)
-            state[name] = buf
-            self._offloaded.add(key)
+            state[name] = self._offload_copies.copy(key, t)
             moved += t.numel() * t.element_size()
         if moved and self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()  # the copies are done before their device blocks are reused
             torch.cuda.empty_cache()
+        self.optimizer_offloaded = moved > 0
         return moved
-
-    @property
-    def optimizer_offloaded(self) -> bool:
-        """Whether the optimizer's state waits off the device (`offload_optimizer_state`)."""
-        return bool(self._offloaded)
 
     def reload_optimizer_state(self) -> None:
         """The state `offload_optimizer_state` moved, back on the trainer's device in fresh tensors (the host buffers
-        stay for the next offload)."""
-        for key, state, name, t in self._optimizer_tensors():
-            if key in self._offloaded:
-                state[name] = t.to(self.device, non_blocking=True, copy=True)
-        self._offloaded.clear()
+        stay for the next offload); nothing when it is on the device."""
+        if not self.optimizer_offloaded:
+            return
+        for _, state, name, t in self._optimizer_tensors():
+            state[name] = t.to(self.device, non_blocking=True, copy=True)
+        self.optimizer_offloaded = False
 
     def _optimizer_tensors(self) -> Iterator[tuple[tuple[int, str], dict[str, Any], str, torch.Tensor]]:
         """(key, the parameter's state, name, tensor) of every per-parameter state tensor (0-d step counters are
@@ -585,8 +577,7 @@ class Trainer:
         if not samples:
             raise ValueError("Trainer.step: no samples")
         t0 = time.perf_counter()
-        if self._offloaded:
-            self.reload_optimizer_state()
+        self.reload_optimizer_state()  # rl.offload_optimizer: the state waited off the device since the last step
         lr = self.lr if lr is None else lr
         for group in self.optimizer.param_groups:
             group["lr"] = lr
