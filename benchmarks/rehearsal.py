@@ -172,7 +172,7 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 
 # --- vLLM alone ------------------------------------------------------------------------------------------------
-def vllm_alone(config: dict[str, Any], out: Path, concurrencies: tuple[int, ...] = (8, 32, 128)) -> int:
+def vllm_alone(config: dict[str, Any], out: Path, concurrencies: tuple[int, ...] = (32, 64, 128)) -> int:
     """The RL step's rollouts (Arm A's first step: its 16 tasks x 8, the env's prompts and max_tokens) against vLLM
     alone: one server on Arm A's step-1 checkpoint with the card's default share (0.9), no trainer resident, at each
     concurrency 2 x c episodes of that step's list (at most all 128). Generated tokens/s per concurrency."""
