@@ -353,6 +353,23 @@ def test_an_offloaded_optimizer_state_moves_off_and_back_and_the_update_is_the_s
     _same_weights(_two_steps(_fresh(tiny, dtype)), offloaded)
 
 
+def test_an_offloaded_optimizer_state_comes_back_only_after_the_backward(tiny: Path) -> None:
+    """The state returns once the activations are gone: every forward and backward of the next step runs with the
+    state still off the device (the update's peak is weights + gradients + activations, or + state, never both),
+    and the step ends with it back."""
+    trainer = _fresh(tiny, "bfloat16")
+    trainer.step(_samples())
+    trainer.offload_optimizer_state()
+    seen = []
+    layer = trainer.model.model.layers[0]
+    layer.register_forward_hook(lambda *_: seen.append(("forward", trainer.optimizer_offloaded)))
+    layer.register_full_backward_hook(lambda *_: seen.append(("backward", trainer.optimizer_offloaded)))
+    trainer.step(_samples())
+    assert {kind for kind, _ in seen} == {"forward", "backward"}
+    assert all(offloaded for _, offloaded in seen), seen
+    assert not trainer.optimizer_offloaded
+
+
 def test_a_state_saved_while_the_optimizer_is_offloaded_resumes_the_same_run(tiny: Path, tmp_path: Path) -> None:
     """A save between steps (the RL driver saves after the update, when the state is off the device) holds the
     optimizer's state, and a resume from it steps as the trainer that never stopped."""

@@ -521,7 +521,7 @@ class Trainer:
         """rl.offload_optimizer: the optimizer's state tensors (moments, Kahan buffers) move off the device into
         `HostCopies` buffers of their own (pinned on CUDA, made once and reused; never `save`'s, which a background
         save may still be writing from), and the device's cached blocks go back to the driver, so a colocated server
-        can use that memory while it generates. `step` brings them back first (`reload_optimizer_state`). The bytes
+        can use that memory while it generates. `step` brings them back after its backward (`reload_optimizer_state`). The bytes
         moved (0 when there is no state yet or it is already off the device)."""
         if self.optimizer_offloaded:
             return 0
@@ -577,7 +577,6 @@ class Trainer:
         if not samples:
             raise ValueError("Trainer.step: no samples")
         t0 = time.perf_counter()
-        self.reload_optimizer_state()  # rl.offload_optimizer: the state waited off the device since the last step
         lr = self.lr if lr is None else lr
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -631,6 +630,10 @@ class Trainer:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
+        # rl.offload_optimizer: the state waited off the device since the last step, and comes back only now, once
+        # the backward has freed the activations: the two never share the device, so the update's peak is that of a
+        # first step, which has no state yet (the 4B rehearsal's single step measured only that one).
+        self.reload_optimizer_state()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         grad_norm = float(norm)
