@@ -381,6 +381,21 @@ def rehearsal(f: Figures, card: str) -> bool:
         if seen:
             f.add(f"serving_{kind}_s", _median(seen), "s", f"{name}: jobs[].load_s",
                   f"median of {len(seen)} shared-server {kind}(s) the job logs noted", first=True, **shape)
+    # evaluation, as on the CPU: (wall - server start or reload) = fixed + episodes x per episode, fitted over the
+    # evaluation jobs, at the rehearsal's evaluation settings and episodes in flight
+    evals = [j for j in jobs.values() if family(j["job"].split("/")[0]) in ("evaluate", "evaluate_test")
+             and j.get("episodes")]
+    if evals:
+        at = {**shape, "max_tokens": config["evaluation"]["max_tokens"], "concurrency": env["concurrency"]}
+        a, b = _fit([(j["episodes"], j["wall_s"] - (j.get("load_s") or 0)) for j in evals])
+        how = (f"least squares over {len(evals)} evaluation jobs: wall - server start or reload = fixed + episodes x "
+               "per episode")
+        f.add("eval_job_fixed_s", a, "s", f"{name}: jobs[evaluate*].wall_s, load_s, episodes", how, first=True, **at)
+        f.add("eval_episode_s", b, "s/episode", f"{name}: jobs[evaluate*].wall_s, load_s, episodes", how, first=True,
+              **at)
+        f.add("eval_bytes_per_episode", sum(j["output_bytes"] for j in evals) / sum(j["episodes"] for j in evals),
+              "bytes", f"{name}: jobs[evaluate*].output_bytes, episodes", "evaluation bytes / episodes", first=True,
+              **at)
     sft_steps = r.get("sft_steps") or {}
     steady = [s for arm in sft_steps.values() for s in arm if s["step"] > SFT_WARMUP_STEPS]
     if steady:
@@ -417,8 +432,9 @@ def rehearsal(f: Figures, card: str) -> bool:
     for fam, seen in sorted(peaks.items()):
         peak, which_job = max(seen)
         at = ({"micro_batch_tokens": rl["micro_batch_tokens"],
-               "activation_checkpointing": bool(rl.get("activation_checkpointing", False))} if fam in ("rl", "rft")
-              else {})
+               "activation_checkpointing": checkpointing(rl.get("activation_checkpointing", False),
+                                                         rl.get("activation_checkpointing_layers"))}
+              if fam in ("rl", "rft") else {})
         f.add("device_peak_gib", peak, "GiB", f"{name}: jobs[].device_peak_gib", f"the largest of the {len(seen)} "
               f"{fam} job(s)' device-wide peaks (nvidia-smi, every process): {which_job}", first=True, family=fam,
               **shape, **at)

@@ -230,14 +230,15 @@ def _samples(path: Path) -> list[tuple[float, int, int]]:
     return out
 
 
-def _job_tokens(rel: Path, results: Path, reference: str | None) -> tuple[int | None, str]:
-    """Tokens a job processed and what they are: SFT's trained tokens, RL's generated ones, an evaluation's."""
+def _job_tokens(rel: Path, results: Path, reference: str | None) -> tuple[int | None, str, dict[str, int]]:
+    """Tokens a job processed and what they are (SFT's trained tokens, RL's generated ones, an evaluation's), and for
+    an evaluation its episodes (its rows) and the bytes of its tables: what benchmarks/calibrate.py prices one by."""
     stage = rel.parts[0]
     if stage == "train_sft":
-        return sum(r["n_tokens"] for r in _parquet(results / "sft" / rel.stem / "metrics.parquet")), "trained"
+        return sum(r["n_tokens"] for r in _parquet(results / "sft" / rel.stem / "metrics.parquet")), "trained", {}
     if stage == "rl":
         rows = _parquet(results / "rl" / rel.parts[1] / f"{rel.stem}" / "metrics.parquet")
-        return sum(r.get("n_output_tokens") or 0 for r in rows), "generated"
+        return sum(r.get("n_output_tokens") or 0 for r in rows), "generated", {}
     if stage == "evaluate":  # evaluate/{run}/val/seed{seed}: every checkpoint of the run
         files = list((results / "eval" / rel.parts[1]).glob(f"*/val/{rel.stem}.parquet"))
     elif stage == "evaluate_test" and rel.stem.startswith("seed"):  # the selected checkpoint(s), the reference apart
@@ -245,8 +246,10 @@ def _job_tokens(rel: Path, results: Path, reference: str | None) -> tuple[int | 
     elif stage == "evaluate_test":  # evaluate_test/{run}/{reference}: once, under the first seed
         files = list((results / "eval" / rel.parts[1] / rel.stem / "test").glob("seed*.parquet"))
     else:
-        return None, ""
-    return sum(r.get("n_output_tokens") or 0 for f in files for r in _parquet(f)), "generated"
+        return None, "", {}
+    rows = [r for f in files for r in _parquet(f)]
+    return (sum(r.get("n_output_tokens") or 0 for r in rows), "generated",
+            {"episodes": len(rows), "output_bytes": sum(f.stat().st_size for f in files)})
 
 
 def jobs(results: Path, logs: Path, reference: str | None = None) -> list[dict[str, Any]]:
@@ -264,12 +267,13 @@ def jobs(results: Path, logs: Path, reference: str | None = None) -> list[dict[s
         peaks = PEAK_LINE.findall(text)
         server = next(((kind, float(m.group(1))) for kind, line in SERVER_LINES if (m := line.search(text))), None)
         window = [s for s in samples if end - wall - 2 <= s[0] <= end + 2]
-        tokens, kind = _job_tokens(rel, results, reference)
+        tokens, kind, evaluation = _job_tokens(rel, results, reference)
         out.append({
             "job": str(rel.with_suffix("")),
             "wall_s": round(wall, 1),
             "tokens": tokens, "tokens_are": kind or None,
             "tokens_per_s": round(tokens / wall, 1) if tokens else None,
+            **evaluation,
             "device_peak_gib": float(peaks[-1][0]) if peaks else None,
             "device_gib": float(peaks[-1][1]) if peaks else None,
             "disk_peak_gb": round(max(s[1] for s in window) / GB, 2) if window else None,

@@ -7,11 +7,14 @@ import json
 import os
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from predict.cli import merge_config_files
 from predict.config import load_config
+from predict.plan.costs import checkpointing
 
 from .conftest import benchmark_script
 
@@ -104,6 +107,22 @@ def test_collect_reads_a_runs_files_into_the_issues_numbers(rehearsal, tmp_path:
             "rollout_s": 360.0, "samples_s": 4.0, "update_s": 50.0, "n_tokens": 600_000, "sleep_s": 0.1, "sync_s": 0.2,
             "step_s": 414.3, "save_s": 2.0, "checkpoint_write_s": 8.0, "state_write_s": 30.0}
     write_metrics([step], results / "rl" / "A" / "seed42" / "metrics.parquet")
+    # the evaluations: Arm A's val (two checkpoints, 3 tasks each) on the reloaded server; its test reference (sft,
+    # 2 tasks) on a server started for it
+    _touch(results / "benchmarks" / "evaluate" / "A" / "val" / "seed42.tsv",
+           header + "100.0\t0:01:40\t1\t1\t1\t1\t0\t0\t90\t9\n", t0 + 600)
+    _touch(logs / "gpu-rehearsal" / "evaluate" / "A" / "val" / "seed42.log",
+           "shared vLLM server pid 9 at http://127.0.0.1:1/v1: loaded in place in 2.0 s\n", t0 + 600)
+    _touch(results / "benchmarks" / "evaluate_test" / "A" / "sft.tsv",
+           header + "68.0\t0:01:08\t1\t1\t1\t1\t0\t0\t90\t9\n", t0 + 700)
+    _touch(logs / "gpu-rehearsal" / "evaluate_test" / "A" / "sft.log",
+           "shared vLLM server pid 9 at http://127.0.0.1:1/v1: started on results/checkpoints/A/sft in 30.0 s\n",
+           t0 + 700)
+    for checkpoint, split, tasks in (("sft", "val", 3), ("step1", "val", 3), ("sft", "test", 2)):
+        folder = results / "eval" / "A" / checkpoint / split
+        folder.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"task_id": list(range(tasks)), "n_output_tokens": [100] * tasks}),
+                       folder / "seed42.parquet")
     out = tmp_path / "rehearsal_test.json"
     assert rehearsal.main(["collect", "--config", str(cfg), "--card", "test", "--out", str(out),
                            "--logs-dir", str(logs)]) == 0
@@ -128,6 +147,10 @@ def test_collect_reads_a_runs_files_into_the_issues_numbers(rehearsal, tmp_path:
     assert spread["background"] == pytest.approx(2.0 / 5 / 414.3, abs=1e-4)
     assert spread["foreground"] == pytest.approx((30.0 / 5 + 8.0 / 25) / 414.3, abs=1e-4)
     assert got["vllm_alone"] is None and got["rl_rollout_vs_vllm_alone"] is None  # not run: said, not invented
+    val, test = jobs["evaluate/A/val/seed42"], jobs["evaluate_test/A/sft"]
+    assert (val["episodes"], val["tokens"], val["server"], test["episodes"], test["server"]) == (6, 600, "reload", 2,
+                                                                                                 "start")
+    assert val["output_bytes"] == sum(f.stat().st_size for f in (results / "eval" / "A").glob("*/val/seed42.parquet"))
 
     # benchmarks/calibrate.py reads the file collect wrote: the 4B RL step's rollout, tokens, saves and device peak
     calibrate = benchmark_script("calibrate")
@@ -148,7 +171,8 @@ def test_collect_reads_a_runs_files_into_the_issues_numbers(rehearsal, tmp_path:
     assert value["hf_save_gb_per_s"] == pytest.approx(params * 2 / 1e9 / 8.0, abs=1e-5)
     assert value["state_save_gb_per_s"] == pytest.approx(params * (8 - 2) / 1e9 / 30.0, abs=1e-5)  # links the ckpt
     assert value["rl_job_fixed_s"] == pytest.approx(500.0 - 120.5 - 414.3 - 2.0, abs=1e-5)
-    assert value["serving_start_s"] == 120.5 and "serving_reload_s" not in value  # no job reloaded: no figure
+    assert value["serving_start_s"] == (120.5 + 30.0) / 2  # the median of the RL job's start and the test's
+    assert value["serving_reload_s"] == 2.0  # the val evaluation's
     assert value["sft_tokens_per_s"] == pytest.approx(45_000 / 3.0)  # steady: the steps after the first two
     assert figures.figures["sft_tokens_per_s"][0]["at"] == {"shape": "qwen3-4b", "dtype": "bfloat16", "device": "gpu"}
     assert value["sft_job_fixed_s"] == pytest.approx(60.0 - 105_000 / 15_000)  # B has no steps: A's alone
@@ -157,7 +181,16 @@ def test_collect_reads_a_runs_files_into_the_issues_numbers(rehearsal, tmp_path:
     assert jobs_s == {"split_mbpp": 1.2}  # the CPU rules as the node ran them; the timed rules priced by units
     peaks = {e["at"]["family"]: e for e in figures.figures["device_peak_gib"]}
     assert peaks["rl"]["value"] == 61.5 and peaks["rl"]["at"]["micro_batch_tokens"] == config["rl"]["micro_batch_tokens"]
+    # labelled with the plan's own condition, as the update's figure is: selective checkpointing is another peak
+    assert peaks["rl"]["at"]["activation_checkpointing"] == checkpointing(
+        config["rl"]["activation_checkpointing"], config["rl"].get("activation_checkpointing_layers")) == "first 9 layers"
     assert peaks["train_sft"]["value"] == 77.8  # the larger of the two SFT jobs', not the first one's
+
+    # the evaluations, fitted as on the CPU: (100 - 2) = a + 6 b and (68 - 30) = a + 2 b
+    evaluation = {"shape": "qwen3-4b", "max_tokens": 512, "concurrency": 32}
+    assert figures.figures["eval_episode_s"][0]["at"] == evaluation
+    assert (value["eval_episode_s"], value["eval_job_fixed_s"]) == (pytest.approx(15.0), pytest.approx(8.0))
+    assert value["eval_bytes_per_episode"] == pytest.approx((val["output_bytes"] + test["output_bytes"]) / 8)
 
     # the rehearsal's figures go before a benchmark's of the same conditions: the plan takes the first that matches
     earlier = calibrate.Figures()
