@@ -11,7 +11,7 @@ import yaml
 
 from predict.cli import main
 from predict.plan.calibration import Calibration, load_calibration
-from predict.plan.costs import JobCost, Pricer, model_facts
+from predict.plan.costs import JobCost, Pricer, checkpointing, model_facts
 from predict.plan.dag import Job, parse_dry_run
 from predict.plan.schedule import Capacity, lay_out
 
@@ -175,7 +175,8 @@ def test_an_rl_job_pays_its_saves_per_save_not_per_step_of_the_measured_interval
     model = model_facts(config, REPO)
     shape, rl = {"shape": model.shape}, config["rl"]
     serving = {**shape, "max_tokens": 512, "concurrency": config["env"]["concurrency"]}
-    update = {**shape, "dtype": "bfloat16", "micro_batch_tokens": 8192, "activation_checkpointing": True}
+    update = {**shape, "dtype": "bfloat16", "micro_batch_tokens": 8192,
+              "activation_checkpointing": checkpointing(True, rl.get("activation_checkpointing_layers"))}
     cal = _cal(rl_job_fixed_s=[{"value": 60.0, "at": shape}], rl_rollout_episode_s=[{"value": 2.0, "at": serving}],
                rl_tokens_per_episode=[{"value": 1000.0, "at": serving}],
                rl_update_tokens_per_s=[{"value": 10_000.0, "at": update}],
@@ -285,7 +286,9 @@ def test_the_paper_on_one_gpu_shows_what_the_rehearsal_has_not_given_yet() -> No
     cost = Pricer(config, cal, REPO).price(job)
     missing = {m.name: m for m in cost.missing}
     assert "rl_rollout_episode_s" in missing and "rehearsal_h200.json" in missing["rl_rollout_episode_s"].why
-    assert cost.device_peak_gib is not None  # the 4B step's peak at 8,192 tokens with checkpointing is measured
+    # the H200 measured the 4B step's peak with every layer recomputing; config/gpu.yaml recomputes the first 9 only,
+    # another peak: not taken for it
+    assert cost.device_peak_gib is None and "device_peak_gib" in missing
 
 
 def test_plan_of_the_embedded_default_comes_from_snakemakes_dag(tmp_path: Path) -> None:
