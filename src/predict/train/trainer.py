@@ -521,8 +521,8 @@ class Trainer:
         """rl.offload_optimizer: the optimizer's state tensors (moments, Kahan buffers) move off the device into
         `HostCopies` buffers of their own (pinned on CUDA, made once and reused; never `save`'s, which a background
         save may still be writing from), and the device's cached blocks go back to the driver, so a colocated server
-        can use that memory while it generates. `step` brings them back after its backward (`reload_optimizer_state`). The bytes
-        moved (0 when there is no state yet or it is already off the device)."""
+        can use that memory while it generates. `step` brings them back after its backward
+        (`reload_optimizer_state`). The bytes moved (0 when there is no state yet or it is already off the device)."""
         if self.optimizer_offloaded:
             return 0
         moved = 0
