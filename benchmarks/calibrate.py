@@ -107,6 +107,29 @@ def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 # --- the CPU: the embedded default, measured ------------------------------------------------------------------------
+def _server_load_figures(f: Figures, jobs: list[dict[str, Any]], src: str, *, first: bool, **at: Any) -> None:
+    """serving_start_s and serving_reload_s: the medians of the shared-server loads the job logs noted."""
+    for kind in ("start", "reload"):
+        seen = [j["load_s"] for j in jobs if j.get("server") == kind]
+        if seen:
+            f.add(f"serving_{kind}_s", _median(seen), "s", f"{src}: jobs[].load_s",
+                  f"median of {len(seen)} shared-server {kind}(s) the job logs noted", first=first, **at)
+
+
+def _eval_figures(f: Figures, points: list[tuple[float, float]], output_bytes: float, src: str, *, first: bool,
+                  at: dict[str, Any]) -> None:
+    """An evaluation job's cost: (wall - server start or reload) = fixed + episodes x per episode, fitted over the
+    (episodes, seconds) points of every evaluation job, and its tables' bytes per episode."""
+    fixed, per_episode = _fit(points)
+    how = (f"least squares over {len(points)} evaluation jobs: wall - server start or reload = fixed + episodes x "
+           "per episode")
+    f.add("eval_job_fixed_s", fixed, "s", f"{src}: jobs[evaluate*].wall_s, load_s, episodes", how, first=first, **at)
+    f.add("eval_episode_s", per_episode, "s/episode", f"{src}: jobs[evaluate*].wall_s, load_s, episodes", how,
+          first=first, **at)
+    f.add("eval_bytes_per_episode", output_bytes / sum(e for e, _ in points), "bytes",
+          f"{src}: jobs[evaluate*].output_bytes, episodes", "evaluation bytes / episodes", first=first, **at)
+
+
 def pooled_runs(names: list[str]) -> dict[str, Any]:
     """Several measured runs of one config as one: their jobs side by side (each figure below is a median or a fit
     over all of them, so one slow run, for instance with other work on the box, moves it less), the largest RL state
@@ -150,12 +173,7 @@ def cpu(measured_names: list[str]) -> Figures:
         if fam != "build_tiny_model":
             f.add("output_bytes", _median(j["output_bytes"] for j in js), "bytes", f"{src}: jobs[].output_bytes",
                   f"median bytes of the {fam} job(s)' outputs", rule=fam)
-    loads = [j for j in jobs if j.get("server")]
-    for kind in ("start", "reload"):
-        seen = [j["load_s"] for j in loads if j["server"] == kind]
-        if seen:
-            f.add(f"serving_{kind}_s", _median(seen), "s", f"{src}: jobs[].load_s",
-                  f"median of {len(seen)} shared-server {kind}s the job logs noted", shape=model.shape)
+    _server_load_figures(f, jobs, src, first=False, shape=model.shape)
     # evaluation: (wall - load) = fixed + episodes x per episode, fitted over every evaluation job
     ev = by_family.get("evaluate", []) + by_family.get("evaluate_test", [])
     if ev:
@@ -164,14 +182,8 @@ def cpu(measured_names: list[str]) -> Figures:
             split = "test" if family(j["rule"]) == "evaluate_test" else "val"
             episodes = (j["checkpoints"] or len(j["outputs"])) * pricer.eval_tasks(split)
             pts.append((episodes, j["wall_s"] - (j.get("load_s") or 0)))
-        a, b = _fit(pts)
-        at = pricer.serving_at(int(config["evaluation"]["max_tokens"]))
-        how = f"least squares over {len(pts)} evaluation jobs: wall - server load = fixed + episodes x per episode"
-        f.add("eval_job_fixed_s", a, "s", f"{src}: jobs[].wall_s, load_s", how, **at)
-        f.add("eval_episode_s", b, "s/episode", f"{src}: jobs[].wall_s, load_s", how, **at)
-        per = sum(j["output_bytes"] for j in ev) / sum(p[0] for p in pts)
-        f.add("eval_bytes_per_episode", per, "bytes", f"{src}: jobs[].output_bytes", "evaluation bytes / episodes",
-              **at)
+        _eval_figures(f, pts, sum(j["output_bytes"] for j in ev), src, first=False,
+                      at=pricer.serving_at(int(config["evaluation"]["max_tokens"])))
     # RL: the steady steps (after the first, which warms the server and the trainer up) give the per-unit figures;
     # what a job takes beyond its steps at those rates is its fixed part
     rl_jobs = by_family.get("rl", [])
@@ -376,26 +388,15 @@ def rehearsal(f: Figures, card: str) -> bool:
             f.add("rl_job_fixed_s", _median(fixed), "s", f"{name}: jobs[rl].wall_s, load_s; rl_steps[].step_s, "
                   "save_waited_s", f"median over {len(fixed)} RL job(s) of wall - server start or reload - steps - "
                   "save waits", first=True, **shape)
-    for kind in ("start", "reload"):
-        seen = [j["load_s"] for j in jobs.values() if j.get("server") == kind]
-        if seen:
-            f.add(f"serving_{kind}_s", _median(seen), "s", f"{name}: jobs[].load_s",
-                  f"median of {len(seen)} shared-server {kind}(s) the job logs noted", first=True, **shape)
+    _server_load_figures(f, list(jobs.values()), name, first=True, **shape)
     # evaluation, as on the CPU: (wall - server start or reload) = fixed + episodes x per episode, fitted over the
     # evaluation jobs, at the rehearsal's evaluation settings and episodes in flight
     evals = [j for j in jobs.values() if family(j["job"].split("/")[0]) in ("evaluate", "evaluate_test")
              and j.get("episodes")]
     if evals:
-        at = {**shape, "max_tokens": config["evaluation"]["max_tokens"], "concurrency": env["concurrency"]}
-        a, b = _fit([(j["episodes"], j["wall_s"] - (j.get("load_s") or 0)) for j in evals])
-        how = (f"least squares over {len(evals)} evaluation jobs: wall - server start or reload = fixed + episodes x "
-               "per episode")
-        f.add("eval_job_fixed_s", a, "s", f"{name}: jobs[evaluate*].wall_s, load_s, episodes", how, first=True, **at)
-        f.add("eval_episode_s", b, "s/episode", f"{name}: jobs[evaluate*].wall_s, load_s, episodes", how, first=True,
-              **at)
-        f.add("eval_bytes_per_episode", sum(j["output_bytes"] for j in evals) / sum(j["episodes"] for j in evals),
-              "bytes", f"{name}: jobs[evaluate*].output_bytes, episodes", "evaluation bytes / episodes", first=True,
-              **at)
+        _eval_figures(f, [(j["episodes"], j["wall_s"] - (j.get("load_s") or 0)) for j in evals],
+                      sum(j["output_bytes"] for j in evals), name, first=True,
+                      at={**shape, "max_tokens": config["evaluation"]["max_tokens"], "concurrency": env["concurrency"]})
     sft_steps = r.get("sft_steps") or {}
     steady = [s for arm in sft_steps.values() for s in arm if s["step"] > SFT_WARMUP_STEPS]
     if steady:
