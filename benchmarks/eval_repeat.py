@@ -30,6 +30,12 @@ environment to every server, ``--no-sleep-mode`` leaves out the sleep mode evalu
 writes every run's rows (JSON lines) so that runs of separate processes, such as servers started side by side on one
 card, can be compared: ``python benchmarks/eval_repeat.py --compare A.jsonl B.jsonl ...`` (each file's first run
 against the first file's).
+
+The compile cache (issue 59, 2026-12-06: on the tiny Qwen3 a server that compiled its graphs on an empty cache gave
+other rows than two that loaded them): every server's ``compile`` says which it did, read from its log
+(`compile_cache_use`). ``--compile-cache shared`` (default) lets the servers share the project's vLLM cache, as a
+node's jobs do, so the first server of a new shape compiles and the next load; ``--compile-cache fresh`` gives each
+server an empty cache of its own, so every server compiles, as the first job of a shape on a new node does.
 """
 
 from __future__ import annotations
@@ -113,6 +119,20 @@ def main() -> int:
         action="store_true",
         help="every fresh server runs every --concurrency (default: servers after the first run the first)",
     )
+    ap.add_argument(
+        "--evaluation-attention-backend",
+        default=None,
+        metavar="NAME",
+        help="serving.evaluation_attention_backend for this run (the batch-invariant servers' kernels, e.g. "
+        "TRITON_ATTN), as if the config set it; default servers keep vLLM's choice, so the price compares the two",
+    )
+    ap.add_argument(
+        "--compile-cache",
+        choices=("shared", "fresh"),
+        default="shared",
+        help="shared: the servers share the project's vLLM compile cache (the first of a new shape compiles, the "
+        "next load); fresh: each server compiles on an empty cache of its own, as on a new node",
+    )
     args = ap.parse_args()
     if args.compare:
         return compare_files([Path(f) for f in args.compare])
@@ -132,6 +152,8 @@ def main() -> int:
     vf_subprocess.CACHE_DIR = Path(tempfile.mkdtemp(prefix="bench-verifiers-"))
     config = load_config(args.config)
     data, ev, serving = config["data"], config["evaluation"], {**config["serving"], "shared": None}
+    if args.evaluation_attention_backend:
+        serving["evaluation_attention_backend"] = args.evaluation_attention_backend
     val = sorted(
         split_tasks(
             load_mbpp(data["mbpp_path"], hf_fallback=data["hf_fallback"]), int(data["split_seed"]), data["sizes"]
@@ -156,6 +178,7 @@ def main() -> int:
         "server_args": args.server_arg,
         "server_env": server_env,
         "sleep_mode": not args.no_sleep_mode,
+        "compile_cache": args.compile_cache,
         "modes": {},
     }
     result["card"] = result["serving"]["device_name"]  # serving_identity's (nvidia-smi), named at the top for readers
@@ -184,6 +207,7 @@ def main() -> int:
         runs: list[dict] = []
         failed: list[str] = []  # rollouts that failed or made no model call: a broken server, not a result
         starts = []
+        compiled: list[str] = []  # per server: its graphs compiled, or loaded from the compile cache
         n_servers = args.default_servers if mode == "default" and args.default_servers else args.servers
         for server in range(n_servers):
             t0 = time.perf_counter()
@@ -201,6 +225,11 @@ def main() -> int:
                 extra_args=extra,
                 log_path=Path(args.server_logs) / f"{mode}-server{server}.log" if args.server_logs else None,
                 **({"enforce_eager": True} if args.enforce_eager else {}),
+                **(
+                    {"cache_dir": Path(tempfile.mkdtemp(prefix="eval-repeat-cache-"))}
+                    if args.compile_cache == "fresh"
+                    else {}
+                ),
             )
             if args.no_sleep_mode and "--enable-sleep-mode" in srv.extra_args:
                 srv.extra_args.remove("--enable-sleep-mode")
@@ -230,6 +259,7 @@ def main() -> int:
                             f"{sum(r['n_model_calls'] for r in rows)} calls",
                             flush=True,
                         )
+            compiled.append(compile_cache_use(srv.log_path.read_text(errors="replace") if srv.log_path else ""))
         first = runs[0]["rows"]
         by_concurrency = {}
         for c in args.concurrency:
@@ -244,6 +274,7 @@ def main() -> int:
         result["modes"][mode] = {
             "env": env,
             "server_start_s": [round(s, 1) for s in starts],
+            "compile": compiled,
             "settings": by_concurrency,
             "runs": [{k: v for k, v in r.items() if k != "rows"} for r in runs],
             "tasks_whose_rows_differ_from_the_first_run": differ,
@@ -300,6 +331,17 @@ def differences(first: list[dict], rows: list[dict]) -> dict:
     where = {str(a.get("task_id")): first_difference(a, b) for a, b in zip(first, rows, strict=True) if a != b}
     outcome = sum(any(a.get(k) != b.get(k) for k in OUTCOME_COLUMNS) for a, b in zip(first, rows, strict=True))
     return {"first": where, "outcome_differs": outcome}
+
+
+#: vLLM's log lines (backends.py) for a compile range it compiled, and for one it loaded from the compile cache
+COMPILED, LOADED = "Compiling a graph for compile range", "Directly load the compiled graph"
+
+
+def compile_cache_use(log: str) -> str:
+    """Whether a GPU server compiled its graphs or loaded them from the compile cache, from its log: "compiled",
+    "loaded", "both" (some ranges each way), or "none" (no compiled graph: eager, or the CPU build's own lines)."""
+    compiled, loaded = COMPILED in log, LOADED in log
+    return {(True, False): "compiled", (False, True): "loaded", (True, True): "both"}.get((compiled, loaded), "none")
 
 
 def compare_files(files: list[Path]) -> int:

@@ -41,3 +41,69 @@ def test_rows_of_separate_processes_compare_from_their_files(eval_repeat, tmp_pa
     report = json.loads(capsys.readouterr().out)
     assert [(r["tasks_whose_rows_differ"], r["first_differences"]) for r in report["against"]] == [
         (0, {}), (1, {"1": "steps[1].reply@6"})]
+
+
+# vLLM 0.26.0's own lines (backends.py), as the H100 servers of 2026-12-06 logged them
+COMPILED_LOG = ("INFO 12-06 21:44:53 [backends.py:378] Cache the graph of compile range (1, 8192) for later use\n"
+                "INFO 12-06 21:44:59 [backends.py:393] Compiling a graph for compile range (1, 8192) takes 13.11 s\n")
+LOADED_LOG = ("INFO 12-06 21:46:13 [backends.py:292] Directly load the compiled graph(s) for compile range (1, 8192) "
+              "from the cache, took 0.890 s\n")
+
+
+def test_each_server_says_whether_it_compiled_its_graphs_or_loaded_them(eval_repeat) -> None:
+    """Issue 59: a tiny-Qwen3 server that compiled on an empty cache gave other rows than two that loaded its graphs;
+    the JSON must say which each server did."""
+    assert eval_repeat.compile_cache_use(COMPILED_LOG) == "compiled"
+    assert eval_repeat.compile_cache_use(LOADED_LOG) == "loaded"
+    assert eval_repeat.compile_cache_use(COMPILED_LOG + LOADED_LOG) == "both"
+    assert eval_repeat.compile_cache_use("INFO Using eager mode\n") == "none"
+
+
+class _Started(Exception):
+    """Raised by the stand-in server: the test needs only how each server would have been started."""
+
+
+def test_fresh_compile_caches_and_the_attention_key_reach_every_batch_invariant_server(
+        eval_repeat, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--compile-cache fresh gives each server an empty cache of its own; --evaluation-attention-backend starts the
+    batch-invariant servers on those kernels as the config key would (issue 59's next checks)."""
+    import sys
+
+    import predict.serving.server as server
+
+    from .conftest import REPO
+
+    started: list[dict] = []
+
+    def from_serving(model, serving, **kw):
+        started.append(kw)
+        return _NoServer()
+
+    class _NoServer:
+        extra_args: list[str] = []
+
+        def __enter__(self):
+            raise _Started
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(server.VLLMServer, "from_serving", staticmethod(from_serving))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 4, "num_key_value_heads": 2,
+                                                   "intermediate_size": 256, "vocab_size": 1000}))
+    for args in (["--compile-cache", "fresh"], []):
+        monkeypatch.setattr(sys, "argv", ["eval_repeat.py", "--config", str(REPO / "config/gpu-slice.yaml"),
+                                          "--model", str(model), "--tasks", "2", "--modes", "invariant",
+                                          "--evaluation-attention-backend", "FLASH_ATTN", *args])
+        with pytest.raises(_Started):
+            eval_repeat.main()
+    fresh, shared = started
+    assert fresh["cache_dir"].is_dir() and not any(fresh["cache_dir"].iterdir())  # empty, its own
+    assert "cache_dir" not in shared  # the project's cache, as a node's jobs share it
+    for kw in started:
+        flags = kw["extra_args"]
+        assert flags[flags.index("--attention-backend") + 1] == "FLASH_ATTN"  # the key's, not gpu-slice's TRITON_ATTN
+        assert kw["env"]["VLLM_BATCH_INVARIANT"] == "1"
