@@ -230,9 +230,10 @@ def _samples(path: Path) -> list[tuple[float, int, int]]:
     return out
 
 
-def _job_tokens(rel: Path, results: Path, reference: str | None) -> tuple[int | None, str, dict[str, int]]:
-    """Tokens a job processed and what they are (SFT's trained tokens, RL's generated ones, an evaluation's), and for
-    an evaluation its episodes (its rows) and the bytes of its tables: what benchmarks/calibrate.py prices one by."""
+def _job_work(rel: Path, results: Path, reference: str | None) -> tuple[int | None, str, dict[str, int]]:
+    """A job's work, in the units benchmarks/calibrate.py prices it by: the tokens it processed and what they are
+    (SFT's trained tokens, RL's generated ones, an evaluation's), and for an evaluation its episodes (its rows) and
+    the bytes of its tables."""
     stage = rel.parts[0]
     if stage == "train_sft":
         return sum(r["n_tokens"] for r in _parquet(results / "sft" / rel.stem / "metrics.parquet")), "trained", {}
@@ -267,7 +268,7 @@ def jobs(results: Path, logs: Path, reference: str | None = None) -> list[dict[s
         peaks = PEAK_LINE.findall(text)
         server = next(((kind, float(m.group(1))) for kind, line in SERVER_LINES if (m := line.search(text))), None)
         window = [s for s in samples if end - wall - 2 <= s[0] <= end + 2]
-        tokens, kind, evaluation = _job_tokens(rel, results, reference)
+        tokens, kind, evaluation = _job_work(rel, results, reference)
         out.append({
             "job": str(rel.with_suffix("")),
             "wall_s": round(wall, 1),
