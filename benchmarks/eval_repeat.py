@@ -33,9 +33,10 @@ against the first file's).
 
 The compile cache (issue 59, 2026-12-06: on the tiny Qwen3 a server that compiled its graphs on an empty cache gave
 other rows than two that loaded them): every server's ``compile`` says which it did, read from its log
-(`compile_cache_use`). ``--compile-cache shared`` (default) lets the servers share the project's vLLM cache, as a
-node's jobs do, so the first server of a new shape compiles and the next load; ``--compile-cache fresh`` gives each
-server an empty cache of its own, so every server compiles, as the first job of a shape on a new node does.
+(`predict.serving.identity.compile_cache_use`). ``--compile-cache shared`` (default) lets the servers share the
+project's vLLM cache, as a node's jobs do, so the first server of a new shape compiles and the next load;
+``--compile-cache fresh`` gives each server an empty cache of its own, so every server compiles, as the first job of
+a shape on a new node does.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def main() -> int:
     from predict.data import load_mbpp, split_tasks
     from predict.env.records import PER_RUN_COLUMNS as PER_RUN  # times and a random id
     from predict.env.runner import RolloutSettings, run_rollouts_sync
-    from predict.serving.identity import evaluation_server, serving_identity
+    from predict.serving.identity import compile_cache_use, evaluation_server, serving_identity
     from predict.serving.server import SERVED_NAME, VLLMServer, default_cache_dir
     from predict.stages import EPISODE_VIEW, stage_settings
     from predict.tiny_model import cached_tiny_qwen3
@@ -331,17 +332,6 @@ def differences(first: list[dict], rows: list[dict]) -> dict:
     where = {str(a.get("task_id")): first_difference(a, b) for a, b in zip(first, rows, strict=True) if a != b}
     outcome = sum(any(a.get(k) != b.get(k) for k in OUTCOME_COLUMNS) for a, b in zip(first, rows, strict=True))
     return {"first": where, "outcome_differs": outcome}
-
-
-#: vLLM's log lines (backends.py) for a compile range it compiled, and for one it loaded from the compile cache
-COMPILED, LOADED = "Compiling a graph for compile range", "Directly load the compiled graph"
-
-
-def compile_cache_use(log: str) -> str:
-    """Whether a GPU server compiled its graphs or loaded them from the compile cache, from its log: "compiled",
-    "loaded", "both" (some ranges each way), or "none" (no compiled graph: eager, or the CPU build's own lines)."""
-    compiled, loaded = COMPILED in log, LOADED in log
-    return {(True, False): "compiled", (False, True): "loaded", (True, True): "both"}.get((compiled, loaded), "none")
 
 
 def compare_files(files: list[Path]) -> int:

@@ -457,3 +457,45 @@ def test_the_rerun_server_is_sized_as_the_evaluations_was(study: tuple[dict[str,
     [(serving, kw)] = opened
     assert serving == ServingSettings.model_validate({**config["serving"], "shared": None})  # the typed section
     assert kw == {"sequences": int(config["env"]["concurrency"])}
+
+
+def test_a_gpu_rerun_difference_says_what_can_make_gpu_rows_differ(study: tuple[dict[str, Any], Path, Path],
+                                                                    verifier: Any, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 59: on a GPU, vLLM's own attention kernels, and a server that compiled its graphs where the campaign's
+    loaded them (or the reverse), can change greedy rows; a difference found by --rerun says so (and names the
+    rerun server's side), a CPU bundle's does not."""
+    from predict.bundle.rerun import gpu_rerun_note
+    from predict.bundle.verify import CheckFailed
+    from predict.config import load_config
+    from predict.serving.server import serving_settings
+
+    gpu = load_config(Path(__file__).resolve().parents[1] / "config" / "gpu-slice.yaml")["serving"]
+    compiled = tmp_path / "compiled.log"
+    compiled.write_text("INFO [backends.py:393] Compiling a graph for compile range (1, 8192) takes 13.11 s\n")
+    loaded = tmp_path / "loaded.log"
+    loaded.write_text("INFO [backends.py:292] Directly load the compiled graph(s) for compile range (1, 8192) from "
+                      "the cache, took 0.890 s\n")
+    note = gpu_rerun_note(serving_settings({**gpu, "evaluation_attention_backend": None}), compiled)
+    assert "vLLM's choice of attention kernels" in note and "compiled its graphs on an empty compile cache" in note
+    note = gpu_rerun_note(serving_settings(gpu), loaded)  # TRITON_ATTN set: only the compile cache is named
+    assert "attention kernels" not in note and "loaded its compiled graphs" in note
+    assert gpu_rerun_note(serving_settings(gpu), tmp_path / "no.log") == ""
+    config, bundle, _ = study
+    assert gpu_rerun_note(serving_settings(config["serving"]), compiled) == ""  # the CPU: rows repeat on any server
+
+    def replay(config: Any, picks: Any, models: Any, **kw: Any) -> list[dict[str, Any]]:
+        rows = bundled_rows(bundle, picks)
+        (kw["scratch"] / "vllm.log").parent.mkdir(parents=True, exist_ok=True)
+        (kw["scratch"] / "vllm.log").write_text(compiled.read_text())
+        return [{**rows[0], "final_outcome": "TIMEOUT"}, *rows[1:]]
+
+    monkeypatch.setattr("predict.bundle.rerun.replay_test_rollouts", replay)
+    bundled = verifier.bundled()
+    monkeypatch.setattr(verifier, "bundled", lambda: bundled.model_copy(
+        update={"serving": serving_settings({**gpu, "evaluation_attention_backend": None})}))
+    with pytest.raises(CheckFailed) as failed:
+        verifier.check_rerun(1, 0, Path(config["results_dir"]))
+    assert "re-executed: final_outcome" in str(failed.value)
+    assert "on a GPU, the evaluation ran on vLLM's choice of attention kernels" in str(failed.value)
+    assert "this re-execution's server compiled its graphs" in str(failed.value)

@@ -50,13 +50,15 @@ LOADED_LOG = ("INFO 12-06 21:46:13 [backends.py:292] Directly load the compiled 
               "from the cache, took 0.890 s\n")
 
 
-def test_each_server_says_whether_it_compiled_its_graphs_or_loaded_them(eval_repeat) -> None:
+def test_each_server_says_whether_it_compiled_its_graphs_or_loaded_them() -> None:
     """Issue 59: a tiny-Qwen3 server that compiled on an empty cache gave other rows than two that loaded its graphs;
-    the JSON must say which each server did."""
-    assert eval_repeat.compile_cache_use(COMPILED_LOG) == "compiled"
-    assert eval_repeat.compile_cache_use(LOADED_LOG) == "loaded"
-    assert eval_repeat.compile_cache_use(COMPILED_LOG + LOADED_LOG) == "both"
-    assert eval_repeat.compile_cache_use("INFO Using eager mode\n") == "none"
+    the JSON (and a GPU rerun's difference) must say which a server did."""
+    from predict.serving.identity import compile_cache_use
+
+    assert compile_cache_use(COMPILED_LOG) == "compiled"
+    assert compile_cache_use(LOADED_LOG) == "loaded"
+    assert compile_cache_use(COMPILED_LOG + LOADED_LOG) == "both"
+    assert compile_cache_use("INFO Using eager mode\n") == "none"
 
 
 class _Started(Exception):

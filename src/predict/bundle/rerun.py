@@ -12,6 +12,9 @@ Rules:
   the rows of each chosen with `random.Random(seed)` (``--rerun-seed``: a reviewer picks their own).
 * Rows are equal when every column is, but the ones that differ between two runs of one rollout by nature
   (`predict.env.records.PER_RUN_COLUMNS`: times and a random id); floats bit for bit.
+* A difference names its first column, and where the campaign evaluated on a GPU, what can make a row differ there
+  without any tampering (`gpu_rerun_note`: vLLM's own attention kernels, a server that compiled its graphs where
+  another loaded them; docs/repeatability.md).
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+#: the re-execution's server log, in its scratch folder: it says whether the server compiled its graphs
+RERUN_LOG = "vllm.log"
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ def replay_test_rollouts(config: Mapping[str, Any], picks: Sequence[Pick], model
     for pick in picks:
         groups.setdefault((pick.run, pick.checkpoint, pick.seed), []).append(pick)
     # Sized as the evaluation's server was (evaluate.py): the same sequences in flight, so the same rows.
-    with CheckpointServer(study.serving.model_copy(update={"shared": None}), scratch / "vllm.log",
+    with CheckpointServer(study.serving.model_copy(update={"shared": None}), scratch / RERUN_LOG,
                           sequences=study.env.concurrency) as server:
         for (run, checkpoint, seed), mine in groups.items():
             model = models[(run, checkpoint, seed)]
@@ -106,6 +112,26 @@ def row_difference(bundled: Mapping[str, Any], replayed: Mapping[str, Any]) -> s
         if not same(bundled[column], replayed.get(column)):
             return f"{column} is {_short(bundled[column])} in the bundle, {_short(replayed.get(column))} re-executed"
     return None
+
+
+def gpu_rerun_note(serving: Any, rerun_log: Path) -> str:
+    """For a difference's message where the campaign's evaluation was served on a GPU (the bundle's ``serving``):
+    what can make a re-executed row differ there without any tampering; "" on the CPU, where rows repeat on any
+    server (docs/repeatability.md)."""
+    from predict.serving.identity import compile_cache_use, evaluation_attention_backend
+
+    if serving.device != "gpu":
+        return ""
+    reasons = []
+    if evaluation_attention_backend(serving) is None:
+        reasons.append("the evaluation ran on vLLM's choice of attention kernels (serving.evaluation_attention_backend "
+                       "is unset), whose greedy rows need not repeat even on one server")
+    use = compile_cache_use(rerun_log.read_text(errors="replace")) if rerun_log.is_file() else "none"
+    if use in ("compiled", "loaded"):
+        did = "compiled its graphs on an empty compile cache" if use == "compiled" else "loaded its compiled graphs"
+        reasons.append(f"this re-execution's server {did}, and a server that compiles can give other rows than one "
+                       "that loads")
+    return f"; on a GPU, {'; '.join(reasons)} (docs/repeatability.md)" if reasons else ""
 
 
 def _short(value: Any, limit: int = 160) -> str:

@@ -16,7 +16,8 @@ checks out, in the terms of ACM's artifact badges (docs/verify.md):
     equals the bundled one value for value, floats bit for bit; and the report, re-rendered from the re-derived
     tables, prints what the bundled page prints, number for number.
 * **reproduced** (``--rerun K`` with the checkpoints): K test rollouts re-executed give the bundled rows
-  (predict.bundle.rerun; on the CPU with the embedded default, identical rows).
+  (predict.bundle.rerun; on the CPU with the embedded default, identical rows; on a GPU a difference also says what
+  can make rows differ there without tampering: docs/repeatability.md).
 
 A level is checked only when the one before it checks out. The exit status is 0 when every level checked checks
 out, 1 otherwise, and the last line names the first file, row or number that does not. Nothing is written outside a
@@ -432,7 +433,7 @@ class Verifier:
     def check_rerun(self, k: int, seed: int, checkpoints: Path | None) -> str:
         import pyarrow.parquet as pq
 
-        from predict.bundle.rerun import pick_rollouts, replay_test_rollouts, row_difference
+        from predict.bundle.rerun import RERUN_LOG, gpu_rerun_note, pick_rollouts, replay_test_rollouts, row_difference
         from predict.fingerprint import input_identity
 
         weights = self.root / "weights"
@@ -458,7 +459,8 @@ class Verifier:
             bundled = pq.read_table(self.root / pick.evaluation).slice(pick.row, 1).to_pylist()[0]
             if difference := row_difference(bundled, row):
                 raise CheckFailed(f"{pick.evaluation} row {pick.row} (task {pick.task_id}, sample {pick.sample}) "
-                                  f"re-executed: {difference}{self.environment_note()}")
+                                  f"re-executed: {difference}{self.environment_note()}"
+                                  f"{gpu_rerun_note(self.bundled().serving, self.work / 'rerun' / RERUN_LOG)}")
         return (f"rerun: {len(picks)} test rollouts re-executed from {len(models)} checkpoint(s) (rows chosen with "
                 f"seed {seed}) give the bundled rows")
 

@@ -45,6 +45,18 @@ def evaluation_server(serving: ServingSettings | Mapping[str, Any]) -> dict[str,
             "extra_args": ["--attention-backend", backend] if backend else []}
 
 
+#: vLLM's log lines (its compilation backend) for a graph it compiled, and for one it loaded from the compile cache
+COMPILED_LINE, LOADED_LINE = "Compiling a graph for compile range", "Directly load the compiled graph"
+
+
+def compile_cache_use(log: str) -> str:
+    """Whether a GPU server compiled its graphs or loaded them from vLLM's compile cache, read from its log:
+    "compiled", "loaded", "both" (some compile ranges each way) or "none" (no compiled graph: eager, or a CPU server).
+    On a GPU a server that compiles can give other greedy rows than one that loads (docs/repeatability.md)."""
+    compiled, loaded = COMPILED_LINE in log, LOADED_LINE in log
+    return {(True, False): "compiled", (False, True): "loaded", (True, True): "both"}.get((compiled, loaded), "none")
+
+
 def evaluation_concurrency(serving: ServingSettings | Mapping[str, Any], concurrency: int) -> int:
     """Requests an evaluation keeps in flight: `concurrency` (``env.concurrency``) where serving is batch-invariant,
     else 1 (in a batch the CPU kernels' rounding depends on the requests beside one, and greedy decoding of near-tied
