@@ -106,7 +106,6 @@ def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return (sy - b * sx) / n, b
 
 
-# --- the CPU: the embedded default, measured ------------------------------------------------------------------------
 def _server_load_figures(f: Figures, jobs: list[dict[str, Any]], src: str, *, first: bool, **at: Any) -> None:
     """serving_start_s and serving_reload_s: the medians of the shared-server loads the job logs noted."""
     for kind in ("start", "reload"):
@@ -130,6 +129,7 @@ def _eval_figures(f: Figures, points: list[tuple[float, float]], output_bytes: f
           f"{src}: jobs[evaluate*].output_bytes, episodes", "evaluation bytes / episodes", first=first, **at)
 
 
+# --- the CPU: the embedded default, measured ------------------------------------------------------------------------
 def pooled_runs(names: list[str]) -> dict[str, Any]:
     """Several measured runs of one config as one: their jobs side by side (each figure below is a median or a fit
     over all of them, so one slow run, for instance with other work on the box, moves it less), the largest RL state

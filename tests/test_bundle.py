@@ -465,7 +465,7 @@ def test_a_gpu_rerun_difference_says_what_can_make_gpu_rows_differ(study: tuple[
     """Issue 59: on a GPU, vLLM's own attention kernels, and a server that compiled its graphs where the campaign's
     loaded them (or the reverse), can change greedy rows; a difference found by --rerun says so (and names the
     rerun server's side), a CPU bundle's does not."""
-    from predict.bundle.rerun import gpu_rerun_note
+    from predict.bundle.rerun import RERUN_LOG, gpu_rerun_note
     from predict.bundle.verify import CheckFailed
     from predict.config import load_config
     from predict.serving.server import serving_settings
@@ -486,8 +486,8 @@ def test_a_gpu_rerun_difference_says_what_can_make_gpu_rows_differ(study: tuple[
 
     def replay(config: Any, picks: Any, models: Any, **kw: Any) -> list[dict[str, Any]]:
         rows = bundled_rows(bundle, picks)
-        (kw["scratch"] / "vllm.log").parent.mkdir(parents=True, exist_ok=True)
-        (kw["scratch"] / "vllm.log").write_text(compiled.read_text())
+        (kw["scratch"] / RERUN_LOG).parent.mkdir(parents=True, exist_ok=True)
+        (kw["scratch"] / RERUN_LOG).write_text(compiled.read_text())  # where verify-bundle reads the server's log
         return [{**rows[0], "final_outcome": "TIMEOUT"}, *rows[1:]]
 
     monkeypatch.setattr("predict.bundle.rerun.replay_test_rollouts", replay)
