@@ -18,6 +18,9 @@ The sources:
   ``sft_speed_h200_int32.json`` (4B SFT), ``rehearsal_h200.json`` when it exists.
 * h100: ``rl_step_h100_sync_orders.json`` (the 4B RL step), ``eval_repeat_h100_cold_warm.json`` (the slice's server
   start), ``rehearsal_h100.json`` when it exists.
+* workload (any device): what the runs above measured of the study's data, traces and trainer state, and
+  ``trace_tokens.json`` (benchmarks/trace_tokens.py: tokens per trace of the runs with traces of their own that no
+  run above trained on).
 """
 
 from __future__ import annotations
@@ -492,6 +495,29 @@ def h100() -> Figures:
     return f
 
 
+def own_traces(workload: Figures) -> None:
+    """sft_tokens_per_trace of the runs no measured run trained on traces of their own (the environment variants:
+    the embedded default trains them from the base arm's SFT), and the ``run_traces`` rule's output bytes, from
+    ``trace_tokens.json`` (benchmarks/trace_tokens.py: the variant's traces rendered and counted as SFT counts them,
+    no training). Conditions a measured SFT job already gives are left to it."""
+    name = "trace_tokens.json"
+    r = _load(name)
+    if r is None:
+        return
+    seen = [e["at"] for e in workload.figures.get("sft_tokens_per_trace", [])]
+    for run in r["runs"]:
+        at = {k: run[k] for k in ("protocol", "variant", "recovery_style", "mix")}
+        if at not in seen:
+            workload.add("sft_tokens_per_trace", run["tokens_per_trace"], "tokens", f"{name}: runs[{run['run']}]",
+                         f"tokens SFT trains on in one epoch / {run['traces']} traces, run {run['run']}'s traces "
+                         "rendered from its base arm's and tokenized (no training)", **at)
+            seen.append(at)
+    rendered = [run["parquet_bytes"] for run in r["runs"] if run["variant"] != "none"]
+    if rendered:
+        workload.add("output_bytes", _median(rendered), "bytes", f"{name}: runs[].parquet_bytes",
+                     f"median of {len(rendered)} rendered runs' traces parquet", rule="run_traces")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hold-out", action="append", default=[], metavar="NAME",
@@ -513,6 +539,7 @@ def main() -> int:
                 moved = figures.figures.pop(name)
                 workload.figures.setdefault(name, []).extend(moved)
                 workload.sources.update(f for e in moved if e.get("source") for f in source_files(e["source"]))
+    own_traces(workload)
     state_dtypes = {e["at"]["dtype"] for e in workload.figures.get("state_bytes_per_param", [])}
     for dtype, per_param in STATE_BYTES_PER_PARAM.items():  # no run measured its state folder: the trainer's layout
         if dtype not in state_dtypes:
