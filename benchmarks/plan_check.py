@@ -17,8 +17,9 @@ Two steps, each its own JSON in benchmarks/:
 
        .venv/bin/python benchmarks/plan_check.py compare --name cpu_embedded_default
 
-A plan calibrated on the very run it is compared with is an in-sample check: ``compare --measured`` names another
-run's file for an out-of-sample one.
+A plan calibrated on the very run it is compared with is an in-sample check (the JSON's ``in_sample``: the
+calibration's sources name the run's file). For an out-of-sample one, calibrate without the run first
+(``benchmarks/calibrate.py --hold-out NAME``); ``compare --measured FILE`` compares another run's file under --name.
 """
 
 from __future__ import annotations
@@ -154,7 +155,8 @@ def _key(rule: str, wildcards: dict[str, str]) -> str:
 def compare(args: argparse.Namespace) -> int:
     from predict.plan.command import plan
 
-    measured = json.loads((REPO / "benchmarks" / (args.measured or f"plan_measured_{args.name}.json")).read_text())
+    measured_name = args.measured or f"plan_measured_{args.name}.json"
+    measured = json.loads((REPO / "benchmarks" / measured_name).read_text())
     result = plan("+".join(measured["config"]), measured["profile"], measured["device"])
     planned = {_key(r["rule"], json.loads(r["wildcards"])): r for r in result["jobs"]}
     rows, misses = [], 0
@@ -174,7 +176,9 @@ def compare(args: argparse.Namespace) -> int:
                      "device_peak_ratio": peak})
     total_ratio = result["totals"]["wall_s"] / measured["wall_s"]
     out = {"measured": measured.get("snakemake_log"), "calibration": result["device"]["calibration"],
-           "in_sample": args.measured is None, "total_planned_s": result["totals"]["wall_s"],
+           # in sample where the calibration was derived from this very run (its sources name the file), whatever
+           # file name the comparison is written under
+           "in_sample": Path(measured_name).name in result["device"]["sources"], "total_planned_s": result["totals"]["wall_s"],
            "total_measured_s": round(measured["wall_s"], 1), "total_ratio": round(total_ratio, 3),
            "total_within_20pct": abs(total_ratio - 1) <= 0.20, "jobs_within_30pct": len(rows) - misses,
            "jobs": len(rows), "rows": rows}

@@ -300,3 +300,34 @@ def test_plan_of_the_embedded_default_comes_from_snakemakes_dag(tmp_path: Path) 
     assert rules.count("rl") == 13 and rules.count("train_sft") == 2 and "evaluate_test_campaign" in rules
     assert plan["device"]["calibration"] == "benchmarks/calibration/cpu.json"
     assert plan["totals"]["wall_s"] > 0 and out.with_suffix(".parquet").is_file()
+
+
+def test_plan_check_calls_a_comparison_in_sample_only_where_the_calibration_read_that_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`benchmarks/plan_check.py compare` marks a check in sample when the calibration's sources name the measured
+    run's file, not by which flag named the file (a run measured after the calibration was made is out of sample)."""
+    from argparse import Namespace
+
+    from .conftest import benchmark_script
+
+    plan_check = benchmark_script("plan_check")
+    (tmp_path / "benchmarks").mkdir()
+    for name in ("a", "b"):
+        (tmp_path / "benchmarks" / f"plan_measured_cpu_{name}.json").write_text(json.dumps({
+            "config": ["config/local.yaml"], "profile": "local", "device": "cpu", "wall_s": 100.0,
+            "snakemake_log": f"{name}.log", "jobs": [{"rule": "stats", "wildcards": {}, "job": "stats", "wall_s": 2.0}]}))
+
+    def calibrated_on_a(config: str, profile: str, device: str) -> dict:
+        return {"jobs": [{"rule": "stats", "wildcards": "{}", "planned_s": 2.0, "device_peak_gib": None}],
+                "totals": {"wall_s": 110.0},
+                "device": {"calibration": "benchmarks/calibration/cpu.json", "sources": ["plan_measured_cpu_a.json"]}}
+
+    monkeypatch.setattr("predict.plan.command.plan", calibrated_on_a)
+    monkeypatch.setattr(plan_check, "REPO", tmp_path)
+    checks = {"cpu_a": None, "cpu_b": None, "cpu_a_again": "plan_measured_cpu_a.json"}
+    for name, measured in checks.items():
+        assert plan_check.compare(Namespace(name=name, measured=measured)) == 0
+    in_sample = {name: json.loads((tmp_path / "benchmarks" / f"plan_check_{name}.json").read_text())["in_sample"]
+                 for name in checks}
+    assert in_sample == {"cpu_a": True, "cpu_b": False, "cpu_a_again": True}
