@@ -178,7 +178,8 @@ def compare(args: argparse.Namespace) -> int:
     out = {"measured": measured.get("snakemake_log"), "calibration": result["device"]["calibration"],
            # in sample where the calibration was derived from this very run (its sources name the file), whatever
            # file name the comparison is written under
-           "in_sample": Path(measured_name).name in result["device"]["sources"], "total_planned_s": result["totals"]["wall_s"],
+           "in_sample": Path(measured_name).name in result["device"]["sources"],
+           "total_planned_s": result["totals"]["wall_s"],
            "total_measured_s": round(measured["wall_s"], 1), "total_ratio": round(total_ratio, 3),
            "total_within_20pct": abs(total_ratio - 1) <= 0.20, "jobs_within_30pct": len(rows) - misses,
            "jobs": len(rows), "rows": rows}

@@ -28,20 +28,12 @@ sys.path.insert(0, str(REPO / "src"))
 TRACE_KEYS = ("n_direct", "n_recovery", "mix", "recovery_style", "seed")
 
 
-def runs_with_traces(config: dict[str, Any]) -> list[str]:
-    """The runs that train SFT on traces of their own: the arms and the runs the ``run_traces`` rule renders
-    (`predict.runs.sft_runs`, the workflow's list)."""
-    from predict.runs import sft_runs
-
-    return sft_runs(config)
-
-
 def count(config_path: Path, results: Path) -> dict[str, Any]:
     """Each run's traces and tokens (``tokens_per_trace`` = tokens SFT trains on in one epoch / traces)."""
     import pyarrow.parquet as pq
 
     from predict.config import ConfigError, load_config
-    from predict.runs import resolve_run
+    from predict.runs import resolve_run, sft_runs
     from predict.traces.stage import TRACE_SCHEMA, run_traces, write_rows
     from predict.train.sft import SFTConfig, _training_samples, load_tokenizer
 
@@ -51,18 +43,20 @@ def count(config_path: Path, results: Path) -> dict[str, Any]:
     tokenizer = load_tokenizer()
     cfg = SFTConfig.from_config(config["sft"])
     rows_out = []
+    arm_rows: dict[str, list[dict[str, Any]]] = {}  # each base arm's traces, read once
     with tempfile.TemporaryDirectory() as tmp:
-        for name in runs_with_traces(config):
+        for name in sft_runs(config):  # the arms, then the runs the run_traces rule renders (the workflow's list)
             run = resolve_run(config, name)
             arm_path = results / "sft" / "traces" / f"{run.arm}.parquet"
             if not arm_path.is_file():
                 raise ConfigError(f"{arm_path}: no traces of arm {run.arm}: run the embedded default first")
-            arm_rows = pq.read_table(arm_path).to_pylist()
-            if not run.own_sft or name == run.arm:
+            if name == run.arm:
                 path = arm_path
             else:
+                if run.arm not in arm_rows:
+                    arm_rows[run.arm] = pq.read_table(arm_path).to_pylist()
                 path = Path(tmp) / f"{name}.parquet"
-                write_rows(run_traces(config, name, arm_rows, tasks), TRACE_SCHEMA, path)
+                write_rows(run_traces(config, name, arm_rows[run.arm], tasks), TRACE_SCHEMA, path)
             samples = _training_samples(path, tokenizer, cfg, enable_thinking=config["model"]["enable_thinking"])
             n_traces = pq.read_metadata(path).num_rows
             tokens = sum(len(s.token_ids) for s in samples)
