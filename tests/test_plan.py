@@ -201,6 +201,67 @@ def test_an_rl_job_pays_its_saves_per_save_not_per_step_of_the_measured_interval
     assert {m.name for m in selective.missing} == {"rl_update_tokens_per_s"}
 
 
+def test_an_rft_job_no_run_measured_is_priced_as_its_sampling_and_rl_updates() -> None:
+    """The one-node study's four RFT jobs were "not calibrated" on every GPU: no RFT job has run there. RFT samples
+    tasks x G episodes as RL rolls out, then runs rl.steps of RL's Trainer.step on batch_rollouts kept rollouts and
+    the driver's saves, so the RL figures of the same conditions price it (an upper bound), its peak the RL job's;
+    a measured whole-job figure at its counts still goes first."""
+    from predict.plan.command import load_study, priced_from
+    from predict.train.rft import rft_settings
+
+    config = load_study([REPO / "config" / "config.yaml", REPO / "config" / "gpu.yaml"])
+    shape = {"shape": model_facts(config, REPO).shape}
+    rl = config["rl"]
+    serving = {**shape, "max_tokens": 512, "concurrency": config["env"]["concurrency"]}
+    update = {**shape, "dtype": "bfloat16", "micro_batch_tokens": rl["micro_batch_tokens"],
+              "activation_checkpointing": checkpointing(True, rl.get("activation_checkpointing_layers"))}
+    peak = {k: v for k, v in update.items() if k != "dtype"}
+    rl_figures = dict(
+        rl_job_fixed_s=[{"value": 60.0, "at": shape}], rl_rollout_episode_s=[{"value": 2.0, "at": serving}],
+        rl_tokens_per_episode=[{"value": 1000.0, "at": serving}],
+        rl_update_tokens_per_s=[{"value": 10_000.0, "at": update}],
+        rl_sleep_sync_s=[{"value": 0.5, "at": shape}],
+        rl_save_wait_s=[{"value": 18.0, "at": {**shape, "dtype": "bfloat16"}}],
+        serving_start_s=[{"value": 120.0, "at": shape}], serving_reload_s=[{"value": 2.0, "at": shape}],
+        device_peak_gib=[{"value": 57.0, "at": {"family": "rl", **peak}}],
+        checkpoint_bytes_per_param=[{"value": 2.0, "at": {}}], checkpoint_extra_bytes=[{"value": 0.0, "at": {}}])
+    job = Job(jobid=1, rule="rft", wildcards={"run": "rft_A", "seed": "42"}, resources={"gpu": "1", "vllm_server": "1"})
+    cost = Pricer(config, _cal(**rl_figures), REPO).price(job)
+    assert not cost.missing, [str(m) for m in cost.missing]
+    rft = rft_settings(config)
+    tasks = config["data"]["sizes"]["rl"] if rft.tasks is None else rft.tasks
+    assert cost.units["episodes"] == tasks * rft.group_size and cost.units["saves"] == 20
+    sampling, updates = tasks * rft.group_size * 2.0, rl["steps"] * rft.batch_rollouts * 1000.0 / 10_000.0
+    assert cost.work_s == pytest.approx(60.0 + sampling + updates + 20 * 18.0)  # no weight sync: 0.5 s a step unpaid
+    assert (cost.device_peak_gib, cost.units["peak_from"]) == (57.0, "rl")
+    assert priced_from(cost) == "RL figures (sampling, updates, saves); device peak: the rl job's"  # the plan's column
+    # a measured RFT job at these counts goes first, its own peak too
+    whole = {**serving, "steps": rl["steps"], "tasks": rft.tasks, "group_size": rft.group_size}
+    measured = _cal(**{**rl_figures, "rft_job_s": [{"value": 5000.0, "at": whole}],
+                       "device_peak_gib": [{"value": 40.0, "at": {"family": "rft", **peak}}]})
+    cost = Pricer(config, measured, REPO).price(job)
+    assert (cost.work_s, cost.device_peak_gib, priced_from(cost)) == (5000.0, 40.0, "")
+    # a part whose figure is missing still leaves the job not calibrated, naming it
+    lacking = {k: v for k, v in rl_figures.items() if k != "rl_update_tokens_per_s"}
+    assert {m.name for m in Pricer(config, _cal(**lacking), REPO).price(job).missing} == {"rl_update_tokens_per_s"}
+
+
+def test_on_the_cpu_the_parts_price_the_measured_rft_jobs() -> None:
+    """Where an RFT job was measured (the embedded default on this CPU), pricing it as its parts at the RL figures
+    lands near the measured job: the check that the parts are the job's."""
+    from predict.config import load_config
+
+    cal = load_calibration(REPO, "cpu")
+    config = load_config(REPO / "config" / "local.yaml")
+    job = Job(jobid=1, rule="rft", wildcards={"run": "rft_A", "seed": "1"}, resources={"vllm_server": "1"})
+    measured = Pricer(config, cal, REPO).price(job)
+    parts_only = Calibration(cal.kind, cal.device, cal.cores,
+                             {k: v for k, v in cal.figures.items() if k != "rft_job_s"})
+    parts = Pricer(config, parts_only, REPO).price(job)
+    assert not measured.missing and not parts.missing and parts.units["priced_from"]
+    assert 0.7 < parts.work_s / measured.work_s < 1.3, (parts.work_s, measured.work_s)
+
+
 def _cost(jobid: int, seconds: float, deps=(), threads=1, serving=None, load=None, disk=0.0) -> JobCost:
     job = Job(jobid=jobid, rule=f"r{jobid}", threads=threads, deps=list(deps),
               resources={"vllm_server": "1"} if serving else {})

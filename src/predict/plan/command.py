@@ -108,6 +108,13 @@ def _rel(path: Path) -> str:
         return str(path)
 
 
+def priced_from(cost: JobCost) -> str:
+    """Where a job is priced from other stages' figures (`predict.plan.costs`: RFT no run measured), which; else ""."""
+    peak = cost.units.get("peak_from")
+    parts = [cost.units.get("priced_from"), peak and f"device peak: the {peak} job's"]
+    return "; ".join(p for p in parts if p)
+
+
 def plan_dict(costs: Sequence[JobCost], layout: Layout, *, files: Sequence[Path], profile: str, nodes: int,
               cal: Any, model: Any) -> dict[str, Any]:
     rows = []
@@ -126,6 +133,7 @@ def plan_dict(costs: Sequence[JobCost], layout: Layout, *, files: Sequence[Path]
             "transient_disk_gb": None if c.transient_bytes is None else round(c.transient_bytes / 1e9, 3),
             "server": slot.load or None,
             "not_calibrated": "; ".join(str(m) for m in dict.fromkeys(c.missing)),
+            "priced_from": priced_from(c),
         })
     real = [r for r, c in zip(rows, costs, strict=True) if c.job.rule not in TARGET_RULES]
     missing_jobs = [r for r in real if r["not_calibrated"]]

@@ -13,6 +13,9 @@ Rules:
   schedule's to say (`predict.plan.schedule`): ``load`` holds both prices.
 * Rollout figures hold for a reply length and a concurrency, whatever the weights: a random model's replies run to
   the length cap, so a figure measured on one is an upper bound for a trained model at the same cap.
+* A job runs other stages' code only where it says so: RFT samples as RL rolls out and updates with RL's trainer, so
+  where no RFT job was measured at its counts it is priced as those parts at the RL figures of the same conditions
+  (``units["priced_from"]``, ``units["peak_from"]``), an upper bound (`Pricer._rft`).
 """
 
 from __future__ import annotations
@@ -186,8 +189,13 @@ class Pricer:
         else:
             self._fixed(job, cost)
         if cost.gpus and fam not in ("check_serving",):
-            cost.device_peak_gib = self.figure(cost, "device_peak_gib", family=fam, shape=self.model.shape,
-                                               **self._peak_at(fam))
+            at = {"shape": self.model.shape, **self._peak_at(fam)}
+            peak_of = fam
+            if fam == "rft" and self.cal.entry("device_peak_gib", {"family": fam, **at}) is None:
+                # RFT trains with RL's Trainer.step at the same micro-batch, beside the same server asleep (a shared
+                # lease sleeps when it ends), and has no weight sync: the RL job's peak bounds it
+                peak_of = cost.units["peak_from"] = "rl"
+            cost.device_peak_gib = self.figure(cost, "device_peak_gib", family=peak_of, **at)
         host = self.cal.entry("host_peak_mib", {"family": fam, "shape": self.model.shape})
         cost.host_peak_mib = float(host["value"]) if host else None
         return cost
@@ -199,6 +207,11 @@ class Pricer:
                     "activation_checkpointing": checkpointing(rl.activation_checkpointing,
                                                               rl.activation_checkpointing_layers)}
         return {}
+
+    def _update_at(self) -> dict[str, Any]:
+        """The conditions of a training update's figures (the RL trainer's; RFT runs the same `Trainer.step`)."""
+        rl = self.study.rl
+        return {"shape": self.model.shape, "dtype": rl.dtype, **self._peak_at("rl")}
 
     def _fixed(self, job: Job, cost: JobCost) -> None:
         """A job with no unit count of its own (data, statistics, the report): its rule's measured seconds."""
@@ -281,13 +294,10 @@ class Pricer:
         cost.units = {"steps": steps, "episodes_per_step": episodes, "checkpoints": checkpoints}
         self._serving_job(cost, "default")
         at = self.serving_at(self._rl_tokens())
-        update_at = {"shape": self.model.shape, "dtype": rl.dtype, "micro_batch_tokens": rl.micro_batch_tokens,
-                     "activation_checkpointing": checkpointing(rl.activation_checkpointing,
-                                                               rl.activation_checkpointing_layers)}
         self._add(cost, self.figure(cost, "rl_job_fixed_s", shape=self.model.shape))
         self._add(cost, self.figure(cost, "rl_rollout_episode_s", **at), steps * episodes)
         tokens = self.figure(cost, "rl_tokens_per_episode", **at)
-        rate = self.figure(cost, "rl_update_tokens_per_s", **update_at)
+        rate = self.figure(cost, "rl_update_tokens_per_s", **self._update_at())
         if tokens is not None and rate is not None:
             self._add(cost, steps * episodes * tokens / rate)
         self._add(cost, self.figure(cost, "rl_sleep_sync_s", shape=self.model.shape), steps)
@@ -316,12 +326,35 @@ class Pricer:
                                             self.cal.missing_reason("state_bytes_per_param", {"dtype": rl.dtype})))
 
     def _rft(self, job: Job, cost: JobCost) -> None:
-        rl, rft = self.study.rl, self.study.rft  # an rft job exists only where the config has an rft section
-        tasks, group = (rft.tasks, rft.group_size) if rft is not None else (None, None)
-        cost.units = {"steps": rl.steps, "tasks": tasks, "group": group}
+        """The run's measured whole-job figure where the calibration holds one at its counts; else its parts
+        (`predict.train.rft`): one sampling of tasks x G episodes, then ``rl.steps`` updates on ``batch_rollouts``
+        kept rollouts each and the driver's saves, at the RL figures of the same conditions. Both parts price an
+        upper bound: the RL rollout figure was measured beside a resident trainer (RFT samples before the trainer
+        loads), and a kept rollout passed, so it is no longer than an average one. No weight sync: the sampling
+        server is never updated."""
+        from predict.train.rft import rft_settings
+
+        rl, rft = self.study.rl, rft_settings(self.config)  # an rft job exists only where the config has an rft section
+        tasks = min(rft.tasks, self.split_size("rl")) if rft.tasks else self.split_size("rl")
+        ckpt_steps = checkpoint_steps(rl.steps, rl.checkpoint_every)
+        saves = rl_state_saves(rl.steps, 0, rl.state_every, ckpt_steps)
+        cost.units = {"steps": rl.steps, "tasks": tasks, "group": rft.group_size,
+                      "episodes": tasks * rft.group_size, "batch_rollouts": rft.batch_rollouts, "saves": saves}
         self._serving_job(cost, "default")
-        at = {**self.serving_at(self._rl_tokens()), "steps": rl.steps, "tasks": tasks, "group_size": group or rl.group_size}
-        self._add(cost, self.figure(cost, "rft_job_s", **at))
+        at = self.serving_at(self._rl_tokens())
+        whole = self.cal.entry("rft_job_s", {**at, "steps": rl.steps, "tasks": self.study.rft and self.study.rft.tasks,
+                                             "group_size": rft.group_size})
+        if whole is not None:
+            self._add(cost, float(whole["value"]))
+        else:
+            cost.units["priced_from"] = "RL figures (sampling, updates, saves)"
+            self._add(cost, self.figure(cost, "rl_job_fixed_s", shape=self.model.shape))
+            self._add(cost, self.figure(cost, "rl_rollout_episode_s", **at), tasks * rft.group_size)
+            tokens = self.figure(cost, "rl_tokens_per_episode", **at)
+            rate = self.figure(cost, "rl_update_tokens_per_s", **self._update_at())
+            if tokens is not None and rate is not None:
+                self._add(cost, rl.steps * rft.batch_rollouts * tokens / rate)
+            self._add(cost, self.figure(cost, "rl_save_wait_s", shape=self.model.shape, dtype=rl.dtype), saves)
         ckpt = self.checkpoint_bytes(rl.dtype)
         cost.disk_bytes = None if ckpt is None else ckpt * (rl.steps // rl.checkpoint_every)
 
