@@ -193,8 +193,10 @@ def test_evaluation_serves_batch_invariant_on_a_gpu_and_one_request_at_a_time_el
 
     paper = load_config(REPO_ROOT / "config" / "config.yaml")
     assert paper["serving"]["batch_invariant"] is True and batch_invariant(paper["serving"])
+    # batch-invariant kernels, and Inductor timing no reduction kernel on the card when the server compiles the graph
+    invariant_env = {"VLLM_BATCH_INVARIANT": "1", "TORCHINDUCTOR_DETERMINISTIC": "1"}
     cases = {  # serving -> (server environment, requests in flight for env.concurrency 64)
-        "gpu": ({"device": "gpu"}, {"VLLM_BATCH_INVARIANT": "1"}, 64),
+        "gpu": ({"device": "gpu"}, invariant_env, 64),
         "gpu, off": ({"device": "gpu", "batch_invariant": False}, {}, 1),
         "cpu": ({"device": "cpu", "batch_invariant": True}, {}, 1),  # the CPU build has no batch-invariant kernels
     }
@@ -213,10 +215,11 @@ def test_evaluation_serves_batch_invariant_on_a_gpu_and_one_request_at_a_time_el
     assert job.evaluation
     started = _record_server_starts(monkeypatch)
     CheckpointServer(paper["serving"], tmp_path / "log", sequences=paper["env"]["concurrency"]).load("hub/id", "sft")
-    assert started[0]["env"] == {"VLLM_BATCH_INVARIANT": "1"}
+    assert started[0]["env"] == invariant_env
     identity = serving_identity({"device": "cpu", "python": None}, concurrency=4)
     assert set(identity) == {"vllm_version", "device", "device_name", "batch_invariant", "attention_backend",
-                             "concurrency"}
+                             "environment", "server_args", "concurrency"}
+    assert (identity["environment"], identity["server_args"]) == ({}, [])
     assert (identity["device"], identity["batch_invariant"], identity["concurrency"]) == ("cpu", False, 1)
     assert identity["attention_backend"] is None
     assert all(isinstance(v, str) and v for k, v in identity.items() if k in ("vllm_version", "device_name"))
@@ -239,19 +242,28 @@ def test_a_batch_invariant_gpu_evaluation_server_runs_the_configured_attention_k
     section = {"device": "gpu", "python": sys.executable, "gpu_memory_utilization": 0.3,
                "evaluation_attention_backend": "TRITON_ATTN"}
     gpu = fill_section(ServingSettings, section)
-    assert evaluation_server(gpu) == {"env": {"VLLM_BATCH_INVARIANT": "1"},
-                                      "extra_args": ["--attention-backend", "TRITON_ATTN"]}
-    for off in ({"batch_invariant": False}, {"device": "cpu"}, {"evaluation_attention_backend": None}):
-        assert evaluation_server({**gpu, **off})["extra_args"] == [], off
+    # batch invariance, a deterministic compile (no kernel chosen by timing it: compiles then repeat) and the kernels
+    deterministic = ["--compilation-config", '{"inductor_compile_config": {"benchmark_combo_kernel": false}}']
+    assert evaluation_server(gpu) == {"env": {"VLLM_BATCH_INVARIANT": "1", "TORCHINDUCTOR_DETERMINISTIC": "1"},
+                                      "extra_args": [*deterministic, "--attention-backend", "TRITON_ATTN"]}
+    assert evaluation_server({**gpu, "evaluation_attention_backend": None})["extra_args"] == deterministic
+    for off in ({"batch_invariant": False}, {"device": "cpu"}):
+        assert evaluation_server({**gpu, **off}) == {"env": {}, "extra_args": []}, off
     command = ServingSettings.model_validate(gpu)
     flags = serving_flags(command, 8)["command"]  # what the bundle's manifest records
     assert flags[flags.index("--attention-backend") + 1] == "TRITON_ATTN"
     assert "--attention-backend" not in serving_flags(command.model_copy(update={"batch_invariant": False}), 8)["command"]
     assert serving_identity(gpu, concurrency=8)["attention_backend"] == "TRITON_ATTN"  # the ledger's line
+    # the manifest and the ledger name the whole environment a rerun must give its server, not its VLLM_* keys alone
+    assert serving_flags(command, 8)["environment"]["TORCHINDUCTOR_DETERMINISTIC"] == "1"
+    identity = serving_identity(gpu, concurrency=8)
+    assert identity["environment"] == {"VLLM_BATCH_INVARIANT": "1", "TORCHINDUCTOR_DETERMINISTIC": "1"}
+    assert identity["server_args"] == [*deterministic, "--attention-backend", "TRITON_ATTN"]
+    assert flags[flags.index("--compilation-config") + 1] == deterministic[1]
 
     started = _record_server_starts(monkeypatch)
     CheckpointServer(gpu, tmp_path / "log", sequences=8).load("hub/id", "sft")
-    assert started[0]["extra_args"] == ["--attention-backend", "TRITON_ATTN"]
+    assert started[0]["extra_args"] == [*deterministic, "--attention-backend", "TRITON_ATTN"]
 
     paper = load_config(REPO_ROOT / "config" / "config.yaml")
     assert "evaluation_attention_backend" not in paper["serving"]  # left out, it stays out: ledgers keep their hash

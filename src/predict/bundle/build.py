@@ -124,7 +124,7 @@ def serving_environment(serving: Any) -> dict[str, Any]:
 def serving_flags(serving: ServingSettings, concurrency: int) -> dict[str, Any]:
     """How an evaluation's vLLM server is started under this config (predict.evaluate: CheckpointServer, sized for
     env.concurrency requests in flight, `concurrency`): its command line, the checkpoint and port as placeholders,
-    and the VLLM_* environment it gets."""
+    and the environment it gets (every VLLM_* key, and what evaluation adds: `evaluation_environment`)."""
     from predict.serving.identity import evaluation_server
     from predict.serving.server import SERVED_NAME, VLLMServer
 
@@ -133,7 +133,8 @@ def serving_flags(serving: ServingSettings, concurrency: int) -> dict[str, Any]:
                                      worker_extension=True, **evaluation_server(serving), port=0)
     command = server.command()[1:]  # the interpreter is the serving environment's, recorded beside
     command[command.index("--port") + 1] = "{port}"
-    environment = {k: v for k, v in {**server.environment(), **server.env}.items() if k.startswith("VLLM_")}
+    environment = {k: v for k, v in {**server.environment(), **server.env}.items()
+                   if k.startswith("VLLM_") or k in server.env}
     return {"command": command, "environment": dict(sorted(environment.items()))}
 
 

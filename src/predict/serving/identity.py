@@ -24,9 +24,22 @@ def batch_invariant(serving: ServingSettings | Mapping[str, Any]) -> bool:
     return serving.device == "gpu" and serving.batch_invariant
 
 
+#: What makes a batch-invariant server's compile repeat (issue 59, docs/repeatability.md). Inductor compiles the
+#: model's graph and by default picks some kernels by timing them on the card (its reductions' configurations; vLLM
+#: 0.26 also has it time "combo" kernels, `benchmark_combo_kernel`). Timings differ from one compile to the next, so
+#: two nodes, or one node once its caches went, can serve one checkpoint with other kernels and other greedy rows: on
+#: one H100 three compiles of the tiny Qwen3 on emptied caches gave two sets of rows, 7 of 50 tasks apart. Inductor's
+#: deterministic mode forbids choices by timing; vLLM 0.26 still asks for the combo-kernel timing, which that mode
+#: refuses (the engine does not start), so the server also turns that off (vLLM then leaves combo kernels to torch's
+#: default, off). With both, two compiles gave the same rows, at no cost the tiny model's times could show.
+DETERMINISTIC_COMPILE_ENV = {"TORCHINDUCTOR_DETERMINISTIC": "1"}
+DETERMINISTIC_COMPILE_ARGS = ["--compilation-config", '{"inductor_compile_config": {"benchmark_combo_kernel": false}}']
+
+
 def evaluation_environment(serving: ServingSettings | Mapping[str, Any]) -> dict[str, str]:
-    """Extra environment of an evaluation's vLLM server."""
-    return {"VLLM_BATCH_INVARIANT": "1"} if batch_invariant(serving) else {}
+    """Extra environment of an evaluation's vLLM server: batch-invariant kernels and a deterministic compile
+    (`DETERMINISTIC_COMPILE_ENV`) where evaluation is batch-invariant, none elsewhere."""
+    return {"VLLM_BATCH_INVARIANT": "1", **DETERMINISTIC_COMPILE_ENV} if batch_invariant(serving) else {}
 
 
 def evaluation_attention_backend(serving: ServingSettings | Mapping[str, Any]) -> str | None:
@@ -36,13 +49,21 @@ def evaluation_attention_backend(serving: ServingSettings | Mapping[str, Any]) -
     return serving.evaluation_attention_backend if batch_invariant(serving) else None
 
 
+def evaluation_server_args(serving: ServingSettings | Mapping[str, Any]) -> list[str]:
+    """An evaluation server's flags beyond the run's other servers': where evaluation is batch-invariant, the
+    deterministic compile (`DETERMINISTIC_COMPILE_ARGS`) and, where set, the configured attention kernels."""
+    if not batch_invariant(serving):
+        return []
+    backend = evaluation_attention_backend(serving)
+    return [*DETERMINISTIC_COMPILE_ARGS, *(["--attention-backend", backend] if backend else [])]
+
+
 def evaluation_server(serving: ServingSettings | Mapping[str, Any]) -> dict[str, Any]:
     """How every evaluation's vLLM server is started beyond the run's other servers (`VLLMServer.from_serving`
-    keywords): batch-invariant (its environment) and, where set, on the configured attention kernels. The one source
-    for the evaluation stage, the rollout jobs that evaluate, the bundle's manifest and benchmarks/eval_repeat.py."""
-    backend = evaluation_attention_backend(serving)
-    return {"env": evaluation_environment(serving),
-            "extra_args": ["--attention-backend", backend] if backend else []}
+    keywords): its environment (`evaluation_environment`) and flags (`evaluation_server_args`). The one source for
+    the evaluation stage, the rollout jobs that evaluate, the bundle's manifest, the ledger's serving identity and
+    benchmarks/eval_repeat.py."""
+    return {"env": evaluation_environment(serving), "extra_args": evaluation_server_args(serving)}
 
 
 #: vLLM's log lines (its compilation backend) for a graph it compiled, and for one it loaded from the compile cache
@@ -112,7 +133,8 @@ def device_inventory() -> dict[str, Any]:
 def serving_identity(serving: ServingSettings | Mapping[str, Any], *, concurrency: int) -> dict[str, Any]:
     """What an evaluation's rows depend on beyond the checkpoint and the config, as a plain dict (for the test
     campaign's ledger line): ``vllm_version`` (of ``serving.python``), ``device`` (cpu/gpu), ``device_name``,
-    ``batch_invariant`` (`batch_invariant`), ``attention_backend`` (`evaluation_attention_backend`) and ``concurrency`` (requests in flight, `evaluation_concurrency` of
+    ``batch_invariant`` (`batch_invariant`), ``attention_backend`` (`evaluation_attention_backend`), the server's
+    extra ``environment`` and ``server_args`` (`evaluation_server`) and ``concurrency`` (requests in flight, `evaluation_concurrency` of
     the evaluation's `concurrency`, i.e. ``env.concurrency``); on a GPU also the ``driver`` and ``cuda`` versions
     (`device_inventory`)."""
     serving = serving_settings(serving)
@@ -124,6 +146,8 @@ def serving_identity(serving: ServingSettings | Mapping[str, Any], *, concurrenc
         "device_name": device_name(serving.device),
         "batch_invariant": batch_invariant(serving),
         "attention_backend": evaluation_attention_backend(serving),
+        "environment": evaluation_environment(serving),
+        "server_args": evaluation_server_args(serving),
         "concurrency": evaluation_concurrency(serving, concurrency),
         **gpu,
     }
