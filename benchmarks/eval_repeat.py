@@ -35,8 +35,13 @@ The compile cache (issue 59, 2026-12-06: on the tiny Qwen3 a server that compile
 other rows than two that loaded them): every server's ``compile`` says which it did, read from its log
 (`predict.serving.identity.compile_cache_use`). ``--compile-cache shared`` (default) lets the servers share the
 project's vLLM cache, as a node's jobs do, so the first server of a new shape compiles and the next load;
-``--compile-cache fresh`` gives each server an empty cache of its own, so every server compiles, as the first job of
-a shape on a new node does.
+``--compile-cache fresh`` gives each server empty caches of its own (vLLM's, and Inductor's and Triton's, which
+otherwise live in /tmp and ~/.triton and let a later server reuse an earlier one's kernels: 2026-12-07, a "fresh"
+server compiled in 1.1 s after one that took 11.4 s), so every server compiles on its own, as on a new node.
+
+Batch-invariant servers compile deterministically, as evaluation's do (`predict.serving.identity.
+DETERMINISTIC_COMPILE_ENV` and ``_ARGS``: no kernel chosen by timing it on the card). ``--timed-compile`` leaves that
+out, as evaluation served before issue 59's fix: Inductor and vLLM pick kernels by timing, and compiles can differ.
 """
 
 from __future__ import annotations
@@ -128,6 +133,12 @@ def main() -> int:
         "TRITON_ATTN), as if the config set it; default servers keep vLLM's choice, so the price compares the two",
     )
     ap.add_argument(
+        "--timed-compile",
+        action="store_true",
+        help="batch-invariant servers compile without the deterministic compile evaluation's servers have (Inductor "
+        "and vLLM pick kernels by timing them), as before issue 59's fix",
+    )
+    ap.add_argument(
         "--compile-cache",
         choices=("shared", "fresh"),
         default="shared",
@@ -138,6 +149,8 @@ def main() -> int:
     if args.compare:
         return compare_files([Path(f) for f in args.compare])
     server_env = dict(_key_value(kv) for kv in args.server_env)
+    if args.rows_out:  # this run's rows alone: --compare reads a file's first line
+        Path(args.rows_out).write_text("")
 
     import verifiers.v1.runtimes.subprocess as vf_subprocess
 
@@ -145,7 +158,13 @@ def main() -> int:
     from predict.data import load_mbpp, split_tasks
     from predict.env.records import PER_RUN_COLUMNS as PER_RUN  # times and a random id
     from predict.env.runner import RolloutSettings, run_rollouts_sync
-    from predict.serving.identity import compile_cache_use, evaluation_server, serving_identity
+    from predict.serving.identity import (
+        DETERMINISTIC_COMPILE_ARGS,
+        DETERMINISTIC_COMPILE_ENV,
+        compile_cache_use,
+        evaluation_server,
+        serving_identity,
+    )
     from predict.serving.server import SERVED_NAME, VLLMServer, default_cache_dir
     from predict.stages import EPISODE_VIEW, stage_settings
     from predict.tiny_model import cached_tiny_qwen3
@@ -180,6 +199,7 @@ def main() -> int:
         "server_env": server_env,
         "sleep_mode": not args.no_sleep_mode,
         "compile_cache": args.compile_cache,
+        "timed_compile": args.timed_compile,
         "modes": {},
     }
     result["card"] = result["serving"]["device_name"]  # serving_identity's (nvidia-smi), named at the top for readers
@@ -204,7 +224,10 @@ def main() -> int:
         started = evaluation_server(
             serving if mode == "config" else {**serving, "batch_invariant": MODE_INVARIANT[mode]}
         )
-        env = started["env"]
+        env, server_args = started["env"], started["extra_args"]
+        if args.timed_compile:
+            env = {k: v for k, v in env.items() if k not in DETERMINISTIC_COMPILE_ENV}
+            server_args = [a for a in server_args if a not in DETERMINISTIC_COMPILE_ARGS]
         runs: list[dict] = []
         failed: list[str] = []  # rollouts that failed or made no model call: a broken server, not a result
         starts = []
@@ -214,23 +237,20 @@ def main() -> int:
             t0 = time.perf_counter()
             extra = [
                 *([] if args.max_num_seqs is None else ["--max-num-seqs", str(args.max_num_seqs)]),
-                *started["extra_args"],
+                *server_args,
                 *args.server_arg,
             ]
+            own_cache = Path(tempfile.mkdtemp(prefix="eval-repeat-cache-")) if args.compile_cache == "fresh" else None
             srv = VLLMServer.from_serving(
                 model,
                 serving,
                 sequences=max(args.concurrency),
                 served_model_name=SERVED_NAME,
-                env={**env, **server_env},
+                env={**env, **fresh_caches(own_cache), **server_env},
                 extra_args=extra,
                 log_path=Path(args.server_logs) / f"{mode}-server{server}.log" if args.server_logs else None,
                 **({"enforce_eager": True} if args.enforce_eager else {}),
-                **(
-                    {"cache_dir": Path(tempfile.mkdtemp(prefix="eval-repeat-cache-"))}
-                    if args.compile_cache == "fresh"
-                    else {}
-                ),
+                **({"cache_dir": own_cache} if own_cache else {}),
             )
             if args.no_sleep_mode and "--enable-sleep-mode" in srv.extra_args:
                 srv.extra_args.remove("--enable-sleep-mode")
@@ -356,6 +376,13 @@ def compare_files(files: list[Path]) -> int:
         )
     print(json.dumps(report, indent=1))
     return 0
+
+
+def fresh_caches(cache_dir: Path | None) -> dict[str, str]:
+    """A fresh server's Inductor and Triton caches, in its own folder (None: the defaults a node's jobs share)."""
+    if cache_dir is None:
+        return {}
+    return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor"), "TRITON_CACHE_DIR": str(cache_dir / "triton")}
 
 
 def _key_value(text: str) -> tuple[str, str]:

@@ -96,15 +96,29 @@ def test_fresh_compile_caches_and_the_attention_key_reach_every_batch_invariant_
     (model / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
                                                    "num_attention_heads": 4, "num_key_value_heads": 2,
                                                    "intermediate_size": 256, "vocab_size": 1000}))
-    for args in (["--compile-cache", "fresh"], []):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"an earlier run": 1}\n')
+    for args in (["--compile-cache", "fresh"], ["--rows-out", str(rows)], ["--timed-compile"]):
         monkeypatch.setattr(sys, "argv", ["eval_repeat.py", "--config", str(REPO / "config/gpu-slice.yaml"),
                                           "--model", str(model), "--tasks", "2", "--modes", "invariant",
                                           "--evaluation-attention-backend", "FLASH_ATTN", *args])
         with pytest.raises(_Started):
             eval_repeat.main()
-    fresh, shared = started
+    fresh, shared, timed = started
+    assert rows.read_text() == ""  # an earlier run's lines would be what --compare reads first
     assert fresh["cache_dir"].is_dir() and not any(fresh["cache_dir"].iterdir())  # empty, its own
-    assert "cache_dir" not in shared  # the project's cache, as a node's jobs share it
+    # Inductor's and Triton's caches too: with the defaults (/tmp, ~/.triton) a "fresh" server reused the last one's
+    # kernels (compiled in 1.1 s, not 11.4), so its compile was not one of its own
+    assert fresh["env"]["TORCHINDUCTOR_CACHE_DIR"].startswith(str(fresh["cache_dir"]))
+    assert fresh["env"]["TRITON_CACHE_DIR"].startswith(str(fresh["cache_dir"]))
+    assert "cache_dir" not in shared and "TORCHINDUCTOR_CACHE_DIR" not in shared["env"]  # shared, as a node's jobs
+    # evaluation's deterministic compile, unless --timed-compile leaves it out (as before issue 59's fix)
+    for kw in (fresh, shared):
+        assert kw["env"]["TORCHINDUCTOR_DETERMINISTIC"] == "1"
+        flags = kw["extra_args"]
+        assert json.loads(flags[flags.index("--compilation-config") + 1]) == {
+            "inductor_compile_config": {"benchmark_combo_kernel": False}}
+    assert "TORCHINDUCTOR_DETERMINISTIC" not in timed["env"] and "--compilation-config" not in timed["extra_args"]
     for kw in started:
         flags = kw["extra_args"]
         assert flags[flags.index("--attention-backend") + 1] == "FLASH_ATTN"  # the key's, not gpu-slice's TRITON_ATTN
