@@ -13,8 +13,8 @@ Rules:
 * Rows are equal when every column is, but the ones that differ between two runs of one rollout by nature
   (`predict.env.records.PER_RUN_COLUMNS`: times and a random id); floats bit for bit.
 * A difference names its first column, and where the campaign evaluated on a GPU, what can make a row differ there
-  without any tampering (`gpu_rerun_note`: vLLM's own attention kernels, a server that compiled its graphs where
-  another loaded them; docs/repeatability.md).
+  without any tampering (`gpu_rerun_note`: vLLM's own attention kernels, kernels a compile chose by timing them;
+  docs/repeatability.md).
 """
 
 from __future__ import annotations
@@ -129,8 +129,9 @@ def gpu_rerun_note(serving: Any, rerun_log: Path) -> str:
     use = compile_cache_use(rerun_log.read_text(errors="replace")) if rerun_log.is_file() else "none"
     if use in ("compiled", "loaded"):
         did = "compiled its graphs on an empty compile cache" if use == "compiled" else "loaded its compiled graphs"
-        reasons.append(f"this re-execution's server {did}, and a server that compiles can give other rows than one "
-                       "that loads")
+        reasons.append(f"this re-execution's server {did}, and a compile that chose kernels by timing them can give "
+                       "other rows than the campaign's compile (evaluation servers compile deterministically since "
+                       "issue 59: the manifest's server command and environment say whether the campaign's did)")
     return f"; on a GPU, {'; '.join(reasons)} (docs/repeatability.md)" if reasons else ""
 
 
