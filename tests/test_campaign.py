@@ -409,3 +409,39 @@ def test_a_time_limit_is_scheduling_not_design_and_an_old_ledger_still_holds(tmp
         origin={"results_dir": "/nowhere/results", "run_name": "config"})
     assert admission.campaign == PINNED_DESIGNS["config"][1]
     assert kept.read_text() == (PINNED / "ledger.jsonl").read_text()
+
+
+def test_a_campaign_is_evaluated_on_a_server_like_the_one_it_started_on(tmp_path: Path) -> None:
+    """Issue 59: on a GPU a server with another vLLM, card, attention kernels, environment or flags (a compile that
+    chooses kernels by timing) can give the same weights other rows, so a campaign's later evaluations are refused
+    there, naming what differs; the driver and the requests in flight are not compared, nor a key the campaign line
+    lacks (a ledger written before it was recorded still admits)."""
+    fixed = json.loads((PINNED / "config-evaluate-test.json").read_text())
+    tasks = write_test_split(fixed, tmp_path / "test.parquet")
+    plan = [("A", "sft", 42), ("A", "step100", 42), ("B", "sft", 42), ("B", "step100", 42)]
+    selection = [{"run": r, "seed": 42, "checkpoint": "step100", "mode": "fixed"} for r in ("A", "B")]
+    gpu = {"vllm_version": "0.26.0", "device": "gpu", "device_name": "NVIDIA H100 80GB HBM3", "batch_invariant": True,
+           "attention_backend": "TRITON_ATTN", "concurrency": 64, "driver": "580.1",
+           "environment": {"VLLM_BATCH_INVARIANT": "1", "TORCHINDUCTOR_DETERMINISTIC": "1"},
+           "server_args": ["--compilation-config", "{}", "--attention-backend", "TRITON_ATTN"]}
+    ledger = tmp_path / "ledger.jsonl"
+
+    def admit(depends_on: dict[str, Any], ledger: Path = ledger, entry: str = "sft") -> Any:
+        return TestLedger(ledger).admit(fixed, plan, [("A", entry, 42, "the-weights")], tasks_path=tasks,
+                                        selection=selection, depends_on=depends_on,
+                                        origin={"results_dir": "/nowhere/results", "run_name": "config"})
+
+    admit(gpu)
+    admit({**gpu, "driver": "590.2", "concurrency": 32}, entry="step100")  # neither decides greedy rows
+    for key, other in (("environment", {"VLLM_BATCH_INVARIANT": "1"}), ("device_name", "NVIDIA H200"),
+                       ("vllm_version", "0.27.0"), ("server_args", ["--attention-backend", "TRITON_ATTN"])):
+        with pytest.raises(SplitGuardError, match=rf"frozen at .* on another server: {key} .* then, .* now"):
+            admit({**gpu, key: other}, entry="step100")
+    # the pinned ledger's campaign recorded vllm_version, device_name and serving only: the rest is not compared
+    kept = tmp_path / "old" / "ledger.jsonl"
+    kept.parent.mkdir()
+    kept.write_text((PINNED / "ledger.jsonl").read_text())
+    admit({"vllm_version": "0.0.0", "device_name": "cpu", "serving": {"device": "cpu"}, "environment": {"X": "1"}},
+          ledger=kept, entry="step100")
+    with pytest.raises(SplitGuardError, match="device_name 'cpu' then, 'NVIDIA H100 80GB HBM3' now"):
+        admit({**gpu, "vllm_version": "0.0.0"}, ledger=kept, entry="step100")

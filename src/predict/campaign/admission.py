@@ -11,7 +11,10 @@ Rules:
 * Refused, each naming the ledger and what differs: a second campaign on the same key under another design unless it
   is declared (``--new-campaign "why"``; the report then lists every campaign on the split with its reason); an
   evaluation outside the plan; a second evaluation of an entry (``done``); a resume whose weights differ from those its
-  ``started`` line hashed. An interrupted campaign resumes from its persisted rollouts: that is no second evaluation.
+  ``started`` line hashed; an evaluation on a server that differs from the campaign's in what greedy rows depend on
+  (`SERVER_KEYS` of its ``depends_on``: vLLM's version, the device, batch invariance, the attention kernels, the
+  server's extra environment and flags). An interrupted campaign resumes from its persisted rollouts: that is no
+  second evaluation.
 * `TestLedger.record` appends an admitted evaluation's ``started`` and ``done`` lines.
 """
 
@@ -41,6 +44,12 @@ from predict.campaign.ledger import append_entry, entry_key, ledger_lock, ledger
 from predict.campaign.plan import CampaignEntry
 
 log = logging.getLogger(__name__)
+
+#: What a campaign's later evaluations must be served like (`predict.serving.identity.serving_identity`'s keys that
+#: greedy rows depend on; not the driver, nor the concurrency of a batch-invariant or one-at-a-time server). A key the
+#: campaign line lacks (written before it was recorded) is not compared, so ledgers already written stay valid.
+SERVER_KEYS = ("vllm_version", "device", "device_name", "batch_invariant", "attention_backend", "environment",
+               "server_args")
 
 
 def results_origin(out: Path) -> dict[str, Any]:
@@ -155,9 +164,23 @@ class TestLedger:
                 append_entry(self.path, campaign)
                 log.info("%s: test campaign %s frozen: config hash %s, %d evaluations%s", self.path, ident,
                          digest[:12], len(plan), f" (declared: {new_campaign})" if same_key else "")
+            self._refuse_other_server(campaign, depends_on or {})
             for entry in weights:
                 self._refuse_unadmitted(campaign, entry, weights[entry], entries)
         return [Admission(campaign["campaign"], self.path, weights[(r, c, int(s))]) for r, c, s, _ in evaluations]
+
+    def _refuse_other_server(self, campaign: Mapping[str, Any], depends_on: Mapping[str, Any]) -> None:
+        """`admit`'s refusal of an evaluation whose server differs from the campaign's in `SERVER_KEYS`: on a GPU its
+        rows could differ from the campaign's with the same weights (docs/repeatability.md)."""
+        recorded = campaign.get("depends_on") or {}
+        differ = [k for k in SERVER_KEYS if k in recorded and k in depends_on and recorded[k] != depends_on[k]]
+        if differ:
+            raise SplitGuardError(
+                f"{self.path}: the test campaign {campaign['campaign']} was frozen at {campaign['time']} on another "
+                f"server: {'; '.join(f'{k} {recorded[k]!r} then, {depends_on[k]!r} now' for k in differ)}. The same "
+                "weights could give other rows there (docs/repeatability.md): evaluate the campaign's checkpoints on "
+                "a server like the one it started on"
+            )
 
     def _refuse_unadmitted(self, campaign: Mapping[str, Any], entry: CampaignEntry, weights: str,
                            entries: Sequence[tuple[int, Mapping[str, Any]]]) -> None:
