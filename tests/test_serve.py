@@ -253,10 +253,10 @@ def test_a_batch_invariant_gpu_evaluation_server_runs_the_configured_attention_k
     flags = serving_flags(command, 8)["command"]  # what the bundle's manifest records
     assert flags[flags.index("--attention-backend") + 1] == "TRITON_ATTN"
     assert "--attention-backend" not in serving_flags(command.model_copy(update={"batch_invariant": False}), 8)["command"]
-    assert serving_identity(gpu, concurrency=8)["attention_backend"] == "TRITON_ATTN"  # the ledger's line
+    identity = serving_identity(gpu, concurrency=8)  # the ledger's line
+    assert identity["attention_backend"] == "TRITON_ATTN"
     # the manifest and the ledger name the whole environment a rerun must give its server, not its VLLM_* keys alone
     assert serving_flags(command, 8)["environment"]["TORCHINDUCTOR_DETERMINISTIC"] == "1"
-    identity = serving_identity(gpu, concurrency=8)
     assert identity["environment"] == {"VLLM_BATCH_INVARIANT": "1", "TORCHINDUCTOR_DETERMINISTIC": "1"}
     assert identity["server_args"] == [*deterministic, "--attention-backend", "TRITON_ATTN"]
     assert flags[flags.index("--compilation-config") + 1] == deterministic[1]

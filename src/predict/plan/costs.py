@@ -335,15 +335,15 @@ class Pricer:
         from predict.train.rft import rft_settings
 
         rl, rft = self.study.rl, rft_settings(self.config)  # an rft job exists only where the config has an rft section
-        tasks = min(rft.tasks, self.split_size("rl")) if rft.tasks else self.split_size("rl")
+        split = self.split_size("rl")
+        tasks = min(rft.tasks, split) if rft.tasks else split  # rft.tasks null: every rl task
         ckpt_steps = checkpoint_steps(rl.steps, rl.checkpoint_every)
         saves = rl_state_saves(rl.steps, 0, rl.state_every, ckpt_steps)
         cost.units = {"steps": rl.steps, "tasks": tasks, "group": rft.group_size,
                       "episodes": tasks * rft.group_size, "batch_rollouts": rft.batch_rollouts, "saves": saves}
         self._serving_job(cost, "default")
         at = self.serving_at(self._rl_tokens())
-        whole = self.cal.entry("rft_job_s", {**at, "steps": rl.steps, "tasks": self.study.rft and self.study.rft.tasks,
-                                             "group_size": rft.group_size})
+        whole = self.cal.entry("rft_job_s", {**at, "steps": rl.steps, "tasks": rft.tasks, "group_size": rft.group_size})
         if whole is not None:
             self._add(cost, float(whole["value"]))
         else:
