@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
 sys.path.insert(0, str(REPO / "src"))
 
-from predict.plan.costs import checkpointing, family, model_facts  # noqa: E402
+from predict.plan.costs import TARGET_RULES, checkpointing, family, model_facts  # noqa: E402
 from predict.runs import checkpoint_steps  # noqa: E402
 from predict.train.disk import (  # noqa: E402
     STATE_BYTES_PER_PARAM,
@@ -433,6 +433,7 @@ def rehearsal(f: Figures, card: str) -> bool:
         at = {"rule": fam, **(shape if fam == "build_tiny_model" else {})}
         f.add("job_s", job["wall_s"], "s", f"{name}: jobs[{job['job']}].wall_s", "the job's wall time on the node "
               "(Snakemake's benchmark)", first=True, **at)
+    unbenchmarked_rule_figures(f, card, set(jobs))
     for fam, seen in sorted(peaks.items()):
         peak, which_job = max(seen)
         at = ({"micro_batch_tokens": rl["micro_batch_tokens"],
@@ -443,6 +444,20 @@ def rehearsal(f: Figures, card: str) -> bool:
               f"{fam} job(s)' device-wide peaks (nvidia-smi, every process): {which_job}", first=True, family=fam,
               **shape, **at)
     return True
+
+
+def unbenchmarked_rule_figures(f: Figures, card: str, benchmarked: set[str]) -> None:
+    """A rule with no `benchmark:` (check_serving) is missing from the rehearsal's jobs, which come from benchmark
+    files; `plan_measured_<card>_rehearsal.json` (benchmarks/plan_check.py measure) times it from Snakemake's log, to
+    the whole second. Its wall time there prices it, as the rehearsal's other rules of seconds are priced."""
+    name = f"plan_measured_{card}_rehearsal.json"
+    measured = _load(name)
+    for job in (measured or {}).get("jobs", []):
+        fam = family(job["rule"])
+        if job["job"] in benchmarked or fam in (*TIMED_RULES, *TARGET_RULES) or not job.get("wall_from"):
+            continue
+        f.add("job_s", job["wall_s"], "s", f"{name}: jobs[{job['job']}].wall_s",
+              f"the job's wall time on the node, from {job['wall_from']}", first=True, rule=fam)
 
 
 def h200() -> Figures:

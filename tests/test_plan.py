@@ -165,6 +165,29 @@ def test_the_cpu_calibration_pools_runs_of_one_config_and_refuses_another_naming
         calibrate.pooled_runs(["plan_measured_cpu_a.json", "plan_measured_cpu_c.json"])
 
 
+def test_a_rehearsal_rule_without_a_benchmark_is_priced_from_its_snakemake_log_time(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    """check_serving has no `benchmark:`, so the rehearsal's jobs (benchmark files) lack it and the one-node plan
+    showed it n/c although plan_check had timed it on the node from Snakemake's log."""
+    from tests.conftest import benchmark_script
+
+    calibrate = benchmark_script("calibrate")
+    monkeypatch.setattr(calibrate, "BENCH", tmp_path)
+    (tmp_path / "plan_measured_h100_rehearsal.json").write_text(json.dumps({"jobs": [
+        {"rule": "check_serving", "job": "check_serving", "wall_s": 11.0, "wall_from": "the Snakemake log"},
+        {"rule": "stats", "job": "stats", "wall_s": 2.5},  # benchmarked: the rehearsal's own figure prices it
+        {"rule": "split_mbpp", "job": "split_mbpp", "wall_s": 9.0, "wall_from": "the Snakemake log"},
+        {"rule": "all", "job": "all", "wall_s": 0.0, "wall_from": "the Snakemake log"},
+    ]}))
+    f = calibrate.Figures()
+    calibrate.unbenchmarked_rule_figures(f, "h100", benchmarked={"split_mbpp"})
+    priced = {e["at"]["rule"]: e["value"] for e in f.figures["job_s"]}
+    assert priced == {"check_serving": 11.0}
+    assert f.figures["job_s"][0]["source"] == "plan_measured_h100_rehearsal.json: jobs[check_serving].wall_s"
+    h100 = load_calibration(REPO, "h100")
+    assert h100.entry("job_s", {"rule": "check_serving"}) is not None  # the repository's calibration has it
+
+
 def test_an_rl_job_pays_its_saves_per_save_not_per_step_of_the_measured_intervals() -> None:
     """The 4B rehearsal ran 1 step saving its state and a checkpoint (checkpoint_every 1); the design runs 100 steps
     saving its state every 5 (20 saves). A figure per save prices both; the old per-step figure held only at the
