@@ -20,6 +20,9 @@ price. ``--every-concurrency`` runs every concurrency on every fresh server (the
 
 The JSON names what ran: the model's path, shape and parameter count (its config.json), the card, the command.
 
+The ``--out`` JSON is written after every run, ``"complete": false`` until the last: a slot that ends mid-check
+keeps the numbers of every run it finished.
+
 Per run: wall time, and how many tasks' rows differ from the first run of the mode (times and ids left out), with
 where each first differs (`first_differences`: a row's path such as ``steps[2].reply@17``, the trajectory first, a text's first
 differing character after the @) and how many tasks' outcomes differ. Every run is preceded on
@@ -72,7 +75,11 @@ def main() -> int:
         help="GPU: batch-invariant and/or default serving (default: what the config serves)",
     )
     ap.add_argument("--tasks", type=int, default=None, help="val tasks (default: the config's evaluation.tasks)")
-    ap.add_argument("--out", default=None, help="also write the numbers as JSON here")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="also write the numbers as JSON here, after every run (complete: false until the run ends)",
+    )
     ap.add_argument(
         "--enforce-eager",
         action="store_true",
@@ -275,39 +282,19 @@ def main() -> int:
                         if args.rows_out:
                             with open(args.rows_out, "a") as out:
                                 out.write(json.dumps({"mode": mode, **runs[-1]}) + "\n")
+                        if args.out:  # what has run so far: a slot's end or a crash kills the process mid-mode
+                            result["modes"][mode] = mode_summary(env, starts, compiled, runs, failed)
+                            partial = {**result, "complete": False, **price_of_batch_invariance(result["modes"])}
+                            Path(args.out).write_text(json.dumps(partial, indent=1) + "\n")
                         print(
                             f"{mode}: server {server}, repeat {repeat}, concurrency {c}: {wall:.1f} s, "
                             f"{sum(r['n_model_calls'] for r in rows)} calls",
                             flush=True,
                         )
             compiled.append(compile_cache_use(srv.log_path.read_text(errors="replace") if srv.log_path else ""))
-        first = runs[0]["rows"]
-        by_concurrency = {}
-        for c in args.concurrency:
-            mine = [r for r in runs if r["concurrency"] == c]
-            by_concurrency[str(c)] = {
-                "concurrency": c,
-                "wall_s": [round(r["wall_s"], 2) for r in mine],
-                "mean_wall_s": round(sum(r["wall_s"] for r in mine) / len(mine), 2),
-            }
-        differ = [sum(a != b for a, b in zip(first, r["rows"], strict=True)) for r in runs[1:]]
-        where = [differences(first, r["rows"]) for r in runs[1:]]
-        result["modes"][mode] = {
-            "env": env,
-            "server_start_s": [round(s, 1) for s in starts],
-            "compile": compiled,
-            "settings": by_concurrency,
-            "runs": [{k: v for k, v in r.items() if k != "rows"} for r in runs],
-            "tasks_whose_rows_differ_from_the_first_run": differ,
-            "tasks_whose_outcome_differs_from_the_first_run": [w["outcome_differs"] for w in where],
-            "first_differences": [w["first"] for w in where],
-            "failed_rollouts": len(failed),
-            "first_failures": failed[:5],
-            "repeats": all(n == 0 for n in differ),
-        }
-    if "invariant" in result["modes"] and "default" in result["modes"]:
-        inv, dflt = result["modes"]["invariant"]["settings"], result["modes"]["default"]["settings"]
-        result["price_of_batch_invariance"] = {c: round(inv[c]["mean_wall_s"] / dflt[c]["mean_wall_s"], 2) for c in inv}
+        result["modes"][mode] = mode_summary(env, starts, compiled, runs, failed)
+    result["complete"] = True
+    result.update(price_of_batch_invariance(result["modes"]))
     print(json.dumps({k: v for k, v in result.items() if k != "modes"}, indent=1))
     for mode, r in result["modes"].items():
         print(
@@ -321,6 +308,47 @@ def main() -> int:
         print(f"FAILED rollouts, so these rows measure nothing: {json.dumps(failures, indent=1)}", file=sys.stderr)
         return 1
     return 0
+
+
+def mode_summary(env: dict, starts: list[float], compiled: list[str], runs: list[dict], failed: list[str]) -> dict:
+    """One mode's servers and runs so far: wall times per concurrency, and how many tasks' rows differ from the
+    first run's (at the end of the run, or after each run while it goes on)."""
+    first = runs[0]["rows"]
+    by_concurrency = {}
+    for c in dict.fromkeys(r["concurrency"] for r in runs):
+        mine = [r for r in runs if r["concurrency"] == c]
+        by_concurrency[str(c)] = {
+            "concurrency": c,
+            "wall_s": [round(r["wall_s"], 2) for r in mine],
+            "mean_wall_s": round(sum(r["wall_s"] for r in mine) / len(mine), 2),
+        }
+    differ = [sum(a != b for a, b in zip(first, r["rows"], strict=True)) for r in runs[1:]]
+    where = [differences(first, r["rows"]) for r in runs[1:]]
+    return {
+        "env": env,
+        "server_start_s": [round(s, 1) for s in starts],
+        "compile": compiled,
+        "settings": by_concurrency,
+        "runs": [{k: v for k, v in r.items() if k != "rows"} for r in runs],
+        "tasks_whose_rows_differ_from_the_first_run": differ,
+        "tasks_whose_outcome_differs_from_the_first_run": [w["outcome_differs"] for w in where],
+        "first_differences": [w["first"] for w in where],
+        "failed_rollouts": len(failed),
+        "first_failures": failed[:5],
+        "repeats": all(n == 0 for n in differ),
+    }
+
+
+def price_of_batch_invariance(modes: dict) -> dict:
+    """The invariant mode's mean wall time over the default's, at each concurrency both have run."""
+    if "invariant" not in modes or "default" not in modes:
+        return {}
+    inv, dflt = modes["invariant"]["settings"], modes["default"]["settings"]
+    return {
+        "price_of_batch_invariance": {
+            c: round(inv[c]["mean_wall_s"] / dflt[c]["mean_wall_s"], 2) for c in inv if c in dflt
+        }
+    }
 
 
 TRAJECTORY = ("steps", "tokens")

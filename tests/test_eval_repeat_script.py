@@ -61,6 +61,16 @@ def test_each_server_says_whether_it_compiled_its_graphs_or_loaded_them() -> Non
     assert compile_cache_use("INFO Using eager mode\n") == "none"
 
 
+def _model_folder(tmp_path: Path) -> Path:
+    """A checkpoint folder with only the config.json the script reads (the servers are stand-ins)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 4, "num_key_value_heads": 2,
+                                                   "intermediate_size": 256, "vocab_size": 1000}))
+    return model
+
+
 class _Started(Exception):
     """Raised by the stand-in server: the test needs only how each server would have been started."""
 
@@ -91,11 +101,7 @@ def test_fresh_compile_caches_and_the_attention_key_reach_every_batch_invariant_
             return False
 
     monkeypatch.setattr(server.VLLMServer, "from_serving", staticmethod(from_serving))
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
-                                                   "num_attention_heads": 4, "num_key_value_heads": 2,
-                                                   "intermediate_size": 256, "vocab_size": 1000}))
+    model = _model_folder(tmp_path)
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"an earlier run": 1}\n')
     for args in (["--compile-cache", "fresh"], ["--rows-out", str(rows)], ["--timed-compile"]):
@@ -123,3 +129,63 @@ def test_fresh_compile_caches_and_the_attention_key_reach_every_batch_invariant_
         flags = kw["extra_args"]
         assert flags[flags.index("--attention-backend") + 1] == "FLASH_ATTN"  # the key's, not gpu-slice's TRITON_ATTN
         assert kw["env"]["VLLM_BATCH_INVARIANT"] == "1"
+
+
+class _SlotEnded(Exception):
+    """Stands for the end of a GPU slot: the process is killed while its next server starts."""
+
+
+def test_a_run_cut_short_leaves_the_numbers_of_every_run_it_finished(
+        eval_repeat, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """2026-12-07: a slot's device time ended while four tiny servers' check ran; their rows were in --rows-out, but
+    the JSON (wall times, differing tasks, each server's compile) is written only at the end, so none came back.
+    After every run the --out JSON holds what has run so far, marked incomplete until the run ends."""
+    import sys
+
+    import predict.env.runner as runner
+    import predict.serving.server as server
+
+    from .conftest import REPO
+
+    entered: list[int] = []
+
+    class _Server:
+        extra_args: list[str] = []
+        base_url, log_path = "http://127.0.0.1:1/v1", None
+
+        def __enter__(self):
+            entered.append(1)
+            if len(entered) == 2:
+                raise _SlotEnded
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def rollouts(tasks, settings):
+        reply = "same" if settings.concurrency == 16 else f"other {settings.checkpoint}"
+        return [{**_row(t["task_id"], [reply]), "ok": True, "n_model_calls": 1} for t in tasks]
+
+    monkeypatch.setattr(server.VLLMServer, "from_serving", staticmethod(lambda model, serving, **kw: _Server()))
+    monkeypatch.setattr(runner, "run_rollouts_sync", rollouts)
+    model = _model_folder(tmp_path)
+    out = tmp_path / "eval_repeat.json"
+
+    def run(*args: str) -> int:
+        monkeypatch.setattr(sys, "argv", ["eval_repeat.py", "--config", str(REPO / "config/gpu-slice.yaml"), "--model",
+                                          str(model), "--tasks", "2", "--modes", "invariant", "--repeats", "1",
+                                          "--out", str(out), *args])
+        return eval_repeat.main()
+
+    with pytest.raises(_SlotEnded):
+        run("--servers", "2", "--concurrency", "16", "64")
+    got = json.loads(out.read_text())
+    assert got["complete"] is False
+    invariant = got["modes"]["invariant"]
+    assert [(r["server"], r["concurrency"]) for r in invariant["runs"]] == [(0, 16), (0, 64)]
+    assert invariant["tasks_whose_rows_differ_from_the_first_run"] == [2]  # both tasks' replies differ at 64
+    assert list(invariant["settings"]) == ["16", "64"] and invariant["repeats"] is False
+
+    entered[:] = [0, 0]  # the next server is the third to start: it starts, and this run ends
+    assert run("--servers", "1", "--concurrency", "16") == 0
+    assert json.loads(out.read_text())["complete"] is True
