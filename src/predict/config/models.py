@@ -270,9 +270,9 @@ class ServingSettings(Section):
     evaluation_attention_backend: Annotated[str | None, Field(pattern=r"^[A-Z][A-Z0-9_]*$", json_schema_extra=NO_DEFAULT)] = None
     """vLLM's attention kernels (--attention-backend) for a batch-invariant GPU evaluation server; null = vLLM's
     choice (FlashAttention 3 on Hopper). With FlashAttention 3 the tiny Qwen3's greedy rows differed from run to run
-    even on one server; with TRITON_ATTN they repeated on fresh servers, the tiny model's and the slice's 0.75B
-    (docs/repeatability.md). Changes rows, so it is part of the design. Ignored where evaluation is not
-    batch-invariant (the CPU, or batch_invariant off)."""
+    even on one server; with TRITON_ATTN (config/config.yaml's) they repeated across fresh servers and compiles, the
+    tiny model's, the slice's 0.75B and the 4B shape (docs/repeatability.md). Changes rows, so it is part of the
+    design. Ignored where evaluation is not batch-invariant (the CPU, or batch_invariant off)."""
     shared: SharedServerSettings | None = None
     """One vLLM server for every job of a run on one machine (the embedded default): each serving job leases it (a
     lock under .cache/serving/), loads its checkpoint's weights in place, and leaves it running for the next; it
