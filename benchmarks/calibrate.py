@@ -74,8 +74,10 @@ class Figures:
         entries.insert(0, entry) if first else entries.append(entry)
         self.sources.update(source_files(source))
 
-    def has(self, name: str) -> bool:
-        return any(e.get("value") is not None for e in self.figures.get(name, []))
+    def has(self, name: str, **at: Any) -> bool:
+        """A measured `name`, at conditions that all hold in `at` where `at` is given (as the plan looks it up)."""
+        return any(e.get("value") is not None and (not at or all(k in at and at[k] == v for k, v in e["at"].items()))
+                   for e in self.figures.get(name, []))
 
     def missing(self, name: str, why: str, **at: Any) -> None:
         self.figures.setdefault(name, []).append({"value": None, "at": at, "missing": why})
@@ -119,15 +121,20 @@ def _server_load_figures(f: Figures, jobs: list[dict[str, Any]], src: str, *, fi
 
 
 def _eval_figures(f: Figures, points: list[tuple[float, float]], output_bytes: float, src: str, *, first: bool,
-                  at: dict[str, Any]) -> None:
+                  at: dict[str, Any], serving: dict[str, Any]) -> None:
     """An evaluation job's cost: (wall - server start or reload) = fixed + episodes x per episode, fitted over the
-    (episodes, seconds) points of every evaluation job, and its tables' bytes per episode."""
+    (episodes, seconds) points of every evaluation job, at the attention kernels the run's evaluation server ran
+    (`serving`: the run's serving section), and its tables' bytes per episode (the same on any kernels)."""
+    from predict.serving.identity import evaluation_attention_backend
+
     fixed, per_episode = _fit(points)
     how = (f"least squares over {len(points)} evaluation jobs: wall - server start or reload = fixed + episodes x "
            "per episode")
-    f.add("eval_job_fixed_s", fixed, "s", f"{src}: jobs[evaluate*].wall_s, load_s, episodes", how, first=first, **at)
+    timed_at = {**at, "attention_backend": evaluation_attention_backend(serving)}
+    f.add("eval_job_fixed_s", fixed, "s", f"{src}: jobs[evaluate*].wall_s, load_s, episodes", how, first=first,
+          **timed_at)
     f.add("eval_episode_s", per_episode, "s/episode", f"{src}: jobs[evaluate*].wall_s, load_s, episodes", how,
-          first=first, **at)
+          first=first, **timed_at)
     f.add("eval_bytes_per_episode", output_bytes / sum(e for e, _ in points), "bytes",
           f"{src}: jobs[evaluate*].output_bytes, episodes", "evaluation bytes / episodes", first=first, **at)
 
@@ -186,7 +193,7 @@ def cpu(measured_names: list[str]) -> Figures:
             episodes = (j["checkpoints"] or len(j["outputs"])) * pricer.eval_tasks(split)
             pts.append((episodes, j["wall_s"] - (j.get("load_s") or 0)))
         _eval_figures(f, pts, sum(j["output_bytes"] for j in ev), src, first=False,
-                      at=pricer.serving_at(int(config["evaluation"]["max_tokens"])))
+                      at=pricer.serving_at(int(config["evaluation"]["max_tokens"])), serving=config["serving"])
     # RL: the steady steps (after the first, which warms the server and the trainer up) give the per-unit figures;
     # what a job takes beyond its steps at those rates is its fixed part
     rl_jobs = by_family.get("rl", [])
@@ -298,6 +305,16 @@ def gpu_missing(f: Figures, card: str, config: dict[str, Any]) -> None:
     for name, (reason, at) in gaps.items():
         if not f.has(name):
             f.missing(name, reason, **at)
+    # an evaluation on the design's attention kernels: measured on other kernels (the rehearsals before the design
+    # chose TRITON_ATTN) it is not this evaluation's time
+    from predict.serving.identity import evaluation_attention_backend
+
+    kernels = {"shape": "qwen3-4b", "max_tokens": ev["max_tokens"], "concurrency": env["concurrency"],
+               "attention_backend": evaluation_attention_backend(config["serving"])}
+    for name in ("eval_episode_s", "eval_job_fixed_s"):
+        if f.has(name) and not f.has(name, **kernels):
+            f.missing(name, why + ", on the design's attention kernels (the rehearsal before ran vLLM's own)",
+                      **kernels)
 
 
 # The first SFT steps compile kernels and grow the allocator's pool (the 4B rehearsal: 1.6-8.3k tokens/s against
@@ -399,7 +416,8 @@ def rehearsal(f: Figures, card: str) -> bool:
     if evals:
         _eval_figures(f, [(j["episodes"], j["wall_s"] - (j.get("load_s") or 0)) for j in evals],
                       sum(j["output_bytes"] for j in evals), name, first=True,
-                      at={**shape, "max_tokens": config["evaluation"]["max_tokens"], "concurrency": env["concurrency"]})
+                      at={**shape, "max_tokens": config["evaluation"]["max_tokens"], "concurrency": env["concurrency"]},
+                      serving=config["serving"])
     sft_steps = r.get("sft_steps") or {}
     steady = [s for arm in sft_steps.values() for s in arm if s["step"] > SFT_WARMUP_STEPS]
     if steady:

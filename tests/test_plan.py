@@ -415,3 +415,29 @@ def test_plan_check_calls_a_comparison_in_sample_only_where_the_calibration_read
     in_sample = {name: json.loads((tmp_path / "benchmarks" / f"plan_check_{name}.json").read_text())["in_sample"]
                  for name in checks}
     assert in_sample == {"cpu_a": True, "cpu_b": False, "cpu_a_again": True}
+
+
+def test_an_evaluation_is_priced_only_by_figures_measured_on_its_servers_attention_kernels() -> None:
+    """The design evaluates on TRITON_ATTN (issue 59: its rows repeat), at 1.51x the default serving's time at 4B;
+    the H100 rehearsal measured its evaluations on vLLM's own kernels. Those figures must not price the design's
+    evaluations (they did: the one-node plan counted 3.4 h for them), yet still price a config that keeps vLLM's."""
+    from predict.config import with_defaults
+    from predict.plan.command import load_study
+
+    h100 = load_calibration(REPO, "h100")
+    design = load_study([REPO / "config" / "config.yaml", REPO / "config" / "gpu.yaml"])
+    assert design["serving"]["evaluation_attention_backend"] == "TRITON_ATTN"
+    serving = {k: v for k, v in design["serving"].items() if k != "evaluation_attention_backend"}
+    vllm_choice = with_defaults({**design, "serving": serving})
+    job = Job(jobid=1, rule="evaluate", wildcards={"run": "A", "split": "val", "seed": "42"},
+              resources={"gpu": "1", "vllm_server": "1"}, outputs=["results/eval/A/val/seed42.parquet"])
+    on_triton = Pricer(design, h100, REPO).price(job)
+    missing = {m.name: m for m in on_triton.missing}
+    assert {"eval_episode_s", "eval_job_fixed_s"} <= set(missing)
+    assert dict(missing["eval_episode_s"].at)["attention_backend"] == "TRITON_ATTN"
+    assert "design's attention kernels" in missing["eval_episode_s"].why
+    on_vllms = Pricer(vllm_choice, h100, REPO).price(job)
+    assert not on_vllms.missing and on_vllms.work_s > 8  # the rehearsal's own kernels: priced as before
+    # the CPU has no batch-invariant server: its evaluations are priced as they were measured
+    cpu = Pricer(_config(), load_calibration(REPO, "cpu"), REPO).price(job)
+    assert not {m.name for m in cpu.missing} & {"eval_episode_s", "eval_job_fixed_s"} and cpu.work_s > 0
