@@ -11,9 +11,10 @@ Two steps, each its own JSON in benchmarks/:
        .venv/bin/python benchmarks/plan_check.py measure --name cpu_embedded_default \\
            --config config/local.yaml --profile local --device cpu --state-sizes /tmp/state_sizes.txt
 
-2. ``compare``: run the plan for the same config, profile and device (the calibration as it is now) and put each
-   job's planned wall time beside the measured one, and the totals (wall time within 20 %, each job within 30 %,
-   each GPU job's device peak within 10 %: the issue's checks). Prints the table docs/plan.md shows.
+2. ``compare``: run the plan for the same config (as the run had it: ``config_as_run``), profile and device (the
+   calibration as it is now) and put each job's planned wall time beside the measured one, and the totals (wall
+   time within 20 %, each job within 30 %, each GPU job's device peak within 10 %: the issue's checks). Prints the
+   table docs/plan.md shows.
 
        .venv/bin/python benchmarks/plan_check.py compare --name cpu_embedded_default
 
@@ -30,8 +31,11 @@ import json
 import re
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
@@ -125,6 +129,8 @@ def measure_job(job: Job, start: float | None, end: float | None, run_dir: Path)
 
 
 def measure(args: argparse.Namespace) -> int:
+    from predict.plan.command import load_study
+
     run_dir = Path(args.run_dir).resolve()
     log = Path(args.snakemake_log) if args.snakemake_log else max((run_dir / ".snakemake" / "log").glob("*.log"))
     jobs, starts, ends = read_run_log(log)
@@ -137,6 +143,8 @@ def measure(args: argparse.Namespace) -> int:
     out = {
         "what": f"the run of {args.config} with --profile {args.profile}, measured by benchmarks/plan_check.py",
         "date": dt.date.today().isoformat(), "device": args.device, "config": args.config.split("+"),
+        # the files as the run read them, defaults filled in: `compare` plans this, not the files as they are later
+        "config_as_run": load_study([REPO / c for c in args.config.split("+")]),
         "profile": args.profile, "snakemake_log": log.name,
         "wall_s": max(times) - min(times), "rl_state_bytes_max": state or None,
         "mean_load": statistics.mean(r["mean_load"] for r in rows if r.get("mean_load") is not None),
@@ -157,7 +165,12 @@ def compare(args: argparse.Namespace) -> int:
 
     measured_name = args.measured or f"plan_measured_{args.name}.json"
     measured = json.loads((REPO / "benchmarks" / measured_name).read_text())
-    result = plan("+".join(measured["config"]), measured["profile"], measured["device"])
+    with tempfile.TemporaryDirectory() as tmp:
+        config = "+".join(measured["config"])
+        if measured.get("config_as_run"):  # the design may have changed since the run (a key the plan prices by)
+            config = str(Path(tmp) / "config_as_run.yaml")
+            Path(config).write_text(yaml.safe_dump(measured["config_as_run"], sort_keys=False))
+        result = plan(config, measured["profile"], measured["device"])
     planned = {_key(r["rule"], json.loads(r["wildcards"])): r for r in result["jobs"]}
     rows, misses = [], 0
     for m in measured["jobs"]:

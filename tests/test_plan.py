@@ -417,6 +417,33 @@ def test_plan_check_calls_a_comparison_in_sample_only_where_the_calibration_read
     assert in_sample == {"cpu_a": True, "cpu_b": False, "cpu_a_again": True}
 
 
+def test_plan_check_plans_the_config_as_the_run_had_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The H100 rehearsal ran config/gpu-rehearsal.yaml before it chose TRITON_ATTN; `compare` planned the file as it
+    is now, so its in-sample check fell from 19 to 15 of 22 jobs (the evaluations n/c) with no change in the run.
+    A measured run carries its config as run, and the check plans that."""
+    from argparse import Namespace
+
+    from .conftest import benchmark_script
+
+    plan_check = benchmark_script("plan_check")
+    (tmp_path / "benchmarks").mkdir()
+    as_run = {"run_name": "as-run", "serving": {"device": "gpu", "batch_invariant": True}}
+    (tmp_path / "benchmarks" / "plan_measured_gpu_x.json").write_text(json.dumps({
+        "config": ["config/gpu-rehearsal.yaml"], "config_as_run": as_run, "profile": "gpu", "device": "h100",
+        "wall_s": 10.0, "jobs": [{"rule": "stats", "wildcards": {}, "job": "stats", "wall_s": 2.0}]}))
+    planned: list = []
+
+    def record(config: str, profile: str, device: str) -> dict:
+        planned.append(yaml.safe_load(Path(config).read_text()))
+        return {"jobs": [{"rule": "stats", "wildcards": "{}", "planned_s": 2.0, "device_peak_gib": None}],
+                "totals": {"wall_s": 10.0}, "device": {"calibration": "h100.json", "sources": []}}
+
+    monkeypatch.setattr("predict.plan.command.plan", record)
+    monkeypatch.setattr(plan_check, "REPO", tmp_path)
+    assert plan_check.compare(Namespace(name="gpu_x", measured=None)) == 0
+    assert planned == [as_run]
+
+
 def test_an_evaluation_is_priced_only_by_figures_measured_on_its_servers_attention_kernels() -> None:
     """The design evaluates on TRITON_ATTN (issue 59: its rows repeat), at 1.51x the default serving's time at 4B;
     the H100 rehearsal measured its evaluations on vLLM's own kernels. Those figures must not price the design's
