@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
 sys.path.insert(0, str(REPO / "src"))
 
-from predict.plan.costs import TARGET_RULES, checkpointing, family, model_facts  # noqa: E402
+from predict.plan.calibration import holds_at  # noqa: E402
+from predict.plan.costs import TARGET_RULES, checkpointing, evaluation_timed_at, family, model_facts  # noqa: E402
 from predict.runs import checkpoint_steps  # noqa: E402
 from predict.train.disk import (  # noqa: E402
     STATE_BYTES_PER_PARAM,
@@ -76,8 +77,7 @@ class Figures:
 
     def has(self, name: str, **at: Any) -> bool:
         """A measured `name`, at conditions that all hold in `at` where `at` is given (as the plan looks it up)."""
-        return any(e.get("value") is not None and (not at or all(k in at and at[k] == v for k, v in e["at"].items()))
-                   for e in self.figures.get(name, []))
+        return any(e.get("value") is not None and (not at or holds_at(e["at"], at)) for e in self.figures.get(name, []))
 
     def missing(self, name: str, why: str, **at: Any) -> None:
         self.figures.setdefault(name, []).append({"value": None, "at": at, "missing": why})
@@ -125,12 +125,10 @@ def _eval_figures(f: Figures, points: list[tuple[float, float]], output_bytes: f
     """An evaluation job's cost: (wall - server start or reload) = fixed + episodes x per episode, fitted over the
     (episodes, seconds) points of every evaluation job, at the attention kernels the run's evaluation server ran
     (`serving`: the run's serving section), and its tables' bytes per episode (the same on any kernels)."""
-    from predict.serving.identity import evaluation_attention_backend
-
     fixed, per_episode = _fit(points)
     how = (f"least squares over {len(points)} evaluation jobs: wall - server start or reload = fixed + episodes x "
            "per episode")
-    timed_at = {**at, "attention_backend": evaluation_attention_backend(serving)}
+    timed_at = evaluation_timed_at(at, serving)
     f.add("eval_job_fixed_s", fixed, "s", f"{src}: jobs[evaluate*].wall_s, load_s, episodes", how, first=first,
           **timed_at)
     f.add("eval_episode_s", per_episode, "s/episode", f"{src}: jobs[evaluate*].wall_s, load_s, episodes", how,
@@ -307,10 +305,7 @@ def gpu_missing(f: Figures, card: str, config: dict[str, Any]) -> None:
             f.missing(name, reason, **at)
     # an evaluation on the design's attention kernels: measured on other kernels (the rehearsals before the design
     # chose TRITON_ATTN) it is not this evaluation's time
-    from predict.serving.identity import evaluation_attention_backend
-
-    kernels = {"shape": "qwen3-4b", "max_tokens": ev["max_tokens"], "concurrency": env["concurrency"],
-               "attention_backend": evaluation_attention_backend(config["serving"])}
+    kernels = evaluation_timed_at({**serving, "max_tokens": ev["max_tokens"]}, config["serving"])
     for name in ("eval_episode_s", "eval_job_fixed_s"):
         if f.has(name) and not f.has(name, **kernels):
             f.missing(name, why + ", on the design's attention kernels (the rehearsal before ran vLLM's own)",

@@ -61,7 +61,7 @@ class Calibration:
         for entry in self.figures.get(name, []) + self.workload.get(name, []):
             if entry.get("value") is None:
                 continue
-            if all(k in at and at[k] == v for k, v in (entry.get("at") or {}).items()):
+            if holds_at(entry.get("at"), at):
                 return entry
         return None
 
@@ -72,6 +72,11 @@ class Calibration:
             if entry.get("value") is None and all(at.get(k) == v for k, v in (entry.get("at") or {}).items()):
                 return str(entry.get("missing") or "")
         return ""
+
+
+def holds_at(conditions: Mapping[str, Any] | None, at: Mapping[str, Any]) -> bool:
+    """Whether a figure measured at `conditions` holds at `at`: every condition it names equals `at`'s."""
+    return all(k in at and at[k] == v for k, v in (conditions or {}).items())
 
 
 def calibration_path(repo: Path, kind: str) -> Path:

@@ -16,7 +16,7 @@ Rules:
 * A job runs other stages' code only where it says so: RFT samples as RL rolls out and updates with RL's trainer, so
   where no RFT job was measured at its counts it is priced as those parts at the RL figures of the same conditions
   (``units["priced_from"]``, ``units["peak_from"]``), an upper bound (`Pricer._rft`).
-* An evaluation's time figures also hold for the attention kernels its server runs (`Pricer.eval_at`): the design
+* An evaluation's time figures also hold for the attention kernels its server runs (`evaluation_timed_at`): the design
   chooses them (serving.evaluation_attention_backend) because they change rows and time alike, so a figure measured
   on vLLM's own kernels does not price an evaluation on TRITON_ATTN (1.51x the default serving's time at 4B).
 """
@@ -47,6 +47,15 @@ def checkpointing(enabled: bool, layers: int | None) -> bool | str:
     if enabled and layers is not None:
         return f"first {layers} layers"
     return enabled
+
+
+def evaluation_timed_at(at: Mapping[str, Any], serving: Any) -> dict[str, Any]:
+    """An evaluation's time conditions: `at` (shape, reply length, concurrency) and its server's attention kernels
+    (None: vLLM's choice, or no batch-invariant evaluation server, as on the CPU). benchmarks/calibrate.py labels its
+    evaluation figures with it."""
+    from predict.serving.identity import evaluation_attention_backend
+
+    return {**at, "attention_backend": evaluation_attention_backend(serving)}
 
 
 def family(rule: str) -> str:
@@ -177,14 +186,6 @@ class Pricer:
         return {"shape": self.model.shape, "max_tokens": max_tokens,
                 "concurrency": self.study.env.concurrency}
 
-    def eval_at(self) -> dict[str, Any]:
-        """An evaluation's time conditions: the serving's, and its server's attention kernels (None: vLLM's choice,
-        or no batch-invariant evaluation server, as on the CPU)."""
-        from predict.serving.identity import evaluation_attention_backend
-
-        return {**self.serving_at(self.study.evaluation.max_tokens),
-                "attention_backend": evaluation_attention_backend(self.study.serving)}
-
     # -- jobs ---------------------------------------------------------------------------------------------------
     def price(self, job: Job) -> JobCost:
         fam = family(job.rule)
@@ -285,8 +286,9 @@ class Pricer:
         cost.units = {"checkpoints": checkpoints, "episodes": episodes}
         self._serving_job(cost, self._eval_key())
         at = self.serving_at(self.study.evaluation.max_tokens)  # what it writes: the same on any kernels
-        self._add(cost, self.figure(cost, "eval_job_fixed_s", **self.eval_at()))
-        self._add(cost, self.figure(cost, "eval_episode_s", **self.eval_at()), episodes)
+        timed_at = evaluation_timed_at(at, self.study.serving)
+        self._add(cost, self.figure(cost, "eval_job_fixed_s", **timed_at))
+        self._add(cost, self.figure(cost, "eval_episode_s", **timed_at), episodes)
         per_episode = self.cal.entry("eval_bytes_per_episode", at)
         cost.disk_bytes = float(per_episode["value"]) * episodes if per_episode else None
         if per_episode is None:
