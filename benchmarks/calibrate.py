@@ -17,7 +17,8 @@ The sources:
   benchmarks/log/gpu.md), ``rl_step_h200_inplace_sync.json`` and ``rl_step_h200_vllm.json`` (the 4B RL step),
   ``sft_speed_h200_int32.json`` (4B SFT), ``rehearsal_h200.json`` when it exists.
 * h100: ``rl_step_h100_sync_orders.json`` (the 4B RL step), ``eval_repeat_h100_cold_warm.json`` (the slice's server
-  start), ``rehearsal_h100.json`` when it exists.
+  start), ``rehearsal_h100.json`` (the 4B rehearsal evaluating on vLLM's own kernels) and, first where both
+  give a figure, ``rehearsal_h100_triton.json`` (the same on the design's ``TRITON_ATTN``), each when it exists.
 * workload (any device): what the runs above measured of the study's data, traces and trainer state, and
   ``trace_tokens.json`` (benchmarks/trace_tokens.py: tokens per trace of the runs with traces of their own that no
   run above trained on).
@@ -329,12 +330,12 @@ def config_as_run(r: dict[str, Any], name: str) -> dict[str, Any]:
     return with_defaults(r["config_as_run"], source=f"{name}: config_as_run")
 
 
-def rehearsal(f: Figures, card: str) -> bool:
-    """Fill in from benchmarks/rehearsal_<card>.json (benchmarks/rehearsal.py collect), when it has run; its figures
-    go before a benchmark's (the study's own jobs at the design's shapes). Per step, per save, per token, per
-    episode: the rehearsal's counts (1 RL step, checkpoint_every 1, 8 SFT steps) are not the design's, its units are.
-    False when the file is not there."""
-    name = f"rehearsal_{card}.json"
+def rehearsal(f: Figures, card: str, suffix: str = "") -> bool:
+    """Fill in from benchmarks/rehearsal_<card><suffix>.json (benchmarks/rehearsal.py collect), when it has run; its
+    figures go before a benchmark's (the study's own jobs at the design's shapes), and before those of a rehearsal
+    read earlier. Per step, per save, per token, per episode: the rehearsal's counts (1 RL step, checkpoint_every 1,
+    8 SFT steps) are not the design's, its units are. False when the file is not there."""
+    name = f"rehearsal_{card}{suffix}.json"
     r = _load(name)
     if r is None:
         return False
@@ -446,7 +447,7 @@ def rehearsal(f: Figures, card: str) -> bool:
         at = {"rule": fam, **(shape if fam == "build_tiny_model" else {})}
         f.add("job_s", job["wall_s"], "s", f"{name}: jobs[{job['job']}].wall_s", "the job's wall time on the node "
               "(Snakemake's benchmark)", first=True, **at)
-    unbenchmarked_rule_figures(f, card, set(jobs))
+    unbenchmarked_rule_figures(f, f"plan_measured_{card}_rehearsal{suffix}.json", set(jobs))
     for fam, seen in sorted(peaks.items()):
         peak, which_job = max(seen)
         at = ({"micro_batch_tokens": rl["micro_batch_tokens"],
@@ -459,11 +460,11 @@ def rehearsal(f: Figures, card: str) -> bool:
     return True
 
 
-def unbenchmarked_rule_figures(f: Figures, card: str, benchmarked: set[str]) -> None:
+def unbenchmarked_rule_figures(f: Figures, name: str, benchmarked: set[str]) -> None:
     """A rule with no `benchmark:` (check_serving) is missing from the rehearsal's jobs, which come from benchmark
-    files; `plan_measured_<card>_rehearsal.json` (benchmarks/plan_check.py measure) times it from Snakemake's log, to
-    the whole second. Its wall time there prices it, as the rehearsal's other rules of seconds are priced."""
-    name = f"plan_measured_{card}_rehearsal.json"
+    files; `name` (plan_measured_<card>_rehearsal<suffix>.json, benchmarks/plan_check.py measure) times it from
+    Snakemake's log, to the whole second. Its wall time there prices it, as the rehearsal's other rules of seconds
+    are priced."""
     measured = _load(name)
     for job in (measured or {}).get("jobs", []):
         fam = family(job["rule"])
@@ -518,7 +519,10 @@ def h100() -> Figures:
     starts = e["modes"]["invariant"]["server_start_s"]
     f.add("serving_start_s", max(starts), "s", "eval_repeat_h100_cold_warm.json: modes.invariant.server_start_s",
           "the slice's model, an empty compile cache (the larger of two starts)", shape="qwen3-0.6b")
+    # the rehearsal of the design's evaluation kernels (TRITON_ATTN) last, so its figures come first; the one before
+    # (vLLM's own kernels) still prices a config that keeps those
     rehearsal(f, "h100")
+    rehearsal(f, "h100", "_triton")
     gpu_missing(f, "h100", load_study([REPO / "config" / "config.yaml", REPO / "config" / "gpu.yaml"]))
     return f
 

@@ -11,7 +11,7 @@ import yaml
 
 from predict.cli import main
 from predict.plan.calibration import Calibration, load_calibration
-from predict.plan.costs import JobCost, Pricer, checkpointing, model_facts
+from predict.plan.costs import JobCost, Pricer, checkpointing, evaluation_timed_at, model_facts
 from predict.plan.dag import Job, parse_dry_run
 from predict.plan.schedule import Capacity, lay_out
 
@@ -180,7 +180,7 @@ def test_a_rehearsal_rule_without_a_benchmark_is_priced_from_its_snakemake_log_t
         {"rule": "all", "job": "all", "wall_s": 0.0, "wall_from": "the Snakemake log"},
     ]}))
     f = calibrate.Figures()
-    calibrate.unbenchmarked_rule_figures(f, "h100", benchmarked={"split_mbpp"})
+    calibrate.unbenchmarked_rule_figures(f, "plan_measured_h100_rehearsal.json", benchmarked={"split_mbpp"})
     priced = {e["at"]["rule"]: e["value"] for e in f.figures["job_s"]}
     assert priced == {"check_serving": 11.0}
     assert f.figures["job_s"][0]["source"] == "plan_measured_h100_rehearsal.json: jobs[check_serving].wall_s"
@@ -446,8 +446,10 @@ def test_plan_check_plans_the_config_as_the_run_had_it(tmp_path: Path, monkeypat
 
 def test_an_evaluation_is_priced_only_by_figures_measured_on_its_servers_attention_kernels() -> None:
     """The design evaluates on TRITON_ATTN (issue 59: its rows repeat), at 1.51x the default serving's time at 4B;
-    the H100 rehearsal measured its evaluations on vLLM's own kernels. Those figures must not price the design's
-    evaluations (they did: the one-node plan counted 3.4 h for them), yet still price a config that keeps vLLM's."""
+    the first H100 rehearsal measured its evaluations on vLLM's own kernels. Those figures must not price the
+    design's evaluations (they did: the one-node plan counted 3.4 h for them), yet still price a config that keeps
+    vLLM's. The second rehearsal evaluated on TRITON_ATTN, and its figures price the design's; a calibration
+    without such a run says what is missing, at which kernels."""
     from predict.config import with_defaults
     from predict.plan.command import load_study
 
@@ -458,17 +460,26 @@ def test_an_evaluation_is_priced_only_by_figures_measured_on_its_servers_attenti
     vllm_choice = with_defaults({**design, "serving": serving})
     job = Job(jobid=1, rule="evaluate", wildcards={"run": "A", "split": "val", "seed": "42"},
               resources={"gpu": "1", "vllm_server": "1"}, outputs=["results/eval/A/val/seed42.parquet"])
-    on_triton = Pricer(design, h100, REPO).price(job)
-    missing = {m.name: m for m in on_triton.missing}
+    at_design = dict(evaluation_timed_at({"shape": "qwen3-4b", "max_tokens": 512, "concurrency": 32},
+                                         design["serving"]))
+    at_vllms = dict(evaluation_timed_at({"shape": "qwen3-4b", "max_tokens": 512, "concurrency": 32}, serving))
+    assert at_design["attention_backend"] == "TRITON_ATTN" and at_vllms["attention_backend"] is None
+    assert h100.entry("eval_episode_s", at_design)["source"].startswith("rehearsal_h100_triton.json")
+    assert h100.entry("eval_episode_s", at_vllms)["source"].startswith("rehearsal_h100.json")
+    for config in (design, vllm_choice):
+        priced = Pricer(config, h100, REPO).price(job)
+        assert not priced.missing and priced.work_s > 8
+    # the same calibration without the TRITON_ATTN rehearsal: the design's evaluations are n/c, vLLM's priced
+    before = Calibration(kind="h100", device=h100.device, cores=h100.cores, workload=h100.workload, figures={
+        name: [e for e in entries if "rehearsal_h100_triton" not in str(e.get("source"))]
+        for name, entries in h100.figures.items()})
+    missing = {m.name: m for m in Pricer(design, before, REPO).price(job).missing}
     assert {"eval_episode_s", "eval_job_fixed_s"} <= set(missing)
     assert dict(missing["eval_episode_s"].at)["attention_backend"] == "TRITON_ATTN"
-    assert "design's attention kernels" in missing["eval_episode_s"].why
-    on_vllms = Pricer(vllm_choice, h100, REPO).price(job)
-    assert not on_vllms.missing and on_vllms.work_s > 8  # the rehearsal's own kernels: priced as before
+    assert not Pricer(vllm_choice, before, REPO).price(job).missing
     # the CPU has no batch-invariant server: its evaluations are priced as they were measured
     cpu = Pricer(_config(), load_calibration(REPO, "cpu"), REPO).price(job)
     assert not {m.name for m in cpu.missing} & {"eval_episode_s", "eval_job_fixed_s"} and cpu.work_s > 0
-
 
 def _run_log(jobs: list[tuple[int, str, str, str]]) -> str:
     """A Snakemake log of local jobs (jobid, rule, start, end as HH:MM:SS on one day), as Snakemake 9 writes it."""
