@@ -39,7 +39,14 @@ BENCH = REPO / "benchmarks"
 sys.path.insert(0, str(REPO / "src"))
 
 from predict.plan.calibration import holds_at  # noqa: E402
-from predict.plan.costs import TARGET_RULES, checkpointing, evaluation_timed_at, family, model_facts  # noqa: E402
+from predict.plan.costs import (  # noqa: E402
+    TARGET_RULES,
+    checkpointing,
+    evaluation_timed_at,
+    family,
+    model_facts,
+    server_key,
+)
 from predict.runs import checkpoint_steps  # noqa: E402
 from predict.train.disk import (  # noqa: E402
     STATE_BYTES_PER_PARAM,
@@ -112,13 +119,31 @@ def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return (sy - b * sx) / n, b
 
 
-def _server_load_figures(f: Figures, jobs: list[dict[str, Any]], src: str, *, first: bool, **at: Any) -> None:
-    """serving_start_s and serving_reload_s: the medians of the shared-server loads the job logs noted."""
-    for kind in ("start", "reload"):
-        seen = [j["load_s"] for j in jobs if j.get("server") == kind]
-        if seen:
-            f.add(f"serving_{kind}_s", _median(seen), "s", f"{src}: jobs[].load_s",
-                  f"median of {len(seen)} shared-server {kind}(s) the job logs noted", first=first, **at)
+def _server_load_figures(f: Figures, jobs: list[dict[str, Any]], src: str, *, first: bool,
+                         serving: dict[str, Any] | None = None, **at: Any) -> None:
+    """serving_start_s and serving_reload_s: the medians of the shared-server loads the job logs noted. With the
+    run's `serving`, a start is labelled with the server it started (`predict.plan.costs.server_key`: the
+    batch-invariant evaluation server's deterministic compile takes longer); without it (the CPU, one server for
+    all) a start holds for either."""
+    starts: dict[str | None, list[float]] = {}
+    for j in jobs:
+        if j.get("server") == "start":
+            key = server_key(family(_rule_of(j)), serving) if serving is not None else None
+            starts.setdefault(key, []).append(j["load_s"])
+    for key, seen in sorted(starts.items(), key=lambda kv: str(kv[0])):
+        which = f" of the {key} server" if key else ""
+        f.add("serving_start_s", _median(seen), "s", f"{src}: jobs[].load_s",
+              f"median of {len(seen)} shared-server start(s){which} the job logs noted", first=first, **at,
+              **({"server": key} if key else {}))
+    seen = [j["load_s"] for j in jobs if j.get("server") == "reload"]
+    if seen:
+        f.add("serving_reload_s", _median(seen), "s", f"{src}: jobs[].load_s",
+              f"median of {len(seen)} shared-server reload(s) the job logs noted", first=first, **at)
+
+
+def _rule_of(job: dict[str, Any]) -> str:
+    """A measured job's rule: a plan_measured row names it (`rule`), a rehearsal's row only its path (`job`)."""
+    return job.get("rule") or job["job"].split("/")[0]
 
 
 def _eval_figures(f: Figures, points: list[tuple[float, float]], output_bytes: float, src: str, *, first: bool,
@@ -282,8 +307,8 @@ def rl_step_figures(f: Figures, name: str, variant: dict[str, Any], shape: str, 
     f.add("device_peak_gib", variant["device_peak_gib"], "GiB", f"{name}: device_peak_gib",
           "the benchmark's device-wide peak (NVML)", family="rl", **{k: v for k, v in at.items() if k != "dtype"})
     if server_start:
-        f.add("serving_start_s", server_start, "s", f"{name}: server_start_s", "vLLM's start on the 4B shape",
-              shape=shape)
+        f.add("serving_start_s", server_start, "s", f"{name}: server_start_s", "vLLM's start on the 4B shape, "
+              "the RL server (not batch-invariant)", shape=shape, server="default")
 
 
 def gpu_missing(f: Figures, card: str, config: dict[str, Any]) -> None:
@@ -404,7 +429,7 @@ def rehearsal(f: Figures, card: str, suffix: str = "") -> bool:
             f.add("rl_job_fixed_s", _median(fixed), "s", f"{name}: jobs[rl].wall_s, load_s; rl_steps[].step_s, "
                   "save_waited_s", f"median over {len(fixed)} RL job(s) of wall - server start or reload - steps - "
                   "save waits", first=True, **shape)
-    _server_load_figures(f, list(jobs.values()), name, first=True, **shape)
+    _server_load_figures(f, list(jobs.values()), name, first=True, serving=config["serving"], **shape)
     # evaluation, as on the CPU: (wall - server start or reload) = fixed + episodes x per episode, fitted over the
     # evaluation jobs, at the rehearsal's evaluation settings and episodes in flight
     evals = [j for j in jobs.values() if family(j["job"].split("/")[0]) in ("evaluate", "evaluate_test")
@@ -518,7 +543,8 @@ def h100() -> Figures:
     e = _load("eval_repeat_h100_cold_warm.json")
     starts = e["modes"]["invariant"]["server_start_s"]
     f.add("serving_start_s", max(starts), "s", "eval_repeat_h100_cold_warm.json: modes.invariant.server_start_s",
-          "the slice's model, an empty compile cache (the larger of two starts)", shape="qwen3-0.6b")
+          "the slice's model, an empty compile cache (the larger of two starts)", shape="qwen3-0.6b",
+          server="batch_invariant")
     # the rehearsal of the design's evaluation kernels (TRITON_ATTN) last, so its figures come first; the one before
     # (vLLM's own kernels) still prices a config that keeps those
     rehearsal(f, "h100")

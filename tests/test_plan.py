@@ -113,6 +113,36 @@ def test_an_evaluation_job_is_priced_per_episode_of_the_checkpoints_it_serves() 
     assert cost.load == {"start": 30.0, "reload": 0.5}
 
 
+def test_a_server_start_is_priced_by_the_start_of_the_server_the_job_leases() -> None:
+    """The batch-invariant evaluation server compiles its graphs deterministically: on an H100 at 4B it started in
+    174 s, the RL server in 97 s. One median of both (135 s) priced every start, and on 8 SLURM nodes every
+    evaluation job starts its own server. A start measured on one server prices that server's starts; one measured
+    where all jobs share a server (the CPU) prices either."""
+    from predict.plan.command import load_study
+
+    design = load_study([REPO / "config" / "config.yaml", REPO / "config" / "gpu.yaml"])
+    shape = model_facts(design, REPO).shape
+    jobs = {j.rule: j for j in parse_dry_run(DRY_RUN)}
+    jobs["rl"] = Job(jobid=2, rule="rl", wildcards={"run": "A", "seed": "42"}, resources={"gpu": "1", "vllm_server": "1"},
+                     outputs=["results/rl/A/seed42/metrics.parquet"])
+    labelled = _cal(serving_start_s=[{"value": 97.0, "at": {"shape": shape, "server": "default"}},
+                                     {"value": 174.0, "at": {"shape": shape, "server": "batch_invariant"}}],
+                    serving_reload_s=[{"value": 1.4, "at": {"shape": shape}}])
+    evaluation = Pricer(design, labelled, REPO).price(jobs["evaluate_A"])
+    rl = Pricer(design, labelled, REPO).price(jobs["rl"])
+    assert (evaluation.server_key, evaluation.load["start"]) == ("batch_invariant", 174.0)
+    assert (rl.server_key, rl.load["start"]) == ("default", 97.0)
+    either = _cal(serving_start_s=[{"value": 36.0, "at": {"shape": shape}}])
+    assert Pricer(design, either, REPO).price(jobs["evaluate_A"]).load["start"] == 36.0
+    assert Pricer(design, either, REPO).price(jobs["rl"]).load["start"] == 36.0
+    # the repository's H100 calibration: each server's own start, from the rehearsal that ran the design's kernels
+    h100 = load_calibration(REPO, "h100")
+    starts = {k: h100.entry("serving_start_s", {"shape": "qwen3-4b", "server": k})
+              for k in ("default", "batch_invariant")}
+    assert all(e["source"].startswith("rehearsal_h100_triton.json") for e in starts.values())
+    assert starts["batch_invariant"]["value"] > starts["default"]["value"]
+
+
 def test_a_job_without_its_figure_is_not_calibrated_and_names_what_it_lacks() -> None:
     config = _config()
     (sft,) = [j for j in parse_dry_run(DRY_RUN) if j.rule == "train_sft"]

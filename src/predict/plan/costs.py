@@ -49,6 +49,16 @@ def checkpointing(enabled: bool, layers: int | None) -> bool | str:
     return enabled
 
 
+def server_key(family: str, serving: Any) -> str:
+    """The server a job of this rule family leases: an evaluation's is batch-invariant where serving is (the GPU
+    build; a server started without it starts again), every other one, and the CPU's evaluations, lease the one RL
+    leases. benchmarks/calibrate.py labels a measured server start with it."""
+    from predict.serving.identity import batch_invariant
+
+    evaluation = family in ("evaluate", "evaluate_test")
+    return "batch_invariant" if evaluation and batch_invariant(serving) else "default"
+
+
 def evaluation_timed_at(at: Mapping[str, Any], serving: Any) -> dict[str, Any]:
     """An evaluation's time conditions: `at` (shape, reply length, concurrency) and its server's attention kernels
     (None: vLLM's choice, or no batch-invariant evaluation server, as on the CPU). benchmarks/calibrate.py labels its
@@ -267,17 +277,15 @@ class Pricer:
         at = {"shape": self.model.shape}
         cost.server_key = key
         missing = len(cost.missing)
-        cost.load = {"start": self.figure(cost, "serving_start_s", **at),
+        # a start depends on the server it starts: the batch-invariant one compiles its graphs deterministically
+        # (the 4B on an H100: 174 s against the RL server's 97 s); a reload is the same on either
+        cost.load = {"start": self.figure(cost, "serving_start_s", **at, server=key),
                      "reload": self.figure(cost, "serving_reload_s", **at)}
         # which one the lease pays is the schedule's: a gap in either counts once it is the one paid
         cost.missing, cost.units["load_missing"] = cost.missing[:missing], cost.missing[missing:]
 
     def _eval_key(self) -> str:
-        """The server an evaluation leases: batch-invariant where serving is (the GPU build; a server started
-        without it starts again), else the one RL leases too."""
-        from predict.serving.identity import batch_invariant
-
-        return "batch_invariant" if batch_invariant(self.study.serving) else "default"
+        return server_key("evaluate", self.study.serving)
 
     def _evaluate(self, job: Job, cost: JobCost) -> None:
         split = "test" if cost.family == "evaluate_test" else "val"
@@ -305,7 +313,7 @@ class Pricer:
         ckpt_steps = checkpoint_steps(steps, rl.checkpoint_every)  # the driver's: every checkpoint_every, the last
         checkpoints = len(ckpt_steps)
         cost.units = {"steps": steps, "episodes_per_step": episodes, "checkpoints": checkpoints}
-        self._serving_job(cost, "default")
+        self._serving_job(cost, server_key(cost.family, self.study.serving))
         at = self.serving_at(self._rl_tokens())
         self._add(cost, self.figure(cost, "rl_job_fixed_s", shape=self.model.shape))
         self._add(cost, self.figure(cost, "rl_rollout_episode_s", **at), steps * episodes)
@@ -354,7 +362,7 @@ class Pricer:
         saves = rl_state_saves(rl.steps, 0, rl.state_every, ckpt_steps)
         cost.units = {"steps": rl.steps, "tasks": tasks, "group": rft.group_size,
                       "episodes": tasks * rft.group_size, "batch_rollouts": rft.batch_rollouts, "saves": saves}
-        self._serving_job(cost, "default")
+        self._serving_job(cost, server_key(cost.family, self.study.serving))
         at = self.serving_at(self._rl_tokens())
         whole = self.cal.entry("rft_job_s", {**at, "steps": rl.steps, "tasks": rft.tasks, "group_size": rft.group_size})
         if whole is not None:
@@ -374,7 +382,7 @@ class Pricer:
     def _rollout(self, job: Job, cost: JobCost) -> None:
         tasks = self.study.env.rollout_tasks or self.split_size(job.wildcards.get("split", "val"))
         cost.units = {"episodes": tasks}
-        self._serving_job(cost, "default")
+        self._serving_job(cost, server_key(cost.family, self.study.serving))
         at = self.serving_at(self.study.env.max_tokens)
         self._add(cost, self.figure(cost, "eval_job_fixed_s", **at))
         self._add(cost, self.figure(cost, "rollout_episode_s", **at), tasks)
