@@ -16,6 +16,8 @@ The sources:
 * h200: ``gpu_slice_h200.json`` (the GPU slice's per-job wall times and device peaks, transcribed from
   benchmarks/log/gpu.md), ``rl_step_h200_inplace_sync.json`` and ``rl_step_h200_vllm.json`` (the 4B RL step),
   ``sft_speed_h200_int32.json`` (4B SFT), ``rehearsal_h200.json`` when it exists.
+* h200 and h100, each: ``plan_measured_<card>_slice_*.json`` when there are any (the GPU slice's runs, measured by
+  benchmarks/plan_check.py, pooled like the CPU's and after the rehearsal's figures; ``--hold-out`` applies).
 * h100: ``rl_step_h100_sync_orders.json`` (the 4B RL step), ``eval_repeat_h100_cold_warm.json`` (the slice's server
   start), ``rehearsal_h100.json`` (the 4B rehearsal evaluating on vLLM's own kernels) and, first where both
   give a figure, ``rehearsal_h100_triton.json`` (the same on the design's ``TRITON_ATTN``), each when it exists.
@@ -180,17 +182,26 @@ def pooled_runs(names: list[str]) -> dict[str, Any]:
 
 
 def cpu(measured_names: list[str]) -> Figures:
+    f = Figures()
+    measured_run_figures(f, measured_names)
+    return f
+
+
+def measured_run_figures(f: Figures, measured_names: list[str]) -> None:
+    """The figures of runs of the workflow itself, measured by benchmarks/plan_check.py (one config, pooled: each
+    figure a median or a fit over their jobs). On a GPU run, also each GPU rule's device peak, and each server start
+    labelled with the server it started (the batch-invariant evaluation server's or the RL one's)."""
     from predict.plan.calibration import Calibration
     from predict.plan.command import load_study
     from predict.plan.costs import Pricer
     from predict.runs import resolve_run
 
-    f = Figures()
     m = pooled_runs(measured_names)
     src = "+".join(measured_names)
     config = load_study([REPO / c for c in m["config"]])
     model = model_facts(config, REPO)
-    pricer = Pricer(config, Calibration("cpu", "", 2, {}), REPO)
+    pricer = Pricer(config, Calibration(m["device"], "", 0, {}), REPO)
+    gpu = pricer.device == "gpu"
     jobs = [j for j in m["jobs"] if j.get("wall_s") is not None]
     by_family: dict[str, list[dict[str, Any]]] = {}
     for j in jobs:
@@ -207,7 +218,11 @@ def cpu(measured_names: list[str]) -> Figures:
         if fam != "build_tiny_model":
             f.add("output_bytes", _median(j["output_bytes"] for j in js), "bytes", f"{src}: jobs[].output_bytes",
                   f"median bytes of the {fam} job(s)' outputs", rule=fam)
-    _server_load_figures(f, jobs, src, first=False, shape=model.shape)
+    _server_load_figures(f, jobs, src, first=False, serving=config["serving"] if gpu else None, shape=model.shape)
+    if gpu:
+        peaks = {fam: [(j["device_peak_gib"], j["job"]) for j in js if j.get("gpus") and j.get("device_peak_gib")]
+                 for fam, js in by_family.items()}
+        _device_peak_figures(f, peaks, config["rl"], src, first=False, shape=model.shape)
     # evaluation: (wall - load) = fixed + episodes x per episode, fitted over every evaluation job
     ev = by_family.get("evaluate", []) + by_family.get("evaluate_test", [])
     if ev:
@@ -223,8 +238,10 @@ def cpu(measured_names: list[str]) -> Figures:
     rl_jobs = by_family.get("rl", [])
     if rl_jobs:
         rl = config["rl"]
-        steady = [s for j in rl_jobs for s in j["steps"] if s["step"] > 1]
         every = [s for j in rl_jobs for s in j["steps"]]
+        # a run of one step a job (a rehearsal's cut) has only its first: then that, warm-up and all (an upper bound)
+        steady = [s for s in every if s["step"] > 1] or every
+        after = "after the first" if len(steady) < len(every) else "(each job's only one, warm-up included)"
         at = pricer.serving_at(pricer._rl_tokens())
         ep_s = sum(s["rollout_s"] for s in steady) / sum(s["n_rollouts"] for s in steady)
         tok = sum(s["n_tokens"] for s in every) / sum(s["n_rollouts"] for s in every)
@@ -236,14 +253,14 @@ def cpu(measured_names: list[str]) -> Figures:
         save_wait = sum(s.get("save_s") or 0 for s in every) / (saves * len(rl_jobs))
         src_steps = f"{src}: jobs[rl].steps[]"
         f.add("rl_rollout_episode_s", ep_s, "s/episode", src_steps,
-              "rollout_s / n_rollouts over the steps after the first", **at)
+              f"rollout_s / n_rollouts over the steps {after}", **at)
         f.add("rl_tokens_per_episode", tok, "tokens", src_steps, "n_tokens / n_rollouts over every step", **at)
         f.add("rl_update_tokens_per_s", rate, "tokens/s", src_steps,
-              "n_tokens / update_s over the steps after the first",
+              f"n_tokens / update_s over the steps {after}",
               shape=model.shape, dtype=rl["dtype"], micro_batch_tokens=rl["micro_batch_tokens"],
               activation_checkpointing=checkpointing(rl["activation_checkpointing"],
                                                      rl.get("activation_checkpointing_layers")))
-        f.add("rl_sleep_sync_s", other, "s/step", src_steps, "samples + sleep + sync per step after the first",
+        f.add("rl_sleep_sync_s", other, "s/step", src_steps, f"samples + sleep + sync per step {after}",
               shape=model.shape)
         f.add("rl_save_wait_s", save_wait, "s/save", src_steps,
               f"save_s over every step / the {saves} saves a run makes (predict.train.disk.rl_state_saves)",
@@ -288,7 +305,6 @@ def cpu(measured_names: list[str]) -> Figures:
         extra = _median(j["checkpoint_bytes"] - j["checkpoint_weights_bytes"] for j in sft_jobs)
         f.add("checkpoint_extra_bytes", extra, "bytes", f"{src}: jobs[train_sft].checkpoint_bytes",
               "an HF checkpoint folder's bytes beside its safetensors (tokenizer, configs)")
-    return f
 
 
 # --- the GPUs ----------------------------------------------------------------------------------------------------
@@ -473,16 +489,25 @@ def rehearsal(f: Figures, card: str, suffix: str = "") -> bool:
         f.add("job_s", job["wall_s"], "s", f"{name}: jobs[{job['job']}].wall_s", "the job's wall time on the node "
               "(Snakemake's benchmark)", first=True, **at)
     unbenchmarked_rule_figures(f, f"plan_measured_{card}_rehearsal{suffix}.json", set(jobs))
-    for fam, seen in sorted(peaks.items()):
-        peak, which_job = max(seen)
-        at = ({"micro_batch_tokens": rl["micro_batch_tokens"],
-               "activation_checkpointing": checkpointing(rl.get("activation_checkpointing", False),
-                                                         rl.get("activation_checkpointing_layers"))}
-              if fam in ("rl", "rft") else {})
-        f.add("device_peak_gib", peak, "GiB", f"{name}: jobs[].device_peak_gib", f"the largest of the {len(seen)} "
-              f"{fam} job(s)' device-wide peaks (nvidia-smi, every process): {which_job}", first=True, family=fam,
-              **shape, **at)
+    _device_peak_figures(f, peaks, rl, name, first=True, **shape)
     return True
+
+
+def _device_peak_figures(f: Figures, peaks: dict[str, list[tuple[float, str]]], rl: dict[str, Any], src: str, *,
+                         first: bool, **at: Any) -> None:
+    """device_peak_gib per rule family: the largest device-wide peak its jobs printed, RL's and RFT's labelled with
+    the micro-batch and checkpointing they trained at."""
+    for fam, seen in sorted(peaks.items()):
+        if not seen:
+            continue
+        peak, which_job = max(seen)
+        trained_at = ({"micro_batch_tokens": rl["micro_batch_tokens"],
+                       "activation_checkpointing": checkpointing(rl.get("activation_checkpointing", False),
+                                                                 rl.get("activation_checkpointing_layers"))}
+                      if fam in ("rl", "rft") else {})
+        f.add("device_peak_gib", peak, "GiB", f"{src}: jobs[].device_peak_gib", f"the largest of the {len(seen)} "
+              f"{fam} job(s)' device-wide peaks (nvidia-smi, every process): {which_job}", first=first, family=fam,
+              **at, **trained_at)
 
 
 def unbenchmarked_rule_figures(f: Figures, name: str, benchmarked: set[str]) -> None:
@@ -499,7 +524,7 @@ def unbenchmarked_rule_figures(f: Figures, name: str, benchmarked: set[str]) -> 
               f"the job's wall time on the node, from {job['wall_from']}", first=True, rule=fam)
 
 
-def h200() -> Figures:
+def h200(held: set[str] = frozenset()) -> Figures:
     from predict.plan.command import load_study
 
     f = Figures()
@@ -529,11 +554,21 @@ def h200() -> Figures:
     f.add("device_peak_gib", sft["peak_gib"], "GiB", "sft_speed_h200_int32.json: runs[ours].peak_gib",
           "torch's peak at 4 x 2048 tokens", family="train_sft", shape="qwen3-4b")
     rehearsal(f, "h200")
+    gpu_slices(f, "h200", held)
     gpu_missing(f, "h200", load_study([REPO / "config" / "config.yaml", REPO / "config" / "gpu.yaml"]))
     return f
 
 
-def h100() -> Figures:
+def gpu_slices(f: Figures, card: str, held: set[str]) -> None:
+    """The GPU slice's runs on this card (config/gpu-slice.yaml, benchmarks/plan_check.py measure --name
+    <card>_slice_<run>), pooled, but those --hold-out names: the 0.6B shape's figures. They come after the
+    rehearsal's, so a rule of seconds without a shape is priced by the rehearsal's run of it."""
+    names = [p.name for p in sorted(BENCH.glob(f"plan_measured_{card}_slice_*.json")) if p.name not in held]
+    if names:
+        measured_run_figures(f, names)
+
+
+def h100(held: set[str] = frozenset()) -> Figures:
     from predict.plan.command import load_study
 
     f = Figures()
@@ -549,6 +584,7 @@ def h100() -> Figures:
     # (vLLM's own kernels) still prices a config that keeps those
     rehearsal(f, "h100")
     rehearsal(f, "h100", "_triton")
+    gpu_slices(f, "h100", held)
     gpu_missing(f, "h100", load_study([REPO / "config" / "config.yaml", REPO / "config" / "gpu.yaml"]))
     return f
 
@@ -579,17 +615,18 @@ def own_traces(workload: Figures) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hold-out", action="append", default=[], metavar="NAME",
-                    help="a plan_measured_cpu_NAME.json to leave out of the CPU figures (the out-of-sample check's "
-                         "run: benchmarks/plan_check.py compare --measured)")
+                    help="a plan_measured_cpu_NAME.json (or plan_measured_NAME.json: a GPU slice's run, "
+                         "h100_slice_run2) to leave out of the figures (the out-of-sample check's run: "
+                         "benchmarks/plan_check.py compare --measured)")
     args = ap.parse_args()
-    held = {f"plan_measured_cpu_{name}.json" for name in args.hold_out}
+    held = {f"plan_measured_{prefix}{name}.json" for name in args.hold_out for prefix in ("cpu_", "")}
     measured = [p.name for p in sorted(BENCH.glob("plan_measured_cpu_*.json")) if p.name not in held]
     if not measured:
         print("no benchmarks/plan_measured_cpu_*.json left to calibrate from: run benchmarks/plan_check.py measure")
         return 1
     kinds = {"cpu": (cpu(measured), "2-core CPU (the development machine), vLLM's CPU build", 2),
-             "h200": (h200(), "one NVIDIA H200 (141 GiB), 16 cores", 16),
-             "h100": (h100(), "one NVIDIA H100 80GB, 16 cores", 16)}
+             "h200": (h200(held), "one NVIDIA H200 (141 GiB), 16 cores", 16),
+             "h100": (h100(held), "one NVIDIA H100 80GB, 16 cores", 16)}
     workload = Figures()
     for figures, _, _ in kinds.values():  # what the study's data and trainer make, on any device
         for name in WORKLOAD:

@@ -127,7 +127,7 @@ def measure_job(job: Job, start: float | None, end: float | None, run_dir: Path)
         row["checkpoint_weights_bytes"] = sum(_bytes(p) for p in ckpt.glob("*.safetensors"))
     if job.rule in ("rl", "rft"):
         keys = ("step", "n_rollouts", "n_tokens", "rollout_s", "samples_s", "sample_s", "update_s", "sleep_s",
-                "sync_s", "save_s", "step_s")
+                "sync_s", "offload_s", "save_s", "step_s")
         row["steps"] = [{k: r.get(k) for k in keys} for r in _rows(run_dir / job.outputs[0])]
     return row
 

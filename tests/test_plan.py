@@ -577,3 +577,41 @@ def test_plan_check_totals_the_jobs_it_priced_apart_when_some_are_not_calibrated
     assert (check["unpriced_jobs"], check["unpriced_measured_s"]) == (1, 60.0)
     assert (check["priced_jobs_planned_s"], check["priced_jobs_measured_s"], check["priced_jobs_ratio"]) == (18, 20, 0.9)
     assert check["total_ratio"] == 0.38 and not check["total_within_20pct"]
+
+
+def test_a_gpu_run_measured_by_plan_check_calibrates_as_its_rehearsal_json_does(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU slice is to be checked against its plan like the CPU runs: measured by plan_check.py and calibrated
+    from that file (`plan_measured_<card>_slice_*.json`). The CPU's derivation knew no device peaks, no server kinds
+    and no RL step that is a job's only one; plan_check kept no optimizer offload. The 4B rehearsal on TRITON_ATTN,
+    measured by plan_check, must give the figures its rehearsal JSON gives."""
+    import shutil
+
+    from .conftest import benchmark_script
+
+    calibrate = benchmark_script("calibrate")
+    measured, rehearsed = calibrate.Figures(), calibrate.Figures()
+    calibrate.measured_run_figures(measured, ["plan_measured_h100_rehearsal_triton.json"])
+    calibrate.rehearsal(rehearsed, "h100", "_triton")
+
+    def first(f: object, name: str, **at: object) -> float:
+        return next(e["value"] for e in f.figures[name] if all(e["at"].get(k) == v for k, v in at.items()))
+
+    for name in ("rl_rollout_episode_s", "rl_tokens_per_episode", "rl_update_tokens_per_s", "rl_sleep_sync_s",
+                 "rl_save_wait_s", "serving_reload_s", "eval_episode_s"):
+        assert first(measured, name) == pytest.approx(first(rehearsed, name), rel=1e-3), name
+    assert first(measured, "rl_sleep_sync_s") > 10  # the optimizer's offload (13 s) is part of a step
+    for server in ("default", "batch_invariant"):
+        assert first(measured, "serving_start_s", server=server) == first(rehearsed, "serving_start_s", server=server)
+    for fam in ("rl", "train_sft", "evaluate", "evaluate_test"):
+        assert first(measured, "device_peak_gib", family=fam) == first(rehearsed, "device_peak_gib", family=fam)
+    assert {e["at"]["family"] for e in measured.figures["device_peak_gib"]} == {"rl", "train_sft", "evaluate",
+                                                                                "evaluate_test"}  # GPU jobs only
+    # a slice's runs on a card are read for it, but a held-out one
+    monkeypatch.setattr(calibrate, "BENCH", tmp_path)
+    src = calibrate.REPO / "benchmarks" / "plan_measured_h100_rehearsal_triton.json"
+    shutil.copy(src, tmp_path / "plan_measured_h100_slice_run1.json")
+    for held, expected in ((set(), True), ({"plan_measured_h100_slice_run1.json"}, False)):
+        f = calibrate.Figures()
+        calibrate.gpu_slices(f, "h100", held)
+        assert bool(f.figures.get("rl_rollout_episode_s")) is expected
