@@ -284,6 +284,8 @@ def measured_run_figures(f: Figures, measured_names: list[str]) -> None:
     sft_jobs = by_family.get("train_sft", [])
     if sft_jobs:
         sft, traces = config["sft"], config["traces"]
+        # every step: plan_check keeps each job's totals, so the first steps' warm-up (on a GPU, the kernels'
+        # compile) is in the rate here, where a rehearsal's JSON leaves it to the fixed part; the job's sum holds
         rate = sum(j["sft"]["tokens"] for j in sft_jobs) / sum(j["sft"]["train_s"] for j in sft_jobs)
         at = {"shape": model.shape, "dtype": sft["dtype"], "device": pricer._sft_device()}
         f.add("sft_tokens_per_s", rate, "tokens/s", f"{src}: jobs[train_sft].sft",

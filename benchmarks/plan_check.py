@@ -61,6 +61,8 @@ def _time(text: str) -> float:
 def read_run_log(path: Path) -> tuple[list[Job], dict[int, float], dict[int, float]]:
     """The jobs of a run's Snakemake log, with each job's start and end time."""
     text = path.read_text()
+    if "Nothing to be done" in text:  # an invocation that found every output there: no job, no time
+        return [], {}, {}
     jobs = parse_dry_run(text)
     starts: dict[int, float] = {}
     ends: dict[int, float] = {}
@@ -145,7 +147,7 @@ def measure(args: argparse.Namespace) -> int:
         jobs, starts, ends = read_run_log(log)
         rows += [measure_job(j, starts.get(j.jobid), ends.get(j.jobid), run_dir) for j in jobs]
         times = [t for t in (*starts.values(), *ends.values()) if t is not None]
-        walls.append(max(times) - min(times))
+        walls.append(max(times) - min(times) if times else 0.0)
     state = 0
     if args.state_sizes and Path(args.state_sizes).is_file():
         state = max((int(line.split()[1]) for line in Path(args.state_sizes).read_text().splitlines()

@@ -536,16 +536,18 @@ def test_plan_check_measures_a_run_of_several_snakemake_invocations(tmp_path: Pa
     rl_phase, all_phase = tmp_path / "rl.snakemake.log", tmp_path / "all.snakemake.log"
     rl_phase.write_text(_run_log([(1, "split_mbpp", "12:00:00", "12:00:02"), (2, "sft_traces", "12:00:02", "12:00:10")]))
     all_phase.write_text(_run_log([(1, "stats", "12:30:00", "12:30:03")]))
+    rerun = tmp_path / "rerun.snakemake.log"  # an invocation with nothing left to do: no job, no time
+    rerun.write_text("Building DAG of jobs...\nNothing to be done (all requested files are present and up to date).\n")
     monkeypatch.setattr(plan_check, "REPO", tmp_path)
     monkeypatch.setattr("predict.plan.command.load_study", lambda files: {"run_name": "x"})
     assert plan_check.measure(Namespace(name="two", config="config/local.yaml", profile="local", device="cpu",
-                                        run_dir=str(tmp_path), snakemake_log=f"{rl_phase}+{all_phase}",
+                                        run_dir=str(tmp_path), snakemake_log=f"{rl_phase}+{all_phase}+{rerun}",
                                         state_sizes=None)) == 0
     measured = json.loads((tmp_path / "benchmarks" / "plan_measured_two.json").read_text())
     assert [j["job"] for j in measured["jobs"]] == ["split_mbpp", "sft_traces", "stats"]
     assert [j["wall_s"] for j in measured["jobs"]] == [2.0, 8.0, 3.0]  # no benchmark files: the log's seconds
     assert measured["wall_s"] == 13.0  # 10 s and 3 s, not the 30 min 3 s from the first start to the last end
-    assert measured["snakemake_log"] == "rl.snakemake.log+all.snakemake.log"
+    assert measured["snakemake_log"] == "rl.snakemake.log+all.snakemake.log+rerun.snakemake.log"
 
 
 def test_plan_check_totals_the_jobs_it_priced_apart_when_some_are_not_calibrated(
