@@ -49,6 +49,10 @@ SERVER_LINES = (("start", re.compile(r"started on .*? in ([0-9.]+) s")),
 GB, GIB = 1e9, 2**30
 
 
+# the phases `drive` runs, in order; vLLM alone runs no Snakemake
+PHASE_ORDER = ("rl", "vllm_alone", "all")
+
+
 def _state_dir(results: Path) -> Path:
     return results / "rehearsal"
 
@@ -95,7 +99,8 @@ def drive(args: argparse.Namespace) -> int:
     rl_targets = [str(results.relative_to(REPO) / "rl" / a / f"seed{s}" / "metrics.parquet") for a in arms for s in seeds]
     # RL first (the numbers a short slot must keep), then vLLM alone on the card the RL phase's shared server left
     # (it stops when Snakemake ends), then the rest of `all`. A phase done before is not run again.
-    phases = [("rl", rl_targets), ("vllm_alone", None), ("all", ["all"])]
+    targets_of = {"rl": rl_targets, "vllm_alone": None, "all": ["all"]}
+    phases = [(name, targets_of[name]) for name in PHASE_ORDER]
     rc = 0
     for name, targets in phases:
         if name == "vllm_alone" and (args.no_vllm_alone or (state / "vllm_alone.json").is_file()):
@@ -360,11 +365,32 @@ def collect(args: argparse.Namespace) -> int:
         "vllm_alone": alone or None,
         "rl_rollout_vs_vllm_alone": {r["run"]: _div(r["generated_tokens_per_s"], best) for r in rl} if best else None,
         "phases": {p.stem: _read(p) for p in sorted(_state_dir(results).glob("phase-*.json"))},
+        "snakemake_logs": snakemake_logs(_state_dir(results)),
     }
     out = args.out or REPO / "benchmarks" / f"rehearsal_{card}.json"
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}: {len(report['jobs'])} jobs, {len(rl)} RL steps")
+    if report["snakemake_logs"]:  # the plan against this run (docs/plan.md): its phases' logs, in order
+        print("the plan against it: .venv/bin/python benchmarks/plan_check.py measure --name <card>_rehearsal<suffix> "
+              f"--config {report['config']} --profile gpu --device <card> "
+              f"--snakemake-log {'+'.join(report['snakemake_logs'])}")
     return 0
+
+
+_COMPLETE_LOG = re.compile(r"Complete log\(s\): (\S+)")
+
+
+def snakemake_logs(state: Path) -> list[str]:
+    """Each Snakemake phase's own log (its "Complete log(s):" line), in the order the phases ran: what
+    benchmarks/plan_check.py measure reads as one run (--snakemake-log A+B). A phase run twice (a slot that ended
+    in it, then a second slot) names its last log."""
+    logs = []
+    for phase in PHASE_ORDER:
+        path = state / f"snakemake-{phase}.log"
+        found = _COMPLETE_LOG.findall(path.read_text()) if path.is_file() else []
+        if found:
+            logs.append(os.path.relpath(found[-1], REPO) if Path(found[-1]).is_relative_to(REPO) else found[-1])
+    return logs
 
 
 def _card() -> str:

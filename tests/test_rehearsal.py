@@ -123,11 +123,18 @@ def test_collect_reads_a_runs_files_into_the_issues_numbers(rehearsal, tmp_path:
         folder.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.table({"task_id": list(range(tasks)), "n_output_tokens": [100] * tasks}),
                        folder / "seed42.parquet")
+    # each Snakemake phase's output ends naming its own log; the RL phase ran twice (a slot ended in it)
+    _touch(results / "rehearsal" / "snakemake-rl.log", "Complete log(s): /n/.snakemake/log/rl-1.snakemake.log\n"
+           "Complete log(s): /n/.snakemake/log/rl-2.snakemake.log\n", t0 + 510)
+    _touch(results / "rehearsal" / "snakemake-all.log", "...\nComplete log(s): /n/.snakemake/log/all.snakemake.log\n",
+           t0 + 800)
     out = tmp_path / "rehearsal_test.json"
     assert rehearsal.main(["collect", "--config", str(cfg), "--card", "test", "--out", str(out),
                            "--logs-dir", str(logs)]) == 0
     got = json.loads(out.read_text())
     assert got["card"] == "test" and got["shape"].endswith("4,022,468,096 parameters")
+    # what plan_check.py measure reads as one run, in the order the phases ran (the last log of a phase run twice)
+    assert got["snakemake_logs"] == ["/n/.snakemake/log/rl-2.snakemake.log", "/n/.snakemake/log/all.snakemake.log"]
     jobs = {j["job"]: j for j in got["jobs"]}
     rl = jobs["rl/A/seed42"]
     assert (rl["wall_s"], rl["device_peak_gib"], rl["device_gib"]) == (500.0, 61.5, 79.0)  # the job's last peak line
