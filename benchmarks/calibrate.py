@@ -121,22 +121,19 @@ def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return (sy - b * sx) / n, b
 
 
-def _server_load_figures(f: Figures, jobs: list[dict[str, Any]], src: str, *, first: bool,
-                         serving: dict[str, Any] | None = None, **at: Any) -> None:
-    """serving_start_s and serving_reload_s: the medians of the shared-server loads the job logs noted. With the
-    run's `serving`, a start is labelled with the server it started (`predict.plan.costs.server_key`: the
-    batch-invariant evaluation server's deterministic compile takes longer); without it (the CPU, one server for
-    all) a start holds for either."""
-    starts: dict[str | None, list[float]] = {}
+def _server_load_figures(f: Figures, jobs: list[dict[str, Any]], src: str, *, first: bool, serving: dict[str, Any],
+                         **at: Any) -> None:
+    """serving_start_s and serving_reload_s: the medians of the shared-server loads the job logs noted. A start is
+    labelled with the server it started (`predict.plan.costs.server_key` of the run's `serving`: the batch-invariant
+    evaluation server's deterministic compile takes longer; on the CPU every job leases the default one)."""
+    starts: dict[str, list[float]] = {}
     for j in jobs:
         if j.get("server") == "start":
-            key = server_key(family(_rule_of(j)), serving) if serving is not None else None
-            starts.setdefault(key, []).append(j["load_s"])
-    for key, seen in sorted(starts.items(), key=lambda kv: str(kv[0])):
-        which = f" of the {key} server" if key else ""
+            starts.setdefault(server_key(family(_rule_of(j)), serving), []).append(j["load_s"])
+    for key, seen in sorted(starts.items()):
         f.add("serving_start_s", _median(seen), "s", f"{src}: jobs[].load_s",
-              f"median of {len(seen)} shared-server start(s){which} the job logs noted", first=first, **at,
-              **({"server": key} if key else {}))
+              f"median of {len(seen)} shared-server start(s) of the {key} server the job logs noted", first=first,
+              **at, server=key)
     seen = [j["load_s"] for j in jobs if j.get("server") == "reload"]
     if seen:
         f.add("serving_reload_s", _median(seen), "s", f"{src}: jobs[].load_s",
@@ -218,7 +215,7 @@ def measured_run_figures(f: Figures, measured_names: list[str]) -> None:
         if fam != "build_tiny_model":
             f.add("output_bytes", _median(j["output_bytes"] for j in js), "bytes", f"{src}: jobs[].output_bytes",
                   f"median bytes of the {fam} job(s)' outputs", rule=fam)
-    _server_load_figures(f, jobs, src, first=False, serving=config["serving"] if gpu else None, shape=model.shape)
+    _server_load_figures(f, jobs, src, first=False, serving=config["serving"], shape=model.shape)
     if gpu:
         peaks = {fam: [(j["device_peak_gib"], j["job"]) for j in js if j.get("gpus") and j.get("device_peak_gib")]
                  for fam, js in by_family.items()}

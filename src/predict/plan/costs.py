@@ -273,9 +273,9 @@ class Pricer:
         device = self.study.sft.device
         return self.device if device == "auto" else device
 
-    def _serving_job(self, cost: JobCost, key: str) -> None:
+    def _serving_job(self, cost: JobCost) -> None:
         at = {"shape": self.model.shape}
-        cost.server_key = key
+        key = cost.server_key = server_key(cost.family, self.study.serving)
         missing = len(cost.missing)
         # a start depends on the server it starts: the batch-invariant one compiles its graphs deterministically
         # (the 4B on an H100: 174 s against the RL server's 97 s); a reload is the same on either
@@ -284,15 +284,12 @@ class Pricer:
         # which one the lease pays is the schedule's: a gap in either counts once it is the one paid
         cost.missing, cost.units["load_missing"] = cost.missing[:missing], cost.missing[missing:]
 
-    def _eval_key(self) -> str:
-        return server_key("evaluate", self.study.serving)
-
     def _evaluate(self, job: Job, cost: JobCost) -> None:
         split = "test" if cost.family == "evaluate_test" else "val"
         checkpoints = len(job.flag_values("--checkpoint")) or len(job.outputs)
         episodes = checkpoints * self.eval_tasks(split) * self.study.evaluation.samples
         cost.units = {"checkpoints": checkpoints, "episodes": episodes}
-        self._serving_job(cost, self._eval_key())
+        self._serving_job(cost)
         at = self.serving_at(self.study.evaluation.max_tokens)  # what it writes: the same on any kernels
         timed_at = evaluation_timed_at(at, self.study.serving)
         self._add(cost, self.figure(cost, "eval_job_fixed_s", **timed_at))
@@ -313,7 +310,7 @@ class Pricer:
         ckpt_steps = checkpoint_steps(steps, rl.checkpoint_every)  # the driver's: every checkpoint_every, the last
         checkpoints = len(ckpt_steps)
         cost.units = {"steps": steps, "episodes_per_step": episodes, "checkpoints": checkpoints}
-        self._serving_job(cost, server_key(cost.family, self.study.serving))
+        self._serving_job(cost)
         at = self.serving_at(self._rl_tokens())
         self._add(cost, self.figure(cost, "rl_job_fixed_s", shape=self.model.shape))
         self._add(cost, self.figure(cost, "rl_rollout_episode_s", **at), steps * episodes)
@@ -362,7 +359,7 @@ class Pricer:
         saves = rl_state_saves(rl.steps, 0, rl.state_every, ckpt_steps)
         cost.units = {"steps": rl.steps, "tasks": tasks, "group": rft.group_size,
                       "episodes": tasks * rft.group_size, "batch_rollouts": rft.batch_rollouts, "saves": saves}
-        self._serving_job(cost, server_key(cost.family, self.study.serving))
+        self._serving_job(cost)
         at = self.serving_at(self._rl_tokens())
         whole = self.cal.entry("rft_job_s", {**at, "steps": rl.steps, "tasks": rft.tasks, "group_size": rft.group_size})
         if whole is not None:
@@ -382,7 +379,7 @@ class Pricer:
     def _rollout(self, job: Job, cost: JobCost) -> None:
         tasks = self.study.env.rollout_tasks or self.split_size(job.wildcards.get("split", "val"))
         cost.units = {"episodes": tasks}
-        self._serving_job(cost, server_key(cost.family, self.study.serving))
+        self._serving_job(cost)
         at = self.serving_at(self.study.env.max_tokens)
         self._add(cost, self.figure(cost, "eval_job_fixed_s", **at))
         self._add(cost, self.figure(cost, "rollout_episode_s", **at), tasks)
