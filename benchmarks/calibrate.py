@@ -217,9 +217,10 @@ def measured_run_figures(f: Figures, measured_names: list[str]) -> None:
                   f"median bytes of the {fam} job(s)' outputs", rule=fam)
     _server_load_figures(f, jobs, src, first=False, serving=config["serving"], shape=model.shape)
     if gpu:
-        peaks = {fam: [(j["device_peak_gib"], j["job"]) for j in js if j.get("gpus") and j.get("device_peak_gib")]
+        peaks = {fam: [(j["device_peak_gib"], j["job"], j["wildcards"].get("run") or j["wildcards"].get("arm"))
+                       for j in js if j.get("gpus") and j.get("device_peak_gib")]
                  for fam, js in by_family.items()}
-        _device_peak_figures(f, peaks, config["rl"], src, first=False, shape=model.shape)
+        _device_peak_figures(f, peaks, config, src, first=False, shape=model.shape)
     # evaluation: (wall - load) = fixed + episodes x per episode, fitted over every evaluation job
     ev = by_family.get("evaluate", []) + by_family.get("evaluate_test", [])
     if ev:
@@ -477,36 +478,54 @@ def rehearsal(f: Figures, card: str, suffix: str = "") -> bool:
                   f"{name}: sft_steps[{arm}].n_tokens, epoch", f"tokens of the first epoch / {n_traces} traces, "
                   f"run {arm}", protocol=run.protocol, variant=run.variant,
                   recovery_style=traces["recovery_style"], mix=str(traces["mix"]))
-    peaks: dict[str, list[tuple[float, str]]] = {}
+    peaks: dict[str, list[tuple[float, str, str | None]]] = {}
     for job in jobs.values():
-        fam = family(job["job"].split("/")[0])
+        rule, *parts = job["job"].split("/")  # train_sft/A, rl/A/seed42: the run is the second part
+        fam = family(rule)
         if job.get("device_peak_gib") is not None:
-            peaks.setdefault(fam, []).append((job["device_peak_gib"], job["job"]))
+            run = parts[0] if fam in ("train_sft", "rl", "rft") and parts else None
+            peaks.setdefault(fam, []).append((job["device_peak_gib"], job["job"], run))
         if fam in TIMED_RULES:
             continue
         at = {"rule": fam, **(shape if fam == "build_tiny_model" else {})}
         f.add("job_s", job["wall_s"], "s", f"{name}: jobs[{job['job']}].wall_s", "the job's wall time on the node "
               "(Snakemake's benchmark)", first=True, **at)
     unbenchmarked_rule_figures(f, f"plan_measured_{card}_rehearsal{suffix}.json", set(jobs))
-    _device_peak_figures(f, peaks, rl, name, first=True, **shape)
+    _device_peak_figures(f, peaks, config, name, first=True, **shape)
     return True
 
 
-def _device_peak_figures(f: Figures, peaks: dict[str, list[tuple[float, str]]], rl: dict[str, Any], src: str, *,
-                         first: bool, **at: Any) -> None:
+def _device_peak_figures(f: Figures, peaks: dict[str, list[tuple[float, str, str | None]]], config: dict[str, Any],
+                         src: str, *, first: bool, **at: Any) -> None:
     """device_peak_gib per rule family: the largest device-wide peak its jobs printed, RL's and RFT's labelled with
-    the micro-batch and checkpointing they trained at."""
+    the micro-batch and checkpointing they trained at. Where a family's jobs trained runs of more than one protocol,
+    each protocol's largest too, ahead of the family's. Arm B's samples are longer (its prediction line, CE-only
+    samples): its SFT peak was above Arm A's in every GPU run (+2.5 % at 4B, +12 % at 0.6B, the same to 0.1 GiB run
+    after run), as was its RL peak in the 0.6B slice's runs (+14 %), so the family's largest put Arm A's 12-14 % high
+    there. (The 4B RL peaks of three H100 rehearsals put either arm first: 50.3-57.0 GiB for Arm A.)"""
+    from predict.runs import resolve_run
+
+    rl = config["rl"]
     for fam, seen in sorted(peaks.items()):
         if not seen:
             continue
-        peak, which_job = max(seen)
         trained_at = ({"micro_batch_tokens": rl["micro_batch_tokens"],
                        "activation_checkpointing": checkpointing(rl.get("activation_checkpointing", False),
                                                                  rl.get("activation_checkpointing_layers"))}
                       if fam in ("rl", "rft") else {})
-        f.add("device_peak_gib", peak, "GiB", f"{src}: jobs[].device_peak_gib", f"the largest of the {len(seen)} "
-              f"{fam} job(s)' device-wide peaks (nvidia-smi, every process): {which_job}", first=first, family=fam,
-              **at, **trained_at)
+        protocols: dict[str, list[tuple[float, str]]] = {}
+        for peak, job, run in seen:
+            if run is not None:
+                protocols.setdefault(resolve_run(config, run).protocol, []).append((peak, job))
+        entries = [] if len(protocols) < 2 else [
+            (max(js), f"the {len(js)} {fam} job(s) of protocol {protocol}", {"protocol": protocol})
+            for protocol, js in sorted(protocols.items())]
+        entries.append((max((peak, job) for peak, job, _ in seen), f"the {len(seen)} {fam} job(s)", {}))
+        # the plan takes the first entry that holds: a protocol's before the family's
+        for (peak, which_job), jobs, by in (reversed(entries) if first else entries):
+            f.add("device_peak_gib", peak, "GiB", f"{src}: jobs[].device_peak_gib", "the largest device-wide peak "
+                  f"(nvidia-smi, every process) of {jobs}: {which_job}", first=first, family=fam, **at, **trained_at,
+                  **by)
 
 
 def unbenchmarked_rule_figures(f: Figures, name: str, benchmarked: set[str]) -> None:
@@ -561,10 +580,25 @@ def h200(held: set[str] = frozenset()) -> Figures:
 def gpu_slices(f: Figures, card: str, held: set[str]) -> None:
     """The GPU slice's runs on this card (config/gpu-slice.yaml, benchmarks/plan_check.py measure --name
     <card>_slice_<run>), pooled, but those --hold-out names: the 0.6B shape's figures. They come after the
-    rehearsal's, so a rule of seconds without a shape is priced by the rehearsal's run of it."""
+    rehearsal's, so a rule of seconds without a shape is priced by the rehearsal's run of it, and before a benchmark
+    of one part (the workflow's own jobs first: the slice's evaluation server started in 149 s on an H100, where
+    eval_repeat_h100_cold_warm.json's bare start took 107 s and priced it)."""
     names = [p.name for p in sorted(BENCH.glob(f"plan_measured_{card}_slice_*.json")) if p.name not in held]
-    if names:
-        measured_run_figures(f, names)
+    if not names:
+        return
+    runs = Figures()
+    measured_run_figures(runs, names)
+    for name, entries in runs.figures.items():
+        there = f.figures.setdefault(name, [])
+        at = next((i for i, e in enumerate(there) if not _from_a_rehearsal(e)), len(there))
+        there[at:at] = entries
+    f.sources |= runs.sources
+
+
+def _from_a_rehearsal(entry: dict[str, Any]) -> bool:
+    """An entry of a rehearsal (its JSON, or the measured file its rules of seconds come from)."""
+    return any(src.startswith(("rehearsal_", "plan_measured_")) and "_slice_" not in src
+               for src in source_files(entry.get("source") or ":"))
 
 
 def h100(held: set[str] = frozenset()) -> Figures:

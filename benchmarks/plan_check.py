@@ -159,13 +159,18 @@ def measure(args: argparse.Namespace) -> int:
         "config_as_run": load_study([REPO / c for c in args.config.split("+")]),
         "profile": args.profile, "snakemake_log": "+".join(log.name for log in logs),
         "wall_s": sum(walls), "rl_state_bytes_max": state or None,
+        # a run stopped part-way (a device slot that ran out): its jobs that finished are measured, its total is not
+        # the run's, and `compare` says so instead of setting it against the whole plan
+        "complete": not (unfinished := [r["job"] for r in rows if r["end"] is None]),
+        "unfinished_jobs": unfinished,
         "mean_load": statistics.mean(loads) if (loads := [r["mean_load"] for r in rows
                                                           if r.get("mean_load") is not None]) else None,
         "jobs": rows,
     }
     path = REPO / "benchmarks" / f"plan_measured_{args.name}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"{path.relative_to(REPO)}: {len(rows)} jobs, wall {out['wall_s']:.0f} s")
+    print(f"{path.relative_to(REPO)}: {len(rows)} jobs, wall {out['wall_s']:.0f} s"
+          + (f"; did not finish: {', '.join(unfinished)}" if unfinished else ""))
     return 0
 
 
@@ -200,7 +205,9 @@ def compare(args: argparse.Namespace) -> int:
         rows.append({"job": m["job"], "measured_s": m["wall_s"], "planned_s": predicted,
                      "ratio": None if ratio is None else round(ratio, 3), "within_30pct": within,
                      "device_peak_ratio": peak})
-    total_ratio = result["totals"]["wall_s"] / measured["wall_s"]
+    # a run stopped part-way has no total to set against the plan's (an older file, without the key, was whole)
+    complete = measured.get("complete", True)
+    total_ratio = result["totals"]["wall_s"] / measured["wall_s"] if complete else None
     # a job the plan could not price (n/c) is out of its total, which is then a lower bound: the jobs it priced,
     # side by side, say how well it priced what it could
     priced = [r for r in rows if r["planned_s"] is not None]
@@ -211,8 +218,11 @@ def compare(args: argparse.Namespace) -> int:
            # file name the comparison is written under
            "in_sample": Path(measured_name).name in result["device"]["sources"],
            "total_planned_s": result["totals"]["wall_s"],
-           "total_measured_s": round(measured["wall_s"], 1), "total_ratio": round(total_ratio, 3),
-           "total_within_20pct": abs(total_ratio - 1) <= 0.20, "jobs_within_30pct": len(rows) - misses,
+           "total_measured_s": round(measured["wall_s"], 1), "complete": complete,
+           "unfinished_jobs": measured.get("unfinished_jobs", []),
+           "total_ratio": None if total_ratio is None else round(total_ratio, 3),
+           "total_within_20pct": None if total_ratio is None else abs(total_ratio - 1) <= 0.20,
+           "jobs_within_30pct": len(rows) - misses,
            "jobs": len(rows), "unpriced_jobs": len(rows) - len(priced), "unpriced_measured_s": round(unpriced_s, 1),
            "priced_jobs_planned_s": round(priced_planned, 1), "priced_jobs_measured_s": round(priced_measured, 1),
            "priced_jobs_ratio": round(priced_planned / priced_measured, 3) if priced_measured else None,
@@ -224,10 +234,15 @@ def compare(args: argparse.Namespace) -> int:
         planned_s = "n/c" if r["planned_s"] is None else f"{r['planned_s']:.1f}"
         ratio = "n/c" if r["ratio"] is None else f"{r['ratio']:.2f}" + ("" if r["within_30pct"] else " *")
         print(f"| {r['job']} | {r['measured_s']:.1f} | {planned_s} | {ratio} |")
-    print(f"| **the run** | **{out['total_measured_s']:.0f}** | **{out['total_planned_s']:.0f}** | "
-          f"**{out['total_ratio']:.2f}** |")
-    print(f"{out['jobs_within_30pct']} of {out['jobs']} jobs within 30 %; total within 20 %: "
-          f"{out['total_within_20pct']} ({path.relative_to(REPO)})")
+    if complete:
+        print(f"| **the run** | **{out['total_measured_s']:.0f}** | **{out['total_planned_s']:.0f}** | "
+              f"**{out['total_ratio']:.2f}** |")
+        print(f"{out['jobs_within_30pct']} of {out['jobs']} jobs within 30 %; total within 20 %: "
+              f"{out['total_within_20pct']} ({path.relative_to(REPO)})")
+    else:
+        print(f"{out['jobs_within_30pct']} of {out['jobs']} finished jobs within 30 % ({path.relative_to(REPO)}). "
+              f"The run stopped part-way ({', '.join(out['unfinished_jobs'])} did not finish; the jobs after it never "
+              "started): its total is not compared")
     if out["unpriced_jobs"]:
         print(f"{out['unpriced_jobs']} job(s) n/c ({unpriced_s:.0f} s measured): the planned total is a lower bound. "
               f"The {len(priced)} priced jobs, summed: {priced_planned:.0f} s planned against {priced_measured:.0f} s "

@@ -550,6 +550,42 @@ def test_plan_check_measures_a_run_of_several_snakemake_invocations(tmp_path: Pa
     assert measured["snakemake_log"] == "rl.snakemake.log+all.snakemake.log+rerun.snakemake.log"
 
 
+def test_a_run_stopped_part_way_is_measured_job_by_job_and_its_total_is_not_compared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The H100 slot of 2026-12-07 ran out during the GPU slice's second run: 10 jobs finished, an evaluation was
+    stopped, 12 never started. `measure` wrote the partial run like a whole one and `compare` set its 352 s against
+    the whole plan's total (a 'miss' that says nothing). The finished jobs are compared; the total is not."""
+    from argparse import Namespace
+
+    from .conftest import benchmark_script
+
+    plan_check = benchmark_script("plan_check")
+    (tmp_path / "benchmarks").mkdir()
+    log = _run_log([(1, "split_mbpp", "12:00:00", "12:00:02"), (2, "stats", "12:00:02", "12:00:05")])
+    log += "[Mon Dec  7 12:00:05 2026]\nlocalrule report:\n    output: results/report.out\n    jobid: 3\n"
+    (tmp_path / "stopped.snakemake.log").write_text(log)
+    monkeypatch.setattr(plan_check, "REPO", tmp_path)
+    monkeypatch.setattr("predict.plan.command.load_study", lambda files: {"run_name": "x"})
+    assert plan_check.measure(Namespace(name="stopped", config="config/local.yaml", profile="local", device="cpu",
+                                        run_dir=str(tmp_path), snakemake_log=str(tmp_path / "stopped.snakemake.log"),
+                                        state_sizes=None)) == 0
+    measured = json.loads((tmp_path / "benchmarks" / "plan_measured_stopped.json").read_text())
+    assert (measured["complete"], measured["unfinished_jobs"]) == (False, ["report"])
+
+    def whole_plan(config: str, profile: str, device: str) -> dict:
+        return {"jobs": [{"rule": r, "wildcards": "{}", "planned_s": s, "device_peak_gib": None}
+                         for r, s in (("split_mbpp", 2.0), ("stats", 3.0), ("report", 4.0), ("all", 0.0))],
+                "totals": {"wall_s": 9.0}, "device": {"calibration": "cpu.json", "sources": []}}
+
+    monkeypatch.setattr("predict.plan.command.plan", whole_plan)
+    assert plan_check.compare(Namespace(name="stopped", measured=None)) == 0
+    check = json.loads((tmp_path / "benchmarks" / "plan_check_stopped.json").read_text())
+    assert (check["complete"], check["unfinished_jobs"]) == (False, ["report"])
+    assert check["total_ratio"] is None and check["total_within_20pct"] is None
+    assert (check["jobs"], check["jobs_within_30pct"]) == (2, 2)  # the two finished jobs, each as planned
+
+
 def test_plan_check_totals_the_jobs_it_priced_apart_when_some_are_not_calibrated(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -617,3 +653,59 @@ def test_a_gpu_run_measured_by_plan_check_calibrates_as_its_rehearsal_json_does(
         f = calibrate.Figures()
         calibrate.gpu_slices(f, "h100", held)
         assert bool(f.figures.get("rl_rollout_episode_s")) is expected
+
+
+def test_a_training_jobs_device_peak_is_its_own_arms_where_a_run_measured_both() -> None:
+    """The GPU slice on an H100 (2026-12-07): Arm B's SFT peaked at 29.6 GiB and Arm A's at 26.4, B's RL at 23.2 and
+    A's at 20.3, the same in both runs. One peak per rule family, the largest, planned Arm A's jobs 12 % and 14 %
+    high (the 10 % check failed in sample). Each arm's training job is priced by its protocol's peak; an
+    evaluation, of no one run's training, by its family's largest."""
+    from .conftest import benchmark_script
+
+    calibrate = benchmark_script("calibrate")
+    name = "plan_measured_h100_slice_run1.json"
+    measured = json.loads((REPO / "benchmarks" / name).read_text())
+    f = calibrate.Figures()
+    calibrate.measured_run_figures(f, [name])
+    cal = Calibration(kind="h100", device="h100", cores=16, workload={}, figures=f.figures)
+    from predict.plan.command import load_study
+
+    pricer = Pricer(load_study([REPO / "config" / "gpu-slice.yaml"]), cal, REPO)
+    peaks = {j["job"]: j["device_peak_gib"] for j in measured["jobs"] if j.get("device_peak_gib") and j["gpus"]}
+    assert peaks["train_sft[arm=B]"] > 1.1 * peaks["train_sft[arm=A]"] and peaks["rl[run=B,seed=42]"] > 1.1 * peaks[
+        "rl[run=A,seed=42]"]  # the measured run this test rests on
+    for job in measured["jobs"]:
+        if job["rule"] not in ("train_sft", "rl", "evaluate_A") or not job["gpus"]:
+            continue
+        planned = pricer.price(Job(jobid=job["jobid"], rule=job["rule"], wildcards=job["wildcards"],
+                                   resources={"gpu": "1"}, outputs=job["outputs"])).device_peak_gib
+        expected = (max(p for j, p in peaks.items() if j.startswith("evaluate")) if job["rule"] == "evaluate_A"
+                    else job["device_peak_gib"])
+        assert planned == pytest.approx(expected), job["job"]
+
+
+def test_a_gpu_slice_runs_figures_price_its_jobs_before_a_benchmark_of_one_part() -> None:
+    """The GPU slice's run on an H100 started its batch-invariant evaluation server in 149 s; the calibration put
+    that after eval_repeat_h100_cold_warm.json's bare server start (107 s, the same shape), so the plan priced the
+    run's first evaluation at 0.75x. The workflow's own jobs come first (after a rehearsal's); without the slice's
+    runs the benchmark still prices it."""
+    from .conftest import benchmark_script
+
+    calibrate = benchmark_script("calibrate")
+    at = {"shape": "qwen3-0.6b", "server": "batch_invariant"}
+    slice_run = json.loads((REPO / "benchmarks" / "plan_measured_h100_slice_run1.json").read_text())
+    measured_start = next(j["load_s"] for j in slice_run["jobs"] if j.get("server") == "start"
+                          and j["rule"].startswith("evaluate"))
+    with_slices = calibrate.h100()
+    held = {p.name for p in (REPO / "benchmarks").glob("plan_measured_h100_slice_*.json")}
+    without = calibrate.h100(held)
+    first = Calibration(kind="h100", device="", cores=16, workload={}, figures=with_slices.figures).entry(
+        "serving_start_s", at)
+    assert first["value"] == pytest.approx(measured_start) and "slice_run1" in first["source"]
+    alone = Calibration(kind="h100", device="", cores=16, workload={}, figures=without.figures).entry(
+        "serving_start_s", at)
+    assert alone["source"].startswith("eval_repeat_h100_cold_warm.json")
+    # a rehearsal's entries stay ahead of the slice's: its rules of seconds price the design's
+    rule_first = Calibration(kind="h100", device="", cores=16, workload={}, figures=with_slices.figures).entry(
+        "job_s", {"rule": "check_serving"})
+    assert rule_first["source"].startswith("plan_measured_h100_rehearsal")

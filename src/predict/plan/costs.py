@@ -211,7 +211,7 @@ class Pricer:
         else:
             self._fixed(job, cost)
         if cost.gpus and fam not in ("check_serving",):
-            at = {"shape": self.model.shape, **self._peak_at(fam)}
+            at = {"shape": self.model.shape, **self._peak_at(fam), **self._protocol_at(job)}
             peak_of = fam
             if fam == "rft" and self.cal.entry("device_peak_gib", {"family": fam, **at}) is None:
                 # RFT trains with RL's Trainer.step at the same micro-batch, beside the same server asleep (a shared
@@ -221,6 +221,15 @@ class Pricer:
         host = self.cal.entry("host_peak_mib", {"family": fam, "shape": self.model.shape})
         cost.host_peak_mib = float(host["value"]) if host else None
         return cost
+
+    def _protocol_at(self, job: Job) -> dict[str, Any]:
+        """The protocol of the run a training job trains (its `run` or `arm` wildcard): Arm B's samples are longer
+        (its prediction line, CE-only samples), so its peak is measured apart where a run had both arms; a job of
+        no one run (an evaluation's) is priced by its family's largest peak."""
+        from predict.runs import resolve_run
+
+        run = job.wildcards.get("run") or job.wildcards.get("arm")
+        return {"protocol": resolve_run(self.config, run).protocol} if run else {}
 
     def _peak_at(self, fam: str) -> dict[str, Any]:
         if fam in ("rl", "rft"):
