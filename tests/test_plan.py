@@ -709,3 +709,32 @@ def test_a_gpu_slice_runs_figures_price_its_jobs_before_a_benchmark_of_one_part(
     rule_first = Calibration(kind="h100", device="", cores=16, workload={}, figures=with_slices.figures).entry(
         "job_s", {"rule": "check_serving"})
     assert rule_first["source"].startswith("plan_measured_h100_rehearsal")
+
+
+def test_a_rule_of_seconds_no_run_on_the_device_ran_is_priced_by_the_rule_whose_work_contains_it() -> None:
+    """The GPU runs have no ablations, extensions or runs with traces of their own: the one-node study's 17 such
+    jobs were n/c on the H100, and its total a lower bound for some 50 s of 207 h. Each is priced by the seconds on
+    that device of the rule whose work contains its own (`stats`, `sft_traces`), and says so; the rule's own figure
+    goes first, and with neither it stays n/c."""
+    jobs = {rule: Job(jobid=i, rule=rule, wildcards=wildcards, outputs=[f"results/{rule}.parquet"])
+            for i, (rule, wildcards) in enumerate((("ablation", {"ablation": "alpha0"}),
+                                                   ("extension", {"extension": "blind_A"}),
+                                                   ("run_traces", {"run": "blind_A"})))}
+    bytes_ = [{"value": 1e3, "at": {"rule": rule}} for rule in jobs]
+    stand_ins = _cal(job_s=[{"value": 3.0, "at": {"rule": "stats"}}, {"value": 4.5, "at": {"rule": "sft_traces"}}],
+                     output_bytes=bytes_)
+    priced = {rule: Pricer(_config(), stand_ins, REPO).price(job) for rule, job in jobs.items()}
+    assert {rule: c.work_s for rule, c in priced.items()} == {"ablation": 3.0, "extension": 3.0, "run_traces": 4.5}
+    assert all(not c.missing and "rule's seconds on this device" in c.units["priced_from"] for c in priced.values())
+    own = _cal(job_s=[{"value": 2.1, "at": {"rule": "ablation"}}, {"value": 3.0, "at": {"rule": "stats"}}],
+               output_bytes=bytes_)
+    cost = Pricer(_config(), own, REPO).price(jobs["ablation"])
+    assert cost.work_s == 2.1 and "priced_from" not in cost.units
+    lacking = Pricer(_config(), _cal(output_bytes=bytes_), REPO).price(jobs["extension"])
+    assert [(m.name, dict(m.at)) for m in lacking.missing] == [("job_s", {"rule": "extension"})]
+    # the one-node study on the H100 has no n/c job left
+    from predict.plan.command import plan
+
+    result = plan("config/config.yaml+config/gpu.yaml", "gpu", "h100")
+    unpriced = [j["job"] for j in result["jobs"] if j["planned_s"] is None and j["rule"] not in ("all",)]
+    assert not unpriced, unpriced

@@ -109,7 +109,8 @@ def _rel(path: Path) -> str:
 
 
 def priced_from(cost: JobCost) -> str:
-    """Where a job is priced from other stages' figures (`predict.plan.costs`: RFT no run measured), which; else ""."""
+    """Where a job is priced from other stages' figures (`predict.plan.costs`: RFT no run measured, a rule of
+    seconds no run on the device ran), which; else ""."""
     peak = cost.units.get("peak_from")
     parts = [cost.units.get("priced_from"), peak and f"device peak: the {peak} job's"]
     return "; ".join(p for p in parts if p)

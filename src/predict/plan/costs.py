@@ -15,7 +15,8 @@ Rules:
   the length cap, so a figure measured on one is an upper bound for a trained model at the same cap.
 * A job runs other stages' code only where it says so: RFT samples as RL rolls out and updates with RL's trainer, so
   where no RFT job was measured at its counts it is priced as those parts at the RL figures of the same conditions
-  (``units["priced_from"]``, ``units["peak_from"]``), an upper bound (`Pricer._rft`).
+  (``units["priced_from"]``, ``units["peak_from"]``), an upper bound (`Pricer._rft`). Likewise a rule of seconds
+  that no run on a device ran, by the seconds there of the rule whose work contains its own (`STAND_INS`).
 * An evaluation's time figures also hold for the attention kernels its server runs (`evaluation_timed_at`): the design
   chooses them (serving.evaluation_attention_backend) because they change rows and time alike, so a figure measured
   on vLLM's own kernels does not price an evaluation on TRITON_ATTN (1.51x the default serving's time at 4B).
@@ -34,6 +35,13 @@ from predict.plan.calibration import Calibration, Missing
 from predict.plan.dag import Job
 from predict.runs import checkpoint_steps
 from predict.train.disk import rl_state_saves, rl_states_link_checkpoints
+
+# A rule of seconds that no run on a device ran (the GPU runs have no ablations, extensions or runs with traces of
+# their own), and the rule on the same device whose work contains its own: an ablation's or extension's table is
+# `stats`' reading of evaluation tables and its tests, for one run against its base instead of the two arms (on the
+# 2-core CPU, which ran all three: 2.1 and 2.2 s against 2.5); `run_traces` renders one run's traces under its own
+# rules, reusing the base arm's verdicts, where `sft_traces` renders both arms' and runs the sandbox for them.
+STAND_INS = {"ablation": "stats", "extension": "stats", "run_traces": "sft_traces"}
 
 # Rules that only name targets: nothing runs.
 TARGET_RULES = {"all", "design", "test"}
@@ -245,8 +253,15 @@ class Pricer:
         return {"shape": self.model.shape, "dtype": rl.dtype, **self._peak_at("rl")}
 
     def _fixed(self, job: Job, cost: JobCost) -> None:
-        """A job with no unit count of its own (data, statistics, the report): its rule's measured seconds."""
-        self._add(cost, self.figure(cost, "job_s", rule=cost.family))
+        """A job with no unit count of its own (data, statistics, the report): its rule's measured seconds, else
+        those of the rule whose work contains its own (`STAND_INS`), an upper bound that says so."""
+        rule = cost.family
+        stand_in = STAND_INS.get(rule)
+        if (self.cal.entry("job_s", {"rule": rule}) is None and stand_in
+                and self.cal.entry("job_s", {"rule": stand_in}) is not None):
+            rule = stand_in
+            cost.units["priced_from"] = f"the {stand_in} rule's seconds on this device (none of its runs ran this rule)"
+        self._add(cost, self.figure(cost, "job_s", rule=rule))
         self._outputs_disk(job, cost)
 
     def _outputs_disk(self, job: Job, cost: JobCost) -> None:
