@@ -738,3 +738,19 @@ def test_a_rule_of_seconds_no_run_on_the_device_ran_is_priced_by_the_rule_whose_
     result = plan("config/config.yaml+config/gpu.yaml", "gpu", "h100")
     unpriced = [j["job"] for j in result["jobs"] if j["planned_s"] is None and j["rule"] not in ("all",)]
     assert not unpriced, unpriced
+
+
+def test_the_paper_config_plans_on_slurm_with_nodes_sized_for_its_largest_gpu_request() -> None:
+    """`predict plan --config config/config.yaml --profile slurm` (the paper config, prime-rl's RL jobs asking their
+    trainer's and inference server's GPUs, 2) died in a traceback: the layout gave each of the --nodes nodes
+    cluster.gpus_per_job (1) GPU, so those jobs could never start. A node has the GPUs of the largest request."""
+    from predict.plan.command import plan
+
+    result = plan("config/config.yaml", "slurm", "h100")  # one node: the command as a reader types it
+    asks = {j["rule"]: j["gpus"] for j in result["jobs"]}
+    assert asks["prime_rl_rl"] == 2 and asks["evaluate_A"] == 1
+    assert result["gpus_per_node"] == 2 and len(result["jobs"]) > 100
+    rl = [j for j in result["jobs"] if j["rule"] == "prime_rl_rl"]
+    assert rl and all(j["start_s"] is not None for j in rl)  # laid out, though n/c: prime-rl has run on no card
+    one_gpu = plan("config/config.yaml+config/gpu.yaml", "slurm", "h100", nodes=8)
+    assert one_gpu["gpus_per_node"] == 1  # the one-node study's jobs ask one GPU each

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ from predict.config import ConfigError, merge_config_files, with_defaults
 from predict.config.models import StudyConfig
 from predict.plan.calibration import CalibrationError, load_calibration
 from predict.plan.costs import TARGET_RULES, JobCost, Pricer
-from predict.plan.dag import dry_run, parse_dry_run
+from predict.plan.dag import Job, dry_run, parse_dry_run
 from predict.plan.limits import device_kind
 from predict.plan.schedule import Capacity, Layout, lay_out
 
@@ -66,15 +67,19 @@ def load_study(files: Sequence[Path]) -> dict[str, Any]:
     return with_defaults(merged, source="+".join(str(f) for f in files))
 
 
-def capacity(profile_name: str, profile: Path, study: StudyConfig, cores: int, nodes: int) -> Capacity:
-    """The profile's parallelism: its cores and resources on one machine, or `nodes` GPU nodes on SLURM."""
+def capacity(profile_name: str, profile: Path, study: StudyConfig, cores: int, nodes: int,
+             jobs: Sequence[Job] = ()) -> Capacity:
+    """The profile's parallelism: its cores and resources on one machine, or `nodes` GPU nodes on SLURM, each with
+    the GPUs of the largest request among `jobs` (at least `cluster.gpus_per_job`: a prime-rl RL job asks its
+    trainer's and its inference server's GPUs)."""
     settings = yaml.safe_load((profile / "config.yaml").read_text()) or {}
     shared = study.serving.shared is not None
     if settings.get("executor") == "slurm":
         # every GPU job on a node of its own; a serving job starts its own server there
-        gpus_per_job = max(1, study.cluster.gpus_per_job)
-        return Capacity(cores=float("inf"), jobs=float(settings.get("jobs", 64)), resources={"gpu": float(nodes * gpus_per_job)},
-                        shared_server=False, nodes=nodes)
+        per_node = max(1, study.cluster.gpus_per_job, *(math.ceil(j.resource("gpu")) for j in jobs))
+        return Capacity(cores=float("inf"), jobs=float(settings.get("jobs", 64)),
+                        resources={"gpu": float(nodes * per_node)}, shared_server=False, nodes=nodes,
+                        gpus_per_node=per_node)
     c = settings.get("cores", cores)
     resources = {k: float(v) for k, v in (settings.get("resources") or {}).items()}
     return Capacity(cores=float(cores if c == "all" else c), resources=resources, shared_server=shared)
@@ -97,8 +102,10 @@ def plan(config_spec: str | None, profile_name: str, device: str | None, nodes: 
     jobs = parse_dry_run(dry_run(REPO, profile, files, targets))
     pricer = Pricer(config, cal, REPO)
     costs = [pricer.price(j) for j in jobs]
-    layout = lay_out(costs, capacity(profile_name, profile, study, cal.cores, nodes))
-    return plan_dict(costs, layout, files=files, profile=profile_name, nodes=nodes, cal=cal, model=pricer.model)
+    cap = capacity(profile_name, profile, study, cal.cores, nodes, jobs)
+    layout = lay_out(costs, cap)
+    return plan_dict(costs, layout, files=files, profile=profile_name, nodes=nodes, cal=cal, model=pricer.model,
+                     gpus_per_node=cap.gpus_per_node)
 
 
 def _rel(path: Path) -> str:
@@ -117,7 +124,7 @@ def priced_from(cost: JobCost) -> str:
 
 
 def plan_dict(costs: Sequence[JobCost], layout: Layout, *, files: Sequence[Path], profile: str, nodes: int,
-              cal: Any, model: Any) -> dict[str, Any]:
+              cal: Any, model: Any, gpus_per_node: int = 0) -> dict[str, Any]:
     rows = []
     for c in costs:
         slot = layout.slots[c.job.jobid]
@@ -153,7 +160,7 @@ def plan_dict(costs: Sequence[JobCost], layout: Layout, *, files: Sequence[Path]
         "not_calibrated": sorted({m.strip() for r in missing_jobs for m in r["not_calibrated"].split(";")}),
     }
     return {
-        "config": [_rel(f) for f in files], "profile": profile, "nodes": nodes,
+        "config": [_rel(f) for f in files], "profile": profile, "nodes": nodes, "gpus_per_node": gpus_per_node,
         "device": {"kind": cal.kind, "what": cal.device, "calibration": _rel(cal.path), "sources": cal.sources},
         "model": {"shape": model.shape, "weights": model.weights, "params": model.params},
         "totals": totals, "jobs": rows,
@@ -190,7 +197,8 @@ def print_plan(result: Mapping[str, Any]) -> None:
         ])
     t = result["totals"]
     title = (f"plan: {'+'.join(result['config'])} on {result['device']['kind']} ({result['device']['what']}), "
-             f"profile {result['profile']}" + (f", {result['nodes']} nodes" if result["profile"] == "slurm" else ""))
+             f"profile {result['profile']}" + (f", {result['nodes']} nodes of {result.get('gpus_per_node') or 1} GPU(s)"
+                                               if result["profile"] == "slurm" else ""))
     print_table(title, ["rule", "jobs", "wall a job (median)", "GPU-hours", "device peak GiB", "disk GB"], rows)
     bound = "" if t["calibrated"] else ">= "
     console.print(

@@ -219,12 +219,15 @@ class Pricer:
         else:
             self._fixed(job, cost)
         if cost.gpus and fam not in ("check_serving",):
-            at = {"shape": self.model.shape, **self._peak_at(fam), **self._protocol_at(job)}
+            at = {"shape": self.model.shape, **self._peak_at(fam)}
             peak_of = fam
             if fam == "rft" and self.cal.entry("device_peak_gib", {"family": fam, **at}) is None:
                 # RFT trains with RL's Trainer.step at the same micro-batch, beside the same server asleep (a shared
                 # lease sleeps when it ends), and has no weight sync: the RL job's peak bounds it
                 peak_of = cost.units["peak_from"] = "rl"
+            protocol = self._protocol_at(job)  # its protocol's peak where one was measured, else the family's
+            if protocol and self.cal.entry("device_peak_gib", {"family": peak_of, **at, **protocol}) is not None:
+                at |= protocol
             cost.device_peak_gib = self.figure(cost, "device_peak_gib", family=peak_of, **at)
         host = self.cal.entry("host_peak_mib", {"family": fam, "shape": self.model.shape})
         cost.host_peak_mib = float(host["value"]) if host else None

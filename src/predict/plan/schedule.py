@@ -4,7 +4,8 @@ Rules:
 
 * A job starts once every job it depends on has finished and the profile's caps leave room for it: cores (a job
   takes its threads), the resources it asks (``gpu``, ``vllm_server``), the number of jobs at once; on SLURM the
-  nodes (each job that asks a GPU takes one node's GPUs; the others run beside them).
+  nodes' GPUs (a node has the GPUs of the largest request, at least ``cluster.gpus_per_job``; a job takes the GPUs
+  it asks, and the jobs that ask none run beside them).
 * Ready jobs start in Snakemake's order of jobids (an approximation of its scheduler, stated as one).
 * A serving job on one machine with ``serving.shared`` leases the one server: the first lease, and a lease on a
   server started with another key (batch-invariant evaluation after RL), starts it; any other reloads the weights in
@@ -34,6 +35,7 @@ class Capacity:
     resources: Mapping[str, float] = field(default_factory=dict)  # gpu, vllm_server ...
     shared_server: bool = False  # one machine, one server its serving jobs lease in turn
     nodes: int = 1
+    gpus_per_node: int = 0  # SLURM: each node's GPUs (the largest job's request, at least cluster.gpus_per_job)
 
 
 @dataclass
