@@ -75,7 +75,7 @@ def capacity(profile_name: str, profile: Path, study: StudyConfig, cores: int, n
     settings = yaml.safe_load((profile / "config.yaml").read_text()) or {}
     shared = study.serving.shared is not None
     if settings.get("executor") == "slurm":
-        # every GPU job on a node of its own; a serving job starts its own server there
+        # nodes sized for the largest GPU request; a serving job starts its own server on its node
         per_node = max(1, study.cluster.gpus_per_job, *(math.ceil(j.resource("gpu")) for j in jobs))
         return Capacity(cores=float("inf"), jobs=float(settings.get("jobs", 64)),
                         resources={"gpu": float(nodes * per_node)}, shared_server=False, nodes=nodes,
@@ -197,7 +197,7 @@ def print_plan(result: Mapping[str, Any]) -> None:
         ])
     t = result["totals"]
     title = (f"plan: {'+'.join(result['config'])} on {result['device']['kind']} ({result['device']['what']}), "
-             f"profile {result['profile']}" + (f", {result['nodes']} nodes of {result.get('gpus_per_node') or 1} GPU(s)"
+             f"profile {result['profile']}" + (f", {result['nodes']} nodes of {result['gpus_per_node']} GPU(s)"
                                                if result["profile"] == "slurm" else ""))
     print_table(title, ["rule", "jobs", "wall a job (median)", "GPU-hours", "device peak GiB", "disk GB"], rows)
     bound = "" if t["calibrated"] else ">= "
