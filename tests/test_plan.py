@@ -4,6 +4,7 @@ by the profile's parallelism; what has no calibration shown as such; bad input o
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -693,15 +694,16 @@ def test_a_gpu_slice_runs_figures_price_its_jobs_before_a_benchmark_of_one_part(
 
     calibrate = benchmark_script("calibrate")
     at = {"shape": "qwen3-0.6b", "server": "batch_invariant"}
-    slice_run = json.loads((REPO / "benchmarks" / "plan_measured_h100_slice_run1.json").read_text())
-    measured_start = next(j["load_s"] for j in slice_run["jobs"] if j.get("server") == "start"
-                          and j["rule"].startswith("evaluate"))
+    starts = [j["load_s"] for p in sorted((REPO / "benchmarks").glob("plan_measured_h100_slice_run*.json"))
+              for j in json.loads(p.read_text())["jobs"] if j.get("server") == "start" and j["rule"].startswith("evaluate")]
+    assert starts, "no slice run on the H100 started an evaluation server"
+    measured_start = statistics.median(starts)  # the slice's runs are pooled, as the CPU's are
     with_slices = calibrate.h100()
     held = {p.name for p in (REPO / "benchmarks").glob("plan_measured_h100_slice_*.json")}
     without = calibrate.h100(held)
     first = Calibration(kind="h100", device="", cores=16, workload={}, figures=with_slices.figures).entry(
         "serving_start_s", at)
-    assert first["value"] == pytest.approx(measured_start) and "slice_run1" in first["source"]
+    assert first["value"] == pytest.approx(measured_start) and "slice_run1" in first["source"], first
     alone = Calibration(kind="h100", device="", cores=16, workload={}, figures=without.figures).entry(
         "serving_start_s", at)
     assert alone["source"].startswith("eval_repeat_h100_cold_warm.json")
