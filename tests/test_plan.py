@@ -694,13 +694,13 @@ def test_a_gpu_slice_runs_figures_price_its_jobs_before_a_benchmark_of_one_part(
 
     calibrate = benchmark_script("calibrate")
     at = {"shape": "qwen3-0.6b", "server": "batch_invariant"}
-    starts = [j["load_s"] for p in sorted((REPO / "benchmarks").glob("plan_measured_h100_slice_run*.json"))
+    slice_runs = sorted((REPO / "benchmarks").glob("plan_measured_h100_slice_*.json"))  # read once, for both
+    starts = [j["load_s"] for p in slice_runs
               for j in json.loads(p.read_text())["jobs"] if j.get("server") == "start" and j["rule"].startswith("evaluate")]
     assert starts, "no slice run on the H100 started an evaluation server"
     measured_start = statistics.median(starts)  # the slice's runs are pooled, as the CPU's are
     with_slices = calibrate.h100()
-    held = {p.name for p in (REPO / "benchmarks").glob("plan_measured_h100_slice_*.json")}
-    without = calibrate.h100(held)
+    without = calibrate.h100({p.name for p in slice_runs})
     first = Calibration(kind="h100", device="", cores=16, workload={}, figures=with_slices.figures).entry(
         "serving_start_s", at)
     assert first["value"] == pytest.approx(measured_start) and "slice_run1" in first["source"], first
